@@ -1,0 +1,158 @@
+// memoryos-gpu: CPU kernels. One OpenMP task per query (or per user for heat): queries in a
+// batch belong to different users, so their memory never overlaps and no locking is needed.
+#include <limits>
+#include <vector>
+
+#include "memoryos/kernels.h"
+
+namespace memoryos {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+/// The CPU path stores fp32 only (the bindings reject other dtypes before we get here).
+inline const float* emb_f32(const void* base) { return static_cast<const float*>(base); }
+
+/// Dot product and squared norm of b in one pass over b (a's norm is computed once per query).
+inline void dot_and_norm(const float* a, const float* b, int d, float* dot, float* norm_b) {
+  float s = 0.f, n = 0.f;
+#pragma omp simd reduction(+ : s, n)
+  for (int i = 0; i < d; ++i) {
+    s += a[i] * b[i];
+    n += b[i] * b[i];
+  }
+  *dot = s;
+  *norm_b = n;
+}
+
+inline float squared_norm(const float* a, int d) {
+  float n = 0.f;
+#pragma omp simd reduction(+ : n)
+  for (int i = 0; i < d; ++i) n += a[i] * a[i];
+  return n;
+}
+
+inline void fill_topk(TopK out, int64_t b) {
+  for (int j = 0; j < out.k; ++j) {
+    out.scores[b * out.k + j] = kNegInf;
+    out.ids[b * out.k + j] = kNoId;
+  }
+}
+
+}  // namespace
+
+void score_segments_cpu(const QueryBatch& q, const SegmentView& seg, float keyword_weight,
+                        TopK out) {
+  const int d = q.dim;
+  const float* seg_emb = emb_f32(seg.emb);
+#pragma omp parallel for schedule(dynamic, 8)
+  for (int64_t b = 0; b < q.size; ++b) {
+    fill_topk(out, b);
+    const float* qe = q.emb + b * d;
+    const float q_norm = squared_norm(qe, d);
+    const int32_t* qk = q.kw_width > 0 ? q.keywords + b * q.kw_width : nullptr;
+    const int64_t u = q.user[b];
+    int len = 0;
+    for (int s = 0; s < seg.slots; ++s) {
+      const int64_t row = u * seg.slots + s;
+      if (!seg.live[row]) continue;
+      float dot, norm;
+      dot_and_norm(qe, seg_emb + row * d, d, &dot, &norm);
+      const float jac =
+          qk ? jaccard(qk, q.kw_width, seg.keywords + row * seg.kw_width, seg.kw_width) : 0.f;
+      const float score = segment_score(cosine_from_sums(dot, q_norm, norm), jac, keyword_weight);
+      topk_insert(out.scores + b * out.k, out.ids + b * out.k, out.k, &len, score, s);
+    }
+  }
+}
+
+void select_pages_cpu(const QueryBatch& q, const int32_t* chosen, int32_t chosen_width,
+                      const PageView& pages, float min_score, TopK out) {
+  const int d = q.dim;
+  const float* page_emb = emb_f32(pages.emb);
+#pragma omp parallel for schedule(dynamic, 8)
+  for (int64_t b = 0; b < q.size; ++b) {
+    fill_topk(out, b);
+    const float* qe = q.emb + b * d;
+    const float q_norm = squared_norm(qe, d);
+    const int64_t u = q.user[b];
+    int len = 0;
+    for (int c = 0; c < chosen_width; ++c) {
+      const int32_t s = chosen[b * chosen_width + c];
+      if (s < 0) continue;
+      const int64_t row = u * pages.slots + s;
+      const int32_t cap = pages.table_width * pages.block_size;
+      const int32_t n = pages.npages[row] < cap ? pages.npages[row] : cap;
+      const int32_t* table = pages.block_table + row * pages.table_width;
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t block = table[i / pages.block_size];
+        const int64_t slot = static_cast<int64_t>(block) * pages.block_size + i % pages.block_size;
+        if (block < 0 || slot >= pages.num_pages || !pages.live[slot]) continue;
+        float dot, norm;
+        dot_and_norm(qe, page_emb + slot * d, d, &dot, &norm);
+        const float score = cosine_from_sums(dot, q_norm, norm);
+        if (score < min_score) continue;
+        topk_insert(out.scores + b * out.k, out.ids + b * out.k, out.k, &len, score,
+                    static_cast<int32_t>(slot));
+      }
+    }
+  }
+}
+
+void apply_hits_cpu(const HitList& hits, HeatState state) {
+  // Serial: a batch may hit the same segment twice, and hits are few compared with scoring.
+  for (int64_t h = 0; h < hits.size; ++h) {
+    const int64_t row = static_cast<int64_t>(hits.user[h]) * state.slots + hits.slot[h];
+    if (!state.live[row]) continue;
+    state.n_visit[row] += 1;
+    if (hits.now[h] > state.last_access[row]) state.last_access[row] = hits.now[h];
+  }
+}
+
+void recompute_heat_cpu(const HeatRecompute& req, HeatState state, const HeatParams& params) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < req.size; ++r) {
+    const int64_t base = static_cast<int64_t>(req.user[r]) * state.slots;
+    int32_t victim = kNoId;
+    float victim_key = 0.f;
+    for (int32_t s = 0; s < state.slots; ++s) {
+      const int64_t row = base + s;
+      uint8_t promote = 0;
+      if (state.live[row]) {
+        const float h = heat(params, state.n_visit[row], state.l_interaction[row], req.now[r],
+                             state.last_access[row]);
+        state.heat[row] = h;
+        promote = h >= params.tau;
+        const float key = req.evict_by_visits ? static_cast<float>(state.n_visit[row]) : h;
+        if (victim == kNoId || evicts_before(key, s, victim_key, victim)) {
+          victim = s;
+          victim_key = key;
+        }
+      }
+      req.promote[r * state.slots + s] = promote;
+    }
+    req.evict_slot[r] = req.need_evict[r] ? victim : kNoId;
+  }
+}
+
+void knowledge_topk_cpu(const QueryBatch& q, const KnowledgeView& kn, TopK out) {
+  const int d = q.dim;
+  const float* kn_emb = emb_f32(kn.emb);
+#pragma omp parallel for schedule(dynamic, 8)
+  for (int64_t b = 0; b < q.size; ++b) {
+    fill_topk(out, b);
+    const float* qe = q.emb + b * d;
+    const float q_norm = squared_norm(qe, d);
+    const int64_t base = static_cast<int64_t>(q.user[b]) * kn.capacity;
+    int len = 0;
+    for (int32_t e = 0; e < kn.capacity; ++e) {
+      if (!kn.live[base + e]) continue;
+      float dot, norm;
+      dot_and_norm(qe, kn_emb + (base + e) * d, d, &dot, &norm);
+      topk_insert(out.scores + b * out.k, out.ids + b * out.k, out.k, &len,
+                  cosine_from_sums(dot, q_norm, norm), e);
+    }
+  }
+}
+
+}  // namespace memoryos

@@ -1,0 +1,521 @@
+"""The arena: every user's MTM segments, pages and LPM knowledge in struct-of-arrays form.
+
+Why struct-of-arrays with fixed slots: the batched kernels then index user ``u``'s segment ``s``
+as ``[u, s]`` with no pointer chasing, a query can only ever read its own user's rows, and a
+batch of queries from thousands of users is one kernel launch. Pages live in a pool of
+fixed-size blocks with a block table per segment (the paged-KV-cache idea, and the paper's own
+segment/page metaphor), so segments grow without moving other segments' pages.
+
+The arena holds numbers only (embeddings, hashed keyword ids, heat statistics). Text, ids and
+everything else live in the store; the arena is a cache of it that can be rebuilt at any time.
+
+On the CPU every array is a NumPy array that the C++ kernels read and write in place. On a GPU
+the arrays are torch tensors on the device; the small structural metadata (which slots are
+live, how many pages a segment has, its block table) is mirrored on the host so that slot
+allocation never needs a device round trip, and heat statistics (written by the kernels on the
+device) are read back on demand with :meth:`Arena.pull_heat`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from memoryos_gpu.errors import ArenaError
+
+KEYWORD_PAD = -1
+NO_ID = -1
+
+
+@dataclass(frozen=True)
+class ArenaConfig:
+    """Shape of the arena. Defaults follow the paper (200 segments, 100 knowledge entries)."""
+
+    dim: int = 384
+    segment_slots: int = 200
+    keyword_width: int = 32
+    block_size: int = 16
+    knowledge_capacity: int = 100
+    device: str = "cpu"  # "cpu" or "cuda[:N]"
+    gpu_dtype: str = "float16"  # "float16" or "bfloat16" (CPU always stores float32)
+    initial_users: int = 16
+    initial_blocks: int = 256
+    initial_owners: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "segment_slots", "keyword_width", "block_size", "knowledge_capacity"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ArenaConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"ArenaConfig.device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.gpu_dtype not in ("float16", "bfloat16"):
+            raise ValueError(f"ArenaConfig.gpu_dtype must be float16 or bfloat16, got {self.gpu_dtype}")
+
+
+class _Backend:
+    """Allocation and scatter writes for one device (NumPy on CPU, torch on CUDA)."""
+
+    def __init__(self, device: str, gpu_dtype: str) -> None:
+        self.device = device
+        self.on_cuda = device.startswith("cuda")
+        if self.on_cuda:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ArenaError(f"device {device!r} requested but torch sees no CUDA device")
+            self.torch = torch
+            self.emb_dtype = getattr(torch, gpu_dtype)
+        else:
+            self.torch = None
+            self.emb_dtype = np.float32
+
+    def full(self, shape: tuple[int, ...], value: Any, dtype: Any) -> Any:
+        if self.on_cuda:
+            return self.torch.full(shape, value, dtype=self._tdtype(dtype), device=self.device)
+        return np.full(shape, value, dtype=dtype)
+
+    def empty_emb(self, shape: tuple[int, ...]) -> Any:
+        if self.on_cuda:
+            return self.torch.zeros(shape, dtype=self.emb_dtype, device=self.device)
+        return np.zeros(shape, dtype=np.float32)
+
+    def to_device(self, array: np.ndarray, emb: bool = False) -> Any:
+        if not self.on_cuda:
+            return np.ascontiguousarray(array, dtype=np.float32 if emb else array.dtype)
+        t = self.torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=False)
+        return t.to(self.emb_dtype) if emb else t
+
+    def to_host(self, array: Any) -> np.ndarray:
+        if not self.on_cuda:
+            return array
+        t = array.detach()
+        if t.dtype in (self.torch.float16, self.torch.bfloat16):
+            t = t.float()
+        return t.cpu().numpy()
+
+    def grow(self, array: Any, new_len: int, fill: Any, axis: int = 0) -> Any:
+        """Return ``array`` extended along ``axis`` to ``new_len``, old contents kept."""
+        shape = list(array.shape)
+        extra = new_len - shape[axis]
+        if extra <= 0:
+            return array
+        shape[axis] = extra
+        if self.on_cuda:
+            pad = self.torch.full(shape, fill, dtype=array.dtype, device=array.device)
+            return self.torch.cat([array, pad], dim=axis).contiguous()
+        pad = np.full(shape, fill, dtype=array.dtype)
+        return np.ascontiguousarray(np.concatenate([array, pad], axis=axis))
+
+    def _tdtype(self, dtype: Any) -> Any:
+        return {
+            np.float32: self.torch.float32,
+            np.float64: self.torch.float64,
+            np.int32: self.torch.int32,
+            np.uint8: self.torch.uint8,
+        }[np.dtype(dtype).type]
+
+
+class Arena:
+    """Slot storage for many users' segments, pages and knowledge rings.
+
+    Slots are small integers: a *user slot* per user, a *segment slot* (0..S-1) inside a user,
+    a *pool slot* per page, an *owner slot* per knowledge ring (a user's knowledge and an
+    assistant's knowledge are both owners). Callers (the memory tiers) keep the mapping from
+    their ids to slots. All mutators take batches so a GPU arena pays one scatter per batch.
+    """
+
+    def __init__(self, config: ArenaConfig | None = None) -> None:
+        self.config = config or ArenaConfig()
+        c = self.config
+        self._b = _Backend(c.device, c.gpu_dtype)
+        b = self._b
+        users, s, k = max(1, c.initial_users), c.segment_slots, c.keyword_width
+        # --- segments, [U, S, ...] (device) ---
+        self.seg_emb = b.empty_emb((users, s, c.dim))
+        self.seg_kw = b.full((users, s, k), KEYWORD_PAD, np.int32)
+        self.seg_live = b.full((users, s), 0, np.uint8)
+        self.n_visit = b.full((users, s), 0, np.int32)
+        self.l_interaction = b.full((users, s), 0, np.int32)
+        self.last_access = b.full((users, s), 0.0, np.float64)
+        self.heat = b.full((users, s), 0.0, np.float32)
+        self.seg_npages = b.full((users, s), 0, np.int32)
+        self.block_table = b.full((users, s, 1), NO_ID, np.int32)
+        # --- page pool, [NP, ...] (device) ---
+        blocks = max(1, c.initial_blocks)
+        self.page_emb = b.empty_emb((blocks * c.block_size, c.dim))
+        self.page_live = b.full((blocks * c.block_size,), 0, np.uint8)
+        # --- knowledge rings, [O, R, ...] (device) ---
+        owners = max(1, c.initial_owners)
+        self.kn_emb = b.empty_emb((owners, c.knowledge_capacity, c.dim))
+        self.kn_live = b.full((owners, c.knowledge_capacity), 0, np.uint8)
+        # --- host-side structure (mirrors on GPU, the arrays themselves on CPU) ---
+        self.user_live = np.zeros(users, dtype=np.uint8)
+        self._h_seg_live = self._host_alias(self.seg_live)
+        self._h_npages = self._host_alias(self.seg_npages)
+        self._h_table = self._host_alias(self.block_table)
+        self._free_blocks: list[int] = list(range(blocks - 1, -1, -1))
+        self.owner_live = np.zeros(owners, dtype=np.uint8)
+        self._ring_head = np.zeros(owners, dtype=np.int64)  # next write position per owner
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def on_cuda(self) -> bool:
+        return self._b.on_cuda
+
+    @property
+    def user_capacity(self) -> int:
+        return int(self.user_live.shape[0])
+
+    @property
+    def owner_capacity(self) -> int:
+        return int(self.owner_live.shape[0])
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.page_live.shape[0]) // self.config.block_size
+
+    def nbytes(self) -> int:
+        """Bytes held by the device arrays (what the arena costs in memory)."""
+        total = 0
+        for name in ("seg_emb", "seg_kw", "seg_live", "n_visit", "l_interaction", "last_access",
+                     "heat", "seg_npages", "block_table", "page_emb", "page_live", "kn_emb",
+                     "kn_live"):
+            a = getattr(self, name)
+            total += a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.element_size()
+        return int(total)
+
+    def _host_alias(self, array: Any) -> np.ndarray:
+        return array if not self.on_cuda else array.cpu().numpy()
+
+    # ------------------------------------------------------------------ users and owners
+    def add_users(self, n: int) -> np.ndarray:
+        """Allocate ``n`` user slots (lowest free first) and return them."""
+        free = np.flatnonzero(self.user_live == 0)
+        if free.size < n:
+            self._grow_users(max(2 * self.user_capacity, self.user_capacity + n - free.size))
+            free = np.flatnonzero(self.user_live == 0)
+        slots = free[:n].astype(np.int32)
+        self.user_live[slots] = 1
+        return slots
+
+    def remove_user(self, user: int) -> None:
+        """Free a user slot and every segment and page block it held."""
+        self.check_users(np.array([user]))
+        live = np.flatnonzero(self._h_seg_live[user])
+        self.free_segments(np.full(live.size, user, dtype=np.int32), live.astype(np.int32))
+        self.user_live[user] = 0
+
+    def add_owners(self, n: int) -> np.ndarray:
+        """Allocate ``n`` knowledge-ring owner slots."""
+        free = np.flatnonzero(self.owner_live == 0)
+        if free.size < n:
+            self._grow_owners(max(2 * self.owner_capacity, self.owner_capacity + n - free.size))
+            free = np.flatnonzero(self.owner_live == 0)
+        slots = free[:n].astype(np.int32)
+        self.owner_live[slots] = 1
+        self._ring_head[slots] = 0
+        return slots
+
+    def remove_owner(self, owner: int) -> None:
+        self.check_owners(np.array([owner]))
+        self._write(self.kn_live, (owner,), 0)
+        self.owner_live[owner] = 0
+        self._ring_head[owner] = 0
+
+    def check_users(self, users: np.ndarray) -> None:
+        users = np.asarray(users)
+        bad = (users < 0) | (users >= self.user_capacity)
+        if not bad.any():
+            bad = self.user_live[users] == 0
+        if bad.any():
+            raise ArenaError(f"unknown user slot {int(users[np.argmax(bad)])}")
+
+    def check_owners(self, owners: np.ndarray) -> None:
+        owners = np.asarray(owners)
+        bad = (owners < 0) | (owners >= self.owner_capacity)
+        if not bad.any():
+            bad = self.owner_live[owners] == 0
+        if bad.any():
+            raise ArenaError(f"unknown knowledge owner slot {int(owners[np.argmax(bad)])}")
+
+    # ------------------------------------------------------------------ segments
+    def live_segments(self, user: int) -> np.ndarray:
+        return np.flatnonzero(self._h_seg_live[user]).astype(np.int32)
+
+    def free_segment_slot(self, user: int) -> int:
+        """Lowest free segment slot of ``user``, or -1 when all S slots are live."""
+        free = np.flatnonzero(self._h_seg_live[user] == 0)
+        return int(free[0]) if free.size else NO_ID
+
+    def write_segments(
+        self,
+        users: np.ndarray,
+        slots: np.ndarray,
+        emb: np.ndarray,
+        keywords: np.ndarray,
+        *,
+        n_visit: np.ndarray | None = None,
+        l_interaction: np.ndarray | None = None,
+        last_access: np.ndarray | None = None,
+    ) -> None:
+        """Create or overwrite segments: embedding, keyword row, and (optionally) heat stats."""
+        users, slots = np.asarray(users, np.int32), np.asarray(slots, np.int32)
+        self.check_users(users)
+        n = users.size
+        emb = self._check_emb(emb, n)
+        keywords = np.asarray(keywords, dtype=np.int32)
+        if keywords.shape != (n, self.config.keyword_width):
+            raise ArenaError(f"keywords must be [{n}, {self.config.keyword_width}] int32")
+        if ((slots < 0) | (slots >= self.config.segment_slots)).any():
+            raise ArenaError("segment slot out of range")
+        idx = (users, slots)
+        self._write(self.seg_emb, idx, emb, emb_array=True)
+        self._write(self.seg_kw, idx, keywords)
+        self._write(self.seg_live, idx, 1)
+        self._h_seg_live[idx] = 1
+        if n_visit is not None:
+            self._write(self.n_visit, idx, np.asarray(n_visit, np.int32))
+        if l_interaction is not None:
+            self._write(self.l_interaction, idx, np.asarray(l_interaction, np.int32))
+        if last_access is not None:
+            self._write(self.last_access, idx, np.asarray(last_access, np.float64))
+
+    def set_segment_stats(
+        self,
+        users: np.ndarray,
+        slots: np.ndarray,
+        *,
+        n_visit: np.ndarray | None = None,
+        l_interaction: np.ndarray | None = None,
+        last_access: np.ndarray | None = None,
+    ) -> None:
+        """Overwrite heat statistics of live segments (e.g. reset L_interaction after promotion)."""
+        idx = (np.asarray(users, np.int32), np.asarray(slots, np.int32))
+        if n_visit is not None:
+            self._write(self.n_visit, idx, np.asarray(n_visit, np.int32))
+        if l_interaction is not None:
+            self._write(self.l_interaction, idx, np.asarray(l_interaction, np.int32))
+        if last_access is not None:
+            self._write(self.last_access, idx, np.asarray(last_access, np.float64))
+
+    def free_segments(self, users: np.ndarray, slots: np.ndarray) -> None:
+        """Evict segments: their slots become free and their page blocks return to the pool."""
+        users, slots = np.asarray(users, np.int32), np.asarray(slots, np.int32)
+        if users.size == 0:
+            return
+        idx = (users, slots)
+        blocks = self._h_table[idx]
+        freed = blocks[blocks >= 0]
+        if freed.size:
+            pages = (freed[:, None] * self.config.block_size + np.arange(self.config.block_size))
+            self._write(self.page_live, (pages.ravel(),), 0)
+            self._free_blocks.extend(int(x) for x in freed[::-1])
+        for name in ("seg_live", "n_visit", "l_interaction", "seg_npages"):
+            self._write(getattr(self, name), idx, 0)
+        self._write(self.last_access, idx, 0.0)
+        self._write(self.heat, idx, 0.0)
+        self._write(self.seg_kw, idx, KEYWORD_PAD)
+        self._write(self.block_table, idx, NO_ID)
+        self._h_seg_live[idx] = 0
+        self._h_npages[idx] = 0
+        self._h_table[idx] = NO_ID
+
+    # ------------------------------------------------------------------ pages
+    def append_pages(self, users: np.ndarray, slots: np.ndarray, emb: np.ndarray) -> np.ndarray:
+        """Append pages to segments, in order, allocating blocks as needed; returns pool slots.
+
+        Pages of one segment may appear several times in the batch; they are appended in batch
+        order. ``L_interaction`` is not touched here: the tiers decide what counts as an
+        interaction (the paper: pages in the segment since the last promotion).
+        """
+        users, slots = np.asarray(users, np.int32), np.asarray(slots, np.int32)
+        n = users.size
+        emb = self._check_emb(emb, n)
+        if n == 0:
+            return np.zeros(0, dtype=np.int32)
+        self.check_users(users)
+        if not self._h_seg_live[users, slots].all():
+            raise ArenaError("append_pages: target segment slot is not live")
+        bs, nslots = self.config.block_size, self.config.segment_slots
+        key = users.astype(np.int64) * nslots + slots
+        # rank of each page among the batch's pages of the same segment (batch order kept)
+        order = np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+        group = np.cumsum(np.r_[False, sorted_key[1:] != sorted_key[:-1]])
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n) - starts[group]
+        npages_flat = self._h_npages.reshape(-1)
+        pos = npages_flat[key].astype(np.int64) + rank
+        col = pos // bs
+        if col.max() >= self._h_table.shape[2]:
+            self._grow_table(max(2 * self._h_table.shape[2], int(col.max()) + 1))
+        width = self._h_table.shape[2]
+        table_flat = self._h_table.reshape(-1, width)
+        missing = table_flat[key, col] < 0
+        need = np.unique(key[missing] * width + col[missing])  # (segment, column) pairs
+        if need.size:
+            table_flat[need // width, need % width] = self._alloc_blocks(need.size)
+        out = table_flat[key, col].astype(np.int64) * bs + pos % bs
+        uniq_key = sorted_key[starts]
+        npages_flat[uniq_key] += np.diff(np.r_[starts, n]).astype(np.int32)
+        if out.max() >= np.iinfo(np.int32).max:
+            raise ArenaError("page pool exceeds 2**31 slots")
+        self._write(self.page_emb, (out,), emb, emb_array=True)
+        self._write(self.page_live, (out,), 1)
+        if self.on_cuda:  # push the touched rows of the host mirrors
+            tu, ts = (uniq_key // nslots).astype(np.int32), (uniq_key % nslots).astype(np.int32)
+            self._write(self.seg_npages, (tu, ts), self._h_npages[tu, ts])
+            self._write(self.block_table, (tu, ts), self._h_table[tu, ts])
+        return out.astype(np.int32)
+
+    def delete_pages(self, pool_slots: np.ndarray) -> None:
+        """Mark pages deleted; selection skips them (their slot is reclaimed with the segment)."""
+        pool_slots = np.asarray(pool_slots, np.int64)
+        if pool_slots.size:
+            self._write(self.page_live, (pool_slots,), 0)
+
+    def segment_pages(self, user: int, slot: int) -> np.ndarray:
+        """Pool slots of a segment's pages in insertion order (deleted ones included)."""
+        n = int(self._h_npages[user, slot])
+        bs = self.config.block_size
+        table = self._h_table[user, slot]
+        i = np.arange(n)
+        return (table[i // bs].astype(np.int64) * bs + i % bs).astype(np.int32)
+
+    # ------------------------------------------------------------------ knowledge rings
+    def push_knowledge(self, owners: np.ndarray, emb: np.ndarray) -> np.ndarray:
+        """Append entries to owners' FIFO rings; a full ring overwrites its oldest entry.
+
+        Returns the ring slot each entry took, so callers can map slots to their entry ids (the
+        entry previously in that slot is the one the FIFO dropped).
+        """
+        owners = np.asarray(owners, np.int32)
+        n = owners.size
+        emb = self._check_emb(emb, n)
+        if n == 0:
+            return np.zeros(0, dtype=np.int32)
+        self.check_owners(owners)
+        cap = self.config.knowledge_capacity
+        ring = np.empty(n, dtype=np.int32)
+        for i in range(n):
+            o = int(owners[i])
+            ring[i] = self._ring_head[o] % cap
+            self._ring_head[o] += 1
+        # if one batch wraps a ring, only the last write per slot survives (FIFO semantics)
+        self._write(self.kn_emb, (owners, ring), emb, emb_array=True)
+        self._write(self.kn_live, (owners, ring), 1)
+        return ring
+
+    def ring_head(self, owner: int) -> int:
+        """Entries ever pushed to ``owner``'s ring (the next slot is this modulo capacity)."""
+        return int(self._ring_head[owner])
+
+    def set_ring_head(self, owner: int, head: int) -> None:
+        """Restore a ring's write position (rebuilding the arena from the store)."""
+        self._ring_head[owner] = head
+
+    def write_knowledge(self, owners: np.ndarray, ring_slots: np.ndarray, emb: np.ndarray) -> None:
+        """Write entries at explicit ring slots (rebuilding from the store, or editing an entry)."""
+        owners, ring_slots = np.asarray(owners, np.int32), np.asarray(ring_slots, np.int32)
+        emb = self._check_emb(emb, owners.size)
+        if owners.size:
+            self.check_owners(owners)
+            self._write(self.kn_emb, (owners, ring_slots), emb, emb_array=True)
+            self._write(self.kn_live, (owners, ring_slots), 1)
+
+    def delete_knowledge(self, owners: np.ndarray, ring_slots: np.ndarray) -> None:
+        owners, ring_slots = np.asarray(owners, np.int32), np.asarray(ring_slots, np.int32)
+        if owners.size:
+            self._write(self.kn_live, (owners, ring_slots), 0)
+
+    # ------------------------------------------------------------------ heat read-back
+    def pull_heat(self, users: np.ndarray) -> dict[str, np.ndarray]:
+        """Heat statistics of ``users`` ([n, S] each) on the host."""
+        idx = np.asarray(users, np.int64)
+        out = {}
+        for name in ("n_visit", "l_interaction", "last_access", "heat"):
+            a = getattr(self, name)
+            out[name] = self._b.to_host(a[self._b.to_device(idx) if self.on_cuda else idx])
+        out["live"] = self._h_seg_live[idx].copy()
+        return out
+
+    def host(self, name: str) -> np.ndarray:
+        """A host copy (or, on CPU, the array itself) of a device array, for tests and checks."""
+        return self._b.to_host(getattr(self, name))
+
+    # ------------------------------------------------------------------ internals
+    def _check_emb(self, emb: Any, n: int) -> np.ndarray:
+        arr = np.asarray(emb, dtype=np.float32)
+        if arr.shape != (n, self.config.dim):
+            raise ArenaError(f"embeddings must be [{n}, {self.config.dim}], got {arr.shape}")
+        if not np.isfinite(arr).all():
+            raise ArenaError("embeddings contain NaN or infinity")
+        return arr
+
+    def _write(self, target: Any, index: tuple, value: Any, emb_array: bool = False) -> None:
+        """Scatter ``value`` into ``target[index]`` on the arena's device."""
+        if not self.on_cuda:
+            target[index] = value
+            return
+        torch = self._b.torch
+        idx = tuple(torch.as_tensor(np.asarray(i, np.int64), device=target.device) for i in index)
+        if isinstance(value, np.ndarray):
+            v = torch.from_numpy(np.ascontiguousarray(value)).to(target.device)
+            v = v.to(target.dtype)
+        else:
+            v = torch.tensor(value, dtype=target.dtype, device=target.device)
+        target[idx] = v
+
+    def _alloc_blocks(self, n: int) -> np.ndarray:
+        """Take ``n`` free blocks (lowest ids first), growing the pool by doubling if needed."""
+        if len(self._free_blocks) < n:
+            self._grow_blocks(max(2 * self.num_blocks, self.num_blocks + n))
+        taken = self._free_blocks[-n:][::-1]
+        del self._free_blocks[-n:]
+        return np.asarray(taken, dtype=np.int32)
+
+    def _grow_users(self, new_users: int) -> None:
+        b = self._b
+        for name, fill in (("seg_emb", 0.0), ("seg_kw", KEYWORD_PAD), ("seg_live", 0),
+                           ("n_visit", 0), ("l_interaction", 0), ("last_access", 0.0),
+                           ("heat", 0.0), ("seg_npages", 0), ("block_table", NO_ID)):
+            setattr(self, name, b.grow(getattr(self, name), new_users, fill))
+        self.user_live = np.concatenate([self.user_live,
+                                         np.zeros(new_users - self.user_live.size, np.uint8)])
+        self._regrow_mirrors()
+
+    def _grow_table(self, width: int) -> None:
+        self.block_table = self._b.grow(self.block_table, width, NO_ID, axis=2)
+        self._h_table = np.concatenate(
+            [self._h_table, np.full(self._h_table.shape[:2] + (width - self._h_table.shape[2],),
+                                    NO_ID, np.int32)], axis=2) if self.on_cuda else self.block_table
+
+    def _grow_blocks(self, new_blocks: int) -> None:
+        old = self.num_blocks
+        bs = self.config.block_size
+        self.page_emb = self._b.grow(self.page_emb, new_blocks * bs, 0.0)
+        self.page_live = self._b.grow(self.page_live, new_blocks * bs, 0)
+        self._free_blocks.extend(range(new_blocks - 1, old - 1, -1))
+
+    def _grow_owners(self, new_owners: int) -> None:
+        self.kn_emb = self._b.grow(self.kn_emb, new_owners, 0.0)
+        self.kn_live = self._b.grow(self.kn_live, new_owners, 0)
+        extra = new_owners - self.owner_live.size
+        self.owner_live = np.concatenate([self.owner_live, np.zeros(extra, np.uint8)])
+        self._ring_head = np.concatenate([self._ring_head, np.zeros(extra, np.int64)])
+
+    def _regrow_mirrors(self) -> None:
+        if not self.on_cuda:
+            self._h_seg_live, self._h_npages, self._h_table = (
+                self.seg_live, self.seg_npages, self.block_table)
+            return
+        u = self.user_capacity
+        pad = u - self._h_seg_live.shape[0]
+        s = self.config.segment_slots
+        self._h_seg_live = np.concatenate([self._h_seg_live, np.zeros((pad, s), np.uint8)])
+        self._h_npages = np.concatenate([self._h_npages, np.zeros((pad, s), np.int32)])
+        self._h_table = np.concatenate(
+            [self._h_table, np.full((pad, s, self._h_table.shape[2]), NO_ID, np.int32)])

@@ -1,0 +1,20 @@
+"""Exceptions raised by memoryos-gpu. Each derives from a built-in so callers can catch broadly."""
+
+
+class MemoryOSError(Exception):
+    """Base class of every memoryos-gpu error."""
+
+
+class ArenaError(MemoryOSError, ValueError):
+    """Invalid arena operation: unknown slot, wrong shape, NaN embedding, ..."""
+
+
+class NativeUnavailableError(MemoryOSError, ImportError):
+    """The compiled extension is missing or lacks the requested backend (e.g. CUDA)."""
+
+
+class UnknownUserError(MemoryOSError, KeyError):
+    """An operation named a user the engine does not hold."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else "unknown user"
