@@ -27,6 +27,21 @@ from memoryos_gpu.errors import ArenaError
 
 KEYWORD_PAD = -1
 NO_ID = -1
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def normalize_keyword_rows(rows: np.ndarray) -> np.ndarray:
+    """Rows of keyword ids as the kernels require them: sorted, unique, padded at the end.
+
+    Vectorised (no per-row Python): negative entries count as padding, duplicates collapse.
+    """
+    r = np.sort(np.asarray(rows, dtype=np.int32), axis=1)
+    drop = r < 0
+    drop[:, 1:] |= r[:, 1:] == r[:, :-1]
+    r[drop] = _INT32_MAX
+    r.sort(axis=1)
+    r[r == _INT32_MAX] = KEYWORD_PAD
+    return r
 
 
 @dataclass(frozen=True)
@@ -51,7 +66,9 @@ class ArenaConfig:
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"ArenaConfig.device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.gpu_dtype not in ("float16", "bfloat16"):
-            raise ValueError(f"ArenaConfig.gpu_dtype must be float16 or bfloat16, got {self.gpu_dtype}")
+            raise ValueError(
+                f"ArenaConfig.gpu_dtype must be float16 or bfloat16, got {self.gpu_dtype}"
+            )
 
 
 class _Backend:
@@ -179,9 +196,21 @@ class Arena:
     def nbytes(self) -> int:
         """Bytes held by the device arrays (what the arena costs in memory)."""
         total = 0
-        for name in ("seg_emb", "seg_kw", "seg_live", "n_visit", "l_interaction", "last_access",
-                     "heat", "seg_npages", "block_table", "page_emb", "page_live", "kn_emb",
-                     "kn_live"):
+        for name in (
+            "seg_emb",
+            "seg_kw",
+            "seg_live",
+            "n_visit",
+            "l_interaction",
+            "last_access",
+            "heat",
+            "seg_npages",
+            "block_table",
+            "page_emb",
+            "page_live",
+            "kn_emb",
+            "kn_live",
+        ):
             a = getattr(self, name)
             total += a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.element_size()
         return int(total)
@@ -265,9 +294,10 @@ class Arena:
         self.check_users(users)
         n = users.size
         emb = self._check_emb(emb, n)
-        keywords = np.asarray(keywords, dtype=np.int32)
-        if keywords.shape != (n, self.config.keyword_width):
-            raise ArenaError(f"keywords must be [{n}, {self.config.keyword_width}] int32")
+        keywords = np.asarray(keywords)
+        if keywords.shape != (n, self.config.keyword_width) or keywords.dtype.kind not in "iu":
+            raise ArenaError(f"keywords must be [{n}, {self.config.keyword_width}] integer ids")
+        keywords = normalize_keyword_rows(keywords)
         if ((slots < 0) | (slots >= self.config.segment_slots)).any():
             raise ArenaError("segment slot out of range")
         idx = (users, slots)
@@ -309,7 +339,7 @@ class Arena:
         blocks = self._h_table[idx]
         freed = blocks[blocks >= 0]
         if freed.size:
-            pages = (freed[:, None] * self.config.block_size + np.arange(self.config.block_size))
+            pages = freed[:, None] * self.config.block_size + np.arange(self.config.block_size)
             self._write(self.page_live, (pages.ravel(),), 0)
             self._free_blocks.extend(int(x) for x in freed[::-1])
         for name in ("seg_live", "n_visit", "l_interaction", "seg_npages"):
@@ -479,19 +509,31 @@ class Arena:
 
     def _grow_users(self, new_users: int) -> None:
         b = self._b
-        for name, fill in (("seg_emb", 0.0), ("seg_kw", KEYWORD_PAD), ("seg_live", 0),
-                           ("n_visit", 0), ("l_interaction", 0), ("last_access", 0.0),
-                           ("heat", 0.0), ("seg_npages", 0), ("block_table", NO_ID)):
+        for name, fill in (
+            ("seg_emb", 0.0),
+            ("seg_kw", KEYWORD_PAD),
+            ("seg_live", 0),
+            ("n_visit", 0),
+            ("l_interaction", 0),
+            ("last_access", 0.0),
+            ("heat", 0.0),
+            ("seg_npages", 0),
+            ("block_table", NO_ID),
+        ):
             setattr(self, name, b.grow(getattr(self, name), new_users, fill))
-        self.user_live = np.concatenate([self.user_live,
-                                         np.zeros(new_users - self.user_live.size, np.uint8)])
+        self.user_live = np.concatenate(
+            [self.user_live, np.zeros(new_users - self.user_live.size, np.uint8)]
+        )
         self._regrow_mirrors()
 
     def _grow_table(self, width: int) -> None:
         self.block_table = self._b.grow(self.block_table, width, NO_ID, axis=2)
-        self._h_table = np.concatenate(
-            [self._h_table, np.full(self._h_table.shape[:2] + (width - self._h_table.shape[2],),
-                                    NO_ID, np.int32)], axis=2) if self.on_cuda else self.block_table
+        if not self.on_cuda:
+            self._h_table = self.block_table
+            return
+        u, s, old = self._h_table.shape
+        pad = np.full((u, s, width - old), NO_ID, np.int32)
+        self._h_table = np.concatenate([self._h_table, pad], axis=2)
 
     def _grow_blocks(self, new_blocks: int) -> None:
         old = self.num_blocks
@@ -510,7 +552,10 @@ class Arena:
     def _regrow_mirrors(self) -> None:
         if not self.on_cuda:
             self._h_seg_live, self._h_npages, self._h_table = (
-                self.seg_live, self.seg_npages, self.block_table)
+                self.seg_live,
+                self.seg_npages,
+                self.block_table,
+            )
             return
         u = self.user_capacity
         pad = u - self._h_seg_live.shape[0]
@@ -518,4 +563,5 @@ class Arena:
         self._h_seg_live = np.concatenate([self._h_seg_live, np.zeros((pad, s), np.uint8)])
         self._h_npages = np.concatenate([self._h_npages, np.zeros((pad, s), np.int32)])
         self._h_table = np.concatenate(
-            [self._h_table, np.full((pad, s, self._h_table.shape[2]), NO_ID, np.int32)])
+            [self._h_table, np.full((pad, s, self._h_table.shape[2]), NO_ID, np.int32)]
+        )

@@ -29,7 +29,9 @@ def _backend_param(name: str):
         return pytest.param("cpu", id="cpu")
     marks = [pytest.mark.cuda]
     if not _cuda_available() and os.environ.get("MEMORYOS_GPU_REQUIRE_CUDA") != "1":
-        marks.append(pytest.mark.skip(reason="no CUDA device (set MEMORYOS_GPU_REQUIRE_CUDA=1 to fail)"))
+        marks.append(
+            pytest.mark.skip(reason="no CUDA device (set MEMORYOS_GPU_REQUIRE_CUDA=1 to fail)")
+        )
     return pytest.param("cuda", id="cuda", marks=marks)
 
 
@@ -57,8 +59,9 @@ class Spec:
     q_kw: np.ndarray
 
 
-def keyword_rows(rng: np.random.Generator, n: int, width: int, universe: int,
-                 duplicates: bool = False) -> np.ndarray:
+def keyword_rows(
+    rng: np.random.Generator, n: int, width: int, universe: int, duplicates: bool = False
+) -> np.ndarray:
     rows = np.full((n, width), -1, np.int32)
     for i in range(n):
         count = int(rng.integers(0, width + 1))
@@ -81,8 +84,9 @@ def specs(draw, full: bool = False) -> Spec:
     # a small palette of vectors makes exact ties frequent
     palette = rng.normal(size=(4, dim)).astype(np.float32)
     pick = rng.integers(0, 4, size=(n_users, slots))
-    seg_emb = np.where(rng.random((n_users, slots, 1)) < 0.5, palette[pick],
-                       rng.normal(size=(n_users, slots, dim))).astype(np.float32)
+    seg_emb = np.where(
+        rng.random((n_users, slots, 1)) < 0.5, palette[pick], rng.normal(size=(n_users, slots, dim))
+    ).astype(np.float32)
     seg_kw = keyword_rows(rng, n_users * slots, kw_width, 8).reshape(n_users, slots, kw_width)
     pages = []
     for u in range(n_users):
@@ -95,23 +99,53 @@ def specs(draw, full: bool = False) -> Spec:
     kn_counts = [int(rng.integers(0, 12)) for _ in range(n_users)]
     kn_emb = rng.normal(size=(sum(kn_counts), dim)).astype(np.float32)
     b = draw(st.integers(0, 7))
-    queries = np.where(rng.random((b, 1)) < 0.3, palette[rng.integers(0, 4, size=b)],
-                       rng.normal(size=(b, dim))).astype(np.float32)
+    queries = np.where(
+        rng.random((b, 1)) < 0.3, palette[rng.integers(0, 4, size=b)], rng.normal(size=(b, dim))
+    ).astype(np.float32)
     q_user = rng.integers(0, n_users, size=b).astype(np.int32)
     q_kw = keyword_rows(rng, b, draw(st.integers(0, 5)), 8, duplicates=True)
-    return Spec(dim, slots, kw_width, block_size, live, seg_emb, seg_kw, pages, deleted, kn_counts,
-                kn_emb, queries, q_user, q_kw)
+    return Spec(
+        dim,
+        slots,
+        kw_width,
+        block_size,
+        live,
+        seg_emb,
+        seg_kw,
+        pages,
+        deleted,
+        kn_counts,
+        kn_emb,
+        queries,
+        q_user,
+        q_kw,
+    )
 
 
 def build(spec: Spec, device: str) -> tuple[Arena, np.ndarray]:
-    arena = Arena(ArenaConfig(dim=spec.dim, segment_slots=spec.slots, keyword_width=spec.kw_width,
-                              block_size=spec.block_size, device=device, initial_users=1,
-                              initial_blocks=1, initial_owners=1))
+    arena = Arena(
+        ArenaConfig(
+            dim=spec.dim,
+            segment_slots=spec.slots,
+            keyword_width=spec.kw_width,
+            block_size=spec.block_size,
+            device=device,
+            initial_users=1,
+            initial_blocks=1,
+            initial_owners=1,
+        )
+    )
     n_users = spec.live.shape[0]
     arena.add_users(n_users)
     u, s = np.nonzero(spec.live)
-    arena.write_segments(u, s, spec.seg_emb[u, s], spec.seg_kw[u, s],
-                         l_interaction=np.arange(u.size) % 4, last_access=np.zeros(u.size))
+    arena.write_segments(
+        u,
+        s,
+        spec.seg_emb[u, s],
+        spec.seg_kw[u, s],
+        l_interaction=np.arange(u.size) % 4,
+        last_access=np.zeros(u.size),
+    )
     if spec.pages:
         pu = np.array([p[0] for p in spec.pages])
         ps = np.array([p[1] for p in spec.pages])
@@ -166,8 +200,12 @@ def test_score_segments_full_200_slots(backend, spec, m):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @COMMON
-@given(spec=specs(), m=st.integers(1, 4), k=st.integers(1, 30),
-       min_score=st.sampled_from([float("-inf"), 0.0, 0.3]))
+@given(
+    spec=specs(),
+    m=st.integers(1, 4),
+    k=st.integers(1, 30),
+    min_score=st.sampled_from([float("-inf"), 0.0, 0.3]),
+)
 def test_select_pages_matches_reference(backend, spec, m, k, min_score):
     arena, _ = build(spec, backend)
     _, chosen = ops.score_segments(arena, spec.queries, spec.q_user, spec.q_kw, m)
@@ -190,16 +228,25 @@ def test_knowledge_topk_matches_reference(backend, spec, k):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @COMMON
-@given(spec=specs(), data=st.data(), by_visits=st.booleans(),
-       mu=st.sampled_from([1.0, 3600.0, 1e7]), tau=st.sampled_from([0.5, 2.0, 5.0]))
+@given(
+    spec=specs(),
+    data=st.data(),
+    by_visits=st.booleans(),
+    mu=st.sampled_from([1.0, 3600.0, 1e7]),
+    tau=st.sampled_from([0.5, 2.0, 5.0]),
+)
 def test_heat_matches_reference(backend, spec, data, by_visits, mu, tau):
     arena, _ = build(spec, backend)
     n_users, slots = spec.live.shape
     hits_u = np.array(data.draw(st.lists(st.integers(0, n_users - 1), max_size=10)), np.int32)
-    hits_s = np.array(data.draw(st.lists(st.integers(0, slots - 1), min_size=hits_u.size,
-                                         max_size=hits_u.size)), np.int32)
-    hits_t = np.array(data.draw(st.lists(st.floats(0, 1e6), min_size=hits_u.size,
-                                         max_size=hits_u.size)), np.float64)
+    hits_s = np.array(
+        data.draw(st.lists(st.integers(0, slots - 1), min_size=hits_u.size, max_size=hits_u.size)),
+        np.int32,
+    )
+    hits_t = np.array(
+        data.draw(st.lists(st.floats(0, 1e6), min_size=hits_u.size, max_size=hits_u.size)),
+        np.float64,
+    )
     stats = {k: arena.host(k).copy() for k in ("n_visit", "l_interaction", "last_access")}
     stats["live"] = arena.host("seg_live").copy()
     ops.apply_hits(arena, hits_u, hits_s, hits_t)
@@ -212,8 +259,9 @@ def test_heat_matches_reference(backend, spec, data, by_visits, mu, tau):
     need = np.array(data.draw(st.lists(st.booleans(), min_size=n_users, max_size=n_users)))
     params = ops.HeatParams(mu=mu, tau=tau, evict_by_visits=by_visits)
     promote, evict = ops.recompute_heat(arena, users, now, params, need)
-    heat_want, promote_want, evict_want = ref.recompute_heat_ref(stats, users, now, need, params,
-                                                                 by_visits)
+    heat_want, promote_want, evict_want = ref.recompute_heat_ref(
+        stats, users, now, need, params, by_visits
+    )
     np.testing.assert_allclose(np.where(stats["live"], arena.host("heat"), 0), heat_want, atol=1e-5)
     # promotion and eviction decisions agree except exactly at float rounding of the threshold
     borderline = np.abs(heat_want - tau) < 1e-5
@@ -251,8 +299,12 @@ def test_no_query_sees_another_users_memory(backend, spec, seed):
     kw_row[0, : ids.size] = ids
     for u in others:  # make the other users' memory a perfect match for the query
         slots = np.arange(spec.slots, dtype=np.int32)
-        arena.write_segments(np.full(spec.slots, u), slots, np.repeat(q, spec.slots, 0),
-                             np.repeat(kw_row, spec.slots, 0))
+        arena.write_segments(
+            np.full(spec.slots, u),
+            slots,
+            np.repeat(q, spec.slots, 0),
+            np.repeat(kw_row, spec.slots, 0),
+        )
         arena.append_pages(np.full(3, u), np.zeros(3, np.int32), np.repeat(q, 3, 0))
         noise = rng.normal(size=(5, spec.dim)) * 1e-3
         arena.push_knowledge(np.full(5, u), np.repeat(q, 5, 0) + noise)
@@ -298,8 +350,9 @@ def test_empty_user_and_empty_batch(small_arena):
 def test_jaccard_keyword_term_breaks_cosine_tie():
     arena = Arena(ArenaConfig(dim=2, segment_slots=2, keyword_width=3))
     arena.add_users(1)
-    arena.write_segments([0, 0], [0, 1], np.array([[1.0, 0], [1.0, 0]]),
-                         np.array([[1, 2, -1], [3, 4, 5]]))
+    arena.write_segments(
+        [0, 0], [0, 1], np.array([[1.0, 0], [1.0, 0]]), np.array([[1, 2, -1], [3, 4, 5]])
+    )
     scores, ids = ops.score_segments(arena, np.array([[1.0, 0]]), [0], np.array([[3, 5, 9]]), 2)
     assert ids.tolist() == [[1, 0]]
     assert scores[0, 0] == pytest.approx(1.0 + 2 / 4)
@@ -336,17 +389,45 @@ def test_native_rejects_bad_arrays_without_crashing():
     seg = np.zeros((1, 2, 4), np.float32)
     kw, live = np.full((1, 2, 2), -1, np.int32), np.ones((1, 2), np.uint8)
     with pytest.raises(TypeError, match="float32"):
-        _C.score_segments(q.astype(np.float64), np.zeros(1, np.int32), np.zeros((1, 0), np.int32),
-                          seg, kw, live, 1.0, out_s, out_i)
+        _C.score_segments(
+            q.astype(np.float64),
+            np.zeros(1, np.int32),
+            np.zeros((1, 0), np.int32),
+            seg,
+            kw,
+            live,
+            1.0,
+            out_s,
+            out_i,
+        )
     with pytest.raises(IndexError, match="user slot"):
-        _C.score_segments(q, np.array([3], np.int32), np.zeros((1, 0), np.int32), seg, kw, live,
-                          1.0, out_s, out_i)
+        _C.score_segments(
+            q, np.array([3], np.int32), np.zeros((1, 0), np.int32), seg, kw, live, 1.0, out_s, out_i
+        )
     with pytest.raises(ValueError, match="contiguous"):
-        _C.score_segments(np.ones((1, 8), np.float32)[:, ::2], np.zeros(1, np.int32),
-                          np.zeros((1, 0), np.int32), seg, kw, live, 1.0, out_s, out_i)
+        _C.score_segments(
+            np.ones((1, 8), np.float32)[:, ::2],
+            np.zeros(1, np.int32),
+            np.zeros((1, 0), np.int32),
+            seg,
+            kw,
+            live,
+            1.0,
+            out_s,
+            out_i,
+        )
     with pytest.raises(TypeError, match="DLPack"):
-        _C.score_segments([[1.0]], np.zeros(1, np.int32), np.zeros((1, 0), np.int32), seg, kw,
-                          live, 1.0, out_s, out_i)
+        _C.score_segments(
+            [[1.0]],
+            np.zeros(1, np.int32),
+            np.zeros((1, 0), np.int32),
+            seg,
+            kw,
+            live,
+            1.0,
+            out_s,
+            out_i,
+        )
 
 
 def test_build_info_reports_capabilities():

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from memoryos_gpu.arena import Arena
+from memoryos_gpu.arena import Arena, normalize_keyword_rows
 from memoryos_gpu.errors import ArenaError, NativeUnavailableError
 from memoryos_gpu.ops.params import HeatParams
 
@@ -104,8 +104,10 @@ def _alloc_topk(arena: Arena, batch: int, k: int) -> tuple[Any, Any]:
         import torch
 
         dev = arena.seg_emb.device
-        return (torch.empty((batch, k), dtype=torch.float32, device=dev),
-                torch.empty((batch, k), dtype=torch.int32, device=dev))
+        return (
+            torch.empty((batch, k), dtype=torch.float32, device=dev),
+            torch.empty((batch, k), dtype=torch.int32, device=dev),
+        )
     return np.empty((batch, k), np.float32), np.empty((batch, k), np.int32)
 
 
@@ -118,8 +120,9 @@ def _stream(arena: Arena) -> int:
 
 
 # ---------------------------------------------------------------------- kernels
-def score_segments(arena: Arena, q_emb: Any, q_user: Any, q_kw: Any, m: int,
-                   keyword_weight: float = 1.0) -> tuple[Any, Any]:
+def score_segments(
+    arena: Arena, q_emb: Any, q_user: Any, q_kw: Any, m: int, keyword_weight: float = 1.0
+) -> tuple[Any, Any]:
     """Top-``m`` segments per query by ``cos(e_s, q) + keyword_weight * Jaccard(K_s, K_q)``.
 
     Each query sees only its own user's live segment slots. ``q_kw`` is ``[B, Q]`` int32 hashed
@@ -128,14 +131,26 @@ def score_segments(arena: Arena, q_emb: Any, q_user: Any, q_kw: Any, m: int,
     q = _queries(arena, q_emb)
     users = _host_int(q_user, "q_user", q.shape[0])
     arena.check_users(users)
-    kw = _host_int(q_kw, "q_kw", q.shape[0], ndim=2) if q_kw is not None else \
-        np.zeros((q.shape[0], 0), np.int32)
+    kw = (
+        normalize_keyword_rows(_host_int(q_kw, "q_kw", q.shape[0], ndim=2))
+        if q_kw is not None
+        else np.zeros((q.shape[0], 0), np.int32)
+    )
     if not np.isfinite(keyword_weight):
         raise ArenaError("keyword_weight must be finite")
     scores, ids = _alloc_topk(arena, q.shape[0], m)
-    _native().score_segments(q, _device(arena, users), _device(arena, kw), arena.seg_emb,
-                             arena.seg_kw, arena.seg_live, float(keyword_weight), scores, ids,
-                             _stream(arena))
+    _native().score_segments(
+        q,
+        _device(arena, users),
+        _device(arena, kw),
+        arena.seg_emb,
+        arena.seg_kw,
+        arena.seg_live,
+        float(keyword_weight),
+        scores,
+        ids,
+        _stream(arena),
+    )
     return scores, ids
 
 
@@ -149,8 +164,9 @@ def match_segments(arena: Arena, emb: Any, users: Any, keywords: Any) -> tuple[A
     return scores[:, 0], ids[:, 0]
 
 
-def select_pages(arena: Arena, q_emb: Any, q_user: Any, chosen: Any, k: int,
-                 min_score: float = float("-inf")) -> tuple[Any, Any]:
+def select_pages(
+    arena: Arena, q_emb: Any, q_user: Any, chosen: Any, k: int, min_score: float = float("-inf")
+) -> tuple[Any, Any]:
     """Top-``k`` pages by cosine inside each query's ``chosen`` segment slots ``[B, m]`` (-1 =
     none), skipping pages scoring below ``min_score``. Returns ``(scores, pool slots)``."""
     q = _queries(arena, q_emb)
@@ -162,9 +178,20 @@ def select_pages(arena: Arena, q_emb: Any, q_user: Any, chosen: Any, k: int,
     if np.isnan(min_score):
         raise ArenaError("min_score must not be NaN")
     scores, ids = _alloc_topk(arena, q.shape[0], k)
-    _native().select_pages(q, _device(arena, users), _device(arena, ch), arena.page_emb,
-                           arena.page_live, arena.seg_npages, arena.block_table,
-                           arena.config.block_size, float(min_score), scores, ids, _stream(arena))
+    _native().select_pages(
+        q,
+        _device(arena, users),
+        _device(arena, ch),
+        arena.page_emb,
+        arena.page_live,
+        arena.seg_npages,
+        arena.block_table,
+        arena.config.block_size,
+        float(min_score),
+        scores,
+        ids,
+        _stream(arena),
+    )
     return scores, ids
 
 
@@ -182,13 +209,22 @@ def apply_hits(arena: Arena, hit_user: Any, hit_slot: Any, now: Any) -> None:
         raise ArenaError("hit_slot out of range")
     if not np.isfinite(hn).all():
         raise ArenaError("now must be finite")
-    _native().apply_hits(_device(arena, hu), _device(arena, hs), _device(arena, hn),
-                         arena.n_visit, arena.l_interaction, arena.last_access, arena.heat,
-                         arena.seg_live, _stream(arena))
+    _native().apply_hits(
+        _device(arena, hu),
+        _device(arena, hs),
+        _device(arena, hn),
+        arena.n_visit,
+        arena.l_interaction,
+        arena.last_access,
+        arena.heat,
+        arena.seg_live,
+        _stream(arena),
+    )
 
 
-def recompute_heat(arena: Arena, users: Any, now: Any, params: HeatParams,
-                   need_evict: Any = None) -> tuple[np.ndarray, np.ndarray]:
+def recompute_heat(
+    arena: Arena, users: Any, now: Any, params: HeatParams, need_evict: Any = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Recompute heat of each user's live segments at that user's ``now``.
 
     Returns ``(promote [n, S] bool, evict [n] int32)`` on the host: promote marks live segments
@@ -201,16 +237,33 @@ def recompute_heat(arena: Arena, users: Any, now: Any, params: HeatParams,
     nw = _writable(np.broadcast_to(np.asarray(now, np.float64), us.shape))
     if not np.isfinite(nw).all():
         raise ArenaError("now must be finite")
-    ne = np.zeros(us.shape, np.uint8) if need_evict is None else \
-        _writable(np.broadcast_to(np.asarray(need_evict, np.uint8), us.shape))
+    ne = (
+        np.zeros(us.shape, np.uint8)
+        if need_evict is None
+        else _writable(np.broadcast_to(np.asarray(need_evict, np.uint8), us.shape))
+    )
     n, s = us.shape[0], arena.config.segment_slots
     promote = _device(arena, np.zeros((n, s), np.uint8))
     evict = _device(arena, np.full(n, -1, np.int32))
-    _native().recompute_heat(_device(arena, us), _device(arena, nw), _device(arena, ne),
-                             arena.n_visit, arena.l_interaction, arena.last_access, arena.heat,
-                             arena.seg_live, params.alpha, params.beta, params.gamma,
-                             float(params.mu), params.tau, params.evict_by_visits, promote, evict,
-                             _stream(arena))
+    _native().recompute_heat(
+        _device(arena, us),
+        _device(arena, nw),
+        _device(arena, ne),
+        arena.n_visit,
+        arena.l_interaction,
+        arena.last_access,
+        arena.heat,
+        arena.seg_live,
+        params.alpha,
+        params.beta,
+        params.gamma,
+        float(params.mu),
+        params.tau,
+        params.evict_by_visits,
+        promote,
+        evict,
+        _stream(arena),
+    )
     if arena.on_cuda:
         return promote.cpu().numpy().astype(bool), evict.cpu().numpy()
     return promote.astype(bool), evict
@@ -223,6 +276,7 @@ def knowledge_topk(arena: Arena, q_emb: Any, q_owner: Any, k: int) -> tuple[Any,
     owners = _host_int(q_owner, "q_owner", q.shape[0])
     arena.check_owners(owners)
     scores, ids = _alloc_topk(arena, q.shape[0], k)
-    _native().knowledge_topk(q, _device(arena, owners), arena.kn_emb, arena.kn_live, scores, ids,
-                             _stream(arena))
+    _native().knowledge_topk(
+        q, _device(arena, owners), arena.kn_emb, arena.kn_live, scores, ids, _stream(arena)
+    )
     return scores, ids

