@@ -1,0 +1,52 @@
+"""Chat-log readers: JSONL pages, LoCoMo, ShareGPT and OpenAI chat messages -> pages.
+
+``read_records(path, format="auto")`` streams :class:`Record` (one page) and :class:`Reject`
+(one unusable input item, with file, line and reason) objects. See ``docs/formats.md``.
+"""
+
+from pathlib import Path
+
+from .readers import (
+    FORMATS,
+    HAVE_IJSON,
+    detect_format,
+    iter_locomo_conversations,
+    locomo_conversation_records,
+    open_binary,
+    read_records,
+)
+from .records import (
+    RAW_LIMIT,
+    FormatError,
+    Record,
+    Reject,
+    content_hash,
+    make_source,
+    normalise_text,
+)
+from .timestamps import parse_timestamp
+
+
+def sample_chats_path() -> Path:
+    """The bundled quick-start sample (JSONL pages: 3 users x 25 exchanges)."""
+    return Path(__file__).resolve().parent.parent / "data" / "sample_chats.jsonl"
+
+
+__all__ = [
+    "FORMATS",
+    "HAVE_IJSON",
+    "RAW_LIMIT",
+    "FormatError",
+    "Record",
+    "Reject",
+    "content_hash",
+    "detect_format",
+    "iter_locomo_conversations",
+    "locomo_conversation_records",
+    "make_source",
+    "normalise_text",
+    "open_binary",
+    "parse_timestamp",
+    "read_records",
+    "sample_chats_path",
+]
