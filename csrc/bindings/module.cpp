@@ -123,7 +123,7 @@ void select_pages(py::object q_emb, py::object q_user, py::object chosen, py::ob
   if (std::isnan(min_score)) throw py::value_error("min_score must not be NaN");
   TopK out = topk_out(os, oi, q.size);
   PageView pages{pe.data, pl.ptr<uint8_t>(), np_.ptr<int32_t>(), bt.ptr<int32_t>(), pe.dim(0),
-                 static_cast<int32_t>(np_.dim(1)), block_size, static_cast<int32_t>(bt.dim(2)),
+                 np_.dim(0), static_cast<int32_t>(np_.dim(1)), block_size, static_cast<int32_t>(bt.dim(2)),
                  emb_dtype(pe, cuda)};
   check_range(qu, np_.dim(0), "user slot", false);
   check_range(ch, np_.dim(1), "segment slot", true);

@@ -59,11 +59,15 @@ MOS_HD int sorted_intersection(const int32_t* a, int na, const int32_t* b, int n
 /// Jaccard index |A n B| / |A u B| of two keyword rows (sorted, unique, pad-terminated); 0 when
 /// either set is empty (the paper and the reference code score "no keywords" as no overlap).
 /// The Python layer normalises every row it writes or queries with, so rows are always sets.
+MOS_HD float jaccard_from_counts(int inter, int na, int nb) {
+  if (na == 0 || nb == 0) return 0.f;
+  return static_cast<float>(inter) / static_cast<float>(na + nb - inter);
+}
+
 MOS_HD float jaccard(const int32_t* a, int width_a, const int32_t* b, int width_b) {
   const int na = keyword_count(a, width_a), nb = keyword_count(b, width_b);
   if (na == 0 || nb == 0) return 0.f;
-  const int inter = sorted_intersection(a, na, b, nb);
-  return static_cast<float>(inter) / static_cast<float>(na + nb - inter);
+  return jaccard_from_counts(sorted_intersection(a, na, b, nb), na, nb);
 }
 
 /// Segment score F = cos(e_s, e_q) + w * Jaccard(K_s, K_q) (paper, section 3.2; w = 1 there).

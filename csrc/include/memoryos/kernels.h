@@ -34,6 +34,7 @@ struct PageView {
   const int32_t* npages;      ///< [U, S] pages appended to the segment (deleted ones included)
   const int32_t* block_table; ///< [U, S, MB] block ids, -1 past the end
   int64_t num_pages;          ///< NP
+  int64_t num_users;          ///< U (rows of npages / block_table)
   int32_t slots;              ///< S (rows of npages / block_table per user)
   int32_t block_size;         ///< P
   int32_t table_width;        ///< MB

@@ -1,0 +1,149 @@
+"""Configuration: every MemoryOS hyperparameter is a setting, with the paper's defaults.
+
+Two presets are selectable by name (:func:`preset`): ``paper`` (the table in the paper and
+DESIGN.md section 2) and ``reference`` (BAI-LAB/MemoryOS's code defaults), so results can be
+compared with either. Configuration is typed (pydantic) and validated on construction; it can be
+read from a TOML file (:meth:`EngineConfig.from_toml`) and overridden by keyword.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memoryos_gpu.ops.params import HeatParams
+
+
+class MemoryConfig(BaseModel):
+    """The paper's mechanics. Field docs give the paper's value and meaning."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    preset: str = Field("paper", description="Name of the preset these values came from.")
+    stm_capacity: int = Field(7, ge=1, description="STM FIFO length in pages (paper: 7).")
+    mtm_capacity: int = Field(200, ge=1, description="Segments per user (paper: 200).")
+    theta: float = Field(
+        0.6, description="Insert into the best segment when cos + Jaccard >= theta."
+    )
+    tau: float = Field(5.0, description="Heat at which a segment's unanalysed pages are promoted.")
+    alpha: float = Field(1.0, description="Heat weight of N_visit.")
+    beta: float = Field(1.0, description="Heat weight of L_interaction.")
+    gamma: float = Field(1.0, description="Heat weight of R_recency.")
+    mu_seconds: float = Field(1e7, gt=0, description="Recency time constant (paper: 1e7 s).")
+    eviction: Literal["heat", "lfu"] = Field(
+        "heat", description="Evict the lowest-heat segment (paper) or least visited (reference)."
+    )
+    reset_visits_on_promotion: bool = Field(
+        False, description="Also reset N_visit after promotion (the reference code does)."
+    )
+    top_segments: int = Field(5, ge=1, description="Segments retrieved per query (m).")
+    top_pages: int = Field(10, ge=1, description="Pages retrieved per query (k).")
+    page_min_score: float = Field(
+        float("-inf"), description="Drop retrieved pages with cosine below this."
+    )
+    query_keyword_weight: float = Field(
+        1.0, description="Weight of the Jaccard keyword term at query time (reference: 0)."
+    )
+    knowledge_capacity: int = Field(100, ge=1, description="User / assistant knowledge FIFO size.")
+    knowledge_top_k: int = Field(10, ge=1, description="Knowledge entries retrieved per query.")
+    keyword_width: int = Field(32, ge=1, description="Hashed keyword ids kept per segment.")
+    page_keywords: int = Field(8, ge=1, description="Keywords extracted per page.")
+    clock: Literal["logical", "wall"] = Field(
+        "logical",
+        description="Heat and recency run on the pages' own timestamps (logical, for replayed "
+        "logs) or on the wall clock (live serving).",
+    )
+    continuity_threshold: float = Field(
+        0.55, description="LLM-free mode: pages with cosine >= this continue the chain."
+    )
+    summary_chars: int = Field(600, ge=50, description="Cap of a segment's summary text.")
+
+    def heat_params(self) -> HeatParams:
+        return HeatParams(
+            alpha=self.alpha,
+            beta=self.beta,
+            gamma=self.gamma,
+            mu=self.mu_seconds,
+            tau=self.tau,
+            evict_by_visits=self.eviction == "lfu",
+        )
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "reference": {
+        "stm_capacity": 10,
+        "mtm_capacity": 2000,
+        "eviction": "lfu",
+        "mu_seconds": 24 * 3600.0,
+        "query_keyword_weight": 0.0,
+        "reset_visits_on_promotion": True,
+    },
+}
+
+
+def preset(name: str, **overrides: Any) -> MemoryConfig:
+    """A named preset (``paper`` or ``reference``) with optional field overrides."""
+    if name not in _PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(_PRESETS)}")
+    return MemoryConfig(preset=name, **{**_PRESETS[name], **overrides})
+
+
+class LLMConfig(BaseModel):
+    """Which backend does the LLM work, and how calls are grouped."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["llm", "extractive"] = Field(
+        "extractive",
+        description="'llm': every stage asks the backend; 'extractive': no LLM calls "
+        "(embedding continuity, keyword extraction, extractive summaries).",
+    )
+    backend: str = Field("transformers", description="vllm | openai | transformers | scripted")
+    model: str | None = Field(None, description="Model path / name (backend default if unset).")
+    base_url: str | None = Field(None, description="OpenAI-compatible server URL.")
+    api_key: str | None = Field(None, description="API key of the OpenAI-compatible server.")
+    fused: bool = Field(True, description="One structured call per page / promotion.")
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    batch_size: int = Field(64, ge=1, description="Requests per backend call.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Backend keyword options.")
+
+
+class EngineConfig(BaseModel):
+    """Everything an engine needs: memory mechanics, devices, models, store."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    store: str = Field(":memory:", description="SQLite file path, or ':memory:'.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the arena lives.")
+    gpu_dtype: Literal["float16", "bfloat16"] = "float16"
+    embedding_model: str | None = Field(None, description="Model folder (default: bundled MiniLM).")
+    embedding_batch_size: int = Field(64, ge=1)
+    embedder: Literal["transformers", "hashing"] = Field(
+        "transformers", description="'hashing' is a fast deterministic test double."
+    )
+    auto_process: bool = Field(
+        True, description="Run derived work (chain, MTM, promotion) inside add/add_many."
+    )
+
+    @classmethod
+    def from_toml(cls, path: str | Path, **overrides: Any) -> EngineConfig:
+        """Read a TOML file ([memory], [llm] tables and top-level keys) plus overrides."""
+        data = tomllib.loads(Path(path).read_text())
+        if "memory" in data and "preset" in data["memory"]:
+            mem = dict(data["memory"])
+            data["memory"] = preset(mem.pop("preset"), **mem).model_dump()
+        return cls.model_validate({**data, **overrides})
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        from memoryos_gpu.ops import build_info
+
+        return "cuda" if build_info()["cuda_usable"] else "cpu"

@@ -1,0 +1,355 @@
+"""The LLM stages of MemoryOS, each run as one batch across every user with work pending.
+
+Two modes share one interface so the engine never branches on it:
+
+- :class:`LLMStages` sends each stage's prompts (:mod:`memoryos_gpu.prompts`) to an
+  :class:`~memoryos_gpu.llm.LLMBackend` as one batch. ``fused=True`` asks one structured call per
+  evicted page (continuity + chain meta + topic summary + keywords) and one per promoted
+  segment (profile + user facts + assistant facts); ``fused=False`` makes the paper's separate
+  calls. Invalid output falls back to the extractive result for that item (counted), so a bad
+  model answer never loses a page.
+- :class:`ExtractiveStages` makes no LLM call: continuity by embedding similarity, keywords by
+  the TF-IDF extractor, extractive summaries and first-person user facts. Results say which mode
+  produced them (``mode`` field), so nothing pretends to be an LLM.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from memoryos_gpu import prompts
+from memoryos_gpu.llm.base import ChatRequest, LLMBackend
+from memoryos_gpu.text.keywords import KeywordExtractor
+
+
+@dataclass
+class PageWork:
+    """One evicted page on its way into MTM, with its chain context."""
+
+    page: dict[str, Any]  # user_input, agent_response, timestamp
+    embedding: np.ndarray
+    prev_page: dict[str, Any] | None
+    prev_embedding: np.ndarray | None
+    prev_meta: str | None
+
+
+@dataclass
+class PageOutcome:
+    continuous: bool
+    meta: str
+    summary: str
+    keywords: list[str]
+    mode: str  # "llm", "llm-fallback" or "extractive"
+
+
+@dataclass
+class PromotionWork:
+    profile: dict[str, str]
+    pages: list[dict[str, Any]]
+
+
+@dataclass
+class PromotionOutcome:
+    profile_updates: dict[str, str]
+    user_facts: list[str]
+    assistant_facts: list[str]
+    mode: str
+
+
+@dataclass
+class StageStats:
+    """Calls, tokens and fallbacks per stage (thread-safe)."""
+
+    calls: Counter = field(default_factory=Counter)
+    batches: Counter = field(default_factory=Counter)
+    prompt_tokens: Counter = field(default_factory=Counter)
+    completion_tokens: Counter = field(default_factory=Counter)
+    fallbacks: Counter = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, stage: str, n: int, prompt: int, completion: int) -> None:
+        with self._lock:
+            self.calls[stage] += n
+            self.batches[stage] += 1
+            self.prompt_tokens[stage] += prompt
+            self.completion_tokens[stage] += completion
+
+    def add_fallbacks(self, stage: str, n: int) -> None:
+        with self._lock:
+            self.fallbacks[stage] += n
+
+    def as_dict(self) -> dict[str, Any]:
+        with self._lock:
+            stages = sorted(set(self.calls) | set(self.fallbacks))
+            return {
+                "llm_calls": sum(self.calls.values()),
+                "prompt_tokens": sum(self.prompt_tokens.values()),
+                "completion_tokens": sum(self.completion_tokens.values()),
+                "fallbacks": sum(self.fallbacks.values()),
+                "per_stage": {
+                    s: {
+                        "calls": self.calls[s],
+                        "batches": self.batches[s],
+                        "mean_batch": round(self.calls[s] / max(1, self.batches[s]), 2),
+                        "prompt_tokens": self.prompt_tokens[s],
+                        "completion_tokens": self.completion_tokens[s],
+                        "fallbacks": self.fallbacks[s],
+                    }
+                    for s in stages
+                },
+            }
+
+
+_FIRST_PERSON = re.compile(r"\b(i|i'm|i've|i'd|i'll|my|me|mine|we|our)\b", re.IGNORECASE)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    denom = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b) / denom if denom > 0 else 0.0
+
+
+class ExtractiveStages:
+    """LLM-free stages: a documented quality/cost trade-off for bulk ingestion."""
+
+    mode = "extractive"
+
+    def __init__(
+        self,
+        extractor: KeywordExtractor,
+        *,
+        continuity_threshold: float = 0.55,
+        page_keywords: int = 8,
+        max_facts: int = 5,
+    ) -> None:
+        self.extractor = extractor
+        self.continuity_threshold = continuity_threshold
+        self.page_keywords = page_keywords
+        self.max_facts = max_facts
+        self.stats = StageStats()
+
+    def pages(self, work: Sequence[PageWork]) -> list[PageOutcome]:
+        return [self._page(w) for w in work]
+
+    def _page(self, w: PageWork) -> PageOutcome:
+        continuous = (
+            w.prev_embedding is not None
+            and _cosine(w.prev_embedding, w.embedding) >= self.continuity_threshold
+        )
+        summary = prompts.fallback_topic_summary(
+            [w.page], extractor=self.extractor, max_keywords=self.page_keywords
+        )
+        meta = (
+            w.prev_meta
+            if (continuous and w.prev_meta)
+            else prompts.fallback_chain_meta(None, w.page)
+        )
+        return PageOutcome(continuous, meta or "", summary.summary, summary.keywords, self.mode)
+
+    def promotions(self, work: Sequence[PromotionWork]) -> list[PromotionOutcome]:
+        return [PromotionOutcome({}, self._user_facts(w.pages), [], self.mode) for w in work]
+
+    def _user_facts(self, pages: Sequence[dict[str, Any]]) -> list[str]:
+        """Sentences in which the user speaks about themself (first person), verbatim."""
+        facts: list[str] = []
+        for p in pages:
+            for sentence in _SENTENCE.split(p.get("user_input") or ""):
+                s = sentence.strip()
+                if 12 <= len(s) <= 300 and _FIRST_PERSON.search(s) and not s.endswith("?"):
+                    facts.append(s)
+        return facts[-self.max_facts :]
+
+
+class LLMStages:
+    """Stage prompts through one backend, batched across users; fallbacks per item."""
+
+    mode = "llm"
+
+    def __init__(
+        self,
+        backend: LLMBackend,
+        fallback: ExtractiveStages,
+        *,
+        fused: bool = True,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        batch_size: int = 64,
+    ) -> None:
+        self.backend = backend
+        self.fallback = fallback
+        self.fused = fused
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.batch_size = batch_size
+        self.stats = fallback.stats  # one ledger for both
+
+    # ------------------------------------------------------------------ plumbing
+    def _run(
+        self, stage: str, built: list[tuple[list[dict], dict | None]], max_tokens: int | None = None
+    ) -> list[Any]:
+        """One stage's prompts through the backend in batches; returns parsed JSON or None."""
+        out: list[Any] = []
+        for i in range(0, len(built), self.batch_size):
+            chunk = built[i : i + self.batch_size]
+            requests = [
+                ChatRequest(
+                    messages=tuple(m),
+                    json_schema=s,
+                    max_tokens=max_tokens or self.max_tokens,
+                    temperature=self.temperature,
+                    stage=stage,
+                )
+                for m, s in chunk
+            ]
+            results = self.backend.generate(requests)
+            prompt = sum(r.prompt_tokens for r in results)
+            completion = sum(r.completion_tokens for r in results)
+            parsed = [
+                r.parsed if r.parsed is not None else (r.text if not r.error else None)
+                for r in results
+            ]
+            out.extend(parsed)
+            self.stats.record(stage, len(requests), prompt, completion)
+        return out
+
+    def _count_fallbacks(self, stage: str, n: int) -> None:
+        if n:
+            self.stats.add_fallbacks(stage, n)
+
+    # ------------------------------------------------------------------ pages
+    def pages(self, work: Sequence[PageWork]) -> list[PageOutcome]:
+        if not work:
+            return []
+        return self._pages_fused(work) if self.fused else self._pages_separate(work)
+
+    def _pages_fused(self, work: Sequence[PageWork]) -> list[PageOutcome]:
+        raw = self._run(
+            "page", [prompts.fused_page(w.prev_page, w.prev_meta, w.page) for w in work]
+        )
+        out, failed = [], 0
+        for w, value in zip(work, raw, strict=True):
+            r = prompts.parse_fused_page(value) if value is not None else None
+            if r is None:
+                failed += 1
+                out.append(self._fallback_page(w))
+            else:
+                continuous = r.continuous and w.prev_page is not None
+                out.append(PageOutcome(continuous, r.meta, r.summary, r.keywords, "llm"))
+        self._count_fallbacks("page", failed)
+        return out
+
+    def _pages_separate(self, work: Sequence[PageWork]) -> list[PageOutcome]:
+        has_prev = [w for w in work if w.prev_page is not None]
+        cont_raw = self._run(
+            "continuity", [prompts.continuity(w.prev_page, w.page) for w in has_prev]
+        )
+        continuity: dict[int, bool | None] = {
+            id(w): prompts.parse_continuity(v) for w, v in zip(has_prev, cont_raw, strict=True)
+        }
+        flags = [bool(continuity.get(id(w))) for w in work]
+        meta_raw = self._run(
+            "chain_meta",
+            [
+                prompts.chain_meta(w.prev_meta if c else None, w.page)
+                for w, c in zip(work, flags, strict=True)
+            ],
+        )
+        topic_raw = self._run("topic_summary", [prompts.topic_summary([w.page]) for w in work])
+        out, failed = [], 0
+        for w, c, mv, tv in zip(work, flags, meta_raw, topic_raw, strict=True):
+            meta = prompts.parse_chain_meta(mv) if mv is not None else None
+            topic = prompts.parse_topic_summary(tv) if tv is not None else None
+            bad_continuity = w.prev_page is not None and continuity.get(id(w)) is None
+            if meta is None or topic is None or bad_continuity:
+                failed += 1
+                fb = self._fallback_page(w)
+                out.append(
+                    PageOutcome(
+                        c if not bad_continuity else fb.continuous,
+                        meta or fb.meta,
+                        topic.summary if topic else fb.summary,
+                        topic.keywords if topic else fb.keywords,
+                        "llm-fallback",
+                    )
+                )
+            else:
+                out.append(PageOutcome(c, meta, topic.summary, topic.keywords, "llm"))
+        self._count_fallbacks("page", failed)
+        return out
+
+    def _fallback_page(self, w: PageWork) -> PageOutcome:
+        fb = self.fallback.pages([w])[0]
+        fb.mode = "llm-fallback"
+        return fb
+
+    # ------------------------------------------------------------------ promotions
+    def promotions(self, work: Sequence[PromotionWork]) -> list[PromotionOutcome]:
+        if not work:
+            return []
+        if self.fused:
+            raw = self._run(
+                "promotion", [prompts.fused_promotion(w.profile, w.pages) for w in work]
+            )
+            parsed = [prompts.parse_fused_promotion(v) if v is not None else None for v in raw]
+        else:
+            prof = self._run("profile", [prompts.profile_update(w.profile, w.pages) for w in work])
+            uk = self._run("user_knowledge", [prompts.user_knowledge(w.pages) for w in work])
+            ak = self._run(
+                "assistant_knowledge", [prompts.assistant_knowledge(w.pages) for w in work]
+            )
+            parsed = []
+            for p, u, a in zip(prof, uk, ak, strict=True):
+                pu = prompts.parse_profile_update(p) if p is not None else None
+                uu = prompts.parse_user_knowledge(u) if u is not None else None
+                aa = prompts.parse_assistant_knowledge(a) if a is not None else None
+                parsed.append(
+                    None
+                    if pu is None or uu is None or aa is None
+                    else prompts.PromotionResult(pu, uu, aa)
+                )
+        out, failed = [], 0
+        for w, r in zip(work, parsed, strict=True):
+            if r is None:
+                failed += 1
+                fb = self.fallback.promotions([w])[0]
+                fb.mode = "llm-fallback"
+                out.append(fb)
+            else:
+                out.append(
+                    PromotionOutcome(r.profile_updates, r.user_facts, r.assistant_facts, "llm")
+                )
+        self._count_fallbacks("promotion", failed)
+        return out
+
+    # ------------------------------------------------------------------ response
+    def respond(self, message_lists: Sequence[list[dict]]) -> list[Any]:
+        """Free-text responses for a batch of prompts (no schema)."""
+        results = []
+        for i in range(0, len(message_lists), self.batch_size):
+            chunk = message_lists[i : i + self.batch_size]
+            requests = [
+                ChatRequest(
+                    messages=tuple(m),
+                    json_schema=None,
+                    max_tokens=self.max_tokens,
+                    temperature=self.temperature,
+                    stage="response",
+                )
+                for m in chunk
+            ]
+            res = self.backend.generate(requests)
+            self.stats.record(
+                "response",
+                len(res),
+                sum(r.prompt_tokens for r in res),
+                sum(r.completion_tokens for r in res),
+            )
+            results.extend(res)
+        return results

@@ -1,0 +1,79 @@
+"""Plain data types of the public API."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PageInput:
+    """One exchange to remember. ``source`` is an optional idempotency key: a page whose
+    source was already accepted is skipped (re-running an ingestion adds nothing twice)."""
+
+    user_id: str
+    user_input: str
+    agent_response: str = ""
+    timestamp: float | str | None = None
+    assistant_id: str | None = None
+    source: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AddResult:
+    page_id: int
+    user_id: str
+    duplicate: bool = False  # the source was already accepted; nothing was added
+
+
+@dataclass
+class RetrievedPage:
+    page_id: int
+    user_input: str
+    agent_response: str
+    timestamp: float
+    tier: str  # "stm" or "mtm"
+    score: float | None = None
+    meta: str | None = None  # chain meta summary
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class KnowledgeEntry:
+    entry_id: int
+    text: str
+    score: float | None = None
+
+
+@dataclass
+class Retrieval:
+    """What a query retrieved: STM whole, MTM pages, LPM profile and knowledge."""
+
+    user_id: str
+    query: str
+    stm: list[RetrievedPage]
+    pages: list[RetrievedPage]
+    profile: dict[str, str]
+    user_knowledge: list[KnowledgeEntry]
+    assistant_knowledge: list[KnowledgeEntry]
+    retrieval_tokens: int = 0
+
+    def all_pages(self) -> list[RetrievedPage]:
+        """MTM pages then STM pages (what a prompt carries)."""
+        return [*self.pages, *self.stm]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Response:
+    user_id: str
+    query: str
+    text: str
+    retrieval: Retrieval
+    page_id: int | None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
