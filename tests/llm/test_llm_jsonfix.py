@@ -1,0 +1,203 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memoryos_gpu.llm.jsonfix import extract_json_candidates, parse_json_output, repair_json_text
+
+TOPIC = {
+    "type": "object",
+    "properties": {
+        "summary": {"type": "string"},
+        "keywords": {"type": "array", "items": {"type": "string"}},
+        "score": {"type": "integer"},
+        "new_topic": {"type": "boolean", "default": False},
+    },
+    "required": ["summary", "keywords"],
+    "additionalProperties": False,
+}
+
+GOOD = {"summary": "s", "keywords": ["a", "b"]}
+GOOD_FILLED = {**GOOD, "new_topic": False}
+
+# (text, expected value or None, expected repaired flag)
+TABLE = [
+    ("plain", json.dumps(GOOD), GOOD_FILLED, False),
+    ("fenced", "```json\n" + json.dumps(GOOD) + "\n```", GOOD_FILLED, False),
+    ("fenced no lang", "```\n" + json.dumps(GOOD) + "\n```\nDone.", GOOD_FILLED, False),
+    (
+        "prose-wrapped",
+        "Sure! Here it is: " + json.dumps(GOOD) + " Let me know {if} needed.",
+        GOOD_FILLED,
+        False,
+    ),
+    ("prose braces first", "Use {braces} like this: " + json.dumps(GOOD), GOOD_FILLED, False),
+    ("trailing commas", '{"summary": "s", "keywords": ["a", "b",],}', GOOD_FILLED, True),
+    ("single quotes", "{'summary': 's', 'keywords': ['a', 'b']}", GOOD_FILLED, True),
+    ("unquoted keys", '{summary: "s", keywords: ["a", "b"]}', GOOD_FILLED, True),
+    (
+        "python literals",
+        "{'summary': 's', 'keywords': ['a', 'b'], 'new_topic': True}",
+        {**GOOD, "new_topic": True},
+        True,
+    ),
+    ("missing commas", '{"summary": "s"\n "keywords": ["a" "b"]}', GOOD_FILLED, True),
+    ("truncated array", '{"summary": "s", "keywords": ["a", "b"', GOOD_FILLED, True),
+    ("truncated string", '{"summary": "s", "keywords": ["a", "b', GOOD_FILLED, True),
+    (
+        "truncated after colon",
+        '{"summary": "s", "keywords": ["a", "b"], "score":',
+        GOOD_FILLED,
+        True,
+    ),
+    ("truncated key", '{"summary": "s", "keywords": ["a", "b"], "sco', GOOD_FILLED, True),
+    ("truncated fence", '```json\n{"summary": "s", "keywords": ["a", "b"]', GOOD_FILLED, True),
+    (
+        "string for array",
+        '{"summary": "s", "keywords": "a"}',
+        {"summary": "s", "keywords": ["a"], "new_topic": False},
+        True,
+    ),
+    (
+        "string for int",
+        '{"summary": "s", "keywords": ["a", "b"], "score": "7"}',
+        {**GOOD_FILLED, "score": 7},
+        True,
+    ),
+    (
+        "float for int",
+        '{"summary": "s", "keywords": ["a", "b"], "score": 7.0}',
+        {**GOOD_FILLED, "score": 7},
+        False,
+    ),
+    (
+        "yes for bool",
+        '{"summary": "s", "keywords": ["a", "b"], "new_topic": "yes"}',
+        {**GOOD, "new_topic": True},
+        True,
+    ),
+    (
+        "number for string",
+        '{"summary": 5, "keywords": ["a", "b"]}',
+        {**GOOD_FILLED, "summary": "5"},
+        True,
+    ),
+    (
+        "extra key dropped",
+        '{"summary": "s", "keywords": ["a", "b"], "mood": "x"}',
+        GOOD_FILLED,
+        True,
+    ),
+    ("key case", '{"Summary": "s", "Keywords": ["a", "b"]}', GOOD_FILLED, True),
+    (
+        "null optional dropped",
+        '{"summary": "s", "keywords": ["a", "b"], "score": null}',
+        GOOD_FILLED,
+        True,
+    ),
+    ("list around object", "[" + json.dumps(GOOD) + "]", GOOD_FILLED, True),
+    ("no json at all", "I am sorry, I cannot help with that.", None, False),
+    ("empty", "", None, False),
+    ("missing required", '{"summary": "s"}', None, False),
+    ("wrong type unfixable", '{"summary": "s", "keywords": [{"x": 1}]}', None, False),
+    ("bad array", '["a", "b"]', None, False),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "expected", "repaired"), TABLE, ids=[t[0] for t in TABLE])
+def test_table(name, text, expected, repaired):
+    value, was_repaired = parse_json_output(text, TOPIC)
+    assert value == expected
+    if value is not None and "score" in value:
+        assert type(value["score"]) is int
+    if expected is not None:
+        assert was_repaired is repaired
+
+
+def test_array_schema_and_no_schema():
+    schema = {"type": "array", "items": {"type": "string"}}
+    assert parse_json_output('Here: ["x", "y",]', schema) == (["x", "y"], True)
+    assert parse_json_output('{"a": 1}', schema) == (None, False)
+    # without a schema any object/array is accepted, scalars are not
+    assert parse_json_output("text {'a': 1,} text", None) == ({"a": 1}, True)
+    assert parse_json_output("42", None) == (None, False)
+
+
+def test_nested_defaults_and_enum():
+    schema = {
+        "type": "object",
+        "properties": {
+            "facts": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "kind": {"type": "string", "enum": ["user", "assistant"]},
+                        "text": {"type": "string"},
+                        "conf": {"type": "number", "default": 1.0},
+                    },
+                    "required": ["kind", "text"],
+                },
+            }
+        },
+        "required": ["facts"],
+    }
+    value, repaired = parse_json_output(
+        '{"facts": [{"kind": "User", "text": "likes tea"}]}', schema
+    )
+    assert value == {"facts": [{"kind": "user", "text": "likes tea", "conf": 1.0}]}
+    assert repaired
+    value, repaired = parse_json_output('{"facts": [{"kind": "user", "text": "t"}]}', schema)
+    assert value == {"facts": [{"kind": "user", "text": "t", "conf": 1.0}]}
+    assert not repaired  # filling defaults alone is not a repair
+
+
+def test_invalid_schema_raises():
+    with pytest.raises(ValueError, match="invalid JSON schema"):
+        parse_json_output("{}", {"type": "no-such-type"})
+
+
+def test_repair_text_and_candidates():
+    assert json.loads(repair_json_text('{"a": [1, 2, {"b": "c')) == {"a": [1, 2, {"b": "c"}]}
+    assert json.loads(repair_json_text("{'a': None, b: +1, // note\n c: .5,}")) == {
+        "a": None,
+        "b": 1,
+        "c": 0.5,
+    }
+    assert json.loads(repair_json_text('{"a": "x"} trailing {"b": 1}')) == {"a": "x"}
+    assert json.loads(repair_json_text('{"a": "line1\nline2"}')) == {"a": "line1\nline2"}
+    cands = extract_json_candidates('pre ```json\n{"a": 1}\n``` post', prefer="object")
+    assert cands[0] == '{"a": 1}'
+
+
+KEYS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
+SCALARS = st.one_of(
+    st.text(max_size=12),
+    st.integers(-(10**6), 10**6),
+    st.booleans(),
+    st.lists(st.text(max_size=6), max_size=3),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.dictionaries(KEYS, SCALARS, min_size=1, max_size=5),
+    st.sampled_from(["close", "comma", "fence", "prose"]),
+)
+def test_damaged_roundtrip(obj, damage):
+    """Valid JSON damaged in a typical way is recovered exactly."""
+    text = json.dumps(obj, ensure_ascii=False)
+    if damage == "close":
+        text = text[:-1]  # lost the final brace
+    elif damage == "comma":
+        text = text[:-1] + ",}"
+    elif damage == "fence":
+        text = "```json\n" + json.dumps(obj, indent=2) + "\n```"
+    else:
+        text = "Answer:\n" + text + "\nThanks!"
+    schema = {"type": "object", "properties": {k: {} for k in obj}, "required": sorted(obj)}
+    value, _ = parse_json_output(text, schema)
+    assert value == obj
