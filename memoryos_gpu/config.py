@@ -47,6 +47,16 @@ class MemoryConfig(BaseModel):
     query_keyword_weight: float = Field(
         1.0, description="Weight of the Jaccard keyword term at query time (reference: 0)."
     )
+    lexical_weight: float = Field(
+        1.0,
+        ge=0,
+        description="Weight of the per-user BM25 keyword index fused (reciprocal rank) with the "
+        "dense page ranking; 0 = the paper's dense-only pipeline.",
+    )
+    fusion_candidates: int = Field(50, ge=1, description="Candidates per ranking before fusion.")
+    embed_dates: bool = Field(
+        True, description="Embed a page with its date written out (helps temporal questions)."
+    )
     knowledge_capacity: int = Field(100, ge=1, description="User / assistant knowledge FIFO size.")
     knowledge_top_k: int = Field(10, ge=1, description="Knowledge entries retrieved per query.")
     keyword_width: int = Field(32, ge=1, description="Hashed keyword ids kept per segment.")
@@ -81,6 +91,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "mu_seconds": 24 * 3600.0,
         "query_keyword_weight": 0.0,
         "reset_visits_on_promotion": True,
+        "lexical_weight": 0.0,
+        "embed_dates": False,
     },
 }
 

@@ -38,6 +38,7 @@ from memoryos_gpu import ops, prompts
 from memoryos_gpu.arena import NO_ID, Arena, ArenaConfig
 from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.lexical import LexicalIndex, date_words, reciprocal_rank_fusion
 from memoryos_gpu.stages import (
     ExtractiveStages,
     LLMStages,
@@ -177,6 +178,7 @@ class MemoryEngine:
             )
         else:
             self.stages = extractive
+        self.lexical = LexicalIndex(self._lexical_rows) if m.lexical_weight > 0 else None
         self._users: dict[str, _User] = {}
         self._assistant_owner: dict[str, int] = {}
         self._page_of_slot = np.full(self.arena.page_live.shape[0], -1, np.int64)
@@ -463,14 +465,21 @@ class MemoryEngine:
                 results.append(AddResult(page_id, p.user_id))
                 self.counters["pages_added"] += 1
         for p in fresh:
-            self.extractor.update(self._page_text(p))
+            self.extractor.update(f"{p.user_input} {p.agent_response}")
         return results
 
-    @staticmethod
-    def _page_text(p: Any) -> str:
-        ui = p.user_input if hasattr(p, "user_input") else p["user_input"]
-        ar = p.agent_response if hasattr(p, "agent_response") else p["agent_response"]
-        return f"User: {ui} Assistant: {ar}"
+    def _page_text(self, p: Any) -> str:
+        """What a page's embedding is computed from (its date first, when configured)."""
+        get = (lambda k: getattr(p, k)) if hasattr(p, "user_input") else p.get
+        text = f"User: {get('user_input')} Assistant: {get('agent_response')}"
+        if self.memory.embed_dates and get("timestamp") is not None:
+            text = f"[{date_words(float(get('timestamp')))}] {text}"
+        return text
+
+    def _lexical_rows(self, user_id: str) -> list[tuple[int, str, float]]:
+        return self.store.query(
+            "SELECT page_id, user_input || ' ' || agent_response, timestamp FROM pages "
+            "WHERE user_id = ? AND tier = 'mtm'", (user_id,))
 
     # ================================================================== derived work
     def process_pending(self) -> dict[str, int]:
@@ -522,6 +531,8 @@ class MemoryEngine:
             for i, (pid, prev, u) in enumerate(zip(page_ids, prev_ids, users, strict=True))
         ]
         outcomes = self.stages.pages(work)
+        for o in outcomes:  # LLM keywords may be phrases: one normalised token list, once
+            o.keywords = keyword_tokens(o.keywords)
         summary_emb = self.embedder.encode(
             [
                 o.summary or rows[pid]["user_input"]
@@ -558,11 +569,12 @@ class MemoryEngine:
                 db.execute("DELETE FROM pending WHERE work_id = ?", (work_id,))
             self._refresh_heat(db, users)
 
-    def _keyword_rows(self, keyword_lists: Sequence[Sequence[str]]) -> np.ndarray:
+    def _keyword_rows(self, token_lists: Sequence[Sequence[str]]) -> np.ndarray:
+        """Normalised keyword tokens (best first) -> the arena's padded rows of hashed ids."""
         width = self.memory.keyword_width
-        out = np.full((len(keyword_lists), width), -1, np.int32)
-        for i, words in enumerate(keyword_lists):
-            ids = hash_keywords(keyword_tokens(" ".join(words)))[:width]
+        out = np.full((len(token_lists), width), -1, np.int32)
+        for i, tokens in enumerate(token_lists):
+            ids = hash_keywords(tokens[:width])
             out[i, : ids.size] = ids
         return out
 
@@ -602,6 +614,8 @@ class MemoryEngine:
     def _evict_segment(self, db: Any, user: _User, slot: int) -> None:
         sid = int(self._segment_of[user.slot, slot])
         pool = self.arena.segment_pages(user.slot, slot)
+        if self.lexical is not None:
+            self.lexical.remove(user.user_id, self._page_of_slot[pool])
         self._page_of_slot[pool] = -1
         self.arena.free_segments(np.array([user.slot]), np.array([slot]))
         self._segment_of[user.slot, slot] = -1
@@ -706,6 +720,9 @@ class MemoryEngine:
             seg_pos = 0
         pool = self.arena.append_pages([user.slot], [slot], page_emb[None])
         self._map_pages(pool, np.array([page_id]))
+        if self.lexical is not None:
+            self.lexical.add(user.user_id, page_id,
+                             f"{row['user_input']} {row['agent_response']}", row["timestamp"])
         # dialogue chain: link to the previous evicted page, regenerate the chain's meta
         prev = user.chain_tail if out.continuous else None
         if prev is not None:
@@ -749,37 +766,38 @@ class MemoryEngine:
         return np.ascontiguousarray(row[row >= 0], "<i4").tobytes()
 
     def _refresh_heat(self, db: Any, users: Sequence[_User]) -> None:
-        """Recompute heat for users; queue promotions; persist the touched statistics."""
+        """Recompute heat for users at their "now" and queue promotions (heat >= tau)."""
         uniq = list({u.user_id: u for u in users}.values())
         if not uniq:
             return
         slots = np.array([u.slot for u in uniq], np.int32)
         now = np.array([self._now(u) for u in uniq])
         promote, _ = ops.recompute_heat(self.arena, slots, now, self.memory.heat_params())
-        stats = self.arena.pull_heat(slots)
-        t = time.time()
-        for r, u in enumerate(uniq):
-            live = np.flatnonzero(stats["live"][r])
-            sids = self._segment_of[u.slot, live]
+        rows, cols = np.nonzero(promote)
+        if rows.size:
+            t = time.time()
             db.executemany(
-                "UPDATE segments SET n_visit = ?, l_interaction = ?, last_access = ? "
-                "WHERE segment_id = ?",
-                [
-                    (
-                        int(stats["n_visit"][r, s]),
-                        int(stats["l_interaction"][r, s]),
-                        float(stats["last_access"][r, s]),
-                        int(sid),
-                    )
-                    for s, sid in zip(live, sids, strict=True)
-                ],
+                "INSERT OR IGNORE INTO pending(user_id, kind, ref, created) "
+                "VALUES (?, 'promote', ?, ?)",
+                [(uniq[r].user_id, int(self._segment_of[uniq[r].slot, c]), t)
+                 for r, c in zip(rows, cols, strict=True)],
             )
-            for s in np.flatnonzero(promote[r]):
-                db.execute(
-                    "INSERT OR IGNORE INTO pending(user_id, kind, ref, created) "
-                    "VALUES (?, 'promote', ?, ?)",
-                    (u.user_id, int(self._segment_of[u.slot, s]), t),
-                )
+
+    def _persist_stats(self, db: Any, user_slots: np.ndarray, seg_slots: np.ndarray) -> None:
+        """Write the heat statistics of the given segments back to the store."""
+        if not user_slots.size:
+            return
+        pairs = sorted(set(zip(user_slots.tolist(), seg_slots.tolist(), strict=True)))
+        u = np.array([p[0] for p in pairs], np.int64)
+        s = np.array([p[1] for p in pairs], np.int64)
+        stats = self.arena.pull_heat(u)
+        r = np.arange(u.size)
+        db.executemany(
+            "UPDATE segments SET n_visit = ?, last_access = ? WHERE segment_id = ?",
+            [(int(nv), float(la), int(sid)) for nv, la, sid in zip(
+                stats["n_visit"][r, s], stats["last_access"][r, s], self._segment_of[u, s],
+                strict=True)],
+        )
 
     def _process_promotions(self) -> int:
         items = self.store.pending("promote")
@@ -923,9 +941,11 @@ class MemoryEngine:
             _, chosen = ops.score_segments(
                 self.arena, q_emb, uslots, q_kw, k_segs, m.query_keyword_weight
             )
+            k_dense = max(k_pages, m.fusion_candidates) if self.lexical else k_pages
             p_scores, p_slots = ops.select_pages(
-                self.arena, q_emb, uslots, _host(chosen), k_pages, m.page_min_score
+                self.arena, q_emb, uslots, _host(chosen), k_dense, m.page_min_score
             )
+            ranked = self._rank_pages(cleaned, _host(p_scores), _host(p_slots), k_pages)
             k_kn = m.knowledge_top_k
             u_scores, u_ring = ops.knowledge_topk(self.arena, q_emb, [u.owner for u in users], k_kn)
             a_owner = [self._assistant_owner[u.assistant_id] for u in users]
@@ -937,14 +957,31 @@ class MemoryEngine:
             return self._assemble(
                 cleaned,
                 users,
-                _host(p_scores),
-                _host(p_slots),
+                ranked,
                 _host(u_scores),
                 _host(u_ring),
                 a_owner,
                 _host(a_scores),
                 _host(a_ring),
             )
+
+    def _rank_pages(
+        self, cleaned: Sequence[tuple[str, str]], scores: np.ndarray, slots: np.ndarray, k: int
+    ) -> list[list[tuple[int, float]]]:
+        """Per query: (page id, score) best first. The kernels' dense ranking, fused by
+        reciprocal rank with the user's BM25 keyword index when ``lexical_weight > 0``."""
+        out = []
+        for (uid, query), s_row, p_row in zip(cleaned, scores, slots, strict=True):
+            dense = [(int(self._page_of_slot[p]), float(s)) for p, s in zip(p_row, s_row,
+                                                                          strict=True) if p >= 0]
+            if self.lexical is None:
+                out.append(dense[:k])
+                continue
+            lexical = self.lexical.search(uid, query, self.memory.fusion_candidates)
+            fused = reciprocal_rank_fusion([([p for p, _ in dense], 1.0),
+                                            ([p for p, _ in lexical], self.memory.lexical_weight)])
+            out.append(fused[:k])
+        return out
 
     def _feed_heat(self, users: Sequence[_User], chosen: np.ndarray, at: float | None) -> None:
         rows, cols = np.nonzero(chosen >= 0)
@@ -953,17 +990,17 @@ class MemoryEngine:
             now = np.array([self._now(users[r], at) for r in rows])
             ops.apply_hits(self.arena, hit_users, chosen[rows, cols], now)
         with self.store.transaction() as db:
+            if rows.size:
+                self._persist_stats(db, hit_users, chosen[rows, cols])
             self._refresh_heat(db, users)
         if self.config.auto_process and self.store.pending("promote"):
             self._process_promotions()
 
     def _assemble(
-        self, cleaned, users, p_scores, p_slots, u_scores, u_ring, a_owner, a_scores, a_ring
+        self, cleaned, users, ranked, u_scores, u_ring, a_owner, a_scores, a_ring
     ) -> list[Retrieval]:
-        page_ids = self._page_of_slot[np.where(p_slots >= 0, p_slots, 0)]
-        page_ids = np.where(p_slots >= 0, page_ids, -1)
         stm_ids = [list(u.stm) for u in users]
-        need = {int(p) for p in page_ids.ravel() if p >= 0} | {p for s in stm_ids for p in s}
+        need = {p for r in ranked for p, _ in r} | {p for s in stm_ids for p in s}
         rows = self.store.page_rows(sorted(need))
         entry_ids = {
             int(self._entry_of_ring[u.owner, r])
@@ -980,11 +1017,7 @@ class MemoryEngine:
         entries = self.store.knowledge_rows(sorted(entry_ids))
         out = []
         for i, ((uid, q), u) in enumerate(zip(cleaned, users, strict=True)):
-            pages = [
-                _retrieved(rows[int(p)], "mtm", float(s))
-                for p, s in zip(page_ids[i], p_scores[i], strict=True)
-                if p >= 0
-            ]
+            pages = [_retrieved(rows[p], "mtm", s) for p, s in ranked[i]]
             stm = [_retrieved(rows[p], "stm", None) for p in stm_ids[i]]
             uk = [
                 KnowledgeEntry(
@@ -1098,7 +1131,7 @@ class MemoryEngine:
                 if agent_response is not None
                 else row["agent_response"],
             }
-            vec = self.embedder.encode([self._page_text(new)])[0]
+            vec = self.embedder.encode([self._page_text({**new, "timestamp": row["timestamp"]})])[0]
             with self.store.transaction() as db:
                 db.execute(
                     "UPDATE pages SET user_input = ?, agent_response = ?, embedding = ? "

@@ -19,6 +19,11 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Below this many queries (or users) the loop runs on the calling thread: waking an OpenMP team
+// costs more than the work, and on an oversubscribed machine a sleeping team can take a whole
+// scheduler time slice (~10 ms measured here) to start.
+constexpr int64_t kParallelMin = 16;
+
 /// The CPU path stores fp32 only (the bindings reject other dtypes before we get here).
 inline const float* emb_f32(const void* base) { return static_cast<const float*>(base); }
 
@@ -124,13 +129,13 @@ void knowledge_one_query(const QueryBatch& q, const KnowledgeView& kn, TopK out,
 
 void score_segments_cpu(const QueryBatch& q, const SegmentView& seg, float keyword_weight,
                         TopK out) {
-#pragma omp parallel for schedule(dynamic, 8)
+#pragma omp parallel for schedule(dynamic, 8) if (q.size >= kParallelMin)
   for (int64_t b = 0; b < q.size; ++b) score_one_query(q, seg, keyword_weight, out, b);
 }
 
 void select_pages_cpu(const QueryBatch& q, const int32_t* chosen, int32_t chosen_width,
                       const PageView& pages, float min_score, TopK out) {
-#pragma omp parallel for schedule(dynamic, 8)
+#pragma omp parallel for schedule(dynamic, 8) if (q.size >= kParallelMin)
   for (int64_t b = 0; b < q.size; ++b)
     select_one_query(q, chosen, chosen_width, pages, min_score, out, b);
 }
@@ -146,7 +151,7 @@ void apply_hits_cpu(const HitList& hits, HeatState state) {
 }
 
 void recompute_heat_cpu(const HeatRecompute& req, HeatState state, const HeatParams& params) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (req.size >= kParallelMin)
   for (int64_t r = 0; r < req.size; ++r) {
     const int64_t base = static_cast<int64_t>(req.user[r]) * state.slots;
     int32_t victim = kNoId;
@@ -172,7 +177,7 @@ void recompute_heat_cpu(const HeatRecompute& req, HeatState state, const HeatPar
 }
 
 void knowledge_topk_cpu(const QueryBatch& q, const KnowledgeView& kn, TopK out) {
-#pragma omp parallel for schedule(dynamic, 8)
+#pragma omp parallel for schedule(dynamic, 8) if (q.size >= kParallelMin)
   for (int64_t b = 0; b < q.size; ++b) knowledge_one_query(q, kn, out, b);
 }
 

@@ -1,0 +1,210 @@
+"""Retrieval quality on LoCoMo: evidence recall of the engine vs the retrievers a user would pick.
+
+Each LoCoMo conversation is ingested as one user (speaker_a's turn + speaker_b's reply = one
+page, session date-times as timestamps); every question of categories 1-4 is a query. Evidence
+recall at a page budget B = the fraction of the question's evidence turns inside the B pages
+returned (STM pages count: they follow the MTM pages inside the same budget).
+
+Methods, all over the same pages and the same embedding model, in the same run:
+``flat-dense`` (top-B by cosine), ``bm25`` (rank-bm25), ``rrf`` (reciprocal-rank fusion of the
+two, k = 60), and ``engine-...`` configurations (LLM-free extractive mode; paper and reference
+presets; ablations). With ``--llm`` also the LLM mode with the bundled SmolLM2 (slow on CPU: use
+``--llm-conversations`` to bound it).
+
+Usage: python benchmarks/locomo.py [--data FILE] [--budgets 5 10 20] [--quick] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memoryos_gpu.config import EngineConfig, LLMConfig, preset
+from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.eval import baselines
+from memoryos_gpu.eval.locomo import Conversation, Question, evaluate_rankings, load_locomo
+from memoryos_gpu.types import PageInput
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "locomo" / \
+    "locomo_dev.json"
+
+
+def engine_configs(with_llm: bool) -> dict[str, dict[str, Any]]:
+    """Name -> (memory preset overrides, llm config, retrieval overrides)."""
+    configs: dict[str, dict[str, Any]] = {
+        "engine-llm-free-paper": {"memory": preset("paper")},
+        "engine-llm-free-reference": {"memory": preset("reference")},
+        "engine-llm-free-paper-no-lexical": {"memory": preset("paper", lexical_weight=0.0)},
+        # ablation: no MTM structure = every segment searched, pages ranked flat
+        "engine-llm-free-paper-flat-pages": {"memory": preset("paper", top_segments=200)},
+    }
+    if with_llm:
+        configs["engine-llm-paper"] = {"memory": preset("paper"),
+                                       "llm": LLMConfig(mode="llm", backend="transformers",
+                                                        max_tokens=96)}
+    return configs
+
+
+class EngineRanker:
+    """Ingest each conversation once per configuration, then rank pages per question."""
+
+    def __init__(self, name: str, spec: dict[str, Any], embedder: Any, budget: int,
+                 workdir: Path) -> None:
+        self.name, self.embedder, self.budget = name, embedder, budget
+        self.config = EngineConfig(memory=spec["memory"], llm=spec.get("llm", LLMConfig()),
+                                   store=str(workdir / f"{name}.sqlite3"))
+        self.engine = MemoryEngine(self.config, embedder=embedder)
+        self.ingest_s = 0.0
+        self.tokens: list[int] = []
+
+    def __call__(self, conv: Conversation, questions: list[Question]) -> list[list[int]]:
+        t0 = time.perf_counter()
+        index_of: dict[int, int] = {}
+        results = self.engine.add_many(
+            PageInput(conv.sample_id, p.user_input, p.agent_response, p.timestamp,
+                      assistant_id=f"{conv.sample_id}:assistant", source=p.source,
+                      meta={"index": p.index}) for p in conv.pages)
+        for p, r in zip(conv.pages, results, strict=True):
+            index_of[r.page_id] = p.index
+        self.ingest_s += time.perf_counter() - t0
+        retrievals = self.engine.retrieve_many([(conv.sample_id, q.question) for q in questions],
+                                               top_pages=self.budget, update_heat=False)
+        rankings = []
+        for r in retrievals:
+            # STM pages count, after the MTM pages inside the same budget (conservative: the
+            # engine's own ranking decides, STM never displaces a retrieved MTM page)
+            ids = [p.page_id for p in r.pages] + [p.page_id for p in reversed(r.stm)]
+            rankings.append([index_of[pid] for pid in ids[: self.budget]])
+            self.tokens.append(r.retrieval_tokens)
+        return rankings
+
+    def llm_calls_per_page(self) -> float:
+        pages = max(1, self.engine.counters["pages_added"])
+        return self.engine.stats()["llm"]["llm_calls"] / pages
+
+
+def report_rows(method: str, reports: dict[int, Any], extra: dict[str, Any]) -> list[dict]:
+    return [{"method": method, "budget": k, "evidence_recall": round(r.overall, 4),
+             "all_evidence_hit": round(r.all_hit, 4),
+             "per_category": {str(c): round(v, 4) for c, v in r.per_category.items()},
+             "questions": r.n, **extra} for k, r in reports.items()]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    convs = load_locomo(args.data)
+    if args.quick:
+        convs = convs[:1]
+        for c in convs:
+            c.questions = c.questions[:40]
+    from memoryos_gpu.embedding import Embedder
+
+    embedder = Embedder()
+    ks = tuple(args.budgets)
+    results: list[dict] = []
+    embed = embedder.encode
+
+    def timed(method: str, rank: Callable, extra: dict[str, Any] | None = None) -> None:
+        t0 = time.perf_counter()
+        reports = evaluate_rankings(convs, rank, ks)
+        elapsed = time.perf_counter() - t0
+        results.extend(report_rows(method, reports, {"seconds": round(elapsed, 2),
+                                                     **(extra or {})}))
+        print(f"{method:<36} " + "  ".join(f"@{k}={reports[k].overall:.3f}" for k in ks),
+              file=sys.stderr)
+
+    budget = max(ks)
+    timed("flat-dense", lambda c, qs: baselines.flat_dense(c.pages, qs, embed, budget))
+    timed("bm25", lambda c, qs: baselines.bm25(c.pages, qs, budget))
+    def rrf(conv: Conversation, qs: list[Question]) -> list[list[int]]:
+        dense = baselines.flat_dense(conv.pages, qs, embed, None)
+        lexical = baselines.bm25(conv.pages, qs, None)
+        return [baselines.rrf(d, b, limit=budget) for d, b in zip(dense, lexical, strict=True)]
+
+    timed("rrf", rrf)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, spec in engine_configs(args.llm).items():
+            if args.only and name not in args.only:
+                continue
+            ranker = EngineRanker(name, spec, embedder, budget, Path(tmp))
+            use = convs[: args.llm_conversations] if "llm-paper" in name else convs
+            t0 = time.perf_counter()
+            reports = evaluate_rankings(use, ranker, ks)
+            extra = {"seconds": round(time.perf_counter() - t0, 2),
+                     "ingest_seconds": round(ranker.ingest_s, 2),
+                     "retrieval_tokens_per_question": round(float(np.mean(ranker.tokens)), 1),
+                     "llm_calls_per_page": round(ranker.llm_calls_per_page(), 3),
+                     "conversations": len(use)}
+            results.extend(report_rows(name, reports, extra))
+            print(f"{name:<36} " + "  ".join(f"@{k}={reports[k].overall:.3f}" for k in ks),
+                  file=sys.stderr)
+            ranker.engine.close()
+    n_questions = sum(len(c.scored_questions) for c in convs)
+    return {"data": str(args.data), "questions": n_questions, "budgets": list(ks),
+            "date": time.strftime("%Y-%m-%d"), "results": results}
+
+
+def print_table(report: dict[str, Any]) -> None:
+    ks = report["budgets"]
+    methods = list(dict.fromkeys(r["method"] for r in report["results"]))
+    print(f"{'method':<36} " + " ".join(f"{'@' + str(k):>7}" for k in ks) + "   all-hit@10")
+    for m in methods:
+        rows = {r["budget"]: r for r in report["results"] if r["method"] == m}
+        hit = rows.get(10, rows[ks[0]])["all_evidence_hit"]
+        print(f"{m:<36} " + " ".join(f"{rows[k]['evidence_recall']:>7.3f}" for k in ks)
+              + f"   {hit:.3f}")
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budget = 10 if 10 in report["budgets"] else report["budgets"][0]
+    rows = [r for r in report["results"] if r["budget"] == budget]
+    cats = sorted({c for r in rows for c in r["per_category"]})
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / max(1, len(rows))
+    for i, r in enumerate(rows):
+        xs = np.arange(len(cats)) + i * width
+        ax.bar(xs, [r["per_category"].get(c, 0) for c in cats], width, label=r["method"])
+    ax.set_xticks(np.arange(len(cats)) + 0.4 - width / 2)
+    ax.set_xticklabels([f"category {c}" for c in cats])
+    ax.set_ylabel(f"evidence recall @{budget}")
+    ax.set_title(f"LoCoMo evidence recall per category ({report['questions']} questions)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA.resolve())
+    p.add_argument("--budgets", type=int, nargs="+", default=[5, 10, 20])
+    p.add_argument("--quick", action="store_true", help="one conversation, 40 questions")
+    p.add_argument("--llm", action="store_true", help="also the LLM mode (bundled SmolLM2)")
+    p.add_argument("--llm-conversations", type=int, default=1)
+    p.add_argument("--only", nargs="*", help="engine configurations to run (default: all)")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None, help="PNG bar chart per category")
+    args = p.parse_args(argv)
+    report = run(args)
+    print_table(report)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    if args.plot:
+        plot(report, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
