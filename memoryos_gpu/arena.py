@@ -401,6 +401,14 @@ class Arena:
             self._write(self.block_table, (tu, ts), self._h_table[tu, ts])
         return out.astype(np.int32)
 
+    def write_page_embeddings(self, pool_slots: np.ndarray, emb: np.ndarray) -> None:
+        """Overwrite the embeddings of existing pages (an edited page keeps its slot)."""
+        pool_slots = np.asarray(pool_slots, np.int64)
+        emb = self._check_emb(
+            np.broadcast_to(emb, (pool_slots.size, self.config.dim)), pool_slots.size
+        )
+        self._write(self.page_emb, (pool_slots,), emb, emb_array=True)
+
     def delete_pages(self, pool_slots: np.ndarray) -> None:
         """Mark pages deleted; selection skips them (their slot is reclaimed with the segment)."""
         pool_slots = np.asarray(pool_slots, np.int64)

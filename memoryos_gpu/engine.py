@@ -408,15 +408,51 @@ class MemoryEngine:
         )
 
     def _accept(self, items: list[PageInput]) -> list[AddResult]:
+        """Commit pages (and the pending work their STM overflow creates) in one transaction.
+
+        The in-memory user state is changed only as the transaction goes; if it fails, that
+        state is restored and new users' arena slots are released, so memory and store agree.
+        """
         known = self.store.known_sources(p.source for p in items if p.source)
-        fresh = [p for p in items if not (p.source and p.source in known)]
+        fresh = [i for i, p in enumerate(items) if not (p.source and p.source in known)]
+        emb = self.embedder.encode([self.page_text(items[i]) for i in fresh]) if fresh else []
+        vec_of = dict(zip(fresh, emb, strict=True))
+        touched = {p.user_id for p in items}
+        snapshot = {
+            uid: (u.clock, u.next_seq, deque(u.stm))
+            for uid, u in self._users.items()
+            if uid in touched
+        }
+        counters = dict(self.counters)
+        new_users: list[_User] = []
+        try:
+            results = self._insert_pages(items, known, vec_of, new_users)
+        except BaseException:
+            for uid, (clock, next_seq, stm) in snapshot.items():
+                u = self._users[uid]
+                u.clock, u.next_seq, u.stm = clock, next_seq, stm
+            for u in new_users:
+                self.arena.remove_user(u.slot)
+                self.arena.remove_owner(u.owner)
+                self._users.pop(u.user_id, None)
+            self.counters = counters
+            raise
+        for i in fresh:
+            self.extractor.update(f"{items[i].user_input} {items[i].agent_response}")
+        return results
+
+    def _insert_pages(
+        self,
+        items: list[PageInput],
+        known: dict[str, int],
+        vec_of: dict[int, np.ndarray],
+        new_users: list[_User],
+    ) -> list[AddResult]:
         seen_sources: dict[str, int] = {}
-        emb = self.embedder.encode([self._page_text(p) for p in fresh]) if fresh else None
         results: list[AddResult] = []
         now = time.time()
-        new_users: list[_User] = []
         with self.store.transaction() as db:
-            for p in items:
+            for i, p in enumerate(items):
                 if p.source and (p.source in known or p.source in seen_sources):
                     pid = known.get(p.source, seen_sources.get(p.source))
                     results.append(AddResult(int(pid), p.user_id, duplicate=True))
@@ -428,7 +464,6 @@ class MemoryEngine:
                     self.store.ensure_user(p.user_id, aid, now)
                     user = self._new_user_state(p.user_id, aid)
                     new_users.append(user)
-                vec = emb[len(results) - sum(r.duplicate for r in results)]
                 cur = db.execute(
                     "INSERT INTO pages(user_id, seq, user_input, agent_response, timestamp, tier, "
                     "embedding, source, extra, created) VALUES (?, ?, ?, ?, ?, 'stm', ?, ?, ?, ?)",
@@ -438,7 +473,7 @@ class MemoryEngine:
                         p.user_input,
                         p.agent_response,
                         p.timestamp,
-                        emb_blob(vec),
+                        emb_blob(vec_of[i]),
                         p.source,
                         json.dumps(p.meta, ensure_ascii=False),
                         now,
@@ -464,22 +499,43 @@ class MemoryEngine:
                     seen_sources[p.source] = page_id
                 results.append(AddResult(page_id, p.user_id))
                 self.counters["pages_added"] += 1
-        for p in fresh:
-            self.extractor.update(f"{p.user_input} {p.agent_response}")
         return results
 
-    def _page_text(self, p: Any) -> str:
-        """What a page's embedding is computed from (its date first, when configured)."""
-        get = (lambda k: getattr(p, k)) if hasattr(p, "user_input") else p.get
-        text = f"User: {get('user_input')} Assistant: {get('agent_response')}"
+    @staticmethod
+    def _speakers(meta: dict[str, Any] | None) -> tuple[str, str]:
+        """Names of the two sides when the log has them (``user_name``/``assistant_name``, or a
+        LoCoMo reader's ``speaker_a``/``speaker_b``): questions often name people."""
+        meta = meta or {}
+        return (
+            str(meta.get("user_name") or meta.get("speaker_a") or "User"),
+            str(meta.get("assistant_name") or meta.get("speaker_b") or "Assistant"),
+        )
+
+    def page_text(self, page: Any) -> str:
+        """The text a page is embedded and keyword-indexed from: its date written out (when
+        ``embed_dates``), then each side's words after its speaker's name."""
+        get = (lambda k: getattr(page, k)) if hasattr(page, "user_input") else page.get
+        # a PageInput carries .meta; a store row carries "extra" ("meta" is its chain summary)
+        meta = page.meta if isinstance(page, PageInput) else page.get("extra")
+        user, assistant = self._speakers(meta)
+        text = f"{user}: {get('user_input')} {assistant}: {get('agent_response')}"
         if self.memory.embed_dates and get("timestamp") is not None:
             text = f"[{date_words(float(get('timestamp')))}] {text}"
         return text
 
     def _lexical_rows(self, user_id: str) -> list[tuple[int, str, float]]:
-        return self.store.query(
-            "SELECT page_id, user_input || ' ' || agent_response, timestamp FROM pages "
-            "WHERE user_id = ? AND tier = 'mtm'", (user_id,))
+        rows = self.store.query(
+            "SELECT page_id, user_input, agent_response, timestamp, extra FROM pages "
+            "WHERE user_id = ? AND tier = 'mtm'",
+            (user_id,),
+        )
+        return [
+            (r[0], self._lexical_text(r[1], r[2], json.loads(r[4] or "{}")), r[3]) for r in rows
+        ]
+
+    def _lexical_text(self, user_input: str, agent_response: str, meta: dict[str, Any]) -> str:
+        user, assistant = self._speakers(meta)
+        return f"{user} {user_input} {assistant} {agent_response}"
 
     # ================================================================== derived work
     def process_pending(self) -> dict[str, int]:
@@ -533,12 +589,7 @@ class MemoryEngine:
         outcomes = self.stages.pages(work)
         for o in outcomes:  # LLM keywords may be phrases: one normalised token list, once
             o.keywords = keyword_tokens(o.keywords)
-        summary_emb = self.embedder.encode(
-            [
-                o.summary or rows[pid]["user_input"]
-                for o, pid in zip(outcomes, page_ids, strict=True)
-            ]
-        )
+        summary_emb = self._summary_embeddings(outcomes, embs, [rows[p] for p in page_ids])
         kw_rows = self._keyword_rows([o.keywords for o in outcomes])
         uslots = np.array([u.slot for u in users], np.int32)
         best_score, best_slot = ops.match_segments(self.arena, summary_emb, uslots, kw_rows)
@@ -568,6 +619,23 @@ class MemoryEngine:
                 )
                 db.execute("DELETE FROM pending WHERE work_id = ?", (work_id,))
             self._refresh_heat(db, users)
+
+    def _summary_embeddings(
+        self, outcomes: Sequence[PageOutcome], page_emb: np.ndarray, rows: Sequence[dict]
+    ) -> np.ndarray:
+        """What a page contributes to its segment's embedding e_s.
+
+        LLM mode: the embedding of the LLM's topic summary (the paper). Extractive mode: the
+        page's own embedding -- the page is its best extractive summary, while the embedding of
+        a first sentence ("Hey Mel, what's up?") routes queries to the wrong segments (LoCoMo
+        dev, routed dense recall@10: 0.32 with first-sentence embeddings). It also saves one
+        embedding per page.
+        """
+        if self.stages.mode == "extractive":
+            return page_emb
+        return self.embedder.encode(
+            [o.summary or r["user_input"] for o, r in zip(outcomes, rows, strict=True)]
+        )
 
     def _keyword_rows(self, token_lists: Sequence[Sequence[str]]) -> np.ndarray:
         """Normalised keyword tokens (best first) -> the arena's padded rows of hashed ids."""
@@ -721,8 +789,12 @@ class MemoryEngine:
         pool = self.arena.append_pages([user.slot], [slot], page_emb[None])
         self._map_pages(pool, np.array([page_id]))
         if self.lexical is not None:
-            self.lexical.add(user.user_id, page_id,
-                             f"{row['user_input']} {row['agent_response']}", row["timestamp"])
+            self.lexical.add(
+                user.user_id,
+                page_id,
+                self._lexical_text(row["user_input"], row["agent_response"], row["extra"]),
+                row["timestamp"],
+            )
         # dialogue chain: link to the previous evicted page, regenerate the chain's meta
         prev = user.chain_tail if out.continuous else None
         if prev is not None:
@@ -765,22 +837,28 @@ class MemoryEngine:
         row = self._kw_matrix(counts)[0]
         return np.ascontiguousarray(row[row >= 0], "<i4").tobytes()
 
-    def _refresh_heat(self, db: Any, users: Sequence[_User]) -> None:
-        """Recompute heat for users at their "now" and queue promotions (heat >= tau)."""
+    def _refresh_heat(self, db: Any, users: Sequence[_User], at: float | None = None) -> None:
+        """Recompute heat for users at their "now" and queue promotions: segments at or over
+        tau that hold pages not yet analysed (L_interaction > 0; after a promotion it is 0, so
+        a segment hot from visits alone is not promoted again and again)."""
         uniq = list({u.user_id: u for u in users}.values())
         if not uniq:
             return
         slots = np.array([u.slot for u in uniq], np.int32)
-        now = np.array([self._now(u) for u in uniq])
+        now = np.array([self._now(u, at) for u in uniq])
         promote, _ = ops.recompute_heat(self.arena, slots, now, self.memory.heat_params())
+        if promote.any():
+            promote &= self.arena.pull_heat(slots)["l_interaction"] > 0
         rows, cols = np.nonzero(promote)
         if rows.size:
             t = time.time()
             db.executemany(
                 "INSERT OR IGNORE INTO pending(user_id, kind, ref, created) "
                 "VALUES (?, 'promote', ?, ?)",
-                [(uniq[r].user_id, int(self._segment_of[uniq[r].slot, c]), t)
-                 for r, c in zip(rows, cols, strict=True)],
+                [
+                    (uniq[r].user_id, int(self._segment_of[uniq[r].slot, c]), t)
+                    for r, c in zip(rows, cols, strict=True)
+                ],
             )
 
     def _persist_stats(self, db: Any, user_slots: np.ndarray, seg_slots: np.ndarray) -> None:
@@ -794,9 +872,15 @@ class MemoryEngine:
         r = np.arange(u.size)
         db.executemany(
             "UPDATE segments SET n_visit = ?, last_access = ? WHERE segment_id = ?",
-            [(int(nv), float(la), int(sid)) for nv, la, sid in zip(
-                stats["n_visit"][r, s], stats["last_access"][r, s], self._segment_of[u, s],
-                strict=True)],
+            [
+                (int(nv), float(la), int(sid))
+                for nv, la, sid in zip(
+                    stats["n_visit"][r, s],
+                    stats["last_access"][r, s],
+                    self._segment_of[u, s],
+                    strict=True,
+                )
+            ],
         )
 
     def _process_promotions(self) -> int:
@@ -972,14 +1056,21 @@ class MemoryEngine:
         reciprocal rank with the user's BM25 keyword index when ``lexical_weight > 0``."""
         out = []
         for (uid, query), s_row, p_row in zip(cleaned, scores, slots, strict=True):
-            dense = [(int(self._page_of_slot[p]), float(s)) for p, s in zip(p_row, s_row,
-                                                                          strict=True) if p >= 0]
+            dense = [
+                (int(self._page_of_slot[p]), float(s))
+                for p, s in zip(p_row, s_row, strict=True)
+                if p >= 0
+            ]
             if self.lexical is None:
                 out.append(dense[:k])
                 continue
             lexical = self.lexical.search(uid, query, self.memory.fusion_candidates)
-            fused = reciprocal_rank_fusion([([p for p, _ in dense], 1.0),
-                                            ([p for p, _ in lexical], self.memory.lexical_weight)])
+            fused = reciprocal_rank_fusion(
+                [
+                    ([p for p, _ in dense], 1.0),
+                    ([p for p, _ in lexical], self.memory.lexical_weight),
+                ]
+            )
             out.append(fused[:k])
         return out
 
@@ -992,7 +1083,7 @@ class MemoryEngine:
         with self.store.transaction() as db:
             if rows.size:
                 self._persist_stats(db, hit_users, chosen[rows, cols])
-            self._refresh_heat(db, users)
+            self._refresh_heat(db, users, at)
         if self.config.auto_process and self.store.pending("promote"):
             self._process_promotions()
 
@@ -1050,11 +1141,31 @@ class MemoryEngine:
         return self.respond_many([(user_id, query)], **kw)[0]
 
     def respond_many(
-        self, queries: Sequence[tuple[str, str]], *, timestamp: float | str | None = None
+        self,
+        queries: Sequence[tuple[str, str]],
+        *,
+        timestamp: float | str | None = None,
+        assistant_id: str | None = None,
     ) -> list[Response]:
+        """Answer many users at once: one retrieval pass, one LLM batch, one add_many.
+
+        A user with no memory yet is answered from empty memory (and created by the add).
+        A failed generation is returned with its error and not stored as a page.
+        """
         if not isinstance(self.stages, LLMStages):
             raise MemoryOSError("respond needs an LLM backend: set config.llm.mode = 'llm'")
-        retrievals = self.retrieve_many(queries)
+        queries = [(_clean_id(u, "user_id"), _clean_text(q, "query")) for u, q in queries]
+        found = iter(self.retrieve_many([q for q in queries if q[0] in self._users]))
+        retrievals = [
+            next(found) if u in self._users else Retrieval(u, q, [], [], {}, [], [])
+            for u, q in queries
+        ]
+        assistants = [
+            self._users[r.user_id].assistant_id
+            if r.user_id in self._users
+            else (assistant_id or DEFAULT_ASSISTANT)
+            for r in retrievals
+        ]
         messages = [
             prompts.response(
                 r.query,
@@ -1063,37 +1174,61 @@ class MemoryEngine:
                 r.profile,
                 [e.text for e in r.user_knowledge],
                 [e.text for e in r.assistant_knowledge],
-                self._users[r.user_id].assistant_id,
+                a,
             )
-            for r in retrievals
+            for r, a in zip(retrievals, assistants, strict=True)
         ]
         results = self.stages.respond(messages)
+        ok = [i for i, res in enumerate(results) if not res.error]
         added = self.add_many(
             [
                 PageInput(
-                    r.user_id,
-                    r.query,
-                    res.text or "",
+                    retrievals[i].user_id,
+                    retrievals[i].query,
+                    results[i].text or "",
                     timestamp,
-                    self._users[r.user_id].assistant_id,
+                    assistants[i],
                 )
-                for r, res in zip(retrievals, results, strict=True)
+                for i in ok
             ]
         )
-        self.counters["responses"] += len(results)
+        page_of = {i: a.page_id for i, a in zip(ok, added, strict=True)}
+        self.counters["responses"] += len(ok)
         return [
             Response(
                 r.user_id,
                 r.query,
                 res.text,
                 r,
-                a.page_id,
+                page_of.get(i),
                 res.prompt_tokens,
                 res.completion_tokens,
                 res.error,
             )
-            for r, res, a in zip(retrievals, results, added, strict=True)
+            for i, (r, res) in enumerate(zip(retrievals, results, strict=True))
         ]
+
+    def promote(self, user_id: str, segment_slot: int | None = None) -> int:
+        """Force promotion of a user's segments now (all with unanalysed pages, or one slot):
+        what the reference calls mid-term analysis. Returns the promotions processed."""
+        with self._lock:
+            user = self._user(user_id)
+            slots = (
+                self.arena.live_segments(user.slot)
+                if segment_slot is None
+                else np.array([segment_slot])
+            )
+            with self.store.transaction() as db:
+                db.executemany(
+                    "INSERT OR IGNORE INTO pending(user_id, kind, ref, created) "
+                    "VALUES (?, 'promote', ?, ?)",
+                    [
+                        (user_id, int(self._segment_of[user.slot, s]), time.time())
+                        for s in slots
+                        if self._segment_of[user.slot, s] >= 0
+                    ],
+                )
+            return self._process_promotions()
 
     # ================================================================== LPM access
     def profile(self, user_id: str) -> dict[str, str]:
@@ -1131,7 +1266,7 @@ class MemoryEngine:
                 if agent_response is not None
                 else row["agent_response"],
             }
-            vec = self.embedder.encode([self._page_text({**new, "timestamp": row["timestamp"]})])[0]
+            vec = self.embedder.encode([self.page_text({**row, **new})])[0]
             with self.store.transaction() as db:
                 db.execute(
                     "UPDATE pages SET user_input = ?, agent_response = ?, embedding = ? "
@@ -1148,9 +1283,14 @@ class MemoryEngine:
                 )
             slots = np.flatnonzero(self._page_of_slot == page_id)
             if slots.size:
-                self.arena._write(
-                    self.arena.page_emb, (slots,), vec[None].astype(np.float32), emb_array=True
-                )
+                self.arena.write_page_embeddings(slots, vec[None])
+                if self.lexical is not None:
+                    self.lexical.add(
+                        row["user_id"],
+                        page_id,
+                        self._lexical_text(new["user_input"], new["agent_response"], row["extra"]),
+                        row["timestamp"],
+                    )
             return self.get_page(page_id)
 
     def delete_page(self, page_id: int) -> bool:
@@ -1161,6 +1301,8 @@ class MemoryEngine:
             slots = np.flatnonzero(self._page_of_slot == page_id)
             self.arena.delete_pages(slots)
             self._page_of_slot[slots] = -1
+            if self.lexical is not None:
+                self.lexical.remove(row["user_id"], [page_id])
             user = self._users.get(row["user_id"])
             with self.store.transaction() as db:
                 db.execute("DELETE FROM pending WHERE kind = 'page' AND ref = ?", (page_id,))

@@ -1,0 +1,166 @@
+"""Shared fixtures of the engine tests: a table-driven embedder, a scripted LLM responder and an
+engine factory. Everything here is deterministic and model-free."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memoryos_gpu.config import EngineConfig, LLMConfig, preset
+from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.llm.base import ChatRequest
+from memoryos_gpu.llm.scripted import ScriptedBackend
+
+# The CPU kernels run OpenMP parallel regions even on tiny inputs. With the default (active,
+# spinning) wait policy each call costs a scheduler quantum (~15 ms instead of ~0.05 ms)
+# whenever the 2-core box is busy with other processes; the engine tests make thousands of
+# such calls. Set before the OpenMP runtime loads: importing the engine does not load
+# memoryos_gpu._C (nor torch); the first kernel call does.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+class TableEmbedder:
+    """Texts in ``table`` get the given vector (zero-padded to ``dim``, NOT normalised, so a
+    test controls cosines exactly); any other text a seeded pseudo-random unit vector (random
+    vectors in 256 dimensions are nearly orthogonal: |cos| < 0.35 in practice)."""
+
+    def __init__(self, dim: int = 256, table: Mapping[str, Sequence[float]] | None = None):
+        self._dim = dim
+        self.table: dict[str, Sequence[float]] = dict(table or {})
+        self.seen: list[str] = []
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def model_id(self) -> str:
+        return f"table-{self._dim}"
+
+    def vector(self, text: str) -> np.ndarray:
+        if text in self.table:
+            v = np.zeros(self._dim, np.float32)
+            given = np.asarray(self.table[text], np.float32)
+            v[: given.size] = given
+            return v
+        seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+        v = np.random.default_rng(seed).standard_normal(self._dim)
+        return (v / np.linalg.norm(v)).astype(np.float32)
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        texts = list(texts)
+        self.seen.extend(texts)
+        if not texts:
+            return np.zeros((0, self._dim), np.float32)
+        return np.stack([self.vector(t) for t in texts])
+
+
+_CURRENT_USER = re.compile(r"CURRENT page:\nTime: [^\n]*\nUser: (.*?)\nAssistant:", re.DOTALL)
+
+
+def current_user_input(req: ChatRequest) -> str:
+    """The user text of the page a "page" / "continuity" / ... request is about."""
+    content = req.messages[-1]["content"]
+    m = _CURRENT_USER.search(content)
+    if m:
+        return m.group(1)
+    found = re.findall(r"\nUser: (.*?)\nAssistant:", "\n" + content, re.DOTALL)
+    return found[-1] if found else ""
+
+
+class Script:
+    """Scripted LLM answers keyed by a page's user input.
+
+    ``pages[user_input]`` overrides fields of the fused "page" answer (default: not continuous,
+    meta ``"meta <ui>"``, summary ``"sum <ui>"``, no keywords, so the Jaccard term is 0 unless
+    a test sets keywords); a ``str`` value is
+    returned verbatim (e.g. invalid JSON). ``promotion`` is a callable or a fixed answer.
+    """
+
+    def __init__(
+        self,
+        pages: Mapping[str, Any] | None = None,
+        promotion: Any = None,
+        response: str = "scripted reply",
+    ) -> None:
+        self.pages = dict(pages or {})
+        self.promotion = promotion
+        self.response = response
+
+    def page_answer(self, ui: str) -> Any:
+        spec = self.pages.get(ui, {})
+        if isinstance(spec, str):
+            return spec
+        return {
+            "continuous": False,
+            "meta": f"meta {ui}",
+            "summary": f"sum {ui}",
+            "keywords": [],
+            **spec,
+        }
+
+    def __call__(self, req: ChatRequest) -> Any:
+        if req.stage == "page":
+            return self.page_answer(current_user_input(req))
+        if req.stage == "promotion":
+            p = self.promotion
+            out = p(req) if callable(p) else p
+            return out or {"profile_updates": {}, "user_facts": [], "assistant_facts": []}
+        if req.stage == "response":
+            return self.response
+        raise AssertionError(f"unexpected stage {req.stage!r} in a fused-mode test")
+
+
+EngineFactory = Callable[..., MemoryEngine]
+
+
+@pytest.fixture(scope="session")
+def kit() -> SimpleNamespace:
+    """The helpers above, as a fixture: ``from conftest import`` is ambiguous because
+    tests/llm has a conftest.py of its own."""
+    return SimpleNamespace(
+        TableEmbedder=TableEmbedder, Script=Script, current_user_input=current_user_input
+    )
+
+
+@pytest.fixture
+def make_engine() -> Any:
+    """``make_engine(mode="llm", script=None, embedder=None, store=":memory:", clock=...,
+    preset="paper", **memory_overrides)`` -> MemoryEngine on the CPU arena (or on
+    ``$MEMORYOS_TEST_DEVICE``)."""
+    made: list[MemoryEngine] = []
+
+    def make(
+        *,
+        mode: str = "llm",
+        script: Any = None,
+        embedder: Any = None,
+        store: str = ":memory:",
+        fused: bool = True,
+        **memory: Any,
+    ) -> MemoryEngine:
+        mem = preset(memory.pop("preset", "paper"), **memory)
+        cfg = EngineConfig(
+            memory=mem,
+            llm=LLMConfig(mode=mode, backend="scripted", fused=fused),
+            embedder="hashing",
+            device=os.environ.get("MEMORYOS_TEST_DEVICE", "cpu"),  # "cuda": the GPU arena
+            store=store,
+        )
+        llm = ScriptedBackend(script if script is not None else Script()) if mode == "llm" else None
+        eng = MemoryEngine(cfg, embedder=embedder or TableEmbedder(), llm=llm)
+        made.append(eng)
+        return eng
+
+    yield make
+    for eng in made:
+        with contextlib.suppress(Exception):  # already closed by the test
+            eng.close()

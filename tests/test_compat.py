@@ -1,0 +1,212 @@
+"""The reference-API facade (memoryos_gpu.compat.Memoryos) on the hashing embedder and a
+scripted LLM."""
+
+from __future__ import annotations
+
+import pytest
+
+from memoryos_gpu import compat
+from memoryos_gpu.compat import Memoryos
+from memoryos_gpu.config import EngineConfig, LLMConfig, preset
+from memoryos_gpu.errors import MemoryOSError
+from memoryos_gpu.llm.scripted import ScriptedBackend
+
+
+@pytest.fixture(autouse=True)
+def _close_engines():
+    yield
+    compat.close_all()
+
+
+def llm_config(**memory):
+    return EngineConfig(
+        memory=preset("paper", **{"stm_capacity": 2, "tau": 1.5, **memory}),
+        llm=LLMConfig(mode="llm", backend="scripted"),
+        embedder="hashing",
+        device="cpu",
+    )
+
+
+def scripted(response="Your cat is Miso."):
+    return ScriptedBackend(
+        {
+            "page": {"continuous": False, "meta": "chat about pets", "summary": "pets"},
+            "promotion": {
+                "profile_updates": {"extraversion": "talkative"},
+                "user_facts": ["User has a cat named Miso."],
+                "assistant_facts": ["Assistant suggested cat toys."],
+            },
+            "response": response,
+        }
+    )
+
+
+def test_reference_workflow_with_an_llm(tmp_path):
+    llm = scripted()
+    memo = Memoryos("alice", data_storage_path=str(tmp_path), _engine_config=llm_config(), _llm=llm)
+    assert memo.get_user_profile_summary() == "None"
+    assert memo.get_memory_stats()["short_term_count"] == 0
+    # the very first message of a new user can be answered
+    assert memo.get_response("Hello there!") == "Your cat is Miso."
+    memo.add_memory("I adopted a cat named Miso.", "Congratulations!", "2025-01-01 10:00:00")
+    memo.add_memory("Miso likes tuna.", "Cats often do.", timestamp="2025-01-01 10:05:00")
+    memo.add_memory("", "", meta_data={"channel": "web"})  # nothing is dropped
+    stats = memo.get_memory_stats()
+    assert stats["user_id"] == "alice"
+    assert stats["short_term_count"] == 2 and stats["mid_term_pages_count"] == 2
+    assert stats["mid_term_sessions_count"] >= 1
+    # tau 1.5: promoted on arrival in MTM, through the scripted promotion JSON
+    # (both pages share the scripted summary, so one segment is promoted twice)
+    promotions = memo.engine.stats()["counters"]["promotions"]
+    assert promotions == 2
+    assert stats["has_user_profile"] and stats["assistant_knowledge_count"] == promotions
+    assert "talkative" in memo.get_user_profile_summary()
+    summary = memo.get_assistant_knowledge_summary()
+    assert [e["knowledge"] for e in summary] == ["Assistant suggested cat toys."] * promotions
+    assert all(len(e["timestamp"]) == len("2025-01-01 10:00:00") for e in summary)
+    ctx = memo.retrieve_context("What is my cat called?")
+    assert set(ctx) >= {
+        "retrieved_pages",
+        "retrieved_user_knowledge",
+        "retrieved_assistant_knowledge",
+        "retrieved_at",
+    }
+    assert {p["user_input"] for p in ctx["retrieved_pages"]} <= {
+        "Hello there!",
+        "I adopted a cat named Miso.",
+    }
+    assert ctx["retrieved_pages"] and all("meta_info" in p for p in ctx["retrieved_pages"])
+    assert {k["knowledge"] for k in ctx["retrieved_user_knowledge"]} == {
+        "User has a cat named Miso."
+    }
+    answer = memo.get_response(
+        "What is my cat called?",
+        relationship_with_user="old friend",
+        style_hint="be brief",
+        user_conversation_meta_data={"mood": "happy"},
+    )
+    assert answer == "Your cat is Miso."
+    prompt = [r for r in llm.requests if r.stage == "response"][-1].messages[-1]["content"]
+    for needle in ("old friend", "be brief", "happy", "User has a cat named Miso."):
+        assert needle in prompt
+    # the exchange was remembered
+    pages = memo.engine.store.user_pages("alice")
+    assert pages[-1]["user_input"] == "What is my cat called?"
+    assert pages[-1]["agent_response"] == "Your cat is Miso."
+    assert memo.engine.stats()["llm"]["per_stage"]["response"]["calls"] == 2
+    assert "alice" in repr(memo)
+
+
+def test_llm_free_mode_explains_how_to_get_responses(tmp_path):
+    memo = Memoryos(
+        "bob",
+        data_storage_path=str(tmp_path),
+        _engine_config=EngineConfig(
+            memory=preset("paper", stm_capacity=1, tau=1.5), embedder="hashing", device="cpu"
+        ),
+    )
+    memo.add_memory("I live in Oslo and I love skiing.", "Nice!", timestamp=1.0)
+    memo.add_memory("Tell me a joke", "Knock knock.", timestamp=2.0)
+    assert memo.get_memory_stats()["mode"] == "extractive"
+    ctx = memo.retrieve_context("Where do I live?")
+    assert [k["knowledge"] for k in ctx["retrieved_user_knowledge"]] == [
+        "I live in Oslo and I love skiing."
+    ]
+    with pytest.raises(MemoryOSError, match="openai_api_key"):
+        memo.get_response("Where do I live?")
+    assert memo.engine.stats()["llm"]["llm_calls"] == 0
+
+
+def test_default_construction_picks_the_mode_from_the_credentials(tmp_path, monkeypatch):
+    import memoryos_gpu.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod.MemoryEngine, "_make_embedder", lambda self: _hashing())
+    free = Memoryos("u", data_storage_path=str(tmp_path / "a"), device="cpu")
+    assert free.engine.stages.mode == "extractive"
+    assert free.engine.memory.stm_capacity == 7 and free.engine.memory.mtm_capacity == 200
+    assert free.engine.config.store == str(tmp_path / "a" / compat.STORE_FILE)
+    paid = Memoryos(
+        "u",
+        "sk-test",
+        str(tmp_path / "b"),
+        "http://127.0.0.1:9/v1",
+        short_term_capacity=10,
+        mid_term_capacity=2000,
+        llm_model="my-model",
+        device="cpu",
+    )
+    assert paid.engine.stages.mode == "llm"
+    c = paid.engine.config.llm
+    assert (c.backend, c.model, c.base_url, c.api_key) == (
+        "openai",
+        "my-model",
+        "http://127.0.0.1:9/v1",
+        "sk-test",
+    )
+    assert paid.engine.memory.stm_capacity == 10
+    assert Memoryos("v", "sk-x", str(tmp_path / "c"), device="cpu").engine.config.llm.base_url == (
+        compat.OPENAI_BASE_URL
+    )
+    ref = Memoryos("u", data_storage_path=str(tmp_path / "d"), preset="reference", device="cpu")
+    assert ref.engine.memory.eviction == "lfu"
+    with pytest.raises(TypeError, match="bogus"):
+        Memoryos("u", data_storage_path=str(tmp_path / "e"), bogus=1)
+
+
+def _hashing():
+    from memoryos_gpu.embedding import HashingEmbedder
+
+    return HashingEmbedder()
+
+
+def test_users_on_one_path_share_one_engine_and_stay_isolated(tmp_path):
+    cfg = llm_config(stm_capacity=1)
+    llm = scripted()
+    a = Memoryos("alice", data_storage_path=str(tmp_path), _engine_config=cfg, _llm=llm)
+    b = Memoryos("bob", data_storage_path=str(tmp_path), _engine_config=cfg)
+    assert a.engine is b.engine
+    for memo in (a, b):
+        memo.add_memory("I have a cat named Miso.", "Nice.", timestamp=1.0)
+        memo.add_memory("Second message.", "Ok.", timestamp=2.0)
+    ctx_a = a.retrieve_context("cat")
+    page_ids_b = {p["page_id"] for p in b.engine.store.user_pages("bob")}
+    assert ctx_a["retrieved_pages"]
+    assert not {p["page_id"] for p in ctx_a["retrieved_pages"]} & page_ids_b
+    with pytest.raises(ValueError, match="other memory settings"):
+        Memoryos("carol", data_storage_path=str(tmp_path), _engine_config=llm_config())
+    a.close()
+    assert compat._ENGINES  # bob still holds the engine
+    b.close()
+    assert not compat._ENGINES
+
+
+def test_force_mid_term_analysis_promotes_below_tau(tmp_path):
+    memo = Memoryos(
+        "alice",
+        data_storage_path=str(tmp_path),
+        _engine_config=llm_config(stm_capacity=1, tau=100.0),
+        _llm=scripted(),
+    )
+    assert memo.force_mid_term_analysis() is False  # unknown user: nothing to analyse
+    memo.add_memory("I adopted a cat named Miso.", "Congratulations!", timestamp=1.0)
+    memo.add_memory("Second message.", "Ok.", timestamp=2.0)
+    assert memo.get_user_profile_summary() == "None"
+    assert memo.force_mid_term_analysis() is True
+    assert "talkative" in memo.get_user_profile_summary()
+    assert memo.get_memory_stats()["user_knowledge_count"] == 1
+    assert all(p["analysed"] for p in memo.engine.store.user_pages("alice", "mtm"))
+    assert memo.force_mid_term_analysis() is False  # nothing unanalysed is left
+    assert memo.engine.pending_count("alice") == 0
+
+
+def test_llm_failure_raises_and_keeps_memory_consistent(tmp_path):
+    memo = Memoryos(
+        "alice",
+        data_storage_path=str(tmp_path),
+        _engine_config=llm_config(),
+        _llm=scripted(response=RuntimeError("server down")),
+    )
+    memo.add_memory("hello", "hi", timestamp=1.0)
+    with pytest.raises(MemoryOSError, match="server down"):
+        memo.get_response("are you there?")
+    assert [p["user_input"] for p in memo.engine.store.user_pages("alice")] == ["hello"]
