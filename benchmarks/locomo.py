@@ -71,7 +71,8 @@ class EngineRanker:
         results = self.engine.add_many(
             PageInput(conv.sample_id, p.user_input, p.agent_response, p.timestamp,
                       assistant_id=f"{conv.sample_id}:assistant", source=p.source,
-                      meta={"index": p.index}) for p in conv.pages)
+                      meta={"index": p.index, "speaker_a": p.speaker_a,
+                            "speaker_b": p.speaker_b}) for p in conv.pages)
         for p, r in zip(conv.pages, results, strict=True):
             index_of[r.page_id] = p.index
         self.ingest_s += time.perf_counter() - t0

@@ -48,7 +48,7 @@ class MemoryConfig(BaseModel):
         1.0, description="Weight of the Jaccard keyword term at query time (reference: 0)."
     )
     lexical_weight: float = Field(
-        1.0,
+        3.0,
         ge=0,
         description="Weight of the per-user BM25 keyword index fused (reciprocal rank) with the "
         "dense page ranking; 0 = the paper's dense-only pipeline.",

@@ -61,6 +61,7 @@ from memoryos_gpu.types import (
 DEFAULT_ASSISTANT = "default"
 MAX_TEXT_CHARS = 1_000_000
 MAX_ID_CHARS = 256
+EXTRACTOR_SAVE_EVERY = 5000  # pages between saves of the keyword statistics
 
 
 class InvalidInputError(MemoryOSError, ValueError):
@@ -186,6 +187,9 @@ class MemoryEngine:
         self._entry_of_ring = np.full(
             (self.arena.owner_capacity, m.knowledge_capacity), -1, np.int64
         )
+        self._extractor_saved = 0
+        self._dirty_stats: set[tuple[int, int]] = set()  # (user slot, segment slot) hit since
+        # the last write transaction: retrievals stay read-only on the store (no fsync)
         self.counters = {
             "pages_added": 0,
             "duplicates_skipped": 0,
@@ -452,6 +456,7 @@ class MemoryEngine:
         results: list[AddResult] = []
         now = time.time()
         with self.store.transaction() as db:
+            self._flush_stats(db)
             for i, p in enumerate(items):
                 if p.source and (p.source in known or p.source in seen_sources):
                     pid = known.get(p.source, seen_sources.get(p.source))
@@ -545,8 +550,8 @@ class MemoryEngine:
         pending table in one transaction, so nothing is done twice.
         """
         done = {"pages": 0, "promotions": 0}
-        with self._lock:
-            while True:
+        while True:  # the lock is released between rounds so retrievals interleave
+            with self._lock:
                 work = self.store.pending("page")
                 if not work:
                     break
@@ -557,9 +562,17 @@ class MemoryEngine:
                 self._process_pages(round_items)
                 done["pages"] += len(round_items)
                 done["promotions"] += self._process_promotions()
+        with self._lock:
             done["promotions"] += self._process_promotions()
-            self.store.set_meta("keyword_extractor", json.dumps(self.extractor.to_dict()))
+            if self.counters["pages_added"] - self._extractor_saved >= EXTRACTOR_SAVE_EVERY:
+                self._save_extractor()
         return done
+
+    def _save_extractor(self) -> None:
+        """Persist the keyword statistics (IDF); reopening refits them from the pages if the
+        saved copy is missing, so saving is an optimisation, not a durability requirement."""
+        self.store.set_meta("keyword_extractor", json.dumps(self.extractor.to_dict()))
+        self._extractor_saved = self.counters["pages_added"]
 
     def _process_pages(self, items: list[tuple[int, str, int]]) -> None:
         d = self.embedder.dim
@@ -837,48 +850,67 @@ class MemoryEngine:
         row = self._kw_matrix(counts)[0]
         return np.ascontiguousarray(row[row >= 0], "<i4").tobytes()
 
-    def _refresh_heat(self, db: Any, users: Sequence[_User], at: float | None = None) -> None:
+    def _refresh_heat(self, db: Any, users: Sequence[_User], at: float | None = None) -> int:
         """Recompute heat for users at their "now" and queue promotions: segments at or over
         tau that hold pages not yet analysed (L_interaction > 0; after a promotion it is 0, so
-        a segment hot from visits alone is not promoted again and again)."""
+        a segment hot from visits alone is not promoted again and again). ``db``: the open
+        transaction to write in, or None to open one only if something is queued."""
         uniq = list({u.user_id: u for u in users}.values())
         if not uniq:
-            return
+            return 0
         slots = np.array([u.slot for u in uniq], np.int32)
         now = np.array([self._now(u, at) for u in uniq])
         promote, _ = ops.recompute_heat(self.arena, slots, now, self.memory.heat_params())
         if promote.any():
             promote &= self.arena.pull_heat(slots)["l_interaction"] > 0
         rows, cols = np.nonzero(promote)
-        if rows.size:
-            t = time.time()
-            db.executemany(
-                "INSERT OR IGNORE INTO pending(user_id, kind, ref, created) "
-                "VALUES (?, 'promote', ?, ?)",
-                [
-                    (uniq[r].user_id, int(self._segment_of[uniq[r].slot, c]), t)
-                    for r, c in zip(rows, cols, strict=True)
-                ],
-            )
+        if not rows.size:
+            return 0
+        t = time.time()
+        items = [
+            (uniq[r].user_id, int(self._segment_of[uniq[r].slot, c]), t)
+            for r, c in zip(rows, cols, strict=True)
+        ]
+        if db is None:
+            with self.store.transaction() as own:
+                self._queue_promotions(own, items)
+        else:
+            self._queue_promotions(db, items)
+        return len(items)
 
-    def _persist_stats(self, db: Any, user_slots: np.ndarray, seg_slots: np.ndarray) -> None:
-        """Write the heat statistics of the given segments back to the store."""
-        if not user_slots.size:
+    def _queue_promotions(self, db: Any, items: list[tuple[str, int, float]]) -> None:
+        self._flush_stats(db)
+        db.executemany(
+            "INSERT OR IGNORE INTO pending(user_id, kind, ref, created) "
+            "VALUES (?, 'promote', ?, ?)",
+            items,
+        )
+
+    def _flush_stats(self, db: Any) -> None:
+        """Write the heat statistics changed by retrievals since the last write transaction.
+
+        Retrievals only mark segments dirty, so a read never waits on an fsync; the marks ride
+        along with the next write (or close). A crash can lose recent visit counts, never pages.
+        """
+        if not self._dirty_stats:
             return
-        pairs = sorted(set(zip(user_slots.tolist(), seg_slots.tolist(), strict=True)))
+        pairs = sorted(self._dirty_stats)
+        self._dirty_stats.clear()
         u = np.array([p[0] for p in pairs], np.int64)
         s = np.array([p[1] for p in pairs], np.int64)
+        sid = self._segment_of[u, s]
+        keep = sid >= 0
+        if not keep.any():
+            return
+        u, s, sid = u[keep], s[keep], sid[keep]
         stats = self.arena.pull_heat(u)
         r = np.arange(u.size)
         db.executemany(
             "UPDATE segments SET n_visit = ?, last_access = ? WHERE segment_id = ?",
             [
-                (int(nv), float(la), int(sid))
-                for nv, la, sid in zip(
-                    stats["n_visit"][r, s],
-                    stats["last_access"][r, s],
-                    self._segment_of[u, s],
-                    strict=True,
+                (int(nv), float(la), int(x))
+                for nv, la, x in zip(
+                    stats["n_visit"][r, s], stats["last_access"][r, s], sid, strict=True
                 )
             ],
         )
@@ -1080,11 +1112,10 @@ class MemoryEngine:
             hit_users = np.array([users[r].slot for r in rows], np.int32)
             now = np.array([self._now(users[r], at) for r in rows])
             ops.apply_hits(self.arena, hit_users, chosen[rows, cols], now)
-        with self.store.transaction() as db:
-            if rows.size:
-                self._persist_stats(db, hit_users, chosen[rows, cols])
-            self._refresh_heat(db, users, at)
-        if self.config.auto_process and self.store.pending("promote"):
+            self._dirty_stats.update(
+                zip(hit_users.tolist(), chosen[rows, cols].tolist(), strict=True)
+            )
+        if self._refresh_heat(None, users, at) and self.config.auto_process:
             self._process_promotions()
 
     def _assemble(
@@ -1244,7 +1275,8 @@ class MemoryEngine:
         }
 
     def users(self) -> list[str]:
-        return list(self._users)
+        with self._lock:
+            return list(self._users)
 
     # ================================================================== item-level control
     def get_page(self, page_id: int) -> dict[str, Any] | None:
@@ -1384,6 +1416,7 @@ class MemoryEngine:
     def export_user(self, user_id: str) -> dict[str, Any]:
         """Everything held about a user, derived profile and knowledge included (JSON-ready)."""
         with self._lock:
+            self.sync()
             data = self.store.export_user(user_id)
             if data is None:
                 raise UnknownUserError(f"unknown user {user_id!r}")
@@ -1429,9 +1462,18 @@ class MemoryEngine:
                 "native": ops.build_info(),
             }
 
+    def sync(self) -> None:
+        """Write retrieval-driven heat statistics to the store now (they otherwise ride along
+        with the next write transaction)."""
+        with self._lock:
+            if self._dirty_stats:
+                with self.store.transaction() as db:
+                    self._flush_stats(db)
+
     def close(self) -> None:
         with self._lock:
-            self.store.set_meta("keyword_extractor", json.dumps(self.extractor.to_dict()))
+            self.sync()
+            self._save_extractor()
             self.store.close()
             if self.llm is not None:
                 self.llm.close()
