@@ -33,7 +33,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from memoryos_gpu.profile_dims import (
@@ -144,13 +144,13 @@ def format_timestamp(ts: Any) -> str:
         return str(ts)
     if isinstance(ts, int | float):
         try:
-            dt = datetime.fromtimestamp(float(ts), tz=timezone.utc)
+            dt = datetime.fromtimestamp(float(ts), tz=UTC)
         except (OverflowError, OSError, ValueError):
             return str(ts)
         return dt.isoformat(timespec="seconds").replace("+00:00", "Z")
     if isinstance(ts, datetime):
         if ts.tzinfo is not None:
-            ts = ts.astimezone(timezone.utc)
+            ts = ts.astimezone(UTC)
             return ts.isoformat(timespec="seconds").replace("+00:00", "Z")
         return ts.isoformat(timespec="seconds")
     return str(ts).strip()
