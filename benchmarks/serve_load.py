@@ -1,0 +1,509 @@
+"""Load generator for the HTTP server on loopback: batched vs unbatched.
+
+For each scenario (number of simulated users) the script starts the server in a subprocess
+(``memoryos_gpu.server.app.run``, hashing embedder by default, a fresh store), preloads every
+user with a few pages, waits for the derived work, then runs a closed loop: every simulated user
+is one coroutine that sends a request (a write with probability ``--write-frac``, else a
+retrieval), waits for the answer, thinks ``--think-ms`` (exponential; 0 = saturating) and goes
+again, until ``--requests`` requests are done or ``--time-limit`` passes. The same load then
+runs against a server with batching disabled (``max_batch=1``, ``write_max_batch=1``).
+Saturating runs (think 0) measure capacity; a paced run (``--paced-users`` users thinking
+``--paced-think-ms`` between requests, like chat users) measures latency below saturation.
+
+Reports throughput and p50/p95/p99 latency per operation, and the batched/unbatched throughput
+ratio, as a table and as JSON (``--out``). ``--quick`` is a small run for CI.
+
+    python benchmarks/serve_load.py                 # 100 and 1000 users
+    python benchmarks/serve_load.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "bench-key-0123456789"
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+TOPICS = [
+    "hiking",
+    "cooking",
+    "violin",
+    "football",
+    "gardening",
+    "astronomy",
+    "travel",
+    "chess",
+    "painting",
+    "running",
+    "photography",
+    "baking",
+]
+WORDS = [
+    "morning",
+    "weekend",
+    "friend",
+    "sister",
+    "Lisbon",
+    "Kyoto",
+    "recipe",
+    "concert",
+    "marathon",
+    "telescope",
+    "tomatoes",
+    "camera",
+    "museum",
+    "birthday",
+    "holiday",
+    "coffee",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _text(rng: random.Random, user: int) -> str:
+    return (
+        f"On my {rng.choice(WORDS)} I did some {rng.choice(TOPICS)} with my "
+        f"{rng.choice(WORDS)}; user {user} remembers the {rng.choice(WORDS)}"
+    )
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc; 0.0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    i = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return s[i]
+
+
+# ====================================================================== server subprocess
+def _serve(spec: str) -> None:
+    kw = json.loads(spec)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from memoryos_gpu.server.app import run
+
+    run(**kw)
+
+
+class Server:
+    def __init__(self, store: Path, settings: dict[str, Any], embedder: str) -> None:
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        spec = {
+            "store": str(store),
+            "host": "127.0.0.1",
+            "port": self.port,
+            "api_keys": {KEY: "bench"},
+            "embedder": embedder,
+            "log_level": "warning",
+            "rate_limit_per_s": 0,
+            **settings,
+        }
+        env = {k: v for k, v in os.environ.items() if k != "MEMORYOS_GPU_API_KEYS"}
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve-json", json.dumps(spec)],
+            cwd=ROOT,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(f"{self.base}/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server not ready")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+# ====================================================================== load
+async def _pending(client: httpx.AsyncClient) -> float:
+    text = (await client.get("/metrics")).text
+    m = re.search(r"^memoryos_pending_derived (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+async def _preload(client: httpx.AsyncClient, users: int, pages: int, seed: int) -> float:
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    batch: list[dict[str, Any]] = []
+    for k in range(pages):
+        for u in range(users):
+            batch.append({"user_id": f"user{u}", "user_input": _text(rng, u), "timestamp": k})
+            if len(batch) == 500:
+                r = await client.post("/v1/pages", json={"pages": batch}, headers=HEADERS)
+                r.raise_for_status()
+                batch = []
+    if batch:
+        (await client.post("/v1/pages", json={"pages": batch}, headers=HEADERS)).raise_for_status()
+    deadline = time.monotonic() + 300
+    while await _pending(client) > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    return time.perf_counter() - t0
+
+
+class RawClient:
+    """A minimal HTTP/1.1 keep-alive client on asyncio streams (one connection).
+
+    The load generator's own cost must stay well below the server's: on a 2-core box httpx
+    spends ~3 ms of CPU per request (and its shared pool slows further with many connections),
+    which would cap the measurement near 300 req/s whatever the server does. This client costs
+    ~0.3 ms. ``--client httpx`` uses one httpx.AsyncClient per simulated user instead.
+    """
+
+    def __init__(self, host: str, port: int, headers: dict[str, str]) -> None:
+        self.host, self.port = host, port
+        self._head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self._r: asyncio.StreamReader | None = None
+        self._w: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        data = json.dumps(body).encode() if body is not None else b""
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n{self._head}"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        ).encode()
+        if self._w is None:
+            self._r, self._w = await asyncio.open_connection(self.host, self.port)
+        assert self._r is not None
+        self._w.write(head + data)
+        await self._w.drain()
+        raw = await self._r.readuntil(b"\r\n\r\n")
+        lines = raw.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        length, close = 0, False
+        for line in lines[1:]:
+            k, _, v = line.partition(b":")
+            k = k.strip().lower()
+            if k == b"content-length":
+                length = int(v)
+            elif k == b"connection" and v.strip().lower() == b"close":
+                close = True
+        payload = await self._r.readexactly(length)
+        if close:
+            await self.close()
+        return status, payload
+
+    async def close(self) -> None:
+        if self._w is not None:
+            self._w.close()
+            self._r = self._w = None
+
+
+class HttpxClient:
+    def __init__(self, base: str, headers: dict[str, str]) -> None:
+        self._c = httpx.AsyncClient(
+            base_url=base, headers=headers, limits=httpx.Limits(max_connections=1), timeout=120
+        )
+
+    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        r = await self._c.request(method, path, json=body)
+        return r.status_code, r.content
+
+    async def close(self) -> None:
+        await self._c.aclose()
+
+
+async def _load(
+    base: str,
+    *,
+    users: int,
+    requests: int,
+    time_limit: float,
+    write_frac: float,
+    think_ms: float,
+    seed: int,
+    client_kind: str = "raw",
+) -> dict[str, Any]:
+    lat: dict[str, list[float]] = {"retrieve": [], "write": []}
+    errors: dict[str, int] = {}
+    issued = 0
+    stop_at = time.monotonic() + time_limit
+    host, port = base.removeprefix("http://").split(":")
+    async with httpx.AsyncClient(base_url=base, headers=HEADERS, timeout=120) as control:
+        before = (await control.get("/v1/stats")).json()["server"]["batching"]
+
+        async def user_loop(u: int) -> None:
+            nonlocal issued
+            rng = random.Random(seed * 100_003 + u)
+            client: RawClient | HttpxClient = (
+                RawClient(host, int(port), HEADERS)
+                if client_kind == "raw"
+                else HttpxClient(base, HEADERS)
+            )
+            await asyncio.sleep(rng.random() * 0.05)  # de-synchronise the start
+            try:
+                while issued < requests and time.monotonic() < stop_at:
+                    issued += 1
+                    write = rng.random() < write_frac
+                    t0 = time.perf_counter()
+                    try:
+                        if write:
+                            status, _ = await client.request(
+                                "POST",
+                                f"/v1/users/user{u}/pages",
+                                {"user_input": _text(rng, u), "agent_response": "ok"},
+                            )
+                        else:
+                            q = f"{rng.choice(TOPICS)} {rng.choice(WORDS)}"
+                            status, _ = await client.request(
+                                "POST", f"/v1/users/user{u}/retrieve", {"query": q}
+                            )
+                        ok, key = status in (200, 201), str(status)
+                    except (OSError, asyncio.IncompleteReadError, httpx.HTTPError) as exc:
+                        ok, key = False, type(exc).__name__
+                        await client.close()
+                    dt = time.perf_counter() - t0
+                    if ok:
+                        lat["write" if write else "retrieve"].append(dt)
+                    else:
+                        errors[key] = errors.get(key, 0) + 1
+                    if think_ms > 0:
+                        await asyncio.sleep(rng.expovariate(1000.0 / think_ms))
+            finally:
+                await client.close()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(user_loop(u) for u in range(users)))
+        wall = time.perf_counter() - t0
+        after = (await control.get("/v1/stats")).json()["server"]["batching"]
+    mean_batch = {}
+    for k in after:
+        nb = after[k]["batches"] - before[k]["batches"]
+        mean_batch[k] = round((after[k]["items"] - before[k]["items"]) / nb, 2) if nb else 0.0
+    done = len(lat["retrieve"]) + len(lat["write"])
+    out: dict[str, Any] = {
+        "requests_ok": done,
+        "errors": errors,
+        "wall_s": round(wall, 3),
+        "throughput_rps": round(done / wall, 1) if wall > 0 else 0.0,
+        "mean_batch": mean_batch,
+    }
+    for op, values in lat.items():
+        out[op] = {
+            "n": len(values),
+            "p50_ms": round(_pct(values, 50) * 1000, 2),
+            "p95_ms": round(_pct(values, 95) * 1000, 2),
+            "p99_ms": round(_pct(values, 99) * 1000, 2),
+        }
+    return out
+
+
+def run_scenario(
+    users: int, *, batched: bool, think_ms: float, args: argparse.Namespace, workdir: Path
+) -> dict[str, Any]:
+    settings: dict[str, Any] = (
+        {"max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms}
+        if batched
+        else {"max_batch": 1, "write_max_batch": 1, "max_wait_ms": 0, "write_max_wait_ms": 0}
+    )
+    store = workdir / f"store-{users}-{think_ms:g}-{'b' if batched else 'u'}"
+    server = Server(store, settings, args.embedder)
+    try:
+        server.wait_ready()
+
+        async def go() -> dict[str, Any]:
+            async with httpx.AsyncClient(base_url=server.base, timeout=300) as c:
+                pre = await _preload(c, users, args.preload_pages, args.seed)
+            cpu0 = _cpu_seconds(server.proc.pid)
+            res = await _load(
+                server.base,
+                users=users,
+                requests=args.requests,
+                time_limit=args.time_limit,
+                write_frac=args.write_frac,
+                think_ms=think_ms,
+                seed=args.seed,
+                client_kind=args.client,
+            )
+            cpu = _cpu_seconds(server.proc.pid) - cpu0
+            res["preload_s"] = round(pre, 2)
+            # CPU the server spent per answered request: independent of other load on the box
+            res["server_cpu_ms_per_request"] = round(cpu * 1000 / max(1, res["requests_ok"]), 3)
+            res["server_cpu_utilisation"] = round(cpu / res["wall_s"], 2) if res["wall_s"] else 0
+            return res
+
+        res = asyncio.run(go())
+    finally:
+        server.stop()
+    res.update(users=users, think_ms=think_ms, batched=batched, settings=settings)
+    res["loadavg_1m_after"] = round(os.getloadavg()[0], 2)  # other work on the box skews results
+    return res
+
+
+def _table(
+    results: list[dict[str, Any]], ratios: dict[str, float], cpu_ratios: dict[str, float]
+) -> str:
+    head = (
+        f"{'users':>6} {'think':>6} {'mode':>9} {'req/s':>8} {'ret p50':>8} {'ret p95':>8} "
+        f"{'ret p99':>8} {'wr p50':>8} {'wr p95':>8} {'wr p99':>8} {'batch r/w':>10} "
+        f"{'cpu ms/req':>10} {'errors':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in results:
+        mb = r["mean_batch"]
+        lines.append(
+            f"{r['users']:>6} {r['think_ms']:>6g} {'batched' if r['batched'] else 'unbatched':>9} "
+            f"{r['throughput_rps']:>8.1f} {r['retrieve']['p50_ms']:>8.1f} "
+            f"{r['retrieve']['p95_ms']:>8.1f} {r['retrieve']['p99_ms']:>8.1f} "
+            f"{r['write']['p50_ms']:>8.1f} {r['write']['p95_ms']:>8.1f} "
+            f"{r['write']['p99_ms']:>8.1f} "
+            f"{mb.get('retrieve', 0):>4.1f}/{mb.get('write', 0):<5.1f} "
+            f"{r.get('server_cpu_ms_per_request', 0):>10.2f} "
+            f"{sum(r['errors'].values()):>7}"
+        )
+    lines.append("")
+    for name, ratio in ratios.items():
+        lines.append(f"throughput batched / unbatched, {name}: {ratio:.2f}x")
+    for name, ratio in cpu_ratios.items():
+        lines.append(f"server CPU per request, unbatched / batched, {name}: {ratio:.2f}x")
+    lines.append(
+        "latencies in ms; req/s counts successful requests; think = mean think time (ms) of "
+        "each simulated user between requests (0: closed loop at saturation); cpu ms/req = "
+        "server process CPU (user+sys) per answered request"
+    )
+    lines.append(
+        "1-min load average after each run: "
+        + ", ".join(str(r.get("loadavg_1m_after")) for r in results)
+        + f" (on {os.cpu_count()} CPUs)"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--serve-json", help=argparse.SUPPRESS)
+    p.add_argument("--users", type=int, nargs="+", default=[100, 1000])
+    p.add_argument("--requests", type=int, default=6000, help="Requests per run (bound).")
+    p.add_argument("--time-limit", type=float, default=60.0, help="Seconds per run (bound).")
+    p.add_argument("--write-frac", type=float, default=0.3)
+    p.add_argument("--think-ms", type=float, default=0.0, help="Mean think time (0: saturate).")
+    p.add_argument(
+        "--paced-users", type=int, default=100, help="Users of the extra paced (think-time) run."
+    )
+    p.add_argument(
+        "--paced-think-ms",
+        type=float,
+        default=500.0,
+        help="Think time of the paced run (0: no paced run): latency below saturation.",
+    )
+    p.add_argument("--preload-pages", type=int, default=10, help="Pages per user before load.")
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--max-wait-ms", type=float, default=2.0)
+    p.add_argument("--embedder", default="hashing", choices=["hashing", "transformers"])
+    p.add_argument("--no-unbatched", action="store_true", help="Skip the max_batch=1 runs.")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--client",
+        default="raw",
+        choices=["raw", "httpx"],
+        help="Load client: minimal asyncio HTTP/1.1 (default) or one httpx client per user.",
+    )
+    p.add_argument("--quick", action="store_true", help="Small run for CI.")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serve_load.json"))
+    args = p.parse_args(argv)
+    if args.serve_json:
+        _serve(args.serve_json)
+        return
+    if args.quick:
+        args.users = [50]
+        args.requests = min(args.requests, 600)
+        args.time_limit = min(args.time_limit, 15.0)
+        args.preload_pages = min(args.preload_pages, 4)
+        args.paced_users = min(args.paced_users, 50)
+    load_start = os.getloadavg()
+    results: list[dict[str, Any]] = []
+    ratios: dict[str, float] = {}
+    cpu_ratios: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="serve_load_") as tmp:
+        scenarios = [(u, args.think_ms) for u in args.users]
+        if args.paced_think_ms > 0:
+            scenarios.append((args.paced_users, args.paced_think_ms))
+        for users, think in scenarios:
+            modes = [True] if args.no_unbatched else [True, False]
+            runs = {}
+            for batched in modes:
+                r = run_scenario(
+                    users, batched=batched, think_ms=think, args=args, workdir=Path(tmp)
+                )
+                results.append(r)
+                runs[batched] = r
+                print(
+                    f"users={users} think={think:g}ms {'batched' if batched else 'unbatched'}: "
+                    f"{r['throughput_rps']} req/s, retrieve p95 {r['retrieve']['p95_ms']} ms",
+                    file=sys.stderr,
+                )
+            if False in runs and runs[False]["throughput_rps"] > 0:
+                name = f"{users} users, think {think:g} ms"
+                ratios[name] = round(
+                    runs[True]["throughput_rps"] / runs[False]["throughput_rps"], 2
+                )
+                if runs[True].get("server_cpu_ms_per_request"):
+                    cpu_ratios[name] = round(
+                        runs[False]["server_cpu_ms_per_request"]
+                        / runs[True]["server_cpu_ms_per_request"],
+                        2,
+                    )
+    report = {
+        "benchmark": "serve_load",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "loadavg_at_start": [round(x, 2) for x in load_start],
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "args": {k: v for k, v in vars(args).items() if k not in ("serve_json", "out")},
+        "results": results,
+        "throughput_ratio_batched_over_unbatched": ratios,
+        "server_cpu_ratio_unbatched_over_batched": cpu_ratios,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(_table(results, ratios, cpu_ratios))
+    print(f"\nJSON: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,920 @@
+"""The HTTP server: FastAPI routes over a :class:`~memoryos_gpu.server.service.MemoryService`.
+
+``create_app(config_or_engine, api_keys=..., settings=...)`` builds the app;
+``run(store=..., host=..., port=..., api_keys=...)`` serves it with uvicorn (the CLI's
+``memoryos-gpu serve``). See docs/server.md for the API, tenancy and tuning.
+
+Tenancy: with API keys configured every ``/v1`` route needs ``Authorization: Bearer KEY``; the
+key names a tenant and the tenant's users are stored as ``"{tenant}/{user}"`` (assistants as
+``"{tenant}/{assistant}"``, idempotency sources as ``"{tenant}/{source}"``), so two tenants never
+share a user, an assistant's knowledge or a source. Without keys the server runs open: one
+tenant, user ids stored as given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.server import models as m
+from memoryos_gpu.server.auth import KeyRing, Principal, RateLimiter, load_api_keys
+from memoryos_gpu.server.batching import Overloaded, Unavailable
+from memoryos_gpu.server.metrics import ServerMetrics
+from memoryos_gpu.server.service import LLMUnavailableError, MemoryService
+from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.types import PageInput
+
+try:  # faster JSON (dataclasses serialised natively) for the hot paths; plain json otherwise
+    import orjson
+
+    def _dumps(data: Any) -> bytes:
+        return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
+except ImportError:  # pragma: no cover
+
+    def _default(obj: Any) -> Any:
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return dataclasses.asdict(obj)
+        raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+    def _dumps(data: Any) -> bytes:
+        return json.dumps(data, ensure_ascii=False, default=_default).encode()
+
+
+__all__ = ["ApiError", "create_app", "run"]
+
+log = logging.getLogger("memoryos_gpu.server")
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": m.ErrorOut, "description": "Missing or unknown API key."},
+    403: {"model": m.ErrorOut, "description": "The resource belongs to another tenant."},
+    413: {"model": m.ErrorOut, "description": "Body, text or batch over the limit."},
+    422: {"model": m.ErrorOut, "description": "Malformed request."},
+    429: {"model": m.ErrorOut, "description": "Rate limit of the key (see Retry-After)."},
+    503: {"model": m.ErrorOut, "description": "Overloaded, loading or shutting down."},
+}
+
+
+class ApiError(HTTPException):
+    """An error answered as ``{"error": code, "detail": message}``."""
+
+    def __init__(
+        self, status: int, code: str, detail: Any, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(status, detail, dict(headers) if headers else None)
+        self.code = code
+
+
+class _BodyTooLarge(ApiError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, "too_large", f"the request body exceeds {limit} bytes")
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(_dumps(data), status_code=status, media_type="application/json")
+
+
+def _error(status: int, code: str, detail: Any, headers: Mapping[str, str] | None = None):
+    return JSONResponse({"error": code, "detail": detail}, status, headers=dict(headers or {}))
+
+
+_TENANCY = "memoryos_tenancy"
+_MAX_ID_CHARS = 256  # the engine's limit of stored ids (tenant prefix included)
+UserId = Annotated[str, PathParam(description="The user's id (within the caller's tenant).")]
+
+
+# ====================================================================== tenancy
+class Scope:
+    """A request's tenant: maps client ids to stored ids and back."""
+
+    def __init__(self, principal: Principal, settings: ServerSettings) -> None:
+        self.principal = principal
+        self.tenant = principal.tenant
+        self.settings = settings
+        self.prefix = f"{self.tenant}/" if self.tenant else ""
+
+    def user(self, user_id: str) -> str:
+        if not user_id or not user_id.strip():
+            raise ApiError(422, "invalid_user_id", "user_id must not be blank")
+        if any(ord(c) < 32 or ord(c) == 127 for c in user_id):
+            raise ApiError(422, "invalid_user_id", "user_id must not contain control characters")
+        if "/" in user_id:  # keeps ids addressable in URL paths and tenant prefixes unambiguous
+            raise ApiError(422, "invalid_user_id", "user_id must not contain '/'")
+        limit = min(self.settings.max_user_id_chars, _MAX_ID_CHARS - len(self.prefix))
+        if len(user_id) > limit:
+            raise ApiError(
+                422,
+                "invalid_user_id",
+                f"user_id is {len(user_id)} characters; the limit is {limit}",
+            )
+        return self.prefix + user_id
+
+    def name(self, value: str | None) -> str | None:
+        """Namespace an assistant id or source (None stays None, except the default assistant
+        of a tenant, which is the tenant's own)."""
+        if value is None:
+            return None
+        return self.prefix + value
+
+    def assistant(self, value: str | None) -> str | None:
+        if value is None and self.tenant:
+            return self.prefix + "default"
+        return self.name(value)
+
+    def owns(self, stored_id: str) -> bool:
+        return not self.prefix or stored_id.startswith(self.prefix)
+
+    def strip(self, stored_id: Any) -> Any:
+        if self.prefix and isinstance(stored_id, str) and stored_id.startswith(self.prefix):
+            return stored_id[len(self.prefix) :]
+        return stored_id
+
+    def strip_ids(self, data: Any) -> Any:
+        """Remove the tenant prefix from id fields anywhere in a JSON-like structure."""
+        if not self.prefix:
+            return data
+        if isinstance(data, dict):
+            return {
+                k: (
+                    self.strip(v)
+                    if k in ("user_id", "owner_id", "assistant_id", "source")
+                    else self.strip_ids(v)
+                )
+                for k, v in data.items()
+            }
+        if isinstance(data, list):
+            return [self.strip_ids(v) for v in data]
+        return data
+
+
+def _check_text(settings: ServerSettings, **texts: str | None) -> None:
+    limit = settings.max_text_chars
+    for name, text in texts.items():
+        if text is not None and len(text) > limit:
+            raise ApiError(
+                413, "too_large", f"{name} is {len(text)} characters; the limit is {limit}"
+            )
+
+
+def _check_count(settings: ServerSettings, n: int, what: str) -> None:
+    if n > settings.max_batch_items:
+        raise ApiError(
+            413, "too_large", f"{n} {what} in one request; the limit is {settings.max_batch_items}"
+        )
+
+
+# ====================================================================== middleware
+def _tenancy(request: Request) -> Scope:
+    """The caller's tenancy, put in the ASGI scope by :class:`_Edge` after authentication."""
+    return request.scope["state"][_TENANCY]
+
+
+class _Edge:
+    """Pure ASGI middleware in front of the routes (cheaper than per-route dependencies):
+    body size limit (413), API-key authentication and rate limit of ``/v1`` (401 / 429), and
+    request latency metrics."""
+
+    def __init__(
+        self,
+        app: Any,
+        settings: ServerSettings,
+        metrics: ServerMetrics,
+        keyring: KeyRing | None,
+        limiter: RateLimiter,
+    ) -> None:
+        self.app = app
+        self.settings = settings
+        self.limit = settings.max_body_bytes
+        self.metrics = metrics
+        self.keyring = keyring
+        self.limiter = limiter
+        self.open_scope = Scope(Principal(None, "open"), settings)
+
+    async def _refuse(
+        self,
+        scope: dict,
+        receive: Any,
+        send: Any,
+        t0: float,
+        status: int,
+        code: str,
+        detail: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        reason = {401: "unauthorized", 413: "too_large", 429: "rate_limited"}[status]
+        self.metrics.rejected.labels(reason).inc()
+        await _error(status, code, detail, headers)(scope, receive, send)
+        self._observe(scope, status, t0)
+
+    def _authenticate(self, headers: Any) -> Scope | tuple[int, str, str, dict[str, str]]:
+        if self.keyring is None:
+            return self.open_scope
+        token = None
+        for k, v in headers:
+            if k == b"authorization":
+                scheme, _, cred = v.decode("latin-1").strip().partition(" ")
+                if scheme.lower() == "bearer" and cred.strip():
+                    token = cred.strip()
+                break
+        challenge = {"WWW-Authenticate": "Bearer"}
+        if token is None:
+            detail = "missing API key: send 'Authorization: Bearer KEY'"
+            return 401, "unauthorized", detail, challenge
+        principal = self.keyring.lookup(token)
+        if principal is None:
+            return 401, "unauthorized", "unknown API key", challenge
+        wait = self.limiter.take(principal.key_id)
+        if wait > 0:
+            retry = RateLimiter.retry_after(wait)
+            return (
+                429,
+                "rate_limited",
+                f"rate limit of this key exceeded; retry in {retry} s",
+                {"Retry-After": str(retry)},
+            )
+        return Scope(principal, self.settings)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500
+        headers = scope.get("headers", ())
+        for k, v in headers:
+            if k == b"content-length":
+                try:
+                    too_big = int(v) > self.limit
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    detail = f"the request body exceeds {self.limit} bytes"
+                    await self._refuse(scope, receive, send, t0, 413, "too_large", detail)
+                    return
+                break
+        if scope["path"].startswith("/v1/"):
+            auth = self._authenticate(headers)
+            if isinstance(auth, tuple):
+                await self._refuse(scope, receive, send, t0, *auth)
+                return
+            scope.setdefault("state", {})[_TENANCY] = auth
+        seen = 0
+        limit = self.limit
+
+        async def limited_receive() -> dict:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    raise _BodyTooLarge(limit)
+            return msg
+
+        async def tracking_send(msg: dict) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        finally:
+            self._observe(scope, status, t0)
+
+    def _observe(self, scope: dict, status: int, t0: float) -> None:
+        route = scope.get("route")
+        path = getattr(route, "path", None) or "unmatched"
+        self.metrics.http.labels(scope.get("method", ""), path, str(status)).observe(
+            time.perf_counter() - t0
+        )
+
+
+# ====================================================================== app
+def create_app(
+    engine_config_or_engine: EngineConfig | Any | None = None,
+    *,
+    api_keys: Mapping[str, str] | str | Path | None = None,
+    settings: ServerSettings | None = None,
+    use_env_keys: bool = True,
+) -> FastAPI:
+    """Build the HTTP app.
+
+    ``engine_config_or_engine``: an :class:`EngineConfig` (the server builds the engine, with
+    ``auto_process=False``, at startup, and closes it at shutdown) or a ready engine (used as
+    is; construct it with ``auto_process=False`` so derived work stays off the request path).
+    ``api_keys``: ``{key: tenant}`` or the path of a ``KEY TENANT`` file; keys from the
+    ``MEMORYOS_GPU_API_KEYS`` variable are added unless ``use_env_keys=False``. No keys at all:
+    the server runs open (single tenant) and says so in its startup log.
+    """
+    settings = settings or ServerSettings()
+    keys = load_api_keys(api_keys, use_env=use_env_keys)
+    keyring = KeyRing(keys) if keys else None
+    limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    metrics = ServerMetrics()
+    service = MemoryService(
+        engine_config_or_engine if engine_config_or_engine is not None else EngineConfig(),
+        settings,
+        metrics=metrics,
+    )
+    metrics.bind(service)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if keyring is None:
+            log.warning(
+                "memoryos-gpu server: OPEN mode, no API keys configured: every client is one "
+                "tenant and /v1 needs no key"
+            )
+        else:
+            log.info(
+                "memoryos-gpu server: %d API key(s) for %d tenant(s)",
+                len(keyring),
+                len(keyring.tenants),
+            )
+        await service.start(wait=False)
+        try:
+            yield
+        finally:
+            await service.close()
+            metrics.close()
+            log.info("memoryos-gpu server: queues drained, derived work done, engine closed")
+
+    app = FastAPI(
+        title="memoryos-gpu",
+        version="0.1.0",
+        summary="MemoryOS (short-, mid- and long-term agent memory) for many users, batched.",
+        description=(
+            "Add dialogue pages, retrieve memory for a query, chat with memory, read profiles "
+            "and knowledge. Concurrent requests are micro-batched into single engine calls. "
+            "Every `/v1` route needs `Authorization: Bearer KEY` when the server has API keys."
+        ),
+        lifespan=lifespan,
+        responses=_ERROR_RESPONSES,
+    )
+    app.state.service = service
+    app.state.metrics = metrics
+    app.state.settings = settings
+    app.add_middleware(_Edge, settings=settings, metrics=metrics, keyring=keyring, limiter=limiter)
+    _document_security(app, keyring is not None)
+
+    # ------------------------------------------------------------------ errors
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        code = getattr(exc, "code", None) or {
+            404: "not_found",
+            405: "method_not_allowed",
+            413: "too_large",
+        }.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, exc.detail, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+        return _error(422, "validation_error", errors)
+
+    @app.exception_handler(Overloaded)
+    async def _overloaded(request: Request, exc: Overloaded):
+        metrics.rejected.labels("overloaded").inc()
+        return _error(503, "overloaded", str(exc), {"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(Unavailable)
+    async def _unavailable(request: Request, exc: Unavailable):
+        metrics.rejected.labels("unavailable").inc()
+        return _error(503, "unavailable", str(exc), {"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(LLMUnavailableError)
+    async def _no_llm(request: Request, exc: LLMUnavailableError):
+        return _error(501, "llm_unavailable", str(exc))
+
+    @app.exception_handler(UnknownUserError)
+    async def _unknown_user(request: Request, exc: UnknownUserError):
+        scope = request.scope.get("state", {}).get(_TENANCY)
+        msg = str(exc)
+        if scope is not None and scope.prefix:
+            msg = msg.replace(scope.prefix, "", 1)
+        return _error(404, "unknown_user", msg)
+
+    @app.exception_handler(MemoryOSError)
+    async def _engine_error(request: Request, exc: MemoryOSError):
+        if isinstance(exc, ValueError):  # the engine's InvalidInputError and friends
+            return _error(422, "invalid_input", str(exc))
+        log.exception("engine error", exc_info=exc)
+        return _error(500, "engine_error", str(exc))
+
+    def _page_input(scope: Scope, user_id: str, p: m.PageIn) -> PageInput:
+        _check_text(settings, user_input=p.user_input, agent_response=p.agent_response)
+        try:
+            meta_size = len(_dumps(p.meta))
+        except TypeError as exc:
+            raise ApiError(422, "invalid_input", f"meta is not JSON: {exc}") from None
+        if meta_size > settings.max_text_chars:
+            raise ApiError(
+                413,
+                "too_large",
+                f"meta is {meta_size} bytes of JSON; the limit is {settings.max_text_chars}",
+            )
+        return PageInput(
+            user_id=scope.user(user_id),
+            user_input=p.user_input,
+            agent_response=p.agent_response,
+            timestamp=p.timestamp,
+            assistant_id=scope.assistant(p.assistant_id),
+            source=scope.name(p.source),
+            meta=p.meta,
+        )
+
+    def _add_out(scope: Scope, results: list[Any]) -> list[dict[str, Any]]:
+        return [
+            {"page_id": r.page_id, "user_id": scope.strip(r.user_id), "duplicate": r.duplicate}
+            for r in results
+        ]
+
+    def _retrieval_out(scope: Scope, r: Any) -> dict[str, Any]:
+        # pages and knowledge entries stay dataclasses: _dumps serialises them natively
+        return {
+            "user_id": scope.strip(r.user_id),
+            "query": r.query,
+            "stm": r.stm,
+            "pages": r.pages,
+            "profile": r.profile,
+            "user_knowledge": r.user_knowledge,
+            "assistant_knowledge": r.assistant_knowledge,
+            "retrieval_tokens": r.retrieval_tokens,
+            "known_user": service.is_known(r.user_id),
+        }
+
+    async def _owned_page(scope: Scope, user_id: str, page_id: int) -> dict[str, Any]:
+        uid = scope.user(user_id)
+        row = await service.call(service.engine.get_page, page_id)
+        if row is None:
+            raise ApiError(404, "not_found", f"no page {page_id}")
+        if not scope.owns(row["user_id"]):
+            metrics.rejected.labels("forbidden").inc()
+            raise ApiError(403, "forbidden", f"page {page_id} belongs to another tenant")
+        if row["user_id"] != uid:
+            raise ApiError(404, "not_found", f"user {user_id!r} has no page {page_id}")
+        return row
+
+    async def _owned_entry(scope: Scope, user_id: str, entry_id: int) -> dict[str, Any]:
+        uid = scope.user(user_id)
+        rows = await service.call(service.engine.store.knowledge_rows, [entry_id])
+        row = rows.get(entry_id)
+        if row is None:
+            raise ApiError(404, "not_found", f"no knowledge entry {entry_id}")
+        if not scope.owns(row["owner_id"]):
+            metrics.rejected.labels("forbidden").inc()
+            raise ApiError(403, "forbidden", f"entry {entry_id} belongs to another tenant")
+        if row["owner_kind"] != "user" or row["owner_id"] != uid:
+            raise ApiError(404, "not_found", f"user {user_id!r} has no knowledge entry {entry_id}")
+        return row
+
+    # ------------------------------------------------------------------ probes
+    @app.get(
+        "/health",
+        tags=["operations"],
+        summary="Liveness",
+        description="200 while the process serves HTTP (no key needed).",
+        response_model=m.HealthOut,
+    )
+    async def health() -> Any:
+        return {"status": "ok"}
+
+    @app.get(
+        "/ready",
+        tags=["operations"],
+        summary="Readiness",
+        description="200 once the engine is loaded and the queues run; 503 while loading, "
+        "after a failed load, or while shutting down (no key needed).",
+        response_model=m.ReadyOut,
+        responses={503: {"model": m.ReadyOut}},
+    )
+    async def ready() -> Any:
+        body = {"ready": service.ready, "status": service.state}
+        if service.state == "failed":
+            body["status"] = f"failed: {service.error}"
+        return JSONResponse(body, 200 if service.ready else 503)
+
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        summary="Prometheus metrics",
+        description="Request latency histograms, batch sizes, queue depths, pending derived "
+        "work, LLM calls and tokens, engine and kernel time (Prometheus text format).",
+        response_class=Response,
+    )
+    def prometheus_metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # ------------------------------------------------------------------ writes
+    @app.post(
+        "/v1/users/{user_id}/pages",
+        tags=["memory"],
+        summary="Add a page",
+        description="Remember one exchange of the user. Answers after the page is committed "
+        "(batched with concurrent writes into one engine call; the user's pages keep their "
+        "order). Derived work (chain, mid-term placement, promotion) follows in the background; "
+        "`POST /v1/users/{user_id}/wait` waits for it.",
+        status_code=201,
+        response_model=m.AddResult,
+    )
+    async def add_page(page: m.PageIn, user_id: UserId, request: Request) -> Any:
+        scope = _tenancy(request)
+        item = _page_input(scope, user_id, page)
+        results = await service.add_pages([item])
+        return _json(_add_out(scope, results)[0], 201)
+
+    @app.post(
+        "/v1/pages",
+        tags=["memory"],
+        summary="Add pages (batch)",
+        description="Remember many exchanges, of one or many users, in one request. Pages are "
+        "applied in request order per user and committed before the answer.",
+        status_code=201,
+        response_model=m.AddResults,
+    )
+    async def add_pages(body: m.PagesIn, request: Request) -> Any:
+        scope = _tenancy(request)
+        _check_count(settings, len(body.pages), "pages")
+        items = [_page_input(scope, p.user_id, p) for p in body.pages]
+        results = await service.add_pages(items)
+        return _json({"results": _add_out(scope, results)}, 201)
+
+    # ------------------------------------------------------------------ reads
+    @app.post(
+        "/v1/users/{user_id}/retrieve",
+        tags=["memory"],
+        summary="Retrieve memory for a query",
+        description="All of short-term memory, the top mid-term pages (segments by cosine + "
+        "keyword Jaccard, then pages by cosine), the profile and the top user / assistant "
+        "knowledge. Concurrent retrievals of all users share one engine call. A user with no "
+        "memory yet gets empty lists (`known_user: false`).",
+        response_model=m.RetrievalOut,
+    )
+    async def retrieve(body: m.RetrieveIn, user_id: UserId, request: Request) -> Any:
+        scope = _tenancy(request)
+        _check_text(settings, query=body.query)
+        uid = scope.user(user_id)
+        r = await service.retrieve(
+            uid, body.query, top_pages=body.top_pages, top_segments=body.top_segments
+        )
+        return _json(_retrieval_out(scope, r))
+
+    @app.post(
+        "/v1/retrieve",
+        tags=["memory"],
+        summary="Retrieve memory for many users (batch)",
+        description="Several users' queries in one request; answers in request order.",
+        response_model=m.RetrievalsOut,
+    )
+    async def retrieve_many(body: m.RetrieveManyIn, request: Request) -> Any:
+        scope = _tenancy(request)
+        import asyncio
+
+        _check_count(settings, len(body.queries), "queries")
+        for q in body.queries:
+            _check_text(settings, query=q.query)
+        uids = [scope.user(q.user_id) for q in body.queries]
+        res = await asyncio.gather(
+            *(
+                service.retrieve(u, q.query, top_pages=q.top_pages, top_segments=q.top_segments)
+                for u, q in zip(uids, body.queries, strict=True)
+            )
+        )
+        return _json({"results": [_retrieval_out(scope, r) for r in res]})
+
+    @app.post(
+        "/v1/users/{user_id}/respond",
+        tags=["memory"],
+        summary="Chat with memory",
+        description="Retrieve, prompt the LLM with the memory, answer, and remember the exchange. "
+        "Needs an engine in LLM mode: 501 `llm_unavailable` otherwise. 404 for a user with no "
+        "memory yet.",
+        response_model=m.RespondOut,
+        responses={501: {"model": m.ErrorOut, "description": "The server runs without an LLM."}},
+    )
+    async def respond(body: m.RespondIn, user_id: UserId, request: Request) -> Any:
+        scope = _tenancy(request)
+        _check_text(settings, query=body.query)
+        uid = scope.user(user_id)
+        r = await service.respond(uid, body.query, timestamp=body.timestamp)
+        return _json(
+            {
+                "user_id": user_id,
+                "query": r.query,
+                "text": r.text,
+                "page_id": r.page_id,
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.completion_tokens,
+                "error": r.error,
+                "retrieval": _retrieval_out(scope, r.retrieval),
+            }
+        )
+
+    @app.get(
+        "/v1/users",
+        tags=["users"],
+        summary="List users",
+        description="The caller's tenant's users.",
+        response_model=m.UsersOut,
+    )
+    async def list_users(request: Request) -> Any:
+        scope = _tenancy(request)
+        service.check_ready()
+        return {"users": [scope.strip(u) for u in service.known_users() if scope.owns(u)]}
+
+    @app.get(
+        "/v1/users/{user_id}/profile",
+        tags=["users"],
+        summary="User profile",
+        description="The user's long-term profile (trait -> value).",
+        response_model=m.ProfileOut,
+    )
+    async def profile(user_id: UserId, request: Request) -> Any:
+        scope = _tenancy(request)
+        prof = await service.call(service.engine.profile, scope.user(user_id))
+        return {"user_id": user_id, "profile": prof}
+
+    @app.get(
+        "/v1/users/{user_id}/knowledge",
+        tags=["users"],
+        summary="User and assistant knowledge",
+        description="Live user-knowledge entries and the user's assistant's knowledge, oldest "
+        "first.",
+        response_model=m.KnowledgeOut,
+    )
+    async def knowledge(user_id: UserId, request: Request) -> Any:
+        scope = _tenancy(request)
+        kn = await service.call(service.engine.knowledge, scope.user(user_id))
+        return _json(scope.strip_ids({"user_id": user_id, **kn}))
+
+    @app.patch(
+        "/v1/users/{user_id}/knowledge/{entry_id}",
+        tags=["users"],
+        summary="Edit a knowledge entry",
+        description="Replace the text (and embedding) of one of the user's knowledge entries.",
+    )
+    async def update_knowledge(
+        body: m.KnowledgeUpdateIn, entry_id: int, user_id: UserId, request: Request
+    ) -> Any:
+        scope = _tenancy(request)
+        _check_text(settings, text=body.text)
+        await _owned_entry(scope, user_id, entry_id)
+        row = await service.call(service.engine.update_knowledge, entry_id, body.text)
+        return _json(scope.strip_ids(row))
+
+    @app.delete(
+        "/v1/users/{user_id}/knowledge/{entry_id}",
+        tags=["users"],
+        summary="Delete a knowledge entry",
+        description="Remove one of the user's knowledge entries.",
+        response_model=m.DeletedOut,
+    )
+    async def delete_knowledge(entry_id: int, user_id: UserId, request: Request) -> Any:
+        scope = _tenancy(request)
+        await _owned_entry(scope, user_id, entry_id)
+        return {"deleted": await service.call(service.engine.delete_knowledge, entry_id)}
+
+    @app.get(
+        "/v1/users/{user_id}/history",
+        tags=["users"],
+        summary="Audit history",
+        description="Append-only log of changes to the user's memory.",
+    )
+    async def history(user_id: UserId, request: Request) -> Any:
+        scope = _tenancy(request)
+        uid = scope.user(user_id)
+        if not service.is_known(uid):
+            raise UnknownUserError(f"unknown user {uid!r}")
+        return _json(scope.strip_ids(await service.call(service.engine.history, uid)))
+
+    @app.get(
+        "/v1/users/{user_id}/export",
+        tags=["users"],
+        summary="Export a user",
+        description="Everything held about the user: pages, segments, profile, knowledge, "
+        "pending work and history (JSON).",
+    )
+    async def export_user(user_id: UserId, request: Request) -> Any:
+        scope = _tenancy(request)
+        data = await service.call(service.engine.export_user, scope.user(user_id))
+        return _json(scope.strip_ids(data))
+
+    @app.delete(
+        "/v1/users/{user_id}",
+        tags=["users"],
+        summary="Delete a user",
+        description="Remove every row and arena slot held about the user (after the user's "
+        "queued writes). 404 if the user is unknown.",
+        response_model=m.DeletedOut,
+    )
+    async def delete_user(user_id: UserId, request: Request) -> Any:
+        scope = _tenancy(request)
+        uid = scope.user(user_id)
+        service.check_ready()
+        if not service.is_known(uid) and not service._user_writes.get(uid):
+            raise UnknownUserError(f"unknown user {uid!r}")
+        return {"deleted": await service.delete_user(uid)}
+
+    @app.post(
+        "/v1/users/{user_id}/wait",
+        tags=["users"],
+        summary="Read-your-writes barrier",
+        description="Wait until the user's queued writes are committed and their derived work "
+        "(chain, mid-term placement, promotion) is done, or the timeout passes (`done: false`).",
+        response_model=m.WaitOut,
+    )
+    async def wait_user(
+        user_id: UserId,
+        request: Request,
+        timeout: Annotated[float, Query(gt=0, description="Seconds to wait at most.")] = 10.0,
+    ) -> Any:
+        scope = _tenancy(request)
+        uid = scope.user(user_id)
+        res = await service.wait_for_user(uid, min(timeout, settings.max_wait_timeout_s))
+        res["user_id"] = user_id
+        return res
+
+    # ------------------------------------------------------------------ item-level pages
+    @app.get(
+        "/v1/users/{user_id}/pages/{page_id}",
+        tags=["pages"],
+        summary="Get a page",
+        description="One stored page of the user (any tier).",
+    )
+    async def get_page(page_id: int, user_id: UserId, request: Request) -> Any:
+        scope = _tenancy(request)
+        return _json(scope.strip_ids(await _owned_page(scope, user_id, page_id)))
+
+    @app.patch(
+        "/v1/users/{user_id}/pages/{page_id}",
+        tags=["pages"],
+        summary="Edit a page",
+        description="Replace a page's user input and/or agent response; its embedding follows.",
+    )
+    async def update_page(
+        body: m.PageUpdateIn, page_id: int, user_id: UserId, request: Request
+    ) -> Any:
+        scope = _tenancy(request)
+        if body.user_input is None and body.agent_response is None:
+            raise ApiError(422, "invalid_input", "give user_input and/or agent_response")
+        _check_text(settings, user_input=body.user_input, agent_response=body.agent_response)
+        await _owned_page(scope, user_id, page_id)
+        row = await service.call(
+            service.engine.update_page,
+            page_id,
+            user_input=body.user_input,
+            agent_response=body.agent_response,
+        )
+        return _json(scope.strip_ids(row))
+
+    @app.delete(
+        "/v1/users/{user_id}/pages/{page_id}",
+        tags=["pages"],
+        summary="Delete a page",
+        description="Remove one page of the user (from whichever tier holds it).",
+        response_model=m.DeletedOut,
+    )
+    async def delete_page(page_id: int, user_id: UserId, request: Request) -> Any:
+        scope = _tenancy(request)
+        await _owned_page(scope, user_id, page_id)
+        return {"deleted": await service.call(service.engine.delete_page, page_id)}
+
+    # ------------------------------------------------------------------ stats
+    @app.get(
+        "/v1/stats",
+        tags=["operations"],
+        summary="Statistics",
+        description="The tenant's user count, the server's queues and batching, and the "
+        "engine's aggregate statistics (no user ids).",
+    )
+    async def stats(request: Request) -> Any:
+        scope = _tenancy(request)
+        eng = await service.call(service.engine.stats)
+        return _json(
+            {
+                "tenant": scope.tenant,
+                "users": sum(1 for u in service.known_users() if scope.owns(u)),
+                "server": {
+                    "state": service.state,
+                    "batching": service.batch_stats(),
+                    "derived_runs": service._derived_runs,
+                },
+                "engine": eng,
+            }
+        )
+
+    return app
+
+
+def _document_security(app: FastAPI, keyed: bool) -> None:
+    """Declare the bearer scheme on every /v1 operation of the OpenAPI schema (authentication
+    itself happens in :class:`_Edge`, before routing)."""
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title,
+            version=app.version,
+            summary=app.summary,
+            description=app.description,
+            routes=app.routes,
+        )
+        comps = schema.setdefault("components", {})
+        comps.setdefault("securitySchemes", {})["ApiKey"] = {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key from the server's key file"
+            + ("" if keyed else " (this server runs open: no key needed)"),
+        }
+        for path, ops in schema.get("paths", {}).items():
+            if path.startswith("/v1/"):
+                for op in ops.values():
+                    op["security"] = [{"ApiKey": []}]
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+# ====================================================================== run
+def _engine_config(
+    store: str | None,
+    config: EngineConfig | str | Path | None,
+    overrides: dict[str, Any],
+) -> EngineConfig:
+    if isinstance(config, EngineConfig):
+        cfg = config
+    elif config is not None:
+        cfg = EngineConfig.from_toml(config)
+    else:
+        cfg = EngineConfig()
+    update = {k: v for k, v in overrides.items() if v is not None}
+    if store is not None:
+        update["store"] = str(store)
+    update["auto_process"] = False
+    return EngineConfig.model_validate({**cfg.model_dump(), **update})
+
+
+def run(
+    store: str | Path | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_keys_file: str | Path | None = None,
+    *,
+    api_keys: Mapping[str, str] | str | Path | None = None,
+    config: EngineConfig | str | Path | None = None,
+    embedder: str | None = None,
+    device: str | None = None,
+    log_level: str = "info",
+    graceful_timeout_s: float | None = 30.0,
+    **options: Any,
+) -> None:
+    """Serve the HTTP API with uvicorn until SIGINT/SIGTERM (then drain and commit).
+
+    ``api_keys`` / ``api_keys_file``: ``{key: tenant}`` or a ``KEY TENANT`` file (either name).
+    ``config``: an :class:`EngineConfig` or a TOML path; ``store``, ``embedder``, ``device``
+    override it. Remaining keyword options are :class:`ServerSettings` fields.
+    """
+    import uvicorn
+
+    # The CPU kernels' OpenMP regions spin-wait by default; on a small, busy box that costs a
+    # scheduler quantum per call. Passive waiting must be set before the runtime loads.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if api_keys is not None and api_keys_file is not None:
+        raise ValueError("give api_keys or api_keys_file, not both")
+    keys = api_keys if api_keys is not None else api_keys_file
+    cfg = _engine_config(
+        str(store) if store is not None else None,
+        config,
+        {"embedder": embedder, "device": device},
+    )
+    settings = ServerSettings(**options)
+    app = create_app(cfg, api_keys=keys, settings=settings)
+    uvicorn.run(
+        app,
+        host=host,
+        port=int(port),
+        log_level=log_level.lower(),
+        timeout_graceful_shutdown=graceful_timeout_s,
+    )

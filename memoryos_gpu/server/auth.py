@@ -1,0 +1,151 @@
+"""API keys -> tenants, and a token-bucket rate limit per key.
+
+Keys come from a file (one ``KEY TENANT`` pair per line, ``#`` comments and blank lines
+ignored) and/or the ``MEMORYOS_GPU_API_KEYS`` environment variable
+(``"key1:tenant1,key2:tenant2"``). Keys are kept only as SHA-256 digests and are never logged;
+logs and metrics name a key by a short fingerprint of its digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_VAR = "MEMORYOS_GPU_API_KEYS"
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MIN_KEY_CHARS = 8
+
+
+class KeyFileError(ValueError):
+    """An API key file or variable is malformed (the message names the line, never the key)."""
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def fingerprint(key: str) -> str:
+    """A short, non-reversible name for a key (safe to log)."""
+    return hashlib.sha256(b"fp:" + _digest(key)).hexdigest()[:10]
+
+
+def _check(key: str, tenant: str, where: str) -> None:
+    if len(key) < MIN_KEY_CHARS or any(c.isspace() for c in key):
+        raise KeyFileError(f"{where}: a key must be >= {MIN_KEY_CHARS} non-space characters")
+    if not TENANT_RE.match(tenant):
+        raise KeyFileError(
+            f"{where}: tenant {tenant!r} must match {TENANT_RE.pattern} (letters, digits, _ . -)"
+        )
+
+
+def parse_key_file(path: str | Path) -> dict[str, str]:
+    """``KEY TENANT`` per line -> {key: tenant}."""
+    out: dict[str, str] = {}
+    text = Path(path).read_text(encoding="utf-8")
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise KeyFileError(f"{path}:{n}: expected 'KEY TENANT', got {len(parts)} fields")
+        _check(parts[0], parts[1], f"{path}:{n}")
+        out[parts[0]] = parts[1]
+    return out
+
+
+def parse_key_env(value: str) -> dict[str, str]:
+    """``"key1:tenant1,key2:tenant2"`` -> {key: tenant}."""
+    out: dict[str, str] = {}
+    for n, item in enumerate(value.split(","), 1):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, tenant = item.rpartition(":")
+        if not sep:
+            raise KeyFileError(f"{ENV_VAR} entry {n}: expected 'KEY:TENANT'")
+        _check(key.strip(), tenant.strip(), f"{ENV_VAR} entry {n}")
+        out[key.strip()] = tenant.strip()
+    return out
+
+
+def load_api_keys(
+    api_keys: Mapping[str, str] | str | Path | None = None, *, use_env: bool = True
+) -> dict[str, str] | None:
+    """Merge keys from a mapping or file path and the environment; ``None`` when none at all
+    (the server then runs open, single tenant)."""
+    keys: dict[str, str] = {}
+    if isinstance(api_keys, str | Path):
+        keys.update(parse_key_file(api_keys))
+    elif api_keys is not None:
+        for k, t in api_keys.items():
+            _check(k, t, "api_keys")
+            keys[k] = t
+    if use_env and os.environ.get(ENV_VAR, "").strip():
+        keys.update(parse_key_env(os.environ[ENV_VAR]))
+    return keys or None
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts for: a tenant (``None`` in open mode) and the key's fingerprint."""
+
+    tenant: str | None
+    key_id: str
+
+
+class KeyRing:
+    """Constant-time lookup of a presented key (digest compare against every known digest)."""
+
+    def __init__(self, keys: Mapping[str, str]) -> None:
+        self._entries = [(_digest(k), t, fingerprint(k)) for k, t in keys.items()]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def tenants(self) -> set[str]:
+        return {t for _, t, _ in self._entries}
+
+    def lookup(self, presented: str) -> Principal | None:
+        d = _digest(presented)
+        found = None
+        for digest, tenant, fp in self._entries:  # no early exit: timing does not leak which
+            if hmac.compare_digest(d, digest):
+                found = Principal(tenant, fp)
+        return found
+
+
+class RateLimiter:
+    """Token bucket per key: ``rate`` tokens/s, ``burst`` capacity. Thread-safe."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = float(rate), float(burst)
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key_id: str, cost: float = 1.0) -> float:
+        """0.0 when allowed, else the seconds until ``cost`` tokens are available."""
+        if self.rate <= 0:
+            return 0.0
+        now = time.monotonic()
+        with self._lock:
+            tokens, last = self._buckets.get(key_id, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            if tokens >= cost:
+                self._buckets[key_id] = (tokens - cost, now)
+                return 0.0
+            self._buckets[key_id] = (tokens, now)
+            return (cost - tokens) / self.rate
+
+    @staticmethod
+    def retry_after(wait_s: float) -> int:
+        return max(1, math.ceil(wait_s))

@@ -1,0 +1,212 @@
+"""Prometheus metrics of the server (one registry per app, so several apps can coexist).
+
+* ``memoryos_http_request_duration_seconds{method,route,status}``: request latency.
+* ``memoryos_batch_size{queue}``: items per engine call of each queue (retrieve, write, respond).
+* ``memoryos_engine_call_seconds{op}``: wall time of engine calls (retrieve_many, add_many,
+  respond_many, process_pending).
+* ``memoryos_kernel_seconds{kernel}``: time inside the native kernel entry points
+  (``memoryos_gpu.ops``: score_segments, select_pages, knowledge_topk, match_segments,
+  recompute_heat, apply_hits).
+* ``memoryos_queue_depth{queue}``: admitted, unanswered items per queue (sampled at scrape).
+* ``memoryos_pending_derived``: derived items (chain, MTM placement, promotion) still owed.
+* ``memoryos_llm_calls_total``, ``memoryos_llm_tokens_total{kind}``,
+  ``memoryos_llm_fallbacks_total``: LLM work of the engine's stages.
+* ``memoryos_engine_events_total{event}``: the engine's counters (pages added, retrievals, ...).
+* ``memoryos_rejected_total{reason}``: requests refused (auth, rate_limit, overload, too_large).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+KERNELS = (
+    "score_segments",
+    "select_pages",
+    "knowledge_topk",
+    "match_segments",
+    "recompute_heat",
+    "apply_hits",
+)
+
+# ---------------------------------------------------------------- kernel timing hook
+_kernel_observers: list[Callable[[str, float], None]] = []
+_kernel_lock = threading.Lock()
+_kernels_wrapped = False
+
+
+def _wrap_kernels() -> None:
+    """Wrap the ``memoryos_gpu.ops`` entry points once per process with a timer that feeds every
+    registered observer (the engine looks them up as ``ops.<name>`` at call time)."""
+    global _kernels_wrapped
+    with _kernel_lock:
+        if _kernels_wrapped:
+            return
+        from memoryos_gpu import ops
+
+        for name in KERNELS:
+            fn = getattr(ops, name, None)
+            if fn is None or getattr(fn, "_memoryos_timed", False):
+                continue
+
+            def make(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+                @functools.wraps(fn)
+                def timed(*args: Any, **kw: Any) -> Any:
+                    t0 = time.perf_counter()
+                    try:
+                        return fn(*args, **kw)
+                    finally:
+                        dt = time.perf_counter() - t0
+                        for obs in tuple(_kernel_observers):
+                            obs(name, dt)
+
+                timed._memoryos_timed = True  # type: ignore[attr-defined]
+                return timed
+
+            setattr(ops, name, make(fn, name))
+        _kernels_wrapped = True
+
+
+class ServerMetrics:
+    """The metrics of one server instance."""
+
+    def __init__(self, service: Any = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.http = Histogram(
+            "memoryos_http_request_duration_seconds",
+            "HTTP request latency by route template and status.",
+            ("method", "route", "status"),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "memoryos_batch_size",
+            "Items per engine call, by queue (retrieve, write, respond).",
+            ("queue",),
+            buckets=SIZE_BUCKETS,
+            registry=r,
+        )
+        self.engine_seconds = Histogram(
+            "memoryos_engine_call_seconds",
+            "Wall time of engine calls, by operation.",
+            ("op",),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.kernel_seconds = Histogram(
+            "memoryos_kernel_seconds",
+            "Time inside the native kernel entry points, by kernel.",
+            ("kernel",),
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+            registry=r,
+        )
+        self.rejected = Counter(
+            "memoryos_rejected_total",
+            "Requests refused, by reason (unauthorized, forbidden, rate_limited, overloaded, "
+            "too_large, unavailable).",
+            ("reason",),
+            registry=r,
+        )
+        self._service = service
+        r.register(_ServiceCollector(self))
+        self._observer = self._observe_kernel
+        _wrap_kernels()
+        with _kernel_lock:
+            _kernel_observers.append(self._observer)
+
+    def bind(self, service: Any) -> None:
+        self._service = service
+
+    def _observe_kernel(self, name: str, seconds: float) -> None:
+        self.kernel_seconds.labels(name).observe(seconds)
+
+    def observe_batch(self, queue: str, op: str, size: int, seconds: float) -> None:
+        self.batch_size.labels(queue).observe(size)
+        self.engine_seconds.labels(op).observe(seconds)
+
+    def close(self) -> None:
+        with _kernel_lock:
+            if self._observer in _kernel_observers:
+                _kernel_observers.remove(self._observer)
+
+
+class _ServiceCollector(Collector):
+    """Values sampled at scrape time from the service and its engine."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        svc = self._metrics._service
+        depth = GaugeMetricFamily(
+            "memoryos_queue_depth", "Admitted, unanswered items per queue.", labels=["queue"]
+        )
+        if svc is not None:
+            for name, value in svc.queue_depths().items():
+                depth.add_metric([name], value)
+        yield depth
+        engine = getattr(svc, "engine", None) if svc is not None else None
+        if engine is None:
+            return
+        pending = GaugeMetricFamily(
+            "memoryos_pending_derived", "Derived items (chain, MTM, promotion) still owed."
+        )
+        try:
+            pending.add_metric([], float(engine.pending_count()))
+        except Exception:  # the store may be closed during shutdown
+            return
+        yield pending
+        stages = getattr(engine, "stages", None)
+        stats = getattr(stages, "stats", None)
+        if stats is not None:
+            s = stats.as_dict()
+            calls = CounterMetricFamily("memoryos_llm_calls", "LLM requests made by the engine.")
+            calls.add_metric([], s.get("llm_calls", 0))
+            yield calls
+            tokens = CounterMetricFamily(
+                "memoryos_llm_tokens", "LLM tokens, by kind (prompt, completion).", labels=["kind"]
+            )
+            tokens.add_metric(["prompt"], s.get("prompt_tokens", 0))
+            tokens.add_metric(["completion"], s.get("completion_tokens", 0))
+            yield tokens
+            fb = CounterMetricFamily(
+                "memoryos_llm_fallbacks", "LLM outputs replaced by the extractive fallback."
+            )
+            fb.add_metric([], s.get("fallbacks", 0))
+            yield fb
+        counters = getattr(engine, "counters", None)
+        if isinstance(counters, dict):
+            ev = CounterMetricFamily(
+                "memoryos_engine_events", "The engine's own counters.", labels=["event"]
+            )
+            for k, v in list(counters.items()):
+                if isinstance(v, int | float):
+                    ev.add_metric([k], v)
+            yield ev

@@ -1,0 +1,205 @@
+"""Request and response bodies of the HTTP API (pydantic; documented in the OpenAPI schema).
+
+Text length and batch size limits are checked by the handlers (413 with a message), not by
+these models, because they come from :class:`~memoryos_gpu.server.settings.ServerSettings`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _printable_id(value: str | None, what: str) -> str | None:
+    if value is None:
+        return None
+    if not value.strip():
+        raise ValueError(f"{what} must not be blank")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(f"{what} must not contain control characters")
+    return value
+
+
+class PageIn(_Strict):
+    """One exchange to remember."""
+
+    user_input: str = Field(..., description="What the user said.")
+    agent_response: str = Field("", description="What the agent answered.")
+    timestamp: float | str | None = Field(
+        None, description="Epoch seconds or an ISO-8601 string (default: now)."
+    )
+    assistant_id: str | None = Field(
+        None, max_length=128, description="The assistant whose knowledge this user shares."
+    )
+    source: str | None = Field(
+        None,
+        max_length=128,
+        description="Idempotency key: a page whose source was accepted before is not added again.",
+    )
+    meta: dict[str, Any] = Field(default_factory=dict, description="Free JSON metadata.")
+
+    @field_validator("assistant_id")
+    @classmethod
+    def _aid(cls, v: str | None) -> str | None:
+        return _printable_id(v, "assistant_id")
+
+    @field_validator("source")
+    @classmethod
+    def _src(cls, v: str | None) -> str | None:
+        return _printable_id(v, "source")
+
+
+class UserPageIn(PageIn):
+    """One exchange of a named user (batch form)."""
+
+    user_id: str = Field(..., min_length=1, description="The user the page belongs to.")
+
+    @field_validator("user_id")
+    @classmethod
+    def _uid(cls, v: str) -> str:
+        return _printable_id(v, "user_id")  # type: ignore[return-value]
+
+
+class PagesIn(_Strict):
+    """Many exchanges, possibly of many users; applied in order per user."""
+
+    pages: list[UserPageIn] = Field(..., min_length=1)
+
+
+class AddResult(BaseModel):
+    page_id: int = Field(..., description="Id of the stored page.")
+    user_id: str
+    duplicate: bool = Field(False, description="The source was accepted before; nothing added.")
+
+
+class AddResults(BaseModel):
+    results: list[AddResult]
+
+
+class RetrieveIn(_Strict):
+    """A memory query."""
+
+    query: str = Field(..., description="What to look for.")
+    top_pages: int | None = Field(None, ge=1, le=100, description="MTM pages to return (k).")
+    top_segments: int | None = Field(None, ge=1, le=50, description="Segments to open (m).")
+
+
+class UserQueryIn(RetrieveIn):
+    user_id: str = Field(..., min_length=1)
+
+    @field_validator("user_id")
+    @classmethod
+    def _uid(cls, v: str) -> str:
+        return _printable_id(v, "user_id")  # type: ignore[return-value]
+
+
+class RetrieveManyIn(_Strict):
+    """Many users' queries in one request (they join the same micro-batch)."""
+
+    queries: list[UserQueryIn] = Field(..., min_length=1)
+
+
+class Page(BaseModel):
+    page_id: int
+    user_input: str
+    agent_response: str
+    timestamp: float
+    tier: str = Field(..., description="'stm' or 'mtm'.")
+    score: float | None = None
+    meta: str | None = Field(None, description="The dialogue chain's meta summary.")
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class Knowledge(BaseModel):
+    entry_id: int
+    text: str
+    score: float | None = None
+
+
+class RetrievalOut(BaseModel):
+    """STM whole, the top MTM pages, the profile and the top knowledge entries."""
+
+    user_id: str
+    query: str
+    stm: list[Page]
+    pages: list[Page]
+    profile: dict[str, str]
+    user_knowledge: list[Knowledge]
+    assistant_knowledge: list[Knowledge]
+    retrieval_tokens: int = 0
+    known_user: bool = Field(True, description="False when the user has no memory yet.")
+
+
+class RetrievalsOut(BaseModel):
+    results: list[RetrievalOut]
+
+
+class RespondIn(_Strict):
+    query: str = Field(..., description="The user's message.")
+    timestamp: float | str | None = Field(None, description="Timestamp of the stored exchange.")
+
+
+class RespondOut(BaseModel):
+    user_id: str
+    query: str
+    text: str | None = Field(..., description="The LLM's answer (None if the call failed).")
+    page_id: int | None = Field(None, description="The stored exchange.")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+    retrieval: RetrievalOut
+
+
+class ProfileOut(BaseModel):
+    user_id: str
+    profile: dict[str, str]
+
+
+class KnowledgeOut(BaseModel):
+    user_id: str
+    user: list[dict[str, Any]] = Field(..., description="The user's knowledge, oldest first.")
+    assistant: list[dict[str, Any]] = Field(..., description="The user's assistant's knowledge.")
+
+
+class KnowledgeUpdateIn(_Strict):
+    text: str
+
+
+class PageUpdateIn(_Strict):
+    user_input: str | None = None
+    agent_response: str | None = None
+
+
+class DeletedOut(BaseModel):
+    deleted: bool
+
+
+class WaitOut(BaseModel):
+    user_id: str
+    done: bool = Field(..., description="True when no write or derived work of the user is left.")
+    pending: int = Field(..., description="Derived items still owed (0 when done).")
+    queued_writes: int = Field(..., description="Pages of the user still in the write queue.")
+    waited_s: float
+
+
+class UsersOut(BaseModel):
+    users: list[str]
+
+
+class ErrorOut(BaseModel):
+    error: str = Field(..., description="Machine-readable code.")
+    detail: Any = Field(..., description="Human-readable message (or validation details).")
+
+
+class HealthOut(BaseModel):
+    status: str
+
+
+class ReadyOut(BaseModel):
+    ready: bool
+    status: str

@@ -1,0 +1,495 @@
+"""The serving core shared by the HTTP app and the MCP server: an engine behind batched queues.
+
+* Retrievals from many requests are gathered into one ``engine.retrieve_many`` call
+  (``max_batch`` / ``max_wait_ms``); responses likewise into ``engine.respond_many``.
+* Writes go through a FIFO write queue into batched ``engine.add_many`` calls: one user's pages
+  are applied in the order they were accepted, and an add is acknowledged only after
+  ``add_many`` returned (committed to the store).
+* Derived work (dialogue chain, MTM placement, promotion) runs in a background thread
+  (``engine.process_pending``); the engine is built with ``auto_process=False`` so request
+  latency does not include it. :meth:`MemoryService.wait_for_user` is the read-your-writes
+  barrier.
+* Every engine call runs on a dedicated executor thread, never on the event loop.
+* Shutdown (:meth:`MemoryService.close`) refuses new work, drains every queue, finishes the
+  derived work and closes the engine (when the service built it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.server.batching import MicroBatcher, Overloaded, Unavailable
+from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
+
+__all__ = [
+    "LLMUnavailableError",
+    "MemoryService",
+    "Overloaded",
+    "Unavailable",
+    "wait_until_processed",
+]
+
+log = logging.getLogger("memoryos_gpu.server")
+T = TypeVar("T")
+
+
+class LLMUnavailableError(MemoryOSError):
+    """``respond`` needs an engine in LLM mode."""
+
+
+def _limit_native_threads(n: int | None) -> None:
+    """Cap OpenMP threads of the calling thread (per-thread ICV); a no-op without threadpoolctl."""
+    if n is None:
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(n, user_api="openmp")
+    except Exception:  # pragma: no cover - optional dependency / no OpenMP runtime loaded
+        log.debug("could not limit OpenMP threads", exc_info=True)
+
+
+def wait_until_processed(engine: Any, user_id: str, timeout: float = 30.0) -> bool:
+    """Library-level read-your-writes barrier for a bare engine: run derived work until the
+    user has none pending (or ``timeout`` passes). True when nothing is pending."""
+    deadline = time.monotonic() + timeout
+    while engine.pending_count(user_id):
+        if time.monotonic() >= deadline:
+            return False
+        engine.process_pending()
+    return True
+
+
+def _empty_retrieval(user_id: str, query: str) -> Retrieval:
+    return Retrieval(user_id, query, [], [], {}, [], [])
+
+
+class MemoryService:
+    """An engine behind micro-batched queues and a derived-work thread.
+
+    ``source`` is an :class:`EngineConfig` (the engine is built in a thread by :meth:`start`, so
+    health checks answer while a large store loads), a ready ``MemoryEngine`` (used as is; not
+    closed on shutdown unless ``settings.close_engine``), or a zero-argument factory.
+    """
+
+    def __init__(
+        self,
+        source: EngineConfig | Any | Callable[[], Any],
+        settings: ServerSettings | None = None,
+        *,
+        metrics: Any = None,
+    ) -> None:
+        self.settings = settings or ServerSettings()
+        self.metrics = metrics
+        self._source = source
+        self.engine: Any = None
+        self.state = "created"  # created -> starting -> ready -> closing -> closed | failed
+        self.error: str | None = None
+        self._owns_engine = False
+        self._known: set[str] = set()
+        self._known_lock = threading.Lock()
+        self._user_writes: Counter[str] = Counter()
+        self._derived_wake = threading.Event()
+        self._derived_stop = threading.Event()
+        self._derived_urgent = threading.Event()  # a reader waits: skip the coalescing pause
+        self._derived_thread: threading.Thread | None = None
+        self._derived_runs = 0
+        self._loading: asyncio.Task | None = None
+        self._batchers: dict[str, MicroBatcher] = {}
+        n = self.settings.native_threads
+        if n is None and (os.cpu_count() or 1) <= 2:
+            n = 1
+        self._native_threads = n
+        self._read_exec: ThreadPoolExecutor | None = None
+        self._write_exec: ThreadPoolExecutor | None = None
+        self._misc_exec: ThreadPoolExecutor | None = None
+        self._respond_exec: ThreadPoolExecutor | None = None
+
+    # ================================================================== lifecycle
+    def _executor(self, name: str, workers: int) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(
+            workers,
+            thread_name_prefix=f"memoryos-{name}",
+            initializer=_limit_native_threads,
+            initargs=(self._native_threads,),
+        )
+
+    async def start(self, *, wait: bool = True) -> None:
+        """Build (or adopt) the engine and start the queues and the derived-work thread.
+        ``wait=False`` returns at once and finishes loading in the background."""
+        if self.state != "created":
+            return
+        self.state = "starting"
+        self._read_exec = self._executor("read", 1)
+        self._write_exec = self._executor("write", 1)
+        self._misc_exec = self._executor("misc", 2)
+        self._respond_exec = self._executor("respond", 1)
+        self._loading = asyncio.get_running_loop().create_task(self._load())
+        if wait:
+            await self._loading
+
+    async def _load(self) -> None:
+        try:
+            engine = await asyncio.get_running_loop().run_in_executor(
+                self._write_exec, self._build_engine
+            )
+        except Exception as exc:
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.exception("the engine failed to load")
+            return
+        self.engine = engine
+        with self._known_lock:
+            self._known = set(engine.users())
+        s = self.settings
+        self._batchers = {
+            "retrieve": MicroBatcher(
+                "retrieve",
+                self._run_retrievals,
+                executor=self._read_exec,  # type: ignore[arg-type]
+                max_batch=s.max_batch,
+                max_wait_s=s.max_wait_ms / 1000,
+                limit=s.read_queue_limit,
+                retry_after=s.retry_after_s,
+                on_batch=self._observer("retrieve", "retrieve_many"),
+            ),
+            "write": MicroBatcher(
+                "write",
+                self._run_writes,
+                executor=self._write_exec,  # type: ignore[arg-type]
+                max_batch=s.write_max_batch,
+                max_wait_s=s.write_max_wait_ms / 1000,
+                limit=s.write_queue_limit,
+                retry_after=s.retry_after_s,
+                process_cancelled=True,
+                on_batch=self._observer("write", "add_many"),
+            ),
+            "respond": MicroBatcher(
+                "respond",
+                self._run_responses,
+                # its own thread: LLM generation runs outside the engine lock, so retrievals
+                # go on meanwhile
+                executor=self._respond_exec,  # type: ignore[arg-type]
+                max_batch=s.respond_max_batch,
+                max_wait_s=s.respond_max_wait_ms / 1000,
+                limit=s.respond_queue_limit,
+                retry_after=s.retry_after_s,
+                on_batch=self._observer("respond", "respond_many"),
+            ),
+        }
+        for b in self._batchers.values():
+            b.start()
+        if s.derived_enabled:
+            self._derived_thread = threading.Thread(
+                target=self._derived_loop, name="memoryos-derived", daemon=True
+            )
+            self._derived_thread.start()
+            self._derived_wake.set()  # resume work a previous run left pending
+        self.state = "ready"
+
+    def _build_engine(self) -> Any:
+        _limit_native_threads(self._native_threads)
+        src = self._source
+        if isinstance(src, EngineConfig):
+            from memoryos_gpu.engine import MemoryEngine
+
+            self._owns_engine = True
+            return MemoryEngine(src.model_copy(update={"auto_process": False}))
+        if callable(src) and not hasattr(src, "add_many"):
+            self._owns_engine = True
+            return src()
+        return src
+
+    def _observer(self, queue: str, op: str) -> Callable[[int, float], None]:
+        def observe(size: int, seconds: float) -> None:
+            if self.metrics is not None:
+                self.metrics.observe_batch(queue, op, size, seconds)
+
+        return observe
+
+    async def close(self) -> None:
+        """Stop accepting, drain the queues, finish derived work, close the engine if owned."""
+        if self.state in ("closing", "closed"):
+            return
+        if self._loading is not None and not self._loading.done():
+            await self._loading
+        was_ready = self.state == "ready"
+        self.state = "closing"
+        if was_ready:
+            # writes first (they are the only thing that must not be lost), then the rest
+            await self._batchers["write"].drain()
+            await asyncio.gather(
+                self._batchers["retrieve"].drain(), self._batchers["respond"].drain()
+            )
+        self._derived_stop.set()
+        self._derived_wake.set()
+        self._derived_urgent.set()
+        loop = asyncio.get_running_loop()
+        if self._derived_thread is not None:
+            await loop.run_in_executor(None, self._derived_thread.join)
+        if self.engine is not None:
+            close = self.settings.close_engine
+            if close is None:
+                close = self._owns_engine
+            await loop.run_in_executor(self._write_exec, self._finish_engine, close)
+        for ex in (self._read_exec, self._write_exec, self._misc_exec, self._respond_exec):
+            if ex is not None:
+                ex.shutdown(wait=True)
+        self.state = "closed"
+
+    def _finish_engine(self, close: bool) -> None:
+        try:
+            self.engine.process_pending()
+        except Exception:
+            log.exception("derived work failed at shutdown (it stays pending in the store)")
+        if close:
+            self.engine.close()
+
+    # ================================================================== state
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def check_ready(self) -> None:
+        if self.state == "ready":
+            return
+        if self.state in ("created", "starting"):
+            raise Unavailable("the engine is still loading", self.settings.retry_after_s)
+        if self.state == "failed":
+            raise Unavailable(f"the engine failed to load: {self.error}", 30)
+        raise Unavailable("the server is shutting down", self.settings.retry_after_s)
+
+    def queue_depths(self) -> dict[str, int]:
+        return {name: b.admitted for name, b in self._batchers.items()}
+
+    def batch_stats(self) -> dict[str, Any]:
+        return {
+            name: {
+                "batches": b.batches,
+                "items": b.items,
+                "mean_batch": round(b.items / b.batches, 2) if b.batches else 0.0,
+                "admitted": b.admitted,
+                "limit": b.limit,
+                "max_batch": b.max_batch,
+            }
+            for name, b in self._batchers.items()
+        }
+
+    def known_users(self) -> list[str]:
+        with self._known_lock:
+            return sorted(self._known)
+
+    def is_known(self, user_id: str) -> bool:
+        with self._known_lock:
+            return user_id in self._known
+
+    @property
+    def has_llm(self) -> bool:
+        cfg = getattr(self.engine, "config", None)
+        return getattr(getattr(cfg, "llm", None), "mode", None) == "llm"
+
+    # ================================================================== writes
+    async def add_pages(self, pages: Sequence[PageInput]) -> list[AddResult]:
+        """Queue pages (many users allowed) for a batched ``add_many``; returns after commit."""
+        self.check_ready()
+        users = Counter(p.user_id for p in pages)
+        fut = self._batchers["write"].enqueue(list(pages), weight=max(1, len(pages)))
+        self._user_writes.update(users)
+        fut.add_done_callback(lambda f: self._writes_done(f, users))
+        # shielded: a client that goes away does not un-queue an accepted write
+        return await asyncio.shield(fut)
+
+    def _writes_done(self, fut: asyncio.Future, users: Counter[str]) -> None:
+        if not fut.cancelled():
+            fut.exception()  # retrieved here: no "never retrieved" warning if the client left
+        self._user_writes.subtract(users)
+        for u in users:
+            if self._user_writes[u] <= 0:
+                del self._user_writes[u]
+
+    def _run_writes(self, requests: list[list[PageInput]]) -> list[Any]:
+        flat = [p for r in requests for p in r]
+        try:
+            results = self.engine.add_many(flat)
+        except Exception as exc:
+            if len(requests) == 1:
+                return [exc]
+            # one bad request must not fail the others: nothing was committed, so retry each
+            out: list[Any] = []
+            for r in requests:
+                try:
+                    out.append(self.engine.add_many(r))
+                except Exception as e:
+                    out.append(e)
+            self._after_write([x for o in out if not isinstance(o, BaseException) for x in o])
+            return out
+        self._after_write(results)
+        out, i = [], 0
+        for r in requests:
+            out.append(results[i : i + len(r)])
+            i += len(r)
+        return out
+
+    def _after_write(self, results: Sequence[AddResult]) -> None:
+        with self._known_lock:
+            self._known.update(r.user_id for r in results)
+        self._derived_wake.set()
+
+    # ================================================================== reads
+    async def retrieve(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        top_pages: int | None = None,
+        top_segments: int | None = None,
+    ) -> Retrieval:
+        """One query; joins the current retrieval micro-batch. An unknown user (no memory yet)
+        gets an empty retrieval."""
+        self.check_ready()
+        return await self._batchers["retrieve"].submit((user_id, query, top_pages, top_segments))
+
+    def _run_retrievals(self, items: list[tuple[str, str, int | None, int | None]]) -> list[Any]:
+        out: list[Any] = [None] * len(items)
+        groups: dict[tuple[int | None, int | None], list[int]] = {}
+        for i, (uid, q, tp, ts) in enumerate(items):
+            if self.is_known(uid):
+                groups.setdefault((tp, ts), []).append(i)
+            else:
+                out[i] = _empty_retrieval(uid, q)
+        for (tp, ts), idx in groups.items():
+            queries = [(items[i][0], items[i][1]) for i in idx]
+            try:
+                res = self.engine.retrieve_many(queries, top_pages=tp, top_segments=ts)
+            except Exception:
+                res = []
+                for q in queries:  # isolate the failing query (e.g. a user deleted meanwhile)
+                    try:
+                        res.append(self.engine.retrieve_many([q], top_pages=tp, top_segments=ts)[0])
+                    except UnknownUserError:
+                        res.append(_empty_retrieval(*q))
+                    except Exception as e:
+                        res.append(e)
+            for i, r in zip(idx, res, strict=True):
+                out[i] = r
+        if groups:
+            self._derived_wake.set()  # heat changed: promotions may be due
+        return out
+
+    async def respond(
+        self, user_id: str, query: str, *, timestamp: float | str | None = None
+    ) -> Response:
+        """Answer with memory (engine in LLM mode); joins the current respond micro-batch."""
+        self.check_ready()
+        if not self.has_llm:
+            raise LLMUnavailableError(
+                "respond needs an engine with an LLM (config llm.mode = 'llm'); this server runs "
+                "LLM-free"
+            )
+        if not self.is_known(user_id):
+            raise UnknownUserError(f"unknown user {user_id!r}: add a page before responding")
+        return await self._batchers["respond"].submit((user_id, query, timestamp))
+
+    def _run_responses(self, items: list[tuple[str, str, Any]]) -> list[Any]:
+        out: list[Any] = [None] * len(items)
+        groups: dict[Any, list[int]] = {}
+        for i, (_, _, ts) in enumerate(items):
+            groups.setdefault(ts, []).append(i)
+        for ts, idx in groups.items():
+            queries = [(items[i][0], items[i][1]) for i in idx]
+            try:
+                res: list[Any] = list(self.engine.respond_many(queries, timestamp=ts))
+            except Exception:
+                res = []
+                for q in queries:
+                    try:
+                        res.append(self.engine.respond_many([q], timestamp=ts)[0])
+                    except Exception as e:
+                        res.append(e)
+            for i, r in zip(idx, res, strict=True):
+                out[i] = r
+        self._derived_wake.set()
+        return out
+
+    # ================================================================== other engine calls
+    async def call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """Run an engine call on the service's executor (never on the event loop)."""
+        self.check_ready()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._misc_exec, lambda: fn(*args, **kw))
+
+    async def delete_user(self, user_id: str) -> bool:
+        # queued writes of this user go first, so the delete is not undone by them
+        await self._wait_writes(user_id, self.settings.max_wait_timeout_s)
+        deleted = await self.call(self.engine.delete_user, user_id)
+        with self._known_lock:
+            self._known.discard(user_id)
+        return bool(deleted)
+
+    async def _wait_writes(self, user_id: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._user_writes.get(user_id, 0) > 0:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.002)
+        return True
+
+    async def wait_for_user(self, user_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """Read-your-writes barrier: until the user's queued writes are committed and their
+        derived work is done (``engine.pending_count(user) == 0``), or ``timeout``."""
+        self.check_ready()
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        delay = 0.002
+        while True:
+            queued = self._user_writes.get(user_id, 0)
+            pending = await self.call(self.engine.pending_count, user_id) if queued == 0 else -1
+            done = queued == 0 and pending == 0
+            now = time.monotonic()
+            if done or now >= deadline:
+                return {
+                    "user_id": user_id,
+                    "done": done,
+                    "pending": max(0, pending),
+                    "queued_writes": queued,
+                    "waited_s": round(now - t0, 4),
+                }
+            self._derived_wake.set()
+            self._derived_urgent.set()
+            await asyncio.sleep(min(delay, max(0.0, deadline - now)))
+            delay = min(delay * 2, 0.02)
+
+    # ================================================================== derived work thread
+    def _derived_loop(self) -> None:
+        _limit_native_threads(self._native_threads)
+        interval = self.settings.derived_interval_ms / 1000
+        while not self._derived_stop.is_set():
+            self._derived_wake.wait(timeout=1.0)
+            if self._derived_stop.is_set():
+                break
+            self._derived_wake.clear()
+            try:
+                if self.engine.pending_count() > 0:
+                    t0 = time.perf_counter()
+                    done = self.engine.process_pending()
+                    dt = time.perf_counter() - t0
+                    self._derived_runs += 1
+                    if self.metrics is not None:
+                        n = sum(done.values()) if isinstance(done, dict) else 0
+                        self.metrics.observe_batch("derived", "process_pending", n, dt)
+            except Exception:
+                log.exception("derived work failed; it stays pending and is retried")
+                self._derived_stop.wait(1.0)
+            if interval:  # coalesce: bigger rounds amortise the per-round cost
+                self._derived_urgent.wait(interval)
+                self._derived_urgent.clear()
