@@ -51,7 +51,7 @@ class ArenaConfig:
     dim: int = 384
     segment_slots: int = 200
     keyword_width: int = 32
-    block_size: int = 16
+    block_size: int = 4  # pages per block: a one-page segment wastes at most 3 page slots
     knowledge_capacity: int = 100
     device: str = "cpu"  # "cpu" or "cuda[:N]"
     gpu_dtype: str = "float16"  # "float16" or "bfloat16" (CPU always stores float32)
@@ -217,6 +217,15 @@ class Arena:
 
     def _host_alias(self, array: Any) -> np.ndarray:
         return array if not self.on_cuda else array.cpu().numpy()
+
+    def reserve(self, *, users: int = 0, blocks: int = 0, owners: int = 0) -> None:
+        """Grow capacity once to at least these counts (bulk loads: no doubling copies)."""
+        if users > self.user_capacity:
+            self._grow_users(users)
+        if blocks > self.num_blocks:
+            self._grow_blocks(blocks)
+        if owners > self.owner_capacity:
+            self._grow_owners(owners)
 
     # ------------------------------------------------------------------ users and owners
     def add_users(self, n: int) -> np.ndarray:

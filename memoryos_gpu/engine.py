@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 import unicodedata
@@ -61,6 +62,8 @@ from memoryos_gpu.types import (
 DEFAULT_ASSISTANT = "default"
 MAX_TEXT_CHARS = 1_000_000
 MAX_ID_CHARS = 256
+MAX_META_BYTES = 65_536
+_SURROGATE = re.compile("[\ud800-\udfff]")
 EXTRACTOR_SAVE_EVERY = 5000  # pages between saves of the keyword statistics
 
 
@@ -85,11 +88,7 @@ def _clean_text(value: Any, what: str) -> str:
     """Normalise text: NFC, lone surrogates -> U+FFFD, control chars other than \\n \\t dropped."""
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
-    text = (
-        value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-        if any(0xD800 <= ord(c) <= 0xDFFF for c in value)
-        else value
-    )
+    text = _SURROGATE.sub("\ufffd", value)
     text = "".join(c for c in text if c in "\n\t" or unicodedata.category(c) != "Cc")
     if len(text) > MAX_TEXT_CHARS:
         raise InvalidInputError(f"{what} is {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
@@ -99,7 +98,7 @@ def _clean_text(value: Any, what: str) -> str:
 def _clean_id(value: Any, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidInputError(f"{what} must be a non-empty string")
-    if len(value) > MAX_ID_CHARS or any(unicodedata.category(c) == "Cc" for c in value):
+    if len(value) > MAX_ID_CHARS or any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
         raise InvalidInputError(f"{what} must be at most {MAX_ID_CHARS} printable characters")
     return value
 
@@ -226,40 +225,38 @@ class MemoryEngine:
         return make_backend(c.backend, **options)
 
     def _rebuild(self) -> None:
-        """Load the store into the arena (vectorised bulk load) and resume pending work."""
+        """Load the store into the arena (vectorised bulk loads, arena sized once from the row
+        counts instead of grown by copying), restore heat, and resume pending work."""
         d = self.embedder.dim
         users = self.store.all_users()
+        assistants = self.store.all_assistants()
+        seg = self.store.load_segments(d, self.memory.keyword_width)
+        n_seg = int(seg["segment_id"].size)
+        self.arena.reserve(
+            users=len(users),
+            owners=len(users) + len(assistants),
+            blocks=int(np.sum(-(-np.maximum(seg["n_pages"], 1) // self.arena.config.block_size)))
+            if n_seg
+            else 0,
+        )
         for uid, aid, clock, next_seq, tail, meta, _head in users:
             self._new_user_state(
                 uid, aid, clock=clock, next_seq=next_seq, chain_tail=tail, chain_meta=meta
             )
-        for aid, head in self.store.all_assistants():
+        for aid, head in assistants:
             self.arena.set_ring_head(self._assistant_slot(aid), head)
         for uid, head in ((u[0], u[6]) for u in users):
             self.arena.set_ring_head(self._users[uid].owner, head)
-        # STM contents
-        for page_id, uid in self.store.query(
-            "SELECT page_id, user_id FROM pages WHERE tier IN ('stm', 'pending') "
-            "ORDER BY user_id, seq"
-        ):
-            if (
-                self.store.query("SELECT tier FROM pages WHERE page_id = ?", (page_id,))[0][0]
-                == "stm"
-            ):
-                self._users[uid].stm.append(page_id)
-        # segments: one bulk write
-        seg = self.store.load_segments(d)
-        if seg["segment_id"].size:
-            uslots = np.array([self._users[u].slot for u in seg["user_id"]], np.int32)
-            kw = np.full((uslots.size, self.memory.keyword_width), -1, np.int32)
-            for i, b in enumerate(seg["kw_ids"]):  # tiny rows; joined would need ragged offsets
-                ids = np.frombuffer(b, "<i4")
-                kw[i, : ids.size] = ids
+        for uid, page_ids in self.store.load_stm().items():
+            self._users[uid].stm.extend(page_ids)
+        if n_seg:
+            user_slot = np.array([self._users[u[0]].slot for u in users], np.int32)
+            uslots = user_slot[seg["user_index"]]
             self.arena.write_segments(
                 uslots,
                 seg["slot"],
                 seg["embedding"],
-                kw,
+                seg["kw_matrix"],
                 n_visit=seg["n_visit"],
                 l_interaction=seg["l_interaction"],
                 last_access=seg["last_access"],
@@ -267,8 +264,7 @@ class MemoryEngine:
             self._segment_of[uslots, seg["slot"]] = seg["segment_id"]
             pages = self.store.load_mtm_pages(d)
             if pages["page_id"].size:
-                where = {int(s): i for i, s in enumerate(seg["segment_id"])}
-                idx = np.array([where[int(s)] for s in pages["segment_id"]], np.int64)
+                idx = np.searchsorted(seg["segment_id"], pages["segment_id"])
                 slots = self.arena.append_pages(uslots[idx], seg["slot"][idx], pages["embedding"])
                 self._map_pages(slots, pages["page_id"])
         kn = self.store.load_knowledge(d)
@@ -284,19 +280,31 @@ class MemoryEngine:
             self.arena.write_knowledge(owners, ring, kn["embedding"])
             self._grow_maps()
             self._entry_of_ring[owners, ring] = kn["entry_id"]
+        if self._users:  # heat is derived: recompute it at each user's clock
+            all_slots = np.array([u.slot for u in self._users.values()], np.int32)
+            ops.recompute_heat(
+                self.arena,
+                all_slots,
+                np.array([self._now(u) for u in self._users.values()]),
+                self.memory.heat_params(),
+            )
         self._refit_extractor()
         if self.store.count_pending():
             self.process_pending()
 
     def _refit_extractor(self) -> None:
+        """Restore the keyword statistics: the saved copy plus every page accepted after it
+        (a crash between saves must not leave pages out of the IDF for good)."""
         state = self.store.get_meta("keyword_extractor")
+        watermark = 0
         if state:
-            self.extractor.__dict__.update(KeywordExtractor.from_dict(json.loads(state)).__dict__)
-        else:
-            for (text,) in self.store.query(
-                "SELECT user_input || ' ' || agent_response FROM pages"
-            ):
-                self.extractor.update(text)
+            saved = json.loads(state)
+            watermark = int(saved.pop("page_watermark", 0))
+            self.extractor.__dict__.update(KeywordExtractor.from_dict(saved).__dict__)
+        for (text,) in self.store.query(
+            "SELECT user_input || ' ' || agent_response FROM pages WHERE page_id > ?", (watermark,)
+        ):
+            self.extractor.update(text)
 
     # ================================================================== slot bookkeeping
     def _grow_maps(self) -> None:
@@ -396,9 +404,13 @@ class MemoryEngine:
         if not isinstance(p.meta, dict):
             raise InvalidInputError("meta must be a dict")
         try:
-            json.dumps(p.meta)
+            encoded = json.dumps(p.meta, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"meta must be JSON-serialisable: {exc}") from exc
+        if len(encoded) > MAX_META_BYTES:
+            raise InvalidInputError(
+                f"meta is {len(encoded)} bytes as JSON; the limit is {MAX_META_BYTES}"
+            )
         return PageInput(
             user_id=_clean_id(p.user_id, "user_id"),
             user_input=_clean_text(p.user_input, "user_input"),
@@ -571,7 +583,10 @@ class MemoryEngine:
     def _save_extractor(self) -> None:
         """Persist the keyword statistics (IDF); reopening refits them from the pages if the
         saved copy is missing, so saving is an optimisation, not a durability requirement."""
-        self.store.set_meta("keyword_extractor", json.dumps(self.extractor.to_dict()))
+        top = self.store.query("SELECT COALESCE(MAX(page_id), 0) FROM pages")[0][0]
+        self.store.set_meta(
+            "keyword_extractor", json.dumps({**self.extractor.to_dict(), "page_watermark": top})
+        )
         self._extractor_saved = self.counters["pages_added"]
 
     def _process_pages(self, items: list[tuple[int, str, int]]) -> None:
@@ -1042,7 +1057,8 @@ class MemoryEngine:
     ) -> list[Retrieval]:
         """Many users' queries in one batched pass: one embedding batch, one call per kernel."""
         m = self.memory
-        k_pages, k_segs = top_pages or m.top_pages, top_segments or m.top_segments
+        k_pages = m.top_pages if top_pages is None else top_pages
+        k_segs = m.top_segments if top_segments is None else top_segments
         if k_pages < 1 or k_segs < 1:
             raise InvalidInputError("top_pages and top_segments must be >= 1")
         cleaned = [(_clean_id(u, "user_id"), _clean_text(q, "query")) for u, q in queries]

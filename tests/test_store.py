@@ -1,0 +1,946 @@
+"""The durable store behind the engine: every tier round-trips through SQLite, a reopened engine
+equals the one that was closed, concurrent writers, export / delete, bad input, schema
+versions and forward migrations.
+
+Engines here use the hashing embedder, the CPU arena and tiny memory settings (STM 3, MTM 5
+segments, tau 2, knowledge rings of 6) so that every tier fills, segments get evicted and the
+knowledge FIFOs wrap within a few dozen LoCoMo pages. Knowledge and profile come from LLM mode
+with a deterministic scripted backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memoryos_gpu.config import EngineConfig, LLMConfig, preset
+from memoryos_gpu.embedding import HashingEmbedder
+from memoryos_gpu.engine import InvalidInputError, MemoryEngine
+from memoryos_gpu.errors import UnknownUserError
+from memoryos_gpu.formats import Record, read_records
+from memoryos_gpu.llm.base import ChatRequest
+from memoryos_gpu.llm.scripted import ScriptedBackend
+from memoryos_gpu.profile_dims import DIMENSION_KEYS
+from memoryos_gpu.store import sqlite as sqlite_mod
+from memoryos_gpu.store.sqlite import SQLiteStore, StoreError, emb_blob, kw_matrix
+from memoryos_gpu.types import PageInput
+
+LOCOMO = Path("/work/shared/data/locomo/locomo_dev.json")
+TOPICS = ["adoption", "painting", "dance", "camping", "school", "music", "career", "family"]
+USERS = ("conv-26", "conv-30")
+
+
+# ============================================================================ helpers
+@functools.lru_cache(maxsize=1)
+def _locomo_records() -> tuple[Record, ...]:
+    if not LOCOMO.exists():
+        pytest.skip(f"{LOCOMO} is not available")
+    return tuple(r for r in read_records(LOCOMO) if isinstance(r, Record))
+
+
+def locomo_pages(users: tuple[str, ...] = USERS, per_user: int = 36) -> list[dict[str, Any]]:
+    """LoCoMo pages of ``users``, interleaved (u1 p0, u2 p0, u1 p1, ...), with real sources."""
+    by: dict[str, list[dict[str, Any]]] = {u: [] for u in users}
+    for r in _locomo_records():
+        if r.user_id in by and len(by[r.user_id]) < per_user:
+            by[r.user_id].append(r.to_page())
+    return [by[u][i] for i in range(per_user) for u in users]
+
+
+def _h(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def responder(req: ChatRequest) -> Any:
+    """Deterministic fused-stage answers: 8 topics (so 5 segment slots overflow), chains that
+    sometimes continue, one profile update and one fact per side on every promotion."""
+    content = req.messages[-1]["content"]
+    h = _h(content)
+    if req.stage == "page":
+        topic = TOPICS[h % len(TOPICS)]
+        return {
+            "continuous": h % 3 != 0,
+            "meta": f"thread about {topic} {h % 101}",
+            "summary": f"{topic} {topic[::-1]}",
+            "keywords": [topic],
+        }
+    if req.stage == "promotion":
+        return {
+            "profile_updates": {DIMENSION_KEYS[h % 6]: f"High: evidence {h % 1000}"},
+            "user_facts": [f"The user fact {h % 100003}"],
+            "assistant_facts": [f"The assistant fact {h % 100019}"],
+        }
+    return "scripted reply"
+
+
+def config(path: Path | str, *, auto_process: bool = True, mode: str = "llm") -> EngineConfig:
+    return EngineConfig(
+        store=str(path),
+        embedder="hashing",
+        device="cpu",
+        auto_process=auto_process,
+        memory=preset("paper", stm_capacity=3, mtm_capacity=5, tau=2.0, knowledge_capacity=6),
+        llm=LLMConfig(mode=mode, backend="scripted"),
+    )
+
+
+def open_engine(path: Path | str, **kw: Any) -> MemoryEngine:
+    cfg = config(path, **kw)
+    llm = ScriptedBackend(responder) if cfg.llm.mode == "llm" else None
+    return MemoryEngine(cfg, llm=llm)
+
+
+def ingest(engine: MemoryEngine, pages: list[dict[str, Any]], batch: int = 5) -> None:
+    for i in range(0, len(pages), batch):
+        engine.add_many(pages[i : i + batch])
+
+
+def table_dump(db: sqlite3.Connection | SQLiteStore) -> dict[str, list[tuple]]:
+    """Every row of every table (meta's extractor state excluded), for 'unchanged' checks."""
+    q = db.query if isinstance(db, SQLiteStore) else (lambda s: db.execute(s).fetchall())
+    out = {}
+    for table in ("users", "assistants", "segments", "pages", "knowledge", "pending", "audit"):
+        out[table] = q(f"SELECT * FROM {table} ORDER BY rowid")
+    out["meta"] = q("SELECT * FROM meta WHERE key != 'keyword_extractor' ORDER BY key")
+    return out
+
+
+def arena_snapshot(e: MemoryEngine) -> dict[str, Any]:
+    """The arena keyed by store ids (segment_id, page_id, entry_id), so slot renumbering on
+    reopen does not matter."""
+    a = e.arena
+    seg_emb, seg_kw = a.host("seg_emb"), a.host("seg_kw")
+    stats = {n: a.host(n) for n in ("n_visit", "l_interaction", "last_access", "seg_npages")}
+    page_emb, page_live = a.host("page_emb"), a.host("page_live")
+    kn_emb, kn_live = a.host("kn_emb"), a.host("kn_live")
+    segments, seg_pages, users = {}, {}, {}
+    for uid, u in e._users.items():
+        users[uid] = (u.assistant_id, u.clock, u.next_seq, u.chain_tail, u.chain_meta, list(u.stm))
+        for s in a.live_segments(u.slot):
+            sid = int(e._segment_of[u.slot, s])
+            segments[sid] = {
+                "user": uid,
+                "emb": seg_emb[u.slot, s].copy(),
+                "kw": np.sort(seg_kw[u.slot, s]),
+                **{n: stats[n][u.slot, s].item() for n in stats},
+            }
+            pool = a.segment_pages(u.slot, int(s))
+            seg_pages[sid] = [int(e._page_of_slot[p]) for p in pool if page_live[p]]
+    live = np.flatnonzero(page_live)
+    pages = {int(e._page_of_slot[p]): page_emb[p].copy() for p in live}
+    owners = {("user", uid): u.owner for uid, u in e._users.items()}
+    owners |= {("assistant", aid): o for aid, o in e._assistant_owner.items()}
+    knowledge = {}
+    for key, o in owners.items():
+        ring = np.flatnonzero(kn_live[o])
+        knowledge[key] = {
+            "head": a.ring_head(o),
+            "entries": {int(e._entry_of_ring[o, r]): (int(r), kn_emb[o, r].copy()) for r in ring},
+        }
+    return {
+        "users": users,
+        "user_live": int(a.user_live.sum()),
+        "segments": segments,
+        "seg_pages": seg_pages,
+        "pages": pages,
+        "knowledge": knowledge,
+    }
+
+
+def assert_same_arena(s1: dict[str, Any], s2: dict[str, Any]) -> None:
+    assert s1["users"] == s2["users"]
+    assert s1["user_live"] == s2["user_live"]
+    assert s1["segments"].keys() == s2["segments"].keys()
+    for sid, a in s1["segments"].items():
+        b = s2["segments"][sid]
+        np.testing.assert_array_equal(a["emb"], b["emb"], err_msg=f"segment {sid}")
+        np.testing.assert_array_equal(a["kw"], b["kw"], err_msg=f"segment {sid}")
+        for k in ("user", "n_visit", "l_interaction", "last_access", "seg_npages"):
+            assert a[k] == b[k], (sid, k, a[k], b[k])
+    assert s1["seg_pages"] == s2["seg_pages"]
+    assert s1["pages"].keys() == s2["pages"].keys()
+    for pid, v in s1["pages"].items():
+        np.testing.assert_array_equal(v, s2["pages"][pid], err_msg=f"page {pid}")
+    assert s1["knowledge"].keys() == s2["knowledge"].keys()
+    for key, k1 in s1["knowledge"].items():
+        k2 = s2["knowledge"][key]
+        assert k1["head"] == k2["head"], key
+        assert k1["entries"].keys() == k2["entries"].keys(), key
+        for eid, (r, v) in k1["entries"].items():
+            assert k2["entries"][eid][0] == r, (key, eid)
+            np.testing.assert_array_equal(v, k2["entries"][eid][1])
+
+
+QUERIES = [
+    ("conv-26", "Caroline adoption agency support group"),
+    ("conv-26", "Melanie painting a lake sunrise"),
+    ("conv-30", "Jon dance studio business"),
+    ("conv-30", "Gina lost her job clothing store"),
+]
+
+
+def retrieval_view(results: list[Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "stm": [p.page_id for p in r.stm],
+            "pages": [(p.page_id, p.score, p.meta) for p in r.pages],
+            "uk": [(k.entry_id, k.text, k.score) for k in r.user_knowledge],
+            "ak": [(k.entry_id, k.text, k.score) for k in r.assistant_knowledge],
+            "profile": r.profile,
+        }
+        for r in results
+    ]
+
+
+def assert_same_retrieval(v1: list[dict[str, Any]], v2: list[dict[str, Any]]) -> None:
+    for a, b in zip(v1, v2, strict=True):
+        assert a["stm"] == b["stm"]
+        assert a["profile"] == b["profile"]
+        for key in ("pages", "uk", "ak"):
+            assert [x[:-1] if key != "pages" else (x[0], x[2]) for x in a[key]] == [
+                x[:-1] if key != "pages" else (x[0], x[2]) for x in b[key]
+            ], key
+            scores_a = [x[1] if key == "pages" else x[2] for x in a[key]]
+            scores_b = [x[1] if key == "pages" else x[2] for x in b[key]]
+            np.testing.assert_allclose(scores_a, scores_b, rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def populated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One engine fed 2 x 36 LoCoMo pages, then closed; what it held just before closing."""
+    path = tmp_path_factory.mktemp("roundtrip") / "memory.sqlite3"
+    e = open_engine(path)
+    ingest(e, locomo_pages())
+    e.flush()
+    before = {
+        "arena": arena_snapshot(e),
+        "retrieval": retrieval_view(e.retrieve_many(QUERIES, update_heat=False)),
+        "exports": {u: e.export_user(u) for u in e.users()},
+        "tables": table_dump(e.store),
+        "counters": dict(e.counters),
+        "heat": {u: e.arena.pull_heat(np.array([e._users[u].slot])) for u in e.users()},
+    }
+    e.close()
+    return {"path": path, **before}
+
+
+# ============================================================================ round trip
+def test_every_tier_is_written_to_the_store(populated: dict[str, Any]) -> None:
+    """STM, MTM (segments, pages, chain links, meta), profile, user and assistant knowledge all
+    reach SQLite; the scenario really exercises eviction, chains and FIFO wrap-around."""
+    t, c = populated["tables"], populated["counters"]
+    assert c["segments_evicted"] > 0 and c["promotions"] > 0
+    db = sqlite3.connect(populated["path"])
+    try:
+        tiers = dict(db.execute("SELECT tier, COUNT(*) FROM pages GROUP BY tier").fetchall())
+        assert tiers["stm"] == 3 * len(USERS)
+        assert tiers["mtm"] > 0 and tiers["evicted"] > 0 and "pending" not in tiers
+        assert db.execute("SELECT COUNT(*) FROM pending").fetchone()[0] == 0
+        # chain links are symmetric and meta is shared along a chain
+        links = db.execute(
+            "SELECT a.page_id, b.page_id, a.chain_id, b.chain_id, a.meta, b.meta FROM pages a "
+            "JOIN pages b ON b.prev_page = a.page_id"
+        ).fetchall()
+        assert links, "no page continued a chain"
+        assert all(
+            db.execute("SELECT next_page FROM pages WHERE page_id = ?", (a,)).fetchone()[0] == b
+            for a, b, *_ in links
+        )
+        assert all(ca == cb and ma == mb and ma for _, _, ca, cb, ma, mb in links)
+        mtm = db.execute(
+            "SELECT meta, summary, keywords, mode, segment_id FROM pages WHERE tier = 'mtm'"
+        ).fetchall()
+        assert all(
+            m and s and json.loads(k) and mode == "llm" and sid for m, s, k, mode, sid in mtm
+        )
+        # segments: summary, keywords, embedding of the right size, page counts that add up
+        for sid, summary, kws, kw_ids, emb, n_pages in db.execute(
+            "SELECT segment_id, summary, keywords, kw_ids, embedding, n_pages FROM segments"
+        ):
+            assert summary and json.loads(kws) and len(kw_ids) % 4 == 0 and len(kw_ids)
+            assert len(emb) == 384 * 4
+            assert (
+                n_pages
+                == db.execute("SELECT COUNT(*) FROM pages WHERE segment_id = ?", (sid,)).fetchone()[
+                    0
+                ]
+            )
+        profiles = [json.loads(p) for (p,) in db.execute("SELECT profile FROM users")]
+        assert all(p and set(p) <= set(DIMENSION_KEYS) for p in profiles)
+        kn = dict(
+            db.execute(
+                "SELECT owner_kind || ':' || live, COUNT(*) FROM knowledge GROUP BY 1"
+            ).fetchall()
+        )
+        # rings of 6: older entries are kept but marked not live (FIFO wrapped)
+        assert kn["user:1"] == 6 * len(USERS) and kn["user:0"] > 0
+        assert kn["assistant:1"] == 6 * len(USERS) and kn["assistant:0"] > 0
+        heads = db.execute("SELECT knowledge_head FROM users").fetchall()
+        assert all(h > 6 for (h,) in heads)
+        dims = db.execute("SELECT value FROM meta WHERE key = 'embedding_dim'").fetchone()
+        assert dims == ("384",)
+    finally:
+        db.close()
+    assert t["users"] and t["assistants"] and t["audit"]
+
+
+def test_reopen_equals_before(populated: dict[str, Any]) -> None:
+    """A new engine on the same file: same arena (modulo slots), same store rows and exports,
+    same retrieval (page ids, scores within 1e-6, knowledge, profile), nothing resumed."""
+    e = open_engine(populated["path"])
+    try:
+        assert e.pending_count() == 0
+        assert_same_arena(populated["arena"], arena_snapshot(e))
+        assert e.store.load_stm() == {u: list(x.stm) for u, x in e._users.items()}
+        assert table_dump(e.store) == populated["tables"]
+        assert {u: e.export_user(u) for u in e.users()} == populated["exports"]
+        assert_same_retrieval(
+            populated["retrieval"], retrieval_view(e.retrieve_many(QUERIES, update_heat=False))
+        )
+        # reopening did no derived work and no LLM call
+        assert e.counters["promotions"] == 0 and e.counters["segments_created"] == 0
+        assert e.llm.batches == []
+        assert e.store.check_integrity() == []
+    finally:
+        e.close()
+
+
+def test_reopen_restores_heat(populated: dict[str, Any]) -> None:
+    e = open_engine(populated["path"])
+    try:
+        for uid, before in populated["heat"].items():
+            after = e.arena.pull_heat(np.array([e._users[uid].slot]))
+            live = before["live"].astype(bool)
+            assert (before["heat"][live] > 0).all()
+            np.testing.assert_allclose(after["heat"][live], before["heat"][live], atol=1e-6)
+    finally:
+        e.close()
+
+
+def test_pending_work_survives_restart_and_is_done_exactly_once(tmp_path: Path) -> None:
+    """Pages accepted with auto_process off leave pending rows; a restart resumes them, and the
+    result equals the same work done without a restart (nothing lost, nothing twice)."""
+    pages = locomo_pages(per_user=20)
+    twin = open_engine(tmp_path / "twin.sqlite3", auto_process=False)
+    ingest(twin, pages)
+    twin.flush()
+
+    path = tmp_path / "restart.sqlite3"
+    e = open_engine(path, auto_process=False)
+    ingest(e, pages)
+    pending = e.pending_count()
+    assert pending == len(pages) - 3 * len(USERS)
+    e.close()
+    db = sqlite3.connect(path)
+    rows = db.execute("SELECT kind, COUNT(*) FROM pending GROUP BY kind").fetchall()
+    tiers = dict(db.execute("SELECT tier, COUNT(*) FROM pages GROUP BY tier").fetchall())
+    db.close()
+    assert rows == [("page", pending)] and tiers == {"pending": pending, "stm": 3 * len(USERS)}
+
+    e = open_engine(path, auto_process=False)  # _rebuild resumes whatever auto_process says
+    try:
+        assert e.pending_count() == 0
+
+        def by_source(x: MemoryEngine) -> dict[str, Any]:
+            q = x.store.query
+            src = dict(q("SELECT page_id, source FROM pages"))
+            seg_src: dict[int, list[str]] = {}
+            for pid, sid in q("SELECT page_id, segment_id FROM pages ORDER BY segment_id, seg_pos"):
+                seg_src.setdefault(sid, []).append(src[pid])
+            return {
+                "pages": sorted(
+                    (src[r[0]], r[1], src.get(r[2]), src.get(r[3]), r[4], r[5], r[6])
+                    for r in q(
+                        "SELECT page_id, tier, prev_page, next_page, meta, summary, analysed "
+                        "FROM pages"
+                    )
+                ),
+                "segments": sorted(v for k, v in seg_src.items() if k is not None),
+                "knowledge": q(
+                    "SELECT owner_kind, owner_id, seq, text, live FROM knowledge "
+                    "ORDER BY owner_kind, owner_id, seq"
+                ),
+                "profiles": q("SELECT user_id, profile, knowledge_head FROM users ORDER BY 1"),
+                "events": q("SELECT action, COUNT(*) FROM audit GROUP BY action ORDER BY 1"),
+            }
+
+        assert by_source(e) == by_source(twin)
+        assert_same_retrieval(
+            retrieval_view(twin.retrieve_many(QUERIES, update_heat=False)),
+            retrieval_view(e.retrieve_many(QUERIES, update_heat=False)),
+        )
+    finally:
+        e.close()
+        twin.close()
+
+
+# ============================================================================ concurrency
+def test_concurrent_writers_keep_every_page_once_and_in_order(tmp_path: Path) -> None:
+    """4 threads x 50 pages: each thread owns one user and also writes to two shared users."""
+    path = tmp_path / "threads.sqlite3"
+    e = open_engine(path, mode="extractive")
+    n_threads, per_thread = 4, 50
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n_threads)
+
+    def work(t: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(per_thread):
+                user = f"own-{t}" if i % 2 == 0 else f"shared-{i % 4 // 2}"
+                e.add(
+                    user,
+                    f"thread {t} message {i} about topic{i % 7}",
+                    f"reply {t}/{i}",
+                    timestamp=1.7e9 + i * 60 + t,
+                    source=f"t{t}-{i}",
+                )
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    e.flush()
+    q = e.store.query
+    assert q("SELECT COUNT(*) FROM pages")[0][0] == n_threads * per_thread
+    assert q("SELECT source FROM pages GROUP BY source HAVING COUNT(*) > 1") == []
+    for t in range(n_threads):
+        own = [
+            s
+            for (s,) in q("SELECT source FROM pages WHERE user_id = ? ORDER BY seq", (f"own-{t}",))
+        ]
+        assert own == [f"t{t}-{i}" for i in range(0, per_thread, 2)]
+        for shared in ("shared-0", "shared-1"):
+            got = [
+                s
+                for (s,) in q("SELECT source FROM pages WHERE user_id = ? ORDER BY seq", (shared,))
+                if s.startswith(f"t{t}-")
+            ]
+            want = [
+                f"t{t}-{i}" for i in range(per_thread) if i % 2 and f"shared-{i % 4 // 2}" == shared
+            ]
+            assert got == want
+    for uid in e.users():  # seq is dense per user and next_seq follows it
+        seqs = [s for (s,) in q("SELECT seq FROM pages WHERE user_id = ? ORDER BY seq", (uid,))]
+        assert seqs == list(range(len(seqs))) == list(range(e._users[uid].next_seq))
+    assert e.pending_count() == 0
+    assert e.store.check_integrity() == []
+    mtm = q("SELECT COUNT(*) FROM pages WHERE tier = 'mtm'")[0][0]
+    assert int(np.count_nonzero(e.arena.host("page_live"))) == mtm
+    e.close()
+    e = open_engine(path, mode="extractive")
+    try:
+        assert int(np.count_nonzero(e.arena.host("page_live"))) == mtm
+        assert e.retrieve("own-0", "topic3").pages
+    finally:
+        e.close()
+
+
+# ============================================================================ export / delete
+def test_export_then_delete_leaves_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "gdpr.sqlite3"
+    e = open_engine(path)
+    pages = locomo_pages(per_user=24)
+    victim, other = USERS
+    marker = "ZQXMARKER"  # a string only the deleted user's pages hold
+    pages = [
+        {**p, "user_input": f"{p['user_input']} {marker}"} if p["user_id"] == victim else p
+        for p in pages
+    ]
+    ingest(e, pages)
+    e.flush()
+    # export: JSON-ready, complete
+    data = e.export_user(victim)
+    text = json.dumps(data, allow_nan=False)
+    assert json.loads(text) == data
+    held = e.store.query("SELECT COUNT(*) FROM pages WHERE user_id = ?", (victim,))[0][0]
+    assert len(data["pages"]) == held == 24
+    assert {p["tier"] for p in data["pages"]} >= {"stm", "mtm"}
+    assert data["segments"] and data["user_knowledge"] and data["user"]["profile"]
+    assert data["assistant_knowledge"] and data["history"] and data["pending"] == 0
+    assert all(marker in p["user_input"] for p in data["pages"])
+    other_before = e.export_user(other)
+    other_view = retrieval_view(e.retrieve_many(QUERIES[2:], update_heat=False))
+    # delete
+    u = e._users[victim]
+    slot, owner = u.slot, u.owner
+    pool = np.concatenate(
+        [e.arena.segment_pages(slot, int(s)) for s in e.arena.live_segments(slot)]
+    )
+    assert e.store.rows_about(victim) > 0
+    assert e.delete_user(victim) is True
+    assert e.store.rows_about(victim) == 0
+    assert victim not in e.users()
+    assert e.arena.user_live[slot] == 0 and e.arena.owner_live[owner] == 0
+    assert not e.arena.host("seg_live")[slot].any()
+    assert not e.arena.host("page_live")[pool].any()
+    assert not e.arena.host("kn_live")[owner].any()
+    assert not np.isin(e._page_of_slot, [p["page_id"] for p in data["pages"]]).any()
+    with pytest.raises(UnknownUserError):
+        e.export_user(victim)
+    with pytest.raises(UnknownUserError):
+        e.retrieve(victim, "anything")
+    assert e.delete_user(victim) is False
+    assert e.export_user(other) == other_before  # the other user is untouched
+    assert e.store.check_integrity() == []
+    # the deleted text is gone from the database file and its write-ahead log
+    for suffix in ("", "-wal"):
+        f = Path(f"{path}{suffix}")
+        if f.exists():
+            assert marker.encode() not in f.read_bytes(), f.name
+    e.close()
+    e = open_engine(path)
+    try:
+        assert victim not in e.users() and e.store.rows_about(victim) == 0
+        assert_same_retrieval(
+            other_view, retrieval_view(e.retrieve_many(QUERIES[2:], update_heat=False))
+        )
+        # the id can be used again, from scratch
+        r = e.add(victim, "a new beginning", "hello", timestamp=1.7e9)
+        assert e.get_page(r.page_id)["seq"] == 0
+        assert len(e.export_user(victim)["pages"]) == 1
+    finally:
+        e.close()
+
+
+# ============================================================================ bad input
+@pytest.fixture
+def small_engine(tmp_path: Path) -> Any:
+    e = open_engine(tmp_path / "bad.sqlite3", mode="extractive")
+    for i in range(8):
+        e.add(
+            "alice", f"I like hiking trip {i}", "nice", timestamp=1.7e9 + i * 3600, source=f"s{i}"
+        )
+    yield e
+    e.close()
+
+
+LONG = "x" * 1_000_001
+
+BAD_CALLS: list[tuple[str, Any, type[BaseException]]] = [
+    ("bytes input", lambda e: e.add("alice", b"caf\xc3\xa9"), InvalidInputError),
+    ("invalid utf-8 bytes", lambda e: e.add("alice", b"\xff\xfe\x80abc"), InvalidInputError),
+    ("bytes response", lambda e: e.add("alice", "ok", b"\x80"), InvalidInputError),
+    ("None input", lambda e: e.add("alice", None), InvalidInputError),
+    ("int input", lambda e: e.add("alice", 42), InvalidInputError),
+    ("list response", lambda e: e.add("alice", "hi", ["a"]), InvalidInputError),
+    ("long input", lambda e: e.add("alice", LONG), InvalidInputError),
+    ("long response", lambda e: e.add("alice", "hi", LONG), InvalidInputError),
+    ("timestamp words", lambda e: e.add("alice", "x", timestamp="not a date"), InvalidInputError),
+    (
+        "timestamp month 13",
+        lambda e: e.add("alice", "x", timestamp="2023-13-45"),
+        InvalidInputError,
+    ),
+    ("timestamp 'nan'", lambda e: e.add("alice", "x", timestamp="nan"), InvalidInputError),
+    ("timestamp nan", lambda e: e.add("alice", "x", timestamp=math.nan), InvalidInputError),
+    ("timestamp inf", lambda e: e.add("alice", "x", timestamp=math.inf), InvalidInputError),
+    ("timestamp bool", lambda e: e.add("alice", "x", timestamp=True), InvalidInputError),
+    ("timestamp list", lambda e: e.add("alice", "x", timestamp=[1]), InvalidInputError),
+    ("empty user id", lambda e: e.add("", "x"), InvalidInputError),
+    ("blank user id", lambda e: e.add("   ", "x"), InvalidInputError),
+    ("None user id", lambda e: e.add(None, "x"), InvalidInputError),
+    ("int user id", lambda e: e.add(7, "x"), InvalidInputError),
+    ("long user id", lambda e: e.add("u" * 257, "x"), InvalidInputError),
+    ("control char user id", lambda e: e.add("a\x00b", "x"), InvalidInputError),
+    ("bad assistant id", lambda e: e.add("bob", "x", assistant_id="a\nb"), InvalidInputError),
+    ("bad source", lambda e: e.add("alice", "x", source="s\x07"), InvalidInputError),
+    ("meta not a dict", lambda e: e.add("alice", "x", meta=["a"]), InvalidInputError),
+    ("meta object", lambda e: e.add("alice", "x", meta={"a": object()}), InvalidInputError),
+    ("meta set", lambda e: e.add("alice", "x", meta={"a": {1, 2}}), InvalidInputError),
+    (
+        "unknown field",
+        lambda e: e.add_many([{"user_id": "a", "user_input": "x", "bogus": 1}]),
+        InvalidInputError,
+    ),
+    ("not a page", lambda e: e.add_many([("alice", "x")]), InvalidInputError),
+    (
+        "bad page last in batch",  # validation precedes the transaction: nothing of the batch
+        lambda e: e.add_many(
+            [{"user_id": "bob", "user_input": "fine"}, {"user_id": "bob", "user_input": None}]
+        ),
+        InvalidInputError,
+    ),
+    ("retrieve unknown user", lambda e: e.retrieve("nobody", "x"), UnknownUserError),
+    ("retrieve bytes query", lambda e: e.retrieve("alice", b"x"), InvalidInputError),
+    ("retrieve long query", lambda e: e.retrieve("alice", LONG), InvalidInputError),
+    ("retrieve top_pages -1", lambda e: e.retrieve("alice", "x", top_pages=-1), InvalidInputError),
+    ("export unknown user", lambda e: e.export_user("nobody"), UnknownUserError),
+    ("profile unknown user", lambda e: e.profile("nobody"), UnknownUserError),
+    ("knowledge unknown user", lambda e: e.knowledge("nobody"), UnknownUserError),
+]
+
+
+@pytest.mark.parametrize(("call", "exc"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS])
+def test_bad_input_is_refused_and_the_store_unchanged(small_engine, call, exc) -> None:
+    e = small_engine
+    before, users = table_dump(e.store), e.users()
+    with pytest.raises(exc) as info:
+        call(e)
+    assert str(info.value)  # a message that says what was wrong
+    assert table_dump(e.store) == before
+    assert e.users() == users
+    assert e.store.check_integrity() == []
+    # and the engine still works
+    e.add("alice", "still here", "yes", timestamp=1.8e9)
+    assert e.retrieve("alice", "hiking").stm
+
+
+def test_documented_normalisation_of_text(small_engine) -> None:
+    """Control characters other than \\n and \\t are stripped, text is NFC, lone surrogates
+    become U+FFFD; what is stored is valid UTF-8."""
+    e = small_engine
+    r = e.add("alice", "a\x00b\x07c\rd\n\te\x7f\x85f", "caf\u0065\u0301", timestamp=1.8e9)
+    row = e.get_page(r.page_id)
+    assert row["user_input"] == "abcd\n\tef"
+    assert row["agent_response"] == "caf\u00e9"
+    r = e.add("alice", "lone \ud800 surrogate", "", timestamp="2023-05-08T13:56:00Z")
+    row = e.get_page(r.page_id)
+    assert "\ufffd" in row["user_input"] and not any(
+        0xD800 <= ord(c) <= 0xDFFF for c in row["user_input"]
+    )
+    row["user_input"].encode("utf-8")
+    assert row["timestamp"] == 1683554160.0
+    assert row["agent_response"] == ""
+    assert e.store.check_integrity() == []
+
+
+def test_one_replacement_character_per_lone_surrogate(small_engine) -> None:
+    r = small_engine.add("alice", "a\ud800b", timestamp=1.8e9)
+    assert small_engine.get_page(r.page_id)["user_input"] == "a\ufffdb"
+
+
+@pytest.mark.parametrize("field", ["user_id", "source"])
+def test_surrogate_in_an_id_is_invalid_input(small_engine, field) -> None:
+    page = {"user_id": "alice", "user_input": "x", field: "u\ud800"}
+    with pytest.raises(InvalidInputError):
+        small_engine.add_many([page])
+
+
+def test_a_batch_is_one_transaction(small_engine, monkeypatch) -> None:
+    """A failure while writing the 3rd page of a batch leaves none of the batch in the store."""
+    e = small_engine
+    real_audit, calls = e.store.audit, []
+
+    def failing_audit(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise sqlite3.OperationalError("disk I/O error")
+        return real_audit(*a, **k)
+
+    monkeypatch.setattr(e.store, "audit", failing_audit)
+    before = table_dump(e.store)
+    batch = [PageInput("alice", f"batch page {i}", "", 1.8e9 + i, source=f"b{i}") for i in range(4)]
+    with pytest.raises(sqlite3.OperationalError):
+        e.add_many(batch)
+    assert table_dump(e.store) == before
+    assert e.store.check_integrity() == []
+
+
+def test_failed_batch_leaves_no_ghost_state(small_engine, monkeypatch) -> None:
+    """An SQL failure mid-batch (disk full) rolls back the store AND the engine's memory: no
+    ghost new user, the STM deque and next_seq of existing users as before (regression test of
+    an _accept bug)."""
+    e = small_engine
+    alice = e._users["alice"]
+    stm_before, seq_before = list(alice.stm), alice.next_seq
+    calls = []
+    real_audit = e.store.audit
+
+    def failing_audit(*a, **k):  # the second page's write fails, as on a full disk
+        calls.append(1)
+        if len(calls) == 2:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real_audit(*a, **k)
+
+    monkeypatch.setattr(e.store, "audit", failing_audit)
+    before = table_dump(e.store)
+    with pytest.raises(sqlite3.OperationalError):
+        e.add_many(
+            [
+                {"user_id": "carol", "user_input": "hi", "timestamp": 1.8e9},
+                {"user_id": "alice", "user_input": "x", "timestamp": 1.8e9},
+            ]
+        )
+    monkeypatch.setattr(e.store, "audit", real_audit)
+    assert table_dump(e.store) == before  # the store itself is fine: one rolled-back batch
+    assert (list(alice.stm), alice.next_seq) == (stm_before, seq_before)
+    assert "carol" not in e.users()
+    e.add("carol", "hello again", timestamp=1.8e9)
+    assert [p.user_input for p in e.retrieve("carol", "hello").stm] == ["hello again"]
+
+
+@pytest.mark.parametrize("meta", [{"x": math.nan}, {"x": "y" * 1_000_001}], ids=["nan", "huge"])
+def test_meta_must_be_strict_bounded_json(small_engine, meta) -> None:
+    with pytest.raises(InvalidInputError):
+        small_engine.add("alice", "x", meta=meta)
+
+
+# ============================================================================ opening a store
+def _make_store(path: Path) -> None:
+    e = open_engine(path, mode="extractive")
+    e.add("alice", "I like hiking", "nice", timestamp=1.7e9, source="s0")
+    e.close()
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "newer.sqlite3"
+    _make_store(path)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match=r"schema version 99, newer than .* supports \(1\)"):
+        open_engine(path)
+    with pytest.raises(StoreError, match="upgrade memoryos-gpu"):
+        SQLiteStore(path)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "embedder", [HashingEmbedder(dim=128), HashingEmbedder(seed=1)], ids=["dim", "model"]
+)
+def test_other_embedding_model_is_refused(tmp_path: Path, embedder: HashingEmbedder) -> None:
+    path = tmp_path / "model.sqlite3"
+    _make_store(path)
+    with pytest.raises(StoreError, match="built with embedding model hashing-384"):
+        MemoryEngine(config(path, mode="extractive"), embedder=embedder)
+    e = open_engine(path, mode="extractive")  # still fine with the right model
+    assert e.users() == ["alice"]
+    e.close()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"this is not a database at all, just text\n" * 200, b"SQLite format 3\x00" + b"\x01" * 5000],
+    ids=["text", "bad-header"],
+)
+def test_non_sqlite_file_is_refused_cleanly(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "junk.sqlite3"
+    path.write_bytes(content)
+    with pytest.raises(StoreError, match="not a usable memoryos-gpu store"):
+        open_engine(path)
+    assert path.read_bytes() == content
+    assert not Path(f"{path}-wal").exists() or Path(f"{path}-wal").stat().st_size == 0
+
+
+def test_foreign_sqlite_database_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "other_app.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE users(name TEXT)")
+    db.execute("INSERT INTO users VALUES ('x')")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="not a memoryos-gpu store"):
+        SQLiteStore(path)
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT name FROM sqlite_master").fetchall() == [("users",)]
+    db.close()
+
+
+def test_corrupt_schema_version_and_missing_tables_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "corrupt.sqlite3"
+    _make_store(path)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value = 'one' WHERE key = 'schema_version'")
+    db.commit()
+    with pytest.raises(StoreError, match="unreadable schema_version"):
+        SQLiteStore(path)
+    db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    db.execute("DROP TABLE audit")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match=r"lacks tables \['audit'\]"):
+        SQLiteStore(path)
+
+
+# ============================================================================ migrations
+V2 = "ALTER TABLE pages ADD COLUMN lang TEXT; CREATE INDEX pages_lang ON pages(lang)"
+
+
+def _columns(path: Path, table: str) -> list[str]:
+    db = sqlite3.connect(path)
+    try:
+        return [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
+    finally:
+        db.close()
+
+
+def test_forward_migration_upgrades_an_older_store(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "old.sqlite3"
+    _make_store(path)
+    before = table_dump(sqlite3.connect(path))
+    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", {1: V2})
+    s = SQLiteStore(path)
+    assert s.schema_version == 2
+    s.close()
+    assert "lang" in _columns(path, "pages")
+    after = table_dump(sqlite3.connect(path))
+    assert after["meta"] != before["meta"]
+    assert [r[:-1] for r in after["pages"]] == before["pages"]  # data kept, new column NULL
+    assert {k: v for k, v in after.items() if k not in ("pages", "meta")} == {
+        k: v for k, v in before.items() if k not in ("pages", "meta")
+    }
+    e = open_engine(path, mode="extractive")  # the engine works on the migrated store
+    try:
+        assert [p.user_input for p in e.retrieve("alice", "hiking").stm] == ["I like hiking"]
+        e.add("alice", "more", timestamp=1.8e9)
+    finally:
+        e.close()
+    # back on the real version the migrated store is "newer": refused
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match="schema version 2"):
+        SQLiteStore(path)
+
+
+def test_callable_migration_and_new_stores_take_the_same_path(tmp_path: Path, monkeypatch) -> None:
+    def backfill(db: sqlite3.Connection) -> None:
+        db.execute("ALTER TABLE users ADD COLUMN locale TEXT NOT NULL DEFAULT 'en'")
+        db.execute("UPDATE users SET locale = 'de' WHERE user_id = 'alice'")
+
+    old = tmp_path / "old.sqlite3"
+    _make_store(old)
+    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", {1: V2, 2: backfill})
+    s = SQLiteStore(old)
+    assert s.schema_version == 3
+    assert s.query("SELECT user_id, locale FROM users") == [("alice", "de")]
+    s.close()
+    fresh = SQLiteStore(tmp_path / "fresh.sqlite3")  # created at v1, migrated to v3
+    assert fresh.schema_version == 3
+    fresh.close()
+    assert _columns(tmp_path / "fresh.sqlite3", "users") == _columns(old, "users")
+    assert _columns(tmp_path / "fresh.sqlite3", "pages") == _columns(old, "pages")
+
+
+def test_failed_or_missing_migration_leaves_the_store_as_it_was(tmp_path: Path, monkeypatch):
+    path = tmp_path / "old.sqlite3"
+    _make_store(path)
+    before = table_dump(sqlite3.connect(path))
+    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", {1: V2 + "; THIS IS NOT SQL"})
+    with pytest.raises(StoreError):
+        SQLiteStore(path)
+    assert "lang" not in _columns(path, "pages")  # the half-done migration rolled back
+    assert table_dump(sqlite3.connect(path)) == before
+    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", {1: V2})
+    with pytest.raises(StoreError, match="no migration from it to 3"):
+        SQLiteStore(path)
+    db = sqlite3.connect(path)
+    # step 1 -> 2 committed on its own before the missing step was found
+    assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    db.close()
+
+
+# ============================================================================ store internals
+def test_bulk_loaders_order_and_vectorised_keywords(tmp_path: Path) -> None:
+    """load_mtm_pages returns (segment, position) order even when rowids disagree;
+    load_segments maps users by index and builds the padded keyword matrix."""
+    s = SQLiteStore(tmp_path / "bulk.sqlite3")
+    rng = np.random.default_rng(0)
+    d = 8
+    with s.transaction() as db:
+        db.execute("INSERT INTO assistants(assistant_id, created) VALUES ('a', 0)")
+        for u in ("u0", "u1", "u2"):
+            db.execute("INSERT INTO users(user_id, assistant_id, created) VALUES (?, 'a', 0)", (u,))
+        kws = [np.arange(k, dtype="<i4") * 7 + 1 for k in (0, 3, 40, 5)]
+        for sid, (u, kw) in enumerate(zip(("u2", "u0", "u2", "u1"), kws, strict=True), start=1):
+            db.execute(
+                "INSERT INTO segments(segment_id, user_id, slot, summary, keywords, kw_ids, "
+                "embedding, last_access, created) VALUES (?, ?, ?, '', '{}', ?, ?, 0, 0)",
+                (sid, u, sid, kw.tobytes(), emb_blob(rng.standard_normal(d))),
+            )
+        want = []
+        order = rng.permutation([(sg, pos) for sg in (1, 2, 3, 4) for pos in range(3)])
+        for i, (sg, pos) in enumerate(order):
+            v = rng.standard_normal(d).astype(np.float32)
+            db.execute(
+                "INSERT INTO pages(page_id, user_id, seq, user_input, agent_response, timestamp, "
+                "tier, segment_id, seg_pos, embedding, created) "
+                "VALUES (?, 'u0', ?, '', '', 0, 'mtm', ?, ?, ?, 0)",
+                (100 + i, i, int(sg), int(pos), emb_blob(v)),
+            )
+            want.append((int(sg), int(pos), 100 + i, v))
+    seg = s.load_segments(d, keyword_width=32)
+    assert list(seg["segment_id"]) == [1, 2, 3, 4]
+    assert list(seg["user_index"]) == [2, 0, 2, 1]  # rows of all_users(): u0, u1, u2
+    assert [u[0] for u in s.all_users()] == ["u0", "u1", "u2"]
+    loop = np.full((4, 32), -1, np.int32)
+    for i, b in enumerate(seg["kw_ids"]):
+        ids = np.frombuffer(b, "<i4")[:32]
+        loop[i, : ids.size] = ids
+    np.testing.assert_array_equal(seg["kw_matrix"], loop)
+    np.testing.assert_array_equal(kw_matrix([], 4), np.zeros((0, 4), np.int32))
+    pages = s.load_mtm_pages(d)
+    want.sort(key=lambda w: (w[0], w[1]))
+    assert list(pages["segment_id"]) == [w[0] for w in want]
+    assert list(pages["page_id"]) == [w[2] for w in want]
+    np.testing.assert_array_equal(pages["embedding"], np.stack([w[3] for w in want]))
+    assert pages["embedding"].flags.writeable and pages["embedding"].dtype == np.float32
+    assert set(s.load_stats) == {"segments", "mtm_pages"}
+    kn = s.load_knowledge(d)
+    assert kn["embedding"].shape == (0, d) and kn["owner_id"] == []
+    with s.transaction() as db:  # a truncated blob is reported, not reshaped into garbage
+        db.execute("UPDATE pages SET embedding = x'00' WHERE page_id = 100")
+    with pytest.raises(StoreError, match="corrupt"):
+        s.load_mtm_pages(d)
+    s.close()
+    s.close()  # idempotent
+
+
+def test_nested_transaction_failure_undoes_only_its_own_work(tmp_path: Path) -> None:
+    s = SQLiteStore(tmp_path / "tx.sqlite3")
+    with s.transaction() as db:
+        db.execute("INSERT INTO assistants(assistant_id, created) VALUES ('outer', 0)")
+        with pytest.raises(RuntimeError), s.transaction() as inner:
+            inner.execute("INSERT INTO assistants(assistant_id, created) VALUES ('inner', 0)")
+            raise RuntimeError("boom")
+        s.set_meta("k", "v")  # another nested transaction, committed with the outer one
+    assert s.all_assistants() == [("outer", 0)]
+    assert s.get_meta("k") == "v"
+    with pytest.raises(sqlite3.IntegrityError), s.transaction() as db:
+        db.execute("INSERT INTO assistants(assistant_id, created) VALUES ('x', 0)")
+        db.execute("INSERT INTO users(user_id, assistant_id, created) VALUES ('u', 'nope', 0)")
+    assert s.all_assistants() == [("outer", 0)]  # rolled back as a whole
+    with s.transaction() as db:  # and the connection is usable again
+        db.execute("INSERT INTO assistants(assistant_id, created) VALUES ('y', 0)")
+    assert len(s.all_assistants()) == 2
+    s.close()
+
+
+def test_pages_are_committed_before_add_returns(tmp_path: Path) -> None:
+    """Write-ahead: another connection sees the page as soon as add returns (auto_process off,
+    so the derived work is still pending in the store)."""
+    path = tmp_path / "wal.sqlite3"
+    e = open_engine(path, auto_process=False, mode="extractive")
+    try:
+        for i in range(5):
+            r = e.add_many([PageInput("alice", f"page {i}", "ok", 1.7e9 + i, source=f"p{i}")])[0]
+            other = sqlite3.connect(path)
+            row = other.execute(
+                "SELECT source, tier FROM pages WHERE page_id = ?", (r.page_id,)
+            ).fetchone()
+            pend = other.execute("SELECT COUNT(*) FROM pending").fetchone()[0]
+            other.close()
+            assert row == (f"p{i}", "stm")
+            assert pend == max(0, i + 1 - 3)
+        assert e.store.query("PRAGMA journal_mode") == [("wal",)]
+        assert e.store.query("PRAGMA foreign_keys") == [(1,)]
+    finally:
+        e.close()
