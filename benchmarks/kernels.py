@@ -44,7 +44,9 @@ def build_arena(
             keyword_width=KW_WIDTH,
             device=device,
             initial_users=users,
-            initial_blocks=max(1, users * slots * -(-pages_per_segment // 16)),
+            initial_blocks=max(
+                1, users * slots * -(-pages_per_segment // ArenaConfig().block_size)
+            ),
         )
     )
     arena.add_users(users)
