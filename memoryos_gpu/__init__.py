@@ -2,26 +2,34 @@
 
 Front door: :class:`MemoryEngine` (configured by :class:`EngineConfig`); kernels in
 :mod:`memoryos_gpu.ops`; drop-in facade for BAI-LAB/MemoryOS users in :mod:`memoryos_gpu.compat`.
+
+Names are imported lazily, so ``import memoryos_gpu.ops`` needs only NumPy and the extension
+(a bare GPU image can run the kernels and their tests without the engine's dependencies).
 """
 
-from memoryos_gpu.config import EngineConfig, LLMConfig, MemoryConfig, preset
-from memoryos_gpu.engine import InvalidInputError, MemoryEngine
-from memoryos_gpu.errors import MemoryOSError, UnknownUserError
-from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval, RetrievedPage
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "AddResult",
-    "EngineConfig",
-    "InvalidInputError",
-    "LLMConfig",
-    "MemoryConfig",
-    "MemoryEngine",
-    "MemoryOSError",
-    "PageInput",
-    "Response",
-    "Retrieval",
-    "RetrievedPage",
-    "UnknownUserError",
-    "preset",
-]
+_EXPORTS = {
+    "EngineConfig": "memoryos_gpu.config",
+    "LLMConfig": "memoryos_gpu.config",
+    "MemoryConfig": "memoryos_gpu.config",
+    "preset": "memoryos_gpu.config",
+    "InvalidInputError": "memoryos_gpu.engine",
+    "MemoryEngine": "memoryos_gpu.engine",
+    "MemoryOSError": "memoryos_gpu.errors",
+    "UnknownUserError": "memoryos_gpu.errors",
+    "AddResult": "memoryos_gpu.types",
+    "PageInput": "memoryos_gpu.types",
+    "Response": "memoryos_gpu.types",
+    "Retrieval": "memoryos_gpu.types",
+    "RetrievedPage": "memoryos_gpu.types",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'memoryos_gpu' has no attribute {name!r}")

@@ -299,7 +299,9 @@ class MemoryEngine:
         watermark = 0
         if state:
             saved = json.loads(state)
-            watermark = int(saved.pop("page_watermark", 0))
+            # a state saved without a watermark covered every page there was
+            watermark = int(saved.pop("page_watermark", None) or self.store.query(
+                "SELECT COALESCE(MAX(page_id), 0) FROM pages")[0][0])
             self.extractor.__dict__.update(KeywordExtractor.from_dict(saved).__dict__)
         for (text,) in self.store.query(
             "SELECT user_input || ' ' || agent_response FROM pages WHERE page_id > ?", (watermark,)
