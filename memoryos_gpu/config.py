@@ -48,12 +48,15 @@ class MemoryConfig(BaseModel):
         1.0, description="Weight of the Jaccard keyword term at query time (reference: 0)."
     )
     lexical_weight: float = Field(
-        3.0,
+        5.0,
         ge=0,
         description="Weight of the per-user BM25 keyword index fused (reciprocal rank) with the "
-        "dense page ranking; 0 = the paper's dense-only pipeline.",
+        "dense page ranking; 0 = the paper's dense-only pipeline. LoCoMo dev recall@10: "
+        "0.645 at 1, 0.685 at 3, 0.701 at 5 (with 200 candidates).",
     )
-    fusion_candidates: int = Field(50, ge=1, description="Candidates per ranking before fusion.")
+    fusion_candidates: int = Field(
+        200, ge=1, description="Candidates per ranking before fusion (dense and lexical)."
+    )
     embed_dates: bool = Field(
         True, description="Embed a page with its date written out (helps temporal questions)."
     )
