@@ -300,8 +300,10 @@ class MemoryEngine:
         if state:
             saved = json.loads(state)
             # a state saved without a watermark covered every page there was
-            watermark = int(saved.pop("page_watermark", None) or self.store.query(
-                "SELECT COALESCE(MAX(page_id), 0) FROM pages")[0][0])
+            watermark = int(
+                saved.pop("page_watermark", None)
+                or self.store.query("SELECT COALESCE(MAX(page_id), 0) FROM pages")[0][0]
+            )
             self.extractor.__dict__.update(KeywordExtractor.from_dict(saved).__dict__)
         for (text,) in self.store.query(
             "SELECT user_input || ' ' || agent_response FROM pages WHERE page_id > ?", (watermark,)
@@ -385,14 +387,16 @@ class MemoryEngine:
         Pages whose ``source`` was accepted before are skipped (``duplicate=True``). Derived work
         runs afterwards when ``config.auto_process`` (else call :meth:`process_pending`).
         """
-        items = [self._validate(p) for p in pages]
+        items = [self.validate_page(p) for p in pages]
         with self._lock:
             results = self._accept(items)
             if self.config.auto_process:
                 self.process_pending()
         return results
 
-    def _validate(self, p: PageInput | dict[str, Any]) -> PageInput:
+    def validate_page(self, p: PageInput | dict[str, Any]) -> PageInput:
+        """The normalised page ``add_many`` would store, or InvalidInputError saying why not
+        (lets a bulk reader reject one record without failing its batch)."""
         if isinstance(p, dict):
             unknown = set(p) - set(PageInput.__dataclass_fields__)
             if unknown:

@@ -1,0 +1,832 @@
+"""Offline bulk ingestion: chat logs -> a MemoryOS store, streamed, batched and resumable.
+
+:func:`ingest` is the library form of ``memoryos-gpu ingest`` (the CLI and the benchmarks call
+it). Three stages run concurrently, connected by bounded queues so memory stays flat whatever
+the input size:
+
+1. **reader** thread: :func:`memoryos_gpu.formats.read_records` streams every file in order
+   (one user's records therefore stay in file order), drops the records of other shards;
+2. **prepare** thread: turns records into :class:`~memoryos_gpu.types.PageInput`, validates each
+   one with the engine's own rules (a refused record becomes a reject, never a failed batch),
+   groups them into batches of ``batch_size`` pages *across users*, and - when the embedder
+   caches - embeds the pages of the next batch ahead of time (``prefetch``), so the embedding
+   of batch *k+1* overlaps the store writes, kernels and LLM stages of batch *k*;
+3. **main** thread: ``engine.add_many(batch)`` (pages committed to the store before it returns;
+   a page whose ``source`` was accepted before is skipped), then the derived work (chain, MTM,
+   promotion: the engine's LLM stages, batched across the users of the batch).
+
+Idempotent: every record carries a stable ``source`` key, so re-running the same input adds
+nothing twice and an interrupted run resumes where it stopped. A stop request (``stop_event``,
+or SIGINT with ``handle_sigint=True``) finishes the batch in flight, then returns a report with
+``interrupted=True``; what was accepted is committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import re
+import signal
+import sys
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from memoryos_gpu.formats import (
+    FORMATS,
+    FormatError,
+    Record,
+    Reject,
+    detect_format,
+    open_binary,
+    read_records,
+)
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_REJECTED",
+    "IngestReport",
+    "RejectRow",
+    "Shard",
+    "ingest",
+    "resolve_formats",
+    "shard_of",
+    "store_dir",
+]
+
+DEFAULT_BATCH_SIZE = 512
+EXIT_OK, EXIT_REJECTED, EXIT_INTERRUPTED = 0, 3, 130
+_READ_CHUNK = 256  # records per reader -> prepare hand-off
+_PREFETCH_CHUNK = 64  # texts per embedder call when embedding ahead (keeps its lock short)
+_POLL_S = 0.2
+
+
+# ============================================================================ sharding
+def shard_of(key: str, count: int) -> int:
+    """The shard (``0 .. count-1``) of ``key``: blake2b-64 of its UTF-8 bytes, mod ``count``.
+
+    Stable across processes, hosts and Python versions (unlike ``hash()``).
+    """
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % count
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count``: the users whose :func:`shard_of` is ``index``."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ValueError(f"shard {self.index}/{self.count}: need 0 <= I < N and N >= 1")
+
+    @classmethod
+    def parse(cls, spec: str | Shard | tuple[int, int]) -> Shard:
+        """``"I/N"`` (0-based I), a ``(I, N)`` tuple or a :class:`Shard`."""
+        if isinstance(spec, Shard):
+            return spec
+        if isinstance(spec, tuple):
+            return cls(int(spec[0]), int(spec[1]))
+        try:
+            i, n = (int(x) for x in str(spec).split("/"))
+        except ValueError:
+            raise ValueError(f"shard {spec!r}: expected I/N, e.g. 0/4 (I from 0 to N-1)") from None
+        return cls(i, n)
+
+    def owns(self, key: str) -> bool:
+        return shard_of(key, self.count) == self.index
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+# ============================================================================ report
+@dataclass
+class RejectRow:
+    """One rejected input item: where it was, why, and what it was (truncated)."""
+
+    file: str
+    line: int
+    reason: str
+    raw: str = ""
+    stage: str = "read"  # "read" (the reader refused it) or "validate" (the engine did)
+    source: str | None = None
+
+    def message(self) -> str:
+        return f"{self.file}:{self.line}: rejected: {self.reason}"
+
+
+@dataclass
+class IngestReport:
+    """What one ingestion did. ``pages_per_s`` = accepted pages / ``elapsed_s``."""
+
+    accepted: int = 0  # pages added to the store by this run
+    rejected: int = 0  # input items refused (bad line, bad record, engine validation)
+    skipped: int = 0  # pages already in the store (their source was accepted before)
+    users: int = 0  # distinct users among this run's accepted + skipped pages
+    pages_per_s: float = 0.0
+    records: int = 0  # records read for this shard (accepted + skipped + engine-refused)
+    other_shards: int = 0  # records left to other shards
+    elapsed_s: float = 0.0
+    interrupted: bool = False
+    llm_calls: int = 0
+    pending: int = 0  # derived work still queued in the store at the end
+    batches: int = 0
+    batch_size: int = DEFAULT_BATCH_SIZE
+    files: list[str] = field(default_factory=list)
+    formats: dict[str, str] = field(default_factory=dict)
+    shard: str | None = None
+    store: str | None = None
+    rejects_path: str | None = None
+    reject_reasons: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    store_counts: dict[str, int] = field(default_factory=dict)
+    peak_rss_mb: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        """130 when interrupted, else 3 when anything was rejected, else 0."""
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_REJECTED if self.rejected else EXIT_OK
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["exit_code"] = self.exit_code
+        return out
+
+
+# ============================================================================ helpers
+def store_dir(store: str | os.PathLike[str]) -> Path:
+    """The directory of a store given as a directory or as a ``.sqlite3``/``.db`` file."""
+    p = Path(store)
+    return p.parent if p.suffix in (".sqlite", ".sqlite3", ".db") else p
+
+
+def _blank(path: str | os.PathLike[str]) -> bool:
+    """Whether the input holds nothing but whitespace (and a BOM)."""
+    with open_binary(path) as f:
+        while True:
+            try:
+                chunk = f.read(1 << 12)
+            except (EOFError, zlib.error, OSError):
+                return False  # corrupt: not blank; the reader reports where it breaks
+            if not chunk:
+                return True
+            if chunk.replace(b"\xef\xbb\xbf", b"").strip():
+                return False
+
+
+def resolve_formats(paths: Sequence[str | os.PathLike[str]], fmt: str = "auto") -> dict[str, str]:
+    """``{path: format}``; ``"empty"`` for blank inputs. Raises :class:`FormatError` (with the
+    path and a hint) when a format cannot be detected or ``fmt`` is unknown, and
+    ``FileNotFoundError`` / ``IsADirectoryError`` for missing inputs - before anything is read.
+    """
+    if fmt != "auto" and fmt not in FORMATS:
+        raise FormatError(f"unknown format {fmt!r}; expected 'auto' or one of {', '.join(FORMATS)}")
+    out: dict[str, str] = {}
+    for p in paths:
+        sp = os.fspath(p)
+        if not os.path.exists(sp):
+            raise FileNotFoundError(f"no such file: {sp}")
+        if os.path.isdir(sp):
+            raise IsADirectoryError(f"{sp} is a directory; give the chat-log files")
+        if _blank(sp):
+            out[sp] = "empty"
+        elif fmt == "auto":
+            try:
+                out[sp] = detect_format(sp)
+            except (EOFError, zlib.error, OSError) as exc:
+                raise FormatError(
+                    f"cannot detect the format of {sp!r}: unreadable ({exc})"
+                ) from None
+        else:
+            out[sp] = fmt
+    return out
+
+
+def _count_records(files: dict[str, str]) -> int | None:
+    """Records in the inputs when knowable cheaply: JSONL pages are one per non-blank line."""
+    total = 0
+    for path, fmt in files.items():
+        if fmt == "empty":
+            continue
+        if fmt != "jsonl":
+            return None
+        with open_binary(path) as f:
+            n = 0
+            for line in f:
+                stripped = line.strip()
+                if not stripped:
+                    continue
+                if n == 0 and stripped.lstrip(b"\xef\xbb\xbf").startswith(b"["):
+                    return None  # a JSON array of pages: unknown without parsing
+                n += 1
+            total += n
+    return total
+
+
+def _peak_rss_mb() -> float:
+    try:
+        import resource
+
+        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return kb / 1024.0 if sys.platform != "darwin" else kb / 2**20
+    except (ImportError, OSError):  # pragma: no cover - non-POSIX
+        return 0.0
+
+
+def _llm_calls(engine: Any) -> int:
+    stats = getattr(getattr(engine, "stages", None), "stats", None)
+    if stats is None:
+        return 0
+    try:
+        return int(stats.as_dict().get("llm_calls", 0))
+    except Exception:  # pragma: no cover - defensive: statistics never fail an ingestion
+        return 0
+
+
+def _line_of(record: Record) -> int:
+    """The 1-based line (or item index) of a record, from its source key ``name:pos:sub:hash``."""
+    try:
+        return int(record.source.rsplit(":", 3)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_END = object()
+
+
+@dataclass
+class _Item:
+    path: str
+    line: int
+    record: Record
+    page: Any  # PageInput
+
+
+def _put(q: queue.Queue, item: Any, stop: threading.Event) -> bool:
+    """Blocking put that gives up when ``stop`` is set (returns False then)."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _get(q: queue.Queue, stop: threading.Event | None = None) -> Any:
+    while True:
+        try:
+            return q.get(timeout=_POLL_S)
+        except queue.Empty:
+            if stop is not None and stop.is_set():
+                return None
+
+
+# ============================================================================ the pipeline
+class _Pipeline:
+    def __init__(
+        self,
+        engine: Any,
+        files: dict[str, str],
+        *,
+        batch_size: int,
+        shard: Shard | None,
+        prefetch: bool,
+        stop: threading.Event,
+        queue_batches: int,
+    ) -> None:
+        from memoryos_gpu.engine import InvalidInputError
+        from memoryos_gpu.types import PageInput
+
+        self.engine = engine
+        self.files = files
+        self.batch_size = batch_size
+        self.shard = shard
+        self.prefetch = prefetch
+        self.stop = stop  # set: stop reading; the main loop finishes its batch
+        self.halt = threading.Event()  # set: worker threads exit now
+        self.records_q: queue.Queue = queue.Queue(maxsize=8)
+        self.batches_q: queue.Queue = queue.Queue(maxsize=max(1, queue_batches))
+        self.InvalidInputError = InvalidInputError
+        self.PageInput = PageInput
+        self.validate: Callable[[Any], Any] = engine.validate_page
+        self.page_text: Callable[[Any], str] = engine.page_text
+        self.other_shards = 0
+        self.timings = Counter()
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ threads
+    def start(self) -> None:
+        for target, name in ((self._read, "ingest-reader"), (self._prepare, "ingest-prepare")):
+            t = threading.Thread(target=self._guard(target), name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def close(self) -> None:
+        self.halt.set()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # forwarded to the main thread, raised there
+                out = self.batches_q if fn == self._prepare else self.records_q
+                _put(out, _Failure(exc), self.halt)
+
+        return run
+
+    def _read(self) -> None:
+        t0 = time.perf_counter()
+        stopping = self._stopping
+        buf: list[tuple[str, Record | Reject]] = []
+        for path, fmt in self.files.items():
+            if fmt == "empty":
+                continue
+            last_line = 0
+            items = read_records(path, fmt)
+            while True:
+                try:
+                    item = next(items, None)
+                except (OSError, EOFError, zlib.error) as exc:
+                    # a truncated or corrupt (gzip) file: report it, keep what was read, go on
+                    item = Reject(path, last_line + 1, f"cannot read further: {exc}", "")
+                    items = iter(())
+                if item is None:
+                    break
+                if stopping():
+                    return
+                last_line = item.line if isinstance(item, Reject) else _line_of(item)
+                if self.shard is not None:
+                    # a record belongs to its user's shard; a reject (no trusted user id) to
+                    # the shard of its position, so that exactly one shard reports it
+                    key = (
+                        item.user_id
+                        if isinstance(item, Record)
+                        else f"{item.path}:{item.line}:{item.reason}"
+                    )
+                    if not self.shard.owns(key):
+                        self.other_shards += isinstance(item, Record)
+                        continue
+                buf.append((path, item))
+                if len(buf) >= _READ_CHUNK:
+                    self.timings["read"] += time.perf_counter() - t0
+                    if not _put(self.records_q, buf, self.halt):
+                        return
+                    t0 = time.perf_counter()
+                    buf = []
+        self.timings["read"] += time.perf_counter() - t0
+        if buf:
+            _put(self.records_q, buf, self.halt)
+        _put(self.records_q, _END, self.halt)
+
+    def _stopping(self) -> bool:
+        return self.stop.is_set() or self.halt.is_set()
+
+    def _prepare(self) -> None:
+        batch: list[_Item] = []
+        rejects: list[RejectRow] = []
+        while True:
+            chunk = _get(self.records_q, self.halt)
+            if chunk is None:
+                return
+            if isinstance(chunk, _Failure):
+                _put(self.batches_q, chunk, self.halt)
+                return
+            if chunk is _END:
+                break
+            t0 = time.perf_counter()
+            for path, item in chunk:
+                if isinstance(item, Reject):
+                    rejects.append(RejectRow(item.path, item.line, item.reason, item.raw, "read"))
+                    continue
+                row = self._page(path, item)
+                if isinstance(row, RejectRow):
+                    rejects.append(row)
+                else:
+                    batch.append(row)
+                if len(batch) >= self.batch_size:
+                    self.timings["prepare"] += time.perf_counter() - t0
+                    if not self._emit(batch, rejects):
+                        return
+                    batch, rejects = [], []
+                    t0 = time.perf_counter()
+            self.timings["prepare"] += time.perf_counter() - t0
+            if len(rejects) >= self.batch_size and not batch:
+                if not self._emit(batch, rejects):
+                    return
+                rejects = []
+        if (batch or rejects) and not self._emit(batch, rejects):
+            return
+        _put(self.batches_q, _END, self.halt)
+
+    def _page(self, path: str, rec: Record) -> _Item | RejectRow:
+        line = _line_of(rec)
+        page = self.PageInput(
+            user_id=rec.user_id,
+            user_input=rec.user_input,
+            agent_response=rec.agent_response,
+            timestamp=rec.epoch,
+            assistant_id=rec.assistant_id,
+            source=rec.source,
+            meta=dict(rec.meta),
+        )
+        try:
+            page = self.validate(page)
+        except self.InvalidInputError as exc:
+            raw = json.dumps(rec.to_page(), ensure_ascii=False)[:2000]
+            return RejectRow(path, line, str(exc), raw, "validate", rec.source)
+        return _Item(path, line, rec, page)
+
+    def _emit(self, batch: list[_Item], rejects: list[RejectRow]) -> bool:
+        if batch and self.prefetch and not self._stopping():
+            self._embed_ahead(batch)
+        return _put(self.batches_q, (batch, rejects), self.halt)
+
+    def _embed_ahead(self, batch: list[_Item]) -> None:
+        """Warm the embedder's cache with the batch's new pages (skipping known sources)."""
+        t0 = time.perf_counter()
+        try:
+            known = self.engine.store.known_sources(i.page.source for i in batch)
+            texts = [self.page_text(i.page) for i in batch if i.page.source not in known]
+            for j in range(0, len(texts), _PREFETCH_CHUNK):
+                if self._stopping():
+                    break
+                self.engine.embedder.encode(texts[j : j + _PREFETCH_CHUNK])
+        except Exception:  # a failed prefetch costs only time: add_many embeds for real
+            pass
+        self.timings["embed_ahead"] += time.perf_counter() - t0
+
+
+def ingest(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    engine_or_config: Any = None,
+    *,
+    fmt: str = "auto",
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    rejects_path: str | os.PathLike[str] | None = None,
+    shard: Shard | str | tuple[int, int] | None = None,
+    progress: bool = True,
+    process: Literal["auto", "batch", "defer"] = "auto",
+    prefetch: bool | None = None,
+    stop_event: threading.Event | None = None,
+    handle_sigint: bool = False,
+    reject_log: IO[str] | None = None,
+    reject_log_limit: int = 100,
+    on_batch: Callable[[IngestReport], None] | None = None,
+    queue_batches: int = 2,
+) -> IngestReport:
+    """Ingest chat logs into an engine's store; return an :class:`IngestReport`.
+
+    Parameters
+    ----------
+    paths:
+        Input files (JSONL, LoCoMo, ShareGPT, OpenAI; gzip transparently), read in order.
+    engine_or_config:
+        A :class:`~memoryos_gpu.engine.MemoryEngine` (used as is, not closed), an
+        :class:`~memoryos_gpu.config.EngineConfig` (an engine is built and closed), or ``None``
+        (default config: an in-memory store).
+    fmt:
+        ``"auto"`` (detected per file) or one of ``jsonl``, ``locomo``, ``sharegpt``,
+        ``openai`` for every file.
+    batch_size:
+        Pages per ``add_many`` call, across users.
+    rejects_path:
+        JSONL file of rejected items (``file``, ``line``, ``reason``, ``raw``, ``stage``,
+        ``source``); truncated at the start of the run. ``None``: not written.
+    shard:
+        ``"I/N"``: only users with ``shard_of(user_id, N) == I`` (see :class:`Shard`).
+    progress:
+        A live progress display on stderr (rich).
+    process:
+        When the derived work (chain, MTM, promotion) runs. ``"auto"``: inside ``add_many``
+        when the engine's ``auto_process`` is on, else after each batch; ``"batch"``: after
+        each batch; ``"defer"``: not at all (left pending in the store; the next engine to open
+        the store, or ``engine.flush()``, runs it).
+    prefetch:
+        Embed the next batch's pages (warming the embedder's cache) while the current one is
+        processed. Default: only where that overlaps with other work - a caching embedder on a
+        GPU, or LLM work done elsewhere (``openai``/``vllm`` backends); on CPU-only runs two
+        concurrent forward passes just oversubscribe the cores.
+    stop_event, handle_sigint:
+        Setting ``stop_event`` (or SIGINT when ``handle_sigint`` and running in the main
+        thread; a second SIGINT aborts) ends the run after the batch in flight.
+    reject_log, reject_log_limit:
+        Where each reject is reported as ``file:line: rejected: reason`` (default stderr) and
+        how many such lines at most (the rejects file holds all of them).
+    on_batch:
+        Called with the running report after each batch.
+    """
+    from memoryos_gpu.config import EngineConfig
+    from memoryos_gpu.engine import InvalidInputError, MemoryEngine
+
+    path_list = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    if process not in ("auto", "batch", "defer"):
+        raise ValueError(f"process must be 'auto', 'batch' or 'defer', got {process!r}")
+    shard_obj = Shard.parse(shard) if shard is not None else None
+    files = resolve_formats(path_list, fmt)
+
+    own_engine = not isinstance(engine_or_config, MemoryEngine)
+    if own_engine:
+        cfg = engine_or_config if engine_or_config is not None else EngineConfig()
+        if not isinstance(cfg, EngineConfig):
+            raise TypeError("engine_or_config must be a MemoryEngine, an EngineConfig or None")
+        if process != "auto" and cfg.auto_process:
+            cfg = cfg.model_copy(update={"auto_process": False})
+        engine = MemoryEngine(cfg)
+    else:
+        engine = engine_or_config
+    inline = bool(engine.config.auto_process)
+    if process == "auto":
+        process_after_batch = not inline
+    else:
+        process_after_batch = process == "batch"
+        if inline:
+            # the engine processes inside add_many; "defer" cannot be honoured
+            process_after_batch = False
+    if prefetch is None:
+        prefetch = _default_prefetch(engine)
+
+    report = IngestReport(
+        batch_size=batch_size,
+        files=list(files),
+        formats=dict(files),
+        shard=str(shard_obj) if shard_obj else None,
+        store=engine.config.store,
+        rejects_path=os.fspath(rejects_path) if rejects_path is not None else None,
+    )
+    stop = stop_event or threading.Event()
+    log = reject_log if reject_log is not None else sys.stderr
+    users: set[str] = set()
+    reasons: Counter = Counter()
+    timings: Counter = Counter()
+    llm_before = _llm_calls(engine)
+
+    rejects_file: IO[str] | None = None
+    if rejects_path is not None:
+        Path(rejects_path).parent.mkdir(parents=True, exist_ok=True)
+        rejects_file = open(rejects_path, "w", encoding="utf-8")  # noqa: SIM115
+
+    display = _Progress(progress, files, shard_obj)
+    logged = 0
+
+    def reject(row: RejectRow) -> None:
+        nonlocal logged
+        report.rejected += 1
+        reasons[_reason_kind(row.reason)] += 1
+        if rejects_file is not None:
+            rejects_file.write(json.dumps(asdict(row), ensure_ascii=False) + "\n")
+        if logged < reject_log_limit:
+            display.log(log, row.message())
+        elif logged == reject_log_limit:
+            where = f" (all in {report.rejects_path})" if report.rejects_path else ""
+            display.log(log, f"... further rejects not shown{where}")
+        logged += 1
+
+    def add(items: list[_Item]) -> list[tuple[_Item, Any]]:
+        """add_many, splitting the batch when the engine refuses one of its pages."""
+        try:
+            return list(zip(items, engine.add_many([i.page for i in items]), strict=True))
+        except InvalidInputError as exc:
+            if len(items) == 1:
+                i = items[0]
+                raw = json.dumps(i.record.to_page(), ensure_ascii=False)[:2000]
+                reject(RejectRow(i.path, i.line, str(exc), raw, "validate", i.record.source))
+                return []
+            mid = len(items) // 2
+            return add(items[:mid]) + add(items[mid:])
+
+    old_handler = None
+    sigints = 0
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal sigints
+        sigints += 1
+        if sigints > 1:
+            raise KeyboardInterrupt
+        stop.set()
+        display.log(
+            sys.stderr,
+            "interrupted: finishing the batch in flight, then stopping (Ctrl-C again to abort)",
+        )
+
+    if handle_sigint and threading.current_thread() is threading.main_thread():
+        old_handler = signal.signal(signal.SIGINT, on_sigint)
+
+    pipe = _Pipeline(
+        engine,
+        files,
+        batch_size=batch_size,
+        shard=shard_obj,
+        prefetch=prefetch,
+        stop=stop,
+        queue_batches=queue_batches,
+    )
+    t_start = time.perf_counter()
+    try:
+        display.start()
+        pipe.start()
+        while True:
+            if stop.is_set():
+                report.interrupted = True
+                break
+            t0 = time.perf_counter()
+            msg = _get(pipe.batches_q, stop)
+            timings["wait_input"] += time.perf_counter() - t0
+            if msg is None or msg is _END:
+                report.interrupted = msg is None
+                break
+            if isinstance(msg, _Failure):
+                raise msg.exc
+            items, rejects = msg
+            for row in rejects:
+                reject(row)
+            if items:
+                t0 = time.perf_counter()
+                done = add(items)
+                timings["add"] += time.perf_counter() - t0
+                if process_after_batch:
+                    t0 = time.perf_counter()
+                    engine.process_pending()
+                    timings["process"] += time.perf_counter() - t0
+                report.batches += 1
+                for item, res in done:
+                    users.add(item.page.user_id)
+                    if res.duplicate:
+                        report.skipped += 1
+                    else:
+                        report.accepted += 1
+                report.records += len(items)
+            report.users = len(users)
+            report.elapsed_s = time.perf_counter() - t_start
+            report.pages_per_s = report.accepted / report.elapsed_s if report.elapsed_s else 0.0
+            report.llm_calls = _llm_calls(engine) - llm_before
+            display.update(report)
+            if on_batch is not None:
+                on_batch(report)
+            if stop.is_set():
+                report.interrupted = True
+                break
+    finally:
+        pipe.close()
+        display.stop()
+        if old_handler is not None:
+            signal.signal(signal.SIGINT, old_handler)
+        if rejects_file is not None:
+            rejects_file.close()
+        report.elapsed_s = time.perf_counter() - t_start
+        report.pages_per_s = report.accepted / report.elapsed_s if report.elapsed_s else 0.0
+        report.users = len(users)
+        report.other_shards = pipe.other_shards
+        report.llm_calls = _llm_calls(engine) - llm_before
+        report.reject_reasons = dict(reasons.most_common())
+        report.timings = {k: round(v, 4) for k, v in sorted({**pipe.timings, **timings}.items())}
+        report.peak_rss_mb = round(_peak_rss_mb(), 1)
+        with contextlib.suppress(Exception):
+            report.store_counts = dict(engine.store.counts())
+            report.pending = int(engine.store.count_pending())
+        if own_engine:
+            engine.close()
+    return report
+
+
+def _default_prefetch(engine: Any) -> bool:
+    """Embed ahead only where it overlaps with something: an embedder on a GPU, or LLM work
+    done elsewhere (a server, or vLLM on the GPU). On a CPU-only run the embedder already uses
+    every core; a second concurrent forward pass only oversubscribes them (measured: 2x
+    slower on 2 cores, see benchmarks/ingest.py)."""
+    emb = engine.embedder
+    if not getattr(emb, "cache_size", 0):
+        return False
+    if getattr(getattr(emb, "device", None), "type", "cpu") == "cuda":
+        return True
+    llm = engine.config.llm
+    return llm.mode == "llm" and llm.backend in ("openai", "vllm")
+
+
+def _reason_kind(reason: str) -> str:
+    """A bucket for the summary: the reason without its details (numbers, parentheses)."""
+    return re.sub(r"(?<![\w-])\d+(?!\w)", "N", reason.split(" (", 1)[0]).strip()[:80]
+
+
+# ============================================================================ progress display
+class _Progress:
+    """A rich progress line on stderr: pages, users, pages/s, LLM calls, ETA (when known).
+
+    The total (JSONL page files: one record per non-blank line) is counted in a background
+    thread, so a large input starts ingesting at once; the bar and ETA appear when it is known.
+    """
+
+    def __init__(self, enabled: bool, files: dict[str, str], shard: Shard | None) -> None:
+        self.enabled = enabled
+        self.files = files
+        self.shard = shard
+        self._progress: Any = None
+        self._task: Any = None
+        self._lock = threading.Lock()
+
+    def _count(self) -> None:
+        try:
+            total = _count_records(self.files)
+        except OSError:
+            return
+        if total is None:
+            return
+        if self.shard is not None:
+            total = max(1, total // self.shard.count)  # estimate: users spread evenly
+        with self._lock:
+            if self._progress is not None:
+                self._progress.update(self._task, total=total)
+
+    def start(self) -> None:
+        if not self.enabled:
+            return
+        try:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                Progress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+        except ImportError:  # pragma: no cover - rich is a dependency
+            self.enabled = False
+            return
+        columns: list[Any] = [
+            SpinnerColumn(),
+            BarColumn(bar_width=12),
+            TextColumn(
+                "{task.fields[accepted]:,} pages ({task.fields[skipped]:,} present, "
+                "{task.fields[rejected]:,} rejected) {task.fields[users]:,} users "
+                "{task.fields[rate]:,.0f}/s {task.fields[llm]:,} LLM"
+            ),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        ]
+        self._progress = Progress(
+            *columns, console=Console(stderr=True), transient=False, refresh_per_second=4
+        )
+        self._task = self._progress.add_task(
+            "ingest",
+            total=None,
+            accepted=0,
+            skipped=0,
+            rejected=0,
+            users=0,
+            rate=0.0,
+            llm=0,
+        )
+        self._progress.start()
+        threading.Thread(target=self._count, name="ingest-count", daemon=True).start()
+
+    def update(self, r: IngestReport) -> None:
+        with self._lock:
+            if self._progress is None:
+                return
+            self._progress.update(
+                self._task,
+                completed=r.records + r.rejected,
+                accepted=r.accepted,
+                skipped=r.skipped,
+                rejected=r.rejected,
+                users=r.users,
+                rate=r.pages_per_s,
+                llm=r.llm_calls,
+            )
+
+    def log(self, stream: IO[str], message: str) -> None:
+        if self._progress is not None and stream is sys.stderr:
+            self._progress.console.print(message, markup=False, highlight=False)
+        else:
+            print(message, file=stream, flush=True)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._progress is not None:
+                self._progress.stop()
+                self._progress = None
