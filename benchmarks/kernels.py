@@ -37,16 +37,17 @@ def build_arena(
 ) -> Arena:
     """A full arena: every user has ``slots`` live segments with ``pages_per_segment`` pages."""
     rng = np.random.default_rng(seed)
+    # blocks sized to the segments so the pool holds no empty slots (RAM bounds U here)
+    block = max(1, min(ArenaConfig().block_size, pages_per_segment))
     arena = Arena(
         ArenaConfig(
             dim=dim,
             segment_slots=slots,
             keyword_width=KW_WIDTH,
             device=device,
+            block_size=block,
             initial_users=users,
-            initial_blocks=max(
-                1, users * slots * -(-pages_per_segment // ArenaConfig().block_size)
-            ),
+            initial_blocks=max(1, users * slots * -(-pages_per_segment // block)),
         )
     )
     arena.add_users(users)

@@ -30,11 +30,10 @@ from typing import Any
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import MemoryEngine
-from memoryos_gpu.eval.locomo import load_locomo
+from memoryos_gpu.eval.locomo import default_locomo_path, load_locomo
 from memoryos_gpu.types import PageInput
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / \
-    "locomo_dev.json"
+DEFAULT_DATA = default_locomo_path()
 
 
 def synthetic_pages(data: Path, users: int, pages: int) -> list[PageInput]:
@@ -44,14 +43,30 @@ def synthetic_pages(data: Path, users: int, pages: int) -> list[PageInput]:
     for u in range(users):
         conv = convs[u % len(convs)]
         start = (u // len(convs)) * pages
-        for p in conv.pages[start:start + pages]:
-            out.append(PageInput(f"user-{u}", p.user_input, p.agent_response, p.timestamp,
-                                 meta={"speaker_a": p.speaker_a, "speaker_b": p.speaker_b}))
+        for p in conv.pages[start : start + pages]:
+            out.append(
+                PageInput(
+                    f"user-{u}",
+                    p.user_input,
+                    p.agent_response,
+                    p.timestamp,
+                    meta={"speaker_a": p.speaker_a, "speaker_b": p.speaker_b},
+                )
+            )
     return out
 
 
-def run_one(pages: list[PageInput], backend: Any, *, fused: bool, batch_size: int,
-            max_tokens: int, embedder: Any, workdir: Path, label: str) -> dict[str, Any]:
+def run_one(
+    pages: list[PageInput],
+    backend: Any,
+    *,
+    fused: bool,
+    batch_size: int,
+    max_tokens: int,
+    embedder: Any,
+    workdir: Path,
+    label: str,
+) -> dict[str, Any]:
     cfg = EngineConfig(
         memory=preset("paper", stm_capacity=3, tau=3.0),
         llm=LLMConfig(mode="llm", fused=fused, batch_size=batch_size, max_tokens=max_tokens),
@@ -105,26 +120,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         for fused in modes:
             for batch in (64, 1):
                 label = f"{'fused' if fused else 'separate'}-{batch}"
-                rows.append(run_one(pages, backend, fused=fused, batch_size=batch,
-                                    max_tokens=args.max_tokens, embedder=embedder,
-                                    workdir=Path(tmp), label=label))
+                rows.append(
+                    run_one(
+                        pages,
+                        backend,
+                        fused=fused,
+                        batch_size=batch,
+                        max_tokens=args.max_tokens,
+                        embedder=embedder,
+                        workdir=Path(tmp),
+                        label=label,
+                    )
+                )
                 print(json.dumps(rows[-1]), file=sys.stderr)
     ratios = {}
     for mode in {r["mode"] for r in rows}:
         b = next(r for r in rows if r["mode"] == mode and r["batching"] == "batched")
         o = next(r for r in rows if r["mode"] == mode and r["batching"] == "one-at-a-time")
         ratios[mode] = round(b["pages_per_s"] / o["pages_per_s"], 2)
-    print(f"{'mode':<9} {'batching':<14} {'pages/s':>8} {'calls/page':>10} {'prompt tok/pg':>13} "
-          f"{'fallbacks':>9}  mean batch per stage")
+    print(
+        f"{'mode':<9} {'batching':<14} {'pages/s':>8} {'calls/page':>10} {'prompt tok/pg':>13} "
+        f"{'fallbacks':>9}  mean batch per stage"
+    )
     for r in rows:
-        print(f"{r['mode']:<9} {r['batching']:<14} {r['pages_per_s']:>8.3f} "
-              f"{r['llm_calls_per_page']:>10.3f} {r['prompt_tokens_per_page']:>13.1f} "
-              f"{r['fallbacks']:>9}  {r['mean_batch_per_stage']}")
+        print(
+            f"{r['mode']:<9} {r['batching']:<14} {r['pages_per_s']:>8.3f} "
+            f"{r['llm_calls_per_page']:>10.3f} {r['prompt_tokens_per_page']:>13.1f} "
+            f"{r['fallbacks']:>9}  {r['mean_batch_per_stage']}"
+        )
     print("batched / one-at-a-time throughput:", ratios)
-    report = {"benchmark": "llm_batching", "date": time.strftime("%Y-%m-%d"),
-              "users": args.users, "pages_per_user": args.pages, "max_tokens": args.max_tokens,
-              "backend": "transformers (bundled SmolLM2-135M GGUF, CPU)", "results": rows,
-              "throughput_ratio": ratios}
+    report = {
+        "benchmark": "llm_batching",
+        "date": time.strftime("%Y-%m-%d"),
+        "users": args.users,
+        "pages_per_user": args.pages,
+        "max_tokens": args.max_tokens,
+        "backend": "transformers (bundled SmolLM2-135M GGUF, CPU)",
+        "results": rows,
+        "throughput_ratio": ratios,
+    }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

@@ -30,11 +30,16 @@ import numpy as np
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.eval import baselines
-from memoryos_gpu.eval.locomo import Conversation, Question, evaluate_rankings, load_locomo
+from memoryos_gpu.eval.locomo import (
+    Conversation,
+    Question,
+    default_locomo_path,
+    evaluate_rankings,
+    load_locomo,
+)
 from memoryos_gpu.types import PageInput
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "locomo" / \
-    "locomo_dev.json"
+DEFAULT_DATA = default_locomo_path()
 
 
 def engine_configs(with_llm: bool) -> dict[str, dict[str, Any]]:
@@ -47,20 +52,25 @@ def engine_configs(with_llm: bool) -> dict[str, dict[str, Any]]:
         "engine-llm-free-paper-flat-pages": {"memory": preset("paper", top_segments=200)},
     }
     if with_llm:
-        configs["engine-llm-paper"] = {"memory": preset("paper"),
-                                       "llm": LLMConfig(mode="llm", backend="transformers",
-                                                        max_tokens=96)}
+        configs["engine-llm-paper"] = {
+            "memory": preset("paper"),
+            "llm": LLMConfig(mode="llm", backend="transformers", max_tokens=96),
+        }
     return configs
 
 
 class EngineRanker:
     """Ingest each conversation once per configuration, then rank pages per question."""
 
-    def __init__(self, name: str, spec: dict[str, Any], embedder: Any, budget: int,
-                 workdir: Path) -> None:
+    def __init__(
+        self, name: str, spec: dict[str, Any], embedder: Any, budget: int, workdir: Path
+    ) -> None:
         self.name, self.embedder, self.budget = name, embedder, budget
-        self.config = EngineConfig(memory=spec["memory"], llm=spec.get("llm", LLMConfig()),
-                                   store=str(workdir / f"{name}.sqlite3"))
+        self.config = EngineConfig(
+            memory=spec["memory"],
+            llm=spec.get("llm", LLMConfig()),
+            store=str(workdir / f"{name}.sqlite3"),
+        )
         self.engine = MemoryEngine(self.config, embedder=embedder)
         self.ingest_s = 0.0
         self.tokens: list[int] = []
@@ -69,15 +79,25 @@ class EngineRanker:
         t0 = time.perf_counter()
         index_of: dict[int, int] = {}
         results = self.engine.add_many(
-            PageInput(conv.sample_id, p.user_input, p.agent_response, p.timestamp,
-                      assistant_id=f"{conv.sample_id}:assistant", source=p.source,
-                      meta={"index": p.index, "speaker_a": p.speaker_a,
-                            "speaker_b": p.speaker_b}) for p in conv.pages)
+            PageInput(
+                conv.sample_id,
+                p.user_input,
+                p.agent_response,
+                p.timestamp,
+                assistant_id=f"{conv.sample_id}:assistant",
+                source=p.source,
+                meta={"index": p.index, "speaker_a": p.speaker_a, "speaker_b": p.speaker_b},
+            )
+            for p in conv.pages
+        )
         for p, r in zip(conv.pages, results, strict=True):
             index_of[r.page_id] = p.index
         self.ingest_s += time.perf_counter() - t0
-        retrievals = self.engine.retrieve_many([(conv.sample_id, q.question) for q in questions],
-                                               top_pages=self.budget, update_heat=False)
+        retrievals = self.engine.retrieve_many(
+            [(conv.sample_id, q.question) for q in questions],
+            top_pages=self.budget,
+            update_heat=False,
+        )
         rankings = []
         for r in retrievals:
             # STM pages count, after the MTM pages inside the same budget (conservative: the
@@ -93,10 +113,18 @@ class EngineRanker:
 
 
 def report_rows(method: str, reports: dict[int, Any], extra: dict[str, Any]) -> list[dict]:
-    return [{"method": method, "budget": k, "evidence_recall": round(r.overall, 4),
-             "all_evidence_hit": round(r.all_hit, 4),
-             "per_category": {str(c): round(v, 4) for c, v in r.per_category.items()},
-             "questions": r.n, **extra} for k, r in reports.items()]
+    return [
+        {
+            "method": method,
+            "budget": k,
+            "evidence_recall": round(r.overall, 4),
+            "all_evidence_hit": round(r.all_hit, 4),
+            "per_category": {str(c): round(v, 4) for c, v in r.per_category.items()},
+            "questions": r.n,
+            **extra,
+        }
+        for k, r in reports.items()
+    ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -116,14 +144,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         reports = evaluate_rankings(convs, rank, ks)
         elapsed = time.perf_counter() - t0
-        results.extend(report_rows(method, reports, {"seconds": round(elapsed, 2),
-                                                     **(extra or {})}))
-        print(f"{method:<36} " + "  ".join(f"@{k}={reports[k].overall:.3f}" for k in ks),
-              file=sys.stderr)
+        results.extend(
+            report_rows(method, reports, {"seconds": round(elapsed, 2), **(extra or {})})
+        )
+        print(
+            f"{method:<36} " + "  ".join(f"@{k}={reports[k].overall:.3f}" for k in ks),
+            file=sys.stderr,
+        )
 
     budget = max(ks)
     timed("flat-dense", lambda c, qs: baselines.flat_dense(c.pages, qs, embed, budget))
     timed("bm25", lambda c, qs: baselines.bm25(c.pages, qs, budget))
+
     def rrf(conv: Conversation, qs: list[Question]) -> list[list[int]]:
         dense = baselines.flat_dense(conv.pages, qs, embed, None)
         lexical = baselines.bm25(conv.pages, qs, None)
@@ -138,18 +170,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             use = convs[: args.llm_conversations] if "llm-paper" in name else convs
             t0 = time.perf_counter()
             reports = evaluate_rankings(use, ranker, ks)
-            extra = {"seconds": round(time.perf_counter() - t0, 2),
-                     "ingest_seconds": round(ranker.ingest_s, 2),
-                     "retrieval_tokens_per_question": round(float(np.mean(ranker.tokens)), 1),
-                     "llm_calls_per_page": round(ranker.llm_calls_per_page(), 3),
-                     "conversations": len(use)}
+            extra = {
+                "seconds": round(time.perf_counter() - t0, 2),
+                "ingest_seconds": round(ranker.ingest_s, 2),
+                "retrieval_tokens_per_question": round(float(np.mean(ranker.tokens)), 1),
+                "llm_calls_per_page": round(ranker.llm_calls_per_page(), 3),
+                "conversations": len(use),
+            }
             results.extend(report_rows(name, reports, extra))
-            print(f"{name:<36} " + "  ".join(f"@{k}={reports[k].overall:.3f}" for k in ks),
-                  file=sys.stderr)
+            print(
+                f"{name:<36} " + "  ".join(f"@{k}={reports[k].overall:.3f}" for k in ks),
+                file=sys.stderr,
+            )
             ranker.engine.close()
     n_questions = sum(len(c.scored_questions) for c in convs)
-    return {"data": str(args.data), "questions": n_questions, "budgets": list(ks),
-            "date": time.strftime("%Y-%m-%d"), "results": results}
+    return {
+        "data": str(args.data),
+        "questions": n_questions,
+        "budgets": list(ks),
+        "date": time.strftime("%Y-%m-%d"),
+        "results": results,
+    }
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -159,8 +200,11 @@ def print_table(report: dict[str, Any]) -> None:
     for m in methods:
         rows = {r["budget"]: r for r in report["results"] if r["method"] == m}
         hit = rows.get(10, rows[ks[0]])["all_evidence_hit"]
-        print(f"{m:<36} " + " ".join(f"{rows[k]['evidence_recall']:>7.3f}" for k in ks)
-              + f"   {hit:.3f}")
+        print(
+            f"{m:<36} "
+            + " ".join(f"{rows[k]['evidence_recall']:>7.3f}" for k in ks)
+            + f"   {hit:.3f}"
+        )
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

@@ -37,7 +37,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from memoryos_gpu.profile_dims import (
-    DIMENSION_KEYS,
     dimensions_prompt_text,
     normalize_dimension_key,
     render_profile,

@@ -19,13 +19,15 @@ import signal
 import sys
 from pathlib import Path
 
+from memoryos_gpu.eval.locomo import default_locomo_path
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from memoryos_gpu.config import EngineConfig, preset
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.formats import Record, read_records
 
-LOCOMO = Path("/work/shared/data/locomo/locomo_dev.json")
+LOCOMO = default_locomo_path()
 
 
 def engine_config(store: str) -> EngineConfig:

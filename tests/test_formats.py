@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memoryos_gpu.eval.locomo import default_locomo_path
 from memoryos_gpu.formats import (
     RAW_LIMIT,
     FormatError,
@@ -302,7 +303,7 @@ def test_locomo_bad_session_date_rejects_its_pages(tmp_path):
 
 
 def test_real_locomo_covers_every_turn():
-    path = Path("/work/shared/data/locomo/locomo_dev.json")
+    path = default_locomo_path()
     if not path.exists():
         pytest.skip("LoCoMo data not available")
     recs, rejs = split(list(read_records(path)))

@@ -13,6 +13,7 @@ from memoryos_gpu.eval.locomo import (
     QuestionResult,
     aggregate_recall,
     all_evidence_hit,
+    default_locomo_path,
     evaluate_rankings,
     evidence_recall,
     load_locomo,
@@ -23,7 +24,7 @@ from memoryos_gpu.eval.locomo import (
 from memoryos_gpu.formats import Record, read_records
 
 DATA = Path(__file__).parent / "data"
-LOCOMO_DEV = Path("/work/shared/data/locomo/locomo_dev.json")
+LOCOMO_DEV = default_locomo_path()
 
 
 @pytest.fixture(scope="module")

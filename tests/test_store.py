@@ -26,6 +26,7 @@ from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.embedding import HashingEmbedder
 from memoryos_gpu.engine import InvalidInputError, MemoryEngine
 from memoryos_gpu.errors import UnknownUserError
+from memoryos_gpu.eval.locomo import default_locomo_path
 from memoryos_gpu.formats import Record, read_records
 from memoryos_gpu.llm.base import ChatRequest
 from memoryos_gpu.llm.scripted import ScriptedBackend
@@ -34,7 +35,7 @@ from memoryos_gpu.store import sqlite as sqlite_mod
 from memoryos_gpu.store.sqlite import SQLiteStore, StoreError, emb_blob, kw_matrix
 from memoryos_gpu.types import PageInput
 
-LOCOMO = Path("/work/shared/data/locomo/locomo_dev.json")
+LOCOMO = default_locomo_path()
 TOPICS = ["adoption", "painting", "dance", "camping", "school", "music", "career", "family"]
 USERS = ("conv-26", "conv-30")
 

@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..formats import Record, Reject
 from ..formats.readers import iter_locomo_conversations, locomo_conversation_records
@@ -29,6 +30,7 @@ __all__ = [
     "RecallReport",
     "aggregate_recall",
     "all_evidence_hit",
+    "default_locomo_path",
     "evaluate_rankings",
     "evidence_recall",
     "load_locomo",
@@ -357,3 +359,17 @@ def evaluate_rankings(
         rep.malformed_evidence = malformed
         out[k] = rep
     return out
+
+
+def default_locomo_path() -> Path:
+    """The LoCoMo dev split: ``$MEMORYOS_GPU_LOCOMO``, else ``shared/data/locomo/locomo_dev.json``
+    beside the repository checkout (where the project keeps its benchmark data)."""
+    env = os.environ.get("MEMORYOS_GPU_LOCOMO")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2]
+    for base in (repo.parent / "shared", Path("/work/shared")):
+        candidate = base / "data" / "locomo" / "locomo_dev.json"
+        if candidate.exists():
+            return candidate
+    return repo.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
