@@ -1,0 +1,371 @@
+"""End-to-end throughput: the engine in process vs a reference-style per-user implementation.
+
+Synthetic users are built from LoCoMo pages: user ``u{i}`` gets ``--pages-per-user`` consecutive
+pages of the dev split, starting at a random offset (cycled over all conversations), with its
+speaker names suffixed by the user id so that no two users embed the same text. Timestamps are
+synthetic (one minute apart per user). For each user count:
+
+- **ingestion** (LLM-free, extractive mode): ``engine.add_many`` in batches of ``--ingest-batch``
+  pages interleaving users, derived work (STM overflow, MTM segments) included; pages/s;
+- **retrieval**: ``--queries`` LoCoMo questions, each for a random user, through
+  ``retrieve_many`` in batches of ``--batch`` (queries/s), plus ``--latency-queries`` single-query
+  calls for p50/p95 latency; the query embedding is always included;
+- **memory**: peak RSS of the process (``ru_maxrss``; monotone over the run, sizes run in
+  ascending order) and ``arena.nbytes() / users`` (includes the arena's initial capacity, so it
+  is large at small user counts).
+
+The **reference** (``ReferenceUser`` below) does what a per-user implementation in the style of
+BAI-LAB/MemoryOS does: one object per user, one embedder call per text, an STM of 7 pages whose
+overflow is grouped into sessions (new session when cos(page, session mean) < 0.6), and per query
+a fresh ``faiss.IndexFlatIP`` over the session embeddings (top-5) then ``np.dot`` one page at a
+time (top-10). It runs only up to ``--reference-max-users`` users; ratios engine/reference are
+reported at the sizes both ran. Both use the same embedder instance with its cache disabled.
+
+Default sizes are 1, 10, 100, 1,000 users (x 20 pages = 20k pages at 1,000). 10,000 and more are
+possible with ``--users 1 10 100 1000 10000``, memory (and patience with MiniLM on CPU) permitting.
+
+Usage: python benchmarks/throughput.py [--users 1 10 100 1000] [--pages-per-user 20]
+       [--embedder minilm|hashing] [--reference-max-users 100] [--quick]
+       [--json OUT] [--plot OUT.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memoryos_gpu import ops
+from memoryos_gpu.config import EngineConfig, preset
+from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.eval.locomo import default_locomo_path, load_locomo
+from memoryos_gpu.types import PageInput
+
+DATA = default_locomo_path()
+T0 = 1_700_000_000.0
+
+
+# ---------------------------------------------------------------------------------- workload
+def load_corpus(path: Path) -> tuple[list[tuple[str, str, str, str]], list[str]]:
+    """All pages (user_input, agent_response, speaker_a, speaker_b) and all question texts."""
+    convs = load_locomo(path)
+    pages = [
+        (p.user_input, p.agent_response, p.speaker_a, p.speaker_b or "assistant")
+        for c in convs
+        for p in c.pages
+    ]
+    questions = [q.question for c in convs for q in c.questions if q.question]
+    return pages, questions
+
+
+def make_pages(corpus: list, users: int, per_user: int, seed: int = 0) -> list[PageInput]:
+    """Pages of ``users`` synthetic users, interleaved (round-robin), in order per user."""
+    rng = random.Random(seed)
+    offsets = [rng.randrange(len(corpus)) for _ in range(users)]
+    out = []
+    for j in range(per_user):
+        for i in range(users):
+            ui, ar, sa, sb = corpus[(offsets[i] + j) % len(corpus)]
+            out.append(
+                PageInput(
+                    user_id=f"u{i}",
+                    user_input=ui,
+                    agent_response=ar,
+                    timestamp=T0 + 60.0 * j,
+                    meta={"speaker_a": f"{sa} {i}", "speaker_b": f"{sb} {i}"},
+                )
+            )
+    return out
+
+
+def make_queries(questions: list[str], users: int, n: int, seed: int = 1) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    return [(f"u{rng.randrange(users)}", rng.choice(questions)) for _ in range(n)]
+
+
+def ref_text(p: PageInput) -> str:
+    return f"{p.meta['speaker_a']}: {p.user_input} {p.meta['speaker_b']}: {p.agent_response}"
+
+
+# --------------------------------------------------------------------------------- reference
+class ReferenceUser:
+    """One object per user, as a per-user implementation keeps it (lists + numpy vectors)."""
+
+    STM, SESSION_THRESHOLD, TOP_SESSIONS, TOP_PAGES = 7, 0.6, 5, 10
+
+    def __init__(self, embedder: Any) -> None:
+        self.embedder = embedder
+        self.stm: list[dict[str, Any]] = []
+        self.sessions: list[dict[str, Any]] = []  # {"pages": [...], "emb": mean vector}
+
+    def _embed(self, text: str) -> np.ndarray:
+        v = np.asarray(self.embedder.encode([text])[0], dtype=np.float32)  # one call per text
+        return v / max(float(np.linalg.norm(v)), 1e-12)
+
+    def add(self, page: PageInput) -> None:
+        text = ref_text(page)
+        self.stm.append({"text": text, "ts": page.timestamp, "emb": self._embed(text)})
+        while len(self.stm) > self.STM:
+            self._to_session(self.stm.pop(0))
+
+    def _to_session(self, page: dict[str, Any]) -> None:
+        if self.sessions:
+            last = self.sessions[-1]
+            s = last["emb"] / max(float(np.linalg.norm(last["emb"])), 1e-12)
+            if float(np.dot(s, page["emb"])) >= self.SESSION_THRESHOLD:
+                last["pages"].append(page)
+                last["emb"] = np.mean([p["emb"] for p in last["pages"]], axis=0)
+                return
+        self.sessions.append({"pages": [page], "emb": page["emb"].copy()})
+
+    def retrieve(self, query: str) -> dict[str, Any]:
+        import faiss
+
+        qv = self._embed(query)
+        scored: list[tuple[float, str]] = []
+        if self.sessions:
+            summaries = np.stack([s["emb"] for s in self.sessions]).astype(np.float32)
+            summaries /= np.maximum(np.linalg.norm(summaries, axis=1, keepdims=True), 1e-12)
+            index = faiss.IndexFlatIP(summaries.shape[1])
+            index.add(summaries)
+            _, idx = index.search(qv[None, :], min(self.TOP_SESSIONS, len(self.sessions)))
+            for i in idx[0]:
+                if i < 0:
+                    continue
+                for p in self.sessions[int(i)]["pages"]:
+                    scored.append((float(np.dot(p["emb"], qv)), p["text"]))
+            scored.sort(key=lambda t: -t[0])
+        return {"stm": [p["text"] for p in self.stm], "pages": scored[: self.TOP_PAGES]}
+
+
+# ------------------------------------------------------------------------------------ runs
+def peak_rss_mb() -> float:
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return kb / 1024.0
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+def run_engine(embedder: Any, pages: list[PageInput], queries: list, users: int, args) -> dict:
+    engine = MemoryEngine(EngineConfig(store=":memory:", memory=preset("paper")), embedder=embedder)
+    try:
+        t0 = time.perf_counter()
+        for i in range(0, len(pages), args.ingest_batch):
+            engine.add_many(pages[i : i + args.ingest_batch])
+        ingest_s = time.perf_counter() - t0
+        heat = not args.no_heat
+        engine.retrieve_many(queries[:2], update_heat=heat)  # warm-up, untimed
+        batch_lat = []
+        t0 = time.perf_counter()
+        for i in range(0, len(queries), args.batch):
+            t1 = time.perf_counter()
+            engine.retrieve_many(queries[i : i + args.batch], update_heat=heat)
+            batch_lat.append(time.perf_counter() - t1)
+        retrieve_s = time.perf_counter() - t0
+        single = []
+        for q in queries[: args.latency_queries]:
+            t1 = time.perf_counter()
+            engine.retrieve_many([q], update_heat=heat)
+            single.append(time.perf_counter() - t1)
+        arena = engine.arena.nbytes()
+        stats = engine.stats()
+        return {
+            "ingest_pages_per_s": len(pages) / ingest_s,
+            "ingest_s": ingest_s,
+            "queries_per_s": len(queries) / retrieve_s,
+            "batch_latency_ms_p50": pct(batch_lat, 50) * 1e3,
+            "latency_ms_p50": pct(single, 50) * 1e3,
+            "latency_ms_p95": pct(single, 95) * 1e3,
+            "arena_bytes": arena,
+            "arena_bytes_per_user": arena / users,
+            "peak_rss_mb": peak_rss_mb(),
+            "segments_created": stats["counters"]["segments_created"],
+            "device": stats["device"],
+        }
+    finally:
+        engine.close()
+        del engine
+        gc.collect()
+
+
+def run_reference(embedder: Any, pages: list[PageInput], queries: list, args) -> dict:
+    objs: dict[str, ReferenceUser] = {}
+    t0 = time.perf_counter()
+    for p in pages:
+        u = objs.get(p.user_id)
+        if u is None:
+            u = objs[p.user_id] = ReferenceUser(embedder)
+        u.add(p)
+    ingest_s = time.perf_counter() - t0
+    qs = queries[: args.reference_queries]
+    lat = []
+    for uid, text in qs:
+        t1 = time.perf_counter()
+        objs[uid].retrieve(text)
+        lat.append(time.perf_counter() - t1)
+    return {
+        "ingest_pages_per_s": len(pages) / ingest_s,
+        "ingest_s": ingest_s,
+        "queries_per_s": len(qs) / sum(lat),
+        "latency_ms_p50": pct(lat, 50) * 1e3,
+        "latency_ms_p95": pct(lat, 95) * 1e3,
+        "queries_timed": len(qs),
+    }
+
+
+def make_embedder(kind: str) -> Any:
+    if kind == "hashing":
+        from memoryos_gpu.embedding import HashingEmbedder
+
+        return HashingEmbedder()
+    from memoryos_gpu.embedding import Embedder
+
+    return Embedder(cache_size=0)  # no LRU hits across users / repeated questions
+
+
+def hardware() -> dict[str, Any]:
+    info = ops.build_info()
+    hw = {
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "python": platform.python_version(),
+        "cpu_threads": info["cpu_threads"],
+        "cuda_usable": info["cuda_usable"],
+    }
+    if hasattr(os, "getloadavg"):
+        hw["load_avg_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    return hw
+
+
+def fmt(v: float | None, spec: str = ".0f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    head = (
+        f"{'users':>7} {'pages':>7} {'ingest p/s':>10} {'ref p/s':>8} {'x':>6} "
+        f"{'retr q/s':>9} {'ref q/s':>8} {'x':>6} {'p50 ms':>7} {'p95 ms':>7} "
+        f"{'ref p50':>7} {'RSS MB':>7} {'arena B/user':>12}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        e, ref = r["engine"], r.get("reference")
+        print(
+            f"{r['users']:>7} {r['pages']:>7} {e['ingest_pages_per_s']:>10.0f} "
+            f"{fmt(ref and ref['ingest_pages_per_s']):>8} "
+            f"{fmt(r.get('ratio_ingest'), '.1f'):>6} {e['queries_per_s']:>9.0f} "
+            f"{fmt(ref and ref['queries_per_s']):>8} {fmt(r.get('ratio_retrieval'), '.1f'):>6} "
+            f"{e['latency_ms_p50']:>7.1f} {e['latency_ms_p95']:>7.1f} "
+            f"{fmt(ref and ref['latency_ms_p50'], '.1f'):>7} {e['peak_rss_mb']:>7.0f} "
+            f"{e['arena_bytes_per_user']:>12.0f}"
+        )
+
+
+def plot(results: list[dict[str, Any]], out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in (
+        (axes[0], "ingest_pages_per_s", "ingestion pages/s (LLM-free)"),
+        (axes[1], "queries_per_s", "retrieval queries/s (embedding included)"),
+    ):
+        xs = [r["users"] for r in results]
+        ax.plot(xs, [r["engine"][key] for r in results], "o-", label="engine (batched)")
+        ref = [r for r in results if r.get("reference")]
+        if ref:
+            ax.plot(
+                [r["users"] for r in ref],
+                [r["reference"][key] for r in ref],
+                "s--",
+                label="reference-style per user",
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("users")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--users", type=int, nargs="+", default=[1, 10, 100, 1000])
+    p.add_argument("--pages-per-user", type=int, default=20)
+    p.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm")
+    p.add_argument("--ingest-batch", type=int, default=512, help="pages per add_many call")
+    p.add_argument("--batch", type=int, default=64, help="queries per retrieve_many call")
+    p.add_argument("--queries", type=int, default=512, help="batched retrieval queries")
+    p.add_argument("--latency-queries", type=int, default=64, help="single-query calls")
+    p.add_argument("--reference-max-users", type=int, default=100)
+    p.add_argument("--reference-queries", type=int, default=128)
+    p.add_argument("--no-heat", action="store_true", help="retrieve_many(update_heat=False)")
+    p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--quick", action="store_true", help="tiny sizes, hashing embedder: seconds")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.users, args.pages_per_user, args.embedder = [1, 10], 5, "hashing"
+        args.queries = args.latency_queries = args.reference_queries = 16
+    args.users = sorted(set(args.users))
+
+    hw = hardware()
+    corpus, questions = load_corpus(args.data)
+    embedder = make_embedder(args.embedder)
+    embedder.encode(["warm-up"] * 2)
+    results = []
+    for users in args.users:
+        pages = make_pages(corpus, users, args.pages_per_user)
+        queries = make_queries(questions, users, args.queries)
+        row: dict[str, Any] = {"users": users, "pages": len(pages)}
+        row["engine"] = run_engine(embedder, pages, queries, users, args)
+        if users <= args.reference_max_users:
+            ref = run_reference(embedder, pages, queries, args)
+            row["reference"] = ref
+            row["ratio_ingest"] = row["engine"]["ingest_pages_per_s"] / ref["ingest_pages_per_s"]
+            row["ratio_retrieval"] = row["engine"]["queries_per_s"] / ref["queries_per_s"]
+        results.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    print_table(results)
+    report = {
+        "benchmark": "throughput",
+        "date": time.strftime("%Y-%m-%d"),
+        "hardware": hw,
+        "build": ops.build_info(),
+        "embedder": getattr(embedder, "model_id", args.embedder),
+        "settings": {
+            k: v for k, v in vars(args).items() if k not in ("json", "plot", "data", "users")
+        },
+        "results": results,
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+    if args.plot:
+        plot(results, args.plot, f"throughput vs users ({report['embedder']}, {hw['machine']})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
