@@ -487,13 +487,14 @@ def loaders_only(path: Path) -> dict[str, Any]:
 
 def arena_estimate(users: int, segments: int, stm: int = 0, knowledge_owners: int = 0) -> int:
     """Bytes the CPU arena needs for the synthetic store (one page per segment), including the
-    page pool's growth transient: Arena grows by np.concatenate(old, np.full(extra)), so the
-    pool briefly exists twice. Blocks hold 16 pages, one block per non-empty segment."""
-    cap = 16
-    while cap < users:
-        cap *= 2
-    seg_bytes = cap * segments * (DIM * 4 + 32 * 4 + 1 + 4 + 4 + 8 + 4 + 4 + 4)
-    pool = users * segments * 16 * (DIM * 4 + 1)
+    page pool's growth transient (np.concatenate(old, np.full(extra)): the pool briefly exists
+    twice). One block of ``ArenaConfig().block_size`` pages per non-empty segment; the reopen
+    reserves the user capacity exactly."""
+    from memoryos_gpu.arena import ArenaConfig
+
+    block = ArenaConfig().block_size
+    seg_bytes = users * segments * (DIM * 4 + 32 * 4 + 1 + 4 + 4 + 8 + 4 + 4 + 4)
+    pool = users * segments * block * (DIM * 4 + 1)
     ocap = 16
     while ocap < users + knowledge_owners:
         ocap *= 2
@@ -577,7 +578,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if need > 0.8 * avail and not args.force:
             result["engine_reopen_skipped"] = (
                 f"the arena for {args.users} users x {args.segments} segments needs about "
-                f"{need / 2**30:.1f} GiB (16-page blocks, one per segment, plus the pool's "
+                f"{need / 2**30:.1f} GiB (one block per segment, plus the pool's "
                 f"growth copy); {avail / 2**30:.1f} GiB available. Engine reopen measured at "
                 f"{args.engine_users} users instead (--force to try anyway)."
             )
