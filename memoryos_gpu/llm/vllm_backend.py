@@ -21,7 +21,15 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from memoryos_gpu.llm.base import BackendStats, ChatRequest, ChatResult, LLMBackend, LLMBackendError
+from memoryos_gpu.llm.base import (
+    JSON_RETRY_TEMPERATURE,
+    BackendStats,
+    ChatRequest,
+    ChatResult,
+    LLMBackend,
+    LLMBackendError,
+    retry_unparsed,
+)
 from memoryos_gpu.llm.jsonfix import parse_json_output
 
 __all__ = [
@@ -34,7 +42,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-JSON_RETRY_TEMPERATURE = 0.7
 
 VLLM_MISSING = (
     "vLLM is not installed (import vllm failed: {err}). The in-process 'vllm' backend needs "
@@ -195,22 +202,7 @@ class VLLMBackend(LLMBackend):
     def _generate_batch(self, requests: list[ChatRequest]) -> list[ChatResult]:
         results = self._chat(requests)
         if self.json_retry:
-            redo = [
-                i
-                for i, (q, r) in enumerate(zip(requests, results, strict=True))
-                if q.json_schema is not None and r.error is None and r.parsed is None
-            ]
-            if redo:
-                self.stats.add(retries=len(redo))
-                again = self._chat([requests[i] for i in redo], JSON_RETRY_TEMPERATURE)
-                for i, r in zip(redo, again, strict=True):
-                    if r.error is None:
-                        results[i] = ChatResult(
-                            r.text,
-                            r.parsed,
-                            results[i].prompt_tokens + r.prompt_tokens,
-                            results[i].completion_tokens + r.completion_tokens,
-                        )
+            results = retry_unparsed(requests, results, self._chat, self.stats)
         return results
 
     def close(self) -> None:
