@@ -1460,6 +1460,8 @@ class MemoryEngine:
             self.arena.remove_owner(user.owner)
             self._segment_of[user.slot] = -1
             self._entry_of_ring[user.owner] = -1
+            if self.lexical is not None:  # its keyword index holds the user's words
+                self.lexical.drop_user(user_id)
             return self.store.delete_user(user_id)
 
     def pending_count(self, user_id: str | None = None) -> int:
