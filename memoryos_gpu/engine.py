@@ -681,23 +681,28 @@ class MemoryEngine:
         return out
 
     def _segment_rows(self, segment_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        out: dict[int, dict[str, Any]] = {}
-        d = self.embedder.dim
-        for sid in set(segment_ids):
-            r = self.store.query(
-                "SELECT summary, keywords, embedding, n_pages, l_interaction, "
-                "last_access FROM segments WHERE segment_id = ?",
-                (sid,),
-            )[0]
-            out[sid] = {
-                "summary": r[0],
-                "keywords": json.loads(r[1]),
-                "embedding": blob_matrix([r[2]], d)[0],
-                "n_pages": r[3],
-                "l_interaction": r[4],
-                "last_access": r[5],
+        """Current summary, keywords, embedding and statistics of segments (one query)."""
+        ids = sorted(set(segment_ids))
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        rows = self.store.query(
+            "SELECT segment_id, summary, keywords, embedding, n_pages, l_interaction, "
+            f"last_access FROM segments WHERE segment_id IN ({marks})",
+            ids,
+        )
+        emb = blob_matrix([r[3] for r in rows], self.embedder.dim)
+        return {
+            r[0]: {
+                "summary": r[1],
+                "keywords": json.loads(r[2]),
+                "embedding": e,
+                "n_pages": r[4],
+                "l_interaction": r[5],
+                "last_access": r[6],
             }
-        return out
+            for r, e in zip(rows, emb, strict=True)
+        }
 
     def _make_room(self, users: Sequence[_User]) -> None:
         """Users about to open a segment with every slot live lose their lowest-heat one."""
@@ -756,6 +761,7 @@ class MemoryEngine:
             summary = _merge_summary(info["summary"], out.summary, self.memory.summary_chars)
             l_inter = info["l_interaction"] + 1
             last = max(info["last_access"], now)
+            kw_row = self._kw_matrix(kw_counts)
             info.update(
                 embedding=emb,
                 keywords=kw_counts,
@@ -770,7 +776,7 @@ class MemoryEngine:
                 (
                     summary,
                     json.dumps(kw_counts),
-                    self._kw_blob(kw_counts),
+                    _kw_blob(kw_row),
                     emb_blob(emb),
                     l_inter,
                     last,
@@ -782,7 +788,7 @@ class MemoryEngine:
                 [user.slot],
                 [slot],
                 emb[None],
-                self._kw_matrix(kw_counts),
+                kw_row,
                 l_interaction=[l_inter],
                 last_access=[last],
             )
@@ -791,6 +797,7 @@ class MemoryEngine:
             slot = self.arena.free_segment_slot(user.slot)
             emb = summary_emb / max(1e-12, float(np.linalg.norm(summary_emb)))
             kw_counts = {w: 1 for w in out.keywords}
+            kw_row = self._kw_matrix(kw_counts)
             summary = out.summary[: self.memory.summary_chars]
             cur = db.execute(
                 "INSERT INTO segments(user_id, slot, summary, keywords, kw_ids, embedding, "
@@ -801,7 +808,7 @@ class MemoryEngine:
                     slot,
                     summary,
                     json.dumps(kw_counts),
-                    self._kw_blob(kw_counts),
+                    _kw_blob(kw_row),
                     emb_blob(emb),
                     now,
                     now,
@@ -813,7 +820,7 @@ class MemoryEngine:
                 [user.slot],
                 [slot],
                 emb[None],
-                self._kw_matrix(kw_counts),
+                kw_row,
                 n_visit=[0],
                 l_interaction=[1],
                 last_access=[now],
@@ -866,10 +873,6 @@ class MemoryEngine:
 
     def _kw_matrix(self, counts: dict[str, int]) -> np.ndarray:
         return self._keyword_rows([self._kw_top(counts)])
-
-    def _kw_blob(self, counts: dict[str, int]) -> bytes:
-        row = self._kw_matrix(counts)[0]
-        return np.ascontiguousarray(row[row >= 0], "<i4").tobytes()
 
     def _refresh_heat(self, db: Any, users: Sequence[_User], at: float | None = None) -> int:
         """Recompute heat for users at their "now" and queue promotions: segments at or over
@@ -940,21 +943,23 @@ class MemoryEngine:
         items = self.store.pending("promote")
         if not items:
             return 0
+        sids = [sid for _, _, sid in items]
+        marks = ",".join("?" * len(sids))
+        unanalysed: dict[int, list[tuple]] = {}
+        for row in self.store.query(  # one query for every promoted segment's pages
+            "SELECT segment_id, page_id, user_input, agent_response, timestamp FROM pages "
+            f"WHERE segment_id IN ({marks}) AND analysed = 0 ORDER BY segment_id, seg_pos",
+            sids,
+        ):
+            unanalysed.setdefault(row[0], []).append(row[1:])
+        profiles = self.store.profiles({uid for _, uid, _ in items})
         work, valid = [], []
         for work_id, uid, sid in items:
-            pages = [
-                p
-                for p in self.store.query(
-                    "SELECT page_id, user_input, agent_response, timestamp FROM pages WHERE "
-                    "segment_id = ? AND analysed = 0 ORDER BY seg_pos",
-                    (sid,),
-                )
-            ]
-            user = self._users.get(uid)
-            if user is None or not pages:
+            pages = unanalysed.get(sid, [])
+            if uid not in self._users or not pages:
                 valid.append((work_id, uid, sid, None, []))
                 continue
-            profile = self.store.user_row(uid)["profile"]
+            profile = profiles[uid]
             rows = [{"user_input": p[1], "agent_response": p[2], "timestamp": p[3]} for p in pages]
             work.append(PromotionWork(profile, rows))
             valid.append((work_id, uid, sid, profile, [p[0] for p in pages]))
@@ -1159,6 +1164,7 @@ class MemoryEngine:
             if r >= 0
         }
         entries = self.store.knowledge_rows(sorted(entry_ids))
+        profiles = self.store.profiles({uid for uid, _ in cleaned})
         out = []
         for i, ((uid, q), u) in enumerate(zip(cleaned, users, strict=True)):
             pages = [_retrieved(rows[p], "mtm", s) for p, s in ranked[i]]
@@ -1181,8 +1187,7 @@ class MemoryEngine:
                 for r, s in zip(a_ring[i], a_scores[i], strict=True)
                 if r >= 0
             ]
-            profile = self.store.user_row(uid)["profile"]
-            ret = Retrieval(uid, q, stm, pages, profile, uk, ak)
+            ret = Retrieval(uid, q, stm, pages, profiles.get(uid, {}), uk, ak)
             ret.retrieval_tokens = _approx_tokens(_context_text(ret))
             self.counters["retrieval_tokens"] += ret.retrieval_tokens
             out.append(ret)
@@ -1527,6 +1532,12 @@ class MemoryEngine:
 # ====================================================================== helpers
 def _host(x: Any) -> np.ndarray:
     return x.cpu().numpy() if hasattr(x, "cpu") else np.asarray(x)
+
+
+def _kw_blob(kw_row: np.ndarray) -> bytes:
+    """The store's copy of a segment's hashed keyword ids (one ``[1, K]`` arena row, unpadded)."""
+    row = kw_row[0]
+    return np.ascontiguousarray(row[row >= 0], "<i4").tobytes()
 
 
 def _merge_summary(old: str, new: str, cap: int) -> str:

@@ -191,33 +191,38 @@ class LLMStages:
         self.stats = fallback.stats  # one ledger for both
 
     # ------------------------------------------------------------------ plumbing
-    def _run(
-        self, stage: str, built: list[tuple[list[dict], dict | None]], max_tokens: int | None = None
-    ) -> list[Any]:
-        """One stage's prompts through the backend in batches; returns parsed JSON or None."""
+    def _generate(self, stage: str, built: Sequence[tuple[list[dict], dict | None]]) -> list[Any]:
+        """One stage's prompts through the backend in batches of ``batch_size``, recorded in
+        the stage ledger; returns the backend's ChatResults in order."""
         out: list[Any] = []
         for i in range(0, len(built), self.batch_size):
-            chunk = built[i : i + self.batch_size]
             requests = [
                 ChatRequest(
                     messages=tuple(m),
                     json_schema=s,
-                    max_tokens=max_tokens or self.max_tokens,
+                    max_tokens=self.max_tokens,
                     temperature=self.temperature,
                     stage=stage,
                 )
-                for m, s in chunk
+                for m, s in built[i : i + self.batch_size]
             ]
             results = self.backend.generate(requests)
-            prompt = sum(r.prompt_tokens for r in results)
-            completion = sum(r.completion_tokens for r in results)
-            parsed = [
-                r.parsed if r.parsed is not None else (r.text if not r.error else None)
-                for r in results
-            ]
-            out.extend(parsed)
-            self.stats.record(stage, len(requests), prompt, completion)
+            self.stats.record(
+                stage,
+                len(results),
+                sum(r.prompt_tokens for r in results),
+                sum(r.completion_tokens for r in results),
+            )
+            out.extend(results)
         return out
+
+    def _run(self, stage: str, built: list[tuple[list[dict], dict | None]]) -> list[Any]:
+        """Structured stage calls: the parsed JSON (or the raw text, for the stage parser to
+        repair) per prompt, None where the request failed."""
+        return [
+            r.parsed if r.parsed is not None else (r.text if not r.error else None)
+            for r in self._generate(stage, built)
+        ]
 
     def _count_fallbacks(self, stage: str, n: int) -> None:
         if n:
@@ -331,25 +336,4 @@ class LLMStages:
     # ------------------------------------------------------------------ response
     def respond(self, message_lists: Sequence[list[dict]]) -> list[Any]:
         """Free-text responses for a batch of prompts (no schema)."""
-        results = []
-        for i in range(0, len(message_lists), self.batch_size):
-            chunk = message_lists[i : i + self.batch_size]
-            requests = [
-                ChatRequest(
-                    messages=tuple(m),
-                    json_schema=None,
-                    max_tokens=self.max_tokens,
-                    temperature=self.temperature,
-                    stage="response",
-                )
-                for m in chunk
-            ]
-            res = self.backend.generate(requests)
-            self.stats.record(
-                "response",
-                len(res),
-                sum(r.prompt_tokens for r in res),
-                sum(r.completion_tokens for r in res),
-            )
-            results.extend(res)
-        return results
+        return self._generate("response", [(m, None) for m in message_lists])

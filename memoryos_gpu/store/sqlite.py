@@ -420,6 +420,21 @@ class SQLiteStore:
             "knowledge_head": r[7],
         }
 
+    def profiles(self, user_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Structured profiles of many users in one query (missing users are left out)."""
+        ids = list(user_ids)
+        out: dict[str, dict[str, Any]] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            out.update(
+                (uid, json.loads(p))
+                for uid, p in self.query(
+                    f"SELECT user_id, profile FROM users WHERE user_id IN ({marks})", chunk
+                )
+            )
+        return out
+
     def all_users(self) -> list[tuple]:
         return self.query(
             "SELECT user_id, assistant_id, clock, next_seq, chain_tail, chain_meta, "
