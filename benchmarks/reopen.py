@@ -7,10 +7,10 @@ normalised 384-d embeddings, optional STM pages and knowledge entries, and the
 HashingEmbedder's model id / dimension in ``meta`` so
 ``MemoryEngine(EngineConfig(store=..., embedder="hashing"))`` opens it.
 
-The reopen is timed as a whole and broken down by wrapping the store loaders, the arena
-writers and the engine's helpers with timers (exclusive times, so nothing counts twice); what
-no wrapper covers is the engine's own Python glue in ``_rebuild``, which is then re-run
-piece by piece (the same per-row loops) next to vectorised equivalents to show where it goes.
+The reopen is timed as a whole and broken down by wrapping the store reads, the arena
+writers and the engine's helpers with timers (exclusive times, so nothing counts twice); the
+streaming loaders report their own SQL and blob-join time (``load_stats``). The store side is
+also timed alone at full scale (every chunk read and dropped, no arena).
 
     python benchmarks/reopen.py --quick          # 200 users, for CI (a few seconds)
     python benchmarks/reopen.py                  # 10,000 users x 200 segments (~3 GB arena),
@@ -48,7 +48,7 @@ from memoryos_gpu.arena import Arena  # noqa: E402
 from memoryos_gpu.config import EngineConfig  # noqa: E402
 from memoryos_gpu.embedding import HashingEmbedder  # noqa: E402
 from memoryos_gpu.engine import MemoryEngine  # noqa: E402
-from memoryos_gpu.store.sqlite import SQLiteStore, kw_matrix  # noqa: E402
+from memoryos_gpu.store.sqlite import SQLiteStore  # noqa: E402
 from memoryos_gpu.text.keywords import KeywordExtractor, hash_keywords  # noqa: E402
 
 DIM = 384
@@ -316,15 +316,16 @@ WRAPPED: list[tuple[Any, str]] = [
     (SQLiteStore, "query"),
     (SQLiteStore, "get_meta"),
     (SQLiteStore, "count_pending"),
-    (SQLiteStore, "load_segments"),
-    (SQLiteStore, "load_mtm_pages"),
-    (SQLiteStore, "load_knowledge"),
+    (SQLiteStore, "load_stm"),
+    (SQLiteStore, "segment_block_count"),
     (Arena, "__init__"),
     (Arena, "add_users"),
     (Arena, "add_owners"),
     (Arena, "set_ring_head"),
     (Arena, "write_segments"),
-    (Arena, "append_pages"),
+    (Arena, "size_segments"),
+    (Arena, "place_pages"),
+    (Arena, "write_pages"),
     (Arena, "write_knowledge"),
     (Arena, "_grow_users"),
     (Arena, "_grow_blocks"),
@@ -334,6 +335,9 @@ WRAPPED: list[tuple[Any, str]] = [
     (MemoryEngine, "_grow_maps"),
     (MemoryEngine, "_refit_extractor"),
     (MemoryEngine, "process_pending"),
+    (MemoryEngine, "_load_segments"),
+    (MemoryEngine, "_load_mtm_pages"),
+    (MemoryEngine, "_load_knowledge"),
     (MemoryEngine, "_rebuild"),
 ]
 
@@ -350,31 +354,42 @@ def timed_reopen(cfg: EngineConfig) -> tuple[MemoryEngine, dict[str, Any]]:
         total = time.perf_counter() - t0
         timers.restore()
     e, ls = timers.excl, engine.store.load_stats
-    seg, pag, _kn = (
-        ls.get(k, {"sql_s": 0.0, "join_s": 0.0}) for k in ("segments", "mtm_pages", "knowledge")
-    )
+    # the loaders are generators: their SQL and blob-join time runs inside the engine's
+    # _load_* frames, so it is taken out of those frames' exclusive time here
+    store_s = {k: v["sql_s"] + v["join_s"] for k, v in ls.items()}
+    sql_s = sum(v["sql_s"] for v in ls.values())
+    join_s = sum(v["join_s"] for v in ls.values())
+    loaders = e["MemoryEngine._load_segments"] + e["MemoryEngine._load_mtm_pages"]
     breakdown = {
-        # fetching rows: users/assistants, segment and page scans, STM per-row queries
-        "sql_read": seg["sql_s"]
-        + pag["sql_s"]
+        # fetching rows: users/assistants, the segment / page / knowledge scans, STM
+        "sql_read": sql_s
         + e["SQLiteStore.all_users"]
         + e["SQLiteStore.all_assistants"]
         + e["SQLiteStore.query"]
+        + e["SQLiteStore.load_stm"]
+        + e["SQLiteStore.segment_block_count"]
         + e["SQLiteStore.count_pending"],
-        # rows -> column arrays, blobs -> [n, d] matrices (and loader-side ordering)
-        "blob_join": seg["join_s"] + pag["join_s"],
+        # rows -> column arrays, blobs -> [k, d] matrices, keyword matrices
+        "blob_join": join_s,
         "arena_writes": e["Arena.write_segments"] + e["Arena.set_ring_head"],
-        "page_appends": e["Arena.append_pages"],
-        # fresh memory for the page pool / user rows: np.full + np.concatenate in Arena.grow
+        "page_placement": e["Arena.size_segments"] + e["Arena.place_pages"],
+        "page_writes": e["Arena.write_pages"],
+        # fresh memory for the page pool / user rows (Arena.grow)
         "arena_growth": e["Arena._grow_blocks"] + e["Arena._grow_users"] + e["Arena._grow_owners"],
-        "knowledge": e["SQLiteStore.load_knowledge"] + e["Arena.write_knowledge"],
+        "knowledge_writes": e["Arena.write_knowledge"]
+        + e["MemoryEngine._load_knowledge"]
+        - store_s.get("knowledge", 0.0),
         "user_slots": e["MemoryEngine._new_user_state"]
         + e["Arena.add_users"]
         + e["Arena.add_owners"]
         + e["MemoryEngine._grow_maps"],
         "extractor_state": e["MemoryEngine._refit_extractor"] + e["SQLiteStore.get_meta"],
         "pending_work": e["MemoryEngine.process_pending"],
-        "engine_glue": e["MemoryEngine._rebuild"],  # _rebuild's own lines (per-row loops)
+        # _rebuild's and the _load_* helpers' own lines (id -> slot maps, searchsorted)
+        "engine_glue": e["MemoryEngine._rebuild"]
+        + loaders
+        - store_s.get("segments", 0.0)
+        - store_s.get("mtm_pages", 0.0),
         "open_store_and_arena": e["SQLiteStore.__init__"]
         + e["SQLiteStore.check_embedding_model"]
         + e["Arena.__init__"]
@@ -390,106 +405,38 @@ def timed_reopen(cfg: EngineConfig) -> tuple[MemoryEngine, dict[str, Any]]:
     }
 
 
-class _Slot:
-    __slots__ = ("slot",)
-
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
-
-
-def glue_loops(path: Path, users: dict[str, Any], width: int = 32) -> dict[str, float]:
-    """Re-run _rebuild's per-row Python loops (same code) and vectorised equivalents.
-
-    ``users``: user id -> object with ``.slot`` (the engine's ``_users``, or a stand-in)."""
-    db = sqlite3.connect(path)
-    seg_rows = db.execute(
-        "SELECT segment_id, user_id, kw_ids FROM segments ORDER BY segment_id"
-    ).fetchall()
-    page_seg = [
-        r[0]
-        for r in db.execute(
-            "SELECT segment_id FROM pages WHERE tier = 'mtm' ORDER BY segment_id, seg_pos"
-        )
-    ]
-    n_stm = db.execute("SELECT COUNT(*) FROM pages WHERE tier IN ('stm', 'pending')").fetchone()[0]
-    db.close()
-    seg_ids = np.array([r[0] for r in seg_rows], np.int64)
-    seg_users = [r[1] for r in seg_rows]
-    kw_blobs = [r[2] for r in seg_rows]
-    page_seg = np.array(page_seg, np.int64)
-    out: dict[str, float] = {}
-
-    t = time.perf_counter()  # engine.py _rebuild: uslots comprehension
-    uslots = np.array([users[u].slot for u in seg_users], np.int32)
-    out["uslots_per_row"] = time.perf_counter() - t
-    t = time.perf_counter()  # vectorised: users in all_users order -> slot array, gather
-    order = {uid: i for i, uid in enumerate(users)}
-    slot_of = np.array([u.slot for u in users.values()], np.int32)
-    idx = np.fromiter((order[u] for u in seg_users), np.int64, len(seg_users))
-    out["uslots_vectorised_gather"] = time.perf_counter() - t
-    assert np.array_equal(slot_of[idx], uslots)
-
-    t = time.perf_counter()  # engine.py _rebuild: the kw_ids loop
-    kw = np.full((len(kw_blobs), width), -1, np.int32)
-    for i, b in enumerate(kw_blobs):
-        ids = np.frombuffer(b, "<i4")
-        kw[i, : ids.size] = ids
-    out["kw_per_row"] = time.perf_counter() - t
-    t = time.perf_counter()
-    kw2 = kw_matrix(kw_blobs, width)
-    out["kw_vectorised"] = time.perf_counter() - t
-    assert np.array_equal(kw, kw2)
-
-    t = time.perf_counter()  # engine.py _rebuild: segment id -> row dict + comprehension
-    where = {int(s): i for i, s in enumerate(seg_ids)}
-    idx1 = np.array([where[int(s)] for s in page_seg], np.int64)
-    out["seg_index_per_row"] = time.perf_counter() - t
-    t = time.perf_counter()
-    idx2 = np.searchsorted(seg_ids, page_seg)
-    out["seg_index_searchsorted"] = time.perf_counter() - t
-    assert np.array_equal(idx1, idx2)
-    out["stm_pages_per_row_queries"] = float(n_stm)
-    return out
-
-
 def loaders_only(path: Path) -> dict[str, Any]:
     """The store side of a reopen at full scale, without an arena: what SQLite and the bulk
-    loaders cost, and the engine's per-row glue loops over the same rows."""
+    streaming loaders cost."""
     out: dict[str, Any] = {}
     gc.collect()
     t = time.perf_counter()
     s = SQLiteStore(path)
     out["open_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    users = s.all_users()
+    s.all_users()
     s.all_assistants()
     out["users_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    seg = s.load_segments(DIM, keyword_width=32)
-    out["segments_s"] = time.perf_counter() - t
-    del seg
-    gc.collect()
-    t = time.perf_counter()
-    pages = s.load_mtm_pages(DIM)
-    out["mtm_pages_s"] = time.perf_counter() - t
-    del pages
-    gc.collect()
-    t = time.perf_counter()
-    s.load_knowledge(DIM)
-    out["knowledge_s"] = time.perf_counter() - t
+    for name, chunks in (
+        ("segments_s", s.iter_segments(DIM, keyword_width=32)),
+        ("mtm_pages_s", s.iter_mtm_pages(DIM)),
+        ("knowledge_s", s.iter_knowledge(DIM)),
+    ):
+        t = time.perf_counter()
+        for _chunk in chunks:  # streamed and dropped: the store side alone
+            pass
+        out[name] = time.perf_counter() - t
     out["load_stats"] = s.load_stats
     out["total_s"] = sum(v for k, v in out.items() if k.endswith("_s"))
     s.close()
-    out["glue_loops_s"] = glue_loops(path, {u[0]: _Slot(i) for i, u in enumerate(users)})
     out["peak_rss_gib"] = _rss_gib()
     return out
 
 
 def arena_estimate(users: int, segments: int, stm: int = 0, knowledge_owners: int = 0) -> int:
-    """Bytes the CPU arena needs for the synthetic store (one page per segment), including the
-    page pool's growth transient (np.concatenate(old, np.full(extra)): the pool briefly exists
-    twice). One block of ``ArenaConfig().block_size`` pages per non-empty segment; the reopen
-    reserves the user capacity exactly."""
+    """Bytes the CPU arena needs for the synthetic store (one page per segment): one block of
+    ``ArenaConfig().block_size`` pages per non-empty segment; the reopen reserves every
+    capacity once and streams the rows in, so nothing else of that size is held."""
     from memoryos_gpu.arena import ArenaConfig
 
     block = ArenaConfig().block_size
@@ -499,7 +446,7 @@ def arena_estimate(users: int, segments: int, stm: int = 0, knowledge_owners: in
     while ocap < users + knowledge_owners:
         ocap *= 2
     kn = ocap * 100 * (DIM * 4 + 1)
-    return seg_bytes + 2 * pool + kn
+    return seg_bytes + pool + kn
 
 
 def _mem_available() -> int:
@@ -578,8 +525,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if need > 0.8 * avail and not args.force:
             result["engine_reopen_skipped"] = (
                 f"the arena for {args.users} users x {args.segments} segments needs about "
-                f"{need / 2**30:.1f} GiB (one block per segment, plus the pool's "
-                f"growth copy); {avail / 2**30:.1f} GiB available. Engine reopen measured at "
+                f"{need / 2**30:.1f} GiB (one block per segment); {avail / 2**30:.1f} GiB "
+                f"available. Engine reopen measured at "
                 f"{args.engine_users} users instead (--force to try anyway)."
             )
             engine_users = args.engine_users
@@ -633,7 +580,6 @@ def engine_reopen(path: Path, profile: bool) -> dict[str, Any]:
     got = engine.retrieve_many([(u, "topic0001 and topic0002") for u in some], update_heat=False)
     result["first_retrieve_s"] = time.perf_counter() - t
     assert all(r.pages for r in got)
-    result["glue_loops_s"] = glue_loops(path, engine._users, engine.memory.keyword_width)
     engine.store.close()
     del engine, a, got
     gc.collect()
@@ -646,17 +592,6 @@ def engine_reopen(path: Path, profile: bool) -> dict[str, Any]:
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
         result["profile_top"] = buf.getvalue()
     return result
-
-
-def _print_glue(g: dict[str, float]) -> None:
-    print("    _rebuild per-row loops, re-run (engine code  vs  vectorised):")
-    for a, b in (
-        ("uslots_per_row", "uslots_vectorised_gather"),
-        ("kw_per_row", "kw_vectorised"),
-        ("seg_index_per_row", "seg_index_searchsorted"),
-    ):
-        print(f"      {a:20s} {g[a]:8.3f} s  vs  {b:26s} {g[b]:8.3f} s")
-    print(f"      STM pages loaded with one query each: {int(g['stm_pages_per_row_queries'])}")
 
 
 def print_table(r: dict[str, Any]) -> None:
@@ -678,7 +613,6 @@ def print_table(r: dict[str, Any]) -> None:
             f"    loader {name:12s} rows {st['rows']:>9}  sql {st['sql_s']:7.3f} s  "
             f"join {st['join_s']:7.3f} s"
         )
-    _print_glue(lo["glue_loops_s"])
     if "engine_reopen_skipped" in r:
         print(f"  engine reopen at full scale skipped: {r['engine_reopen_skipped']}")
     print(f"  engine reopen of {r['engine_users']} users x {r['segments_per_user']} segments:")
@@ -693,7 +627,6 @@ def print_table(r: dict[str, Any]) -> None:
             f"      loader {name:12s} rows {st['rows']:>9}  sql {st['sql_s']:7.3f} s  "
             f"join {st['join_s']:7.3f} s"
         )
-    _print_glue(r["glue_loops_s"])
     print(f"    first retrieve (4 users) {r['first_retrieve_s'] * 1e3:.1f} ms")
     if r.get("profile_top"):
         print(r["profile_top"])

@@ -118,12 +118,23 @@ class _Backend:
         extra = new_len - shape[axis]
         if extra <= 0:
             return array
-        shape[axis] = extra
+        # One allocation of the new size, old rows copied in: the peak is old + new, not
+        # old + padding + new as with a concatenate (at 10,000 users x 200 segments the page
+        # pool alone is gigabytes). Zero fills use zeroed allocations the OS maps lazily.
+        old = shape[axis]
+        shape[axis] = new_len
+        head = (slice(None),) * axis + (slice(0, old),)
+        tail = (slice(None),) * axis + (slice(old, None),)
         if self.on_cuda:
-            pad = self.torch.full(shape, fill, dtype=array.dtype, device=array.device)
-            return self.torch.cat([array, pad], dim=axis).contiguous()
-        pad = np.full(shape, fill, dtype=array.dtype)
-        return np.ascontiguousarray(np.concatenate([array, pad], axis=axis))
+            out = self.torch.empty(shape, dtype=array.dtype, device=array.device)
+            out[tail] = fill
+        elif fill == 0:
+            out = np.zeros(shape, dtype=array.dtype)
+        else:
+            out = np.empty(shape, dtype=array.dtype)
+            out[tail] = fill
+        out[head] = array
+        return out
 
     def _tdtype(self, dtype: Any) -> Any:
         return {
@@ -375,10 +386,7 @@ class Arena:
         if n == 0:
             return np.zeros(0, dtype=np.int32)
         self.check_users(users)
-        if not self._h_seg_live[users, slots].all():
-            raise ArenaError("append_pages: target segment slot is not live")
-        bs, nslots = self.config.block_size, self.config.segment_slots
-        key = users.astype(np.int64) * nslots + slots
+        key = users.astype(np.int64) * self.config.segment_slots + slots
         # rank of each page among the batch's pages of the same segment (batch order kept)
         order = np.argsort(key, kind="stable")
         sorted_key = key[order]
@@ -386,9 +394,33 @@ class Arena:
         group = np.cumsum(np.r_[False, sorted_key[1:] != sorted_key[:-1]])
         rank = np.empty(n, dtype=np.int64)
         rank[order] = np.arange(n) - starts[group]
-        npages_flat = self._h_npages.reshape(-1)
-        pos = npages_flat[key].astype(np.int64) + rank
-        col = pos // bs
+        positions = self._h_npages.reshape(-1)[key].astype(np.int64) + rank
+        out = self.place_pages(users, slots, positions)
+        self.write_pages(out, emb)
+        return out
+
+    def place_pages(
+        self, users: np.ndarray, slots: np.ndarray, positions: np.ndarray
+    ) -> np.ndarray:
+        """Pool slots for pages at given positions of live segments (allocating blocks where
+        a position has none, and raising each segment's page count to cover it).
+
+        Why positions: a reopen streams pages in storage order, not segment order; placing
+        each by its stored position gives the same slots whatever order they arrive in, and
+        keeps a deleted page's hole where it was.
+        """
+        users, slots = np.asarray(users, np.int32), np.asarray(slots, np.int32)
+        positions = np.asarray(positions, np.int64)
+        if users.size == 0:
+            return np.zeros(0, dtype=np.int32)
+        self.check_users(users)
+        if not self._h_seg_live[users, slots].all():
+            raise ArenaError("place_pages: target segment slot is not live")
+        if (positions < 0).any():
+            raise ArenaError("place_pages: negative page position")
+        bs, nslots = self.config.block_size, self.config.segment_slots
+        key = users.astype(np.int64) * nslots + slots
+        col = positions // bs
         if col.max() >= self._h_table.shape[2]:
             self._grow_table(max(2 * self._h_table.shape[2], int(col.max()) + 1))
         width = self._h_table.shape[2]
@@ -397,18 +429,38 @@ class Arena:
         need = np.unique(key[missing] * width + col[missing])  # (segment, column) pairs
         if need.size:
             table_flat[need // width, need % width] = self._alloc_blocks(need.size)
-        out = table_flat[key, col].astype(np.int64) * bs + pos % bs
-        uniq_key = sorted_key[starts]
-        npages_flat[uniq_key] += np.diff(np.r_[starts, n]).astype(np.int32)
+        out = table_flat[key, col].astype(np.int64) * bs + positions % bs
         if out.max() >= np.iinfo(np.int32).max:
             raise ArenaError("page pool exceeds 2**31 slots")
-        self._write(self.page_emb, (out,), emb, emb_array=True)
-        self._write(self.page_live, (out,), 1)
+        npages_flat = self._h_npages.reshape(-1)
+        np.maximum.at(npages_flat, key, (positions + 1).astype(np.int32))
         if self.on_cuda:  # push the touched rows of the host mirrors
-            tu, ts = (uniq_key // nslots).astype(np.int32), (uniq_key % nslots).astype(np.int32)
+            uniq = np.unique(key)
+            tu, ts = (uniq // nslots).astype(np.int32), (uniq % nslots).astype(np.int32)
             self._write(self.seg_npages, (tu, ts), self._h_npages[tu, ts])
             self._write(self.block_table, (tu, ts), self._h_table[tu, ts])
         return out.astype(np.int32)
+
+    def size_segments(self, users: np.ndarray, slots: np.ndarray, n_pages: np.ndarray) -> None:
+        """Give live segments every block for ``n_pages`` page positions and that page count,
+        writing no page: a bulk reload then places the stored pages by position, and a
+        position whose page was deleted stays an empty slot, as it was before the reload."""
+        users, slots = np.asarray(users, np.int32), np.asarray(slots, np.int32)
+        n_pages = np.asarray(n_pages, np.int64)
+        keep = n_pages > 0
+        users, slots, n_pages = users[keep], slots[keep], n_pages[keep]
+        blocks = -(-n_pages // self.config.block_size)
+        row = np.repeat(np.arange(n_pages.size), blocks)
+        col = np.arange(row.size) - np.repeat(np.cumsum(blocks) - blocks, blocks)
+        self.place_pages(users[row], slots[row], col * self.config.block_size)
+        self.place_pages(users, slots, n_pages - 1)
+
+    def write_pages(self, pool_slots: np.ndarray, emb: np.ndarray) -> None:
+        """Write page embeddings into placed slots and mark them live."""
+        pool_slots = np.asarray(pool_slots, np.int64)
+        emb = self._check_emb(emb, pool_slots.size)
+        self._write(self.page_emb, (pool_slots,), emb, emb_array=True)
+        self._write(self.page_live, (pool_slots,), 1)
 
     def write_page_embeddings(self, pool_slots: np.ndarray, emb: np.ndarray) -> None:
         """Overwrite the embeddings of existing pages (an edited page keeps its slot)."""

@@ -114,8 +114,9 @@ class EngineOptions:
 _ENGINE_OPTIONS: list[Callable[[Callable], Callable]] = [
     click.option(
         "--store",
-        metavar="DIR",
-        help=f"Store directory (SQLite file {STORE_FILE} inside; created by ingest). "
+        metavar="DIR|URL",
+        help=f"Store directory (SQLite file {STORE_FILE} inside; created by ingest), or a "
+        "PostgreSQL URL (postgresql://user@host:5432/db) shared by several engines. "
         f"Default: ${ENV_STORE}, the config file's `store`, else {DEFAULT_STORE}.",
     ),
     click.option(
@@ -271,6 +272,13 @@ def make_engine(cfg: Any, o: EngineOptions) -> Any:
 
 
 # ============================================================================ stores and shards
+def is_url(store: str | os.PathLike[str]) -> bool:
+    """A PostgreSQL store (``postgresql://...``): no file, no shard directories."""
+    from memoryos_gpu.store import is_url as _is_url
+
+    return _is_url(os.fspath(store))
+
+
 def store_file(store: str | os.PathLike[str]) -> Path:
     p = Path(store)
     return p if p.suffix in (".sqlite", ".sqlite3", ".db") else p / STORE_FILE
@@ -278,6 +286,8 @@ def store_file(store: str | os.PathLike[str]) -> Path:
 
 def shard_dirs(store: str | os.PathLike[str]) -> list[Path] | None:
     """The shard stores of a sharded store directory (``--workers``), in shard order."""
+    if is_url(store):
+        return None
     base = Path(store)
     manifest = base / SHARDS_FILE
     if manifest.is_file():
@@ -297,6 +307,8 @@ def user_store(store: str, user_id: str) -> str:
     """The store holding ``user_id``: ``store`` itself, or its shard for a sharded store."""
     from memoryos_gpu.ingest import shard_of
 
+    if is_url(store):
+        return store
     dirs = shard_dirs(store) if not store_file(store).exists() else None
     if dirs:
         return str(dirs[shard_of(user_id, len(dirs))])
@@ -304,6 +316,8 @@ def user_store(store: str, user_id: str) -> str:
 
 
 def _require_store(store: str) -> None:
+    if is_url(store):  # opening it says whether the server and database are there
+        return
     if not store_file(store).exists():
         raise CLIError(
             f"no store at {store} (create one with: memoryos-gpu ingest FILE --store {store})"
@@ -519,7 +533,9 @@ def ingest(
         )
     else:
         rejects = rejects_path or (
-            None if cfg.store == ":memory:" else str(store_dir(cfg.store) / "rejects.jsonl")
+            None
+            if cfg.store == ":memory:" or is_url(cfg.store)
+            else str(store_dir(cfg.store) / "rejects.jsonl")
         )
         engine = make_engine(cfg, o)
         try:
@@ -602,6 +618,10 @@ def _ingest_workers(
     """N processes, process i ingesting shard i/N into STORE/shard-i; their reports merged."""
     from memoryos_gpu import ops
 
+    if is_url(store):
+        raise UsageFailure(
+            "--workers writes one SQLite store per worker; it does not take a PostgreSQL --store"
+        )
     base = Path(store)
     if store == ":memory:" or base.suffix in (".sqlite", ".sqlite3", ".db"):
         raise UsageFailure("--workers needs --store DIR (a directory: one store per shard)")
@@ -1006,8 +1026,8 @@ def _store_stats(store: str) -> dict[str, Any]:
     st = _open_store(store)
     try:
         return {
-            "store": str(store_file(store)),
-            "bytes": store_file(store).stat().st_size,
+            "store": st.path if is_url(store) else str(store_file(store)),
+            "bytes": st.size_bytes() if is_url(store) else store_file(store).stat().st_size,
             "embedding_model": st.get_meta("embedding_model"),
             "schema_version": st.get_meta("schema_version"),
             "counts": st.counts(),

@@ -342,8 +342,8 @@ class Memoryos:
         hottest = max(candidates, key=heat)["segment_id"]
         with eng.store.transaction() as db:
             db.execute(
-                "INSERT OR IGNORE INTO pending(user_id, kind, ref, created) "
-                "VALUES (?, 'promote', ?, ?)",
+                "INSERT INTO pending(user_id, kind, ref, created) "
+                "VALUES (?, 'promote', ?, ?) ON CONFLICT DO NOTHING",
                 (self.user_id, int(hottest), time.time()),
             )
         eng.flush()

@@ -135,7 +135,11 @@ class EngineConfig(BaseModel):
 
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
-    store: str = Field(":memory:", description="SQLite file path, or ':memory:'.")
+    store: str = Field(
+        ":memory:",
+        description="SQLite file path, ':memory:', or a PostgreSQL URL "
+        "(postgresql://user@host:5432/db) for a store several engines share.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the arena lives.")
     gpu_dtype: Literal["float16", "bfloat16"] = "float16"
     embedding_model: str | None = Field(None, description="Model folder (default: bundled MiniLM).")
@@ -145,6 +149,12 @@ class EngineConfig(BaseModel):
     )
     auto_process: bool = Field(
         True, description="Run derived work (chain, MTM, promotion) inside add/add_many."
+    )
+    derived_max_batch: int = Field(
+        256,
+        ge=1,
+        description="Pages per derived-work round (the oldest pending page of each user, so "
+        "each user's order holds); 1 = one page at a time, as the reference does.",
     )
 
     @classmethod

@@ -48,7 +48,7 @@ from memoryos_gpu.stages import (
     PromotionWork,
 )
 from memoryos_gpu.store import SQLiteStore, open_store
-from memoryos_gpu.store.sqlite import blob_matrix, emb_blob
+from memoryos_gpu.store.sqlite import StoreError, blob_matrix, emb_blob
 from memoryos_gpu.text.keywords import KeywordExtractor, hash_keywords, keyword_tokens
 from memoryos_gpu.types import (
     AddResult,
@@ -225,20 +225,16 @@ class MemoryEngine:
         return make_backend(c.backend, **options)
 
     def _rebuild(self) -> None:
-        """Load the store into the arena (vectorised bulk loads, arena sized once from the row
-        counts instead of grown by copying), restore heat, and resume pending work."""
-        d = self.embedder.dim
+        """Load the store into the arena and resume pending work.
+
+        Vectorised and streamed: the arena is sized once from row counts (no doubling copies),
+        then segments, pages and knowledge arrive in chunks that go straight into it, so the
+        peak memory is the arena plus one chunk. Heat is recomputed, not stored.
+        """
         users = self.store.all_users()
         assistants = self.store.all_assistants()
-        seg = self.store.load_segments(d, self.memory.keyword_width)
-        n_seg = int(seg["segment_id"].size)
-        self.arena.reserve(
-            users=len(users),
-            owners=len(users) + len(assistants),
-            blocks=int(np.sum(-(-np.maximum(seg["n_pages"], 1) // self.arena.config.block_size)))
-            if n_seg
-            else 0,
-        )
+        _n_seg, blocks = self.store.segment_block_count(self.arena.config.block_size)
+        self.arena.reserve(users=len(users), owners=len(users) + len(assistants), blocks=blocks)
         for uid, aid, clock, next_seq, tail, meta, _head in users:
             self._new_user_state(
                 uid, aid, clock=clock, next_seq=next_seq, chain_tail=tail, chain_meta=meta
@@ -249,37 +245,9 @@ class MemoryEngine:
             self.arena.set_ring_head(self._users[uid].owner, head)
         for uid, page_ids in self.store.load_stm().items():
             self._users[uid].stm.extend(page_ids)
-        if n_seg:
-            user_slot = np.array([self._users[u[0]].slot for u in users], np.int32)
-            uslots = user_slot[seg["user_index"]]
-            self.arena.write_segments(
-                uslots,
-                seg["slot"],
-                seg["embedding"],
-                seg["kw_matrix"],
-                n_visit=seg["n_visit"],
-                l_interaction=seg["l_interaction"],
-                last_access=seg["last_access"],
-            )
-            self._segment_of[uslots, seg["slot"]] = seg["segment_id"]
-            pages = self.store.load_mtm_pages(d)
-            if pages["page_id"].size:
-                idx = np.searchsorted(seg["segment_id"], pages["segment_id"])
-                slots = self.arena.append_pages(uslots[idx], seg["slot"][idx], pages["embedding"])
-                self._map_pages(slots, pages["page_id"])
-        kn = self.store.load_knowledge(d)
-        if kn["entry_id"].size:
-            owners = np.array(
-                [
-                    self._users[o].owner if k == "user" else self._assistant_slot(o)
-                    for k, o in zip(kn["owner_kind"], kn["owner_id"], strict=True)
-                ],
-                np.int32,
-            )
-            ring = (kn["seq"] % self.memory.knowledge_capacity).astype(np.int32)
-            self.arena.write_knowledge(owners, ring, kn["embedding"])
-            self._grow_maps()
-            self._entry_of_ring[owners, ring] = kn["entry_id"]
+        seg_index = self._load_segments()
+        self._load_mtm_pages(*seg_index)
+        self._load_knowledge()
         if self._users:  # heat is derived: recompute it at each user's clock
             all_slots = np.array([u.slot for u in self._users.values()], np.int32)
             ops.recompute_heat(
@@ -291,6 +259,63 @@ class MemoryEngine:
         self._refit_extractor()
         if self.store.count_pending():
             self.process_pending()
+
+    def _user_slots(self, user_ids: list[str]) -> np.ndarray:
+        try:
+            return np.fromiter((self._users[u].slot for u in user_ids), np.int32, len(user_ids))
+        except KeyError as exc:
+            raise StoreError(f"a row belongs to unknown user {exc}; the store is corrupt") from None
+
+    def _load_segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Stream segments into the arena; returns (segment ids ascending, user slot, segment
+        slot) so pages can find their segment with one ``searchsorted``."""
+        ids, uslots, sslots = [], [], []
+        for c in self.store.iter_segments(self.embedder.dim, self.memory.keyword_width):
+            us = self._user_slots(c["user_id"])
+            self.arena.write_segments(
+                us,
+                c["slot"],
+                c["embedding"],
+                c["kw_matrix"],
+                n_visit=c["n_visit"],
+                l_interaction=c["l_interaction"],
+                last_access=c["last_access"],
+            )
+            self.arena.size_segments(us, c["slot"], c["n_pages"])
+            self._segment_of[us, c["slot"]] = c["segment_id"]
+            ids.append(c["segment_id"])
+            uslots.append(us)
+            sslots.append(c["slot"])
+        if not ids:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
+        return np.concatenate(ids), np.concatenate(uslots), np.concatenate(sslots)
+
+    def _load_mtm_pages(self, seg_ids: np.ndarray, uslots: np.ndarray, sslots: np.ndarray) -> None:
+        """Stream MTM pages into their segments' blocks, each at its stored position."""
+        for c in self.store.iter_mtm_pages(self.embedder.dim):
+            idx = np.searchsorted(seg_ids, c["segment_id"])
+            idx = np.minimum(idx, max(seg_ids.size - 1, 0))
+            if not seg_ids.size or (seg_ids[idx] != c["segment_id"]).any():
+                raise StoreError("an MTM page names a missing segment; the store is corrupt")
+            slots = self.arena.place_pages(uslots[idx], sslots[idx], c["seg_pos"])
+            self.arena.write_pages(slots, c["embedding"])
+            self._map_pages(slots, c["page_id"])
+
+    def _load_knowledge(self) -> None:
+        """Stream live knowledge entries into their owners' rings."""
+        cap = self.memory.knowledge_capacity
+        for c in self.store.iter_knowledge(self.embedder.dim):
+            owners = np.array(
+                [
+                    self._users[o].owner if k == "user" else self._assistant_slot(o)
+                    for k, o in zip(c["owner_kind"], c["owner_id"], strict=True)
+                ],
+                np.int32,
+            )
+            ring = (c["seq"] % cap).astype(np.int32)
+            self.arena.write_knowledge(owners, ring, c["embedding"])
+            self._grow_maps()
+            self._entry_of_ring[owners, ring] = c["entry_id"]
 
     def _refit_extractor(self) -> None:
         """Restore the keyword statistics: the saved copy plus every page accepted after it
@@ -489,7 +514,8 @@ class MemoryEngine:
                     new_users.append(user)
                 cur = db.execute(
                     "INSERT INTO pages(user_id, seq, user_input, agent_response, timestamp, tier, "
-                    "embedding, source, extra, created) VALUES (?, ?, ?, ?, ?, 'stm', ?, ?, ?, ?)",
+                    "embedding, source, extra, created) VALUES (?, ?, ?, ?, ?, 'stm', ?, ?, ?, ?) "
+                    "RETURNING page_id",
                     (
                         p.user_id,
                         user.next_seq,
@@ -502,7 +528,7 @@ class MemoryEngine:
                         now,
                     ),
                 )
-                page_id = cur.lastrowid
+                page_id = cur.fetchone()[0]
                 user.next_seq += 1
                 user.clock = max(user.clock, float(p.timestamp))
                 user.stm.append(page_id)
@@ -561,22 +587,27 @@ class MemoryEngine:
         return f"{user} {user_input} {assistant} {agent_response}"
 
     # ================================================================== derived work
-    def process_pending(self) -> dict[str, int]:
+    def process_pending(self, max_batch: int | None = None) -> dict[str, int]:
         """Run every pending derived item (chain, MTM, promotion) to completion.
+
+        Work goes in rounds: each round takes the oldest pending page of each user that has
+        one (so a user's pages keep their order), at most ``max_batch`` (default
+        ``config.derived_max_batch``) pages, and runs them as one batch through every stage
+        (the LLM stages split it into ``llm.batch_size`` calls). ``max_batch=1`` is the
+        reference's one-page-at-a-time processing.
 
         Safe to call at any time and after a crash: each item is applied and removed from the
         pending table in one transaction, so nothing is done twice.
         """
+        limit = self.config.derived_max_batch if max_batch is None else max_batch
+        if limit < 1:
+            raise InvalidInputError("max_batch must be >= 1")
         done = {"pages": 0, "promotions": 0}
         while True:  # the lock is released between rounds so retrievals interleave
             with self._lock:
-                work = self.store.pending("page")
-                if not work:
+                round_items = self.store.pending_round("page", limit)
+                if not round_items:
                     break
-                first: dict[str, tuple[int, str, int]] = {}
-                for item in work:  # the oldest pending page of each user
-                    first.setdefault(item[1], item)
-                round_items = list(first.values())
                 self._process_pages(round_items)
                 done["pages"] += len(round_items)
                 done["promotions"] += self._process_promotions()
@@ -802,7 +833,7 @@ class MemoryEngine:
             cur = db.execute(
                 "INSERT INTO segments(user_id, slot, summary, keywords, kw_ids, embedding, "
                 "n_visit, l_interaction, last_access, created, n_pages) "
-                "VALUES (?, ?, ?, ?, ?, ?, 0, 1, ?, ?, 1)",
+                "VALUES (?, ?, ?, ?, ?, ?, 0, 1, ?, ?, 1) RETURNING segment_id",
                 (
                     user.user_id,
                     slot,
@@ -814,7 +845,7 @@ class MemoryEngine:
                     now,
                 ),
             )
-            sid = cur.lastrowid
+            sid = cur.fetchone()[0]
             self._segment_of[user.slot, slot] = sid
             self.arena.write_segments(
                 [user.slot],
@@ -905,8 +936,8 @@ class MemoryEngine:
     def _queue_promotions(self, db: Any, items: list[tuple[str, int, float]]) -> None:
         self._flush_stats(db)
         db.executemany(
-            "INSERT OR IGNORE INTO pending(user_id, kind, ref, created) "
-            "VALUES (?, 'promote', ?, ?)",
+            "INSERT INTO pending(user_id, kind, ref, created) "
+            "VALUES (?, 'promote', ?, ?) ON CONFLICT DO NOTHING",
             items,
         )
 
@@ -1032,10 +1063,10 @@ class MemoryEngine:
             )
             cur = db.execute(
                 "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, "
-                "mode, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "mode, created) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING entry_id",
                 (kind, owner_id, seq, text, emb_blob(vec), mode, t),
             )
-            self._entry_of_ring[o, r] = cur.lastrowid
+            self._entry_of_ring[o, r] = cur.fetchone()[0]
             table = "users" if kind == "user" else "assistants"
             key = "user_id" if kind == "user" else "assistant_id"
             db.execute(
@@ -1278,8 +1309,8 @@ class MemoryEngine:
             )
             with self.store.transaction() as db:
                 db.executemany(
-                    "INSERT OR IGNORE INTO pending(user_id, kind, ref, created) "
-                    "VALUES (?, 'promote', ?, ?)",
+                    "INSERT INTO pending(user_id, kind, ref, created) "
+                    "VALUES (?, 'promote', ?, ?) ON CONFLICT DO NOTHING",
                     [
                         (user_id, int(self._segment_of[user.slot, s]), time.time())
                         for s in slots

@@ -49,6 +49,7 @@ from memoryos_gpu.formats import (
     open_binary,
     read_records,
 )
+from memoryos_gpu.store import is_url
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -575,7 +576,8 @@ def ingest(
         files=list(files),
         formats=dict(files),
         shard=str(shard_obj) if shard_obj else None,
-        store=engine.config.store,
+        # a PostgreSQL URL is reported as the store names it: password masked
+        store=engine.store.path if is_url(engine.config.store) else engine.config.store,
         rejects_path=os.fspath(rejects_path) if rejects_path is not None else None,
     )
     stop = stop_event or threading.Event()

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from memoryos_gpu import engine as engine_mod
-from memoryos_gpu.config import preset
+from memoryos_gpu.config import EngineConfig, LLMConfig, preset
+from memoryos_gpu.engine import InvalidInputError, MemoryEngine
 from memoryos_gpu.text.keywords import hash_keywords, keyword_tokens
 from memoryos_gpu.types import PageInput
 
@@ -977,3 +978,39 @@ def test_respond_to_a_first_time_user(make_engine, kit):
     res = eng.respond("newcomer", "Hi, I'm new here.")
     assert res.text == "Hello!" and res.retrieval.pages == [] and res.retrieval.stm == []
     assert page(eng, res.page_id)["user_input"] == "Hi, I'm new here."
+
+
+@pytest.mark.parametrize("max_batch", [1, 2, 256])
+def test_derived_rounds_are_capped_and_keep_each_users_order(max_batch: int) -> None:
+    """process_pending(max_batch=k) runs rounds of at most k pages, at most one page per user
+    per round, each user's pages in acceptance order; the result does not depend on k."""
+    cfg = EngineConfig(
+        memory=preset("paper", stm_capacity=1),
+        llm=LLMConfig(mode="extractive"),
+        embedder="hashing",
+        device="cpu",
+        auto_process=False,
+    )
+    eng = MemoryEngine(cfg)
+    rounds: list[list[tuple[int, str, int]]] = []
+    real = eng._process_pages
+
+    def spy(items: list[tuple[int, str, int]]) -> None:
+        rounds.append(list(items))
+        real(items)
+
+    eng._process_pages = spy  # type: ignore[method-assign]
+    for i in range(4):
+        eng.add_many([PageInput(f"u{u}", f"page {i} of u{u}", "ok") for u in range(3)])
+    done = eng.process_pending(max_batch=max_batch)
+    assert done["pages"] == 9  # 12 pages, STM keeps the newest of each user
+    assert all(0 < len(r) <= max_batch for r in rounds)
+    assert all(len({uid for _, uid, _ in r}) == len(r) for r in rounds)
+    order = [ref for r in rounds for _, _, ref in r]
+    for u in range(3):
+        mine = [p for p in order if eng.get_page(p)["user_id"] == f"u{u}"]
+        assert mine == sorted(mine)
+    assert [len(eng.export_user(f"u{u}")["pages"]) for u in range(3)] == [4, 4, 4]
+    with pytest.raises(InvalidInputError):
+        eng.process_pending(max_batch=0)
+    eng.close()

@@ -435,3 +435,46 @@ def test_build_info_reports_capabilities():
     assert info["cpu"] is True
     assert info["cuda_usable"] == (info["cuda_compiled"] and info["cuda_device_count"] > 0)
     assert info["cpu_threads"] >= 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 9), min_size=1, max_size=12),
+    block_size=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_placing_pages_by_position_equals_appending_them(counts, block_size, seed) -> None:
+    """A reload places pages by stored position in any order (arena.size_segments +
+    place_pages + write_pages); each segment then holds the same pages in the same order as
+    when they were appended one by one, with the same page count."""
+    rng = np.random.default_rng(seed)
+    cfg = ArenaConfig(dim=4, segment_slots=16, keyword_width=2, block_size=block_size)
+    appended, placed = Arena(cfg), Arena(cfg)
+    for a in (appended, placed):
+        a.add_users(2)
+    users = np.arange(len(counts), dtype=np.int32) % 2
+    slots = np.arange(len(counts), dtype=np.int32)
+    for a in (appended, placed):
+        a.write_segments(
+            users, slots, rng.standard_normal((len(counts), 4)), np.zeros((len(counts), 2), int)
+        )
+    rows = [(i, p) for i, n in enumerate(counts) for p in range(n)]
+    emb = rng.standard_normal((len(rows), 4)).astype(np.float32)
+    for (i, _p), v in zip(rows, emb, strict=True):
+        appended.append_pages(users[i : i + 1], slots[i : i + 1], v[None])
+    placed.size_segments(users, slots, np.array(counts))
+    order = rng.permutation(len(rows))
+    seg = np.array([rows[j][0] for j in order], np.int64)
+    pos = np.array([rows[j][1] for j in order], np.int64)
+    pool = placed.place_pages(users[seg], slots[seg], pos)
+    placed.write_pages(pool, emb[order])
+    for i in range(len(counts)):
+        mine = [
+            appended.segment_pages(users[i], slots[i]),
+            placed.segment_pages(users[i], slots[i]),
+        ]
+        assert len(mine[0]) == len(mine[1]) == counts[i]
+        np.testing.assert_array_equal(
+            appended.host("page_emb")[mine[0]], placed.host("page_emb")[mine[1]]
+        )
+        assert placed.host("page_live")[mine[1]].all()

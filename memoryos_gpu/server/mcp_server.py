@@ -261,7 +261,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m memoryos_gpu.server.mcp_server", description="memoryos-gpu MCP server"
     )
-    p.add_argument("--store", default="./memoryos_store", help="Store directory or SQLite file.")
+    p.add_argument(
+        "--store",
+        default="./memoryos_store",
+        help="Store directory, SQLite file, or PostgreSQL URL (postgresql://user@host/db).",
+    )
     p.add_argument("--config", default=None, help="Engine TOML config (store/embedder override).")
     p.add_argument("--user-id", default="default_user", help="User of tools called without one.")
     p.add_argument("--assistant-id", default=None, help="Assistant id of new users.")

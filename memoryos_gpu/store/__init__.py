@@ -1,18 +1,31 @@
-"""Durable storage. SQLite is the embedded default; the arena is rebuilt from it on open."""
+"""Durable storage. SQLite is the embedded default; PostgreSQL (``postgresql://`` URLs) is the
+store several engine processes share. The arena is rebuilt from the store on open."""
 
 from memoryos_gpu.store.sqlite import SCHEMA_VERSION, SQLiteStore, StoreError
 
-__all__ = ["SCHEMA_VERSION", "SQLiteStore", "StoreError", "open_store"]
+__all__ = ["SCHEMA_VERSION", "SQLiteStore", "StoreError", "is_url", "open_store"]
 
 
-def open_store(path: str) -> SQLiteStore:
-    """Open (creating if needed) the store at ``path``: a SQLite file, a directory (the file
-    ``memory.sqlite3`` inside it), or ``:memory:``."""
+def is_url(spec: str) -> bool:
+    """Whether ``spec`` names a PostgreSQL server (``postgresql://`` or ``postgres://``) rather
+    than a SQLite file or directory."""
+    return spec.startswith(("postgresql://", "postgres://"))
+
+
+def open_store(spec: str) -> SQLiteStore:
+    """Open (creating if needed) the store ``spec``: a ``postgresql://user@host/db`` URL (a
+    :class:`~memoryos_gpu.store.postgres.PostgresStore`), a SQLite file, a directory (the file
+    ``memory.sqlite3`` inside it), or ``:memory:``. Every backend is a :class:`SQLiteStore`
+    (the base that holds their shared SQL)."""
     from pathlib import Path
 
-    if path == ":memory:":
-        return SQLiteStore(path)
-    p = Path(path)
+    if is_url(spec):
+        from memoryos_gpu.store.postgres import PostgresStore
+
+        return PostgresStore(spec)
+    if spec == ":memory:":
+        return SQLiteStore(spec)
+    p = Path(spec)
     if p.suffix not in (".sqlite", ".sqlite3", ".db"):
         p = p / "memory.sqlite3"
     return SQLiteStore(p)

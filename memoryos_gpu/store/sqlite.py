@@ -242,22 +242,37 @@ class SQLiteStore:
         db.execute(f"PRAGMA synchronous = {SYNCHRONOUS}")
 
     # ------------------------------------------------------------------ schema
-    def _migrate(self) -> None:
-        db = self._db
-        tables = {
+    # Dialect hooks: what differs between SQLite and PostgreSQL (postgres.py overrides them);
+    # everything else in this class is SQL both run unchanged.
+    _DIALECT = "SQLite"
+
+    def _table_names(self) -> set[str]:
+        """The store's own tables (not the engine's internal ones)."""
+        return {
             r[0]
-            for r in db.execute(
+            for r in self.query(
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
             )
         }
+
+    def _create_schema(self, db: Any) -> None:
+        """Create the version-1 schema (in the open transaction ``db``)."""
+        _run_sql(db, _SCHEMA_V1)
+
+    def _migrations(self) -> dict[int, Migration]:
+        """This dialect's forward migrations (read at open, so tests can patch them)."""
+        return MIGRATIONS
+
+    def _migrate(self) -> None:
+        tables = self._table_names()
         if "meta" not in tables:
             if tables:
                 raise StoreError(
-                    f"{self.path} is a SQLite database but not a memoryos-gpu store "
+                    f"{self.path} is a {self._DIALECT} database but not a memoryos-gpu store "
                     f"(it has tables {sorted(tables)[:5]} and no meta table); refusing to touch it"
                 )
-            with self.transaction():
-                _run_sql(db, _SCHEMA_V1)
+            with self.transaction() as db:
+                self._create_schema(db)
                 db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
         raw = self.get_meta("schema_version", "0")
         try:
@@ -272,22 +287,20 @@ class SQLiteStore:
                 f"supports ({SCHEMA_VERSION}); upgrade memoryos-gpu to open it"
             )
         while version < SCHEMA_VERSION:
-            step = MIGRATIONS.get(version)
+            step = self._migrations().get(version)
             if step is None:
                 raise StoreError(
                     f"store {self.path} has schema version {version} and no migration from it "
                     f"to {version + 1} exists; it cannot be upgraded to {SCHEMA_VERSION}"
                 )
-            with self.transaction():
+            with self.transaction() as db:
                 if callable(step):
                     step(db)
                 else:
                     _run_sql(db, step)
                 version += 1
                 self.set_meta("schema_version", str(version))
-        missing = _REQUIRED_TABLES - {
-            r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
+        missing = _REQUIRED_TABLES - self._table_names()
         if missing:
             raise StoreError(f"store {self.path} lacks tables {sorted(missing)}; it is corrupt")
 
@@ -391,11 +404,13 @@ class SQLiteStore:
         """Create the user (and its assistant) if new; returns True when created."""
         with self.transaction() as db:
             db.execute(
-                "INSERT OR IGNORE INTO assistants(assistant_id, created) VALUES (?, ?)",
+                "INSERT INTO assistants(assistant_id, created) VALUES (?, ?) "
+                "ON CONFLICT DO NOTHING",
                 (assistant_id, now),
             )
             cur = db.execute(
-                "INSERT OR IGNORE INTO users(user_id, assistant_id, created) VALUES (?, ?, ?)",
+                "INSERT INTO users(user_id, assistant_id, created) VALUES (?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
                 (user_id, assistant_id, now),
             )
             return cur.rowcount > 0
@@ -509,81 +524,93 @@ class SQLiteStore:
             )
         ]
 
+    def pending_round(self, kind: str, limit: int) -> list[tuple[int, str, int]]:
+        """(work_id, user_id, ref) of the oldest pending item of each user that has one, oldest
+        first, at most ``limit``: one scheduling round. One item per user keeps each user's
+        items in order (the next one waits for the next round)."""
+        return [
+            tuple(r)
+            for r in self.query(
+                "SELECT p.work_id, p.user_id, p.ref FROM pending p JOIN (SELECT MIN(work_id) "
+                "AS w FROM pending WHERE kind = ? GROUP BY user_id) m ON p.work_id = m.w "
+                "ORDER BY p.work_id LIMIT ?",
+                (kind, int(limit)),
+            )
+        ]
+
     def count_pending(self, user_id: str | None = None) -> int:
         if user_id is None:
             return self.query("SELECT COUNT(*) FROM pending")[0][0]
         return self.query("SELECT COUNT(*) FROM pending WHERE user_id = ?", (user_id,))[0][0]
 
     # ------------------------------------------------------------------ bulk load (reopen)
-    def _bulk(
+    def segment_block_count(self, block_size: int) -> tuple[int, int]:
+        """(segments, page blocks they need at ``block_size`` pages per block, at least one
+        each): what a reopen reserves before streaming, so the arena never grows by copying."""
+        n, blocks = self.query(
+            "SELECT COUNT(*), COALESCE(SUM((CASE WHEN n_pages > 1 THEN n_pages ELSE 1 END "
+            "+ ? - 1) / ?), 0) FROM segments",
+            (block_size, block_size),
+        )[0]
+        return int(n), int(blocks)
+
+    def _stream(
         self,
         name: str,
-        count_sql: str,
         sql: str,
         numeric: Sequence[tuple[str, Any]],
         dim: int,
         *,
-        blob_col: int,
         keep: Sequence[str] = (),
         params: Sequence[Any] = (),
-    ) -> dict[str, Any]:
-        """Stream ``sql`` in chunks into preallocated column arrays.
+    ) -> Iterator[dict[str, Any]]:
+        """Yield ``sql``'s rows in chunks of :data:`LOAD_CHUNK` as column arrays.
 
-        ``numeric``: (name, dtype) of the leading columns, in order; ``blob_col``: index of the
-        float32 embedding blob (written straight into one ``[n, dim]`` matrix, one join per
-        chunk); ``keep``: names of further trailing columns returned as Python lists. No
-        per-row Python work beyond what ``sqlite3`` does to build the row tuples.
+        Why chunks: a reopen of 10,000 users x 200 segments reads ~6 GB of embeddings; holding
+        them all beside the arena they go into doubled the peak memory. Each chunk is consumed
+        (written into the arena) before the next is fetched, all in one read snapshot.
+
+        Row layout: the ``numeric`` columns (name, dtype) first, then the float32 embedding
+        blob (one join per chunk into a ``[k, dim]`` matrix), then the ``keep`` columns,
+        returned as Python lists. Timings accumulate in ``load_stats[name]``.
         """
-        t_sql = t_join = 0.0
-        t0 = time.perf_counter()
+        stats = self.load_stats[name] = {"rows": 0, "sql_s": 0.0, "join_s": 0.0}
+        blob_col = len(numeric)
         with self._snapshot() as db:
-            n = db.execute(count_sql, params).fetchone()[0]
-            out: dict[str, Any] = {k: np.empty(n, dt) for k, dt in numeric}
-            emb = np.empty((n, dim), np.float32)
-            lists: dict[str, list] = {k: [] for k in keep}
+            t0 = time.perf_counter()
             cur = db.execute(sql, params)
-            i = 0
-            t_sql += time.perf_counter() - t0
             while True:
-                t0 = time.perf_counter()
                 rows = cur.fetchmany(LOAD_CHUNK)
-                t_sql += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                stats["sql_s"] += t1 - t0
                 if not rows:
-                    break
-                t0 = time.perf_counter()
+                    return
                 k = len(rows)
-                if i + k > n:
-                    raise StoreError(f"{name}: the store changed during a snapshot read")
                 cols = list(zip(*rows, strict=True))
-                for c, (key, _dt) in enumerate(numeric):
-                    out[key][i : i + k] = cols[c]
+                chunk: dict[str, Any] = {
+                    key: np.asarray(cols[c], dt) for c, (key, dt) in enumerate(numeric)
+                }
                 joined = b"".join(cols[blob_col])
                 if len(joined) != k * dim * 4:
                     raise StoreError(
                         f"{name}: embedding blobs hold {len(joined)} bytes, expected {k} x {dim} "
                         "float32; the store is corrupt or was written with another dimension"
                     )
-                emb[i : i + k] = np.frombuffer(joined, "<f4").reshape(k, dim)
-                for c, key in enumerate(keep, start=len(numeric) + 1):
-                    lists[key].extend(cols[c])
-                i += k
-                t_join += time.perf_counter() - t0
-        if i != n:
-            raise StoreError(f"{name}: expected {n} rows, read {i}")
-        out["embedding"] = emb
-        out.update(lists)
-        self.load_stats[name] = {"rows": n, "sql_s": t_sql, "join_s": t_join}
-        return out
+                # frombuffer over bytes is read-only; the copy makes a writable array
+                chunk["embedding"] = np.frombuffer(joined, "<f4").reshape(k, dim).copy()
+                for c, key in enumerate(keep, start=blob_col + 1):
+                    chunk[key] = list(cols[c])
+                stats["rows"] += k
+                stats["join_s"] += time.perf_counter() - t1
+                yield chunk
+                t0 = time.perf_counter()  # the consumer's time between chunks is not ours
 
-    def load_segments(self, dim: int, keyword_width: int | None = None) -> dict[str, Any]:
-        """Every live segment as column arrays, ordered by ``segment_id`` (ascending, so
-        ``np.searchsorted(segment_id, ids)`` maps ids to rows).
+    def iter_segments(self, dim: int, keyword_width: int) -> Iterator[dict[str, Any]]:
+        """Every segment, in chunks ordered by ``segment_id`` (ascending across chunks).
 
-        Keys: ``segment_id``, ``user_id`` (list), ``user_index`` (row of the user in
-        :meth:`all_users` order), ``slot``, ``kw_ids`` (list of int32 blobs), ``embedding``
-        ``[n, dim]``, ``n_visit``, ``l_interaction``, ``last_access``, ``n_pages``; with
-        ``keyword_width`` also ``kw_matrix`` ``[n, keyword_width]`` int32 padded with -1
-        (built without a per-row loop).
+        Keys: ``segment_id``, ``slot``, ``n_visit``, ``l_interaction``, ``last_access``,
+        ``n_pages``, ``embedding`` ``[k, dim]``, ``user_id`` (list), ``kw_matrix``
+        ``[k, keyword_width]`` int32 padded with -1 (built without a per-row loop).
         """
         numeric = [
             ("segment_id", np.int64),
@@ -593,33 +620,18 @@ class SQLiteStore:
             ("last_access", np.float64),
             ("n_pages", np.int32),
         ]
-        with self._snapshot() as db:  # segments and the user order from one snapshot
-            out = self._bulk(
-                "segments",
-                "SELECT COUNT(*) FROM segments",
-                "SELECT segment_id, slot, n_visit, l_interaction, last_access, n_pages, "
-                "embedding, user_id, kw_ids FROM segments ORDER BY segment_id",
-                numeric,
-                dim,
-                blob_col=len(numeric),
-                keep=("user_id", "kw_ids"),
-            )
+        for chunk in self._stream(
+            "segments",
+            "SELECT segment_id, slot, n_visit, l_interaction, last_access, n_pages, "
+            "embedding, user_id, kw_ids FROM segments ORDER BY segment_id",
+            numeric,
+            dim,
+            keep=("user_id", "kw_ids"),
+        ):
             t0 = time.perf_counter()
-            order = {
-                r[0]: i
-                for i, r in enumerate(db.execute("SELECT user_id FROM users ORDER BY rowid"))
-            }
-        # (a JOIN with users in the scan costs ~70% more SQL time than this dict lookup)
-        try:
-            out["user_index"] = np.fromiter(
-                map(order.__getitem__, out["user_id"]), np.int64, len(out["user_id"])
-            )
-        except KeyError as exc:
-            raise StoreError(f"segment of unknown user {exc}; the store is corrupt") from None
-        if keyword_width is not None:
-            out["kw_matrix"] = kw_matrix(out["kw_ids"], keyword_width)
-        self.load_stats["segments"]["join_s"] += time.perf_counter() - t0
-        return out
+            chunk["kw_matrix"] = kw_matrix(chunk.pop("kw_ids"), keyword_width)
+            self.load_stats["segments"]["join_s"] += time.perf_counter() - t0
+            yield chunk
 
     def load_stm(self) -> dict[str, list[int]]:
         """Page ids of every user's STM, oldest first, in one query (tier 'stm' only: pages
@@ -631,44 +643,28 @@ class SQLiteStore:
             out.setdefault(uid, []).append(pid)
         return out
 
-    def load_mtm_pages(self, dim: int) -> dict[str, Any]:
-        """Every page in MTM, ordered by (segment, position), as column arrays.
-
-        Read in one sequential scan (rowid order: no random lookups, no SQL sort of the blobs),
-        then put in (segment, position) order in NumPy when the scan order differs.
-        """
-        numeric = [("page_id", np.int64), ("segment_id", np.int64), ("seg_pos", np.int64)]
-        out = self._bulk(
+    def iter_mtm_pages(self, dim: int) -> Iterator[dict[str, Any]]:
+        """Every page in MTM, in chunks of ``page_id``, ``segment_id``, ``seg_pos``,
+        ``embedding``. Read in one sequential scan in key order (no random lookups, no SQL
+        sort of the blobs): callers place each page by its (segment, position), so the order
+        of the rows does not matter."""
+        return self._stream(
             "mtm_pages",
-            "SELECT COUNT(*) FROM pages WHERE tier = 'mtm'",
             "SELECT page_id, segment_id, seg_pos, embedding FROM pages WHERE tier = 'mtm' "
-            "ORDER BY rowid",
-            numeric,
+            "ORDER BY page_id",
+            [("page_id", np.int64), ("segment_id", np.int64), ("seg_pos", np.int64)],
             dim,
-            blob_col=len(numeric),
         )
-        t0 = time.perf_counter()
-        seg, pos = out["segment_id"], out.pop("seg_pos")
-        if seg.size > 1:
-            ordered = (seg[1:] > seg[:-1]) | ((seg[1:] == seg[:-1]) & (pos[1:] >= pos[:-1]))
-            if not ordered.all():
-                order = np.lexsort((pos, seg))
-                for key in ("page_id", "segment_id", "embedding"):
-                    out[key] = out[key][order]
-        self.load_stats["mtm_pages"]["join_s"] += time.perf_counter() - t0
-        return out
 
-    def load_knowledge(self, dim: int) -> dict[str, Any]:
-        """Live knowledge entries (``entry_id`` order): ``entry_id``, ``seq``, ``embedding``,
-        ``owner_kind`` and ``owner_id`` (lists)."""
-        return self._bulk(
+    def iter_knowledge(self, dim: int) -> Iterator[dict[str, Any]]:
+        """Live knowledge entries in ``entry_id`` order, in chunks of ``entry_id``, ``seq``,
+        ``embedding``, ``owner_kind`` and ``owner_id`` (lists)."""
+        return self._stream(
             "knowledge",
-            "SELECT COUNT(*) FROM knowledge WHERE live = 1",
             "SELECT entry_id, seq, embedding, owner_kind, owner_id FROM knowledge "
             "WHERE live = 1 ORDER BY entry_id",
             [("entry_id", np.int64), ("seq", np.int64)],
             dim,
-            blob_col=2,
             keep=("owner_kind", "owner_id"),
         )
 
@@ -800,18 +796,21 @@ class SQLiteStore:
         with self._lock:
             self._db.execute("PRAGMA secure_delete = ON")
             with self.transaction() as db:
-                db.execute("DELETE FROM pending WHERE user_id = ?", (user_id,))
-                db.execute("DELETE FROM pages WHERE user_id = ?", (user_id,))
-                db.execute("DELETE FROM segments WHERE user_id = ?", (user_id,))
-                db.execute(
-                    "DELETE FROM knowledge WHERE owner_kind = 'user' AND owner_id = ?", (user_id,)
-                )
-                db.execute("DELETE FROM audit WHERE user_id = ?", (user_id,))
-                cur = db.execute("DELETE FROM users WHERE user_id = ?", (user_id,))
-                removed = cur.rowcount > 0
+                removed = self._delete_user_rows(db, user_id)
             if self.path != ":memory:" and not self._depth:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             return removed
+
+    @staticmethod
+    def _delete_user_rows(db: Any, user_id: str) -> bool:
+        """Delete every row about the user in the open transaction ``db`` (both dialects)."""
+        db.execute("DELETE FROM pending WHERE user_id = ?", (user_id,))
+        db.execute("DELETE FROM pages WHERE user_id = ?", (user_id,))
+        db.execute("DELETE FROM segments WHERE user_id = ?", (user_id,))
+        db.execute("DELETE FROM knowledge WHERE owner_kind = 'user' AND owner_id = ?", (user_id,))
+        db.execute("DELETE FROM audit WHERE user_id = ?", (user_id,))
+        cur = db.execute("DELETE FROM users WHERE user_id = ?", (user_id,))
+        return cur.rowcount > 0
 
     def rows_about(self, user_id: str) -> int:
         """Rows anywhere in the store that name the user (0 after delete_user)."""
@@ -851,9 +850,9 @@ def _page_dict(r: tuple) -> dict[str, Any]:
         "next_page": r[9],
         "meta": r[10],
         "summary": r[11],
-        "keywords": json.loads(r[12]) if r[12] else [],
+        "keywords": json.loads(r[12]) if r[12] and r[12] != "[]" else [],
         "analysed": bool(r[13]),
         "mode": r[14],
         "source": r[15],
-        "extra": json.loads(r[16]) if r[16] else {},
+        "extra": json.loads(r[16]) if r[16] and r[16] != "{}" else {},  # most pages: no decode
     }
