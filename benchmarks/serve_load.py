@@ -6,7 +6,9 @@ user with a few pages, waits for the derived work, then runs a closed loop: ever
 is one coroutine that sends a request (a write with probability ``--write-frac``, else a
 retrieval), waits for the answer, thinks ``--think-ms`` (exponential; 0 = saturating) and goes
 again, until ``--requests`` requests are done or ``--time-limit`` passes. The same load then
-runs against a server with batching disabled (``max_batch=1``, ``write_max_batch=1``).
+runs against a server with batching disabled: "unbatched" (every request its own engine call
+and derived work one page at a time as it arrives, as the reference does) and
+"requests-unbatched" (request queues of one, derived-work rounds kept); see ``MODES``.
 Saturating runs (think 0) measure capacity; a paced run (``--paced-users`` users thinking
 ``--paced-think-ms`` between requests, like chat users) measures latency below saturation.
 
@@ -330,15 +332,29 @@ async def _load(
     return out
 
 
+_UNBATCHED_REQUESTS = {
+    "max_batch": 1,
+    "write_max_batch": 1,
+    "max_wait_ms": 0,
+    "write_max_wait_ms": 0,
+}
+#: Server settings of each mode. "unbatched" turns every cross-request batch off: request queues
+#: of one and derived work (chain, MTM placement, promotion) one page at a time as it arrives,
+#: as the reference does; "requests-unbatched" keeps the derived-work rounds.
+MODES: dict[str, dict[str, Any]] = {
+    "batched": {},
+    "unbatched": {**_UNBATCHED_REQUESTS, "derived_max_batch": 1, "derived_max_wait_ms": 0},
+    "requests-unbatched": dict(_UNBATCHED_REQUESTS),
+}
+
+
 def run_scenario(
-    users: int, *, batched: bool, think_ms: float, args: argparse.Namespace, workdir: Path
+    users: int, *, mode: str, think_ms: float, args: argparse.Namespace, workdir: Path
 ) -> dict[str, Any]:
-    settings: dict[str, Any] = (
-        {"max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms}
-        if batched
-        else {"max_batch": 1, "write_max_batch": 1, "max_wait_ms": 0, "write_max_wait_ms": 0}
-    )
-    store = workdir / f"store-{users}-{think_ms:g}-{'b' if batched else 'u'}"
+    settings: dict[str, Any] = dict(MODES[mode])
+    if mode == "batched":
+        settings.update(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+    store = workdir / f"store-{users}-{think_ms:g}-{mode}"
     server = Server(store, settings, args.embedder)
     try:
         server.wait_ready()
@@ -367,7 +383,7 @@ def run_scenario(
         res = asyncio.run(go())
     finally:
         server.stop()
-    res.update(users=users, think_ms=think_ms, batched=batched, settings=settings)
+    res.update(users=users, think_ms=think_ms, mode=mode, settings=settings)
     res["loadavg_1m_after"] = round(os.getloadavg()[0], 2)  # other work on the box skews results
     return res
 
@@ -376,7 +392,7 @@ def _table(
     results: list[dict[str, Any]], ratios: dict[str, float], cpu_ratios: dict[str, float]
 ) -> str:
     head = (
-        f"{'users':>6} {'think':>6} {'mode':>9} {'req/s':>8} {'ret p50':>8} {'ret p95':>8} "
+        f"{'users':>6} {'think':>6} {'mode':>18} {'req/s':>8} {'ret p50':>8} {'ret p95':>8} "
         f"{'ret p99':>8} {'wr p50':>8} {'wr p95':>8} {'wr p99':>8} {'batch r/w':>10} "
         f"{'cpu ms/req':>10} {'errors':>7}"
     )
@@ -384,7 +400,7 @@ def _table(
     for r in results:
         mb = r["mean_batch"]
         lines.append(
-            f"{r['users']:>6} {r['think_ms']:>6g} {'batched' if r['batched'] else 'unbatched':>9} "
+            f"{r['users']:>6} {r['think_ms']:>6g} {r['mode']:>18} "
             f"{r['throughput_rps']:>8.1f} {r['retrieve']['p50_ms']:>8.1f} "
             f"{r['retrieve']['p95_ms']:>8.1f} {r['retrieve']['p99_ms']:>8.1f} "
             f"{r['write']['p50_ms']:>8.1f} {r['write']['p95_ms']:>8.1f} "
@@ -395,9 +411,9 @@ def _table(
         )
     lines.append("")
     for name, ratio in ratios.items():
-        lines.append(f"throughput batched / unbatched, {name}: {ratio:.2f}x")
+        lines.append(f"throughput {name}: {ratio:.2f}x")
     for name, ratio in cpu_ratios.items():
-        lines.append(f"server CPU per request, unbatched / batched, {name}: {ratio:.2f}x")
+        lines.append(f"server CPU per request, {name}: {ratio:.2f}x")
     lines.append(
         "latencies in ms; req/s counts successful requests; think = mean think time (ms) of "
         "each simulated user between requests (0: closed loop at saturation); cpu ms/req = "
@@ -432,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--max-wait-ms", type=float, default=2.0)
     p.add_argument("--embedder", default="hashing", choices=["hashing", "transformers"])
-    p.add_argument("--no-unbatched", action="store_true", help="Skip the max_batch=1 runs.")
+    p.add_argument("--no-unbatched", action="store_true", help="Only the batched runs.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--client",
@@ -461,28 +477,28 @@ def main(argv: list[str] | None = None) -> None:
         if args.paced_think_ms > 0:
             scenarios.append((args.paced_users, args.paced_think_ms))
         for users, think in scenarios:
-            modes = [True] if args.no_unbatched else [True, False]
+            modes = ["batched"] if args.no_unbatched else list(MODES)
             runs = {}
-            for batched in modes:
-                r = run_scenario(
-                    users, batched=batched, think_ms=think, args=args, workdir=Path(tmp)
-                )
+            for mode in modes:
+                r = run_scenario(users, mode=mode, think_ms=think, args=args, workdir=Path(tmp))
                 results.append(r)
-                runs[batched] = r
+                runs[mode] = r
                 print(
-                    f"users={users} think={think:g}ms {'batched' if batched else 'unbatched'}: "
-                    f"{r['throughput_rps']} req/s, retrieve p95 {r['retrieve']['p95_ms']} ms",
+                    f"users={users} think={think:g}ms {mode}: {r['throughput_rps']} req/s, "
+                    f"retrieve p95 {r['retrieve']['p95_ms']} ms",
                     file=sys.stderr,
                 )
-            if False in runs and runs[False]["throughput_rps"] > 0:
-                name = f"{users} users, think {think:g} ms"
+            for other in modes[1:]:
+                if runs[other]["throughput_rps"] <= 0:
+                    continue
+                name = f"batched / {other}, {users} users, think {think:g} ms"
                 ratios[name] = round(
-                    runs[True]["throughput_rps"] / runs[False]["throughput_rps"], 2
+                    runs["batched"]["throughput_rps"] / runs[other]["throughput_rps"], 2
                 )
-                if runs[True].get("server_cpu_ms_per_request"):
-                    cpu_ratios[name] = round(
-                        runs[False]["server_cpu_ms_per_request"]
-                        / runs[True]["server_cpu_ms_per_request"],
+                if runs["batched"].get("server_cpu_ms_per_request"):
+                    cpu_ratios[name.replace("batched / " + other, other + " / batched")] = round(
+                        runs[other]["server_cpu_ms_per_request"]
+                        / runs["batched"]["server_cpu_ms_per_request"],
                         2,
                     )
     report = {

@@ -673,3 +673,44 @@ def test_cli_serve_contract_with_real_embedder(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
     assert "OPEN mode" not in proc.stderr.read()  # type: ignore[union-attr]
+
+
+class RoundSpyEngine(MemoryEngine):
+    """Records the max_batch of every process_pending call and the size of every round."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        super().__init__(*a, **k)
+        self.calls: list[int | None] = []
+        self.rounds: list[int] = []
+
+    def process_pending(self, max_batch: int | None = None) -> dict[str, int]:
+        self.calls.append(max_batch)
+        return super().process_pending(max_batch)
+
+    def _process_pages(self, items: list[tuple[int, str, int]]) -> None:
+        self.rounds.append(len(items))
+        super()._process_pages(items)
+
+
+def test_derived_scheduler_caps_rounds_and_a_full_round_does_not_wait() -> None:
+    """With a 60 s max wait, a full round (derived_max_batch pages) runs at once and rounds
+    never exceed the cap; a lone page waits until a reader asks (/wait cuts the wait short)."""
+    engine = RoundSpyEngine(hashing(memory={"stm_capacity": 1}))
+    with serve(engine, derived_max_wait_ms=60_000, derived_max_batch=3) as c:
+        pages = [
+            {"user_id": f"r{i}", "user_input": f"r{i} page {k}"} for k in range(2) for i in range(3)
+        ]
+        assert c.post("/v1/pages", json={"pages": pages}, headers=HA).status_code == 201
+        deadline = time.monotonic() + 20
+        while engine.pending_count() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert engine.pending_count() == 0  # 3 overflow pages = a full round: no 60 s wait
+        assert engine.calls and set(engine.calls) == {3}
+        assert engine.rounds and max(engine.rounds) <= 3
+        t0 = time.monotonic()
+        assert add(c, "r0", "r0 page 2").status_code == 201  # one page: gathers company...
+        time.sleep(0.3)
+        assert engine.pending_count() == 1
+        done = c.post("/v1/users/r0/wait", params={"timeout": 10}, headers=HA).json()
+        assert done["done"] and time.monotonic() - t0 < 10  # ...until a reader waits
+    engine.close()

@@ -105,6 +105,8 @@ class MemoryService:
         self._derived_urgent = threading.Event()  # a reader waits: skip the coalescing pause
         self._derived_thread: threading.Thread | None = None
         self._derived_runs = 0
+        self._derived_backlog = 0  # pages accepted since the last derived round started
+        self._derived_max_batch = self.settings.derived_max_batch or 256  # engine's, once built
         self._loading: asyncio.Task | None = None
         self._batchers: dict[str, MicroBatcher] = {}
         n = self.settings.native_threads
@@ -152,6 +154,8 @@ class MemoryService:
         with self._known_lock:
             self._known = set(engine.users())
         s = self.settings
+        config = getattr(engine, "config", None)
+        self._derived_max_batch = s.derived_max_batch or getattr(config, "derived_max_batch", 256)
         self._batchers = {
             "retrieve": MicroBatcher(
                 "retrieve",
@@ -343,6 +347,9 @@ class MemoryService:
     def _after_write(self, results: Sequence[AddResult]) -> None:
         with self._known_lock:
             self._known.update(r.user_id for r in results)
+        self._derived_backlog += len(results)
+        if self._derived_backlog >= self._derived_max_batch:
+            self._derived_urgent.set()  # a full round is waiting: no point gathering longer
         self._derived_wake.set()
 
     # ================================================================== reads
@@ -471,25 +478,31 @@ class MemoryService:
 
     # ================================================================== derived work thread
     def _derived_loop(self) -> None:
+        """The derived-work scheduler: when pages are pending, wait until
+        ``derived_max_batch`` pages are waiting, a reader waits on /wait, or the first page has
+        waited ``derived_max_wait_ms``; then run them in rounds of at most
+        ``derived_max_batch`` pages (per-user order kept by the engine)."""
         _limit_native_threads(self._native_threads)
-        interval = self.settings.derived_interval_ms / 1000
+        max_wait = self.settings.derived_max_wait_ms / 1000
         while not self._derived_stop.is_set():
             self._derived_wake.wait(timeout=1.0)
             if self._derived_stop.is_set():
                 break
             self._derived_wake.clear()
             try:
-                if self.engine.pending_count() > 0:
-                    t0 = time.perf_counter()
-                    done = self.engine.process_pending()
-                    dt = time.perf_counter() - t0
-                    self._derived_runs += 1
-                    if self.metrics is not None:
-                        n = sum(done.values()) if isinstance(done, dict) else 0
-                        self.metrics.observe_batch("derived", "process_pending", n, dt)
+                if self.engine.pending_count() == 0:
+                    continue
+                if max_wait and self._derived_backlog < self._derived_max_batch:
+                    self._derived_urgent.wait(max_wait)  # gather company for the first page
+                self._derived_urgent.clear()
+                self._derived_backlog = 0
+                t0 = time.perf_counter()
+                done = self.engine.process_pending(max_batch=self._derived_max_batch)
+                dt = time.perf_counter() - t0
+                self._derived_runs += 1
+                if self.metrics is not None:
+                    n = sum(done.values()) if isinstance(done, dict) else 0
+                    self.metrics.observe_batch("derived", "process_pending", n, dt)
             except Exception:
                 log.exception("derived work failed; it stays pending and is retried")
                 self._derived_stop.wait(1.0)
-            if interval:  # coalesce: bigger rounds amortise the per-round cost
-                self._derived_urgent.wait(interval)
-                self._derived_urgent.clear()

@@ -25,12 +25,19 @@ class ServerSettings(BaseModel):
     respond_queue_limit: int = Field(256, ge=1, description="Responses admitted at once.")
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 503 overload answers.")
     # derived work (chain, MTM placement, promotion) in a background thread
-    derived_interval_ms: float = Field(
+    derived_max_wait_ms: float = Field(
         200.0,
         ge=0,
-        description="Pause after each process_pending run, so work coalesces into rounds of "
-        "many users (per-page cost halves from 4 to 16+ pages a run); cut short when a reader "
-        "waits on /wait.",
+        description="How long the first pending page waits for company before its derived-work "
+        "round runs, so work coalesces into rounds of many users (per-page cost halves from 4 "
+        "to 16+ pages a round); cut short when derived_max_batch pages wait or a reader waits "
+        "on /wait. 0 = run at once.",
+    )
+    derived_max_batch: int | None = Field(
+        None,
+        ge=1,
+        description="Pages per derived-work round (default: the engine's derived_max_batch, "
+        "256); 1 = one page at a time.",
     )
     derived_enabled: bool = Field(True, description="Run the background derived-work worker.")
     # limits (413 past them)
