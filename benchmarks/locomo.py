@@ -11,6 +11,12 @@ two, k = 60), and ``engine-...`` configurations (LLM-free extractive mode; paper
 presets; ablations). With ``--llm`` also the LLM mode with the bundled SmolLM2 (slow on CPU: use
 ``--llm-conversations`` to bound it).
 
+With ``--answer-backend`` (transformers = the bundled SmolLM2, openai = any OpenAI-compatible
+server such as ``vllm serve``, vllm = in process) the methods in ``--answer-methods`` also
+answer a sample of ``--answer-questions`` questions from their top ``--answer-budget`` pages
+(the same sample and prompt for every method) and report the paper's token F1 and BLEU-1 per
+category (``memoryos_gpu.eval.qa``).
+
 Usage: python benchmarks/locomo.py [--data FILE] [--budgets 5 10 20] [--quick] [--json OUT]
 """
 
@@ -29,7 +35,7 @@ import numpy as np
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import MemoryEngine
-from memoryos_gpu.eval import baselines
+from memoryos_gpu.eval import baselines, qa
 from memoryos_gpu.eval.locomo import (
     Conversation,
     Question,
@@ -55,6 +61,10 @@ def engine_configs(with_llm: bool) -> dict[str, dict[str, Any]]:
         configs["engine-llm-paper"] = {
             "memory": preset("paper"),
             "llm": LLMConfig(mode="llm", backend="transformers", max_tokens=96),
+        }
+        configs["engine-llm-paper-separate"] = {  # the paper's separate calls per stage
+            "memory": preset("paper"),
+            "llm": LLMConfig(mode="llm", backend="transformers", max_tokens=96, fused=False),
         }
     return configs
 
@@ -112,6 +122,65 @@ class EngineRanker:
         return self.engine.stats()["llm"]["llm_calls"] / pages
 
 
+class Recorder:
+    """Wraps a ranker and keeps each question's ranking, so answers can be generated from the
+    pages the method actually retrieved."""
+
+    def __init__(self, rank: Callable[[Conversation, list[Question]], Any]) -> None:
+        self.rank = rank
+        self.seen: dict[tuple[str, int], tuple[Conversation, Question, list[int]]] = {}
+
+    def __call__(self, conv: Conversation, questions: list[Question]) -> Any:
+        rankings = self.rank(conv, questions)
+        for q, r in zip(questions, rankings, strict=True):
+            self.seen[(conv.sample_id, q.index)] = (conv, q, list(r))
+        return rankings
+
+
+class Answerer:
+    """Answers the same question sample for every method (``--answer-*`` options)."""
+
+    def __init__(self, args: argparse.Namespace, convs: list[Conversation]) -> None:
+        from memoryos_gpu.llm.factory import make_backend
+
+        options: dict[str, Any] = {}
+        if args.answer_model:
+            options["model"] = args.answer_model
+        if args.answer_base_url:
+            options["base_url"] = args.answer_base_url
+        self.backend = make_backend(args.answer_backend, **options)
+        self.budget = args.answer_budget
+        self.max_tokens = args.answer_max_tokens
+        keys = [
+            (c.sample_id, q.index)
+            for c in convs
+            for q in c.scored_questions
+            if q.answer is not None
+        ]
+        rng = np.random.default_rng(0)
+        take = min(args.answer_questions, len(keys))
+        self.sample = [keys[i] for i in sorted(rng.choice(len(keys), take, replace=False))]
+
+    def __call__(self, recorder: Recorder) -> dict[str, Any]:
+        items, cats, golds = [], [], []
+        for key in self.sample:
+            conv, q, ranking = recorder.seen[key]
+            items.append((q.question, [conv.pages[i] for i in ranking[: self.budget]]))
+            cats.append(q.category)
+            golds.append(str(q.answer))
+        t0 = time.perf_counter()
+        answers, failed = qa.answer_questions(self.backend, items, max_tokens=self.max_tokens)
+        report = qa.score_answers(cats, answers, golds)
+        report.failed = failed
+        out = report.as_dict()
+        out.update(budget=self.budget, seconds=round(time.perf_counter() - t0, 1))
+        out["examples"] = [
+            {"question": it[0], "gold": g, "answer": a}
+            for it, g, a in list(zip(items, golds, answers, strict=True))[:5]
+        ]
+        return out
+
+
 def report_rows(method: str, reports: dict[int, Any], extra: dict[str, Any]) -> list[dict]:
     return [
         {
@@ -129,6 +198,8 @@ def report_rows(method: str, reports: dict[int, Any], extra: dict[str, Any]) -> 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     convs = load_locomo(args.data)
+    if args.max_pages:
+        convs = [c.truncated(args.max_pages) for c in convs]
     if args.quick:
         convs = convs[:1]
         for c in convs:
@@ -140,9 +211,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: list[dict] = []
     embed = embedder.encode
 
+    answerer = Answerer(args, convs) if args.answer_backend else None
+    qa_results: dict[str, Any] = {}
+
+    def answer(method: str, recorder: Recorder) -> None:
+        if answerer is None or method not in args.answer_methods:
+            return
+        qa_results[method] = answerer(recorder)
+        r = qa_results[method]
+        print(f"{method:<36} QA F1={r['f1']:.3f} BLEU-1={r['bleu1']:.3f}", file=sys.stderr)
+
     def timed(method: str, rank: Callable, extra: dict[str, Any] | None = None) -> None:
         t0 = time.perf_counter()
-        reports = evaluate_rankings(convs, rank, ks)
+        recorder = Recorder(rank)
+        reports = evaluate_rankings(convs, recorder, ks)
         elapsed = time.perf_counter() - t0
         results.extend(
             report_rows(method, reports, {"seconds": round(elapsed, 2), **(extra or {})})
@@ -151,6 +233,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{method:<36} " + "  ".join(f"@{k}={reports[k].overall:.3f}" for k in ks),
             file=sys.stderr,
         )
+        answer(method, recorder)
 
     budget = max(ks)
     timed("flat-dense", lambda c, qs: baselines.flat_dense(c.pages, qs, embed, budget))
@@ -167,9 +250,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.only and name not in args.only:
                 continue
             ranker = EngineRanker(name, spec, embedder, budget, Path(tmp))
-            use = convs[: args.llm_conversations] if "llm-paper" in name else convs
+            use = convs[: args.llm_conversations] if "-llm-paper" in name else convs
             t0 = time.perf_counter()
-            reports = evaluate_rankings(use, ranker, ks)
+            recorder = Recorder(ranker)
+            reports = evaluate_rankings(use, recorder, ks)
             extra = {
                 "seconds": round(time.perf_counter() - t0, 2),
                 "ingest_seconds": round(ranker.ingest_s, 2),
@@ -183,6 +267,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 file=sys.stderr,
             )
             ranker.engine.close()
+            if use is convs:
+                answer(name, recorder)
     n_questions = sum(len(c.scored_questions) for c in convs)
     return {
         "data": str(args.data),
@@ -190,10 +276,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "budgets": list(ks),
         "date": time.strftime("%Y-%m-%d"),
         "results": results,
+        **({"qa": qa_results} if qa_results else {}),
     }
 
 
 def print_table(report: dict[str, Any]) -> None:
+    for method, r in report.get("qa", {}).items():
+        cats = "  ".join(f"c{c}: {m['f1']:.3f}" for c, m in r["per_category"].items())
+        print(
+            f"QA {method:<33} F1 {r['f1']:.3f}  BLEU-1 {r['bleu1']:.3f}  ({r['questions']} "
+            f"questions, top {r['budget']} pages; F1 by category {cats})"
+        )
     ks = report["budgets"]
     methods = list(dict.fromkeys(r["method"] for r in report["results"]))
     print(f"{'method':<36} " + " ".join(f"{'@' + str(k):>7}" for k in ks) + "   all-hit@10")
@@ -237,9 +330,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="one conversation, 40 questions")
     p.add_argument("--llm", action="store_true", help="also the LLM mode (bundled SmolLM2)")
     p.add_argument("--llm-conversations", type=int, default=1)
+    p.add_argument(
+        "--max-pages",
+        type=int,
+        default=0,
+        help="keep the first N pages of each conversation and the questions answerable from "
+        "them (bounds slow LLM-mode runs; 0 = all)",
+    )
     p.add_argument("--only", nargs="*", help="engine configurations to run (default: all)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None, help="PNG bar chart per category")
+    p.add_argument(
+        "--answer-backend",
+        choices=["transformers", "openai", "vllm"],
+        help="also answer questions and report token F1 / BLEU-1 (default: no answering)",
+    )
+    p.add_argument("--answer-model", help="model (folder, GGUF or served name)")
+    p.add_argument("--answer-base-url", help="OpenAI-compatible server, e.g. http://host:8000/v1")
+    p.add_argument("--answer-questions", type=int, default=100, help="questions answered")
+    p.add_argument("--answer-budget", type=int, default=10, help="pages in the answer prompt")
+    p.add_argument("--answer-max-tokens", type=int, default=32)
+    p.add_argument(
+        "--answer-methods",
+        nargs="+",
+        default=["rrf", "engine-llm-free-paper"],
+        help="methods whose retrievals are answered",
+    )
     args = p.parse_args(argv)
     report = run(args)
     print_table(report)

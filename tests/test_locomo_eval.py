@@ -283,3 +283,15 @@ def test_flat_dense_minilm_semantic_ranking(mini):
     assert res["flat_dense"][5].overall == pytest.approx(3.5 / 5)
     vecs = embed(["hello"])
     assert vecs.shape == (1, 384) and np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-5)
+
+
+def test_truncated_keeps_only_answerable_questions(mini):
+    conv = mini[0]
+    for n in (1, 2, len(conv.pages) - 1):
+        small = conv.truncated(n)
+        assert small.pages == conv.pages[:n]
+        kept = retrieved_dia_ids(conv, range(n))
+        assert all(q.evidence and set(q.evidence) <= kept for q in small.questions)
+        dropped = [q for q in conv.questions if q not in small.questions]
+        assert all(not q.evidence or not set(q.evidence) <= kept for q in dropped)
+    assert conv.truncated(len(conv.pages)) is conv  # nothing cut: unchanged

@@ -194,6 +194,17 @@ class Conversation:
     def scored_questions(self) -> list[Question]:
         return [q for q in self.questions if q.scored]
 
+    def truncated(self, max_pages: int) -> Conversation:
+        """The first ``max_pages`` pages and only the questions whose evidence lies entirely
+        inside them: a smaller but still fully answerable conversation (for slow LLM runs).
+        A limit past the end returns the conversation unchanged."""
+        if max_pages >= len(self.pages):
+            return self
+        pages = self.pages[:max_pages]
+        kept = {normalise_dia_id(d) or d for p in pages for d in p.dia_ids}
+        questions = [q for q in self.questions if q.evidence and set(q.evidence) <= kept]
+        return Conversation(self.sample_id, self.speaker_a, self.speaker_b, pages, questions)
+
     def page_of(self) -> dict[str, int]:
         """Canonical dia_id -> page index."""
         out = {}
