@@ -33,6 +33,7 @@ on every machine; ``-1`` is therefore free as the padding value. Python's
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -420,8 +421,10 @@ def extract_yake(text: str, top_n: int = 8, *, language: str = "en") -> list[str
 
 
 # ------------------------------------------------------------------ hashing
+@functools.lru_cache(maxsize=1 << 16)
 def hash_keyword(word: str) -> int:
-    """Stable 31-bit id of one keyword (after :func:`normalize_word`); -1 if empty."""
+    """Stable 31-bit id of one keyword (after :func:`normalize_word`); -1 if empty. Cached:
+    a conversation repeats its words, and every written page and query hashes its keywords."""
     w = normalize_word(word)
     if not w:
         return PAD_ID
