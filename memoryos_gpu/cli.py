@@ -471,6 +471,20 @@ def cli(ctx: click.Context, **kwargs: Any) -> None:
     hidden=True,
     help="Embed the next batch while the current one is processed.",
 )
+@click.option(
+    "--ray",
+    "use_ray",
+    is_flag=True,
+    help="Run on Ray: Ray Data reads and partitions the logs by user hash onto one shard actor "
+    "per shard (a GPU each when the cluster has them); local Ray unless $RAY_ADDRESS is set. "
+    "Needs `pip install 'memoryos-gpu[ray]'`.",
+)
+@click.option(
+    "--shards",
+    type=click.IntRange(1),
+    help="Shards for --ray (STORE/shard-I each, or one PostgreSQL URL) [default: the store's "
+    "shard count, else 2].",
+)
 @click.option("--summary/--no-summary", default=True, hidden=True)
 @engine_options
 @click.pass_context
@@ -487,6 +501,8 @@ def ingest(
     process: str,
     progress: bool | None,
     prefetch: bool | None,
+    use_ray: bool,
+    shards: int | None,
     summary: bool,
     **kwargs: Any,
 ) -> None:
@@ -519,7 +535,13 @@ def ingest(
         raise UsageFailure("give --shard or --workers, not both")
     if progress is None:
         progress = sys.stderr.isatty()
-    if workers > 1:
+    if use_ray:
+        if shard_obj is not None or workers > 1:
+            raise UsageFailure("--ray shards by itself: give --shards N, not --shard/--workers")
+        report = _ingest_ray(
+            list(formats), cfg, shards, fmt=fmt, batch_size=batch_size, rejects_path=rejects_path
+        )
+    elif workers > 1:
         report = _ingest_workers(
             list(files),
             o,
@@ -559,6 +581,44 @@ def ingest(
     if as_json:
         click.echo(json.dumps(report, ensure_ascii=False, default=_json_default))
     ctx.exit(int(report["exit_code"]))
+
+
+def _ray_shards(store: str, shards: int | None) -> int:
+    """--shards, else the count the store was sharded with, else 2."""
+    if shards:
+        return shards
+    dirs = shard_dirs(store) if "://" not in store else None
+    return len(dirs) if dirs else 2
+
+
+def _ingest_ray(
+    files: list[str],
+    cfg: Any,
+    shards: int | None,
+    *,
+    fmt: str,
+    batch_size: int,
+    rejects_path: str | None,
+) -> dict[str, Any]:
+    """``ingest --ray``: memoryos_gpu.distributed.ray_ingest (Ray Data + shard actors)."""
+    from memoryos_gpu.distributed.ray_common import RayUnavailableError
+
+    try:
+        from memoryos_gpu.distributed.ray_ingest import default_rejects_path, ingest_ray
+
+        _quiet_model_loading()
+        return ingest_ray(
+            files,
+            cfg,
+            _ray_shards(cfg.store, shards),
+            fmt=fmt,
+            batch_size=batch_size,
+            rejects_path=rejects_path or default_rejects_path(cfg.store),
+        )
+    except RayUnavailableError as exc:
+        raise CLIError(str(exc)) from None
+    except ValueError as exc:  # store layout problems
+        raise UsageFailure(str(exc)) from None
 
 
 def _print_ingest_summary(r: dict[str, Any], *, err: bool) -> None:
@@ -1146,14 +1206,37 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="Key file: one `KEY TENANT` per line.",
 )
+@click.option(
+    "--ray",
+    "use_ray",
+    is_flag=True,
+    help="Serve on Ray Serve: one replica per shard (a GPU each when the cluster has them) "
+    "behind a router with the same API and keys; local Ray unless $RAY_ADDRESS is set.",
+)
+@click.option(
+    "--shards",
+    type=click.IntRange(1),
+    help="Shards for --ray [default: the store's shard count, else 2].",
+)
 @engine_options
 @click.pass_context
 @handle_errors
-def serve(ctx: click.Context, host: str, port: int, api_keys: str | None, **kwargs: Any) -> None:
+def serve(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    api_keys: str | None,
+    use_ray: bool,
+    shards: int | None,
+    **kwargs: Any,
+) -> None:
     """Serve the HTTP API (memoryos_gpu.server) over the store until Ctrl-C."""
     import inspect
 
     o = _options(ctx, kwargs)
+    if use_ray:
+        _serve_ray(o, host, port, api_keys, shards)
+        return
     try:
         from memoryos_gpu.server.app import run
     except ImportError as exc:
@@ -1169,6 +1252,25 @@ def serve(ctx: click.Context, host: str, port: int, api_keys: str | None, **kwar
     call = {k: v for k, v in candidates.items() if k in params or takes_kw}
     _quiet_model_loading()
     run(**call)
+
+
+def _serve_ray(
+    o: EngineOptions, host: str, port: int, api_keys: str | None, shards: int | None
+) -> None:
+    """``serve --ray``: memoryos_gpu.distributed.ray_serve on Ray Serve until Ctrl-C."""
+    from memoryos_gpu.distributed.ray_common import RayUnavailableError
+
+    store = resolve_store(o)
+    cfg = build_config(o, store=store)
+    _quiet_model_loading()
+    try:
+        from memoryos_gpu.distributed.ray_serve import run as run_ray
+
+        run_ray(cfg, _ray_shards(store, shards), host=host, port=port, api_keys=api_keys)
+    except RayUnavailableError as exc:
+        raise CLIError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageFailure(str(exc)) from None
 
 
 # ============================================================================ bench

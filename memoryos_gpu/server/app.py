@@ -309,6 +309,7 @@ def create_app(
     api_keys: Mapping[str, str] | str | Path | None = None,
     settings: ServerSettings | None = None,
     use_env_keys: bool = True,
+    service: Any = None,
 ) -> FastAPI:
     """Build the HTTP app.
 
@@ -318,17 +319,22 @@ def create_app(
     ``api_keys``: ``{key: tenant}`` or the path of a ``KEY TENANT`` file; keys from the
     ``MEMORYOS_GPU_API_KEYS`` variable are added unless ``use_env_keys=False``. No keys at all:
     the server runs open (single tenant) and says so in its startup log.
+    ``service``: serve this object instead of a :class:`MemoryService` over the engine (it
+    must offer the same methods; the sharded router of ``memoryos-gpu serve --ray`` does).
     """
     settings = settings or ServerSettings()
     keys = load_api_keys(api_keys, use_env=use_env_keys)
     keyring = KeyRing(keys) if keys else None
     limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     metrics = ServerMetrics()
-    service = MemoryService(
-        engine_config_or_engine if engine_config_or_engine is not None else EngineConfig(),
-        settings,
-        metrics=metrics,
-    )
+    if service is None:
+        service = MemoryService(
+            engine_config_or_engine if engine_config_or_engine is not None else EngineConfig(),
+            settings,
+            metrics=metrics,
+        )
+    else:  # a ready-made service (the Ray Serve router: memoryos_gpu.distributed.ray_serve)
+        service.metrics = metrics
     metrics.bind(service)
 
     @asynccontextmanager
@@ -458,7 +464,7 @@ def create_app(
 
     async def _owned_page(scope: Scope, user_id: str, page_id: int) -> dict[str, Any]:
         uid = scope.user(user_id)
-        row = await service.call(service.engine.get_page, page_id)
+        row = await service.call(service.engine_for(uid).get_page, page_id)
         if row is None:
             raise ApiError(404, "not_found", f"no page {page_id}")
         if not scope.owns(row["user_id"]):
@@ -470,7 +476,7 @@ def create_app(
 
     async def _owned_entry(scope: Scope, user_id: str, entry_id: int) -> dict[str, Any]:
         uid = scope.user(user_id)
-        rows = await service.call(service.engine.store.knowledge_rows, [entry_id])
+        rows = await service.call(service.engine_for(uid).store.knowledge_rows, [entry_id])
         row = rows.get(entry_id)
         if row is None:
             raise ApiError(404, "not_found", f"no knowledge entry {entry_id}")
@@ -646,7 +652,8 @@ def create_app(
     )
     async def profile(user_id: UserId, request: Request) -> Any:
         scope = _tenancy(request)
-        prof = await service.call(service.engine.profile, scope.user(user_id))
+        uid = scope.user(user_id)
+        prof = await service.call(service.engine_for(uid).profile, uid)
         return {"user_id": user_id, "profile": prof}
 
     @app.get(
@@ -659,7 +666,8 @@ def create_app(
     )
     async def knowledge(user_id: UserId, request: Request) -> Any:
         scope = _tenancy(request)
-        kn = await service.call(service.engine.knowledge, scope.user(user_id))
+        uid = scope.user(user_id)
+        kn = await service.call(service.engine_for(uid).knowledge, uid)
         return _json(scope.strip_ids({"user_id": user_id, **kn}))
 
     @app.patch(
@@ -674,7 +682,8 @@ def create_app(
         scope = _tenancy(request)
         _check_text(settings, text=body.text)
         await _owned_entry(scope, user_id, entry_id)
-        row = await service.call(service.engine.update_knowledge, entry_id, body.text)
+        uid = scope.user(user_id)
+        row = await service.call(service.engine_for(uid).update_knowledge, entry_id, body.text)
         return _json(scope.strip_ids(row))
 
     @app.delete(
@@ -687,7 +696,8 @@ def create_app(
     async def delete_knowledge(entry_id: int, user_id: UserId, request: Request) -> Any:
         scope = _tenancy(request)
         await _owned_entry(scope, user_id, entry_id)
-        return {"deleted": await service.call(service.engine.delete_knowledge, entry_id)}
+        engine = service.engine_for(scope.user(user_id))
+        return {"deleted": await service.call(engine.delete_knowledge, entry_id)}
 
     @app.get(
         "/v1/users/{user_id}/history",
@@ -700,7 +710,7 @@ def create_app(
         uid = scope.user(user_id)
         if not service.is_known(uid):
             raise UnknownUserError(f"unknown user {uid!r}")
-        return _json(scope.strip_ids(await service.call(service.engine.history, uid)))
+        return _json(scope.strip_ids(await service.call(service.engine_for(uid).history, uid)))
 
     @app.get(
         "/v1/users/{user_id}/export",
@@ -711,7 +721,8 @@ def create_app(
     )
     async def export_user(user_id: UserId, request: Request) -> Any:
         scope = _tenancy(request)
-        data = await service.call(service.engine.export_user, scope.user(user_id))
+        uid = scope.user(user_id)
+        data = await service.call(service.engine_for(uid).export_user, uid)
         return _json(scope.strip_ids(data))
 
     @app.delete(
@@ -775,7 +786,7 @@ def create_app(
         _check_text(settings, user_input=body.user_input, agent_response=body.agent_response)
         await _owned_page(scope, user_id, page_id)
         row = await service.call(
-            service.engine.update_page,
+            service.engine_for(scope.user(user_id)).update_page,
             page_id,
             user_input=body.user_input,
             agent_response=body.agent_response,
@@ -792,7 +803,8 @@ def create_app(
     async def delete_page(page_id: int, user_id: UserId, request: Request) -> Any:
         scope = _tenancy(request)
         await _owned_page(scope, user_id, page_id)
-        return {"deleted": await service.call(service.engine.delete_page, page_id)}
+        engine = service.engine_for(scope.user(user_id))
+        return {"deleted": await service.call(engine.delete_page, page_id)}
 
     # ------------------------------------------------------------------ stats
     @app.get(

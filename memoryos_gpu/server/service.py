@@ -297,6 +297,10 @@ class MemoryService:
         with self._known_lock:
             return user_id in self._known
 
+    def engine_for(self, user_id: str) -> Any:
+        """The engine holding ``user_id`` (one engine here; a shard under the Ray router)."""
+        return self.engine
+
     @property
     def has_llm(self) -> bool:
         cfg = getattr(self.engine, "config", None)

@@ -1,0 +1,258 @@
+"""Scale-out: ingestion pages/s and retrieval queries/s with 1 and 2 shards on Ray.
+
+What runs, for each shard count S (1, 2):
+
+* **ingest**: ``ingest_ray`` (Ray Data partitions the logs by user hash onto S shard actors,
+  then the keyword exchange and derived work) of the same synthetic JSONL, into a fresh store;
+  pages/s = accepted pages / wall time, derived work included. The single-process
+  ``memoryos_gpu.ingest`` (no Ray) runs the same input first, as the baseline.
+* **retrieve**: S actors each open their shard's store (a ``ShardEngine``); the driver sends
+  rounds of B queries (users drawn at random, each query to its user's shard, all shards at
+  once) and waits for all; queries/s = queries / wall time. Baseline: one engine, same rounds.
+
+On a 2-core machine two shards cannot be much faster than one: the embedder and the kernels
+already use both cores, and Ray's actors and Data tasks share them. The point of sharding is
+one shard per GPU (or per node); this script is how that is measured (see benchmarks/README.md,
+"multi-GPU run").
+
+Usage:
+  python benchmarks/scale_out.py --quick --json /tmp/scale_out.json     # < 1 min (CI)
+  python benchmarks/scale_out.py --json benchmarks/results/scale_out.json
+  python benchmarks/scale_out.py --embedder minilm --shards 1 2 4 8 --users 2000   # GPU box
+Options: --users, --pages (per user), --batch (queries per round), --rounds, --address (a Ray
+cluster; default $RAY_ADDRESS, else local Ray with --num-cpus).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+TOPICS = [
+    "hiking in the Alps with my dog",
+    "my sister moved to Lisbon for a nursing job",
+    "cello lessons every Tuesday evening",
+    "we adopted a cat named Miso in March",
+    "the new job at the bakery on Elm street",
+    "rereading Dune every winter",
+    "training for the Berlin marathon",
+    "planting tomatoes and basil on the balcony",
+]
+
+
+def write_input(path: Path, users: int, pages: int) -> int:
+    """Interleaved synthetic chats: ``users`` users x ``pages`` pages, topics drifting."""
+    rng = random.Random(7)
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for j in range(pages):
+            for u in range(users):
+                topic = TOPICS[(j // 4 + u) % len(TOPICS)]
+                row = {
+                    "user_id": f"u{u:05d}",
+                    "user_input": f"About {topic}: note {j}, detail {rng.randint(0, 999)}.",
+                    "agent_response": f"Thanks for telling me about {topic.split()[0]}.",
+                    "timestamp": 1_700_000_000 + 3600 * j + u,
+                    "assistant_id": f"a{u % 4}",
+                }
+                f.write(json.dumps(row) + "\n")
+                n += 1
+    return n
+
+
+def engine_config(store: str, embedder: str) -> Any:
+    from memoryos_gpu.config import EngineConfig
+
+    return EngineConfig(
+        embedder="hashing" if embedder == "hashing" else "transformers",
+        store=store,
+        device="auto",
+    )
+
+
+# ============================================================================ ingestion
+def ingest_single(src: Path, store: str, embedder: str, batch: int) -> dict[str, Any]:
+    from memoryos_gpu.engine import MemoryEngine
+    from memoryos_gpu.ingest import ingest
+
+    t0 = time.perf_counter()
+    engine = MemoryEngine(engine_config(store, embedder).model_copy(update={"auto_process": False}))
+    load = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rep = ingest([src], engine, batch_size=batch, process="defer", progress=False)
+    engine.flush()
+    elapsed = time.perf_counter() - t0
+    engine.close()
+    return {
+        "shards": 0,
+        "pages": rep.accepted,
+        "elapsed_s": round(elapsed, 3),
+        "pages_per_s": round(rep.accepted / elapsed, 1),
+        "model_load_s": round(load, 2),
+    }
+
+
+def ingest_sharded(src: Path, store: str, embedder: str, shards: int, batch: int) -> dict:
+    from memoryos_gpu.distributed.ray_ingest import ingest_ray
+
+    t0 = time.perf_counter()
+    rep = ingest_ray([src], engine_config(store, embedder), shards, batch_size=batch)
+    elapsed = time.perf_counter() - t0
+    return {
+        "shards": shards,
+        "pages": rep["accepted"],
+        "elapsed_s": round(elapsed, 3),
+        "pages_per_s": round(rep["accepted"] / elapsed, 1),
+        "timings": rep["timings"],
+        "shard_cpus": rep["ray"]["shard_cpus"],
+        "shard_gpus": rep["ray"]["shard_gpus"],
+    }
+
+
+# ============================================================================ retrieval
+class RetrieveActor:
+    """One shard's engine answering retrieve_many batches (a Ray actor)."""
+
+    def __init__(self, config: dict[str, Any], shard: int, count: int) -> None:
+        from memoryos_gpu.config import EngineConfig
+        from memoryos_gpu.distributed.sharding import ShardEngine
+
+        self.engine = ShardEngine(EngineConfig.model_validate(config), shard=shard, count=count)
+
+    def retrieve(self, queries: list[tuple[str, str]]) -> int:
+        return len(self.engine.retrieve_many(queries)) if queries else 0
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def queries_for(users: int, batch: int, rounds: int) -> list[list[tuple[str, str]]]:
+    rng = random.Random(11)
+    return [
+        [(f"u{rng.randrange(users):05d}", rng.choice(TOPICS)) for _ in range(batch)]
+        for _ in range(rounds)
+    ]
+
+
+def retrieve_single(store: str, embedder: str, rounds: list) -> dict[str, Any]:
+    from memoryos_gpu.engine import MemoryEngine
+
+    engine = MemoryEngine(engine_config(store, embedder))
+    engine.retrieve_many(rounds[0])  # warm-up (model, kernels)
+    t0 = time.perf_counter()
+    n = sum(len(engine.retrieve_many(r)) for r in rounds)
+    elapsed = time.perf_counter() - t0
+    engine.close()
+    return {"shards": 0, "queries": n, "queries_per_s": round(n / elapsed, 1)}
+
+
+def retrieve_sharded(ray: Any, store: str, embedder: str, shards: int, rounds: list) -> dict:
+    from memoryos_gpu.distributed.ray_common import shard_resources
+    from memoryos_gpu.distributed.sharding import ShardMap, shard_store
+
+    res = shard_resources(shards)
+    cls = ray.remote(RetrieveActor)
+    actors = [
+        cls.options(**res.options()).remote(
+            engine_config(shard_store(store, i, shards), embedder).model_dump(), i, shards
+        )
+        for i in range(shards)
+    ]
+    smap = ShardMap(shards)
+
+    def one_round(batch: list[tuple[str, str]]) -> int:
+        groups = smap.group(u for u, _ in batch)
+        futures = [actors[s].retrieve.remote([batch[i] for i in idx]) for s, idx in groups.items()]
+        return sum(ray.get(futures))
+
+    one_round(rounds[0])  # warm-up
+    t0 = time.perf_counter()
+    n = sum(one_round(r) for r in rounds)
+    elapsed = time.perf_counter() - t0
+    ray.get([a.close.remote() for a in actors])
+    for a in actors:
+        ray.kill(a)
+    return {"shards": shards, "queries": n, "queries_per_s": round(n / elapsed, 1)}
+
+
+# ============================================================================ main
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small input, CI-sized (< 1 min)")
+    ap.add_argument("--users", type=int, default=400)
+    ap.add_argument("--pages", type=int, default=25, help="pages per user")
+    ap.add_argument("--shards", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--batch", type=int, default=64, help="queries per retrieval round")
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--ingest-batch", type=int, default=512)
+    ap.add_argument("--embedder", choices=["hashing", "minilm"], default="hashing")
+    ap.add_argument("--address", default=None, help="Ray cluster address (default: local)")
+    ap.add_argument("--num-cpus", type=int, default=None, help="local Ray's CPUs")
+    ap.add_argument("--json", dest="json_out", default=None)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.users, args.pages, args.rounds, args.batch = 40, 10, 5, 32
+
+    from memoryos_gpu.distributed.ray_common import ensure_ray
+
+    ray = ensure_ray(args.address, args.num_cpus)
+    work = Path(tempfile.mkdtemp(prefix="scale-out-"))
+    try:
+        src = work / "chats.jsonl"
+        n = write_input(src, args.users, args.pages)
+        rounds = queries_for(args.users, args.batch, args.rounds)
+        rows_ing = [ingest_single(src, str(work / "single"), args.embedder, args.ingest_batch)]
+        rows_ret = [retrieve_single(str(work / "single"), args.embedder, rounds)]
+        for s in args.shards:
+            store = str(work / f"sharded-{s}")
+            rows_ing.append(ingest_sharded(src, store, args.embedder, s, args.ingest_batch))
+            rows_ret.append(retrieve_sharded(ray, store, args.embedder, s, rounds))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out = {
+        "benchmark": "scale_out",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "ray_cpus": ray.cluster_resources().get("CPU"),
+            "ray_gpus": ray.cluster_resources().get("GPU", 0),
+        },
+        "input": {"users": args.users, "pages_per_user": args.pages, "pages": n},
+        "embedder": args.embedder,
+        "retrieval": {"batch": args.batch, "rounds": args.rounds},
+        "ingest": rows_ing,
+        "retrieve": rows_ret,
+    }
+    print_table(out)
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def print_table(out: dict[str, Any]) -> None:
+    inp = out["input"]
+    print(
+        f"scale-out: {inp['users']} users x {inp['pages_per_user']} pages = {inp['pages']} pages,"
+        f" {out['embedder']} embedder, Ray CPUs {out['machine']['ray_cpus']}, "
+        f"GPUs {out['machine']['ray_gpus']}"
+    )
+    print(f"{'configuration':<28}{'ingest pages/s':>16}{'retrieve queries/s':>20}")
+    for ing, ret in zip(out["ingest"], out["retrieve"], strict=True):
+        name = "single process (no Ray)" if ing["shards"] == 0 else f"Ray, {ing['shards']} shard(s)"
+        print(f"{name:<28}{ing['pages_per_s']:>16,.1f}{ret['queries_per_s']:>20,.1f}")
+
+
+if __name__ == "__main__":
+    main()

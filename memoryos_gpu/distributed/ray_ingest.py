@@ -1,0 +1,524 @@
+"""Bulk ingestion on Ray (``memoryos-gpu ingest --ray``): Ray Data in front of shard actors.
+
+Flow, per window of ``window`` records (so the driver never holds the whole input):
+
+1. the driver streams the logs through the same readers as the single-process path
+   (:func:`memoryos_gpu.formats.read_records`), numbers every record (``seq``: input order), and
+   gives it a bucket ``shard_of(user, N * B)``; bucket ``b`` belongs to shard ``b mod N``,
+   which is ``shard_of(user, N)`` (a hash mod ``N*B`` mod ``N`` is the hash mod ``N``);
+2. the records become a Ray dataset, partitioned by that user hash
+   (``groupby("bucket").map_groups``: Ray Data's way to hand a function whole groups) onto a
+   pool of writer actors (:class:`_BucketWriter`). A writer sorts its bucket by ``seq`` and sends
+   it, in order and in ``batch_size`` chunks, to the bucket's shard actor. A bucket holds whole
+   users, so a user's pages are applied in input order; buckets of one shard go in parallel;
+3. a shard actor (:class:`ShardIngestActor`, one per shard, a GPU each when the cluster has
+   them) owns the shard's engine: it validates each page with the engine's rules (a refused
+   record is a reject, never a failed batch) and commits the chunk (``accept_many``); a chunk is
+   acknowledged only after its commit.
+
+After the last window, the derived work runs: the shards exchange the keyword statistics of the
+pages they accepted, so every shard extracts keywords as one engine holding every page would,
+then each runs its pending work (chain, mid-term placement, promotion) and the assistant facts
+go to their owner shards (see :mod:`memoryos_gpu.distributed.sharding`). The result equals the
+single-process ``ingest --process defer`` followed by a flush of the same input (tests check).
+
+Same report (``IngestReport``), rejects file and idempotence as the single-process path: every
+record keeps its stable ``source``, so a re-run adds nothing.
+
+**Worker death.** Shard actors run with ``max_restarts=-1`` and ``max_task_retries=-1``: a dead
+actor is restarted, reopens its shard from the store (everything acknowledged is there), and Ray
+re-sends the chunk it was given. Pages committed before the death are recognised by their source
+and counted once (as accepted by this run: their page id is above the run's starting watermark).
+Writer actors are Ray Data's own (restarted the same way); a re-sent chunk is idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.distributed.ray_common import ensure_ray, require_ray, shard_resources
+from memoryos_gpu.distributed.sharding import (
+    AssistantEntry,
+    ShardMap,
+    exchange_keywords,
+    prepare_layout,
+    route_assistant_facts,
+    shard_store,
+)
+from memoryos_gpu.formats import Reject, read_records
+from memoryos_gpu.ingest import (
+    DEFAULT_BATCH_SIZE,
+    IngestReport,
+    RejectRow,
+    _line_of,
+    _peak_rss_mb,
+    _reason_kind,
+    resolve_formats,
+    shard_of,
+    store_dir,
+)
+
+__all__ = ["DEFAULT_WINDOW", "ShardIngestActor", "actor_name", "ingest_ray"]
+
+DEFAULT_WINDOW = 200_000  # records per Ray dataset (bounds the driver's memory)
+BUCKETS_PER_SHARD = 4  # groups per shard: parallel writers per shard, smaller groups
+_RAW_LIMIT = 2000
+
+
+def actor_name(run: str, shard: int) -> str:
+    """The Ray name of a run's shard actor (tests kill it by name)."""
+    return f"memoryos-ingest-{run}-shard-{shard}"
+
+
+# ============================================================================ shard actor
+class ShardIngestActor:
+    """Holds one shard's engine for an ingestion (a Ray actor: see :func:`_actor_class`).
+
+    Derived work is held back (also when the actor restarts and reopens the store) until
+    :meth:`process`, so it runs once, at the end, with the exchanged keyword statistics."""
+
+    def __init__(self, config: dict[str, Any], shard: int, count: int) -> None:
+        from memoryos_gpu.distributed.sharding import ShardEngine
+
+        _quiet()
+        cfg = EngineConfig.model_validate({**config, "auto_process": False})
+        self.engine = ShardEngine(cfg, shard=shard, count=count, hold_pending=True)
+        self.batches = 0
+
+    def info(self) -> dict[str, Any]:
+        return {**self.engine.info(), "pid": os.getpid()}
+
+    def page_watermark(self) -> int:
+        return self.engine.page_watermark()
+
+    def ingest(self, rows: list[dict[str, Any]], watermark: int) -> list[dict[str, Any]]:
+        """Validate and commit one chunk (rows in input order); one outcome per row."""
+        from memoryos_gpu.engine import InvalidInputError
+        from memoryos_gpu.types import PageInput
+
+        out: dict[int, dict[str, Any]] = {}
+        valid: list[tuple[dict[str, Any], Any]] = []
+        for row in rows:
+            try:
+                page = PageInput(**json.loads(row["page"]), meta=json.loads(row["meta"]))
+                valid.append((row, self.engine.validate_page(page)))
+            except InvalidInputError as exc:
+                out[row["seq"]] = _outcome(row, "rejected", reason=str(exc))
+        for row, res in self._accept(valid, InvalidInputError):
+            if isinstance(res, str):
+                out[row["seq"]] = _outcome(row, "rejected", reason=res)
+            else:
+                fresh = not res.duplicate or res.page_id > watermark
+                out[row["seq"]] = _outcome(row, "accepted" if fresh else "skipped")
+        self.batches += 1
+        return [out[r["seq"]] for r in rows]
+
+    def _accept(self, valid: list[tuple[dict, Any]], refused: type) -> list[tuple[dict, Any]]:
+        """accept_many, splitting the chunk when the engine refuses one of its pages."""
+        if not valid:
+            return []
+        try:
+            res = self.engine.accept_many([p for _, p in valid])
+            return [(row, r) for (row, _), r in zip(valid, res, strict=True)]
+        except refused as exc:
+            if len(valid) == 1:
+                return [(valid[0][0], str(exc))]
+            mid = len(valid) // 2
+            return self._accept(valid[:mid], refused) + self._accept(valid[mid:], refused)
+
+    def keyword_delta_since(self, watermark: int) -> dict[str, Any]:
+        return self.engine.keyword_delta_since(watermark)
+
+    def apply_keyword_delta(self, delta: dict[str, Any]) -> None:
+        self.engine.apply_keyword_delta(delta)
+
+    def process(self) -> dict[str, int]:
+        self.engine.release()
+        return self.engine.process_pending()
+
+    def take_assistant_facts(self) -> list[tuple[str, str, str]]:
+        return self.engine.take_assistant_facts()
+
+    def append_assistant_facts(self, facts: list[tuple[str, str, str]]) -> list[AssistantEntry]:
+        return self.engine.append_assistant_facts(facts)
+
+    def replicate_assistant_entries(self, entries: list[AssistantEntry]) -> None:
+        self.engine.replicate_assistant_entries(entries)
+
+    def summary(self) -> dict[str, Any]:
+        from memoryos_gpu.ingest import _llm_calls
+
+        return {
+            "store_counts": dict(self.engine.store.counts()),
+            "pending": int(self.engine.pending_count()),
+            "llm_calls": _llm_calls(self.engine),
+            "users": len(self.engine.users()),
+            "batches": self.batches,
+        }
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _outcome(row: dict[str, Any], status: str, reason: str = "") -> dict[str, Any]:
+    return {
+        "seq": row["seq"],
+        "status": status,
+        "user_id": row["user_id"],
+        "shard": row["shard"],
+        "reason": reason,
+        "file": row["file"],
+        "line": row["line"],
+        "source": row["source"],
+        "raw": row["page"][:_RAW_LIMIT] if status == "rejected" else "",
+    }
+
+
+def _quiet() -> None:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+# ============================================================================ bucket writers
+class _BucketWriter:
+    """A Ray Data pool worker: sends whole buckets (whole users), in input order, to their shard
+    actor, and returns one outcome row per record."""
+
+    def __init__(self, run: str, count: int, batch_size: int, watermarks: list[int]) -> None:
+        self.run, self.count, self.batch_size = run, count, batch_size
+        self.watermarks = watermarks
+        self._actors: dict[int, Any] = {}
+
+    def _actor(self, shard: int) -> Any:
+        import ray
+
+        if shard not in self._actors:
+            self._actors[shard] = ray.get_actor(actor_name(self.run, shard))
+        return self._actors[shard]
+
+    def __call__(self, group: Any) -> Any:
+        import pandas as pd
+        import ray
+
+        rows = group.sort_values("seq").to_dict("records")
+        if not rows:
+            return pd.DataFrame([])
+        shard = int(rows[0]["shard"])
+        out: list[dict[str, Any]] = []
+        for i in range(0, len(rows), self.batch_size):
+            chunk = rows[i : i + self.batch_size]
+            out += ray.get(self._actor(shard).ingest.remote(chunk, self.watermarks[shard]))
+        return pd.DataFrame(out)
+
+
+# ============================================================================ the driver
+def _actor_class(ray: Any) -> Any:
+    return ray.remote(ShardIngestActor)
+
+
+def _records(
+    files: dict[str, str], shards: int, buckets: int
+) -> Iterator[dict[str, Any] | RejectRow]:
+    """Every record (as a dataset row) and read-stage reject, in input order."""
+    seq = 0
+    for path, fmt in files.items():
+        if fmt == "empty":
+            continue
+        last = 0
+        items = read_records(path, fmt)
+        while True:
+            try:
+                item = next(items, None)
+            except (OSError, EOFError, zlib.error) as exc:
+                item = Reject(path, last + 1, f"cannot read further: {exc}", "")
+                items = iter(())
+            if item is None:
+                break
+            seq += 1
+            if isinstance(item, Reject):
+                last = item.line
+                yield RejectRow(item.path, item.line, item.reason, item.raw, "read")
+                continue
+            last = _line_of(item)
+            bucket = shard_of(item.user_id, shards * buckets)
+            yield {
+                "seq": seq,
+                "file": path,
+                "line": last,
+                "user_id": item.user_id,
+                "source": item.source,
+                "bucket": bucket,
+                "shard": bucket % shards,
+                "page": json.dumps(item.to_page(), ensure_ascii=False),
+                "meta": json.dumps(item.meta, ensure_ascii=False),
+            }
+
+
+def _windows(
+    items: Iterable[dict[str, Any] | RejectRow], size: int
+) -> Iterator[tuple[list[dict[str, Any]], list[RejectRow]]]:
+    rows: list[dict[str, Any]] = []
+    rejects: list[RejectRow] = []
+    for item in items:
+        if isinstance(item, RejectRow):
+            rejects.append(item)
+        else:
+            rows.append(item)
+        if len(rows) >= size:
+            yield rows, rejects
+            rows, rejects = [], []
+    if rows or rejects:
+        yield rows, rejects
+
+
+class _Tally:
+    """The report's running counts, per shard and in total."""
+
+    def __init__(self, shards: int) -> None:
+        self.per: list[Counter[str]] = [Counter() for _ in range(shards)]
+        self.users: list[set[str]] = [set() for _ in range(shards)]
+        self.rejects: list[tuple[int, RejectRow]] = []
+
+    def add(self, outcomes: Iterable[dict[str, Any]]) -> None:
+        for o in outcomes:
+            shard = int(o["shard"])
+            self.per[shard][o["status"]] += 1
+            if o["status"] == "rejected":
+                row = RejectRow(
+                    o["file"], int(o["line"]), o["reason"], o["raw"], "validate", o["source"]
+                )
+                self.rejects.append((int(o["seq"]), row))
+            else:
+                self.users[shard].add(o["user_id"])
+
+    def total(self, status: str) -> int:
+        return sum(c[status] for c in self.per)
+
+
+def ingest_ray(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    config: EngineConfig,
+    shards: int,
+    *,
+    fmt: str = "auto",
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    rejects_path: str | os.PathLike[str] | None = None,
+    window: int = DEFAULT_WINDOW,
+    writers: int | None = None,
+    shard_cpus: float | None = None,
+    shard_gpus: float | None = None,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    run_id: str | None = None,
+    on_window: Callable[[int, IngestReport], None] | None = None,
+) -> dict[str, Any]:
+    """Ingest chat logs over ``shards`` shard actors on Ray; returns the report as a dict
+    (``IngestReport`` fields plus ``shards``: one summary per shard, and ``ray``).
+
+    ``config.store``: a directory (``STORE/shard-I`` per shard, as ``ingest --workers``) or a
+    PostgreSQL URL. ``window``: records per Ray dataset. ``writers``: writer actors (default:
+    one per shard). ``shard_cpus`` / ``shard_gpus``: what each shard actor reserves (default: a
+    GPU each when the cluster has one per shard). ``address``: a Ray cluster to join (default:
+    $RAY_ADDRESS, else a local Ray with ``num_cpus``). ``on_window``: called after each window.
+    """
+    ray = ensure_ray(address, num_cpus)
+    require_ray("data")
+    path_list = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    if batch_size < 1 or window < 1:
+        raise ValueError("batch_size and window must be >= 1")
+    files = resolve_formats(path_list, fmt)
+    if config.store == ":memory:":
+        raise ValueError("ingest --ray needs a durable store: --store DIR or a PostgreSQL URL")
+    prepare_layout(config.store, shards)
+    run = run_id or uuid.uuid4().hex[:8]
+    report = IngestReport(
+        batch_size=batch_size,
+        files=list(files),
+        formats=dict(files),
+        store=config.store,
+        rejects_path=os.fspath(rejects_path) if rejects_path is not None else None,
+    )
+    t0 = time.perf_counter()
+    res = shard_resources(shards, cpus=shard_cpus, gpus=shard_gpus)
+    actors = _start_actors(ray, config, shards, run, res)
+    timings: Counter[str] = Counter()
+    try:
+        watermarks = ray.get([a.page_watermark.remote() for a in actors])
+        tally = _Tally(shards)
+        t1 = time.perf_counter()
+        for n, (rows, rejects) in enumerate(
+            _windows(_records(files, shards, BUCKETS_PER_SHARD), window)
+        ):
+            tally.rejects += [(0, r) for r in rejects]  # read-stage rejects
+            if rows:
+                tally.add(_run_window(ray, rows, run, shards, batch_size, watermarks, writers))
+            _fill(report, tally, t0)
+            if on_window is not None:
+                on_window(n, report)
+        timings["accept"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        derived = _derive(ray, actors, watermarks, shards)
+        timings["derive"] = time.perf_counter() - t1
+        summaries = ray.get([a.summary.remote() for a in actors])
+        ray.get([a.close.remote() for a in actors])
+    finally:
+        for a in actors:
+            ray.kill(a)
+    _fill(report, tally, t0)
+    _write_rejects(report, tally, rejects_path)
+    report.batches = sum(s["batches"] for s in summaries)
+    report.llm_calls = sum(s["llm_calls"] for s in summaries)
+    report.pending = sum(s["pending"] for s in summaries)
+    report.store_counts = _sum_counts(config.store, summaries)
+    report.timings = {k: round(v, 4) for k, v in timings.items()}
+    report.peak_rss_mb = round(_peak_rss_mb(), 1)
+    out = report.to_dict()
+    out["shards"] = [
+        {
+            "shard": f"{i}/{shards}",
+            "accepted": tally.per[i]["accepted"],
+            "skipped": tally.per[i]["skipped"],
+            "rejected": tally.per[i]["rejected"],
+            "users": len(tally.users[i]),
+            "pages_per_s": tally.per[i]["accepted"] / report.elapsed_s if report.elapsed_s else 0,
+            "store": shard_store(config.store, i, shards),
+            "exit_code": 0,
+            **summaries[i],
+        }
+        for i in range(shards)
+    ]
+    out["ray"] = {
+        "run": run,
+        "shards": shards,
+        "shard_gpus": res.gpus,
+        "shard_cpus": res.cpus,
+        "derived": derived,
+    }
+    return out
+
+
+def _start_actors(ray: Any, config: EngineConfig, shards: int, run: str, res: Any) -> list[Any]:
+    cls = _actor_class(ray)
+    actors = [
+        cls.options(
+            name=actor_name(run, i),
+            max_restarts=-1,
+            max_task_retries=-1,
+            max_concurrency=4,  # status calls answer while a chunk commits (engine-locked)
+            **res.options(),
+        ).remote(
+            config.model_copy(update={"store": shard_store(config.store, i, shards)}).model_dump(),
+            i,
+            shards,
+        )
+        for i in range(shards)
+    ]
+    ray.get([a.info.remote() for a in actors])  # fail early when a store cannot be opened
+    return actors
+
+
+def _run_window(
+    ray: Any,
+    rows: list[dict[str, Any]],
+    run: str,
+    shards: int,
+    batch_size: int,
+    watermarks: list[int],
+    writers: int | None,
+) -> list[dict[str, Any]]:
+    import ray.data as rd
+
+    buckets = len({r["bucket"] for r in rows})
+    blocks = max(1, min(shards * 2, len(rows) // 1000 + 1))
+    ds = rd.from_items(rows, override_num_blocks=blocks)
+    # the sort-based shuffle: plain tasks. The hash shuffle's aggregator actors reserve memory
+    # and CPUs that a small cluster busy with shard actors may never grant (measured: stuck)
+    ds.context.shuffle_strategy = rd.context.ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    pool = max(1, min(writers or shards, buckets, blocks))  # one group block per writer task
+    out = ds.groupby("bucket", num_partitions=max(1, min(buckets, shards * 2))).map_groups(
+        _BucketWriter,
+        batch_format="pandas",
+        compute=rd.ActorPoolStrategy(size=pool),
+        fn_constructor_args=(run, shards, batch_size, watermarks),
+        num_cpus=0.1,  # writers wait on shard actors; they must not starve the shuffle
+    )
+    return list(out.iter_rows())
+
+
+def _derive(ray: Any, actors: list[Any], watermarks: list[int], shards: int) -> dict[str, Any]:
+    """Keyword exchange, each shard's derived work, assistant facts to their owners."""
+    deltas: dict[int, Any] = {}
+
+    def take(i: int) -> Callable[[], dict[str, Any]]:
+        return lambda: deltas.setdefault(
+            i, ray.get(actors[i].keyword_delta_since.remote(watermarks[i]))
+        )
+
+    pending: list[Any] = []
+    docs = exchange_keywords(
+        [take(i) for i in range(shards)],
+        [lambda d, a=a: pending.append(a.apply_keyword_delta.remote(d)) for a in actors],
+    )
+    ray.get(pending)
+    done: Counter[str] = Counter()
+    for d in ray.get([a.process.remote() for a in actors]):
+        done.update(d)
+    facts = [f for part in ray.get([a.take_assistant_facts.remote() for a in actors]) for f in part]
+    written = route_assistant_facts(
+        facts,
+        ShardMap(shards),
+        lambda s, f: ray.get(actors[s].append_assistant_facts.remote(f)),
+        lambda s, e: ray.get(actors[s].replicate_assistant_entries.remote(e)),
+    )
+    return {"keyword_docs_exchanged": docs, **done, "assistant_facts": written}
+
+
+def _fill(report: IngestReport, tally: _Tally, t0: float) -> None:
+    report.accepted = tally.total("accepted")
+    report.skipped = tally.total("skipped")
+    report.rejected = len(tally.rejects)
+    report.records = report.accepted + report.skipped
+    report.users = len(set().union(*tally.users))
+    report.elapsed_s = time.perf_counter() - t0
+    report.pages_per_s = report.accepted / report.elapsed_s if report.elapsed_s else 0.0
+    reasons = Counter(_reason_kind(r.reason) for _, r in tally.rejects)
+    report.reject_reasons = dict(reasons.most_common())
+
+
+def _write_rejects(
+    report: IngestReport, tally: _Tally, rejects_path: str | os.PathLike[str] | None
+) -> None:
+    if rejects_path is None:
+        return
+    Path(rejects_path).parent.mkdir(parents=True, exist_ok=True)
+    order = sorted(tally.rejects, key=lambda sr: (report.files.index(sr[1].file), sr[1].line))
+    with open(rejects_path, "w", encoding="utf-8") as f:
+        for _, row in order:
+            f.write(json.dumps(asdict(row), ensure_ascii=False) + "\n")
+
+
+def _sum_counts(store: str, summaries: list[dict[str, Any]]) -> dict[str, int]:
+    if "://" in store:  # one shared store: every shard reports the same totals
+        return dict(summaries[0]["store_counts"]) if summaries else {}
+    total: Counter[str] = Counter()
+    for s in summaries:
+        total.update(s["store_counts"])
+    return dict(total)
+
+
+def default_rejects_path(store: str) -> str | None:
+    """Where the CLI writes rejects by default: ``STORE/rejects.jsonl`` for a directory."""
+    if "://" in store or store == ":memory:":
+        return None
+    return str(store_dir(store) / "rejects.jsonl")

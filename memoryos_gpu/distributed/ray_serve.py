@@ -1,0 +1,608 @@
+"""The HTTP API on Ray Serve (``memoryos-gpu serve --ray``): one replica per shard, one router.
+
+* **Shard deployments** ``shard-0`` .. ``shard-{N-1}`` (:class:`ShardReplica`, one replica
+  each, a GPU each when the cluster has one per shard): each holds the single-box serving core,
+  a :class:`~memoryos_gpu.server.service.MemoryService` over its
+  :class:`~memoryos_gpu.distributed.sharding.ShardEngine` - the same micro-batching queues
+  (concurrent requests of the shard's users become one ``retrieve_many`` / ``add_many``), the
+  same derived-work thread, the same acknowledgement rule (an add answers after its commit).
+* **Ingress** (:class:`Router`): the single-box FastAPI app itself
+  (:func:`~memoryos_gpu.server.app.create_app`: same routes, API keys, tenancy, limits, error
+  bodies, OpenAPI), built over :class:`RouterService`, which sends each request to its user's
+  shard (a batch of pages is split by shard and answered in request order).
+* **Sync loop** in the router (every ``sync_interval_s``): exchanges the shards' keyword
+  statistics and routes assistant facts to their owner shard and its replicas (the rule in
+  :mod:`memoryos_gpu.distributed.sharding`), refreshes the user list and queue statistics.
+
+A replica that dies is restarted by Serve and reopens its shard from the store: acknowledged
+pages are there, queued derived work resumes. Requests to its users fail (503) meanwhile.
+
+Run it: ``memoryos-gpu serve --ray --shards N --store DIR`` (local Ray, or $RAY_ADDRESS), or
+``serve run deploy/ray-serve.yaml`` (see that file), whose import path is :func:`app_builder`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.distributed.ray_common import (
+    BoxedError,
+    ensure_ray,
+    require_ray,
+    shard_resources,
+    unbox,
+)
+from memoryos_gpu.distributed.sharding import (
+    ShardMap,
+    exchange_keywords,
+    prepare_layout,
+    shard_store,
+)
+from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
+
+__all__ = ["Router", "RouterService", "ShardReplica", "app_builder", "build_app", "run"]
+
+log = logging.getLogger("memoryos_gpu.server")
+APP_NAME = "memoryos"
+DEFAULT_SYNC_S = 2.0
+REPLICA_CONCURRENCY = 1024  # requests a replica takes at once: micro-batches form inside it
+
+
+# ============================================================================ shard replica
+class ShardReplica:
+    """One shard: the single-box serving core over the shard's engine (a Serve deployment)."""
+
+    def __init__(
+        self, config: dict[str, Any], shard: int, count: int, settings: dict[str, Any]
+    ) -> None:
+        from memoryos_gpu.distributed.sharding import ShardEngine
+        from memoryos_gpu.server.service import MemoryService
+
+        cfg = EngineConfig.model_validate({**config, "auto_process": False})
+        self.shard, self.count = shard, count
+        self.service = MemoryService(
+            lambda: ShardEngine(cfg, shard=shard, count=count), ServerSettings(**settings)
+        )
+        self._starting: asyncio.Lock | None = None
+
+    async def _ready(self) -> Any:
+        if self.service.state == "created":
+            self._starting = self._starting or asyncio.Lock()
+            async with self._starting:
+                await self.service.start(wait=True)
+        self.service.check_ready()
+        return self.service
+
+    async def _boxed(self, fn: Any, *args: Any) -> Any:
+        """``await fn(*args)`` once the service is up; an exception is returned as data."""
+        try:
+            await self._ready()
+            return await fn(*args)
+        except Exception as exc:  # re-raised by the router as the same type
+            return BoxedError.of(exc)
+
+    def check_health(self) -> None:
+        if self.service.state == "failed":
+            raise RuntimeError(f"shard {self.shard}: {self.service.error}")
+
+    async def add_pages(self, pages: list[PageInput]) -> list[AddResult] | BoxedError:
+        return await self._boxed(self.service.add_pages, pages)
+
+    async def retrieve(
+        self, user_id: str, query: str, top_pages: int | None, top_segments: int | None
+    ) -> tuple[Retrieval, bool] | BoxedError:
+        """The retrieval, and whether the user is known here (for ``known_user``)."""
+
+        async def go() -> tuple[Retrieval, bool]:
+            r = await self.service.retrieve(
+                user_id, query, top_pages=top_pages, top_segments=top_segments
+            )
+            return r, self.service.is_known(user_id)
+
+        return await self._boxed(go)
+
+    async def respond(self, user_id: str, query: str, timestamp: Any) -> Response | BoxedError:
+        async def go() -> Response:
+            return await self.service.respond(user_id, query, timestamp=timestamp)
+
+        return await self._boxed(go)
+
+    async def call(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """An engine method by name (``store.x`` for the store), on the service's executor."""
+
+        async def go() -> Any:
+            target = self.service.engine
+            for part in name.split("."):
+                target = getattr(target, part)
+            return await self.service.call(target, *args, **kwargs)
+
+        return await self._boxed(go)
+
+    async def delete_user(self, user_id: str) -> Any:
+        return await self._boxed(self.service.delete_user, user_id)
+
+    async def wait_for_user(self, user_id: str, timeout: float) -> Any:
+        return await self._boxed(self.service.wait_for_user, user_id, timeout)
+
+    async def status(self) -> Any:
+        """Users, queue statistics and pending work (the router's cached view)."""
+        return await self._boxed(self._status)
+
+    async def _status(self) -> dict[str, Any]:
+        svc = self.service
+        return {
+            "shard": self.shard,
+            "state": svc.state,
+            "users": svc.known_users(),
+            "batching": svc.batch_stats(),
+            "derived_runs": svc._derived_runs,
+            "pending": await svc.call(svc.engine.pending_count),
+        }
+
+    async def take_sync(self) -> Any:
+        """Keyword delta and assistant facts gathered since the last sync."""
+        return await self._boxed(self._take_sync)
+
+    async def _take_sync(self) -> dict[str, Any]:
+        e = self.service.engine
+        delta = await self.service.call(e.take_keyword_delta)
+        facts = await self.service.call(e.take_assistant_facts)
+        return {"delta": delta, "facts": facts}
+
+
+# ============================================================================ router
+class _Remote:
+    """An engine method on a shard replica (or, ``fan_out``, on all of them)."""
+
+    def __init__(self, router: RouterService, name: str, shard: int | None) -> None:
+        self.router, self.name, self.shard = router, name, shard
+
+    async def acall(self, *args: Any, **kw: Any) -> Any:
+        if self.shard is None:
+            return await self.router.fan_out(self.name, args, kw)
+        handle = self.router.handles[self.shard]
+        return unbox(await handle.call.remote(self.name, args, kw))
+
+    def __call__(self, *args: Any, **kw: Any) -> Any:
+        raise RuntimeError(f"{self.name}: await it through RouterService.call")
+
+
+class _Namespace:
+    def __init__(self, router: RouterService, prefix: str, shard: int | None) -> None:
+        self._router, self._prefix, self._shard = router, prefix, shard
+
+    def __getattr__(self, name: str) -> _Remote:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _Remote(self._router, f"{self._prefix}{name}", self._shard)
+
+
+class _ShardEngineProxy(_Namespace):
+    """What the HTTP routes call as ``service.engine_for(uid)``: the user's shard engine."""
+
+    def __init__(self, router: RouterService, shard: int) -> None:
+        super().__init__(router, "", shard)
+        self.store = _Namespace(router, "store.", shard)
+
+
+class _RouterEngine:
+    """``service.engine`` of the router: whole-engine calls (stats), cached counts (metrics)."""
+
+    def __init__(self, router: RouterService) -> None:
+        self._router = router
+        self.stats = _Remote(router, "stats", None)
+        self.config = router.config
+
+    def pending_count(self, user_id: str | None = None) -> int:
+        return self._router.pending
+
+    def users(self) -> list[str]:
+        return self._router.known_users()
+
+
+class RouterService:
+    """The :class:`~memoryos_gpu.server.service.MemoryService` interface of the HTTP app, over
+    shard replicas: each call goes to its user's shard. Users, queue statistics and pending
+    counts that the app reads synchronously are cached and refreshed by the sync loop (and by
+    every add, retrieval and delete, so one router sees its own writes at once)."""
+
+    def __init__(
+        self,
+        handles: Sequence[Any],
+        config: EngineConfig,
+        settings: ServerSettings | None = None,
+        *,
+        sync_interval_s: float = DEFAULT_SYNC_S,
+        metrics: Any = None,
+    ) -> None:
+        self.handles = list(handles)
+        self.shard_map = ShardMap(len(self.handles))
+        self.config = config
+        self.settings = settings or ServerSettings()
+        self.metrics = metrics
+        self.sync_interval_s = sync_interval_s
+        self.state = "created"
+        self.error: str | None = None
+        self.engine = _RouterEngine(self)
+        self.pending = 0
+        self._known: set[str] = set()
+        self._user_writes: Counter[str] = Counter()
+        self._batching: dict[str, Any] = {}
+        self._derived_runs = 0
+        self._task: asyncio.Task | None = None
+        self._loading: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, *, wait: bool = True) -> None:
+        if self.state != "created":
+            return
+        self.state = "starting"
+        self._loading = asyncio.get_running_loop().create_task(self._load())
+        if wait:
+            await self._loading
+
+    async def _load(self) -> None:
+        try:
+            await self.refresh()
+        except Exception as exc:
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.exception("the shards failed to load")
+            return
+        self._task = asyncio.get_running_loop().create_task(self._sync_loop())
+        self.state = "ready"
+
+    async def close(self) -> None:
+        if self.state in ("closing", "closed"):
+            return
+        if self._loading is not None and not self._loading.done():
+            await self._loading
+        self.state = "closing"
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        with contextlib.suppress(Exception):
+            await self.sync()
+        self.state = "closed"
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.sync_interval_s)
+            try:
+                await self.sync()
+                await self.refresh()
+            except Exception:  # a restarting shard: try again next round
+                log.warning("shard sync failed; retrying", exc_info=True)
+
+    async def sync(self) -> dict[str, int]:
+        """Keyword statistics to every shard, assistant facts to owners and replicas."""
+        parts = [unbox(p) for p in await self._all("take_sync")]
+        pending: list[Any] = []
+        docs = exchange_keywords(
+            [lambda p=p: p["delta"] for p in parts],
+            [
+                lambda d, h=h: pending.append(h.call.remote("apply_keyword_delta", (d,), {}))
+                for h in self.handles
+            ],
+        )
+        for r in await asyncio.gather(*pending):
+            unbox(r)
+        facts = [f for p in parts for f in p["facts"]]
+        written = 0
+        if facts:
+            written = await self._route_facts(facts)
+        return {"keyword_docs": docs, "assistant_facts": written}
+
+    async def _route_facts(self, facts: list[tuple[str, str, str]]) -> int:
+        """The owner numbers and commits an assistant's facts, then every other shard copies
+        the numbered entries (the sharding module's rule)."""
+        by_owner: dict[int, list[tuple[str, str, str]]] = {}
+        for f in facts:
+            by_owner.setdefault(self.shard_map.assistant_owner(f[0]), []).append(f)
+        written = 0
+        for owner, owned in sorted(by_owner.items()):
+            entries = unbox(
+                await self.handles[owner].call.remote("append_assistant_facts", (owned,), {})
+            )
+            written += len(entries)
+            copies = [
+                h.call.remote("replicate_assistant_entries", (entries,), {})
+                for j, h in enumerate(self.handles)
+                if j != owner
+            ]
+            for r in await asyncio.gather(*copies):
+                unbox(r)
+        return written
+
+    async def refresh(self) -> None:
+        statuses = [unbox(s) for s in await self._all("status")]
+        known: set[str] = set()
+        for s in statuses:
+            known.update(s["users"])
+        self._known = known | {u for u, n in self._user_writes.items() if n > 0}
+        self.pending = sum(int(s["pending"]) for s in statuses)
+        self._derived_runs = sum(int(s["derived_runs"]) for s in statuses)
+        self._batching = {f"shard-{s['shard']}": s["batching"] for s in statuses}
+
+    async def _all(self, method: str) -> list[Any]:
+        return list(await asyncio.gather(*(getattr(h, method).remote() for h in self.handles)))
+
+    # ------------------------------------------------------------------ state
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def check_ready(self) -> None:
+        from memoryos_gpu.server.batching import Unavailable
+
+        if self.state == "ready":
+            return
+        if self.state in ("created", "starting"):
+            raise Unavailable("the shards are still loading", self.settings.retry_after_s)
+        if self.state == "failed":
+            raise Unavailable(f"the shards failed to load: {self.error}", 30)
+        raise Unavailable("the server is shutting down", self.settings.retry_after_s)
+
+    def queue_depths(self) -> dict[str, int]:
+        return {}
+
+    def batch_stats(self) -> dict[str, Any]:
+        return dict(self._batching)
+
+    def known_users(self) -> list[str]:
+        return sorted(self._known)
+
+    def is_known(self, user_id: str) -> bool:
+        return user_id in self._known
+
+    @property
+    def has_llm(self) -> bool:
+        return self.config.llm.mode == "llm"
+
+    def engine_for(self, user_id: str) -> _ShardEngineProxy:
+        return _ShardEngineProxy(self, self.shard_map.shard(user_id))
+
+    def _handle(self, user_id: str) -> Any:
+        return self.handles[self.shard_map.shard(user_id)]
+
+    # ------------------------------------------------------------------ requests
+    async def add_pages(self, pages: Sequence[PageInput]) -> list[AddResult]:
+        """Pages split by shard (each part one queued write there), answered in order."""
+        self.check_ready()
+        groups = self.shard_map.group(p.user_id for p in pages)
+        users = Counter(p.user_id for p in pages)
+        self._user_writes.update(users)
+        try:
+            parts = await asyncio.gather(
+                *(
+                    self.handles[s].add_pages.remote([pages[i] for i in idx])
+                    for s, idx in groups.items()
+                )
+            )
+            out: list[AddResult | None] = [None] * len(pages)
+            for (_, idx), part in zip(groups.items(), parts, strict=True):
+                for i, r in zip(idx, unbox(part), strict=True):
+                    out[i] = r
+        finally:
+            self._user_writes.subtract(users)
+            for u in users:
+                if self._user_writes[u] <= 0:
+                    del self._user_writes[u]
+        self._known.update(r.user_id for r in out if r is not None)
+        return [r for r in out if r is not None]
+
+    async def retrieve(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        top_pages: int | None = None,
+        top_segments: int | None = None,
+    ) -> Retrieval:
+        self.check_ready()
+        r, known = unbox(
+            await self._handle(user_id).retrieve.remote(user_id, query, top_pages, top_segments)
+        )
+        (self._known.add if known else self._known.discard)(user_id)
+        return r
+
+    async def respond(
+        self, user_id: str, query: str, *, timestamp: float | str | None = None
+    ) -> Response:
+        self.check_ready()
+        return unbox(await self._handle(user_id).respond.remote(user_id, query, timestamp))
+
+    async def call(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        self.check_ready()
+        if isinstance(fn, _Remote):
+            return await fn.acall(*args, **kw)
+        return await asyncio.to_thread(fn, *args, **kw)
+
+    async def fan_out(self, name: str, args: Sequence[Any], kw: Mapping[str, Any]) -> Any:
+        """A whole-engine call on every shard; ``stats`` is merged."""
+        res = [
+            unbox(r)
+            for r in await asyncio.gather(
+                *(h.call.remote(name, tuple(args), dict(kw)) for h in self.handles)
+            )
+        ]
+        if name != "stats":
+            return res
+        counters: Counter[str] = Counter()
+        for s in res:
+            counters.update(s.get("counters", {}))
+        await self.refresh()
+        return {
+            "shard_count": len(res),
+            "users": sum(int(s.get("users", 0)) for s in res),
+            "counters": dict(counters),
+            "arena_bytes": sum(int(s.get("arena_bytes", 0)) for s in res),
+            "device": res[0].get("device") if res else None,
+            "mode": res[0].get("mode") if res else None,
+            "shards": res,
+        }
+
+    async def delete_user(self, user_id: str) -> bool:
+        self.check_ready()
+        deleted = unbox(await self._handle(user_id).delete_user.remote(user_id))
+        self._known.discard(user_id)
+        return bool(deleted)
+
+    async def wait_for_user(self, user_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        self.check_ready()
+        return unbox(await self._handle(user_id).wait_for_user.remote(user_id, timeout))
+
+
+# ============================================================================ ingress
+class Router:
+    """The ingress deployment: the single-box FastAPI app over a :class:`RouterService`."""
+
+    def __init__(
+        self,
+        *shards: Any,
+        config: dict[str, Any],
+        api_keys: dict[str, str] | None,
+        settings: dict[str, Any],
+        sync_interval_s: float = DEFAULT_SYNC_S,
+    ) -> None:
+        self.shards = list(shards)
+        self.config = EngineConfig.model_validate(config)
+        self.api_keys = api_keys
+        self.settings = ServerSettings(**settings)
+        self.sync_interval_s = sync_interval_s
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from memoryos_gpu.server.app import create_app
+
+        service = RouterService(
+            self.shards, self.config, self.settings, sync_interval_s=self.sync_interval_s
+        )
+        return create_app(
+            service=service, api_keys=self.api_keys, settings=self.settings, use_env_keys=False
+        )
+
+
+# ============================================================================ building
+def build_app(
+    config: EngineConfig,
+    shards: int,
+    *,
+    api_keys: Mapping[str, str] | str | Path | None = None,
+    settings: ServerSettings | None = None,
+    shard_cpus: float | None = None,
+    shard_gpus: float | None = None,
+    sync_interval_s: float = DEFAULT_SYNC_S,
+) -> Any:
+    """The Serve application: ``shards`` shard deployments behind one router.
+
+    ``config.store``: a directory (one SQLite store per shard, ``STORE/shard-I``) or a
+    PostgreSQL URL. ``api_keys``: ``{key: tenant}`` or a ``KEY TENANT`` file, read here (plus
+    $MEMORYOS_GPU_API_KEYS) and handed to the router. Call with Ray connected (resources are
+    read from the cluster)."""
+    serve = _serve()
+    from memoryos_gpu.server.auth import load_api_keys
+
+    prepare_layout(config.store, shards)
+    settings = settings or ServerSettings()
+    res = shard_resources(shards, cpus=shard_cpus, gpus=shard_gpus)
+    replica = serve.deployment(
+        ShardReplica,
+        max_ongoing_requests=REPLICA_CONCURRENCY,
+        ray_actor_options=res.options(),
+        health_check_period_s=5,
+    )
+    parts = [
+        replica.options(name=f"shard-{i}").bind(
+            config.model_copy(update={"store": shard_store(config.store, i, shards)}).model_dump(),
+            i,
+            shards,
+            settings.model_dump(),
+        )
+        for i in range(shards)
+    ]
+    ingress = serve.deployment(
+        serve.ingress()(Router),
+        name="router",
+        max_ongoing_requests=REPLICA_CONCURRENCY,
+        ray_actor_options={"num_cpus": 0},
+    )
+    keys = load_api_keys(api_keys, use_env=True) or None
+    return ingress.bind(
+        *parts,
+        config=config.model_dump(),
+        api_keys=dict(keys) if keys else None,
+        settings=settings.model_dump(),
+        sync_interval_s=sync_interval_s,
+    )
+
+
+def _serve() -> Any:
+    require_ray("serve")
+    from ray import serve
+
+    return serve
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """``serve run memoryos_gpu.distributed.ray_serve:app_builder store=DIR shards=2`` (or the
+    ``args`` of deploy/ray-serve.yaml): ``store``, ``shards``, ``embedder``, ``device``,
+    ``config`` (a TOML file), ``api_keys`` (a key file), ``sync_interval_s``, ``shard_cpus``,
+    ``shard_gpus``, and any :class:`ServerSettings` field."""
+    args = dict(args)
+    base = EngineConfig.from_toml(args.pop("config")) if args.get("config") else EngineConfig()
+    update = {k: args.pop(k) for k in ("store", "embedder", "device") if args.get(k)}
+    config = EngineConfig.model_validate({**base.model_dump(), **update})
+    known = set(ServerSettings.model_fields)
+    settings = ServerSettings(**{k: args.pop(k) for k in list(args) if k in known})
+    num = {k: float(args.pop(k)) for k in ("shard_cpus", "shard_gpus") if k in args}
+    return build_app(
+        config,
+        int(args.pop("shards", 1)),
+        api_keys=args.pop("api_keys", None),
+        settings=settings,
+        sync_interval_s=float(args.pop("sync_interval_s", DEFAULT_SYNC_S)),
+        **num,
+    )
+
+
+def run(
+    config: EngineConfig,
+    shards: int,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_keys: Mapping[str, str] | str | Path | None = None,
+    settings: ServerSettings | None = None,
+    address: str | None = None,
+    blocking: bool = True,
+    **kw: Any,
+) -> None:
+    """Start the application on Ray Serve (local Ray, or ``address`` / $RAY_ADDRESS) and, with
+    ``blocking``, serve until Ctrl-C, then shut the application down (replicas drain their
+    queues and finish derived work as they stop)."""
+    ensure_ray(address)
+    serve = _serve()
+    serve.start(http_options={"host": host, "port": int(port)})
+    app = build_app(config, shards, api_keys=api_keys, settings=settings, **kw)
+    serve.run(app, name=APP_NAME, route_prefix="/")
+    if not blocking:
+        return
+    log.warning(
+        "memoryos-gpu on Ray Serve: http://%s:%d, %d shards; Ctrl-C stops", host, port, shards
+    )
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.delete(APP_NAME)

@@ -1,0 +1,781 @@
+"""Sharding users over engines: the hash, the store layout, the shard engine, an in-process router.
+
+**Why by user.** Everything MemoryOS keeps about a user (STM, segments, pages, heat, profile, user
+knowledge) is private to that user, and a user's pages must be applied in order. So the user is
+the unit of placement: :func:`~memoryos_gpu.ingest.shard_of` (blake2b-64 of the user id, mod N,
+the same hash as ``ingest --shard/--workers``) names the one shard that owns a user, and that
+shard's engine (its arena on one GPU, or on the CPU) is the only writer of the user's rows.
+
+**Stores.** With SQLite every shard has its own file, in the layout ``ingest --workers`` writes
+(``STORE/shard-I/memory.sqlite3`` plus ``STORE/shards.json``, so ``retrieve``, ``stats`` and
+``export`` find a user's shard); with a PostgreSQL URL every shard uses the same database and
+each engine loads only its own users (:class:`OwnedStore`).
+
+**Assistant knowledge** is the one thing shared across users, hence across shards. Rule: *one
+writer, read replicas everywhere*. The writer of assistant ``A`` is its owner shard,
+``shard_of(A, N)``. A shard never writes assistant facts itself: facts found by its promotions
+wait in its outbox; the router (:meth:`ShardedEngine.sync_shards`, the Ray ingest driver, the
+Serve ingress) hands each outbox to the owner, which numbers the facts (``seq``, the ring
+position) and commits them, then copies the numbered entries to every other shard, which holds
+a read replica in its arena (per-shard SQLite: rows with the same ``seq`` in its own file; a
+shared PostgreSQL store: re-read from the owner's rows). Retrievals and responses therefore read
+assistant knowledge locally, with no cross-shard call on the request path, and every shard sees
+the same entries once the router has synced. Facts still in an outbox when a shard dies are
+lost: they are derived data (the pages they came from are committed and are re-promoted only if
+they were never marked analysed).
+
+**Keyword statistics.** The keyword extractor's document frequencies (its IDF) are corpus-wide
+in one engine. Shards exchange the frequencies of the pages they accepted
+(:meth:`ShardEngine.take_keyword_delta` / :meth:`ShardEngine.apply_keyword_delta`) so every shard
+ranks keywords as if it had seen every page. With that, a :class:`ShardedEngine` produces the
+same pages, segments and retrievals as one :class:`~memoryos_gpu.engine.MemoryEngine` fed the
+same calls (tests/test_distributed.py checks it).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.engine import InvalidInputError, MemoryEngine, _clean_id, _clean_text
+from memoryos_gpu.errors import UnknownUserError
+from memoryos_gpu.ingest import shard_of
+from memoryos_gpu.text.keywords import KeywordExtractor
+from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
+
+__all__ = [
+    "SHARDS_FILE",
+    "AssistantEntry",
+    "OwnedStore",
+    "ShardEngine",
+    "ShardMap",
+    "ShardedEngine",
+    "is_shared_store",
+    "prepare_layout",
+    "shard_store",
+]
+
+SHARDS_FILE = "shards.json"  # the manifest ``ingest --workers`` writes (cli.SHARDS_FILE)
+_HASH_NAME = "blake2b-64(user_id) mod count"
+_EXTRACTOR_KEY = "keyword_extractor"
+
+
+# ============================================================================ the map
+@dataclass(frozen=True)
+class ShardMap:
+    """Which shard owns a user, and which shard writes an assistant's knowledge."""
+
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"a shard count must be >= 1, got {self.count}")
+
+    def shard(self, user_id: str) -> int:
+        return shard_of(user_id, self.count)
+
+    def assistant_owner(self, assistant_id: str) -> int:
+        return shard_of(assistant_id, self.count)
+
+    def group(self, user_ids: Iterable[str]) -> dict[int, list[int]]:
+        """Positions of ``user_ids`` by shard, each list in input order."""
+        out: dict[int, list[int]] = {}
+        for i, uid in enumerate(user_ids):
+            out.setdefault(self.shard(uid), []).append(i)
+        return out
+
+
+# ============================================================================ store layout
+def is_shared_store(store: str) -> bool:
+    """A database URL (``postgresql://...``): one store that every shard shares."""
+    return "://" in store
+
+
+def shard_store(store: str, index: int, count: int) -> str:
+    """The store of shard ``index`` of ``count``: the shared URL itself, ``:memory:`` for an
+    in-memory store, else ``STORE/shard-I`` (the ``ingest --workers`` layout)."""
+    if is_shared_store(store) or store == ":memory:":
+        return store
+    return str(Path(store) / f"shard-{index}")
+
+
+def prepare_layout(store: str, count: int) -> None:
+    """Check (and write, for a new store) the shard manifest of a sharded SQLite directory.
+
+    Users are placed by ``hash mod count``, so a store sharded N ways must be reopened with N
+    shards; an unsharded store (``STORE/memory.sqlite3``) cannot be reopened sharded.
+    """
+    if is_shared_store(store) or store == ":memory:":
+        return
+    base = Path(store)
+    if base.suffix in (".sqlite", ".sqlite3", ".db"):
+        raise ValueError(
+            f"{store} is a single SQLite file; sharding needs --store DIR (a directory: one "
+            "store per shard) or a PostgreSQL URL"
+        )
+    manifest = base / SHARDS_FILE
+    if manifest.exists():
+        try:
+            found = int(json.loads(manifest.read_text())["count"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"{manifest} is unreadable ({exc}); move it away to start over"
+            ) from None
+        if found != count:
+            raise ValueError(
+                f"{base} holds {found} shards; users are placed by hash mod count, so open it "
+                f"with {found} shards (or use a new store)"
+            )
+        return
+    if (base / "memory.sqlite3").exists():
+        raise ValueError(f"{base} holds an unsharded store; use a new store directory")
+    base.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({"count": count, "hash": _HASH_NAME}))
+
+
+# ============================================================================ shared-store view
+def _mask_chunk(chunk: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:
+    """Rows of a column chunk (arrays and lists of equal length) where ``keep``."""
+    out: dict[str, Any] = {}
+    for key, value in chunk.items():
+        if isinstance(value, np.ndarray) and value.shape[:1] == keep.shape:
+            out[key] = value[keep]
+        elif isinstance(value, list) and len(value) == keep.size:
+            out[key] = [v for v, k in zip(value, keep, strict=True) if k]
+        else:
+            out[key] = value
+    return out
+
+
+class OwnedStore:
+    """One shard's view of a store shared by every shard (PostgreSQL).
+
+    The engine loads, and runs the pending work of, only the users this shard owns; assistant
+    knowledge is loaded whole (every shard keeps a read replica of it). Per-shard metadata (the
+    keyword statistics) is kept under a per-shard key. Everything else (writes, page and
+    knowledge lookups by id, idempotency sources) passes through unchanged.
+    """
+
+    def __init__(self, store: Any, shard: int, count: int) -> None:
+        self._store = store
+        self._shard, self._count = shard, count
+        self._segments: set[int] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def owns(self, user_id: str) -> bool:
+        return shard_of(user_id, self._count) == self._shard
+
+    def _meta_key(self, key: str) -> str:
+        return f"{key}@shard-{self._shard}-of-{self._count}" if key == _EXTRACTOR_KEY else key
+
+    def get_meta(self, key: str, default: str | None = None) -> str | None:
+        return self._store.get_meta(self._meta_key(key), default)
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._store.set_meta(self._meta_key(key), value)
+
+    def all_users(self) -> list[tuple]:
+        return [u for u in self._store.all_users() if self.owns(u[0])]
+
+    def load_stm(self) -> dict[str, list[int]]:
+        return {u: p for u, p in self._store.load_stm().items() if self.owns(u)}
+
+    def segment_block_count(self, block_size: int) -> tuple[int, int]:
+        n = blocks = 0
+        for uid, n_pages in self._store.query("SELECT user_id, n_pages FROM segments"):
+            if self.owns(uid):
+                n += 1
+                blocks += -(-max(int(n_pages), 1) // block_size)
+        return n, blocks
+
+    def iter_segments(self, dim: int, keyword_width: int) -> Iterator[dict[str, Any]]:
+        self._segments = set()
+        for chunk in self._store.iter_segments(dim, keyword_width):
+            keep = np.array([self.owns(u) for u in chunk["user_id"]], bool)
+            self._segments.update(int(s) for s in chunk["segment_id"][keep])
+            yield _mask_chunk(chunk, keep)
+
+    def iter_mtm_pages(self, dim: int) -> Iterator[dict[str, Any]]:
+        owned = np.fromiter(self._segments, np.int64, len(self._segments))
+        for chunk in self._store.iter_mtm_pages(dim):
+            yield _mask_chunk(chunk, np.isin(chunk["segment_id"], owned))
+
+    def iter_knowledge(self, dim: int) -> Iterator[dict[str, Any]]:
+        for chunk in self._store.iter_knowledge(dim):
+            keep = np.array(
+                [
+                    k == "assistant" or self.owns(o)
+                    for k, o in zip(chunk["owner_kind"], chunk["owner_id"], strict=True)
+                ],
+                bool,
+            )
+            yield _mask_chunk(chunk, keep)
+
+    def pending(self, kind: str) -> list[tuple[int, str, int]]:
+        return [w for w in self._store.pending(kind) if self.owns(w[1])]
+
+    def pending_round(self, kind: str, limit: int) -> list[tuple[int, str, int]]:
+        # the oldest item of each user, over every user, then this shard's: a user's oldest
+        # item is the same either way
+        every = self._store.pending_round(kind, 1 << 62)
+        return [w for w in every if self.owns(w[1])][:limit]
+
+    def count_pending(self, user_id: str | None = None) -> int:
+        if user_id is not None:
+            return self._store.count_pending(user_id)
+        return sum(
+            1 for (uid,) in self._store.query("SELECT user_id FROM pending") if self.owns(uid)
+        )
+
+
+# ============================================================================ the shard engine
+@dataclass(frozen=True)
+class AssistantEntry:
+    """An assistant-knowledge entry as numbered by its owner shard (``seq``: ring position)."""
+
+    assistant_id: str
+    seq: int
+    text: str
+    mode: str
+    embedding: np.ndarray
+
+
+class ShardEngine(MemoryEngine):
+    """A :class:`MemoryEngine` owning shard ``shard`` of ``count``.
+
+    What it adds to the engine: a view of a shared store restricted to its users; an outbox for
+    the assistant facts its promotions find (the owner shard writes them, see the module doc);
+    the ring of every assistant kept as a replica; the keyword statistics of the pages it
+    accepted since the last exchange; ``accept_many`` (commit pages, no derived work) so a
+    router can commit a batch on every shard before any shard derives; and ``hold_pending``,
+    which keeps derived work queued (also on open) until :meth:`release` - a restarted ingest
+    actor then leaves it to the end of the run.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        shard: int = 0,
+        count: int = 1,
+        hold_pending: bool = False,
+        **kw: Any,
+    ) -> None:
+        self.shard_index, self.shard_count = int(shard), int(count)
+        self.shard_map = ShardMap(self.shard_count)
+        if not 0 <= self.shard_index < self.shard_count:
+            raise ValueError(f"shard {shard} of {count}: need 0 <= shard < count")
+        self._hold_pending = hold_pending
+        self._outbox: list[tuple[str, str, str]] = []  # (assistant_id, text, mode)
+        self._kw_texts: list[str] = []  # accepted since the last keyword exchange
+        self._kw_lock = threading.Lock()
+        super().__init__(config, **kw)
+
+    # ------------------------------------------------------------------ construction hooks
+    def _rebuild(self) -> None:
+        if is_shared_store(self.config.store) and self.shard_count > 1:
+            self.store = OwnedStore(self.store, self.shard_index, self.shard_count)
+        super()._rebuild()
+
+    @property
+    def shared_store(self) -> bool:
+        return isinstance(self.store, OwnedStore)
+
+    def owns(self, user_id: str) -> bool:
+        return self.shard_map.shard(user_id) == self.shard_index
+
+    def has_user(self, user_id: str) -> bool:
+        return user_id in self._users
+
+    def assistant_of(self, user_id: str) -> str:
+        return self._user(user_id).assistant_id
+
+    # ------------------------------------------------------------------ pages
+    def process_pending(self, *args: Any, **kw: Any) -> dict[str, int]:
+        if self._hold_pending:
+            return {"pages": 0, "promotions": 0}
+        return super().process_pending(*args, **kw)
+
+    def release(self) -> None:
+        """Stop holding derived work back (the next :meth:`process_pending` runs it)."""
+        self._hold_pending = False
+
+    def accept_many(self, pages: Iterable[PageInput | dict[str, Any]]) -> list[AddResult]:
+        """Commit pages like ``add_many`` (one transaction, acknowledged once it returns), but
+        run no derived work."""
+        items = [self.validate_page(p) for p in pages]
+        with self._lock:
+            return self._accept(items)
+
+    def _accept(self, items: list[PageInput]) -> list[AddResult]:
+        results = super()._accept(items)
+        # the texts the engine's own extractor just learned (MemoryEngine._accept: every item
+        # whose source was not in the store before the call, repeats inside the call included)
+        new_ids = {r.page_id for r in results if not r.duplicate}
+        texts = [
+            f"{p.user_input} {p.agent_response}"
+            for p, r in zip(items, results, strict=True)
+            if r.page_id in new_ids
+        ]
+        with self._kw_lock:
+            self._kw_texts.extend(texts)
+        return results
+
+    # ------------------------------------------------------------------ keyword statistics
+    def _scratch_extractor(self) -> KeywordExtractor:
+        ex = self.extractor
+        return KeywordExtractor(
+            stopwords=ex.stopwords,
+            proper_noun_boost=ex.proper_noun_boost,
+            number_boost=ex.number_boost,
+            min_len=ex.min_len,
+            fold_plurals=ex.fold_plurals,
+        )
+
+    def take_keyword_delta(self) -> dict[str, Any]:
+        """Document frequencies of the pages accepted since the last call (and forget them)."""
+        with self._kw_lock:
+            texts, self._kw_texts = self._kw_texts, []
+        return _delta_of(self._scratch_extractor().update(texts))
+
+    def keyword_delta_since(self, page_watermark: int) -> dict[str, Any]:
+        """Document frequencies of this shard's pages with ``page_id > page_watermark``, read
+        from the store: exact even when the process restarted in between (ingestion)."""
+        with self._kw_lock:
+            self._kw_texts.clear()
+        scratch = self._scratch_extractor()
+        rows = self.store.query(
+            "SELECT user_id, user_input || ' ' || agent_response FROM pages WHERE page_id > ? "
+            "ORDER BY page_id",
+            (int(page_watermark),),
+        )
+        scratch.update(text for uid, text in rows if self.owns(uid))
+        return _delta_of(scratch)
+
+    def apply_keyword_delta(self, delta: dict[str, Any]) -> None:
+        """Add other shards' document frequencies to this shard's keyword statistics."""
+        with self._lock:
+            self.extractor.df.update(delta["df"])
+            self.extractor.n_docs += int(delta["n_docs"])
+
+    def page_watermark(self) -> int:
+        """The largest page id in the store (pages added later have larger ids)."""
+        return int(self.store.query("SELECT COALESCE(MAX(page_id), 0) FROM pages")[0][0])
+
+    # ------------------------------------------------------------------ assistant knowledge
+    def _push_knowledge(
+        self, db: Any, facts: list[tuple[str, str, str, str]], emb: np.ndarray
+    ) -> None:
+        """User facts go to the ring as usual; assistant facts wait in the outbox for the
+        owner shard (module doc: one writer per assistant)."""
+        keep = [i for i, f in enumerate(facts) if f[0] == "user"]
+        self._outbox.extend((f[1], f[2], f[3]) for f in facts if f[0] != "user")
+        if keep:
+            super()._push_knowledge(db, [facts[i] for i in keep], emb[keep])
+
+    def take_assistant_facts(self) -> list[tuple[str, str, str]]:
+        """The assistant facts found since the last call: ``(assistant_id, text, mode)``."""
+        with self._lock:
+            out, self._outbox = self._outbox, []
+        return out
+
+    def append_assistant_facts(self, facts: Sequence[tuple[str, str, str]]) -> list[AssistantEntry]:
+        """Owner side: number and commit facts of assistants this shard owns."""
+        if not facts:
+            return []
+        with self._lock:
+            emb = self.embedder.encode([f[1] for f in facts])
+            heads: dict[str, int] = {}
+            entries = []
+            for (aid, text, mode), vec in zip(facts, emb, strict=True):
+                if aid not in heads:
+                    heads[aid] = self.arena.ring_head(self._assistant_slot(aid))
+                entries.append(AssistantEntry(aid, heads[aid], text, mode, np.asarray(vec)))
+                heads[aid] += 1
+            with self.store.transaction() as db:
+                self._ensure_assistants(db, heads)
+                MemoryEngine._push_knowledge(
+                    self, db, [("assistant", f[0], f[1], f[2]) for f in facts], emb
+                )
+            return entries
+
+    def replicate_assistant_entries(self, entries: Sequence[AssistantEntry]) -> None:
+        """Replica side: hold the owner's numbered entries (same ring positions)."""
+        if not entries:
+            return
+        with self._lock:
+            if self.shared_store:
+                self._reload_assistants(sorted({e.assistant_id for e in entries}))
+            else:
+                self._write_replica(entries)
+
+    def _ensure_assistants(self, db: Any, assistant_ids: Iterable[str]) -> None:
+        now = time.time()
+        for aid in assistant_ids:
+            db.execute(
+                "INSERT INTO assistants(assistant_id, created) VALUES (?, ?) "
+                "ON CONFLICT DO NOTHING",
+                (aid, now),
+            )
+
+    def _write_replica(self, entries: Sequence[AssistantEntry]) -> None:
+        cap = self.memory.knowledge_capacity
+        t = time.time()
+        with self.store.transaction() as db:
+            self._ensure_assistants(db, {e.assistant_id for e in entries})
+            for e in entries:
+                slot = self._assistant_slot(e.assistant_id)
+                db.execute(
+                    "UPDATE knowledge SET live = 0 WHERE owner_kind = 'assistant' AND "
+                    "owner_id = ? AND seq <= ?",
+                    (e.assistant_id, e.seq - cap),
+                )
+                cur = db.execute(
+                    "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, mode, "
+                    "created) VALUES ('assistant', ?, ?, ?, ?, ?, ?)",
+                    (e.assistant_id, e.seq, e.text, _emb_blob(e.embedding), e.mode, t),
+                )
+                head = max(self.arena.ring_head(slot), e.seq + 1)
+                db.execute(
+                    "UPDATE assistants SET knowledge_head = ? WHERE assistant_id = ?",
+                    (head, e.assistant_id),
+                )
+                self.arena.write_knowledge([slot], [e.seq % cap], e.embedding[None])
+                self.arena.set_ring_head(slot, head)
+                self._grow_maps()
+                self._entry_of_ring[slot, e.seq % cap] = cur.lastrowid
+
+    def _reload_assistants(self, assistant_ids: Sequence[str]) -> None:
+        """Shared store: re-read assistants' live entries (written by their owner shard)."""
+        from memoryos_gpu.store.sqlite import blob_matrix
+
+        cap = self.memory.knowledge_capacity
+        for aid in assistant_ids:
+            slot = self._assistant_slot(aid)
+            rows = self.store.query(
+                "SELECT entry_id, seq, embedding FROM knowledge WHERE owner_kind = 'assistant' "
+                "AND owner_id = ? AND live = 1 ORDER BY seq",
+                (aid,),
+            )
+            head = self.store.query(
+                "SELECT knowledge_head FROM assistants WHERE assistant_id = ?", (aid,)
+            )
+            if not rows:
+                continue
+            ring = np.array([r[1] % cap for r in rows], np.int32)
+            self.arena.write_knowledge(
+                np.full(len(rows), slot, np.int32),
+                ring,
+                blob_matrix([r[2] for r in rows], self.embedder.dim),
+            )
+            self.arena.set_ring_head(slot, int(head[0][0]) if head else rows[-1][1] + 1)
+            self._grow_maps()
+            self._entry_of_ring[slot, ring] = [r[0] for r in rows]
+
+    def info(self) -> dict[str, Any]:
+        """Shard identity and size (cheap: no store scan)."""
+        with self._lock:
+            return {
+                "shard": self.shard_index,
+                "count": self.shard_count,
+                "users": len(self._users),
+                "store": self.config.store,
+                "device": "cuda" if self.arena.on_cuda else "cpu",
+            }
+
+
+def _delta_of(scratch: KeywordExtractor) -> dict[str, Any]:
+    return {"n_docs": scratch.n_docs, "df": dict(scratch.df)}
+
+
+def merge_deltas(deltas: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The sum of keyword deltas."""
+    df: Counter[str] = Counter()
+    for d in deltas:
+        df.update(d["df"])
+    return {"n_docs": sum(int(d["n_docs"]) for d in deltas), "df": dict(df)}
+
+
+def _emb_blob(vec: np.ndarray) -> bytes:
+    from memoryos_gpu.store.sqlite import emb_blob
+
+    return emb_blob(vec)
+
+
+def exchange_keywords(
+    take: Sequence[Callable[[], dict[str, Any]]], apply: Sequence[Callable[[dict], None]]
+) -> int:
+    """Give every shard the keyword delta of every other shard; returns documents exchanged."""
+    deltas = [t() for t in take]
+    total = merge_deltas(deltas)
+    if not total["n_docs"]:
+        return 0
+    for i, fn in enumerate(apply):
+        others = merge_deltas([d for j, d in enumerate(deltas) if j != i])
+        if others["n_docs"]:
+            fn(others)
+    return int(total["n_docs"])
+
+
+def route_assistant_facts(
+    facts: Sequence[tuple[str, str, str]],
+    shard_map: ShardMap,
+    append: Callable[[int, list[tuple[str, str, str]]], list[AssistantEntry]],
+    replicate: Callable[[int, list[AssistantEntry]], None],
+) -> int:
+    """Send facts to their assistant's owner shard, then its numbered entries to every other
+    shard (the module doc's rule). ``append(shard, facts)`` / ``replicate(shard, entries)`` do
+    the calls (in process, or on Ray actors). Returns the entries written."""
+    by_owner: dict[int, list[tuple[str, str, str]]] = {}
+    for f in facts:
+        by_owner.setdefault(shard_map.assistant_owner(f[0]), []).append(f)
+    written = 0
+    for owner, owned in sorted(by_owner.items()):
+        entries = append(owner, owned)
+        written += len(entries)
+        for j in range(shard_map.count):
+            if j != owner:
+                replicate(j, entries)
+    return written
+
+
+# ============================================================================ in-process router
+class ShardedEngine:
+    """N shard engines in one process, behind the engine's API.
+
+    Every call is split by the users' shards and the results are put back in input order.
+    ``add_many`` commits the batch on every shard, exchanges keyword statistics, and only then
+    runs the derived work (when ``config.auto_process``), so derived results equal one
+    engine's; afterwards it routes assistant facts (see the module doc). Calls that name a page
+    or knowledge entry by id go through :meth:`engine_for` (ids are per shard store).
+
+    ``shards``: how many; ``config.store``: a directory (one SQLite store per shard, the
+    ``ingest --workers`` layout), a PostgreSQL URL (shared) or ``:memory:``.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        shards: int = 2,
+        *,
+        embedder: Any = None,
+        llm: Any = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.shard_map = ShardMap(shards)
+        prepare_layout(self.config.store, shards)
+        self.engines: list[ShardEngine] = []
+        try:
+            for i in range(shards):
+                cfg = self.config.model_copy(
+                    update={"store": shard_store(self.config.store, i, shards)}
+                )
+                self.engines.append(
+                    ShardEngine(cfg, shard=i, count=shards, embedder=embedder, llm=llm)
+                )
+        except BaseException:
+            for e in self.engines:
+                e.close()
+            raise
+        self._lock = threading.RLock()
+        self.sync_shards()
+
+    # ------------------------------------------------------------------ routing
+    @property
+    def count(self) -> int:
+        return self.shard_map.count
+
+    def engine_for(self, user_id: str) -> ShardEngine:
+        """The shard engine that owns ``user_id`` (page / knowledge calls by id go there)."""
+        return self.engines[self.shard_map.shard(user_id)]
+
+    def validate_page(self, p: PageInput | dict[str, Any]) -> PageInput:
+        return self.engines[0].validate_page(p)
+
+    def page_text(self, page: Any) -> str:
+        return self.engines[0].page_text(page)
+
+    # ------------------------------------------------------------------ writes
+    def add(self, user_id: str, user_input: str, agent_response: str = "", **kw: Any) -> AddResult:
+        return self.add_many([PageInput(user_id, user_input, agent_response, **kw)])[0]
+
+    def add_many(self, pages: Iterable[PageInput | dict[str, Any]]) -> list[AddResult]:
+        """Commit pages on their users' shards (each shard one transaction), then derive."""
+        items = [self.validate_page(p) for p in pages]
+        out: list[AddResult | None] = [None] * len(items)
+        with self._lock:
+            for shard, idx in self.shard_map.group(p.user_id for p in items).items():
+                res = self.engines[shard].accept_many([items[i] for i in idx])
+                for i, r in zip(idx, res, strict=True):
+                    out[i] = r
+            self._exchange_keywords()
+            if self.config.auto_process:
+                self.process_pending()
+        return [r for r in out if r is not None]
+
+    def process_pending(self) -> dict[str, int]:
+        """Every shard's derived work, then the assistant facts it found."""
+        done: Counter[str] = Counter()
+        with self._lock:
+            for e in self.engines:
+                done.update(e.process_pending())
+            self._route_facts()
+        return dict(done)
+
+    def flush(self) -> dict[str, int]:
+        return self.process_pending()
+
+    def sync_shards(self) -> None:
+        """Exchange keyword statistics and route assistant facts now."""
+        with self._lock:
+            self._exchange_keywords()
+            self._route_facts()
+
+    def _exchange_keywords(self) -> int:
+        return exchange_keywords(
+            [e.take_keyword_delta for e in self.engines],
+            [e.apply_keyword_delta for e in self.engines],
+        )
+
+    def _route_facts(self) -> int:
+        facts = [f for e in self.engines for f in e.take_assistant_facts()]
+        if not facts:
+            return 0
+        return route_assistant_facts(
+            facts,
+            self.shard_map,
+            lambda s, f: self.engines[s].append_assistant_facts(f),
+            lambda s, entries: self.engines[s].replicate_assistant_entries(entries),
+        )
+
+    # ------------------------------------------------------------------ reads
+    def retrieve(self, user_id: str, query: str, **kw: Any) -> Retrieval:
+        return self.retrieve_many([(user_id, query)], **kw)[0]
+
+    def retrieve_many(
+        self,
+        queries: Sequence[tuple[str, str]],
+        *,
+        top_pages: int | None = None,
+        top_segments: int | None = None,
+        at: float | None = None,
+        update_heat: bool = True,
+    ) -> list[Retrieval]:
+        """One ``retrieve_many`` per shard involved; results in input order. Refused as a whole
+        (before any heat changes) when a query is invalid or names an unknown user, as in one
+        engine."""
+        if (top_pages is not None and top_pages < 1) or (
+            top_segments is not None and top_segments < 1
+        ):
+            raise InvalidInputError("top_pages and top_segments must be >= 1")
+        cleaned = [(_clean_id(u, "user_id"), _clean_text(q, "query")) for u, q in queries]
+        with self._lock:
+            for uid, _ in cleaned:
+                if not self.engine_for(uid).has_user(uid):
+                    raise UnknownUserError(f"unknown user {uid!r}")
+            out: list[Retrieval | None] = [None] * len(cleaned)
+            for shard, idx in self.shard_map.group(u for u, _ in cleaned).items():
+                res = self.engines[shard].retrieve_many(
+                    [cleaned[i] for i in idx],
+                    top_pages=top_pages,
+                    top_segments=top_segments,
+                    at=at,
+                    update_heat=update_heat,
+                )
+                for i, r in zip(idx, res, strict=True):
+                    out[i] = r
+            if self.config.auto_process:  # retrievals may have made segments hot: promote
+                self._route_facts()
+        return [r for r in out if r is not None]
+
+    def respond(self, user_id: str, query: str, **kw: Any) -> Response:
+        return self.respond_many([(user_id, query)], **kw)[0]
+
+    def respond_many(self, queries: Sequence[tuple[str, str]], **kw: Any) -> list[Response]:
+        out: list[Response | None] = [None] * len(queries)
+        with self._lock:
+            for shard, idx in self.shard_map.group(u for u, _ in queries).items():
+                res = self.engines[shard].respond_many([queries[i] for i in idx], **kw)
+                for i, r in zip(idx, res, strict=True):
+                    out[i] = r
+            self._exchange_keywords()
+            self._route_facts()
+        return [r for r in out if r is not None]
+
+    # ------------------------------------------------------------------ per-user calls
+    def users(self) -> list[str]:
+        return [u for e in self.engines for u in e.users()]
+
+    def profile(self, user_id: str) -> dict[str, str]:
+        return self.engine_for(user_id).profile(user_id)
+
+    def knowledge(self, user_id: str) -> dict[str, list[dict[str, Any]]]:
+        return self.engine_for(user_id).knowledge(user_id)
+
+    def history(self, user_id: str) -> list[dict[str, Any]]:
+        return self.engine_for(user_id).history(user_id)
+
+    def export_user(self, user_id: str) -> dict[str, Any]:
+        return self.engine_for(user_id).export_user(user_id)
+
+    def delete_user(self, user_id: str) -> bool:
+        with self._lock:
+            return self.engine_for(user_id).delete_user(user_id)
+
+    def promote(self, user_id: str, segment_slot: int | None = None) -> int:
+        with self._lock:
+            n = self.engine_for(user_id).promote(user_id, segment_slot)
+            self._route_facts()
+            return n
+
+    def pending_count(self, user_id: str | None = None) -> int:
+        if user_id is not None:
+            return self.engine_for(user_id).pending_count(user_id)
+        return sum(e.pending_count() for e in self.engines)
+
+    # ------------------------------------------------------------------ whole engine
+    def stats(self) -> dict[str, Any]:
+        """Sums over the shards, and each shard's own statistics under ``shards``."""
+        per = [e.stats() for e in self.engines]
+        counters: Counter[str] = Counter()
+        for s in per:
+            counters.update(s["counters"])
+        return {
+            "users": sum(s["users"] for s in per),
+            "shards": per,
+            "shard_count": self.count,
+            "arena_bytes": sum(s["arena_bytes"] for s in per),
+            "counters": dict(counters),
+            "device": per[0]["device"],
+            "mode": per[0]["mode"],
+            "preset": per[0]["preset"],
+        }
+
+    def sync(self) -> None:
+        for e in self.engines:
+            e.sync()
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                self.sync_shards()
+            finally:
+                for e in self.engines:
+                    e.close()
+
+    def __enter__(self) -> ShardedEngine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
