@@ -198,6 +198,8 @@ def report_rows(method: str, reports: dict[int, Any], extra: dict[str, Any]) -> 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     convs = load_locomo(args.data)
+    if args.conversations:
+        convs = convs[: args.conversations]
     if args.max_pages:
         convs = [c.truncated(args.max_pages) for c in convs]
     if args.quick:
@@ -330,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="one conversation, 40 questions")
     p.add_argument("--llm", action="store_true", help="also the LLM mode (bundled SmolLM2)")
     p.add_argument("--llm-conversations", type=int, default=1)
+    p.add_argument("--conversations", type=int, default=0, help="first N conversations (0 = all)")
     p.add_argument(
         "--max-pages",
         type=int,
