@@ -207,3 +207,15 @@ def test_pack_unpack_round_trip(rows, width):
         assert list(ids) == sorted(ids.tolist()) and len(ids) == len(set(ids.tolist()))
         if len(distinct) <= width:
             assert expected == set(hash_keywords(words).tolist())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=80))
+def test_fast_tokens_equal_the_full_tokenizer(text: str) -> None:
+    """tokenize's hot path gives exactly the normalised tokens of the full tokenizer."""
+    from memoryos_gpu.text.keywords import _norm_tokens, _raw_tokens
+
+    assert _norm_tokens(text) == [n for n, _, _ in _raw_tokens(text)]
+    assert _norm_tokens("Caroline's dog don't O\u2019Neil Straße") == [
+        n for n, _, _ in _raw_tokens("Caroline's dog don't O\u2019Neil Straße")
+    ]

@@ -180,6 +180,19 @@ def _raw_tokens(text: str) -> list[tuple[str, str, bool]]:
     return out
 
 
+def _norm_tokens(text: str) -> list[str]:
+    """The normalised tokens of :func:`_raw_tokens` without surface forms or sentence
+    positions: the tokenizer's hot path (every query, and every page of a lexical index)."""
+    out = []
+    for surface in _WORD_RE.findall(_nfkc(text or "")):
+        norm = surface.casefold()
+        if "'" in norm or "\u2019" in norm:
+            norm = _strip_apostrophes(norm)
+        if norm:
+            out.append(norm)
+    return out
+
+
 def tokenize(
     text: str,
     *,
@@ -196,7 +209,7 @@ def tokenize(
     """
     sw = STOPWORDS if stopwords is None else frozenset(stopwords)
     toks: list[str] = []
-    for norm, _surface, _initial in _raw_tokens(text):
+    for norm in _norm_tokens(text):
         if drop_stopwords and norm in sw:
             continue
         if len(norm) < min_len and not norm.isdigit():
