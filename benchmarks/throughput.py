@@ -308,6 +308,28 @@ def plot(results: list[dict[str, Any]], out: Path, title: str) -> None:
     plt.close(fig)
 
 
+def write_report(
+    results: list[dict[str, Any]], args: argparse.Namespace, hw: dict[str, Any], embedder: str
+) -> None:
+    """The JSON report and the plot of the sizes measured so far."""
+    report = {
+        "benchmark": "throughput",
+        "date": time.strftime("%Y-%m-%d"),
+        "hardware": hw,
+        "build": ops.build_info(),
+        "embedder": embedder,
+        "settings": {
+            k: v for k, v in vars(args).items() if k not in ("json", "plot", "data", "users")
+        },
+        "results": results,
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+    if args.plot:
+        plot(results, args.plot, f"throughput vs users ({embedder}, {hw['machine']})")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--users", type=int, nargs="+", default=[1, 10, 100, 1000])
@@ -334,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus, questions = load_corpus(args.data)
     embedder = make_embedder(args.embedder)
     embedder.encode(["warm-up"] * 2)
-    results = []
+    results: list[dict[str, Any]] = []
     for users in args.users:
         pages = make_pages(corpus, users, args.pages_per_user)
         queries = make_queries(questions, users, args.queries)
@@ -347,23 +369,9 @@ def main(argv: list[str] | None = None) -> int:
             row["ratio_retrieval"] = row["engine"]["queries_per_s"] / ref["queries_per_s"]
         results.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
+        # after every size, so a run stopped at a size that does not fit keeps the others
+        write_report(results, args, hw, getattr(embedder, "model_id", args.embedder))
     print_table(results)
-    report = {
-        "benchmark": "throughput",
-        "date": time.strftime("%Y-%m-%d"),
-        "hardware": hw,
-        "build": ops.build_info(),
-        "embedder": getattr(embedder, "model_id", args.embedder),
-        "settings": {
-            k: v for k, v in vars(args).items() if k not in ("json", "plot", "data", "users")
-        },
-        "results": results,
-    }
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2, default=str))
-    if args.plot:
-        plot(results, args.plot, f"throughput vs users ({report['embedder']}, {hw['machine']})")
     return 0
 
 
