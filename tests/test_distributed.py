@@ -415,6 +415,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _start_serve(serve: Any, attempts: int = 3) -> int:
+    """Start Ray Serve's HTTP proxy on a free port; returns the port. Ray waits a hard-coded
+    60 s for the proxy actor, which a 2-core machine under load can exceed: retry then."""
+    import ray
+
+    for attempt in range(attempts):
+        port = _free_port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            return port
+        except (ray.exceptions.RayError, TimeoutError):
+            serve.shutdown()
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def test_serve_app_answers_the_http_api_with_auth(ray_local, tmp_path):
     import httpx
 
@@ -423,8 +440,7 @@ def test_serve_app_answers_the_http_api_with_auth(ray_local, tmp_path):
 
     from memoryos_gpu.distributed.ray_serve import APP_NAME, build_app
 
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    port = _start_serve(serve)
     app = build_app(
         engine_config(str(tmp_path / "store")),
         2,
