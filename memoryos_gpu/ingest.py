@@ -35,7 +35,7 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -73,6 +73,28 @@ _POLL_S = 0.2
 
 
 # ============================================================================ sharding
+def read_files(files: dict[str, str]) -> Iterator[tuple[str, Record | Reject, int]]:
+    """``(path, record or read-stage reject, line)`` for every item of ``files`` (path ->
+    format), in input order. A file that cannot be read
+    further (truncated or corrupt gzip) ends in one reject and reading goes on with the next:
+    what was read is kept. The one reading loop of every ingestion path."""
+    for path, fmt in files.items():
+        if fmt == "empty":
+            continue
+        last = 0
+        items = read_records(path, fmt)
+        while True:
+            try:
+                item = next(items, None)
+            except (OSError, EOFError, zlib.error) as exc:
+                item = Reject(path, last + 1, f"cannot read further: {exc}", "")
+                items = iter(())
+            if item is None:
+                break
+            last = item.line if isinstance(item, Reject) else _line_of(item)
+            yield path, item, last
+
+
 def shard_of(key: str, count: int) -> int:
     """The shard (``0 .. count-1``) of ``key``: blake2b-64 of its UTF-8 bytes, mod ``count``.
 
@@ -362,41 +384,27 @@ class _Pipeline:
         t0 = time.perf_counter()
         stopping = self._stopping
         buf: list[tuple[str, Record | Reject]] = []
-        for path, fmt in self.files.items():
-            if fmt == "empty":
-                continue
-            last_line = 0
-            items = read_records(path, fmt)
-            while True:
-                try:
-                    item = next(items, None)
-                except (OSError, EOFError, zlib.error) as exc:
-                    # a truncated or corrupt (gzip) file: report it, keep what was read, go on
-                    item = Reject(path, last_line + 1, f"cannot read further: {exc}", "")
-                    items = iter(())
-                if item is None:
-                    break
-                if stopping():
+        for path, item, _line in read_files(self.files):
+            if stopping():
+                return
+            if self.shard is not None:
+                # a record belongs to its user's shard; a reject (no trusted user id) to
+                # the shard of its position, so that exactly one shard reports it
+                key = (
+                    item.user_id
+                    if isinstance(item, Record)
+                    else f"{item.path}:{item.line}:{item.reason}"
+                )
+                if not self.shard.owns(key):
+                    self.other_shards += isinstance(item, Record)
+                    continue
+            buf.append((path, item))
+            if len(buf) >= _READ_CHUNK:
+                self.timings["read"] += time.perf_counter() - t0
+                if not _put(self.records_q, buf, self.halt):
                     return
-                last_line = item.line if isinstance(item, Reject) else _line_of(item)
-                if self.shard is not None:
-                    # a record belongs to its user's shard; a reject (no trusted user id) to
-                    # the shard of its position, so that exactly one shard reports it
-                    key = (
-                        item.user_id
-                        if isinstance(item, Record)
-                        else f"{item.path}:{item.line}:{item.reason}"
-                    )
-                    if not self.shard.owns(key):
-                        self.other_shards += isinstance(item, Record)
-                        continue
-                buf.append((path, item))
-                if len(buf) >= _READ_CHUNK:
-                    self.timings["read"] += time.perf_counter() - t0
-                    if not _put(self.records_q, buf, self.halt):
-                        return
-                    t0 = time.perf_counter()
-                    buf = []
+                t0 = time.perf_counter()
+                buf = []
         self.timings["read"] += time.perf_counter() - t0
         if buf:
             _put(self.records_q, buf, self.halt)

@@ -38,7 +38,6 @@ import json
 import os
 import time
 import uuid
-import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
@@ -55,14 +54,14 @@ from memoryos_gpu.distributed.sharding import (
     route_assistant_facts,
     shard_store,
 )
-from memoryos_gpu.formats import Reject, read_records
+from memoryos_gpu.formats import Reject
 from memoryos_gpu.ingest import (
     DEFAULT_BATCH_SIZE,
     IngestReport,
     RejectRow,
-    _line_of,
     _peak_rss_mb,
     _reason_kind,
+    read_files,
     resolve_formats,
     shard_of,
     store_dir,
@@ -232,37 +231,23 @@ def _records(
 ) -> Iterator[dict[str, Any] | RejectRow]:
     """Every record (as a dataset row) and read-stage reject, in input order."""
     seq = 0
-    for path, fmt in files.items():
-        if fmt == "empty":
+    for path, item, last in read_files(files):
+        seq += 1
+        if isinstance(item, Reject):
+            yield RejectRow(item.path, item.line, item.reason, item.raw, "read")
             continue
-        last = 0
-        items = read_records(path, fmt)
-        while True:
-            try:
-                item = next(items, None)
-            except (OSError, EOFError, zlib.error) as exc:
-                item = Reject(path, last + 1, f"cannot read further: {exc}", "")
-                items = iter(())
-            if item is None:
-                break
-            seq += 1
-            if isinstance(item, Reject):
-                last = item.line
-                yield RejectRow(item.path, item.line, item.reason, item.raw, "read")
-                continue
-            last = _line_of(item)
-            bucket = shard_of(item.user_id, shards * buckets)
-            yield {
-                "seq": seq,
-                "file": path,
-                "line": last,
-                "user_id": item.user_id,
-                "source": item.source,
-                "bucket": bucket,
-                "shard": bucket % shards,
-                "page": json.dumps(item.to_page(), ensure_ascii=False),
-                "meta": json.dumps(item.meta, ensure_ascii=False),
-            }
+        bucket = shard_of(item.user_id, shards * buckets)
+        yield {
+            "seq": seq,
+            "file": path,
+            "line": last,
+            "user_id": item.user_id,
+            "source": item.source,
+            "bucket": bucket,
+            "shard": bucket % shards,
+            "page": json.dumps(item.to_page(), ensure_ascii=False),
+            "meta": json.dumps(item.meta, ensure_ascii=False),
+        }
 
 
 def _windows(

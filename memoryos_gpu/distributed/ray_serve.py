@@ -342,15 +342,9 @@ class RouterService:
         return self.state == "ready"
 
     def check_ready(self) -> None:
-        from memoryos_gpu.server.batching import Unavailable
+        from memoryos_gpu.server.batching import check_state
 
-        if self.state == "ready":
-            return
-        if self.state in ("created", "starting"):
-            raise Unavailable("the shards are still loading", self.settings.retry_after_s)
-        if self.state == "failed":
-            raise Unavailable(f"the shards failed to load: {self.error}", 30)
-        raise Unavailable("the server is shutting down", self.settings.retry_after_s)
+        check_state(self.state, self.error, "the shards", self.settings.retry_after_s, plural=True)
 
     def queue_depths(self) -> dict[str, int]:
         return {}

@@ -42,6 +42,21 @@ class Unavailable(Exception):
         self.retry_after = retry_after
 
 
+def check_state(
+    state: str, error: str | None, what: str, retry_after: int, *, plural: bool = False
+) -> None:
+    """Raise :class:`Unavailable` unless a service in lifecycle ``state`` (created -> starting
+    -> ready -> closing -> closed | failed) can take requests; ``what`` names what loads
+    ("the engine", "the shards"). Shared by the single-box and the Ray router services."""
+    if state == "ready":
+        return
+    if state in ("created", "starting"):
+        raise Unavailable(f"{what} {'are' if plural else 'is'} still loading", retry_after)
+    if state == "failed":
+        raise Unavailable(f"{what} failed to load: {error}", 30)
+    raise Unavailable("the server is shutting down", retry_after)
+
+
 @dataclass
 class _Entry:
     item: Any

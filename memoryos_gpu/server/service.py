@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
-from memoryos_gpu.server.batching import MicroBatcher, Overloaded, Unavailable
+from memoryos_gpu.server.batching import MicroBatcher, Overloaded, Unavailable, check_state
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -265,13 +265,7 @@ class MemoryService:
         return self.state == "ready"
 
     def check_ready(self) -> None:
-        if self.state == "ready":
-            return
-        if self.state in ("created", "starting"):
-            raise Unavailable("the engine is still loading", self.settings.retry_after_s)
-        if self.state == "failed":
-            raise Unavailable(f"the engine failed to load: {self.error}", 30)
-        raise Unavailable("the server is shutting down", self.settings.retry_after_s)
+        check_state(self.state, self.error, "the engine", self.settings.retry_after_s)
 
     def queue_depths(self) -> dict[str, int]:
         return {name: b.admitted for name, b in self._batchers.items()}
