@@ -11,6 +11,14 @@ two, k = 60), and ``engine-...`` configurations (LLM-free extractive mode; paper
 presets; ablations). With ``--llm`` also the LLM mode with the bundled SmolLM2 (slow on CPU: use
 ``--llm-conversations`` to bound it).
 
+With ``--cv`` also a leave-one-conversation-out report of the engine's fusion setting (only a
+dev split exists, so no setting may be chosen on the questions it is scored on): the
+conversations are ingested once, each setting of ``--cv-grid`` (``fusion:lexical_weight``)
+reopens that store and ranks every question, and for each conversation the setting with the best
+mean recall over the budgets on the OTHER conversations is scored on it. The held-out figures
+(pooled over all questions) sit beside each fixed setting's and the baselines' (which have no
+setting to choose).
+
 With ``--answer-backend`` (transformers = the bundled SmolLM2, openai = any OpenAI-compatible
 server such as ``vllm serve``, vllm = in process) the methods in ``--answer-methods`` also
 answer a sample of ``--answer-questions`` questions from their top ``--answer-budget`` pages
@@ -39,6 +47,7 @@ from memoryos_gpu.eval import baselines, qa
 from memoryos_gpu.eval.locomo import (
     Conversation,
     Question,
+    RecallReport,
     default_locomo_path,
     evaluate_rankings,
     load_locomo,
@@ -54,6 +63,10 @@ def engine_configs(with_llm: bool) -> dict[str, dict[str, Any]]:
         "engine-llm-free-paper": {"memory": preset("paper")},
         "engine-llm-free-reference": {"memory": preset("reference")},
         "engine-llm-free-paper-no-lexical": {"memory": preset("paper", lexical_weight=0.0)},
+        # the earlier fusion rule: weighted reciprocal rank, BM25 weight 5
+        "engine-llm-free-paper-rrf-w5": {
+            "memory": preset("paper", fusion="rrf", lexical_weight=5.0)
+        },
         # ablation: no MTM structure = every segment searched, pages ranked flat
         "engine-llm-free-paper-flat-pages": {"memory": preset("paper", top_segments=200)},
     }
@@ -73,21 +86,31 @@ class EngineRanker:
     """Ingest each conversation once per configuration, then rank pages per question."""
 
     def __init__(
-        self, name: str, spec: dict[str, Any], embedder: Any, budget: int, workdir: Path
+        self,
+        name: str,
+        spec: dict[str, Any],
+        embedder: Any,
+        budget: int,
+        workdir: Path,
+        store: Path | None = None,
     ) -> None:
         self.name, self.embedder, self.budget = name, embedder, budget
         self.config = EngineConfig(
             memory=spec["memory"],
             llm=spec.get("llm", LLMConfig()),
-            store=str(workdir / f"{name}.sqlite3"),
+            store=str(store or workdir / f"{name}.sqlite3"),
         )
         self.engine = MemoryEngine(self.config, embedder=embedder)
         self.ingest_s = 0.0
         self.tokens: list[int] = []
+        self.index_of: dict[int, int] = {}  # page id -> page index in its conversation
 
     def __call__(self, conv: Conversation, questions: list[Question]) -> list[list[int]]:
+        self.ingest(conv)
+        return self.rank(conv, questions)
+
+    def ingest(self, conv: Conversation) -> None:
         t0 = time.perf_counter()
-        index_of: dict[int, int] = {}
         results = self.engine.add_many(
             PageInput(
                 conv.sample_id,
@@ -101,8 +124,11 @@ class EngineRanker:
             for p in conv.pages
         )
         for p, r in zip(conv.pages, results, strict=True):
-            index_of[r.page_id] = p.index
+            self.index_of[r.page_id] = p.index
         self.ingest_s += time.perf_counter() - t0
+
+    def rank(self, conv: Conversation, questions: list[Question]) -> list[list[int]]:
+        index_of = self.index_of
         retrievals = self.engine.retrieve_many(
             [(conv.sample_id, q.question) for q in questions],
             top_pages=self.budget,
@@ -181,6 +207,102 @@ class Answerer:
         return out
 
 
+def pool_reports(reports: Sequence[RecallReport]) -> dict[str, Any]:
+    """Per-conversation reports of one budget -> means over all their questions pooled."""
+    n = sum(r.n for r in reports)
+    cats: dict[int, list[float]] = {}
+    for r in reports:
+        for c, v in r.per_category.items():
+            acc = cats.setdefault(c, [0.0, 0.0])
+            acc[0] += v * r.n_per_category[c]
+            acc[1] += r.n_per_category[c]
+    return {
+        "evidence_recall": sum(r.overall * r.n for r in reports) / n if n else float("nan"),
+        "all_evidence_hit": sum(r.all_hit * r.n for r in reports) / n if n else float("nan"),
+        "per_category": {str(c): s / k for c, (s, k) in sorted(cats.items())},
+        "questions": n,
+    }
+
+
+def parse_cv_setting(text: str) -> tuple[str, float]:
+    """``"zscore:1"`` -> ``("zscore", 1.0)`` (fusion rule, lexical weight)."""
+    fusion, _, weight = text.partition(":")
+    if fusion not in ("zscore", "rrf") or not weight:
+        raise argparse.ArgumentTypeError(f"expected zscore:WEIGHT or rrf:WEIGHT, got {text!r}")
+    return fusion, float(weight)
+
+
+def leave_one_out(
+    per_conv: dict[str, list[dict[int, RecallReport]]], ks: Sequence[int]
+) -> dict[str, Any]:
+    """``per_conv[setting][i][k]``: the report of conversation i at budget k. For each
+    conversation, the setting with the best mean recall over ``ks`` on the other conversations
+    (ties: the first setting) is scored on it; returns the pooled held-out reports and picks."""
+    settings = list(per_conv)
+    n_conv = len(next(iter(per_conv.values())))
+    picks, held = [], []
+    for i in range(n_conv):
+        train = [j for j in range(n_conv) if j != i]
+
+        def score(setting: str, train: list[int] = train) -> float:
+            reps = per_conv[setting]
+            return float(
+                np.mean([pool_reports([reps[j][k] for j in train])["evidence_recall"] for k in ks])
+            )
+
+        best = max(settings, key=score)  # max keeps the first of equal scores
+        picks.append(best)
+        held.append(per_conv[best][i])
+    return {
+        "picks": picks,
+        "held_out": {str(k): pool_reports([h[k] for h in held]) for k in ks},
+    }
+
+
+def cross_validate(
+    convs: list[Conversation],
+    embedder: Any,
+    ks: Sequence[int],
+    grid: Sequence[tuple[str, float]],
+    workdir: Path,
+    baselines_per_conv: dict[str, list[dict[int, RecallReport]]],
+    rrf_per_conv: dict[str, list[dict[int, RecallReport]]],
+) -> dict[str, Any]:
+    """Leave-one-conversation-out choice of the engine's (fusion, lexical_weight) (``--cv``),
+    and, for a fair comparison, of the RRF baseline's k (``rrf_per_conv``: one entry per k)."""
+    budget = max(ks)
+    store = workdir / "cv.sqlite3"
+    ingest = EngineRanker(
+        "cv-ingest", {"memory": preset("paper")}, embedder, budget, workdir, store
+    )
+    for conv in convs:
+        ingest.ingest(conv)
+    ingest.engine.close()
+    per_conv: dict[str, list[dict[int, RecallReport]]] = {}
+    for fusion, weight in grid:
+        name = f"{fusion}:{weight:g}"
+        mem = preset("paper", fusion=fusion, lexical_weight=weight)
+        ranker = EngineRanker(name, {"memory": mem}, embedder, budget, workdir, store)
+        ranker.index_of = ingest.index_of
+        per_conv[name] = [evaluate_rankings([c], ranker.rank, ks) for c in convs]
+        ranker.engine.close()
+        full = pool_reports([r[max(ks)] for r in per_conv[name]])["evidence_recall"]
+        print(f"cv {name:<32} @{max(ks)}={full:.3f} (all conversations)", file=sys.stderr)
+    fixed = {
+        name: {str(k): pool_reports([r[k] for r in reps]) for k in ks}
+        for name, reps in {**baselines_per_conv, **rrf_per_conv, **per_conv}.items()
+    }
+    return {
+        "conversations": [c.sample_id for c in convs],
+        "grid": list(per_conv),
+        "rrf_grid": list(rrf_per_conv),
+        "selection": "mean evidence recall over the budgets on the other conversations",
+        "engine": leave_one_out(per_conv, ks),
+        **({"rrf": leave_one_out(rrf_per_conv, ks)} if rrf_per_conv else {}),
+        "fixed": fixed,
+    }
+
+
 def report_rows(method: str, reports: dict[int, Any], extra: dict[str, Any]) -> list[dict]:
     return [
         {
@@ -223,10 +345,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         r = qa_results[method]
         print(f"{method:<36} QA F1={r['f1']:.3f} BLEU-1={r['bleu1']:.3f}", file=sys.stderr)
 
+    baselines_per_conv: dict[str, list[dict[int, RecallReport]]] = {}
+
     def timed(method: str, rank: Callable, extra: dict[str, Any] | None = None) -> None:
         t0 = time.perf_counter()
         recorder = Recorder(rank)
         reports = evaluate_rankings(convs, recorder, ks)
+        if args.cv:  # the same rankings, scored per conversation (no re-ranking)
+            baselines_per_conv[method] = [
+                evaluate_rankings(
+                    [c], lambda c, qs: [recorder.seen[(c.sample_id, q.index)][2] for q in qs], ks
+                )
+                for c in convs
+            ]
         elapsed = time.perf_counter() - t0
         results.extend(
             report_rows(method, reports, {"seconds": round(elapsed, 2), **(extra or {})})
@@ -241,12 +372,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     timed("flat-dense", lambda c, qs: baselines.flat_dense(c.pages, qs, embed, budget))
     timed("bm25", lambda c, qs: baselines.bm25(c.pages, qs, budget))
 
+    full_rankings: dict[str, tuple[list[list[int]], list[list[int]]]] = {}
+
     def rrf(conv: Conversation, qs: list[Question]) -> list[list[int]]:
         dense = baselines.flat_dense(conv.pages, qs, embed, None)
         lexical = baselines.bm25(conv.pages, qs, None)
+        if args.cv:  # kept for RRF at the other k of --cv-rrf-k
+            full_rankings[conv.sample_id] = (dense, lexical)
         return [baselines.rrf(d, b, limit=budget) for d, b in zip(dense, lexical, strict=True)]
 
     timed("rrf", rrf)
+    rrf_per_conv: dict[str, list[dict[int, RecallReport]]] = {}
+    for k_rrf in args.cv_rrf_k if args.cv else ():
+
+        def rrf_at(conv: Conversation, qs: list[Question], k_rrf: int = k_rrf) -> list[list[int]]:
+            dense, lexical = full_rankings[conv.sample_id]  # the same questions, same order
+            return [
+                baselines.rrf(d, b, k=k_rrf, limit=budget)
+                for d, b in zip(dense, lexical, strict=True)
+            ]
+
+        rrf_per_conv[f"rrf k={k_rrf}"] = [evaluate_rankings([c], rrf_at, ks) for c in convs]
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in engine_configs(args.llm).items():
             if args.only and name not in args.only:
@@ -271,6 +417,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ranker.engine.close()
             if use is convs:
                 answer(name, recorder)
+        cv = None
+        if args.cv and len(convs) < 2:
+            print("--cv needs at least 2 conversations: skipped", file=sys.stderr)
+        elif args.cv:
+            cv = cross_validate(
+                convs, embedder, ks, args.cv_grid, Path(tmp), baselines_per_conv, rrf_per_conv
+            )
     n_questions = sum(len(c.scored_questions) for c in convs)
     return {
         "data": str(args.data),
@@ -279,6 +432,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d"),
         "results": results,
         **({"qa": qa_results} if qa_results else {}),
+        **({"cv": cv} if cv else {}),
     }
 
 
@@ -300,6 +454,36 @@ def print_table(report: dict[str, Any]) -> None:
             + " ".join(f"{rows[k]['evidence_recall']:>7.3f}" for k in ks)
             + f"   {hit:.3f}"
         )
+
+
+def print_cv(cv: dict[str, Any]) -> None:
+    ks = list(cv["engine"]["held_out"])
+
+    def line(name: str, reps: dict[str, Any]) -> str:
+        cats = sorted({c for r in reps.values() for c in r["per_category"]})
+        per_cat = "  ".join(
+            f"c{c} " + "/".join(f"{reps[k]['per_category'].get(c, float('nan')):.3f}" for k in ks)
+            for c in cats
+        )
+        return (
+            f"{name:<36} "
+            + " ".join(f"{reps[k]['evidence_recall']:>7.3f}" for k in ks)
+            + f"   {per_cat}"
+        )
+
+    print(
+        f"\nleave-one-conversation-out ({len(cv['conversations'])} folds), recall at "
+        + "/".join(ks)
+        + "; per category at the same budgets"
+    )
+    for family in ("engine", "rrf"):
+        if family not in cv:
+            continue
+        print(line(f"{family} (setting chosen per fold)", cv[family]["held_out"]))
+        picks = zip(cv["conversations"], cv[family]["picks"], strict=True)
+        print("  picks: " + ", ".join(f"{c}={p}" for c, p in picks))
+    for name, reps in cv["fixed"].items():
+        print(line(name, reps))
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -342,6 +526,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--only", nargs="*", help="engine configurations to run (default: all)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--cv",
+        action="store_true",
+        help="also choose the engine's fusion setting leave-one-conversation-out (see above)",
+    )
+    p.add_argument(
+        "--cv-rrf-k",
+        type=int,
+        nargs="+",
+        default=[60, 1, 2, 5, 10, 20],
+        help="k of the RRF baseline --cv chooses from (the same leave-one-out rule)",
+    )
+    p.add_argument(
+        "--cv-grid",
+        type=parse_cv_setting,
+        nargs="+",
+        default=[
+            parse_cv_setting(s)
+            for s in (
+                "zscore:1",
+                "zscore:0.5",
+                "zscore:0.67",
+                "zscore:0.8",
+                "zscore:1.25",
+                "zscore:1.5",
+                "zscore:2",
+                "rrf:1",
+                "rrf:3",
+                "rrf:5",
+            )
+        ],
+        help="fusion:lexical_weight settings --cv chooses from (default: the engine's default "
+        "first, then z-score fusion at other weights and reciprocal rank at 1, 3, 5)",
+    )
     p.add_argument("--plot", type=Path, default=None, help="PNG bar chart per category")
     p.add_argument(
         "--answer-backend",
@@ -362,6 +580,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     report = run(args)
     print_table(report)
+    if "cv" in report:
+        print_cv(report["cv"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

@@ -48,11 +48,18 @@ class MemoryConfig(BaseModel):
         1.0, description="Weight of the Jaccard keyword term at query time (reference: 0)."
     )
     lexical_weight: float = Field(
-        5.0,
+        1.0,
         ge=0,
-        description="Weight of the per-user BM25 keyword index fused (reciprocal rank) with the "
-        "dense page ranking; 0 = the paper's dense-only pipeline. LoCoMo dev recall@10: "
-        "0.645 at 1, 0.685 at 3, 0.701 at 5 (with 200 candidates).",
+        description="Weight of the per-user BM25 keyword index against the dense page ranking "
+        "(dense weight 1; 1 = equal shares); 0 = the paper's dense-only pipeline (no index).",
+    )
+    fusion: Literal["zscore", "rrf"] = Field(
+        "zscore",
+        description="How the dense and BM25 candidates combine: 'zscore' = weighted sum of each "
+        "list's standardised scores (lexical.zscore_fusion); 'rrf' = weighted reciprocal rank, "
+        "k = 60 (the earlier rule). LoCoMo dev recall @5/@10/@20: zscore at weight 1 "
+        "0.663/0.730/0.791, rrf at weight 5 0.628/0.701/0.743; weight chosen leave-one-"
+        "conversation-out: 0.658/0.730/0.790.",
     )
     fusion_candidates: int = Field(
         200, ge=1, description="Candidates per ranking before fusion (dense and lexical)."

@@ -39,7 +39,12 @@ from memoryos_gpu import ops, prompts
 from memoryos_gpu.arena import NO_ID, Arena, ArenaConfig
 from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
-from memoryos_gpu.lexical import LexicalIndex, date_words, reciprocal_rank_fusion
+from memoryos_gpu.lexical import (
+    LexicalIndex,
+    date_words,
+    reciprocal_rank_fusion,
+    zscore_fusion,
+)
 from memoryos_gpu.stages import (
     ExtractiveStages,
     LLMStages,
@@ -1142,8 +1147,11 @@ class MemoryEngine:
     def _rank_pages(
         self, cleaned: Sequence[tuple[str, str]], scores: np.ndarray, slots: np.ndarray, k: int
     ) -> list[list[tuple[int, float]]]:
-        """Per query: (page id, score) best first. The kernels' dense ranking, fused by
-        reciprocal rank with the user's BM25 keyword index when ``lexical_weight > 0``."""
+        """Per query: (page id, score) best first. The kernels' dense ranking (cosines), or,
+        when ``lexical_weight > 0``, its candidates fused with the user's BM25 keyword index:
+        by default a weighted sum of each list's standardised scores (``fusion="zscore"``, the
+        score returned is that sum), or weighted reciprocal rank (``fusion="rrf"``)."""
+        m = self.memory
         out = []
         for (uid, query), s_row, p_row in zip(cleaned, scores, slots, strict=True):
             dense = [
@@ -1154,13 +1162,13 @@ class MemoryEngine:
             if self.lexical is None:
                 out.append(dense[:k])
                 continue
-            lexical = self.lexical.search(uid, query, self.memory.fusion_candidates)
-            fused = reciprocal_rank_fusion(
-                [
-                    ([p for p, _ in dense], 1.0),
-                    ([p for p, _ in lexical], self.memory.lexical_weight),
-                ]
-            )
+            lexical = self.lexical.search(uid, query, m.fusion_candidates)
+            if m.fusion == "rrf":
+                fused = reciprocal_rank_fusion(
+                    [([p for p, _ in dense], 1.0), ([p for p, _ in lexical], m.lexical_weight)]
+                )
+            else:
+                fused = zscore_fusion([(dense, 1.0), (lexical, m.lexical_weight)])
             out.append(fused[:k])
         return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from memoryos_gpu.eval.baselines import bm25, flat_dense, fuse, rrf, run_baselines, tokenize
 from memoryos_gpu.eval.locomo import (
     QuestionResult,
+    RecallReport,
     aggregate_recall,
     all_evidence_hit,
     default_locomo_path,
@@ -295,3 +297,50 @@ def test_truncated_keeps_only_answerable_questions(mini):
         dropped = [q for q in conv.questions if q not in small.questions]
         assert all(not q.evidence or not set(q.evidence) <= kept for q in dropped)
     assert conv.truncated(len(conv.pages)) is conv  # nothing cut: unchanged
+
+
+# ---------------------------------------------------- leave-one-conversation-out (locomo.py --cv)
+
+
+def _locomo_bench():
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "benchmarks" / "locomo.py"
+    spec = importlib.util.spec_from_file_location("locomo_bench", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _report(recall: float, n: int) -> RecallReport:
+    return RecallReport(
+        overall=recall, per_category={1: recall}, all_hit=0.0, n=n, n_per_category={1: n}
+    )
+
+
+def test_leave_one_out_never_chooses_on_the_held_out_conversation():
+    bench = _locomo_bench()
+    # setting "a" is far best on conversation 0 and worse elsewhere
+    per_conv = {
+        "a": [{5: _report(1.0, 10)}, {5: _report(0.1, 10)}, {5: _report(0.1, 10)}],
+        "b": [{5: _report(0.0, 10)}, {5: _report(0.5, 10)}, {5: _report(0.5, 10)}],
+    }
+    cv = bench.leave_one_out(per_conv, [5])
+    # fold 0 sees conversations 1, 2 only: b; folds 1 and 2 see conversation 0: a (0.55 > 0.25)
+    assert cv["picks"] == ["b", "a", "a"]
+    held = cv["held_out"]["5"]
+    assert held["evidence_recall"] == pytest.approx((0.0 + 0.1 + 0.1) / 3)
+    assert held["questions"] == 30 and held["per_category"]["1"] == pytest.approx(0.2 / 3)
+    # equal settings: the first one listed
+    same = bench.leave_one_out({"x": per_conv["a"], "y": per_conv["a"]}, [5])
+    assert same["picks"] == ["x", "x", "x"]
+
+
+def test_pool_reports_weights_conversations_by_questions():
+    bench = _locomo_bench()
+    pooled = bench.pool_reports([_report(1.0, 30), _report(0.0, 10)])
+    assert pooled["evidence_recall"] == pytest.approx(0.75) and pooled["questions"] == 40
+    assert bench.parse_cv_setting("zscore:0.5") == ("zscore", 0.5)
+    with pytest.raises(argparse.ArgumentTypeError):
+        bench.parse_cv_setting("cosine:1")
