@@ -163,6 +163,12 @@ class EngineConfig(BaseModel):
         description="Pages per derived-work round (the oldest pending page of each user, so "
         "each user's order holds); 1 = one page at a time, as the reference does.",
     )
+    row_cache_size: int = Field(
+        100_000,
+        ge=0,
+        description="Page views and knowledge texts kept in memory for assembling retrievals "
+        "(each cache; least recently used go first); 0 = read them from the store every time.",
+    )
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> EngineConfig:

@@ -45,6 +45,7 @@ from memoryos_gpu.lexical import (
     reciprocal_rank_fusion,
     zscore_fusion,
 )
+from memoryos_gpu.row_cache import RowCache
 from memoryos_gpu.stages import (
     ExtractiveStages,
     LLMStages,
@@ -53,7 +54,7 @@ from memoryos_gpu.stages import (
     PromotionWork,
 )
 from memoryos_gpu.store import SQLiteStore, open_store
-from memoryos_gpu.store.sqlite import StoreError, blob_matrix, emb_blob
+from memoryos_gpu.store.sqlite import PageView, StoreError, blob_matrix, emb_blob
 from memoryos_gpu.text.keywords import KeywordExtractor, hash_keywords, keyword_tokens
 from memoryos_gpu.types import (
     AddResult,
@@ -184,6 +185,9 @@ class MemoryEngine:
         else:
             self.stages = extractive
         self.lexical = LexicalIndex(self._lexical_rows) if m.lexical_weight > 0 else None
+        cache = self.config.row_cache_size
+        self._page_views: RowCache[PageView] = RowCache(cache, self.store.page_views)
+        self._knowledge_texts: RowCache[str] = RowCache(cache, self.store.knowledge_texts)
         self._users: dict[str, _User] = {}
         self._assistant_owner: dict[str, int] = {}
         self._page_of_slot = np.full(self.arena.page_live.shape[0], -1, np.int64)
@@ -879,7 +883,11 @@ class MemoryEngine:
                 "SELECT COALESCE(chain_id, page_id) FROM pages WHERE page_id = ?", (prev,)
             )[0][0]
             db.execute("UPDATE pages SET next_page = ? WHERE page_id = ?", (page_id, prev))
-            db.execute("UPDATE pages SET meta = ? WHERE chain_id = ?", (out.meta, chain_id))
+            chain = db.execute(
+                "UPDATE pages SET meta = ? WHERE chain_id = ? RETURNING page_id",
+                (out.meta, chain_id),
+            ).fetchall()
+            self._page_views.forget(r[0] for r in chain)
         else:
             chain_id = page_id
         db.execute(
@@ -897,6 +905,7 @@ class MemoryEngine:
                 page_id,
             ),
         )
+        self._page_views.forget([page_id])  # it has a chain and meta now
         user.chain_tail, user.chain_meta = page_id, out.meta
         db.execute(
             "UPDATE users SET chain_tail = ?, chain_meta = ? WHERE user_id = ?",
@@ -1189,7 +1198,7 @@ class MemoryEngine:
     ) -> list[Retrieval]:
         stm_ids = [list(u.stm) for u in users]
         need = {p for r in ranked for p, _ in r} | {p for s in stm_ids for p in s}
-        rows = self.store.page_rows(sorted(need))
+        views = self._page_views.get_many(need)
         entry_ids = {
             int(self._entry_of_ring[u.owner, r])
             for u, rr in zip(users, u_ring, strict=True)
@@ -1202,16 +1211,16 @@ class MemoryEngine:
             for r in rr
             if r >= 0
         }
-        entries = self.store.knowledge_rows(sorted(entry_ids))
+        texts = self._knowledge_texts.get_many(entry_ids)
         profiles = self.store.profiles({uid for uid, _ in cleaned})
         out = []
         for i, ((uid, q), u) in enumerate(zip(cleaned, users, strict=True)):
-            pages = [_retrieved(rows[p], "mtm", s) for p, s in ranked[i]]
-            stm = [_retrieved(rows[p], "stm", None) for p in stm_ids[i]]
+            pages = [_retrieved(p, views[p], "mtm", s) for p, s in ranked[i]]
+            stm = [_retrieved(p, views[p], "stm", None) for p in stm_ids[i]]
             uk = [
                 KnowledgeEntry(
                     int(self._entry_of_ring[u.owner, r]),
-                    entries[int(self._entry_of_ring[u.owner, r])]["text"],
+                    texts[int(self._entry_of_ring[u.owner, r])],
                     float(s),
                 )
                 for r, s in zip(u_ring[i], u_scores[i], strict=True)
@@ -1220,7 +1229,7 @@ class MemoryEngine:
             ak = [
                 KnowledgeEntry(
                     int(self._entry_of_ring[a_owner[i], r]),
-                    entries[int(self._entry_of_ring[a_owner[i], r])]["text"],
+                    texts[int(self._entry_of_ring[a_owner[i], r])],
                     float(s),
                 )
                 for r, s in zip(a_ring[i], a_scores[i], strict=True)
@@ -1371,6 +1380,7 @@ class MemoryEngine:
                     "WHERE page_id = ?",
                     (new["user_input"], new["agent_response"], emb_blob(vec), page_id),
                 )
+                self._page_views.forget([page_id])
                 self.store.audit(
                     db,
                     row["user_id"],
@@ -1407,6 +1417,7 @@ class MemoryEngine:
                 db.execute("UPDATE pages SET next_page = NULL WHERE next_page = ?", (page_id,))
                 db.execute("UPDATE pages SET prev_page = NULL WHERE prev_page = ?", (page_id,))
                 db.execute("DELETE FROM pages WHERE page_id = ?", (page_id,))
+                self._page_views.forget([page_id])
                 if user is not None and page_id in user.stm:
                     user.stm.remove(page_id)
                 if user is not None and user.chain_tail == page_id:
@@ -1436,6 +1447,7 @@ class MemoryEngine:
                     "UPDATE knowledge SET text = ?, embedding = ? WHERE entry_id = ?",
                     (text, emb_blob(vec), entry_id),
                 )
+                self._knowledge_texts.forget([entry_id])
                 self.store.audit(
                     db,
                     self._audit_owner(row),
@@ -1460,6 +1472,7 @@ class MemoryEngine:
                 self._entry_of_ring[where[:, 0], where[:, 1]] = -1
             with self.store.transaction() as db:
                 db.execute("DELETE FROM knowledge WHERE entry_id = ?", (entry_id,))
+                self._knowledge_texts.forget([entry_id])
                 self.store.audit(
                     db,
                     self._audit_owner(rows[entry_id]),
@@ -1494,6 +1507,8 @@ class MemoryEngine:
     def delete_user(self, user_id: str) -> bool:
         """Remove every row and arena slot held about the user."""
         with self._lock:
+            self._page_views.clear()  # cheaper than finding the user's ids; deletes are rare
+            self._knowledge_texts.clear()
             user = self._users.pop(user_id, None)
             if user is None:
                 return self.store.delete_user(user_id)
@@ -1587,16 +1602,10 @@ def _merge_summary(old: str, new: str, cap: int) -> str:
     return merged if len(merged) <= cap else merged[-cap:]
 
 
-def _retrieved(row: dict[str, Any], tier: str, score: float | None) -> RetrievedPage:
+def _retrieved(page_id: int, v: PageView, tier: str, score: float | None) -> RetrievedPage:
+    # a copy of ``extra``: the cached view is shared by every retrieval of the page
     return RetrievedPage(
-        row["page_id"],
-        row["user_input"],
-        row["agent_response"],
-        row["timestamp"],
-        tier,
-        score,
-        row["meta"],
-        row["extra"],
+        page_id, v.user_input, v.agent_response, v.timestamp, tier, score, v.meta, dict(v.extra)
     )
 
 

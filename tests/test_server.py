@@ -412,6 +412,75 @@ def test_validation_and_size_limits() -> None:
         assert len(c.get("/v1/users/alice/export", headers=HA).json()["pages"]) == 1
 
 
+def _hot_route_script(c: httpx.Client) -> list[tuple[int, Any, str | None]]:
+    """Requests to the two direct routes, good and bad: (status, JSON body, metrics label)."""
+    long = "q" * 1001
+    requests: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/users/alice/pages", {"json": {"user_input": "I sail on Sundays", "timestamp": 5}}),
+        ("/v1/users/alice/pages", {"json": {"user_input": "x", "source": "s1", "timestamp": 6}}),
+        ("/v1/users/alice/pages", {"json": {"user_input": "x", "source": "s1", "timestamp": 7}}),
+        ("/v1/users/bob/pages", {"json": {"user_input": "bob page", "meta": {"k": [1, 2]}}}),
+        ("/v1/users/alice/pages", {"json": {"agent_response": "no user_input"}}),
+        ("/v1/users/alice/pages", {"json": {"user_input": 5}}),
+        ("/v1/users/alice/pages", {"json": {"user_input": "x", "unknown_field": 1}}),
+        ("/v1/users/alice/pages", {"json": {"user_input": "x", "assistant_id": "a\x00b"}}),
+        ("/v1/users/alice/pages", {"json": {"user_input": "x", "timestamp": "not a date"}}),
+        ("/v1/users/alice/pages", {"json": [1, 2]}),
+        ("/v1/users/alice/pages", {"json": {"user_input": long}}),
+        ("/v1/users/alice/pages", {"content": b"{not json"}),
+        (
+            "/v1/users/alice/pages",
+            {"content": b"{not json", "headers": {"content-type": "application/json"}},
+        ),
+        ("/v1/users/alice/pages", {"content": b""}),
+        ("/v1/users/alice/pages", {"content": b"z" * 70_000}),
+        ("/v1/users/%20/pages", {"json": {"user_input": "blank user"}}),
+        ("/v1/users/" + "u" * 300 + "/pages", {"json": {"user_input": "long user id"}}),
+        ("/v1/users/alice/retrieve", {"json": {"query": "sailing"}}),
+        ("/v1/users/alice/retrieve", {"json": {"query": "sailing", "top_pages": 2}}),
+        ("/v1/users/nobody/retrieve", {"json": {"query": "sailing"}}),
+        ("/v1/users/alice/retrieve", {"json": {"query": "q", "top_pages": 0}}),
+        ("/v1/users/alice/retrieve", {"json": {"query": long}}),
+        ("/v1/users/alice/retrieve", {"json": {}}),
+    ]
+    out = []
+    for path, kw in requests:
+        headers = {**HA, **kw.pop("headers", {})}
+        r = c.post(path, headers=headers, **kw)
+        body = (
+            r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
+        )
+        out.append((r.status_code, body, r.headers.get("retry-after")))
+    wrong_key = c.post("/v1/users/alice/retrieve", json={"query": "q"}, headers=HB)
+    out.append((wrong_key.status_code, wrong_key.json()["known_user"], None))
+    no_key = c.post("/v1/users/alice/pages", json={"user_input": "x"})
+    out.append((no_key.status_code, no_key.json(), None))
+    return out
+
+
+def test_direct_routes_answer_like_fastapi() -> None:
+    """The edge's direct serving of the hot routes and FastAPI's routing give the same answers
+    (status, body) to the same requests, good and bad, and the same metrics labels."""
+    answers, labels = {}, {}
+    for direct in (True, False):
+        with serve(
+            hashing(), direct_routes=direct, max_text_chars=1000, max_body_bytes=64 * 1024
+        ) as c:
+            answers[direct] = _hot_route_script(c)
+            text = c.get("/metrics").text
+            labels[direct] = sorted(
+                line.split("{", 1)[1].rsplit("}", 1)[0]
+                for line in text.splitlines()
+                if line.startswith("memoryos_http_request_duration_seconds_count")
+            )
+    assert answers[True] == answers[False]
+    statuses = [a[0] for a in answers[True]]
+    assert statuses[:4] == [201, 201, 201, 201] and 422 in statuses and 413 in statuses
+    assert answers[True][2][1]["duplicate"] is True
+    assert labels[True] == labels[False]
+    assert any("/v1/users/{user_id}/retrieve" in label for label in labels[True])
+
+
 # ====================================================================== batching, ordering
 class SlowEngine(MemoryEngine):
     """An engine whose batch calls take a while (to fill queues deterministically)."""

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -476,9 +476,7 @@ class SQLiteStore:
     def page_rows(self, page_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """Readable fields of pages by id (no embeddings)."""
         out: dict[int, dict[str, Any]] = {}
-        ids = [int(p) for p in page_ids]
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
+        for chunk in _id_chunks(page_ids):
             marks = ",".join("?" * len(chunk))
             for r in self.query(
                 "SELECT page_id, user_id, seq, user_input, agent_response, timestamp, tier, "
@@ -487,6 +485,18 @@ class SQLiteStore:
                 chunk,
             ):
                 out[r[0]] = _page_dict(r)
+        return out
+
+    def page_views(self, page_ids: Sequence[int]) -> dict[int, PageView]:
+        """What a retrieval shows of each page, by id (the engine caches these)."""
+        out: dict[int, PageView] = {}
+        for chunk in _id_chunks(page_ids):
+            for r in self.query(
+                "SELECT page_id, user_input, agent_response, timestamp, meta, extra FROM pages "
+                f"WHERE page_id IN ({','.join('?' * len(chunk))})",
+                chunk,
+            ):
+                out[r[0]] = PageView(r[1], r[2], r[3], r[4], _json_dict(r[5]))
         return out
 
     def user_pages(self, user_id: str, tier: str | None = None) -> list[dict[str, Any]]:
@@ -504,8 +514,7 @@ class SQLiteStore:
     def page_embeddings(self, page_ids: Sequence[int], dim: int) -> np.ndarray:
         ids = [int(p) for p in page_ids]
         blobs: dict[int, bytes] = {}
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
+        for chunk in _id_chunks(ids):
             marks = ",".join("?" * len(chunk))
             blobs.update(
                 self.query(
@@ -671,9 +680,7 @@ class SQLiteStore:
     # ------------------------------------------------------------------ knowledge
     def knowledge_rows(self, entry_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {}
-        ids = [int(e) for e in entry_ids]
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
+        for chunk in _id_chunks(entry_ids):
             marks = ",".join("?" * len(chunk))
             for r in self.query(
                 "SELECT entry_id, owner_kind, owner_id, seq, text, live, mode, "
@@ -690,6 +697,14 @@ class SQLiteStore:
                     "mode": r[6],
                     "created": r[7],
                 }
+        return out
+
+    def knowledge_texts(self, entry_ids: Sequence[int]) -> dict[int, str]:
+        """Text of each knowledge entry, by id (the engine caches these)."""
+        out: dict[int, str] = {}
+        for chunk in _id_chunks(entry_ids):
+            sql = "SELECT entry_id, text FROM knowledge WHERE entry_id IN ({})"
+            out.update(self.query(sql.format(",".join("?" * len(chunk))), chunk))
         return out
 
     def owner_knowledge(self, kind: str, owner_id: str, live_only: bool = True) -> list[dict]:
@@ -854,5 +869,25 @@ def _page_dict(r: tuple) -> dict[str, Any]:
         "analysed": bool(r[13]),
         "mode": r[14],
         "source": r[15],
-        "extra": json.loads(r[16]) if r[16] and r[16] != "{}" else {},  # most pages: no decode
+        "extra": _json_dict(r[16]),
     }
+
+
+def _json_dict(text: str | None) -> dict[str, Any]:
+    return json.loads(text) if text and text != "{}" else {}  # most pages: no decode
+
+
+def _id_chunks(ids: Sequence[int], size: int = 500) -> list[list[int]]:
+    """Ids as ints, in chunks small enough for one ``IN (...)`` list."""
+    ints = [int(i) for i in ids]
+    return [ints[i : i + size] for i in range(0, len(ints), size)]
+
+
+class PageView(NamedTuple):
+    """The fields of a page that a retrieval returns."""
+
+    user_input: str
+    agent_response: str
+    timestamp: float
+    meta: str | None
+    extra: dict[str, Any]
