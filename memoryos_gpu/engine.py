@@ -185,9 +185,14 @@ class MemoryEngine:
         else:
             self.stages = extractive
         self.lexical = LexicalIndex(self._lexical_rows) if m.lexical_weight > 0 else None
+        # the loaders look the store up at call time: a shard engine wraps it after this
         cache = self.config.row_cache_size
-        self._page_views: RowCache[PageView] = RowCache(cache, self.store.page_views)
-        self._knowledge_texts: RowCache[str] = RowCache(cache, self.store.knowledge_texts)
+        self._page_views: RowCache[PageView] = RowCache(
+            cache, lambda ids: self.store.page_views(ids)
+        )
+        self._knowledge_texts: RowCache[str] = RowCache(
+            cache, lambda ids: self.store.knowledge_texts(ids)
+        )
         self._users: dict[str, _User] = {}
         self._assistant_owner: dict[str, int] = {}
         self._page_of_slot = np.full(self.arena.page_live.shape[0], -1, np.int64)

@@ -539,7 +539,8 @@ def create_app(
 
     async def _handle(request: Request, exc: Exception) -> Response:
         response = errors(exc, request.scope.get("state", {}).get(_TENANCY))
-        assert response is not None  # registered only for the classes errors() maps
+        if response is None:  # not one of the classes it is registered for: Starlette's 500
+            raise exc
         return response
 
     for exc_class in _ErrorMapper.CLASSES:
