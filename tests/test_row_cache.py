@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import Script, TableEmbedder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -65,7 +64,7 @@ def test_row_cache_keeps_the_most_recently_used() -> None:
         RowCache(-1, dict)
 
 
-def _engine(cache_size: int) -> MemoryEngine:
+def _engine(cache_size: int, kit) -> MemoryEngine:
     # every page after a user's first continues the chain: its meta is rewritten for the
     # whole chain on each new page, the case the cache must not serve stale
     pages = {f"u{u} p{i}": {"continuous": i % 4 != 0} for u in range(3) for i in range(40)}
@@ -79,15 +78,15 @@ def _engine(cache_size: int) -> MemoryEngine:
     )
     return MemoryEngine(
         cfg,
-        embedder=TableEmbedder(),
-        llm=ScriptedBackend(Script(pages=pages, promotion=facts)),
+        embedder=kit.TableEmbedder(),
+        llm=ScriptedBackend(kit.Script(pages=pages, promotion=facts)),
     )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_cached_retrievals_equal_store_reads(seed: int) -> None:
+def test_cached_retrievals_equal_store_reads(seed: int, kit) -> None:
     rng = random.Random(seed)
-    cached, uncached = _engine(8), _engine(0)  # a tiny cache: evictions happen too
+    cached, uncached = _engine(8, kit), _engine(0, kit)  # a tiny cache: evictions happen too
     users = ["u0", "u1", "u2"]
     added = {u: 0 for u in users}
     pages: dict[str, list[int]] = {u: [] for u in users}
