@@ -533,3 +533,59 @@ def test_cli_ingest_ray_then_retrieve(ray_local, tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["user_id"] == "user-1"
+
+
+# ====================================================================== router membership (no Ray)
+class _Remote:
+    """``handle.method.remote(...)`` of a Ray Serve handle, as a coroutine."""
+
+    def __init__(self, fn: Any) -> None:
+        self.remote = fn
+
+
+class _GatedShard:
+    """A shard whose status answer is taken when asked but delivered only once ``gate`` opens,
+    so a delete can overtake it (what the Ray router's sync loop meets under load)."""
+
+    def __init__(self, users: set[str]) -> None:
+        import asyncio
+
+        self.users = set(users)
+        self.gate = asyncio.Event()
+        self.status = _Remote(self._status)
+        self.delete_user = _Remote(self._delete)
+
+    async def _status(self) -> dict[str, Any]:
+        snapshot = sorted(self.users)
+        await self.gate.wait()
+        return {"shard": 0, "users": snapshot, "pending": 0, "derived_runs": 0, "batching": {}}
+
+    async def _delete(self, user_id: str) -> bool:
+        found = user_id in self.users
+        self.users.discard(user_id)
+        return found
+
+
+def test_router_refresh_keeps_a_user_deleted_while_it_ran_deleted() -> None:
+    import asyncio
+
+    from memoryos_gpu.distributed.ray_serve import RouterService
+
+    async def scenario() -> tuple[bool, bool]:
+        shard = _GatedShard({"alice", "bob"})
+        router = RouterService([shard], EngineConfig(embedder="hashing"))
+        router.state = "ready"
+        await asyncio.wait_for(asyncio.gather(router.refresh(), _open(shard)), 5)
+        assert router.known_users() == ["alice", "bob"]
+        shard.gate.clear()
+        refresh = asyncio.create_task(router.refresh())  # takes the list with alice in it
+        await asyncio.sleep(0.01)
+        assert await router.delete_user("alice") is True
+        shard.gate.set()
+        await refresh
+        return router.is_known("alice"), router.is_known("bob")
+
+    async def _open(shard: _GatedShard) -> None:
+        shard.gate.set()
+
+    assert asyncio.run(scenario()) == (False, True)

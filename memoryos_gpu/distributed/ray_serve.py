@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +235,9 @@ class RouterService:
         self.engine = _RouterEngine(self)
         self.pending = 0
         self._known: set[str] = set()
+        # membership changes seen while a refresh gathers the shards' user lists: applied on
+        # top of its (by then possibly stale) answer, so a user deleted meanwhile stays gone
+        self._watchers: list[dict[str, bool]] = []
         self._user_writes: Counter[str] = Counter()
         self._batching: dict[str, Any] = {}
         self._derived_runs = 0
@@ -323,11 +326,24 @@ class RouterService:
                 unbox(r)
         return written
 
+    def _mark(self, user_ids: Iterable[str], known: bool) -> None:
+        for u in user_ids:
+            (self._known.add if known else self._known.discard)(u)
+            for changes in self._watchers:
+                changes[u] = known
+
     async def refresh(self) -> None:
-        statuses = [unbox(s) for s in await self._all("status")]
+        changes: dict[str, bool] = {}
+        self._watchers.append(changes)
+        try:
+            statuses = [unbox(s) for s in await self._all("status")]
+        finally:
+            self._watchers.remove(changes)
         known: set[str] = set()
         for s in statuses:
             known.update(s["users"])
+        known |= {u for u, is_known in changes.items() if is_known}
+        known -= {u for u, is_known in changes.items() if not is_known}
         self._known = known | {u for u, n in self._user_writes.items() if n > 0}
         self.pending = sum(int(s["pending"]) for s in statuses)
         self._derived_runs = sum(int(s["derived_runs"]) for s in statuses)
@@ -391,7 +407,7 @@ class RouterService:
             for u in users:
                 if self._user_writes[u] <= 0:
                     del self._user_writes[u]
-        self._known.update(r.user_id for r in out if r is not None)
+        self._mark({r.user_id for r in out if r is not None}, True)
         return [r for r in out if r is not None]
 
     async def retrieve(
@@ -406,7 +422,7 @@ class RouterService:
         r, known = unbox(
             await self._handle(user_id).retrieve.remote(user_id, query, top_pages, top_segments)
         )
-        (self._known.add if known else self._known.discard)(user_id)
+        self._mark([user_id], known)
         return r
 
     async def respond(
@@ -448,7 +464,7 @@ class RouterService:
     async def delete_user(self, user_id: str) -> bool:
         self.check_ready()
         deleted = unbox(await self._handle(user_id).delete_user.remote(user_id))
-        self._known.discard(user_id)
+        self._mark([user_id], False)
         return bool(deleted)
 
     async def wait_for_user(self, user_id: str, timeout: float = 10.0) -> dict[str, Any]:
