@@ -478,3 +478,50 @@ def test_placing_pages_by_position_equals_appending_them(counts, block_size, see
             appended.host("page_emb")[mine[0]], placed.host("page_emb")[mine[1]]
         )
         assert placed.host("page_live")[mine[1]].all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n_users=st.integers(1, 6),
+    grow_to=st.integers(7, 40),
+    seed=st.integers(0, 2**16),
+)
+def test_growing_keeps_live_rows_and_only_them(n_users, grow_to, seed) -> None:
+    """Growth copies the embeddings of live segments and live knowledge entries (not the empty
+    rows, so their memory is never touched); after it the arena answers exactly as before."""
+    rng = np.random.default_rng(seed)
+    cfg = ArenaConfig(dim=4, segment_slots=6, keyword_width=2, initial_users=1, initial_owners=1)
+    arena = Arena(cfg)
+    users = arena.add_users(n_users)
+    owners = arena.add_owners(n_users)
+    seg_u = np.repeat(users, 4)
+    seg_s = np.tile(np.arange(4, dtype=np.int32), n_users)
+    arena.write_segments(
+        seg_u, seg_s, rng.standard_normal((seg_u.size, 4)), np.zeros((seg_u.size, 2), int)
+    )
+    dead = rng.random(seg_u.size) < 0.4  # evicted segments: their rows become garbage
+    arena.free_segments(seg_u[dead], seg_s[dead])
+    ring = arena.push_knowledge(owners, rng.standard_normal((owners.size, 4)))
+    gone = rng.random(owners.size) < 0.5
+    arena.delete_knowledge(owners[gone], ring[gone])
+    seg_before, kn_before = arena.host("seg_emb").copy(), arena.host("kn_emb").copy()
+    seg_live, kn_live = arena.host("seg_live").astype(bool), arena.host("kn_live").astype(bool)
+    arena.reserve(users=grow_to, owners=grow_to)
+    assert arena.user_capacity >= grow_to and arena.owner_capacity >= grow_to
+    seg_after, kn_after = arena.host("seg_emb"), arena.host("kn_emb")
+    n, o = seg_before.shape[0], kn_before.shape[0]
+    np.testing.assert_array_equal(seg_after[:n][seg_live], seg_before[seg_live])
+    np.testing.assert_array_equal(kn_after[:o][kn_live], kn_before[kn_live])
+    assert not seg_after[:n][~seg_live].any() and not seg_after[n:].any()
+    assert not kn_after[:o][~kn_live].any() and not kn_after[o:].any()
+    np.testing.assert_array_equal(arena.host("seg_live")[:n].astype(bool), seg_live)
+
+
+def test_lazy_zeros_is_a_writable_zeroed_array() -> None:
+    from memoryos_gpu.arena import lazy_zeros
+
+    for shape in [(3, 5), (1024, 1024, 2)]:  # under and over the lazy-allocation size
+        a = lazy_zeros(shape, np.float32)
+        assert a.shape == shape and a.dtype == np.float32 and not a.any()
+        a[-1] = 1.5
+        assert a.flags.writeable and a.flags.c_contiguous and a.sum() == 1.5 * np.prod(shape[1:])
