@@ -140,8 +140,9 @@ class _Backend:
     ) -> Any:
         """Return ``array`` extended along ``axis`` to ``new_len``, old contents kept.
 
-        ``live`` (host, the shape of ``array``'s leading dimensions): only those rows are kept
-        (on the CPU, zero fill only), so growing never touches the memory of empty rows.
+        ``live`` (the shape of ``array``'s leading dimensions): on the CPU, with a zero fill,
+        only those rows are kept, so growing never touches the memory of empty rows (on CUDA
+        it is ignored: the device copy is one kernel either way).
         """
         shape = list(array.shape)
         extra = new_len - shape[axis]
@@ -646,8 +647,7 @@ class Arena:
         self._free_blocks.extend(range(new_blocks - 1, old - 1, -1))
 
     def _grow_owners(self, new_owners: int) -> None:
-        live = self.kn_live if not self.on_cuda else None  # CUDA: copied whole on the device
-        self.kn_emb = self._b.grow(self.kn_emb, new_owners, 0.0, live=live)
+        self.kn_emb = self._b.grow(self.kn_emb, new_owners, 0.0, live=self.kn_live)
         self.kn_live = self._b.grow(self.kn_live, new_owners, 0)
         extra = new_owners - self.owner_live.size
         self.owner_live = np.concatenate([self.owner_live, np.zeros(extra, np.uint8)])

@@ -1545,6 +1545,10 @@ class MemoryEngine:
                 "mode": self.stages.mode,
                 "preset": self.memory.preset,
                 "counters": dict(self.counters),
+                "row_cache": {
+                    "pages": self._page_views.stats(),
+                    "knowledge": self._knowledge_texts.stats(),
+                },
                 "llm": self.stages.stats.as_dict(),
                 "embedder": getattr(getattr(self.embedder, "stats", None), "__dict__", {}),
                 "native": ops.build_info(),

@@ -62,5 +62,8 @@ class RowCache(Generic[V]):
         for i in ids:
             self._rows.pop(int(i), None)
 
+    def stats(self) -> dict[str, int]:
+        return {"rows": len(self._rows), "hits": self.hits, "misses": self.misses}
+
     def clear(self) -> None:
         self._rows.clear()

@@ -122,5 +122,8 @@ def test_cached_retrievals_equal_store_reads(seed: int, kit) -> None:
         for v in users:  # retrievals heat segments, so promotions (knowledge) follow
             if pages[v]:
                 both("retrieve", v, f"{v} p{rng.randrange(40)}", view=lambda r: r.to_dict())
-    assert cached._page_views.hits > 0 and cached._knowledge_texts.hits > 0
-    assert uncached._page_views.hits == 0
+    hits = cached.stats()["row_cache"]
+    assert hits["pages"]["hits"] > 0 and hits["knowledge"]["hits"] > 0
+    assert 0 < hits["pages"]["rows"] <= 8
+    off = uncached.stats()["row_cache"]["pages"]  # capacity 0: every read goes to the store
+    assert off["hits"] == 0 and off["rows"] == 0 and off["misses"] > 0

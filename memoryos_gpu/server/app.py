@@ -385,17 +385,7 @@ class _Edge:
                 if hit is not None:
                     await self._serve_direct(*hit, auth, scope, receive, send, t0)
                     return
-        seen = 0
-        limit = self.limit
-
-        async def limited_receive() -> dict:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > limit:
-                    raise _BodyTooLarge(limit)
-            return msg
+        limited_receive = self._limited(receive)
 
         async def tracking_send(msg: dict) -> None:
             nonlocal status
@@ -422,7 +412,7 @@ class _Edge:
         status = 500  # an exception no handler maps goes on to Starlette's 500 answer
         try:
             try:
-                body = await self._read_body(receive)
+                body = await self._read_body(self._limited(receive))
                 content_type = next(
                     (v.decode("latin-1") for k, v in scope["headers"] if k == b"content-type"),
                     None,
@@ -438,18 +428,30 @@ class _Edge:
         finally:
             self._observe(scope, status, t0)
 
-    async def _read_body(self, receive: Any) -> bytes:
+    def _limited(self, receive: Any) -> Callable[[], Awaitable[dict]]:
+        """``receive`` that raises :class:`_BodyTooLarge` once the body passes the limit (a
+        body without Content-Length is counted as it is read)."""
+        seen = 0
+
+        async def limited_receive() -> dict:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge(self.limit)
+            return msg
+
+        return limited_receive
+
+    @staticmethod
+    async def _read_body(receive: Callable[[], Awaitable[dict]]) -> bytes:
         chunks: list[bytes] = []
-        size = 0
         while True:
             msg = await receive()
             if msg["type"] == "http.disconnect":
                 raise ClientDisconnect()
-            chunk = msg.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                raise _BodyTooLarge(self.limit)
-            chunks.append(chunk)
+            chunks.append(msg.get("body", b""))
             if not msg.get("more_body", False):
                 return b"".join(chunks)
 
