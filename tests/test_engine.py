@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from memoryos_gpu import engine as engine_mod
+from memoryos_gpu import ops
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import InvalidInputError, MemoryEngine
+from memoryos_gpu.engine.state import to_host
 from memoryos_gpu.text.keywords import hash_keywords, keyword_tokens
 from memoryos_gpu.types import PageInput
 
@@ -235,10 +237,10 @@ def test_theta_boundary_insert_or_new_segment(make_engine, kit, vec, keywords, s
     # the kernel's score of page 2's summary against segment 1 is the intended F
     p1, p2 = add_pages(eng, "u", ["p1", "p2"])
     us = eng._users["u"].slot
-    got, _ = engine_mod.ops.match_segments(
+    got, _ = ops.match_segments(
         eng.arena, np.asarray([emb.vector("sum p2")]), [us], keyword_row(eng, keywords)
     )
-    f = float(engine_mod._host(got)[0])
+    f = float(to_host(got)[0])
     assert f == pytest.approx(score, abs=2e-7)
     assert (f >= 0.6) == joins
     eng.add("u", "p3", "r", timestamp=3.0)  # evicts p2 into MTM
@@ -764,7 +766,7 @@ def test_engine_reports_its_preset(make_engine):
 
 
 def test_logical_clock_follows_page_timestamps(make_engine, kit, monkeypatch):
-    monkeypatch.setattr(engine_mod.time, "time", lambda: 5e9)
+    monkeypatch.setattr(time, "time", lambda: 5e9)
     emb = kit.TableEmbedder(table={"query a": unit(0), "sum p1": unit(0)})
     eng = make_engine(stm_capacity=1, tau=1e9, embedder=emb)
     p1, _ = add_pages(eng, "u", ["p1", "p2"], t0=1000.0, step=500.0)
@@ -779,7 +781,7 @@ def test_logical_clock_follows_page_timestamps(make_engine, kit, monkeypatch):
 
 def test_wall_clock_uses_time_time(make_engine, kit, monkeypatch):
     now = {"t": 1_000_000.0}
-    monkeypatch.setattr(engine_mod.time, "time", lambda: now["t"])
+    monkeypatch.setattr(time, "time", lambda: now["t"])
     emb = kit.TableEmbedder(table={"query a": unit(0), "sum p1": unit(0)})
     eng = make_engine(stm_capacity=1, tau=1e9, clock="wall", mu_seconds=1000.0, embedder=emb)
     p1, _ = add_pages(eng, "u", ["p1", "p2"], t0=5.0)  # old log timestamps

@@ -283,10 +283,12 @@ class ShardEngine(MemoryEngine):
         super().__init__(config, **kw)
 
     # ------------------------------------------------------------------ construction hooks
-    def _rebuild(self) -> None:
-        if is_shared_store(self.config.store) and self.shard_count > 1:
-            self.store = OwnedStore(self.store, self.shard_index, self.shard_count)
-        super()._rebuild()
+    def _open_store(self, config: EngineConfig) -> Any:
+        """A store shared by every shard (PostgreSQL) is seen through this shard's view."""
+        store = super()._open_store(config)
+        if is_shared_store(config.store) and self.shard_count > 1:
+            return OwnedStore(store, self.shard_index, self.shard_count)
+        return store
 
     @property
     def shared_store(self) -> bool:

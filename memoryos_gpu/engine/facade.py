@@ -1,0 +1,441 @@
+"""``MemoryEngine``: construction, the public API, and the hooks its parts call back through.
+
+The facade owns the parts (one mechanic each, see the package docstring) and the
+:class:`~memoryos_gpu.engine.state.EngineState` they share; each public method is a few lines
+that take the lock where needed and delegate. The steps a subclass may replace are the
+methods under "hooks": the parts reach them through the engine (never part-to-part), so an
+override runs wherever the step does -- from ``add_many``, a derived round, a retrieval's heat
+feedback, or the rebuild on open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+import numpy as np
+
+from memoryos_gpu import ops
+from memoryos_gpu.arena import Arena, ArenaConfig
+from memoryos_gpu.config import EngineConfig, MemoryConfig
+from memoryos_gpu.stages import ExtractiveStages, LLMStages
+from memoryos_gpu.store import SQLiteStore, open_store
+from memoryos_gpu.text.keywords import KeywordExtractor
+from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
+
+from .derived import DerivedWork
+from .heat import Heat
+from .items import Items
+from .lpm import LongTerm
+from .mtm import Segments
+from .page_text import page_text
+from .rebuild import Rebuild
+from .responses import Responder
+from .retrieval import RetrievalPipeline
+from .state import EngineState, Fact, UserState, WorkItem
+from .stm import ShortTerm
+from .validation import validate_page
+
+if TYPE_CHECKING:
+    import threading
+
+    from memoryos_gpu.lexical import LexicalIndex
+    from memoryos_gpu.row_cache import RowCache
+    from memoryos_gpu.store.sqlite import PageView
+
+T = TypeVar("T")
+
+
+class _Shared(Generic[T]):
+    """An engine attribute that is the shared state's (tests, the shard engine and the server
+    read it under the engine's name; the state is the one place it lives, so it is read-only
+    here -- assigning it would leave the parts on the old object)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, engine: None, owner: type) -> _Shared[T]: ...
+
+    @overload
+    def __get__(self, engine: MemoryEngine, owner: type | None = None) -> T: ...
+
+    def __get__(self, engine: MemoryEngine | None, owner: type | None = None) -> Any:
+        return self if engine is None else getattr(engine._state, self._name)
+
+    def __set__(self, engine: MemoryEngine, value: T) -> None:
+        raise AttributeError(f"{self._name} belongs to the engine state and is not reassigned")
+
+
+class MemoryEngine:
+    """MemoryOS for many users: STM, MTM, LPM on a shared arena, batched end to end.
+
+    Parameters
+    ----------
+    config:
+        Everything tunable (:class:`~memoryos_gpu.config.EngineConfig`).
+    embedder, llm:
+        Optional ready-made components (tests pass doubles); built from ``config`` otherwise.
+
+    Notes
+    -----
+    A subclass changes a step by overriding its hook; the parts call every hook through the
+    engine, so the override holds wherever the step runs: ``_open_store`` (the store),
+    ``_rebuild`` (loading on open), ``_accept`` (committing pages), ``_learn_keywords`` (the
+    keyword statistics of accepted pages), ``process_pending`` (derived work),
+    ``_process_pages`` (one round into MTM), ``_process_promotions`` (into LPM) and
+    ``_push_knowledge`` (where promoted facts go).
+    """
+
+    def __init__(
+        self, config: EngineConfig | None = None, *, embedder: Any = None, llm: Any = None
+    ) -> None:
+        self.config = config or EngineConfig()  # first: the construction hooks read it
+        m = self.config.memory
+        embedder = embedder or self._make_embedder()
+        store = self._open_store(self.config)
+        store.check_embedding_model(embedder.model_id, embedder.dim)
+        arena = Arena(
+            ArenaConfig(
+                dim=embedder.dim,
+                segment_slots=m.mtm_capacity,
+                keyword_width=m.keyword_width,
+                knowledge_capacity=m.knowledge_capacity,
+                device=self.config.resolved_device(),
+                gpu_dtype=self.config.gpu_dtype,
+            )
+        )
+        extractor = KeywordExtractor()
+        extractive = ExtractiveStages(
+            extractor, continuity_threshold=m.continuity_threshold, page_keywords=m.page_keywords
+        )
+        self.llm = llm
+        stages: ExtractiveStages | LLMStages = extractive
+        if self.config.llm.mode == "llm":
+            self.llm = llm or self._make_llm()
+            c = self.config.llm
+            stages = LLMStages(
+                self.llm,
+                extractive,
+                fused=c.fused,
+                max_tokens=c.max_tokens,
+                temperature=c.temperature,
+                batch_size=c.batch_size,
+            )
+        self._state = state = EngineState(
+            self.config,
+            embedder=embedder,
+            store=store,
+            arena=arena,
+            extractor=extractor,
+            stages=stages,
+        )
+        self._heat = Heat(state, self)
+        self._stm = ShortTerm(state, self._heat, self)
+        self._mtm = Segments(state, self._heat)
+        self._lpm = LongTerm(state, self._heat, self)
+        self._derived = DerivedWork(state, self)
+        self._retrieval = RetrievalPipeline(state, self._heat)
+        self._responder = Responder(state, self)
+        self._items = Items(state, self._heat)
+        self._rebuilder = Rebuild(state, self)
+        self._rebuild()
+
+    # ================================================================== construction hooks
+    def _make_embedder(self) -> Any:
+        """The embedder ``config`` names (called only when none was passed)."""
+        if self.config.embedder == "hashing":
+            from memoryos_gpu.embedding import HashingEmbedder
+
+            return HashingEmbedder()
+        from memoryos_gpu.embedding import Embedder
+
+        return Embedder(self.config.embedding_model, batch_size=self.config.embedding_batch_size)
+
+    def _make_llm(self) -> Any:
+        """The LLM backend ``config.llm`` names (LLM mode, when none was passed)."""
+        from memoryos_gpu.llm.factory import make_backend
+
+        c = self.config.llm
+        options = dict(c.options)
+        if c.model:
+            options["model"] = c.model
+        if c.backend in ("openai",):
+            options.setdefault("base_url", c.base_url)
+            if c.api_key:
+                options.setdefault("api_key", c.api_key)
+        return make_backend(c.backend, **options)
+
+    def _open_store(self, config: EngineConfig) -> SQLiteStore:
+        """Hook: the store this engine reads and writes (a shard engine returns its view of a
+        shared store). Called once, before anything is loaded."""
+        return open_store(config.store)
+
+    def _rebuild(self) -> None:
+        """Hook: load the store into the arena and resume pending work (on open)."""
+        self._rebuilder.rebuild()
+
+    # ================================================================== hooks the parts call
+    def _accept(self, items: list[PageInput]) -> list[AddResult]:
+        """Hook: commit validated pages (and their STM overflow) in one transaction."""
+        return self._stm.accept(items)
+
+    def _learn_keywords(self, texts: list[str]) -> None:
+        """Hook: the texts of newly accepted pages, once committed, for the keyword statistics
+        (a shard engine also keeps them for its exchange with the other shards)."""
+        self.extractor.update(texts)
+
+    def process_pending(self, max_batch: int | None = None) -> dict[str, int]:
+        """Run every pending derived item (chain, MTM, promotion) to completion.
+
+        Rounds of at most ``max_batch`` (default ``config.derived_max_batch``) pages, one per
+        user, so each user's pages keep their order; safe at any time and after a crash (see
+        :mod:`memoryos_gpu.engine.derived`). Also a hook: the rebuild on open resumes pending
+        work through it, so a subclass that holds derived work back holds it there too.
+        """
+        return self._derived.process_pending(max_batch)
+
+    def _process_pages(self, items: list[WorkItem]) -> None:
+        """Hook: apply one derived round of pages to MTM (segments, chain, heat)."""
+        self._mtm.process_pages(items)
+
+    def _process_promotions(self) -> int:
+        """Hook: run the queued promotions into LPM; returns how many were processed."""
+        return self._lpm.process_promotions()
+
+    def _push_knowledge(self, db: Any, facts: list[Fact], emb: np.ndarray) -> None:
+        """Hook: where the facts a promotion found go, inside its transaction (default: every
+        fact into its owner's ring; a shard engine sends assistant facts to their owner)."""
+        self._lpm.push_knowledge(db, facts, emb)
+
+    # ================================================================== pages
+    def add(
+        self,
+        user_id: str,
+        user_input: str,
+        agent_response: str = "",
+        *,
+        timestamp: float | str | None = None,
+        assistant_id: str | None = None,
+        source: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> AddResult:
+        """Remember one exchange (committed to the store before this returns)."""
+        return self.add_many(
+            [
+                PageInput(
+                    user_id, user_input, agent_response, timestamp, assistant_id, source, meta or {}
+                )
+            ]
+        )[0]
+
+    def add_many(self, pages: Iterable[PageInput | dict[str, Any]]) -> list[AddResult]:
+        """Remember many exchanges of many users, in order per user, as one transaction.
+
+        Pages whose ``source`` was accepted before are skipped (``duplicate=True``). Derived work
+        runs afterwards when ``config.auto_process`` (else call :meth:`process_pending`).
+        """
+        items = [self.validate_page(p) for p in pages]
+        with self._lock:
+            results = self._accept(items)
+            if self.config.auto_process:
+                self.process_pending()
+        return results
+
+    def validate_page(self, p: PageInput | dict[str, Any]) -> PageInput:
+        """The normalised page ``add_many`` would store, or InvalidInputError saying why not
+        (lets a bulk reader reject one record without failing its batch)."""
+        return validate_page(p)
+
+    def page_text(self, page: Any) -> str:
+        """The text a page is embedded and keyword-indexed from (``PageInput`` or store row)."""
+        return page_text(page, self.memory.embed_dates)
+
+    def flush(self) -> dict[str, int]:
+        """Finish all derived work now (read-your-writes for a following retrieval)."""
+        return self.process_pending()
+
+    def pending_count(self, user_id: str | None = None) -> int:
+        return self.store.count_pending(user_id)
+
+    # ================================================================== retrieval, response
+    def retrieve(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        top_pages: int | None = None,
+        top_segments: int | None = None,
+        at: float | None = None,
+    ) -> Retrieval:
+        """STM whole, the top MTM pages, and LPM profile + knowledge for one query."""
+        return self.retrieve_many(
+            [(user_id, query)], top_pages=top_pages, top_segments=top_segments, at=at
+        )[0]
+
+    def retrieve_many(
+        self,
+        queries: Sequence[tuple[str, str]],
+        *,
+        top_pages: int | None = None,
+        top_segments: int | None = None,
+        at: float | None = None,
+        update_heat: bool = True,
+    ) -> list[Retrieval]:
+        """Many users' queries in one batched pass: one embedding batch, one call per kernel,
+        then heat feedback (unless ``update_heat=False``)."""
+        return self._retrieval.retrieve_many(
+            queries, top_pages=top_pages, top_segments=top_segments, at=at, update_heat=update_heat
+        )
+
+    def respond(self, user_id: str, query: str, **kw: Any) -> Response:
+        """Answer with memory (retrieve, prompt the LLM), then remember the exchange."""
+        return self.respond_many([(user_id, query)], **kw)[0]
+
+    def respond_many(
+        self,
+        queries: Sequence[tuple[str, str]],
+        *,
+        timestamp: float | str | None = None,
+        assistant_id: str | None = None,
+    ) -> list[Response]:
+        """Answer many users at once: one retrieval pass, one LLM batch, one add_many."""
+        return self._responder.respond_many(queries, timestamp=timestamp, assistant_id=assistant_id)
+
+    # ================================================================== LPM
+    def promote(self, user_id: str, segment_slot: int | None = None) -> int:
+        """Force promotion of a user's segments now (all with unanalysed pages, or one slot):
+        what the reference calls mid-term analysis. Returns the promotions processed."""
+        with self._lock:
+            self._lpm.queue_promotions(user_id, segment_slot)
+            return self._process_promotions()
+
+    def profile(self, user_id: str) -> dict[str, str]:
+        return self._lpm.profile(user_id)
+
+    def knowledge(self, user_id: str) -> dict[str, list[dict[str, Any]]]:
+        """Live user knowledge and the user's assistant's knowledge, oldest first."""
+        return self._lpm.knowledge(user_id)
+
+    # ================================================================== item-level control
+    def get_page(self, page_id: int) -> dict[str, Any] | None:
+        return self._items.get_page(page_id)
+
+    def update_page(
+        self, page_id: int, *, user_input: str | None = None, agent_response: str | None = None
+    ) -> dict[str, Any]:
+        """Edit a page's text; its embedding (and its arena row, when in MTM) follow."""
+        return self._items.update_page(
+            page_id, user_input=user_input, agent_response=agent_response
+        )
+
+    def delete_page(self, page_id: int) -> bool:
+        return self._items.delete_page(page_id)
+
+    def update_knowledge(self, entry_id: int, text: str) -> dict[str, Any]:
+        return self._items.update_knowledge(entry_id, text)
+
+    def delete_knowledge(self, entry_id: int) -> bool:
+        return self._items.delete_knowledge(entry_id)
+
+    def history(self, user_id: str) -> list[dict[str, Any]]:
+        """Append-only audit of changes to the user's memory."""
+        return self._items.history(user_id)
+
+    def users(self) -> list[str]:
+        with self._lock:
+            return list(self._users)
+
+    def export_user(self, user_id: str) -> dict[str, Any]:
+        """Everything held about a user, derived profile and knowledge included (JSON-ready)."""
+        return self._items.export_user(user_id)
+
+    def delete_user(self, user_id: str) -> bool:
+        """Remove every row and arena slot held about the user."""
+        return self._items.delete_user(user_id)
+
+    # ================================================================== whole engine
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "users": len(self._users),
+                "store": self.store.counts(),
+                "arena_bytes": self.arena.nbytes(),
+                "device": "cuda" if self.arena.on_cuda else "cpu",
+                "mode": self.stages.mode,
+                "preset": self.memory.preset,
+                "counters": dict(self.counters),
+                "row_cache": {
+                    "pages": self._page_views.stats(),
+                    "knowledge": self._knowledge_texts.stats(),
+                },
+                "llm": self.stages.stats.as_dict(),
+                "embedder": getattr(getattr(self.embedder, "stats", None), "__dict__", {}),
+                "native": ops.build_info(),
+            }
+
+    def sync(self) -> None:
+        """Write retrieval-driven heat statistics to the store now (they otherwise ride along
+        with the next write transaction)."""
+        self._heat.sync()
+
+    def close(self) -> None:
+        with self._lock:
+            self.sync()
+            self._derived.save_extractor()
+            self.store.close()
+            if self.llm is not None:
+                self.llm.close()
+
+    def __enter__(self) -> MemoryEngine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ================================================================== async twins
+    async def aadd_many(self, pages: Iterable[PageInput | dict[str, Any]]) -> list[AddResult]:
+        return await asyncio.to_thread(self.add_many, list(pages))
+
+    async def aretrieve_many(
+        self, queries: Sequence[tuple[str, str]], **kw: Any
+    ) -> list[Retrieval]:
+        return await asyncio.to_thread(self.retrieve_many, queries, **kw)
+
+    async def arespond_many(self, queries: Sequence[tuple[str, str]], **kw: Any) -> list[Response]:
+        return await asyncio.to_thread(self.respond_many, queries, **kw)
+
+    async def aflush(self) -> dict[str, int]:
+        return await asyncio.to_thread(self.flush)
+
+    # ================================================================== shared state
+    # the state's attributes under the names tests, the shard engine and the server read
+    @property
+    def memory(self) -> MemoryConfig:
+        return self.config.memory
+
+    _lock: _Shared[threading.RLock] = _Shared("lock")
+    store: _Shared[SQLiteStore] = _Shared("store")
+    arena: _Shared[Arena] = _Shared("arena")
+    embedder: _Shared[Any] = _Shared("embedder")
+    extractor: _Shared[KeywordExtractor] = _Shared("extractor")
+    stages: _Shared[ExtractiveStages | LLMStages] = _Shared("stages")
+    lexical: _Shared[LexicalIndex | None] = _Shared("lexical")
+    counters: _Shared[dict[str, int]] = _Shared("counters")
+    _page_views: _Shared[RowCache[PageView]] = _Shared("page_views")
+    _knowledge_texts: _Shared[RowCache[str]] = _Shared("knowledge_texts")
+    _users: _Shared[dict[str, UserState]] = _Shared("users")
+    _assistant_owner: _Shared[dict[str, int]] = _Shared("assistant_owner")
+    _page_of_slot: _Shared[np.ndarray] = _Shared("page_of_slot")
+    _segment_of: _Shared[np.ndarray] = _Shared("segment_of")
+    _entry_of_ring: _Shared[np.ndarray] = _Shared("entry_of_ring")
+
+    def _user(self, user_id: str) -> UserState:
+        return self._state.user(user_id)
+
+    def _assistant_slot(self, assistant_id: str) -> int:
+        return self._state.assistant_slot(assistant_id)
+
+    def _grow_maps(self) -> None:
+        self._state.grow_maps()

@@ -1,0 +1,141 @@
+"""Opening an engine: the store loaded into the arena, then the pending work resumed.
+
+The arena is a cache of the store: everything in it is rebuilt from the store on open.
+Vectorised and streamed: the arena is sized once from row counts (no doubling copies), then
+segments, pages and knowledge arrive in chunks that go straight into it, so the peak memory is
+the arena plus one chunk. Heat is recomputed, not stored; the keyword statistics are the saved
+copy plus every page accepted after it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from memoryos_gpu import ops
+from memoryos_gpu.store.sqlite import StoreError
+from memoryos_gpu.text.keywords import KeywordExtractor
+
+from .state import EngineHooks, EngineState
+
+
+class Rebuild:
+    """Loads one engine's share of the store (all of it, or a shard's view of it)."""
+
+    def __init__(self, state: EngineState, hooks: EngineHooks) -> None:
+        self._s = state
+        self._hooks = hooks
+
+    def rebuild(self) -> None:
+        """Load the store into the arena and resume pending work (through the engine's
+        ``process_pending``, which a shard engine may hold back)."""
+        s = self._s
+        users = s.store.all_users()
+        assistants = s.store.all_assistants()
+        _n_seg, blocks = s.store.segment_block_count(s.arena.config.block_size)
+        s.arena.reserve(users=len(users), owners=len(users) + len(assistants), blocks=blocks)
+        for uid, aid, clock, next_seq, tail, meta, _head in users:
+            s.new_user_state(
+                uid, aid, clock=clock, next_seq=next_seq, chain_tail=tail, chain_meta=meta
+            )
+        for aid, head in assistants:
+            s.arena.set_ring_head(s.assistant_slot(aid), head)
+        for uid, head in ((u[0], u[6]) for u in users):
+            s.arena.set_ring_head(s.users[uid].owner, head)
+        for uid, page_ids in s.store.load_stm().items():
+            s.users[uid].stm.extend(page_ids)
+        seg_index = self._load_segments()
+        self._load_mtm_pages(*seg_index)
+        self._load_knowledge()
+        if s.users:  # heat is derived: recompute it at each user's clock
+            all_slots = np.array([u.slot for u in s.users.values()], np.int32)
+            ops.recompute_heat(
+                s.arena,
+                all_slots,
+                np.array([s.now(u) for u in s.users.values()]),
+                s.memory.heat_params(),
+            )
+        self._refit_extractor()
+        if s.store.count_pending():
+            self._hooks.process_pending()
+
+    def _user_slots(self, user_ids: list[str]) -> np.ndarray:
+        users = self._s.users
+        try:
+            return np.fromiter((users[u].slot for u in user_ids), np.int32, len(user_ids))
+        except KeyError as exc:
+            raise StoreError(f"a row belongs to unknown user {exc}; the store is corrupt") from None
+
+    def _load_segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Stream segments into the arena; returns (segment ids ascending, user slot, segment
+        slot) so pages can find their segment with one ``searchsorted``."""
+        s = self._s
+        ids, uslots, sslots = [], [], []
+        for c in s.store.iter_segments(s.embedder.dim, s.memory.keyword_width):
+            us = self._user_slots(c["user_id"])
+            s.arena.write_segments(
+                us,
+                c["slot"],
+                c["embedding"],
+                c["kw_matrix"],
+                n_visit=c["n_visit"],
+                l_interaction=c["l_interaction"],
+                last_access=c["last_access"],
+            )
+            s.arena.size_segments(us, c["slot"], c["n_pages"])
+            s.segment_of[us, c["slot"]] = c["segment_id"]
+            ids.append(c["segment_id"])
+            uslots.append(us)
+            sslots.append(c["slot"])
+        if not ids:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
+        return np.concatenate(ids), np.concatenate(uslots), np.concatenate(sslots)
+
+    def _load_mtm_pages(self, seg_ids: np.ndarray, uslots: np.ndarray, sslots: np.ndarray) -> None:
+        """Stream MTM pages into their segments' blocks, each at its stored position."""
+        s = self._s
+        for c in s.store.iter_mtm_pages(s.embedder.dim):
+            idx = np.searchsorted(seg_ids, c["segment_id"])
+            idx = np.minimum(idx, max(seg_ids.size - 1, 0))
+            if not seg_ids.size or (seg_ids[idx] != c["segment_id"]).any():
+                raise StoreError("an MTM page names a missing segment; the store is corrupt")
+            slots = s.arena.place_pages(uslots[idx], sslots[idx], c["seg_pos"])
+            s.arena.write_pages(slots, c["embedding"])
+            s.map_pages(slots, c["page_id"])
+
+    def _load_knowledge(self) -> None:
+        """Stream live knowledge entries into their owners' rings."""
+        s = self._s
+        cap = s.memory.knowledge_capacity
+        for c in s.store.iter_knowledge(s.embedder.dim):
+            owners = np.array(
+                [
+                    s.users[o].owner if k == "user" else s.assistant_slot(o)
+                    for k, o in zip(c["owner_kind"], c["owner_id"], strict=True)
+                ],
+                np.int32,
+            )
+            ring = (c["seq"] % cap).astype(np.int32)
+            s.arena.write_knowledge(owners, ring, c["embedding"])
+            s.grow_maps()
+            s.entry_of_ring[owners, ring] = c["entry_id"]
+
+    def _refit_extractor(self) -> None:
+        """Restore the keyword statistics: the saved copy plus every page accepted after it
+        (a crash between saves must not leave pages out of the IDF for good)."""
+        s = self._s
+        blob = s.store.get_meta("keyword_extractor")
+        watermark = 0
+        if blob:
+            saved = json.loads(blob)
+            # a state saved without a watermark covered every page there was
+            watermark = int(
+                saved.pop("page_watermark", None)
+                or s.store.query("SELECT COALESCE(MAX(page_id), 0) FROM pages")[0][0]
+            )
+            s.extractor.__dict__.update(KeywordExtractor.from_dict(saved).__dict__)
+        for (text,) in s.store.query(
+            "SELECT user_input || ' ' || agent_response FROM pages WHERE page_id > ?", (watermark,)
+        ):
+            s.extractor.update(text)

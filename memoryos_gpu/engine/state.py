@@ -1,0 +1,205 @@
+"""The state every part of the engine works on, and the hooks the parts call back through.
+
+One :class:`EngineState` per engine holds what the tiers share: the arena (the batched
+kernels' struct-of-arrays), the store it caches, the embedder, the keyword statistics, the LLM
+stages, the row caches, the per-user records and the maps from arena slots back to store ids.
+The parts (``stm``, ``mtm``, ``heat``, ``lpm``, ``retrieval``, ...) are small classes that
+hold this object, so a newcomer reads one mechanic in one file and every part sees the same
+slots; none of them keeps a copy of anything here (the maps are replaced when the arena grows).
+
+Steps a subclass of :class:`~memoryos_gpu.engine.MemoryEngine` may replace (the shard engine
+does) are reached through :class:`EngineHooks`, never called part-to-part, so an override
+takes effect wherever the step runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from memoryos_gpu.arena import Arena
+from memoryos_gpu.config import EngineConfig, MemoryConfig
+from memoryos_gpu.errors import UnknownUserError
+from memoryos_gpu.lexical import LexicalIndex
+from memoryos_gpu.row_cache import RowCache
+from memoryos_gpu.stages import ExtractiveStages, LLMStages
+from memoryos_gpu.store import SQLiteStore
+from memoryos_gpu.store.sqlite import PageView
+from memoryos_gpu.text.keywords import KeywordExtractor, hash_keywords
+from memoryos_gpu.types import AddResult, PageInput, Retrieval
+
+from .page_text import lexical_rows
+
+DEFAULT_ASSISTANT = "default"
+
+Fact = tuple[str, str, str, str]  # (owner kind "user" | "assistant", owner id, text, mode)
+WorkItem = tuple[int, str, int]  # a pending row: (work id, user id, ref: page or segment id)
+
+
+@dataclass
+class UserState:
+    """What the engine keeps in memory about one user (the store holds the rest)."""
+
+    user_id: str
+    assistant_id: str
+    slot: int  # arena user slot
+    owner: int  # arena knowledge-ring owner slot of the user's knowledge
+    clock: float = 0.0  # logical clock: the newest page timestamp seen
+    next_seq: int = 0
+    chain_tail: int | None = None
+    chain_meta: str | None = None
+    stm: deque = field(default_factory=deque)  # page ids, oldest first
+
+
+class EngineHooks(Protocol):
+    """The engine's overridable steps, as the parts call them (the facade implements them).
+
+    A part never calls another part's version of these directly: it calls the engine, so a
+    subclass (:class:`~memoryos_gpu.distributed.ShardEngine`, a test's spy) sees every call.
+    """
+
+    def process_pending(self, max_batch: int | None = None) -> dict[str, int]: ...
+
+    def _process_pages(self, items: list[WorkItem]) -> None: ...
+
+    def _process_promotions(self) -> int: ...
+
+    def _push_knowledge(self, db: Any, facts: list[Fact], emb: np.ndarray) -> None: ...
+
+    def _learn_keywords(self, texts: list[str]) -> None: ...
+
+    def add_many(self, pages: Iterable[PageInput | dict[str, Any]]) -> list[AddResult]: ...
+
+    def retrieve_many(self, queries: Sequence[tuple[str, str]], **kw: Any) -> list[Retrieval]: ...
+
+
+class EngineState:
+    """The shared state, plus the slot bookkeeping that keeps its maps in step with the arena.
+
+    ``page_of_slot[pool slot]`` -> page id, ``segment_of[user slot, segment slot]`` -> segment
+    id, ``entry_of_ring[owner slot, ring position]`` -> knowledge entry id (-1: empty);
+    ``assistant_owner[assistant id]`` -> the owner slot of that assistant's ring.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        embedder: Any,
+        store: SQLiteStore,
+        arena: Arena,
+        extractor: KeywordExtractor,
+        stages: ExtractiveStages | LLMStages,
+    ) -> None:
+        self.config = config
+        self.lock = threading.RLock()
+        self.embedder = embedder
+        self.store = store
+        self.arena = arena
+        self.extractor = extractor
+        self.stages = stages
+        m = config.memory
+        self.lexical: LexicalIndex | None = (
+            LexicalIndex(lambda uid: lexical_rows(self.store, uid))
+            if m.lexical_weight > 0
+            else None
+        )
+        cache = config.row_cache_size
+        self.page_views: RowCache[PageView] = RowCache(
+            cache, lambda ids: self.store.page_views(ids)
+        )
+        self.knowledge_texts: RowCache[str] = RowCache(
+            cache, lambda ids: self.store.knowledge_texts(ids)
+        )
+        self.users: dict[str, UserState] = {}
+        self.assistant_owner: dict[str, int] = {}
+        self.page_of_slot = np.full(arena.page_live.shape[0], -1, np.int64)
+        self.segment_of = np.full((arena.user_capacity, m.mtm_capacity), -1, np.int64)
+        self.entry_of_ring = np.full((arena.owner_capacity, m.knowledge_capacity), -1, np.int64)
+        self.counters = {
+            "pages_added": 0,
+            "duplicates_skipped": 0,
+            "retrievals": 0,
+            "retrieval_tokens": 0,
+            "responses": 0,
+            "segments_created": 0,
+            "segments_evicted": 0,
+            "promotions": 0,
+        }
+
+    @property
+    def memory(self) -> MemoryConfig:
+        return self.config.memory
+
+    # ---------------------------------------------------------------- slot bookkeeping
+    def grow_maps(self) -> None:
+        """Extend the slot maps to the arena's current capacity (call after it may have grown)."""
+        a, m = self.arena, self.memory
+        if self.page_of_slot.size < a.page_live.shape[0]:
+            extra = a.page_live.shape[0] - self.page_of_slot.size
+            self.page_of_slot = np.concatenate([self.page_of_slot, np.full(extra, -1, np.int64)])
+        if self.segment_of.shape[0] < a.user_capacity:
+            extra = a.user_capacity - self.segment_of.shape[0]
+            self.segment_of = np.concatenate(
+                [self.segment_of, np.full((extra, m.mtm_capacity), -1, np.int64)]
+            )
+        if self.entry_of_ring.shape[0] < a.owner_capacity:
+            extra = a.owner_capacity - self.entry_of_ring.shape[0]
+            self.entry_of_ring = np.concatenate(
+                [self.entry_of_ring, np.full((extra, m.knowledge_capacity), -1, np.int64)]
+            )
+
+    def map_pages(self, pool_slots: np.ndarray, page_ids: np.ndarray) -> None:
+        self.grow_maps()
+        self.page_of_slot[pool_slots] = page_ids
+
+    def assistant_slot(self, assistant_id: str) -> int:
+        """The owner slot of an assistant's knowledge ring (made on first use)."""
+        if assistant_id not in self.assistant_owner:
+            self.assistant_owner[assistant_id] = int(self.arena.add_owners(1)[0])
+            self.grow_maps()
+        return self.assistant_owner[assistant_id]
+
+    def new_user_state(self, user_id: str, assistant_id: str, **kw: Any) -> UserState:
+        """A user's arena slots (segments, knowledge ring) and in-memory record."""
+        slot = int(self.arena.add_users(1)[0])
+        owner = int(self.arena.add_owners(1)[0])
+        self.assistant_slot(assistant_id)
+        self.grow_maps()
+        state = UserState(user_id, assistant_id, slot, owner, **kw)
+        self.users[user_id] = state
+        return state
+
+    def user(self, user_id: str) -> UserState:
+        try:
+            return self.users[user_id]
+        except KeyError:
+            raise UnknownUserError(f"unknown user {user_id!r}") from None
+
+    def now(self, user: UserState, at: float | None = None) -> float:
+        """The time heat is computed at: ``at`` if given, else the user's logical clock (the
+        newest page timestamp) or the wall clock, as ``memory.clock`` says."""
+        if at is not None:
+            return float(at)
+        return user.clock if self.memory.clock == "logical" else time.time()
+
+
+# ---------------------------------------------------------------- arena row helpers
+def to_host(x: Any) -> np.ndarray:
+    """A kernel result as a NumPy array (a CUDA tensor is copied to the host)."""
+    return x.cpu().numpy() if hasattr(x, "cpu") else np.asarray(x)
+
+
+def keyword_rows(token_lists: Sequence[Sequence[str]], width: int) -> np.ndarray:
+    """Normalised keyword tokens (best first) -> the arena's padded rows of hashed ids."""
+    out = np.full((len(token_lists), width), -1, np.int32)
+    for i, tokens in enumerate(token_lists):
+        ids = hash_keywords(tokens[:width])
+        out[i, : ids.size] = ids
+    return out

@@ -1,0 +1,139 @@
+"""Short-term memory: accepting pages, and the STM FIFO whose overflow becomes pending work.
+
+A page is committed to the store's STM, with its embedding, in the transaction of its batch
+before ``add_many`` returns (that is the acknowledgement). Each user's STM holds the newest
+``stm_capacity`` pages; a page pushed out of a full STM is marked ``pending`` in the same
+transaction, so the store records the derived work still owed (chain, segment, promotion), and
+:mod:`~memoryos_gpu.engine.derived` runs it later, in order per user.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from memoryos_gpu.store.sqlite import emb_blob
+from memoryos_gpu.types import AddResult, PageInput
+
+from .heat import Heat
+from .page_text import page_text
+from .state import DEFAULT_ASSISTANT, EngineHooks, EngineState, UserState
+
+
+class ShortTerm:
+    """The acceptance path: embed, deduplicate by ``source``, commit, overflow the STM."""
+
+    def __init__(self, state: EngineState, heat: Heat, hooks: EngineHooks) -> None:
+        self._s = state
+        self._heat = heat
+        self._hooks = hooks
+
+    def accept(self, items: list[PageInput]) -> list[AddResult]:
+        """Commit pages (and the pending work their STM overflow creates) in one transaction.
+
+        The in-memory user state is changed only as the transaction goes; if it fails, that
+        state is restored and new users' arena slots are released, so memory and store agree.
+        The keyword statistics learn the new pages once they are committed.
+        """
+        s = self._s
+        known = s.store.known_sources(p.source for p in items if p.source)
+        fresh = [i for i, p in enumerate(items) if not (p.source and p.source in known)]
+        emb = (
+            s.embedder.encode([page_text(items[i], s.memory.embed_dates) for i in fresh])
+            if fresh
+            else []
+        )
+        vec_of = dict(zip(fresh, emb, strict=True))
+        touched = {p.user_id for p in items}
+        snapshot = {
+            uid: (u.clock, u.next_seq, deque(u.stm)) for uid, u in s.users.items() if uid in touched
+        }
+        counters = dict(s.counters)
+        new_users: list[UserState] = []
+        try:
+            results = self._insert_pages(items, known, vec_of, new_users)
+        except BaseException:
+            for uid, (clock, next_seq, stm) in snapshot.items():
+                u = s.users[uid]
+                u.clock, u.next_seq, u.stm = clock, next_seq, stm
+            for u in new_users:
+                s.arena.remove_user(u.slot)
+                s.arena.remove_owner(u.owner)
+                s.users.pop(u.user_id, None)
+            s.counters = counters
+            raise
+        self._hooks._learn_keywords(
+            [f"{items[i].user_input} {items[i].agent_response}" for i in fresh]
+        )
+        return results
+
+    def _insert_pages(
+        self,
+        items: list[PageInput],
+        known: dict[str, int],
+        vec_of: dict[int, np.ndarray],
+        new_users: list[UserState],
+    ) -> list[AddResult]:
+        s = self._s
+        seen_sources: dict[str, int] = {}
+        results: list[AddResult] = []
+        now = time.time()
+        with s.store.transaction() as db:
+            self._heat.flush_stats(db)
+            for i, p in enumerate(items):
+                if p.source and (p.source in known or p.source in seen_sources):
+                    pid = known.get(p.source, seen_sources.get(p.source))
+                    results.append(AddResult(int(pid), p.user_id, duplicate=True))
+                    s.counters["duplicates_skipped"] += 1
+                    continue
+                user = s.users.get(p.user_id)
+                if user is None:
+                    aid = p.assistant_id or DEFAULT_ASSISTANT
+                    s.store.ensure_user(p.user_id, aid, now)
+                    user = s.new_user_state(p.user_id, aid)
+                    new_users.append(user)
+                cur = db.execute(
+                    "INSERT INTO pages(user_id, seq, user_input, agent_response, timestamp, tier, "
+                    "embedding, source, extra, created) VALUES (?, ?, ?, ?, ?, 'stm', ?, ?, ?, ?) "
+                    "RETURNING page_id",
+                    (
+                        p.user_id,
+                        user.next_seq,
+                        p.user_input,
+                        p.agent_response,
+                        p.timestamp,
+                        emb_blob(vec_of[i]),
+                        p.source,
+                        json.dumps(p.meta, ensure_ascii=False),
+                        now,
+                    ),
+                )
+                page_id = cur.fetchone()[0]
+                user.next_seq += 1
+                user.clock = max(user.clock, float(p.timestamp))
+                user.stm.append(page_id)
+                self._overflow(db, user, now)
+                db.execute(
+                    "UPDATE users SET clock = ?, next_seq = ? WHERE user_id = ?",
+                    (user.clock, user.next_seq, p.user_id),
+                )
+                s.store.audit(db, p.user_id, "add", "page", page_id)
+                if p.source:
+                    seen_sources[p.source] = page_id
+                results.append(AddResult(page_id, p.user_id))
+                s.counters["pages_added"] += 1
+        return results
+
+    def _overflow(self, db: Any, user: UserState, now: float) -> None:
+        """Pages pushed out of a full STM become pending derived work (same transaction)."""
+        while len(user.stm) > self._s.memory.stm_capacity:
+            old = user.stm.popleft()
+            db.execute("UPDATE pages SET tier = 'pending' WHERE page_id = ?", (old,))
+            db.execute(
+                "INSERT INTO pending(user_id, kind, ref, created) VALUES (?, 'page', ?, ?)",
+                (user.user_id, old, now),
+            )
