@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from memoryos_gpu.config import EngineConfig
-from memoryos_gpu.engine import InvalidInputError, MemoryEngine, _clean_id, _clean_text
+from memoryos_gpu.engine import InvalidInputError, MemoryEngine, clean_queries
 from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.ingest import shard_of
 from memoryos_gpu.text.keywords import KeywordExtractor
@@ -261,6 +261,11 @@ class ShardEngine(MemoryEngine):
     router can commit a batch on every shard before any shard derives; and ``hold_pending``,
     which keeps derived work queued (also on open) until :meth:`release` - a restarted ingest
     actor then leaves it to the end of the run.
+
+    It changes the engine only through the engine's hooks (``MemoryEngine`` Notes):
+    ``_open_store`` (the shared-store view), ``_learn_keywords`` (texts for the keyword
+    exchange), ``process_pending`` (holding derived work back) and ``_push_knowledge`` (the
+    assistant-fact outbox).
     """
 
     def __init__(
@@ -320,19 +325,12 @@ class ShardEngine(MemoryEngine):
         with self._lock:
             return self._accept(items)
 
-    def _accept(self, items: list[PageInput]) -> list[AddResult]:
-        results = super()._accept(items)
-        # the texts the engine's own extractor just learned (MemoryEngine._accept: every item
-        # whose source was not in the store before the call, repeats inside the call included)
-        new_ids = {r.page_id for r in results if not r.duplicate}
-        texts = [
-            f"{p.user_input} {p.agent_response}"
-            for p, r in zip(items, results, strict=True)
-            if r.page_id in new_ids
-        ]
+    def _learn_keywords(self, texts: list[str]) -> None:
+        """The engine's hook for the texts its keyword statistics learn on acceptance: kept
+        for the next exchange with the other shards too."""
+        super()._learn_keywords(texts)
         with self._kw_lock:
             self._kw_texts.extend(texts)
-        return results
 
     # ------------------------------------------------------------------ keyword statistics
     def _scratch_extractor(self) -> KeywordExtractor:
@@ -407,9 +405,8 @@ class ShardEngine(MemoryEngine):
                 heads[aid] += 1
             with self.store.transaction() as db:
                 self._ensure_assistants(db, heads)
-                MemoryEngine._push_knowledge(
-                    self, db, [("assistant", f[0], f[1], f[2]) for f in facts], emb
-                )
+                # the engine's own ring write, not this class's outbox: this shard is the owner
+                super()._push_knowledge(db, [("assistant", f[0], f[1], f[2]) for f in facts], emb)
             return entries
 
     def replicate_assistant_entries(self, entries: Sequence[AssistantEntry]) -> None:
@@ -681,7 +678,7 @@ class ShardedEngine:
             top_segments is not None and top_segments < 1
         ):
             raise InvalidInputError("top_pages and top_segments must be >= 1")
-        cleaned = [(_clean_id(u, "user_id"), _clean_text(q, "query")) for u, q in queries]
+        cleaned = clean_queries(queries)
         with self._lock:
             for uid, _ in cleaned:
                 if not self.engine_for(uid).has_user(uid):
