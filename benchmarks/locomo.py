@@ -11,9 +11,9 @@ two, k = 60), and ``engine-...`` configurations (LLM-free extractive mode; paper
 presets; ablations). With ``--llm`` also the LLM mode with the bundled SmolLM2 (slow on CPU: use
 ``--llm-conversations`` to bound it).
 
-With ``--cv`` also a leave-one-conversation-out report of the engine's fusion setting (only a
+With ``--cv`` also a leave-one-conversation-out report of the engine's BM25 weight (only a
 dev split exists, so no setting may be chosen on the questions it is scored on): the
-conversations are ingested once, each setting of ``--cv-grid`` (``fusion:lexical_weight``)
+conversations are ingested once, each weight of ``--cv-grid`` (``lexical_weight``)
 reopens that store and ranks every question, and for each conversation the setting with the best
 mean recall over the budgets on the OTHER conversations is scored on it. The held-out figures
 (pooled over all questions) sit beside each fixed setting's and the baselines' (which have no
@@ -63,10 +63,8 @@ def engine_configs(with_llm: bool) -> dict[str, dict[str, Any]]:
         "engine-llm-free-paper": {"memory": preset("paper")},
         "engine-llm-free-reference": {"memory": preset("reference")},
         "engine-llm-free-paper-no-lexical": {"memory": preset("paper", lexical_weight=0.0)},
-        # the earlier fusion rule: weighted reciprocal rank, BM25 weight 5
-        "engine-llm-free-paper-rrf-w5": {
-            "memory": preset("paper", fusion="rrf", lexical_weight=5.0)
-        },
+        # the paper's pages without the relevance floor (every page of a chosen segment)
+        "engine-llm-free-paper-no-floor": {"memory": preset("paper", relevance_floor=-1.0)},
         # ablation: no MTM structure = every segment searched, pages ranked flat
         "engine-llm-free-paper-flat-pages": {"memory": preset("paper", top_segments=200)},
     }
@@ -224,12 +222,15 @@ def pool_reports(reports: Sequence[RecallReport]) -> dict[str, Any]:
     }
 
 
-def parse_cv_setting(text: str) -> tuple[str, float]:
-    """``"zscore:1"`` -> ``("zscore", 1.0)`` (fusion rule, lexical weight)."""
-    fusion, _, weight = text.partition(":")
-    if fusion not in ("zscore", "rrf") or not weight:
-        raise argparse.ArgumentTypeError(f"expected zscore:WEIGHT or rrf:WEIGHT, got {text!r}")
-    return fusion, float(weight)
+def parse_cv_setting(text: str) -> float:
+    """``"0.67"`` -> 0.67: a BM25 weight (``MemoryConfig.lexical_weight``) for ``--cv``."""
+    try:
+        weight = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a BM25 weight, got {text!r}") from None
+    if not weight >= 0:
+        raise argparse.ArgumentTypeError(f"a BM25 weight is >= 0, got {text!r}")
+    return weight
 
 
 def leave_one_out(
@@ -263,12 +264,12 @@ def cross_validate(
     convs: list[Conversation],
     embedder: Any,
     ks: Sequence[int],
-    grid: Sequence[tuple[str, float]],
+    grid: Sequence[float],
     workdir: Path,
     baselines_per_conv: dict[str, list[dict[int, RecallReport]]],
     rrf_per_conv: dict[str, list[dict[int, RecallReport]]],
 ) -> dict[str, Any]:
-    """Leave-one-conversation-out choice of the engine's (fusion, lexical_weight) (``--cv``),
+    """Leave-one-conversation-out choice of the engine's BM25 weight (``--cv``),
     and, for a fair comparison, of the RRF baseline's k (``rrf_per_conv``: one entry per k)."""
     budget = max(ks)
     store = workdir / "cv.sqlite3"
@@ -279,9 +280,9 @@ def cross_validate(
         ingest.ingest(conv)
     ingest.engine.close()
     per_conv: dict[str, list[dict[int, RecallReport]]] = {}
-    for fusion, weight in grid:
-        name = f"{fusion}:{weight:g}"
-        mem = preset("paper", fusion=fusion, lexical_weight=weight)
+    for weight in grid:
+        name = f"lexical_weight={weight:g}"
+        mem = preset("paper", lexical_weight=weight)
         ranker = EngineRanker(name, {"memory": mem}, embedder, budget, workdir, store)
         ranker.index_of = ingest.index_of
         per_conv[name] = [evaluate_rankings([c], ranker.rank, ks) for c in convs]
@@ -529,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--cv",
         action="store_true",
-        help="also choose the engine's fusion setting leave-one-conversation-out (see above)",
+        help="also choose the engine's BM25 weight leave-one-conversation-out (see above)",
     )
     p.add_argument(
         "--cv-rrf-k",
@@ -542,23 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cv-grid",
         type=parse_cv_setting,
         nargs="+",
-        default=[
-            parse_cv_setting(s)
-            for s in (
-                "zscore:1",
-                "zscore:0.5",
-                "zscore:0.67",
-                "zscore:0.8",
-                "zscore:1.25",
-                "zscore:1.5",
-                "zscore:2",
-                "rrf:1",
-                "rrf:3",
-                "rrf:5",
-            )
-        ],
-        help="fusion:lexical_weight settings --cv chooses from (default: the engine's default "
-        "first, then z-score fusion at other weights and reciprocal rank at 1, 3, 5)",
+        default=[1.0, 0.5, 0.67, 0.8, 1.25, 1.5, 2.0],
+        help="BM25 weights --cv chooses from (the first is the tie winner)",
     )
     p.add_argument("--plot", type=Path, default=None, help="PNG bar chart per category")
     p.add_argument(

@@ -48,6 +48,8 @@ from memoryos_gpu.arena import Arena  # noqa: E402
 from memoryos_gpu.config import EngineConfig  # noqa: E402
 from memoryos_gpu.embedding import HashingEmbedder  # noqa: E402
 from memoryos_gpu.engine import MemoryEngine  # noqa: E402
+from memoryos_gpu.engine.rebuild import Rebuild  # noqa: E402
+from memoryos_gpu.engine.state import EngineState  # noqa: E402
 from memoryos_gpu.store.sqlite import SQLiteStore  # noqa: E402
 from memoryos_gpu.text.keywords import KeywordExtractor, hash_keywords  # noqa: E402
 
@@ -331,14 +333,14 @@ WRAPPED: list[tuple[Any, str]] = [
     (Arena, "_grow_blocks"),
     (Arena, "_grow_owners"),
     (MemoryEngine, "_make_embedder"),
-    (MemoryEngine, "_new_user_state"),
-    (MemoryEngine, "_grow_maps"),
-    (MemoryEngine, "_refit_extractor"),
+    (EngineState, "new_user_state"),
+    (EngineState, "grow_maps"),
+    (Rebuild, "_refit_extractor"),
     (MemoryEngine, "process_pending"),
-    (MemoryEngine, "_load_segments"),
-    (MemoryEngine, "_load_mtm_pages"),
-    (MemoryEngine, "_load_knowledge"),
-    (MemoryEngine, "_rebuild"),
+    (Rebuild, "_load_segments"),
+    (Rebuild, "_load_mtm_pages"),
+    (Rebuild, "_load_knowledge"),
+    (Rebuild, "rebuild"),
 ]
 
 
@@ -359,7 +361,7 @@ def timed_reopen(cfg: EngineConfig) -> tuple[MemoryEngine, dict[str, Any]]:
     store_s = {k: v["sql_s"] + v["join_s"] for k, v in ls.items()}
     sql_s = sum(v["sql_s"] for v in ls.values())
     join_s = sum(v["join_s"] for v in ls.values())
-    loaders = e["MemoryEngine._load_segments"] + e["MemoryEngine._load_mtm_pages"]
+    loaders = e["Rebuild._load_segments"] + e["Rebuild._load_mtm_pages"]
     breakdown = {
         # fetching rows: users/assistants, the segment / page / knowledge scans, STM
         "sql_read": sql_s
@@ -377,16 +379,16 @@ def timed_reopen(cfg: EngineConfig) -> tuple[MemoryEngine, dict[str, Any]]:
         # fresh memory for the page pool / user rows (Arena.grow)
         "arena_growth": e["Arena._grow_blocks"] + e["Arena._grow_users"] + e["Arena._grow_owners"],
         "knowledge_writes": e["Arena.write_knowledge"]
-        + e["MemoryEngine._load_knowledge"]
+        + e["Rebuild._load_knowledge"]
         - store_s.get("knowledge", 0.0),
-        "user_slots": e["MemoryEngine._new_user_state"]
+        "user_slots": e["EngineState.new_user_state"]
         + e["Arena.add_users"]
         + e["Arena.add_owners"]
-        + e["MemoryEngine._grow_maps"],
-        "extractor_state": e["MemoryEngine._refit_extractor"] + e["SQLiteStore.get_meta"],
+        + e["EngineState.grow_maps"],
+        "extractor_state": e["Rebuild._refit_extractor"] + e["SQLiteStore.get_meta"],
         "pending_work": e["MemoryEngine.process_pending"],
-        # _rebuild's and the _load_* helpers' own lines (id -> slot maps, searchsorted)
-        "engine_glue": e["MemoryEngine._rebuild"]
+        # Rebuild.rebuild's and its _load_* helpers' own lines (id -> slot maps, searchsorted)
+        "engine_glue": e["Rebuild.rebuild"]
         + loaders
         - store_s.get("segments", 0.0)
         - store_s.get("mtm_pages", 0.0),

@@ -18,39 +18,82 @@ device) are read back on demand with :meth:`Arena.pull_heat`.
 
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from memoryos_gpu.arena_lexical import LexicalRows
 from memoryos_gpu.errors import ArenaError
 
 KEYWORD_PAD = -1
 NO_ID = -1
 _INT32_MAX = np.iinfo(np.int32).max
 _LAZY_MIN_BYTES = 4 << 20  # below this an ordinary allocation is as good
+_GROWTH_STEP = 1 << 16  # users, owners or blocks added at most per growth (grown_capacity)
+_RESERVE_FACTOR = 64  # address space a lazy host array reserves, in multiples of its size
+_RESERVE_MIN = 4 << 30  # ... and at least this many bytes (nothing is backed until written)
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """A zeroed host array whose memory the OS provides page by page as rows are first written.
+    """A zeroed host array whose memory the OS provides page by page as rows are first written,
+    in an address-space reservation that lets it grow along its first axis without a copy.
 
     Why: the arena reserves 200 segment rows per user and 100 knowledge rows per owner, and most
     stay empty (a user with 20 pages has ~8 segments). Anonymous memory is lazily backed anyway,
     but NumPy asks Linux for transparent huge pages on large arrays, and then the first write
-    into any 2 MB region makes all of it resident: every user's whole segment block. An
-    anonymous ``mmap`` advised ``MADV_NOHUGEPAGE`` keeps residency at 4 KB granularity (a
-    2,000-user store: 208 MB instead of 787 MB resident). Small arrays, and systems without
-    the advice, get ``np.zeros``.
+    into any 2 MB region makes all of it resident: every user's whole segment block. The native
+    :class:`LazyBuffer` maps anonymous memory advised ``MADV_NOHUGEPAGE`` (residency at 4 KB
+    granularity: a 2,000-user store takes 208 MB instead of 787 MB) and ``MAP_NORESERVE``, so
+    address space costs nothing until it is written. Each array therefore reserves
+    ``_RESERVE_FACTOR`` times its size (at least ``_RESERVE_MIN``) and :func:`grow_in_place`
+    lengthens it inside that reservation: growing copies nothing and never holds the old and
+    the new array at once (growth was the peak of resident memory: +60 % at 20,000 users).
+    Small arrays get ``np.zeros``.
     """
     dt = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
-    if nbytes < _LAZY_MIN_BYTES or advice is None:
+    count = int(np.prod(shape, dtype=np.int64))
+    nbytes = count * dt.itemsize
+    if nbytes < _LAZY_MIN_BYTES:
         return np.zeros(shape, dtype=dt)
-    buf = mmap.mmap(-1, nbytes)  # anonymous: zero-filled, backed on first write
-    buf.madvise(advice)
-    return np.frombuffer(buf, dtype=dt).reshape(shape)
+    from memoryos_gpu import _C
+
+    try:
+        buf = _C.LazyBuffer(max(nbytes * _RESERVE_FACTOR, _RESERVE_MIN))
+    except RuntimeError:  # an address-space limit (ulimit -v): reserve what is needed
+        buf = _C.LazyBuffer(nbytes)
+    return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+
+
+def grow_in_place(array: np.ndarray, rows: int) -> np.ndarray | None:
+    """``array`` lengthened to ``rows`` along axis 0 inside its :func:`lazy_zeros` reservation
+    (the same memory: existing rows stay where they are, new rows are zero), or None when the
+    array has no reservation or it is too small."""
+    from memoryos_gpu import _C
+
+    buf: Any = array
+    while buf is not None and not isinstance(buf, _C.LazyBuffer):
+        buf = buf.obj if isinstance(buf, memoryview) else getattr(buf, "base", None)
+    if buf is None or not array.flags.c_contiguous:
+        return None
+    start = np.frombuffer(buf, dtype=np.uint8, count=1).ctypes.data
+    per_row = int(np.prod(array.shape[1:], dtype=np.int64))
+    count = rows * per_row
+    if array.ctypes.data != start or count * array.itemsize > memoryview(buf).nbytes:
+        return None
+    return np.frombuffer(buf, dtype=array.dtype, count=count).reshape((rows, *array.shape[1:]))
+
+
+def grown_capacity(capacity: int, needed: int) -> int:
+    """The next capacity for ``needed`` rows: doubling up to 65,536, then steps of 65,536.
+
+    Why bounded steps: a GPU arena allocates device memory for every row it reserves (200
+    segment rows of d floats per user), so doubling at 100,000 users would reserve another
+    100,000 users' worth at once. (On the host, reserving is free and growing copies nothing:
+    :func:`lazy_zeros`, :func:`grow_in_place`.)
+    """
+    step = min(max(capacity, 1), _GROWTH_STEP)
+    return max(needed, capacity + step)
 
 
 def normalize_keyword_rows(rows: np.ndarray) -> np.ndarray:
@@ -74,7 +117,10 @@ class ArenaConfig:
     dim: int = 384
     segment_slots: int = 200
     keyword_width: int = 32
-    block_size: int = 4  # pages per block: a one-page segment wastes at most 3 page slots
+    # pages per block; None: 1 on the host (a wide block table costs nothing there, see
+    # Arena.__init__, and a one-page segment, the common case without an LLM, wastes no
+    # slot), 4 on a GPU (the device block table is dense: U x S x ceil(pages / 4) entries)
+    block_size: int | None = None
     knowledge_capacity: int = 100
     device: str = "cpu"  # "cpu" or "cuda[:N]"
     gpu_dtype: str = "float16"  # "float16" or "bfloat16" (CPU always stores float32)
@@ -83,6 +129,8 @@ class ArenaConfig:
     initial_owners: int = 16
 
     def __post_init__(self) -> None:
+        if self.block_size is None:
+            object.__setattr__(self, "block_size", 4 if self.device.startswith("cuda") else 1)
         for name in ("dim", "segment_slots", "keyword_width", "block_size", "knowledge_capacity"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ArenaConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -110,10 +158,15 @@ class _Backend:
         else:
             self.torch = None
             self.emb_dtype = np.float32
+        # what a dead segment's keyword row holds: padding on the device, on the host nothing
+        # written (zero), so that empty rows are never made resident
+        self.dead_kw = KEYWORD_PAD if self.on_cuda else 0
 
     def full(self, shape: tuple[int, ...], value: Any, dtype: Any) -> Any:
         if self.on_cuda:
             return self.torch.full(shape, value, dtype=self._tdtype(dtype), device=self.device)
+        if value == 0:  # lazily backed and growable in place (lazy_zeros)
+            return lazy_zeros(shape, dtype)
         return np.full(shape, value, dtype=dtype)
 
     def empty_emb(self, shape: tuple[int, ...]) -> Any:
@@ -158,6 +211,8 @@ class _Backend:
         if self.on_cuda:
             out = self.torch.empty(shape, dtype=array.dtype, device=array.device)
             out[tail] = fill
+        elif fill == 0 and axis == 0 and (same := grow_in_place(array, new_len)) is not None:
+            return same  # the reservation had room: nothing copied
         elif fill == 0:
             out = lazy_zeros(tuple(shape), array.dtype)
             if live is not None:
@@ -170,11 +225,40 @@ class _Backend:
         out[head] = array
         return out
 
+    def write_range(self, target: Any, start: int, values: np.ndarray) -> None:
+        """``target[start:start + len(values)] = values`` (one copy to the device on CUDA)."""
+        if values.size == 0:
+            return
+        if self.on_cuda:
+            values = self.torch.from_numpy(np.ascontiguousarray(values)).to(target.device)
+        target[start : start + values.shape[0]] = values
+
+    def scatter(self, target: Any, index: np.ndarray, values: np.ndarray) -> None:
+        """``target[index] = values`` for 1-D targets."""
+        if not self.on_cuda:
+            target[index] = values
+            return
+        t = self.torch
+        idx = t.as_tensor(np.asarray(index, np.int64), device=target.device)
+        target[idx] = t.from_numpy(np.ascontiguousarray(values)).to(target.device, target.dtype)
+
+    def gather_to_new(self, source: Any, index: np.ndarray, length: int) -> Any:
+        """A new int32 1-D array of ``length`` (zero-padded) with ``source[index]`` in front."""
+        out = self.full((length,), 0, np.int32)
+        if index.size:
+            if self.on_cuda:
+                idx = self.torch.as_tensor(index, device=source.device)
+                out[: index.size] = source[idx]
+            else:
+                out[: index.size] = source[index]
+        return out
+
     def _tdtype(self, dtype: Any) -> Any:
         return {
             np.float32: self.torch.float32,
             np.float64: self.torch.float64,
             np.int32: self.torch.int32,
+            np.int64: self.torch.int64,
             np.uint8: self.torch.uint8,
         }[np.dtype(dtype).type]
 
@@ -196,18 +280,30 @@ class Arena:
         users, s, k = max(1, c.initial_users), c.segment_slots, c.keyword_width
         # --- segments, [U, S, ...] (device) ---
         self.seg_emb = b.empty_emb((users, s, c.dim))
-        self.seg_kw = b.full((users, s, k), KEYWORD_PAD, np.int32)
+        # rows of dead slots are never read: on the host they stay unwritten (zero, not resident)
+        self.seg_kw = (
+            b.full((users, s, k), b.dead_kw, np.int32)
+            if b.on_cuda
+            else lazy_zeros((users, s, k), np.int32)
+        )
         self.seg_live = b.full((users, s), 0, np.uint8)
         self.n_visit = b.full((users, s), 0, np.int32)
         self.l_interaction = b.full((users, s), 0, np.int32)
         self.last_access = b.full((users, s), 0.0, np.float64)
         self.heat = b.full((users, s), 0.0, np.float32)
         self.seg_npages = b.full((users, s), 0, np.int32)
-        self.block_table = b.full((users, s, 1), NO_ID, np.int32)
+        # a segment's columns past its allocated blocks are never read (pages < npages only): on
+        # the host they stay unwritten, so a wide table costs only the rows of live segments
+        self.block_table = (
+            b.full((users, s, 1), NO_ID, np.int32)
+            if b.on_cuda
+            else lazy_zeros((users, s, 1), np.int32)
+        )
         # --- page pool, [NP, ...] (device) ---
         blocks = max(1, c.initial_blocks)
         self.page_emb = b.empty_emb((blocks * c.block_size, c.dim))
         self.page_live = b.full((blocks * c.block_size,), 0, np.uint8)
+        self.lexical = LexicalRows(b, blocks * c.block_size)  # BM25 term rows per pool slot
         # --- knowledge rings, [O, R, ...] (device) ---
         owners = max(1, c.initial_owners)
         self.kn_emb = b.empty_emb((owners, c.knowledge_capacity, c.dim))
@@ -258,7 +354,23 @@ class Arena:
         ):
             a = getattr(self, name)
             total += a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.element_size()
-        return int(total)
+        return int(total) + self.lexical.nbytes()
+
+    def device_array(self, host: np.ndarray) -> Any:
+        """A host array as the kernels take it on this arena's device (as is on the CPU)."""
+        if not self.on_cuda:
+            return host
+        return self._b.torch.from_numpy(host).to(self.seg_emb.device, non_blocking=True)
+
+    def page_positions(self, users: np.ndarray) -> int:
+        """The most page positions any of ``users`` holds over its live segments (what a
+        per-query scratch row of the fused retrieval pass needs on a GPU)."""
+        users = np.asarray(users, np.int64)
+        if users.size == 0:
+            return 0
+        cap = self._h_table.shape[2] * self.config.block_size
+        counts = np.minimum(self._h_npages[users], cap) * (self._h_seg_live[users] > 0)
+        return int(counts.sum(axis=1).max())
 
     def _host_alias(self, array: Any) -> np.ndarray:
         return array if not self.on_cuda else array.cpu().numpy()
@@ -277,7 +389,7 @@ class Arena:
         """Allocate ``n`` user slots (lowest free first) and return them."""
         free = np.flatnonzero(self.user_live == 0)
         if free.size < n:
-            self._grow_users(max(2 * self.user_capacity, self.user_capacity + n - free.size))
+            self._grow_users(grown_capacity(self.user_capacity, self.user_capacity + n - free.size))
             free = np.flatnonzero(self.user_live == 0)
         slots = free[:n].astype(np.int32)
         self.user_live[slots] = 1
@@ -294,7 +406,9 @@ class Arena:
         """Allocate ``n`` knowledge-ring owner slots."""
         free = np.flatnonzero(self.owner_live == 0)
         if free.size < n:
-            self._grow_owners(max(2 * self.owner_capacity, self.owner_capacity + n - free.size))
+            self._grow_owners(
+                grown_capacity(self.owner_capacity, self.owner_capacity + n - free.size)
+            )
             free = np.flatnonzero(self.owner_live == 0)
         slots = free[:n].astype(np.int32)
         self.owner_live[slots] = 1
@@ -391,10 +505,12 @@ class Arena:
             return
         idx = (users, slots)
         blocks = self._h_table[idx]
-        freed = blocks[blocks >= 0]
+        have = self._allocated_columns(self._h_npages[idx])
+        freed = blocks[np.arange(blocks.shape[1]) < have[:, None]]
         if freed.size:
             pages = freed[:, None] * self.config.block_size + np.arange(self.config.block_size)
             self._write(self.page_live, (pages.ravel(),), 0)
+            self.lexical.clear(pages.ravel())
             self._free_blocks.extend(int(x) for x in freed[::-1])
         for name in ("seg_live", "n_visit", "l_interaction", "seg_npages"):
             self._write(getattr(self, name), idx, 0)
@@ -459,10 +575,19 @@ class Arena:
             self._grow_table(max(2 * self._h_table.shape[2], int(col.max()) + 1))
         width = self._h_table.shape[2]
         table_flat = self._h_table.reshape(-1, width)
-        missing = table_flat[key, col] < 0
-        need = np.unique(key[missing] * width + col[missing])  # (segment, column) pairs
-        if need.size:
-            table_flat[need // width, need % width] = self._alloc_blocks(need.size)
+        # a segment's blocks are its first ceil(npages / P) columns: allocate the columns from
+        # there up to the highest one asked for, so the columns below npages are never holes
+        seg = np.unique(key)
+        top = np.zeros(seg.size, np.int64)
+        np.maximum.at(top, np.searchsorted(seg, key), col + 1)
+        have = self._allocated_columns(self._h_npages.reshape(-1)[seg])
+        grow = np.maximum(top - have, 0)
+        if grow.any():
+            seg_rows = np.repeat(seg, grow)
+            new_cols = np.repeat(have, grow) + (
+                np.arange(int(grow.sum())) - np.repeat(np.cumsum(grow) - grow, grow)
+            )
+            table_flat[seg_rows, new_cols] = self._alloc_blocks(int(grow.sum()))
         out = table_flat[key, col].astype(np.int64) * bs + positions % bs
         if out.max() >= np.iinfo(np.int32).max:
             raise ArenaError("page pool exceeds 2**31 slots")
@@ -474,6 +599,10 @@ class Arena:
             self._write(self.seg_npages, (tu, ts), self._h_npages[tu, ts])
             self._write(self.block_table, (tu, ts), self._h_table[tu, ts])
         return out.astype(np.int32)
+
+    def _allocated_columns(self, npages: np.ndarray) -> np.ndarray:
+        """Block-table columns holding blocks for segments with ``npages`` page positions."""
+        return -(-np.asarray(npages, np.int64) // self.config.block_size)
 
     def size_segments(self, users: np.ndarray, slots: np.ndarray, n_pages: np.ndarray) -> None:
         """Give live segments every block for ``n_pages`` page positions and that page count,
@@ -509,6 +638,20 @@ class Arena:
         pool_slots = np.asarray(pool_slots, np.int64)
         if pool_slots.size:
             self._write(self.page_live, (pool_slots,), 0)
+            self.lexical.clear(pool_slots)
+
+    def write_terms(
+        self,
+        pool_slots: np.ndarray,
+        offsets: np.ndarray,
+        ids: np.ndarray,
+        tf: np.ndarray,
+        length: np.ndarray,
+    ) -> None:
+        """Index pages for BM25: page ``pool_slots[i]`` gets the ascending term ids
+        ``ids[offsets[i]:offsets[i+1]]``, their counts ``tf`` and its token ``length``
+        (:func:`memoryos_gpu.lexical.page_terms` makes them)."""
+        self.lexical.write(pool_slots, offsets, ids, tf, length)
 
     def segment_pages(self, user: int, slot: int) -> np.ndarray:
         """Pool slots of a segment's pages in insertion order (deleted ones included)."""
@@ -605,7 +748,7 @@ class Arena:
     def _alloc_blocks(self, n: int) -> np.ndarray:
         """Take ``n`` free blocks (lowest ids first), growing the pool by doubling if needed."""
         if len(self._free_blocks) < n:
-            self._grow_blocks(max(2 * self.num_blocks, self.num_blocks + n))
+            self._grow_blocks(grown_capacity(self.num_blocks, self.num_blocks + n))
         taken = self._free_blocks[-n:][::-1]
         del self._free_blocks[-n:]
         return np.asarray(taken, dtype=np.int32)
@@ -614,27 +757,32 @@ class Arena:
         b = self._b
         # segment embeddings: only live segments' rows are copied (see lazy_zeros)
         self.seg_emb = b.grow(self.seg_emb, new_users, 0.0, live=self._h_seg_live)
+        self.seg_kw = b.grow(self.seg_kw, new_users, b.dead_kw, live=self._h_seg_live)
         for name, fill in (
-            ("seg_kw", KEYWORD_PAD),
             ("seg_live", 0),
             ("n_visit", 0),
             ("l_interaction", 0),
             ("last_access", 0.0),
             ("heat", 0.0),
             ("seg_npages", 0),
-            ("block_table", NO_ID),
         ):
             setattr(self, name, b.grow(getattr(self, name), new_users, fill))
+        table_fill = NO_ID if self.on_cuda else 0  # host: lazily zero (see __init__)
+        self.block_table = b.grow(self.block_table, new_users, table_fill, live=self._h_seg_live)
         self.user_live = np.concatenate(
             [self.user_live, np.zeros(new_users - self.user_live.size, np.uint8)]
         )
         self._regrow_mirrors()
 
     def _grow_table(self, width: int) -> None:
-        self.block_table = self._b.grow(self.block_table, width, NO_ID, axis=2)
-        if not self.on_cuda:
-            self._h_table = self.block_table
+        if not self.on_cuda:  # lazily zero; only segments with pages have columns to keep
+            old = self.block_table
+            new = lazy_zeros((old.shape[0], old.shape[1], width), np.int32)
+            rows = np.nonzero(self._h_npages > 0)
+            new[rows[0], rows[1], : old.shape[2]] = old[rows]
+            self.block_table = self._h_table = new
             return
+        self.block_table = self._b.grow(self.block_table, width, NO_ID, axis=2)
         u, s, old = self._h_table.shape
         pad = np.full((u, s, width - old), NO_ID, np.int32)
         self._h_table = np.concatenate([self._h_table, pad], axis=2)
@@ -642,8 +790,9 @@ class Arena:
     def _grow_blocks(self, new_blocks: int) -> None:
         old = self.num_blocks
         bs = self.config.block_size
-        self.page_emb = self._b.grow(self.page_emb, new_blocks * bs, 0.0)
+        self.page_emb = self._b.grow(self.page_emb, new_blocks * bs, 0.0, live=self.page_live)
         self.page_live = self._b.grow(self.page_live, new_blocks * bs, 0)
+        self.lexical.grow_slots(new_blocks * bs)
         self._free_blocks.extend(range(new_blocks - 1, old - 1, -1))
 
     def _grow_owners(self, new_owners: int) -> None:

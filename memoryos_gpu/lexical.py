@@ -1,34 +1,32 @@
-"""Per-user keyword index over MTM pages, weighted by inverse document frequency (BM25).
+"""Words of pages and queries as hashed terms, for the BM25 half of retrieval.
 
-Why: LoCoMo-style questions hinge on names, dates and rare words, where a small dense model is
-weak (flat MiniLM 0.59 vs BM25 0.65 evidence recall at 10 pages). O-Mem indexes salient keywords
-by IDF; we keep a BM25 inverted index per user (IDF over that user's own pages) and fuse its
-scores with the kernels' cosines (:func:`zscore_fusion`: a weighted sum of each list's
-standardised scores; :func:`reciprocal_rank_fusion` is the rank-only alternative). A page's text
-is indexed with its date written out ("8 May 2023"), so temporal questions can match it lexically.
+Why a lexical signal at all: LoCoMo-style questions hinge on names, dates and rare words, where a
+small dense model is weak (flat MiniLM 0.59 vs BM25 0.65 evidence recall at 10 pages). O-Mem
+indexes salient keywords by IDF; here every MTM page carries a BM25 term row in the arena
+(:mod:`memoryos_gpu.arena_lexical`), each user's document frequencies come from their own pages,
+and the fused retrieval kernel (:mod:`memoryos_gpu.ops.retrieval`) scores and fuses it with the
+cosines. A page is indexed with its date written out ("monday 8 may 2023"), so temporal
+questions can match it lexically.
 
-Why scores and not ranks: with a few hundred pages per user, both rankings hold nearly every
-page, and reciprocal rank (k = 60) then favours pages that are mediocre in both lists over a page
-one list is sure of; standardised scores keep how far a page stands above the rest of its list.
-On LoCoMo (dev split, 760 questions) equal weights recall 0.663 / 0.730 / 0.791 of the evidence
-at 5 / 10 / 20 pages against 0.628 / 0.701 / 0.743 for reciprocal rank at weight 5; choosing the
-weight on four conversations and scoring the fifth (all five folds) gives 0.658 / 0.730 / 0.790
-(benchmarks/README.md).
-
-The index is a cache: built lazily per user from the store on first search, then kept current
-as pages enter or leave MTM. ``MemoryConfig.lexical_weight = 0`` switches it off entirely.
+This module turns texts into terms for whole batches in one native call
+(``csrc/host/terms.cpp``): Python normalises the joined batch once (NFKC, case folding), the
+native splitter finds the words, drops stopwords and hashes them with the ids of
+:func:`memoryos_gpu.text.keywords.hash_keyword`, so a query term, a page term and a segment
+keyword that are the same word have the same id.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 
 import numpy as np
 
-from memoryos_gpu.text.keywords import tokenize
+from memoryos_gpu.ops.retrieval import MAX_QUERY_TERMS, QueryTerms
+from memoryos_gpu.text.keywords import STOPWORDS
 
 
 def date_words(timestamp: float | None) -> str:
@@ -42,138 +40,95 @@ def date_words(timestamp: float | None) -> str:
     return f"{dt:%A} {dt.day} {dt:%B %Y}"
 
 
-class _UserIndex:
-    __slots__ = ("doc_len", "postings", "total_len")
+@dataclass(frozen=True)
+class PageTerms:
+    """Term rows of a batch of pages (CSR): page i has the ascending ids
+    ``ids[offsets[i]:offsets[i+1]]`` with counts ``tf`` and ``length[i]`` tokens."""
 
-    def __init__(self) -> None:
-        self.postings: dict[str, dict[int, int]] = defaultdict(dict)
-        self.doc_len: dict[int, int] = {}
-        self.total_len = 0
+    offsets: np.ndarray  # int64 [n + 1]
+    ids: np.ndarray  # int32
+    tf: np.ndarray  # int32
+    length: np.ndarray  # int32 [n]
 
-    def add(self, page_id: int, tokens: list[str]) -> None:
-        if page_id in self.doc_len:
-            self.remove(page_id)
-        for tok, tf in Counter(tokens).items():
-            self.postings[tok][page_id] = tf
-        self.doc_len[page_id] = len(tokens)
-        self.total_len += len(tokens)
+    def row(self, i: int) -> tuple[np.ndarray, np.ndarray, int]:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.ids[a:b], self.tf[a:b], int(self.length[i])
 
-    def remove(self, page_id: int) -> None:
-        n = self.doc_len.pop(page_id, None)
-        if n is None:
-            return
-        self.total_len -= n
-        for tok in [t for t, docs in self.postings.items() if page_id in docs]:
-            del self.postings[tok][page_id]
-            if not self.postings[tok]:
-                del self.postings[tok]
-
-    def search(self, tokens: list[str], k: int, k1: float, b: float) -> list[tuple[int, float]]:
-        n_docs = len(self.doc_len)
-        if not n_docs or not tokens:
-            return []
-        avg = self.total_len / n_docs or 1.0
-        scores: dict[int, float] = defaultdict(float)
-        for tok in set(tokens):
-            docs = self.postings.get(tok)
-            if not docs:
-                continue
-            idf = math.log(1.0 + (n_docs - len(docs) + 0.5) / (len(docs) + 0.5))
-            for pid, tf in docs.items():
-                norm = tf + k1 * (1 - b + b * self.doc_len[pid] / avg)
-                scores[pid] += idf * tf * (k1 + 1) / norm
-        ranked = sorted(scores.items(), key=lambda t: (-t[1], t[0]))
-        return ranked[:k]
+    def take(self, rows: np.ndarray) -> PageTerms:
+        """The rows ``rows`` of this batch, in that order."""
+        rows = np.asarray(rows, np.int64)
+        counts = (self.offsets[rows + 1] - self.offsets[rows]).astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        src = np.repeat(self.offsets[rows] - offsets[:-1], counts) + np.arange(int(offsets[-1]))
+        return PageTerms(offsets, self.ids[src], self.tf[src], self.length[rows])
 
 
-class LexicalIndex:
-    """BM25 inverted indexes, one per user, loaded lazily through ``loader(user_id)``.
+@cache
+def _splitter() -> object:
+    from memoryos_gpu import _C
 
-    ``loader`` returns ``(page_id, text, timestamp)`` rows of the user's MTM pages.
-    """
-
-    def __init__(
-        self,
-        loader: Callable[[str], Iterable[tuple[int, str, float | None]]],
-        k1: float = 1.2,
-        b: float = 0.75,
-    ) -> None:
-        self._loader = loader
-        self._users: dict[str, _UserIndex] = {}
-        self.k1, self.b = k1, b
-
-    @staticmethod
-    def tokens(text: str, timestamp: float | None = None) -> list[str]:
-        return tokenize(f"{text} {date_words(timestamp)}")
-
-    def _index(self, user_id: str) -> _UserIndex:
-        idx = self._users.get(user_id)
-        if idx is None:
-            idx = _UserIndex()
-            for page_id, text, ts in self._loader(user_id):
-                idx.add(page_id, self.tokens(text, ts))
-            self._users[user_id] = idx
-        return idx
-
-    def add(self, user_id: str, page_id: int, text: str, timestamp: float | None) -> None:
-        """Index a page entering MTM (a no-op until the user's index is first loaded)."""
-        idx = self._users.get(user_id)
-        if idx is not None:
-            idx.add(page_id, self.tokens(text, timestamp))
-
-    def remove(self, user_id: str, page_ids: Iterable[int]) -> None:
-        idx = self._users.get(user_id)
-        if idx is not None:
-            for pid in page_ids:
-                idx.remove(int(pid))
-
-    def drop_user(self, user_id: str) -> None:
-        self._users.pop(user_id, None)
-
-    def search(self, user_id: str, query: str, k: int) -> list[tuple[int, float]]:
-        """Top-``k`` (page id, BM25 score) of the user's MTM pages for ``query``."""
-        return self._index(user_id).search(tokenize(query), k, self.k1, self.b)
+    return _C.TermSplitter(sorted(STOPWORDS))
 
 
-def reciprocal_rank_fusion(
-    rankings: Iterable[tuple[list[int], float]], k: int = 60
-) -> list[tuple[int, float]]:
-    """Fuse ranked id lists, each with a weight: ``sum(w / (k + rank))``; ties -> lower id."""
-    scores: dict[int, float] = defaultdict(float)
-    for ids, weight in rankings:
-        if weight <= 0:
-            continue
-        for rank, pid in enumerate(ids, start=1):
-            scores[pid] += weight / (k + rank)
-    return sorted(scores.items(), key=lambda t: (-t[1], t[0]))
+def _normalised(texts: Sequence[str]) -> str:
+    """The batch joined by U+0000, NFKC-normalised and case-folded (two C calls, or one for
+    ASCII, where both reduce to ``lower``). Texts must not contain U+0000 (engine-cleaned
+    text never does: control characters are dropped on the way in)."""
+    joined = "\x00".join(texts)
+    if joined.isascii():
+        return joined.lower()
+    return unicodedata.normalize("NFKC", joined).casefold()
 
 
-def zscore_fusion(
-    rankings: Iterable[tuple[Sequence[tuple[int, float]], float]],
-) -> list[tuple[int, float]]:
-    """Fuse scored candidate lists, each with a weight, by a weighted sum of standardised scores.
+def page_terms(texts: Sequence[str], timestamps: Sequence[float] | np.ndarray | None) -> PageTerms:
+    """BM25 term rows of pages; ``timestamps`` adds each page's UTC date words."""
+    ts = None if timestamps is None else np.asarray(timestamps, np.float64)
+    offsets, ids, tf, length = _splitter().split(_normalised(texts), len(texts), ts)
+    return PageTerms(offsets, ids, tf, length)
 
-    Each list is ``(id, score)`` pairs on a scale of its own (a cosine, a BM25 score). Within a
-    list a score becomes ``(score - lowest) / std`` over the candidates the list returned
-    (a z-score shifted so that the list's last candidate scores 0); a page the list did not
-    return also scores 0 there (it ranked at or below the last candidate). The fused score is
-    ``sum(weight * that)``; best first, ties -> lower id. Standardising makes the result
-    invariant to any positive affine change of one list's scores, and leaves one free choice,
-    the relative weight. A list with weight <= 0 or no candidates is left out; a list whose
-    scores are all equal (one candidate, say) orders nothing, so its pages score 1, one unit
-    above the pages it lacks.
-    """
-    fused: dict[int, float] = defaultdict(float)
-    for pairs, weight in rankings:
-        if weight <= 0 or not pairs:
-            continue
-        ids = [int(p) for p, _ in pairs]
-        scores = np.fromiter((s for _, s in pairs), np.float64, len(pairs))
-        std = float(scores.std())
-        if std > 0 and np.isfinite(std):
-            norm = (scores - scores.min()) / std
-        else:
-            norm = np.ones_like(scores)
-        for pid, z in zip(ids, norm.tolist(), strict=True):
-            fused[pid] += weight * z
-    return sorted(fused.items(), key=lambda t: (-t[1], t[0]))
+
+def query_terms(texts: Sequence[str]) -> QueryTerms:
+    """Each query's distinct terms in order of first occurrence, at most ``MAX_QUERY_TERMS``."""
+    offsets, ids, _tf, _len = _splitter().split(
+        _normalised(texts), len(texts), None, MAX_QUERY_TERMS, False
+    )
+    return QueryTerms(offsets, ids)
+
+
+_EMPTY_ROW = np.zeros(1, "<i4").tobytes()  # length 0, no terms
+
+
+def terms_to_blobs(terms: PageTerms) -> list[bytes]:
+    """One little-endian int32 blob per page, ``[length, ids..., tf...]`` (what the store keeps
+    beside the page, so a reopen loads the lexical index instead of re-reading every text)."""
+    n = terms.length.size
+    counts = np.diff(terms.offsets)
+    sizes = 1 + 2 * counts
+    starts = (np.cumsum(sizes) - sizes).astype(np.int64)
+    flat = np.empty(int(sizes.sum()), "<i4")
+    flat[starts] = terms.length
+    rank = np.arange(terms.ids.size) - np.repeat(terms.offsets[:-1], counts)
+    row_start = np.repeat(starts, counts)
+    flat[row_start + 1 + rank] = terms.ids
+    flat[row_start + 1 + np.repeat(counts, counts) + rank] = terms.tf
+    raw = flat.tobytes()
+    bounds = (np.concatenate([starts, [flat.size]]) * 4).tolist()
+    return [raw[bounds[i] : bounds[i + 1]] for i in range(n)]
+
+
+def terms_from_blobs(blobs: Sequence[bytes | None]) -> PageTerms:
+    """Inverse of :func:`terms_to_blobs` (vectorised over the whole chunk); None (a page
+    stored without a row) reads as an empty row."""
+    blobs = [_EMPTY_ROW if b is None else b for b in blobs]
+    sizes = np.fromiter(map(len, blobs), np.int64, len(blobs)) // 4
+    if (sizes < 1).any() or ((sizes - 1) % 2).any():
+        raise ValueError("a term blob is not [length, ids..., tf...]")
+    flat = np.frombuffer(b"".join(blobs), "<i4")
+    starts = (np.cumsum(sizes) - sizes).astype(np.int64)
+    counts = (sizes - 1) // 2
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    rank = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], counts)
+    row_start = np.repeat(starts, counts)
+    ids = flat[row_start + 1 + rank].astype(np.int32)
+    tf = flat[row_start + 1 + np.repeat(counts, counts) + rank].astype(np.int32)
+    return PageTerms(offsets, ids, tf, flat[starts].astype(np.int32))

@@ -78,7 +78,7 @@ def arena_stat(eng, name, user, segment_id):
 
 
 def test_stm_overflow_keeps_newest_and_moves_oldest_to_mtm_in_order(make_engine):
-    eng = make_engine(stm_capacity=3)
+    eng = make_engine(stm_capacity=3, relevance_floor=-1.0)  # every page is a candidate
     ids = add_pages(eng, "u", ["p1", "p2", "p3", "p4", "p5"])
     r = eng.retrieve("u", "anything", top_pages=10)
     assert [p.user_input for p in r.stm] == ["p3", "p4", "p5"]
@@ -293,7 +293,14 @@ def test_heat_formula_values(make_engine, kit):
         table={"sum p1": unit(0), "sum p2": unit(0), "sum p3": unit(1), "query a": unit(0)}
     )
     eng = make_engine(
-        stm_capacity=1, alpha=alpha, beta=beta, gamma=gamma, mu_seconds=mu, tau=1e9, embedder=emb
+        stm_capacity=1,
+        alpha=alpha,
+        beta=beta,
+        gamma=gamma,
+        mu_seconds=mu,
+        tau=1e9,
+        embedder=emb,
+        relevance_floor=-1.0,  # the pages' own vectors are random: serve them anyway
     )
     p1, p2 = add_pages(eng, "u", ["p1", "p2"], t0=10.0, step=10.0)
     seg_a = page(eng, p1)["segment_id"]
@@ -327,7 +334,7 @@ def test_retrieval_counts_a_visit_and_refreshes_recency(make_engine, kit):
     emb = kit.TableEmbedder(
         table={"sum p1": unit(0), "sum p2": unit(1), "query a": unit(0), "query b": unit(1)}
     )
-    eng = make_engine(stm_capacity=1, tau=1e9, embedder=emb)
+    eng = make_engine(stm_capacity=1, tau=1e9, embedder=emb, relevance_floor=-1.0)
     p1, p2, _ = add_pages(eng, "u", ["p1", "p2", "p3"], t0=100.0, step=100.0)
     seg_a, seg_b = page(eng, p1)["segment_id"], page(eng, p2)["segment_id"]
     before = segment_stats(eng, "u")
@@ -373,13 +380,16 @@ def test_promotion_at_tau_writes_lpm_and_resets_heat(make_engine, kit, preset_na
         mu_seconds=1e7,
         embedder=emb,
         script=kit.Script(promotion=PROMOTION),
+        relevance_floor=-1.0,
     )
     p1, _ = add_pages(eng, "u", ["p1", "p2"])
     seg = page(eng, p1)["segment_id"]
     # heat 0 + 1 + 1 = 2 < tau: nothing promoted yet
     assert not [q for q in eng.llm.requests if q.stage == "promotion"]
     assert not page(eng, p1)["analysed"]
-    eng.retrieve("u", "query a")  # N_visit 1 -> heat 3 >= tau: promotion
+    eng.retrieve("u", "query a")  # N_visit 1 -> heat 3 >= tau: flagged, written behind
+    assert not [q for q in eng.llm.requests if q.stage == "promotion"]  # retrieval: no LLM
+    assert eng.flush()["promotions"] == 1  # the write-behind queued it, derived work ran it
     reqs = [q for q in eng.llm.requests if q.stage == "promotion"]
     assert len(reqs) == 1 and "User: p1" in reqs[0].messages[-1]["content"]
     assert page(eng, p1)["analysed"]
@@ -462,6 +472,7 @@ def _fill_mtm(make_engine, kit, eviction):
         embed_dates=False,
         script=script,
         embedder=emb,
+        relevance_floor=-1.0,  # random page vectors: every page of a chosen segment is served
     )
     eng.add_many([PageInput("u", ui, "r", float(i + 1)) for i, ui in enumerate(inputs)])
     segs = segment_stats(eng, "u")
@@ -486,7 +497,7 @@ def test_eviction_at_the_201st_segment(make_engine, kit, eviction, cold_slot):
     # one retrieval visiting every segment but the cold one (it scores cos = -1)
     summary = "sum t90" if cold_slot == 90 else f"sum t{cold_slot}"
     emb.table["avoid"] = -emb.vector(summary)
-    eng.retrieve("u", "avoid", top_segments=199)
+    eng.retrieve("u", "avoid", top_segments=199, top_pages=1000)  # every page of them served
     visits = {s["slot"]: s["n_visit"] for s in segment_stats(eng, "u").values()}
     assert visits[cold_slot] == 0 and sum(visits.values()) == 199
     heat = eng.arena.host("heat")[eng._users["u"].slot]
@@ -783,7 +794,14 @@ def test_wall_clock_uses_time_time(make_engine, kit, monkeypatch):
     now = {"t": 1_000_000.0}
     monkeypatch.setattr(time, "time", lambda: now["t"])
     emb = kit.TableEmbedder(table={"query a": unit(0), "sum p1": unit(0)})
-    eng = make_engine(stm_capacity=1, tau=1e9, clock="wall", mu_seconds=1000.0, embedder=emb)
+    eng = make_engine(
+        stm_capacity=1,
+        tau=1e9,
+        clock="wall",
+        mu_seconds=1000.0,
+        embedder=emb,
+        relevance_floor=-1.0,
+    )
     p1, _ = add_pages(eng, "u", ["p1", "p2"], t0=5.0)  # old log timestamps
     seg = page(eng, p1)["segment_id"]
     assert segment_stats(eng, "u")[seg]["last_access"] == 1_000_000.0
@@ -930,14 +948,16 @@ def test_reopen_restores_every_tier(make_engine, kit, tmp_path):
         pages={"p2": {"continuous": True, "meta": "m2"}},
         promotion={"user_facts": ["User likes chess."]},
     )
-    eng = make_engine(stm_capacity=2, tau=2.5, store=path, embedder=emb, script=script)
+    cfg = {"stm_capacity": 2, "tau": 2.5, "embedder": emb, "relevance_floor": -1.0}
+    eng = make_engine(store=path, script=script, **cfg)
     add_pages(eng, "u", ["p1", "p2", "p3", "p4"])
-    eng.retrieve("u", "query a")  # N_visit 1 -> heat 1 + 2 + 1 >= 2.5: promoted
+    eng.retrieve("u", "query a")  # N_visit 1 -> heat 1 + 2 + 1 >= 2.5: flagged
+    eng.flush()  # written behind, then promoted
     before = eng.export_user("u")
     assert before["segments"][0]["n_visit"] == 1
     assert [e["text"] for e in before["user_knowledge"]] == ["User likes chess."]
     eng.close()
-    again = make_engine(stm_capacity=2, tau=2.5, store=path, embedder=emb, script=script)
+    again = make_engine(store=path, script=script, **cfg)
     after = again.export_user("u")
     assert after["pages"] == before["pages"] and after["segments"] == before["segments"]
     assert after["user_knowledge"] == before["user_knowledge"]

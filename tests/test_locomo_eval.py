@@ -341,6 +341,7 @@ def test_pool_reports_weights_conversations_by_questions():
     bench = _locomo_bench()
     pooled = bench.pool_reports([_report(1.0, 30), _report(0.0, 10)])
     assert pooled["evidence_recall"] == pytest.approx(0.75) and pooled["questions"] == 40
-    assert bench.parse_cv_setting("zscore:0.5") == ("zscore", 0.5)
-    with pytest.raises(argparse.ArgumentTypeError):
-        bench.parse_cv_setting("cosine:1")
+    assert bench.parse_cv_setting("0.5") == 0.5
+    for bad in ("zscore:1", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.parse_cv_setting(bad)

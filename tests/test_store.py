@@ -725,7 +725,8 @@ def test_newer_schema_is_refused(backend: Backend) -> None:
     before = table_dump(db)
     db.close()
     raw = Path(path).read_bytes() if backend.kind == "sqlite" else None
-    with pytest.raises(StoreError, match=r"schema version 99, newer than .* supports \(1\)"):
+    supports = rf"supports \({sqlite_mod.SCHEMA_VERSION}\)"
+    with pytest.raises(StoreError, match=r"schema version 99, newer than .* " + supports):
         open_engine(path)
     with pytest.raises(StoreError, match="upgrade memoryos-gpu"):
         backend.open(path)
@@ -782,7 +783,9 @@ def test_corrupt_schema_version_and_missing_tables_are_refused(backend: Backend)
     db.execute("UPDATE meta SET value = 'one' WHERE key = 'schema_version'")
     with pytest.raises(StoreError, match="unreadable schema_version"):
         backend.open(path)
-    db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    db.execute(
+        "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(sqlite_mod.SCHEMA_VERSION),)
+    )
     db.execute("DROP TABLE audit")
     db.close()
     with pytest.raises(StoreError, match=r"lacks tables \['audit'\]"):
@@ -791,16 +794,22 @@ def test_corrupt_schema_version_and_missing_tables_are_refused(backend: Backend)
 
 # ============================================================================ migrations
 V2 = "ALTER TABLE pages ADD COLUMN lang TEXT; CREATE INDEX pages_lang ON pages(lang)"
+BASE = sqlite_mod.SCHEMA_VERSION  # the real version; the tests add steps after it
+
+
+def _steps(backend: Backend, *extra: Any) -> dict[int, Any]:
+    """The dialect's real migrations followed by ``extra`` from version BASE on."""
+    return {**backend.module.MIGRATIONS, **{BASE + i: step for i, step in enumerate(extra)}}
 
 
 def test_forward_migration_upgrades_an_older_store(backend: Backend, monkeypatch) -> None:
     path = backend.spec("old")
     _make_store(path)
     before = dump_of(backend, path)
-    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", 2)
-    monkeypatch.setattr(backend.module, "MIGRATIONS", {1: V2})
+    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", BASE + 1)
+    monkeypatch.setattr(backend.module, "MIGRATIONS", _steps(backend, V2))
     s = backend.open(path)
-    assert s.schema_version == 2
+    assert s.schema_version == BASE + 1
     s.close()
     assert "lang" in backend.columns(path, "pages")
     after = dump_of(backend, path)
@@ -817,7 +826,7 @@ def test_forward_migration_upgrades_an_older_store(backend: Backend, monkeypatch
         e.close()
     # back on the real version the migrated store is "newer": refused
     monkeypatch.undo()
-    with pytest.raises(StoreError, match="schema version 2"):
+    with pytest.raises(StoreError, match=f"schema version {BASE + 1}"):
         backend.open(path)
 
 
@@ -830,15 +839,15 @@ def test_callable_migration_and_new_stores_take_the_same_path(
 
     old = backend.spec("old")
     _make_store(old)
-    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", 3)
-    monkeypatch.setattr(backend.module, "MIGRATIONS", {1: V2, 2: backfill})
+    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", BASE + 2)
+    monkeypatch.setattr(backend.module, "MIGRATIONS", _steps(backend, V2, backfill))
     s = backend.open(old)
-    assert s.schema_version == 3
+    assert s.schema_version == BASE + 2
     assert s.query("SELECT user_id, locale FROM users") == [("alice", "de")]
     s.close()
     fresh_path = backend.spec("fresh")
-    fresh = backend.open(fresh_path)  # created at v1, migrated to v3
-    assert fresh.schema_version == 3
+    fresh = backend.open(fresh_path)  # created at v1, migrated through every step
+    assert fresh.schema_version == BASE + 2
     fresh.close()
     assert backend.columns(fresh_path, "users") == backend.columns(old, "users")
     assert backend.columns(fresh_path, "pages") == backend.columns(old, "pages")
@@ -848,19 +857,20 @@ def test_failed_or_missing_migration_leaves_the_store_as_it_was(backend: Backend
     path = backend.spec("old")
     _make_store(path)
     before = dump_of(backend, path)
-    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", 2)
-    monkeypatch.setattr(backend.module, "MIGRATIONS", {1: V2 + "; THIS IS NOT SQL"})
+    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", BASE + 1)
+    monkeypatch.setattr(backend.module, "MIGRATIONS", _steps(backend, V2 + "; THIS IS NOT SQL"))
     with pytest.raises(StoreError):
         backend.open(path)
     assert "lang" not in backend.columns(path, "pages")  # the half-done migration rolled back
     assert dump_of(backend, path) == before
-    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", 3)
-    monkeypatch.setattr(backend.module, "MIGRATIONS", {1: V2})
-    with pytest.raises(StoreError, match="no migration from it to 3"):
+    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", BASE + 2)
+    monkeypatch.setattr(backend.module, "MIGRATIONS", _steps(backend, V2))
+    with pytest.raises(StoreError, match=f"no migration from it to {BASE + 2}"):
         backend.open(path)
     db = backend.connect(path)
-    # step 1 -> 2 committed on its own before the missing step was found
-    assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    # the step to BASE + 1 committed on its own before the missing step was found
+    got = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    assert got == (str(BASE + 1),)
     db.close()
 
 

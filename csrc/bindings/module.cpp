@@ -8,6 +8,7 @@
 #include <string>
 
 #include "memoryos/kernels.h"
+#include "retrieval_bindings.h"
 #include "tensor_arg.h"
 
 #if defined(_OPENMP)
@@ -276,4 +277,5 @@ PYBIND11_MODULE(_C, m) {
         py::arg("kn_live"), py::arg("out_scores"), py::arg("out_ids"), py::arg("stream") = 0,
         "Top-k knowledge entries by cosine inside each query owner's ring buffer.");
   m.def("build_info", &build_info, "What was compiled and what is usable now.");
+  register_retrieval(m);
 }

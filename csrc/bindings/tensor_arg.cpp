@@ -13,6 +13,7 @@ Dt to_dt(const DLDataType& t) {
   if (t.code == kDLBfloat && t.bits == 16) return Dt::bf16;
   if (t.code == kDLFloat && t.bits == 64) return Dt::f64;
   if (t.code == kDLInt && t.bits == 32) return Dt::i32;
+  if (t.code == kDLInt && t.bits == 64) return Dt::i64;
   if (t.code == kDLUInt && t.bits == 8) return Dt::u8;
   // bool arrays are exported as uint8-sized kDLBool (code 6) by NumPy and torch
   if (t.code == 6 && t.bits == 8) return Dt::u8;
@@ -48,6 +49,7 @@ const char* dt_name(Dt dt) {
     case Dt::bf16: return "bfloat16";
     case Dt::f64: return "float64";
     case Dt::i32: return "int32";
+    case Dt::i64: return "int64";
     case Dt::u8: return "uint8";
     default: return "unsupported";
   }

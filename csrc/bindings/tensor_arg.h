@@ -41,7 +41,7 @@ struct DLManagedTensor {
 }
 
 /// Element types the kernels accept.
-enum class Dt { f32, f16, bf16, f64, i32, u8, other };
+enum class Dt { f32, f16, bf16, f64, i32, i64, u8, other };
 
 /// A borrowed view of one argument array. Holds the DLPack capsule, whose destructor releases
 /// the producer's reference, so the view is valid for the duration of the call.

@@ -222,6 +222,13 @@ class OwnedStore:
             )
             yield _mask_chunk(chunk, keep)
 
+    def iter_page_views(self) -> Iterator[list[tuple[int, str, Any]]]:
+        for chunk in self._store.iter_page_views():
+            yield [row for row in chunk if self.owns(row[1])]
+
+    def pages_without_terms(self) -> list[tuple]:
+        return [row for row in self._store.pages_without_terms() if self.owns(row[1])]
+
     def pending(self, kind: str) -> list[tuple[int, str, int]]:
         return [w for w in self._store.pending(kind) if self.owns(w[1])]
 
@@ -453,7 +460,11 @@ class ShardEngine(MemoryEngine):
                 self.arena.write_knowledge([slot], [e.seq % cap], e.embedding[None])
                 self.arena.set_ring_head(slot, head)
                 self._grow_maps()
+                old = int(self._entry_of_ring[slot, e.seq % cap])
+                if old >= 0:
+                    self._views.drop_knowledge([old])
                 self._entry_of_ring[slot, e.seq % cap] = cur.lastrowid
+                self._views.put_knowledge(cur.lastrowid, e.text)
 
     def _reload_assistants(self, assistant_ids: Sequence[str]) -> None:
         """Shared store: re-read assistants' live entries (written by their owner shard)."""
@@ -463,8 +474,8 @@ class ShardEngine(MemoryEngine):
         for aid in assistant_ids:
             slot = self._assistant_slot(aid)
             rows = self.store.query(
-                "SELECT entry_id, seq, embedding FROM knowledge WHERE owner_kind = 'assistant' "
-                "AND owner_id = ? AND live = 1 ORDER BY seq",
+                "SELECT entry_id, seq, embedding, text FROM knowledge "
+                "WHERE owner_kind = 'assistant' AND owner_id = ? AND live = 1 ORDER BY seq",
                 (aid,),
             )
             head = self.store.query(
@@ -480,7 +491,9 @@ class ShardEngine(MemoryEngine):
             )
             self.arena.set_ring_head(slot, int(head[0][0]) if head else rows[-1][1] + 1)
             self._grow_maps()
+            self._views.drop_knowledge(int(e) for e in self._entry_of_ring[slot] if e >= 0)
             self._entry_of_ring[slot, ring] = [r[0] for r in rows]
+            self._views.knowledge.update((r[0], r[3]) for r in rows)
 
     def info(self) -> dict[str, Any]:
         """Shard identity and size (cheap: no store scan)."""

@@ -40,9 +40,7 @@ from .validation import validate_page
 if TYPE_CHECKING:
     import threading
 
-    from memoryos_gpu.lexical import LexicalIndex
-    from memoryos_gpu.row_cache import RowCache
-    from memoryos_gpu.store.sqlite import PageView
+    from memoryos_gpu.page_views import PageViews
 
 T = TypeVar("T")
 
@@ -132,7 +130,7 @@ class MemoryEngine:
             stages=stages,
         )
         self._heat = Heat(state, self)
-        self._stm = ShortTerm(state, self._heat, self)
+        self._stm = ShortTerm(state, self)
         self._mtm = Segments(state, self._heat)
         self._lpm = LongTerm(state, self._heat, self)
         self._derived = DerivedWork(state, self)
@@ -187,13 +185,15 @@ class MemoryEngine:
         self.extractor.update(texts)
 
     def process_pending(self, max_batch: int | None = None) -> dict[str, int]:
-        """Run every pending derived item (chain, MTM, promotion) to completion.
+        """Run every pending derived item (chain, MTM, promotion) to completion, after writing
+        the heat retrievals credited (which queues the promotions they earned).
 
         Rounds of at most ``max_batch`` (default ``config.derived_max_batch``) pages, one per
         user, so each user's pages keep their order; safe at any time and after a crash (see
         :mod:`memoryos_gpu.engine.derived`). Also a hook: the rebuild on open resumes pending
         work through it, so a subclass that holds derived work back holds it there too.
         """
+        self._heat.write_behind()
         return self._derived.process_pending(max_batch)
 
     def _process_pages(self, items: list[WorkItem]) -> None:
@@ -366,23 +366,27 @@ class MemoryEngine:
                 "mode": self.stages.mode,
                 "preset": self.memory.preset,
                 "counters": dict(self.counters),
-                "row_cache": {
-                    "pages": self._page_views.stats(),
-                    "knowledge": self._knowledge_texts.stats(),
-                },
+                "views": self._views.stats(),
+                "retrieval": dict(self._retrieval.timing),
+                "heat_marks_unwritten": self._heat.pending_marks(),
                 "llm": self.stages.stats.as_dict(),
                 "embedder": getattr(getattr(self.embedder, "stats", None), "__dict__", {}),
                 "native": ops.build_info(),
             }
 
+    def write_behind(self) -> dict[str, int]:
+        """Write the heat statistics retrievals changed and queue the promotions they earned
+        (retrievals only buffer them; the server's background worker calls this every
+        second). Returns ``{"segments": written, "promotions": queued}``."""
+        return self._heat.write_behind()
+
     def sync(self) -> None:
-        """Write retrieval-driven heat statistics to the store now (they otherwise ride along
-        with the next write transaction)."""
-        self._heat.sync()
+        """Write retrieval-driven heat statistics to the store now (see :meth:`write_behind`)."""
+        self._heat.write_behind()
 
     def close(self) -> None:
         with self._lock:
-            self.sync()
+            self._heat.write_behind()
             self._derived.save_extractor()
             self.store.close()
             if self.llm is not None:
@@ -421,10 +425,8 @@ class MemoryEngine:
     embedder: _Shared[Any] = _Shared("embedder")
     extractor: _Shared[KeywordExtractor] = _Shared("extractor")
     stages: _Shared[ExtractiveStages | LLMStages] = _Shared("stages")
-    lexical: _Shared[LexicalIndex | None] = _Shared("lexical")
     counters: _Shared[dict[str, int]] = _Shared("counters")
-    _page_views: _Shared[RowCache[PageView]] = _Shared("page_views")
-    _knowledge_texts: _Shared[RowCache[str]] = _Shared("knowledge_texts")
+    _views: _Shared[PageViews] = _Shared("views")
     _users: _Shared[dict[str, UserState]] = _Shared("users")
     _assistant_owner: _Shared[dict[str, int]] = _Shared("assistant_owner")
     _page_of_slot: _Shared[np.ndarray] = _Shared("page_of_slot")

@@ -1,15 +1,25 @@
-"""Segment heat: retrieval hits, recomputation, the promotions it queues, and the write-behind
-of the statistics retrievals change.
+"""Segment heat: what retrievals credit, the promotions heat queues, and the write-behind of the
+statistics retrievals change.
 
 Heat (the paper's ``alpha * N_visit + beta * L_interaction + gamma * R_recency``) is derived: the
 kernels recompute it from the arena's statistics at each user's "now", and it is never stored.
-What is stored is ``n_visit`` and ``last_access``; retrievals change them in the arena and only
-*mark* the segment, and the marks ride along with the next write transaction (or ``sync``), so a
-read never waits on an fsync. A crash can lose recent visit counts, never pages.
+What is stored is ``n_visit`` and ``last_access``.
+
+A retrieval writes nothing to the store. The fused retrieval pass credits the segments of the
+pages it served (``ops.credit_served``: N_visit, last access and heat in the arena, and a flag
+where heat reached tau) and :meth:`Heat.credit` only appends the credited (user slot, segment
+slot) pairs and the flagged ones to in-memory buffers: two array appends per batch. The
+buffers go to the store in one transaction by :meth:`Heat.write_behind`, which the server's
+background worker calls every second and the engine calls before derived work, on ``sync``,
+``export_user`` and ``close``: the visit counts are written, and each flagged segment (if it is
+still live and has pages not yet analysed) is queued as pending promotion work, which
+``process_pending`` runs like any derived work. A crash loses the visits and promotion flags of
+the last interval, never a page (docs/storage.md).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,34 +32,123 @@ from .state import EngineHooks, EngineState, UserState
 
 
 class Heat:
-    """Heat feedback and promotion queueing for every user of one engine."""
+    """Heat feedback, promotion queueing and the heat write-behind of one engine."""
 
     def __init__(self, state: EngineState, hooks: EngineHooks) -> None:
         self._s = state
         self._hooks = hooks
-        # (user slot, segment slot) hit since the last write transaction: retrievals stay
-        # read-only on the store (no fsync)
-        self._dirty: set[tuple[int, int]] = set()
+        # since the last write-behind: credited (user slot, segment slot) pairs, and the pairs
+        # whose heat reached tau, as arrays appended once per retrieval batch
+        self._visits: list[tuple[np.ndarray, np.ndarray]] = []
+        self._flagged: list[tuple[np.ndarray, np.ndarray]] = []
+        self._buffers = threading.Lock()
+        self._writer = threading.Lock()  # one write-behind's store write at a time
 
-    def feed_hits(self, users: Sequence[UserState], chosen: np.ndarray, at: float | None) -> None:
-        """A retrieval's feedback: every segment it chose (``chosen[query]``: segment slots,
-        -1 padded) gets a visit at the user's now; heat is recomputed and what became hot is
-        promoted (right away when ``config.auto_process``)."""
+    def credit(
+        self,
+        user_slots: np.ndarray,
+        segments: np.ndarray,
+        credited: np.ndarray,
+        promote: np.ndarray,
+    ) -> None:
+        """Record a retrieval batch's credits (``ops.credit_served`` outputs, ``[B, k]``)."""
+        rows, cols = np.nonzero(credited)
+        if not rows.size:
+            return
+        pr, pc = np.nonzero(promote)
+        with self._buffers:
+            self._visits.append((user_slots[rows], segments[rows, cols]))
+            if pr.size:
+                self._flagged.append((user_slots[pr], segments[pr, pc]))
+
+    def pending_marks(self) -> int:
+        """Credited pairs not yet written (for stats)."""
+        with self._buffers:
+            return int(sum(u.size for u, _ in self._visits))
+
+    def write_behind(self) -> dict[str, int]:
+        """Write the buffered visit statistics and queue the flagged promotions, in one store
+        transaction. The buffers and the arena values they name are taken under the engine
+        lock; the store write runs after it is released, so retrievals do not wait for the
+        fsync. On failure the taken marks go back into the buffers. Never call it inside a
+        store transaction (it opens its own)."""
         s = self._s
-        rows, cols = np.nonzero(chosen >= 0)
-        if rows.size:
-            hit_users = np.array([users[r].slot for r in rows], np.int32)
-            now = np.array([s.now(users[r], at) for r in rows])
-            ops.apply_hits(s.arena, hit_users, chosen[rows, cols], now)
-            self._dirty.update(zip(hit_users.tolist(), chosen[rows, cols].tolist(), strict=True))
-        if self.refresh(None, users, at) and s.config.auto_process:
-            self._hooks._process_promotions()
+        with s.lock:
+            with self._buffers:
+                visits, self._visits = self._visits, []
+                flagged, self._flagged = self._flagged, []
+            if not visits and not flagged:
+                return {"segments": 0, "promotions": 0}
+            stats = self._visit_rows(visits)
+            promotions = self._promotion_rows(flagged)
+            # taken in lock order (engine, then writer): writes reach the store in the order
+            # their values were read, and a writer never waits for the engine lock
+            self._writer.acquire()
+        try:
+            with s.store.transaction() as db:
+                db.executemany(
+                    "UPDATE segments SET n_visit = ?, last_access = ? WHERE segment_id = ?", stats
+                )
+                db.executemany(
+                    "INSERT INTO pending(user_id, kind, ref, created) "
+                    "VALUES (?, 'promote', ?, ?) ON CONFLICT DO NOTHING",
+                    promotions,
+                )
+        except BaseException:
+            with self._buffers:
+                self._visits[:0] = visits
+                self._flagged[:0] = flagged
+            raise
+        finally:
+            self._writer.release()
+        return {"segments": len(stats), "promotions": len(promotions)}
+
+    def _visit_rows(self, visits: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple]:
+        """(n_visit, last_access, segment id) of every distinct credited segment still live."""
+        if not visits:
+            return []
+        s = self._s
+        u = np.concatenate([v[0] for v in visits]).astype(np.int64)
+        seg = np.concatenate([v[1] for v in visits]).astype(np.int64)
+        key = np.unique(u * s.memory.mtm_capacity + seg)
+        u, seg = key // s.memory.mtm_capacity, key % s.memory.mtm_capacity
+        sid = s.segment_of[u, seg]
+        live = sid >= 0
+        u, seg, sid = u[live], seg[live], sid[live]
+        if not u.size:
+            return []
+        users, first = np.unique(u, return_inverse=True)
+        heat = s.arena.pull_heat(users)
+        nv = heat["n_visit"][first, seg].tolist()
+        la = heat["last_access"][first, seg].tolist()
+        return list(zip(nv, la, sid.tolist(), strict=True))
+
+    def _promotion_rows(self, flagged: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple]:
+        """(user id, segment id, created) of flagged segments still live with pages to analyse."""
+        if not flagged:
+            return []
+        s = self._s
+        u = np.concatenate([f[0] for f in flagged]).astype(np.int64)
+        seg = np.concatenate([f[1] for f in flagged]).astype(np.int64)
+        key = np.unique(u * s.memory.mtm_capacity + seg)
+        u, seg = key // s.memory.mtm_capacity, key % s.memory.mtm_capacity
+        sid = s.segment_of[u, seg]
+        users, first = np.unique(u, return_inverse=True)
+        unanalysed = s.arena.pull_heat(users)["l_interaction"][first, seg] > 0
+        keep = (sid >= 0) & unanalysed
+        owner = s.user_of_slot
+        t = time.time()
+        return [
+            (owner[int(a)], int(b), t)
+            for a, b in zip(u[keep].tolist(), sid[keep].tolist(), strict=True)
+            if int(a) in owner
+        ]
 
     def refresh(self, db: Any, users: Sequence[UserState], at: float | None = None) -> int:
         """Recompute heat for users at their "now" and queue promotions: segments at or over
         tau that hold pages not yet analysed (L_interaction > 0; after a promotion it is 0, so
-        a segment hot from visits alone is not promoted again and again). ``db``: the open
-        transaction to write in, or None to open one only if something is queued."""
+        a segment hot from visits alone is not promoted again and again). Runs on the write
+        path (a derived round, a promotion), inside its transaction ``db``."""
         s = self._s
         uniq = list({u.user_id: u for u in users}.values())
         if not uniq:
@@ -63,58 +162,12 @@ class Heat:
         if not rows.size:
             return 0
         t = time.time()
-        items = [
-            (uniq[r].user_id, int(s.segment_of[uniq[r].slot, c]), t)
-            for r, c in zip(rows, cols, strict=True)
-        ]
-        if db is None:
-            with s.store.transaction() as own:
-                self._queue_promotions(own, items)
-        else:
-            self._queue_promotions(db, items)
-        return len(items)
-
-    def _queue_promotions(self, db: Any, items: list[tuple[str, int, float]]) -> None:
-        self.flush_stats(db)
         db.executemany(
             "INSERT INTO pending(user_id, kind, ref, created) "
             "VALUES (?, 'promote', ?, ?) ON CONFLICT DO NOTHING",
-            items,
-        )
-
-    def flush_stats(self, db: Any) -> None:
-        """Write the heat statistics changed by retrievals since the last write transaction.
-
-        Retrievals only mark segments dirty, so a read never waits on an fsync; the marks ride
-        along with the next write (or close). A crash can lose recent visit counts, never pages.
-        """
-        if not self._dirty:
-            return
-        s = self._s
-        pairs = sorted(self._dirty)
-        self._dirty.clear()
-        u = np.array([p[0] for p in pairs], np.int64)
-        seg = np.array([p[1] for p in pairs], np.int64)
-        sid = s.segment_of[u, seg]
-        keep = sid >= 0
-        if not keep.any():
-            return
-        u, seg, sid = u[keep], seg[keep], sid[keep]
-        stats = s.arena.pull_heat(u)
-        r = np.arange(u.size)
-        db.executemany(
-            "UPDATE segments SET n_visit = ?, last_access = ? WHERE segment_id = ?",
             [
-                (int(nv), float(la), int(x))
-                for nv, la, x in zip(
-                    stats["n_visit"][r, seg], stats["last_access"][r, seg], sid, strict=True
-                )
+                (uniq[r].user_id, int(s.segment_of[uniq[r].slot, c]), t)
+                for r, c in zip(rows, cols, strict=True)
             ],
         )
-
-    def sync(self) -> None:
-        """Write the marked statistics now, in a transaction of their own (if there are any)."""
-        with self._s.lock:
-            if self._dirty:
-                with self._s.store.transaction() as db:
-                    self.flush_stats(db)
+        return int(rows.size)

@@ -2,21 +2,24 @@
 whole user; the audit history.
 
 Every change is audited in the store in the transaction that makes it, and whatever the arena
-or the row caches hold of the item follows (an edited page is re-embedded in place, a deleted
-one leaves its arena row and BM25 index), so the next retrieval sees the change.
+or the in-memory views hold of the item follows once it is committed (an edited page is
+re-embedded and re-indexed in place, a deleted one leaves its arena row, term row and view),
+so the next retrieval sees the change.
 """
 
 from __future__ import annotations
 
+from dataclasses import astuple
 from typing import Any
 
 import numpy as np
 
 from memoryos_gpu.errors import UnknownUserError
+from memoryos_gpu.lexical import terms_to_blobs
 from memoryos_gpu.store.sqlite import emb_blob
 
 from .heat import Heat
-from .page_text import lexical_text, page_text
+from .page_text import page_terms_of, page_text
 from .state import EngineState
 from .validation import _clean_text
 
@@ -50,13 +53,21 @@ class Items:
                 else row["agent_response"],
             }
             vec = s.embedder.encode([page_text({**row, **new}, s.memory.embed_dates)])[0]
+            terms = page_terms_of(
+                [(new["user_input"], new["agent_response"], row["timestamp"], row["extra"])]
+            )
             with s.store.transaction() as db:
                 db.execute(
-                    "UPDATE pages SET user_input = ?, agent_response = ?, embedding = ? "
-                    "WHERE page_id = ?",
-                    (new["user_input"], new["agent_response"], emb_blob(vec), page_id),
+                    "UPDATE pages SET user_input = ?, agent_response = ?, embedding = ?, "
+                    "terms = ? WHERE page_id = ?",
+                    (
+                        new["user_input"],
+                        new["agent_response"],
+                        emb_blob(vec),
+                        terms_to_blobs(terms)[0],
+                        page_id,
+                    ),
                 )
-                s.page_views.forget([page_id])
                 s.store.audit(
                     db,
                     row["user_id"],
@@ -65,16 +76,11 @@ class Items:
                     page_id,
                     {"before": {k: row[k] for k in new}, "after": new},
                 )
+            s.views.edit_page(page_id, new["user_input"], new["agent_response"])
             slots = np.flatnonzero(s.page_of_slot == page_id)
             if slots.size:
                 s.arena.write_page_embeddings(slots, vec[None])
-                if s.lexical is not None:
-                    s.lexical.add(
-                        row["user_id"],
-                        page_id,
-                        lexical_text(new["user_input"], new["agent_response"], row["extra"]),
-                        row["timestamp"],
-                    )
+                s.arena.write_terms(slots, *astuple(terms))
             return self.get_page(page_id)
 
     def delete_page(self, page_id: int) -> bool:
@@ -84,18 +90,12 @@ class Items:
             row = self.get_page(page_id)
             if row is None:
                 return False
-            slots = np.flatnonzero(s.page_of_slot == page_id)
-            s.arena.delete_pages(slots)
-            s.page_of_slot[slots] = -1
-            if s.lexical is not None:
-                s.lexical.remove(row["user_id"], [page_id])
             user = s.users.get(row["user_id"])
             with s.store.transaction() as db:
                 db.execute("DELETE FROM pending WHERE kind = 'page' AND ref = ?", (page_id,))
                 db.execute("UPDATE pages SET next_page = NULL WHERE next_page = ?", (page_id,))
                 db.execute("UPDATE pages SET prev_page = NULL WHERE prev_page = ?", (page_id,))
                 db.execute("DELETE FROM pages WHERE page_id = ?", (page_id,))
-                s.page_views.forget([page_id])
                 if user is not None and page_id in user.stm:
                     user.stm.remove(page_id)
                 if user is not None and user.chain_tail == page_id:
@@ -111,6 +111,11 @@ class Items:
                     page_id,
                     {"before": {k: row[k] for k in ("user_input", "agent_response")}},
                 )
+            # memory follows the committed store: arena row, term row and view go together
+            slots = np.flatnonzero(s.page_of_slot == page_id)
+            s.arena.delete_pages(slots)
+            s.page_of_slot[slots] = -1
+            s.views.drop_pages([page_id])
             return True
 
     # ---------------------------------------------------------------- knowledge
@@ -128,7 +133,6 @@ class Items:
                     "UPDATE knowledge SET text = ?, embedding = ? WHERE entry_id = ?",
                     (text, emb_blob(vec), entry_id),
                 )
-                s.knowledge_texts.forget([entry_id])
                 s.store.audit(
                     db,
                     _audit_owner(row),
@@ -140,6 +144,7 @@ class Items:
             where = np.argwhere(s.entry_of_ring == entry_id)
             if where.size:
                 s.arena.write_knowledge(where[:, 0], where[:, 1], vec[None])
+                s.views.put_knowledge(entry_id, text)
             return s.store.knowledge_rows([entry_id])[entry_id]
 
     def delete_knowledge(self, entry_id: int) -> bool:
@@ -148,13 +153,8 @@ class Items:
             rows = s.store.knowledge_rows([entry_id])
             if entry_id not in rows:
                 return False
-            where = np.argwhere(s.entry_of_ring == entry_id)
-            if where.size:
-                s.arena.delete_knowledge(where[:, 0], where[:, 1])
-                s.entry_of_ring[where[:, 0], where[:, 1]] = -1
             with s.store.transaction() as db:
                 db.execute("DELETE FROM knowledge WHERE entry_id = ?", (entry_id,))
-                s.knowledge_texts.forget([entry_id])
                 s.store.audit(
                     db,
                     _audit_owner(rows[entry_id]),
@@ -163,6 +163,11 @@ class Items:
                     entry_id,
                     {"before": rows[entry_id]["text"]},
                 )
+            where = np.argwhere(s.entry_of_ring == entry_id)
+            if where.size:
+                s.arena.delete_knowledge(where[:, 0], where[:, 1])
+                s.entry_of_ring[where[:, 0], where[:, 1]] = -1
+            s.views.drop_knowledge([entry_id])
             return True
 
     # ---------------------------------------------------------------- users
@@ -174,7 +179,7 @@ class Items:
         """Everything held about a user, derived profile and knowledge included (JSON-ready)."""
         s = self._s
         with s.lock:
-            self._heat.sync()
+            self._heat.write_behind()
             data = s.store.export_user(user_id)
             if data is None:
                 raise UnknownUserError(f"unknown user {user_id!r}")
@@ -187,20 +192,21 @@ class Items:
         """Remove every row and arena slot held about the user."""
         s = self._s
         with s.lock:
-            s.page_views.clear()  # cheaper than finding the user's ids; deletes are rare
-            s.knowledge_texts.clear()
-            user = s.users.pop(user_id, None)
+            page_ids = [
+                r[0]
+                for r in s.store.query("SELECT page_id FROM pages WHERE user_id = ?", (user_id,))
+            ]
+            user = s.users.get(user_id)
+            s.views.drop_pages(page_ids)
+            s.profiles.pop(user_id, None)
             if user is None:
                 return s.store.delete_user(user_id)
-            live = s.arena.live_segments(user.slot)
-            for slot in live:
+            s.views.drop_knowledge(int(e) for e in s.entry_of_ring[user.owner] if e >= 0)
+            for slot in s.arena.live_segments(user.slot):
                 s.page_of_slot[s.arena.segment_pages(user.slot, int(slot))] = -1
-            s.arena.remove_user(user.slot)
-            s.arena.remove_owner(user.owner)
+            s.drop_user_state(user)  # segments, pages and their term rows, knowledge ring
             s.segment_of[user.slot] = -1
             s.entry_of_ring[user.owner] = -1
-            if s.lexical is not None:  # its keyword index holds the user's words
-                s.lexical.drop_user(user_id)
             return s.store.delete_user(user_id)
 
 

@@ -69,6 +69,7 @@ class LongTerm:
                 facts += [("user", uid, f, out.mode) for f in out.user_facts]
                 facts += [("assistant", aid, f, out.mode) for f in out.assistant_facts]
         fact_emb = s.embedder.encode([f[2] for f in facts]) if facts else None
+        new_profiles: dict[str, dict[str, Any]] = {}
         with s.store.transaction() as db:
             for work_id, uid, sid, profile, page_ids, out in results:
                 db.execute("DELETE FROM pending WHERE work_id = ?", (work_id,))
@@ -80,6 +81,7 @@ class LongTerm:
                         "UPDATE users SET profile = ? WHERE user_id = ?",
                         (json.dumps(profile, ensure_ascii=False), uid),
                     )
+                    new_profiles[uid] = profile
                 marks = ",".join("?" * len(page_ids))
                 db.execute(f"UPDATE pages SET analysed = 1 WHERE page_id IN ({marks})", page_ids)
                 self._reset_segment(db, uid, sid)
@@ -90,6 +92,7 @@ class LongTerm:
             if facts:
                 self._hooks._push_knowledge(db, facts, fact_emb)
             self._heat.refresh(db, [s.users[r[1]] for r in results if r[1] in s.users])
+        s.profiles.update(new_profiles)  # committed: retrievals show the new profiles
         return len(items)
 
     def _reset_segment(self, db: Any, user_id: str, segment_id: int) -> None:
@@ -134,7 +137,11 @@ class LongTerm:
                 "mode, created) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING entry_id",
                 (kind, owner_id, seq, text, emb_blob(vec), mode, t),
             )
-            s.entry_of_ring[o, r] = cur.fetchone()[0]
+            entry_id = cur.fetchone()[0]
+            if s.entry_of_ring[o, r] >= 0:  # the FIFO dropped the entry that held this slot
+                s.views.drop_knowledge([int(s.entry_of_ring[o, r])])
+            s.entry_of_ring[o, r] = entry_id
+            s.views.put_knowledge(entry_id, text)
             table = "users" if kind == "user" else "assistants"
             key = "user_id" if kind == "user" else "assistant_id"
             db.execute(
@@ -162,7 +169,7 @@ class LongTerm:
     # ---------------------------------------------------------------- reads
     def profile(self, user_id: str) -> dict[str, str]:
         self._s.user(user_id)
-        return self._s.store.user_row(user_id)["profile"]
+        return dict(self._s.profiles.get(user_id, {}))
 
     def knowledge(self, user_id: str) -> dict[str, list[dict[str, Any]]]:
         """Live user knowledge and the user's assistant's knowledge, oldest first."""

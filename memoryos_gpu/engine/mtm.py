@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import astuple
 from typing import Any
 
 import numpy as np
 
 from memoryos_gpu import ops
 from memoryos_gpu.arena import NO_ID
+from memoryos_gpu.lexical import terms_from_blobs
 from memoryos_gpu.stages import PageOutcome, PageWork
 from memoryos_gpu.store.sqlite import blob_matrix, emb_blob
 from memoryos_gpu.text.keywords import keyword_tokens
 
 from .heat import Heat
-from .page_text import lexical_text
 from .state import EngineState, UserState, WorkItem, keyword_rows, to_host
 
 
@@ -80,21 +81,27 @@ class Segments:
                 if j
             ]
         )
+        terms = terms_from_blobs(list(s.store.page_terms(page_ids).get(p) for p in page_ids))
+        pools = np.empty(len(items), np.int64)
+        metas: list[tuple[list[int], str]] = []  # (pages, chain meta) once committed
         with s.store.transaction() as db:
             for i, (work_id, _uid, pid) in enumerate(items):
-                self._apply_page(
+                pools[i] = self._apply_page(
                     db,
                     users[i],
                     pid,
-                    rows[pid],
                     embs[i],
                     outcomes[i],
                     summary_emb[i],
                     int(best_slot[i]) if join[i] else None,
                     seg_info,
+                    metas,
                 )
                 db.execute("DELETE FROM pending WHERE work_id = ?", (work_id,))
+            s.arena.write_terms(pools, *astuple(terms))
             self._heat.refresh(db, users)
+        for page_ids_, meta in metas:
+            s.views.set_meta(page_ids_, meta)
 
     def _summary_embeddings(
         self, outcomes: Sequence[PageOutcome], page_emb: np.ndarray, rows: Sequence[dict]
@@ -149,17 +156,19 @@ class Segments:
         _, victims = ops.recompute_heat(
             s.arena, slots, now, s.memory.heat_params(), np.ones(len(full), np.uint8)
         )
+        evicted: list[int] = []
         with s.store.transaction() as db:
             for u, v in zip(full, victims, strict=True):
-                self._evict_segment(db, u, int(v))
+                evicted += self._evict_segment(db, u, int(v))
+        s.views.drop_pages(evicted)  # pages out of MTM are not retrieved any more
 
-    def _evict_segment(self, db: Any, user: UserState, slot: int) -> None:
-        """Free a segment's arena rows and blocks; its pages leave MTM (tier ``evicted``)."""
+    def _evict_segment(self, db: Any, user: UserState, slot: int) -> list[int]:
+        """Free a segment's arena rows, blocks and term rows; its pages leave MTM (tier
+        ``evicted``). Returns their page ids."""
         s = self._s
         sid = int(s.segment_of[user.slot, slot])
         pool = s.arena.segment_pages(user.slot, slot)
-        if s.lexical is not None:
-            s.lexical.remove(user.user_id, s.page_of_slot[pool])
+        page_ids = [int(p) for p in s.page_of_slot[pool] if p >= 0]
         s.page_of_slot[pool] = -1
         s.arena.free_segments(np.array([user.slot]), np.array([slot]))
         s.segment_of[user.slot, slot] = -1
@@ -170,6 +179,7 @@ class Segments:
         db.execute("DELETE FROM segments WHERE segment_id = ?", (sid,))
         s.store.audit(db, user.user_id, "evict", "segment", sid, {"slot": slot})
         s.counters["segments_evicted"] += 1
+        return page_ids
 
     # ---------------------------------------------------------------- applying a page
     def _apply_page(
@@ -177,15 +187,16 @@ class Segments:
         db: Any,
         user: UserState,
         page_id: int,
-        row: dict[str, Any],
         page_emb: np.ndarray,
         out: PageOutcome,
         summary_emb: np.ndarray,
         join_slot: int | None,
         seg_info: dict[int, dict[str, Any]],
-    ) -> None:
-        """Put a page in a segment (``join_slot``, or a new one), its block and BM25 row, and
-        link it into the user's dialogue chain."""
+        metas: list[tuple[list[int], str]],
+    ) -> int:
+        """Put a page in a segment (``join_slot``, or a new one) and its block, and link it
+        into the user's dialogue chain. Returns its pool slot (the caller writes the round's
+        term rows there in one call); ``metas`` collects the chain meta updates."""
         s = self._s
         now = s.now(user)
         if join_slot is not None:
@@ -196,14 +207,8 @@ class Segments:
             seg_pos = 0
         pool = s.arena.append_pages([user.slot], [slot], page_emb[None])
         s.map_pages(pool, np.array([page_id]))
-        if s.lexical is not None:
-            s.lexical.add(
-                user.user_id,
-                page_id,
-                lexical_text(row["user_input"], row["agent_response"], row["extra"]),
-                row["timestamp"],
-            )
-        self._link_page(db, user, page_id, out, sid, seg_pos)
+        metas.append(self._link_page(db, user, page_id, out, sid, seg_pos))
+        return int(pool[0])
 
     def _join_segment(
         self,
@@ -298,9 +303,10 @@ class Segments:
 
     def _link_page(
         self, db: Any, user: UserState, page_id: int, out: PageOutcome, sid: int, seg_pos: int
-    ) -> None:
+    ) -> tuple[list[int], str]:
         """The page's MTM row, and the dialogue chain: a continuous page links to the previous
-        evicted page and the chain's meta is regenerated on every page of it."""
+        evicted page and the chain's meta is regenerated on every page of it. Returns the
+        pages whose meta changed and the meta."""
         s = self._s
         prev = user.chain_tail if out.continuous else None
         if prev is not None:
@@ -308,13 +314,16 @@ class Segments:
                 "SELECT COALESCE(chain_id, page_id) FROM pages WHERE page_id = ?", (prev,)
             )[0][0]
             db.execute("UPDATE pages SET next_page = ? WHERE page_id = ?", (page_id, prev))
-            chain = db.execute(
-                "UPDATE pages SET meta = ? WHERE chain_id = ? RETURNING page_id",
-                (out.meta, chain_id),
-            ).fetchall()
-            s.page_views.forget(r[0] for r in chain)
+            changed = [
+                r[0]
+                for r in db.execute(
+                    "UPDATE pages SET meta = ? WHERE chain_id = ? RETURNING page_id",
+                    (out.meta, chain_id),
+                ).fetchall()
+            ]
         else:
             chain_id = page_id
+            changed = []
         db.execute(
             "UPDATE pages SET tier = 'mtm', segment_id = ?, seg_pos = ?, prev_page = ?, "
             "chain_id = ?, meta = ?, summary = ?, keywords = ?, mode = ? WHERE page_id = ?",
@@ -330,12 +339,12 @@ class Segments:
                 page_id,
             ),
         )
-        s.page_views.forget([page_id])  # it has a chain and meta now
         user.chain_tail, user.chain_meta = page_id, out.meta
         db.execute(
             "UPDATE users SET chain_tail = ?, chain_meta = ? WHERE user_id = ?",
             (page_id, out.meta, user.user_id),
         )
+        return [*changed, page_id], out.meta
 
     def _kw_matrix(self, counts: dict[str, int]) -> np.ndarray:
         """A segment's keyword row: its most frequent keywords (first seen wins ties)."""

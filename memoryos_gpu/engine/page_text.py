@@ -1,15 +1,14 @@
 """The text that stands for a page: what it is embedded from, and what its BM25 row indexes.
 
-One definition for every writer (acceptance, the rebuild, ``update_page``) and the lexical
-index's loader, so a page's embedding and keyword row always describe the same words.
+One definition for every writer (acceptance, the rebuild, ``update_page``), so a page's
+embedding and its term row in the lexical index always describe the same words.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from memoryos_gpu.lexical import date_words
+from memoryos_gpu.lexical import PageTerms, date_words, page_terms
 from memoryos_gpu.types import PageInput
 
 
@@ -38,16 +37,14 @@ def page_text(page: Any, embed_dates: bool) -> str:
 
 
 def lexical_text(user_input: str, agent_response: str, meta: dict[str, Any]) -> str:
-    """A page's row in the user's BM25 index (the index adds the date words itself)."""
+    """The words of a page's BM25 row (:func:`page_terms_of` adds its date words)."""
     user, assistant = speakers(meta)
     return f"{user} {user_input} {assistant} {agent_response}"
 
 
-def lexical_rows(store: Any, user_id: str) -> list[tuple[int, str, float]]:
-    """The loader of a user's BM25 index: ``(page id, text, timestamp)`` of the MTM pages."""
-    rows = store.query(
-        "SELECT page_id, user_input, agent_response, timestamp, extra FROM pages "
-        "WHERE user_id = ? AND tier = 'mtm'",
-        (user_id,),
+def page_terms_of(pages: list[tuple[str, str, float, dict[str, Any]]]) -> PageTerms:
+    """BM25 term rows of pages given as ``(user_input, agent_response, timestamp, meta)``:
+    their lexical text plus their date words, for the whole batch in one native call."""
+    return page_terms(
+        [lexical_text(ui, ar, meta) for ui, ar, _ts, meta in pages], [p[2] for p in pages]
     )
-    return [(r[0], lexical_text(r[1], r[2], json.loads(r[4] or "{}")), r[3]) for r in rows]

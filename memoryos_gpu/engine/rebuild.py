@@ -2,21 +2,26 @@
 
 The arena is a cache of the store: everything in it is rebuilt from the store on open.
 Vectorised and streamed: the arena is sized once from row counts (no doubling copies), then
-segments, pages and knowledge arrive in chunks that go straight into it, so the peak memory is
-the arena plus one chunk. Heat is recomputed, not stored; the keyword statistics are the saved
-copy plus every page accepted after it.
+segments, pages (embeddings and BM25 term rows) and knowledge arrive in chunks that go
+straight into it, so the peak memory is the arena plus one chunk. The texts retrievals show
+(pages, knowledge, profiles) are loaded into the in-memory views the same way. Heat is
+recomputed, not stored; the keyword statistics are the saved copy plus every page accepted
+after it.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import astuple
 
 import numpy as np
 
 from memoryos_gpu import ops
-from memoryos_gpu.store.sqlite import StoreError
+from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
+from memoryos_gpu.store.sqlite import LOAD_CHUNK, StoreError
 from memoryos_gpu.text.keywords import KeywordExtractor
 
+from .page_text import page_terms_of
 from .state import EngineHooks, EngineState
 
 
@@ -45,9 +50,13 @@ class Rebuild:
             s.arena.set_ring_head(s.users[uid].owner, head)
         for uid, page_ids in s.store.load_stm().items():
             s.users[uid].stm.extend(page_ids)
+        self._backfill_terms()
         seg_index = self._load_segments()
         self._load_mtm_pages(*seg_index)
         self._load_knowledge()
+        for chunk in s.store.iter_page_views():
+            s.views.put_views(chunk)
+        s.profiles.update(s.store.profiles(s.users))
         if s.users:  # heat is derived: recompute it at each user's clock
             all_slots = np.array([u.slot for u in s.users.values()], np.int32)
             ops.recompute_heat(
@@ -102,7 +111,20 @@ class Rebuild:
                 raise StoreError("an MTM page names a missing segment; the store is corrupt")
             slots = s.arena.place_pages(uslots[idx], sslots[idx], c["seg_pos"])
             s.arena.write_pages(slots, c["embedding"])
+            s.arena.write_terms(slots, *astuple(terms_from_blobs(c["terms"])))
             s.map_pages(slots, c["page_id"])
+
+    def _backfill_terms(self) -> None:
+        """Give pages stored before term rows were (schema 1) their rows, from their text, in
+        the store, once: every later open loads them like the embeddings."""
+        s = self._s
+        rows = s.store.pages_without_terms()
+        for i in range(0, len(rows), LOAD_CHUNK):
+            chunk = rows[i : i + LOAD_CHUNK]
+            terms = page_terms_of([(r[2], r[3], r[4], r[5]) for r in chunk])
+            s.store.set_page_terms(
+                list(zip([r[0] for r in chunk], terms_to_blobs(terms), strict=True))
+            )
 
     def _load_knowledge(self) -> None:
         """Stream live knowledge entries into their owners' rings."""
@@ -120,6 +142,7 @@ class Rebuild:
             s.arena.write_knowledge(owners, ring, c["embedding"])
             s.grow_maps()
             s.entry_of_ring[owners, ring] = c["entry_id"]
+            s.views.knowledge.update(zip(c["entry_id"].tolist(), c["text"], strict=True))
 
     def _refit_extractor(self) -> None:
         """Restore the keyword statistics: the saved copy plus every page accepted after it

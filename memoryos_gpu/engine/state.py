@@ -1,8 +1,9 @@
 """The state every part of the engine works on, and the hooks the parts call back through.
 
 One :class:`EngineState` per engine holds what the tiers share: the arena (the batched
-kernels' struct-of-arrays), the store it caches, the embedder, the keyword statistics, the LLM
-stages, the row caches, the per-user records and the maps from arena slots back to store ids.
+kernels' struct-of-arrays, the lexical index among them), the store it caches, the embedder,
+the keyword statistics, the LLM stages, the in-memory views of pages, knowledge and profiles,
+the per-user records and the maps from arena slots back to store ids.
 The parts (``stm``, ``mtm``, ``heat``, ``lpm``, ``retrieval``, ...) are small classes that
 hold this object, so a newcomer reads one mechanic in one file and every part sees the same
 slots; none of them keeps a copy of anything here (the maps are replaced when the arena grows).
@@ -26,15 +27,11 @@ import numpy as np
 from memoryos_gpu.arena import Arena
 from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.errors import UnknownUserError
-from memoryos_gpu.lexical import LexicalIndex
-from memoryos_gpu.row_cache import RowCache
+from memoryos_gpu.page_views import PageViews
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
 from memoryos_gpu.store import SQLiteStore
-from memoryos_gpu.store.sqlite import PageView
 from memoryos_gpu.text.keywords import KeywordExtractor, hash_keywords
 from memoryos_gpu.types import AddResult, PageInput, Retrieval
-
-from .page_text import lexical_rows
 
 DEFAULT_ASSISTANT = "default"
 
@@ -105,19 +102,12 @@ class EngineState:
         self.extractor = extractor
         self.stages = stages
         m = config.memory
-        self.lexical: LexicalIndex | None = (
-            LexicalIndex(lambda uid: lexical_rows(self.store, uid))
-            if m.lexical_weight > 0
-            else None
-        )
-        cache = config.row_cache_size
-        self.page_views: RowCache[PageView] = RowCache(
-            cache, lambda ids: self.store.page_views(ids)
-        )
-        self.knowledge_texts: RowCache[str] = RowCache(
-            cache, lambda ids: self.store.knowledge_texts(ids)
-        )
+        # what retrievals show of pages and knowledge entries, and every user's profile, in
+        # memory: assembling a retrieval reads nothing from the store (page_views.py)
+        self.views = PageViews()
+        self.profiles: dict[str, dict[str, Any]] = {}
         self.users: dict[str, UserState] = {}
+        self.user_of_slot: dict[int, str] = {}  # arena user slot -> user id
         self.assistant_owner: dict[str, int] = {}
         self.page_of_slot = np.full(arena.page_live.shape[0], -1, np.int64)
         self.segment_of = np.full((arena.user_capacity, m.mtm_capacity), -1, np.int64)
@@ -174,7 +164,15 @@ class EngineState:
         self.grow_maps()
         state = UserState(user_id, assistant_id, slot, owner, **kw)
         self.users[user_id] = state
+        self.user_of_slot[slot] = user_id
         return state
+
+    def drop_user_state(self, user: UserState) -> None:
+        """Free a user's arena slots (segments, pages, term rows, knowledge ring) and record."""
+        self.arena.remove_user(user.slot)
+        self.arena.remove_owner(user.owner)
+        self.users.pop(user.user_id, None)
+        self.user_of_slot.pop(user.slot, None)
 
     def user(self, user_id: str) -> UserState:
         try:

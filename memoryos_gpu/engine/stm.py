@@ -1,10 +1,10 @@
 """Short-term memory: accepting pages, and the STM FIFO whose overflow becomes pending work.
 
-A page is committed to the store's STM, with its embedding, in the transaction of its batch
-before ``add_many`` returns (that is the acknowledgement). Each user's STM holds the newest
-``stm_capacity`` pages; a page pushed out of a full STM is marked ``pending`` in the same
-transaction, so the store records the derived work still owed (chain, segment, promotion), and
-:mod:`~memoryos_gpu.engine.derived` runs it later, in order per user.
+A page is committed to the store's STM, with its embedding and its BM25 term row, in the
+transaction of its batch before ``add_many`` returns (that is the acknowledgement). Each
+user's STM holds the newest ``stm_capacity`` pages; a page pushed out of a full STM is marked
+``pending`` in the same transaction, so the store records the derived work still owed (chain,
+segment, promotion), and :mod:`~memoryos_gpu.engine.derived` runs it later, in order per user.
 """
 
 from __future__ import annotations
@@ -16,20 +16,19 @@ from typing import Any
 
 import numpy as np
 
+from memoryos_gpu.lexical import terms_to_blobs
 from memoryos_gpu.store.sqlite import emb_blob
 from memoryos_gpu.types import AddResult, PageInput
 
-from .heat import Heat
-from .page_text import page_text
+from .page_text import page_terms_of, page_text
 from .state import DEFAULT_ASSISTANT, EngineHooks, EngineState, UserState
 
 
 class ShortTerm:
     """The acceptance path: embed, deduplicate by ``source``, commit, overflow the STM."""
 
-    def __init__(self, state: EngineState, heat: Heat, hooks: EngineHooks) -> None:
+    def __init__(self, state: EngineState, hooks: EngineHooks) -> None:
         self._s = state
-        self._heat = heat
         self._hooks = hooks
 
     def accept(self, items: list[PageInput]) -> list[AddResult]:
@@ -48,6 +47,13 @@ class ShortTerm:
             else []
         )
         vec_of = dict(zip(fresh, emb, strict=True))
+        terms = page_terms_of(
+            [
+                (items[i].user_input, items[i].agent_response, items[i].timestamp, items[i].meta)
+                for i in fresh
+            ]
+        )
+        blob_of = dict(zip(fresh, terms_to_blobs(terms), strict=True))
         touched = {p.user_id for p in items}
         snapshot = {
             uid: (u.clock, u.next_seq, deque(u.stm)) for uid, u in s.users.items() if uid in touched
@@ -55,17 +61,20 @@ class ShortTerm:
         counters = dict(s.counters)
         new_users: list[UserState] = []
         try:
-            results = self._insert_pages(items, known, vec_of, new_users)
+            results = self._insert_pages(items, known, vec_of, blob_of, new_users)
         except BaseException:
             for uid, (clock, next_seq, stm) in snapshot.items():
                 u = s.users[uid]
                 u.clock, u.next_seq, u.stm = clock, next_seq, stm
             for u in new_users:
-                s.arena.remove_user(u.slot)
-                s.arena.remove_owner(u.owner)
-                s.users.pop(u.user_id, None)
+                s.drop_user_state(u)
             s.counters = counters
             raise
+        for p, r in zip(items, results, strict=True):  # committed: retrievals may show them
+            if not r.duplicate:
+                s.views.put_page(
+                    r.page_id, p.user_input, p.agent_response, p.timestamp, None, p.meta
+                )
         self._hooks._learn_keywords(
             [f"{items[i].user_input} {items[i].agent_response}" for i in fresh]
         )
@@ -76,6 +85,7 @@ class ShortTerm:
         items: list[PageInput],
         known: dict[str, int],
         vec_of: dict[int, np.ndarray],
+        blob_of: dict[int, bytes],
         new_users: list[UserState],
     ) -> list[AddResult]:
         s = self._s
@@ -83,7 +93,6 @@ class ShortTerm:
         results: list[AddResult] = []
         now = time.time()
         with s.store.transaction() as db:
-            self._heat.flush_stats(db)
             for i, p in enumerate(items):
                 if p.source and (p.source in known or p.source in seen_sources):
                     pid = known.get(p.source, seen_sources.get(p.source))
@@ -98,8 +107,8 @@ class ShortTerm:
                     new_users.append(user)
                 cur = db.execute(
                     "INSERT INTO pages(user_id, seq, user_input, agent_response, timestamp, tier, "
-                    "embedding, source, extra, created) VALUES (?, ?, ?, ?, ?, 'stm', ?, ?, ?, ?) "
-                    "RETURNING page_id",
+                    "embedding, terms, source, extra, created) "
+                    "VALUES (?, ?, ?, ?, ?, 'stm', ?, ?, ?, ?, ?) RETURNING page_id",
                     (
                         p.user_id,
                         user.next_seq,
@@ -107,6 +116,7 @@ class ShortTerm:
                         p.agent_response,
                         p.timestamp,
                         emb_blob(vec_of[i]),
+                        blob_of[i],
                         p.source,
                         json.dumps(p.meta, ensure_ascii=False),
                         now,

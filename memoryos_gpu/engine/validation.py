@@ -24,6 +24,7 @@ MAX_TEXT_CHARS = 1_000_000
 MAX_ID_CHARS = 256
 MAX_META_BYTES = 65_536
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # category Cc, but \t and \n
 
 
 class InvalidInputError(MemoryOSError, ValueError):
@@ -34,11 +35,13 @@ def _clean_text(value: Any, what: str) -> str:
     """Normalise text: NFC, lone surrogates -> U+FFFD, control chars other than \\n \\t dropped."""
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
-    text = _SURROGATE.sub("\ufffd", value)
-    text = "".join(c for c in text if c in "\n\t" or unicodedata.category(c) != "Cc")
+    if value.isascii():  # no surrogates, already NFC: only control characters to drop
+        text = _CONTROL.sub("", value)
+    else:
+        text = unicodedata.normalize("NFC", _CONTROL.sub("", _SURROGATE.sub("\ufffd", value)))
     if len(text) > MAX_TEXT_CHARS:
         raise InvalidInputError(f"{what} is {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
-    return unicodedata.normalize("NFC", text)
+    return text
 
 
 def _clean_id(value: Any, what: str) -> str:
@@ -46,7 +49,10 @@ def _clean_id(value: Any, what: str) -> str:
     characters (ids are keys: they are checked, never rewritten)."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidInputError(f"{what} must be a non-empty string")
-    if len(value) > MAX_ID_CHARS or any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
+    if len(value) > MAX_ID_CHARS or not (
+        (value.isascii() and value.isprintable())
+        or not any(unicodedata.category(c) in ("Cc", "Cs") for c in value)
+    ):
         raise InvalidInputError(f"{what} must be at most {MAX_ID_CHARS} printable characters")
     return value
 

@@ -488,6 +488,9 @@ class MemoryService:
                 break
             self._derived_wake.clear()
             try:
+                # the heat retrievals credited, written behind (it queues the promotions they
+                # earned, so it runs first); retrievals themselves write nothing
+                self.engine.write_behind()
                 if self.engine.pending_count() == 0:
                     continue
                 if max_wait and self._derived_backlog < self._derived_max_batch:

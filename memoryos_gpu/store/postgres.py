@@ -148,7 +148,9 @@ CREATE INDEX audit_user ON audit(user_id, event_id);
 
 #: This dialect's forward migrations, as :data:`memoryos_gpu.store.sqlite.MIGRATIONS` (same
 #: versions, same rules; a callable step gets a :class:`PgConnection`). Add a step to both.
-MIGRATIONS: dict[int, Migration] = {}
+MIGRATIONS: dict[int, Migration] = {
+    1: "ALTER TABLE pages ADD COLUMN terms BYTEA",  # sqlite.MIGRATIONS[1]: page term rows
+}
 
 #: The key column that stands for SQLite's ``rowid`` in tables whose INTEGER PRIMARY KEY is
 #: their rowid. ``users`` and ``assistants`` have a real ``rowid`` column instead.

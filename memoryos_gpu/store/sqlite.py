@@ -26,7 +26,7 @@ import numpy as np
 
 from memoryos_gpu.errors import MemoryOSError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SYNCHRONOUS = "FULL"  # an acknowledged page survives power loss, not only a process crash
 
 
@@ -140,7 +140,12 @@ _REQUIRED_TABLES = frozenset(
 # (``_SCHEMA_V1``) and brought forward through the same chain, so every store of a version has
 # the same schema however it was made.
 Migration = str | Callable[[sqlite3.Connection], None]
-MIGRATIONS: dict[int, Migration] = {}
+MIGRATIONS: dict[int, Migration] = {
+    # 1 -> 2: each page keeps its BM25 term row (memoryos_gpu.lexical.terms_to_blobs), so a
+    # reopen loads the lexical index with the embeddings; rows of older pages are computed
+    # from their text on the first open (MemoryEngine rebuild) and written back
+    1: "ALTER TABLE pages ADD COLUMN terms BLOB",
+}
 
 #: Rows fetched per round trip by the bulk loaders (bounds their transient memory).
 LOAD_CHUNK = 65536
@@ -654,27 +659,77 @@ class SQLiteStore:
 
     def iter_mtm_pages(self, dim: int) -> Iterator[dict[str, Any]]:
         """Every page in MTM, in chunks of ``page_id``, ``segment_id``, ``seg_pos``,
-        ``embedding``. Read in one sequential scan in key order (no random lookups, no SQL
-        sort of the blobs): callers place each page by its (segment, position), so the order
-        of the rows does not matter."""
+        ``embedding`` and ``terms`` (a list of term-row blobs, None where a page has none yet).
+        Read in one sequential scan in key order (no random lookups, no SQL sort of the
+        blobs): callers place each page by its (segment, position), so the order of the rows
+        does not matter."""
         return self._stream(
             "mtm_pages",
-            "SELECT page_id, segment_id, seg_pos, embedding FROM pages WHERE tier = 'mtm' "
-            "ORDER BY page_id",
+            "SELECT page_id, segment_id, seg_pos, embedding, terms FROM pages "
+            "WHERE tier = 'mtm' ORDER BY page_id",
             [("page_id", np.int64), ("segment_id", np.int64), ("seg_pos", np.int64)],
             dim,
+            keep=("terms",),
         )
+
+    def iter_page_views(self) -> Iterator[list[tuple[int, str, PageView]]]:
+        """What retrievals show of every page in STM or MTM (or waiting between them), in
+        chunks of ``(page_id, user_id, view)``: the engine holds these in memory, so
+        assembling a retrieval reads no row."""
+        with self._snapshot() as db:
+            cur = db.execute(
+                "SELECT page_id, user_id, user_input, agent_response, timestamp, meta, extra "
+                "FROM pages WHERE tier != 'evicted' ORDER BY page_id"
+            )
+            while rows := cur.fetchmany(LOAD_CHUNK):
+                extras: dict[str, dict[str, Any]] = {}  # one dict per distinct text, per chunk
+                out = []
+                for r in rows:
+                    extra = extras.get(r[6])
+                    if extra is None:
+                        extra = extras[r[6]] = _json_dict(r[6])
+                    out.append((r[0], r[1], PageView(r[2], r[3], r[4], r[5], extra)))
+                yield out
+
+    def pages_without_terms(self) -> list[tuple[int, str, str, str, float, dict[str, Any]]]:
+        """Pages not yet evicted and written before term rows were stored (schema 1):
+        ``(page_id, user_id, user_input, agent_response, timestamp, extra)``. Their rows are
+        computed once from the text and written back (:meth:`set_page_terms`)."""
+        return [
+            (r[0], r[1], r[2], r[3], r[4], _json_dict(r[5]))
+            for r in self.query(
+                "SELECT page_id, user_id, user_input, agent_response, timestamp, extra "
+                "FROM pages WHERE tier != 'evicted' AND terms IS NULL ORDER BY page_id"
+            )
+        ]
+
+    def set_page_terms(self, rows: Sequence[tuple[int, bytes]]) -> None:
+        """Store pages' term-row blobs ``(page_id, blob)`` in one transaction."""
+        with self.transaction() as db:
+            db.executemany(
+                "UPDATE pages SET terms = ? WHERE page_id = ?", [(b, p) for p, b in rows]
+            )
+
+    def page_terms(self, page_ids: Sequence[int]) -> dict[int, bytes | None]:
+        """Term-row blobs of pages by id (None for a page stored without one)."""
+        out: dict[int, bytes | None] = {}
+        for chunk in _id_chunks(page_ids):
+            marks = ",".join("?" * len(chunk))
+            out.update(
+                self.query(f"SELECT page_id, terms FROM pages WHERE page_id IN ({marks})", chunk)
+            )
+        return out
 
     def iter_knowledge(self, dim: int) -> Iterator[dict[str, Any]]:
         """Live knowledge entries in ``entry_id`` order, in chunks of ``entry_id``, ``seq``,
-        ``embedding``, ``owner_kind`` and ``owner_id`` (lists)."""
+        ``embedding``, ``owner_kind``, ``owner_id`` and ``text`` (lists)."""
         return self._stream(
             "knowledge",
-            "SELECT entry_id, seq, embedding, owner_kind, owner_id FROM knowledge "
+            "SELECT entry_id, seq, embedding, owner_kind, owner_id, text FROM knowledge "
             "WHERE live = 1 ORDER BY entry_id",
             [("entry_id", np.int64), ("seq", np.int64)],
             dim,
-            keep=("owner_kind", "owner_id"),
+            keep=("owner_kind", "owner_id", "text"),
         )
 
     # ------------------------------------------------------------------ knowledge

@@ -181,11 +181,12 @@ def _raw_tokens(text: str) -> list[tuple[str, str, bool]]:
 
 
 def _norm_tokens(text: str) -> list[str]:
-    """The normalised tokens of :func:`_raw_tokens` without surface forms or sentence
-    positions: the tokenizer's hot path (every query, and every page of a lexical index)."""
+    """The normalised tokens of ``text`` without surface forms or sentence positions: the text
+    is NFKC-normalised and case-folded as a whole, then split into words. The native splitter
+    of the lexical index (``csrc/host/terms.cpp``) does exactly this for whole batches, so a
+    word has one id in both."""
     out = []
-    for surface in _WORD_RE.findall(_nfkc(text or "")):
-        norm = surface.casefold()
+    for norm in _WORD_RE.findall(_nfkc(text or "").casefold()):
         if "'" in norm or "\u2019" in norm:
             norm = _strip_apostrophes(norm)
         if norm:

@@ -1,0 +1,249 @@
+"""Where a retrieval's time goes: the memory system's cost per query beside its kernels' own.
+
+For each user count (synthetic users of ``--pages-per-user`` LoCoMo pages each, as
+``throughput.py`` builds them, in a SQLite store on disk), the engine answers batches of
+``--batch`` LoCoMo questions through ``retrieve_many``:
+
+- **warm**: after ingestion, ``--queries`` questions for random users;
+- **cold**: the store is closed and reopened, then every user's *first* question (users in a
+  random order; at most ``--queries`` of them), so nothing of theirs was touched since the open.
+
+Reported per query, from the engine's own retrieval counters (``stats()["retrieval"]``): the
+total, the embedding (the embedder's share of the same batches), the **memory-system time**
+(total minus embedding), and the **kernels' time** (the native calls: fused retrieval, both
+knowledge top-k, heat credit); their ratio is the target (<= 3x). A cProfile of warm batches
+says where the rest goes. Peak RSS is the process's (``ru_maxrss``, monotone: run a size alone,
+``--users 100000``, to read its own peak). ``--embedder minilm`` also reports end-to-end
+queries/s against the embedder's own on the same questions.
+
+Usage: python benchmarks/retrieval_path.py [--users 1000 10000 100000] [--embedder hashing]
+       [--batch 256] [--queries 4096] [--quick] [--json OUT] [--plot OUT.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import pstats
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from throughput import hardware, load_corpus, make_embedder, make_pages
+
+from memoryos_gpu import ops
+from memoryos_gpu.config import EngineConfig, preset
+from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.eval.locomo import default_locomo_path
+
+# cProfile rows are grouped by where the function lives
+PROFILE_GROUPS = [
+    ("embedding", ("embedding.py",)),
+    ("kernels (native)", ("memoryos_gpu._C", "_C.", "retrieve' of", "knowledge_topk' of")),
+    ("query terms", ("lexical.py",)),
+    ("heat write-behind", ("heat.py",)),
+    ("assembly", ("assembly.py", "types.py")),
+    ("validation", ("validation.py",)),
+    ("retrieval pipeline", ("retrieval.py",)),
+    ("ops wrappers", ("ops/__init__.py", "ops/retrieval.py", "arena.py")),
+]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def open_engine(store: Path, embedder: Any) -> MemoryEngine:
+    cfg = EngineConfig(store=str(store / "memory.sqlite3"), memory=preset("paper"))
+    return MemoryEngine(cfg, embedder=embedder)
+
+
+def run_batches(engine: MemoryEngine, queries: list[tuple[str, str]], batch: int) -> dict:
+    """Retrieve ``queries`` in batches; the per-query split from the engine's counters."""
+    before = dict(engine.stats()["retrieval"])
+    t0 = time.perf_counter()
+    for i in range(0, len(queries), batch):
+        engine.retrieve_many(queries[i : i + batch])
+    wall = time.perf_counter() - t0
+    after = engine.stats()["retrieval"]
+    d = {k: after[k] - before[k] for k in ("queries", "total_s", "embed_s", "kernel_s")}
+    n = max(d["queries"], 1)
+    memsys = d["total_s"] - d["embed_s"]
+    return {
+        "queries": d["queries"],
+        "queries_per_s": len(queries) / wall,
+        "total_us": d["total_s"] / n * 1e6,
+        "embed_us": d["embed_s"] / n * 1e6,
+        "memsys_us": memsys / n * 1e6,
+        "kernel_us": d["kernel_s"] / n * 1e6,
+        "memsys_over_kernels": memsys / d["kernel_s"] if d["kernel_s"] > 0 else None,
+    }
+
+
+def profile_rows(engine: MemoryEngine, queries: list, batch: int) -> list[dict[str, Any]]:
+    """Own time of warm batches by where the function lives (cProfile; shares, not seconds)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(0, len(queries), batch):
+        engine.retrieve_many(queries[i : i + batch])
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    groups: dict[str, float] = {}
+    total = 0.0
+    for (file, _line, name), (_cc, _nc, tt, _ct, _callers) in stats.items():
+        where = f"{file}:{name}"
+        label = next((g for g, keys in PROFILE_GROUPS if any(k in where for k in keys)), "other")
+        groups[label] = groups.get(label, 0.0) + tt
+        total += tt
+    return [
+        {"where": g, "share": round(t / total, 3)}
+        for g, t in sorted(groups.items(), key=lambda kv: -kv[1])
+    ]
+
+
+def embedder_only(embedder: Any, queries: list, batch: int) -> float:
+    t0 = time.perf_counter()
+    for i in range(0, len(queries), batch):
+        embedder.encode([q for _, q in queries[i : i + batch]])
+    return len(queries) / (time.perf_counter() - t0)
+
+
+def run_size(users: int, corpus, questions, embedder, args) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="retrieval-path-"))
+    rng = random.Random(users)
+    try:
+        engine = open_engine(workdir, embedder)
+        pages = make_pages(corpus, users, args.pages_per_user)
+        t0 = time.perf_counter()
+        for i in range(0, len(pages), args.ingest_batch):
+            engine.add_many(pages[i : i + args.ingest_batch])
+        ingest_s = time.perf_counter() - t0
+        del pages
+        warm_q = [(f"u{rng.randrange(users)}", rng.choice(questions)) for _ in range(args.queries)]
+        engine.retrieve_many(warm_q[: args.batch])  # first batch: allocations, caches
+        warm = run_batches(engine, warm_q, args.batch)
+        prof = profile_rows(engine, warm_q[: 4 * args.batch], args.batch)
+        arena_bytes = engine.arena.nbytes()
+        engine.close()
+        del engine
+        gc.collect()
+        t0 = time.perf_counter()
+        engine = open_engine(workdir, embedder)
+        reopen_s = time.perf_counter() - t0
+        order = rng.sample(range(users), min(users, args.queries))
+        cold_q = [(f"u{u}", rng.choice(questions)) for u in order]
+        cold = run_batches(engine, cold_q, args.batch)
+        row: dict[str, Any] = {
+            "users": users,
+            "pages": users * args.pages_per_user,
+            "ingest_pages_per_s": users * args.pages_per_user / ingest_s,
+            "reopen_s": reopen_s,
+            "warm": warm,
+            "cold": cold,
+            "profile_warm": prof,
+            "arena_bytes_per_user": arena_bytes / users,
+            "peak_rss_mb": peak_rss_mb(),
+        }
+        if args.embedder == "minilm":
+            row["embedder_queries_per_s"] = embedder_only(embedder, warm_q, args.batch)
+            row["end_to_end_over_embedder"] = warm["queries_per_s"] / row["embedder_queries_per_s"]
+        engine.close()
+        return row
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = (
+        f"{'users':>7} {'mode':>5} {'q/s':>7} {'total us':>9} {'embed us':>9} "
+        f"{'memsys us':>9} {'kernel us':>9} {'memsys/k':>8} {'RSS MB':>7}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        for mode in ("warm", "cold"):
+            m = r[mode]
+            ratio = m["memsys_over_kernels"]
+            print(
+                f"{r['users']:>7} {mode:>5} {m['queries_per_s']:>7.0f} {m['total_us']:>9.1f} "
+                f"{m['embed_us']:>9.1f} {m['memsys_us']:>9.1f} {m['kernel_us']:>9.1f} "
+                f"{'-' if ratio is None else f'{ratio:.2f}':>8} {r['peak_rss_mb']:>7.0f}"
+            )
+    for r in rows:
+        shares = ", ".join(f"{p['where']} {p['share']:.0%}" for p in r["profile_warm"][:6])
+        print(f"profile {r['users']} users (warm, own time): {shares}")
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    xs = [r["users"] for r in rows]
+    for mode, style in (("warm", "o-"), ("cold", "s--")):
+        ax.plot(xs, [r[mode]["memsys_us"] for r in rows], style, label=f"memory system ({mode})")
+    ax.plot(xs, [r["warm"]["kernel_us"] for r in rows], "^:", label="kernels (warm)")
+    ax.set_xscale("log")
+    ax.set_xlabel("users (x 20 pages)")
+    ax.set_ylabel("us per query (embedding excluded)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--users", type=int, nargs="+", default=[1000, 10000, 100000])
+    p.add_argument("--pages-per-user", type=int, default=20)
+    p.add_argument("--embedder", choices=["hashing", "minilm"], default="hashing")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--queries", type=int, default=4096)
+    p.add_argument("--ingest-batch", type=int, default=2048)
+    p.add_argument("--data", type=Path, default=default_locomo_path())
+    p.add_argument("--quick", action="store_true", help="100 users, 512 queries: seconds")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.users, args.queries, args.batch = [100], 512, 128
+    corpus, questions = load_corpus(args.data)
+    embedder = make_embedder(args.embedder)
+    embedder.encode(["warm-up"] * 2)
+    rows = []
+    for users in sorted(set(args.users)):
+        rows.append(run_size(users, corpus, questions, embedder, args))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        report = {
+            "benchmark": "retrieval_path",
+            "date": time.strftime("%Y-%m-%d"),
+            "hardware": hardware(),
+            "build": ops.build_info(),
+            "embedder": getattr(embedder, "model_id", args.embedder),
+            "settings": {k: str(v) for k, v in vars(args).items() if k not in ("json", "plot")},
+            "results": rows,
+        }
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=2))
+    print_table(rows)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

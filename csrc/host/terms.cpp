@@ -1,0 +1,287 @@
+// memoryos-gpu: the native term splitter (see memoryos/terms.h for the rules).
+#include "memoryos/terms.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace memoryos {
+namespace {
+
+#include "memoryos/unicode_alnum.inc"
+
+// ---- BLAKE2b (RFC 7693), unkeyed, 8-byte digest ---------------------------------------------
+constexpr uint64_t kIV[8] = {0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
+                             0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
+                             0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
+
+constexpr uint8_t kSigma[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
+    {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13},
+    {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11},
+    {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
+    {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
+
+inline uint64_t rotr(uint64_t x, int n) { return (x >> n) | (x << (64 - n)); }
+
+inline void mix(uint64_t* v, int a, int b, int c, int d, uint64_t x, uint64_t y) {
+  v[a] = v[a] + v[b] + x;
+  v[d] = rotr(v[d] ^ v[a], 32);
+  v[c] = v[c] + v[d];
+  v[b] = rotr(v[b] ^ v[c], 24);
+  v[a] = v[a] + v[b] + y;
+  v[d] = rotr(v[d] ^ v[a], 16);
+  v[c] = v[c] + v[d];
+  v[b] = rotr(v[b] ^ v[c], 63);
+}
+
+void compress(uint64_t* h, const uint8_t* block, uint64_t counter, bool last) {
+  uint64_t m[16], v[16];
+  for (int i = 0; i < 16; ++i) {
+    uint64_t w = 0;
+    for (int j = 7; j >= 0; --j) w = (w << 8) | block[8 * i + j];  // little-endian words
+    m[i] = w;
+  }
+  for (int i = 0; i < 8; ++i) {
+    v[i] = h[i];
+    v[i + 8] = kIV[i];
+  }
+  v[12] ^= counter;  // the byte counter's high word is 0: words are far below 2^64 bytes
+  if (last) v[14] = ~v[14];
+  for (const auto& s : kSigma) {
+    mix(v, 0, 4, 8, 12, m[s[0]], m[s[1]]);
+    mix(v, 1, 5, 9, 13, m[s[2]], m[s[3]]);
+    mix(v, 2, 6, 10, 14, m[s[4]], m[s[5]]);
+    mix(v, 3, 7, 11, 15, m[s[6]], m[s[7]]);
+    mix(v, 0, 5, 10, 15, m[s[8]], m[s[9]]);
+    mix(v, 1, 6, 11, 12, m[s[10]], m[s[11]]);
+    mix(v, 2, 7, 8, 13, m[s[12]], m[s[13]]);
+    mix(v, 3, 4, 9, 14, m[s[14]], m[s[15]]);
+  }
+  for (int i = 0; i < 8; ++i) h[i] ^= v[i] ^ v[i + 8];
+}
+
+// ---- code points ----------------------------------------------------------------------------
+bool is_alnum(uint32_t c) {
+  if (c < 128) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+  }
+  // the last range starting at or below c, if c is inside it
+  size_t lo = 0, hi = sizeof(kAlnumRanges) / sizeof(kAlnumRanges[0]);
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (kAlnumRanges[mid][0] <= c) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo > 0 && c < kAlnumRanges[lo - 1][1];
+}
+
+inline bool is_apostrophe(uint32_t c) { return c == 0x27 || c == 0x2019; }
+
+void put_utf8(uint32_t c, std::string* out) {
+  if (c < 0x80) {
+    out->push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  }
+}
+
+/// One document's terms: its token ids in text order, turned into (id, tf) rows at the end.
+struct DocTerms {
+  std::vector<int32_t> tokens;
+  std::vector<std::pair<int32_t, int32_t>> scratch;  // (id, first position)
+
+  void flush(const TermOptions& opt, TermBatch* out) {
+    scratch.clear();
+    for (size_t i = 0; i < tokens.size(); ++i) scratch.emplace_back(tokens[i], static_cast<int32_t>(i));
+    std::sort(scratch.begin(), scratch.end());  // by id, then by position
+    // runs of one id: (first position, id, count)
+    std::vector<std::array<int32_t, 3>>& runs = runs_;
+    runs.clear();
+    for (size_t i = 0; i < scratch.size();) {
+      size_t j = i;
+      while (j < scratch.size() && scratch[j].first == scratch[i].first) ++j;
+      runs.push_back({scratch[i].second, scratch[i].first, static_cast<int32_t>(j - i)});
+      i = j;
+    }
+    if (!opt.sorted || static_cast<int32_t>(runs.size()) > opt.max_terms) {
+      std::sort(runs.begin(), runs.end());  // first occurrence order
+      if (static_cast<int32_t>(runs.size()) > opt.max_terms) runs.resize(opt.max_terms);
+      if (opt.sorted) {
+        std::sort(runs.begin(), runs.end(),
+                  [](const auto& x, const auto& y) { return x[1] < y[1]; });
+      }
+    }
+    for (const auto& r : runs) {
+      out->ids.push_back(r[1]);
+      out->tf.push_back(r[2]);
+    }
+    out->offsets.push_back(static_cast<int64_t>(out->ids.size()));
+    out->length.push_back(static_cast<int32_t>(tokens.size()));
+    tokens.clear();
+  }
+
+ private:
+  std::vector<std::array<int32_t, 3>> runs_;
+};
+
+constexpr const char* kWeekdays[7] = {"monday", "tuesday", "wednesday", "thursday",
+                                      "friday", "saturday", "sunday"};
+constexpr const char* kMonths[12] = {"january", "february", "march",     "april",
+                                     "may",     "june",     "july",      "august",
+                                     "september", "october", "november", "december"};
+
+/// Days since 1970-01-01 -> (year, month 1-12, day 1-31), proleptic Gregorian (H. Hinnant's
+/// civil_from_days).
+void civil_from_days(int64_t z, int64_t* y, int* m, int* d) {
+  z += 719468;
+  const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+  const int64_t doe = z - era * 146097;
+  const int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  const int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  const int64_t mp = (5 * doy + 2) / 153;
+  *d = static_cast<int>(doy - (153 * mp + 2) / 5 + 1);
+  *m = static_cast<int>(mp < 10 ? mp + 3 : mp - 9);
+  *y = yoe + era * 400 + (*m <= 2);
+}
+
+}  // namespace
+
+int32_t term_id(const uint8_t* utf8, size_t n) {
+  uint64_t h[8];
+  std::memcpy(h, kIV, sizeof(h));
+  h[0] ^= 0x01010000ULL ^ 8ULL;  // digest length 8, no key
+  uint8_t block[128];
+  size_t done = 0;
+  while (n - done > 128) {
+    compress(h, utf8 + done, done + 128, false);
+    done += 128;
+  }
+  std::memset(block, 0, sizeof(block));
+  std::memcpy(block, utf8 + done, n - done);
+  compress(h, block, n, true);
+  return static_cast<int32_t>(h[0] & 0x7FFFFFFFULL);
+}
+
+std::vector<std::string> date_words(double timestamp) {
+  if (!std::isfinite(timestamp)) return {};
+  // datetime.fromtimestamp rounds to the microsecond (half to even), then takes the UTC day
+  const double us = std::nearbyint(timestamp * 1e6);
+  const double day = std::floor(us / 86400e6);
+  if (!(day > -719163.0 - 1 && day < 2932897.0)) return {};  // years 1..9999
+  int64_t y;
+  int m, d;
+  const auto days = static_cast<int64_t>(day);
+  civil_from_days(days, &y, &m, &d);
+  if (y < 1 || y > 9999) return {};
+  const int64_t wd = ((days % 7) + 7 + 3) % 7;  // 1970-01-01 was a Thursday (Monday = 0)
+  return {kWeekdays[wd], std::to_string(d), kMonths[m - 1], std::to_string(y)};
+}
+
+TermSplitter::TermSplitter(const std::vector<std::string>& stopwords)
+    : stopwords_(stopwords.begin(), stopwords.end()) {}
+
+namespace {
+
+template <typename Ch>
+void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
+                const TermOptions& opt, const std::unordered_set<std::string>& stop,
+                TermBatch* out) {
+  DocTerms doc;
+  std::string word;
+  int64_t docs_done = 0;
+  // words repeat (a batch of chat pages has a few thousand distinct words in ~10^5 tokens), and
+  // a lookup costs a fraction of one BLAKE2b; stopwords map to -1
+  std::unordered_map<std::string, int32_t> ids;
+  ids.reserve(4096);
+  auto emit = [&](const std::string& w) {
+    if (w.empty()) return;
+    auto it = ids.find(w);
+    if (it == ids.end()) {
+      const int32_t id =
+          stop.count(w) ? -1 : term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size());
+      it = ids.emplace(w, id).first;
+    }
+    if (it->second >= 0) doc.tokens.push_back(it->second);
+  };
+  auto end_doc = [&]() {
+    if (timestamps != nullptr && docs_done < n_docs) {
+      for (const auto& w : date_words(timestamps[docs_done])) emit(w);
+    }
+    doc.flush(opt, out);
+    ++docs_done;
+  };
+  size_t i = 0;
+  while (i < n) {
+    const uint32_t c = static_cast<uint32_t>(s[i]);
+    if (c == 0) {
+      end_doc();
+      ++i;
+      continue;
+    }
+    if (!is_alnum(c)) {
+      ++i;
+      continue;
+    }
+    // one word: alnum+ (apostrophe alnum+)*, apostrophes kept as ' for the possessive rule
+    word.clear();
+    while (true) {
+      while (i < n && is_alnum(static_cast<uint32_t>(s[i]))) put_utf8(static_cast<uint32_t>(s[i++]), &word);
+      if (i + 1 < n && is_apostrophe(static_cast<uint32_t>(s[i])) &&
+          is_alnum(static_cast<uint32_t>(s[i + 1]))) {
+        word.push_back('\'');
+        ++i;
+        continue;
+      }
+      break;
+    }
+    if (word.size() >= 2 && word[word.size() - 2] == '\'' && word.back() == 's') word.resize(word.size() - 2);
+    word.erase(std::remove(word.begin(), word.end(), '\''), word.end());
+    emit(word);
+  }
+  end_doc();
+  if (docs_done != n_docs) {
+    throw std::invalid_argument("the text holds " + std::to_string(docs_done) +
+                                " documents (U+0000-separated), expected " + std::to_string(n_docs));
+  }
+}
+
+}  // namespace
+
+TermBatch TermSplitter::split(const void* text, size_t length, int kind, int64_t n_docs,
+                              const double* timestamps, const TermOptions& options) const {
+  TermBatch out;
+  out.offsets.reserve(static_cast<size_t>(n_docs) + 1);
+  out.offsets.push_back(0);
+  out.length.reserve(static_cast<size_t>(n_docs));
+  if (n_docs == 0) return out;
+  switch (kind) {
+    case 1: split_text(static_cast<const uint8_t*>(text), length, n_docs, timestamps, options, stopwords_, &out); break;
+    case 2: split_text(static_cast<const uint16_t*>(text), length, n_docs, timestamps, options, stopwords_, &out); break;
+    case 4: split_text(static_cast<const uint32_t*>(text), length, n_docs, timestamps, options, stopwords_, &out); break;
+    default: throw std::invalid_argument("unknown string kind " + std::to_string(kind));
+  }
+  return out;
+}
+
+}  // namespace memoryos

@@ -1,0 +1,68 @@
+// memoryos-gpu: words -> hashed term ids, in native code for whole batches of texts.
+//
+// The lexical index (BM25 over each user's MTM pages) and the query keywords of the segment
+// score both need the words of many texts per batch. Splitting, normalising and hashing them
+// here is one call per batch instead of a Python loop per word. The rules are those of
+// memoryos_gpu.text.keywords (the Python tokenizer the keyword extractor uses), so a word gets
+// the same id on both sides:
+//
+//   - the caller passes texts already NFKC-normalised and case-folded (one Python call for the
+//     whole batch), joined by U+0000;
+//   - a word is a maximal run of code points for which Python's str.isalnum() holds, joined
+//     through inner apostrophes (' or U+2019) followed by more of them (the regex
+//     [^\W_]+(?:['\u2019][^\W_]+)*);
+//   - a trailing possessive "'s" is dropped, then every apostrophe ("don't" -> "dont");
+//   - stopwords are dropped;
+//   - the id is BLAKE2b with an 8-byte digest of the word's UTF-8, read little-endian and masked
+//     to 31 bits (memoryos_gpu.text.keywords.hash_keyword), so ids are >= 0 and -1 pads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace memoryos {
+
+/// 31-bit id of one normalised word (its UTF-8 bytes): BLAKE2b-64, little-endian, & 0x7fffffff.
+int32_t term_id(const uint8_t* utf8, size_t n);
+
+/// Terms of a batch of documents in CSR form.
+struct TermBatch {
+  std::vector<int64_t> offsets;  ///< [n + 1]: document i's terms are [offsets[i], offsets[i+1])
+  std::vector<int32_t> ids;      ///< distinct term ids of each document
+  std::vector<int32_t> tf;       ///< occurrences of each id in its document
+  std::vector<int32_t> length;   ///< [n] tokens of each document (stopwords excluded)
+};
+
+/// How documents are split into terms.
+struct TermOptions {
+  /// Keep at most this many distinct terms per document (later new words are ignored; their
+  /// occurrences still count in the length). Queries use it to bound the work per query.
+  int32_t max_terms = 1 << 30;
+  /// true: each document's ids ascending (what a page's term row needs for binary search);
+  /// false: in order of first occurrence (what a query's keywords need for "first N").
+  bool sorted = true;
+};
+
+/// Splits and hashes documents. Holds the stopword list; thread-safe once built.
+class TermSplitter {
+ public:
+  explicit TermSplitter(const std::vector<std::string>& stopwords);
+
+  /// `text` is `n_docs` documents joined by U+0000, as code units of one width (1, 2 or 4 bytes:
+  /// CPython's string kinds). `timestamps` (n_docs values, or null) appends each document's
+  /// UTC date words (weekday, day, month, year: "monday 8 may 2023"); NaN means none.
+  TermBatch split(const void* text, size_t length, int kind, int64_t n_docs,
+                  const double* timestamps, const TermOptions& options) const;
+
+ private:
+  std::unordered_set<std::string> stopwords_;
+};
+
+/// The UTC date words of an epoch timestamp, as memoryos_gpu.lexical.date_words writes them
+/// (lower case): {"monday", "8", "may", "2023"}; empty when out of datetime's range.
+std::vector<std::string> date_words(double timestamp);
+
+}  // namespace memoryos

@@ -1,0 +1,338 @@
+"""The fused retrieval pass and the heat credit of served pages against their NumPy reference, on
+random ragged arenas (hypothesis): CPU always, CUDA when a device exists (under
+MEMORYOS_GPU_REQUIRE_CUDA=1 a skip is a failure); and the native term splitter against the
+Python tokenizer it restates."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import unicodedata
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memoryos_gpu import _C, ops
+from memoryos_gpu.arena import Arena, ArenaConfig
+from memoryos_gpu.errors import ArenaError
+from memoryos_gpu.lexical import date_words, page_terms, query_terms
+from memoryos_gpu.ops.params import HeatParams
+from memoryos_gpu.ops.retrieval import QueryTerms, RetrievalParams, credit_served, retrieve
+from memoryos_gpu.ops.retrieval_reference import credit_served_ref, retrieve_ref
+from memoryos_gpu.text.keywords import hash_keyword, tokenize
+
+
+def _cuda_available() -> bool:
+    try:
+        return bool(ops.build_info()["cuda_usable"])
+    except Exception:
+        return False
+
+
+def _backend(name: str):
+    if name == "cpu":
+        return pytest.param("cpu", id="cpu")
+    marks = [pytest.mark.cuda]
+    if not _cuda_available() and os.environ.get("MEMORYOS_GPU_REQUIRE_CUDA") != "1":
+        marks.append(pytest.mark.skip(reason="no CUDA device (MEMORYOS_GPU_REQUIRE_CUDA=1 fails)"))
+    return pytest.param("cuda", id="cuda", marks=marks)
+
+
+BACKENDS = [_backend("cpu"), _backend("cuda")]
+TOL = {"cpu": 2e-4, "cuda": 5e-2}  # fused scores are z-scores: fp32 CPU, fp16 storage on GPU
+VOCAB = 12  # a small vocabulary makes shared terms (and BM25 ties) common
+
+
+@dataclass
+class World:
+    arena: Arena
+    q_emb: np.ndarray
+    q_user: np.ndarray
+    terms: QueryTerms
+    params: RetrievalParams
+    k: int
+
+
+@st.composite
+def worlds(draw, device: str = "cpu") -> World:
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n_users = draw(st.integers(1, 4))
+    slots = draw(st.sampled_from([1, 3, 8, 40]))
+    dim = draw(st.sampled_from([3, 16, 384]))
+    kw_width = draw(st.integers(1, 6))
+    arena = Arena(
+        ArenaConfig(
+            dim=dim,
+            segment_slots=slots,
+            keyword_width=kw_width,
+            block_size=draw(st.integers(1, 4)),
+            device=device,
+            initial_users=1,
+            initial_blocks=1,
+            initial_owners=1,
+        )
+    )
+    arena.add_users(n_users)
+    live = rng.random((n_users, slots)) < draw(st.sampled_from([0.0, 0.5, 1.0]))
+    palette = rng.normal(size=(3, dim)).astype(np.float32)  # repeated vectors -> exact ties
+
+    def vectors(n: int) -> np.ndarray:
+        own = rng.normal(size=(n, dim)).astype(np.float32)
+        return np.where(rng.random((n, 1)) < 0.3, palette[rng.integers(0, 3, n)], own)
+
+    u, s = np.nonzero(live)
+    kw = np.full((u.size, kw_width), -1, np.int32)
+    for i in range(u.size):
+        ids = rng.choice(VOCAB, size=int(rng.integers(0, kw_width + 1)), replace=False)
+        kw[i, : ids.size] = ids
+    arena.write_segments(u, s, vectors(u.size), kw, l_interaction=rng.integers(0, 3, u.size))
+    n_pages = int(rng.integers(0, 6 * u.size + 1))
+    seg_of = rng.integers(0, max(u.size, 1), n_pages)  # ragged: some segments get many pages
+    if n_pages:
+        pool = arena.append_pages(u[seg_of], s[seg_of], vectors(n_pages))
+        counts = rng.integers(0, 5, n_pages)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        ids = np.concatenate(
+            [np.sort(rng.choice(VOCAB, c, replace=False)) for c in counts] or [np.zeros(0)]
+        ).astype(np.int32)
+        tf = rng.integers(1, 4, ids.size).astype(np.int32)
+        length = np.add.reduceat(np.r_[tf, 0], offsets[:-1]) if ids.size else np.zeros(n_pages)
+        length = np.where(counts > 0, length, 0) + rng.integers(0, 3, n_pages)
+        arena.write_terms(pool, offsets, ids, tf, length.astype(np.int32))
+        arena.delete_pages(pool[rng.random(n_pages) < 0.15])
+    b = draw(st.integers(0, 6))
+    q_terms = [list(rng.permutation(VOCAB)[: int(rng.integers(0, 6))]) for _ in range(b)]
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t in q_terms])]).astype(np.int64)
+    ids = np.array([t for ts in q_terms for t in ts], np.int32)
+    params = RetrievalParams(
+        top_segments=draw(st.integers(1, 6)),
+        keyword_weight=draw(st.sampled_from([0.0, 1.0, 2.5])),
+        jaccard_terms=draw(st.integers(0, 6)),
+        dense_floor=draw(st.sampled_from([-math.inf, 0.0, 0.1, 0.5])),
+        lexical_weight=draw(st.sampled_from([0.0, 0.67, 1.0, 3.0])),
+    )
+    return World(
+        arena,
+        vectors(b),
+        rng.integers(0, n_users, b).astype(np.int32),
+        QueryTerms(offsets, ids),
+        params,
+        draw(st.sampled_from([1, 3, 10, 50])),
+    )
+
+
+def assert_ranked(full, got, tol: float) -> None:
+    """``full``: the reference ranking of every candidate. The kernel's top k must have the same
+    padding, and at each position a page whose reference score is within ``tol`` of the
+    reference's score there (the same page, or one of a near-tie that fp32 may order either
+    way), each page once."""
+    gs, gp, gg = (np.asarray(x.cpu() if hasattr(x, "cpu") else x) for x in got)
+    k = gs.shape[1]
+    ws, wp = full[0][:, :k], full[1][:, :k]
+    np.testing.assert_array_equal(gp == -1, wp == -1)
+    np.testing.assert_array_equal(np.isinf(gs), np.isinf(ws))
+    fin = np.isfinite(ws)
+    np.testing.assert_allclose(gs[fin], ws[fin], atol=tol, rtol=0)
+    for r in range(gs.shape[0]):
+        score_of = dict(zip(full[1][r].tolist(), full[0][r].tolist(), strict=True))
+        seg_of = dict(zip(full[1][r].tolist(), full[2][r].tolist(), strict=True))
+        row = [p for p in gp[r].tolist() if p >= 0]
+        assert len(set(row)) == len(row)
+        for c, p in enumerate(row):
+            assert p in score_of and abs(score_of[p] - ws[r, c]) <= tol, (r, c, gp[r], wp[r])
+            assert gg[r, c] == seg_of[p]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_retrieve_matches_reference(backend, data) -> None:
+    w = data.draw(worlds(backend))
+    got = retrieve(w.arena, w.q_emb, w.q_user, w.terms, w.k, w.params)
+    full = retrieve_ref(w.arena, w.q_emb, w.q_user, w.terms, 10_000, w.params)
+    assert_ranked(full, got, TOL[backend])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), tau=st.sampled_from([0.5, 2.0, 5.0]))
+def test_credit_served_matches_reference(backend, data, tau) -> None:
+    w = data.draw(worlds(backend))
+    _, _, segs = retrieve(w.arena, w.q_emb, w.q_user, w.terms, w.k, w.params)
+    segs_h = np.asarray(segs.cpu() if hasattr(segs, "cpu") else segs)
+    a = w.arena
+    stats = {n: a.host(n).copy() for n in ("n_visit", "l_interaction", "last_access")}
+    stats["live"] = a.host("seg_live")
+    now = np.linspace(10.0, 20.0, w.q_user.size)
+    p = HeatParams(tau=tau)
+    want = credit_served_ref(stats, w.q_user, segs_h, now, p)
+    got = credit_served(a, w.q_user, segs, now, p)
+    for x, y in zip(want, got, strict=True):
+        np.testing.assert_array_equal(np.asarray(y.cpu() if hasattr(y, "cpu") else y), x)
+    np.testing.assert_array_equal(a.host("n_visit"), stats["n_visit"])
+    np.testing.assert_array_equal(a.host("last_access"), stats["last_access"])
+
+
+def test_matching_page_ranks_above_a_non_matching_one() -> None:
+    """The defect of standardising each list alone: the lowest BM25 candidate scored the same 0
+    as a page BM25 did not return. Here page A (cosine 0.9, matches the term) and page B (cosine
+    0.9, no match) differ only in the match: A must come first, by the full BM25 spread."""
+    arena = Arena(ArenaConfig(dim=2, segment_slots=2, keyword_width=1, initial_users=1))
+    arena.add_users(1)
+    e = np.array([[0.9, math.sqrt(1 - 0.81)]], np.float32)
+    arena.write_segments([0, 0], [0, 1], np.repeat(e, 2, 0), np.full((2, 1), -1))
+    pool = arena.append_pages([0, 0], [0, 1], np.repeat(e, 2, 0))
+    arena.write_terms(pool[:1], np.array([0, 1]), np.array([7]), np.array([1]), np.array([3]))
+    q = np.array([[1.0, 0.0]], np.float32)
+    terms = QueryTerms(np.array([0, 1]), np.array([7], np.int32))
+    scores, slots, _ = retrieve(arena, q, [0], terms, 2, RetrievalParams(top_segments=2))
+    assert slots.tolist() == [[int(pool[0]), int(pool[1])]]
+    assert scores[0, 0] > scores[0, 1]
+
+
+def test_near_equal_bm25_scores_do_not_outvote_a_clear_cosine() -> None:
+    """The quick start's marathon case: three pages match the only query term with BM25 scores
+    within 4 % of each other; the page with by far the best cosine must rank first."""
+    arena = Arena(ArenaConfig(dim=3, segment_slots=6, keyword_width=1, initial_users=1))
+    arena.add_users(1)
+    cos = np.array([0.697, 0.568, 0.515, 0.355, 0.346, 0.30])
+    emb = np.stack([cos, np.sqrt(1 - cos**2), np.zeros(6)], 1).astype(np.float32)
+    arena.write_segments([0] * 6, range(6), emb, np.full((6, 1), -1))
+    pool = arena.append_pages([0] * 6, range(6), emb)
+    # pages 0, 1 and 5 contain the term once; page 0 is a little longer
+    match = [0, 1, 5]
+    arena.write_terms(
+        pool[match], np.array([0, 1, 2, 3]), np.array([9, 9, 9]), np.ones(3), np.array([9, 8, 8])
+    )
+    q = np.array([[1.0, 0.0, 0.0]], np.float32)
+    terms = QueryTerms(np.array([0, 1]), np.array([9], np.int32))
+    _, slots, _ = retrieve(arena, q, [0], terms, 3, RetrievalParams(top_segments=5))
+    assert int(slots[0, 0]) == int(pool[0])
+
+
+def test_users_without_pages_and_k_above_the_candidates_are_padded() -> None:
+    arena = Arena(ArenaConfig(dim=2, segment_slots=2, keyword_width=1, initial_users=2))
+    arena.add_users(2)
+    arena.write_segments([1], [0], np.array([[1.0, 0.0]]), np.full((1, 1), -1))
+    pool = arena.append_pages([1], [0], np.array([[1.0, 0.0]]))
+    q = np.array([[1.0, 0.0], [1.0, 0.0]], np.float32)
+    terms = QueryTerms(np.array([0, 0, 0]), np.zeros(0, np.int32))
+    scores, slots, segs = retrieve(arena, q, [0, 1], terms, 4, RetrievalParams())
+    assert slots.tolist() == [[-1] * 4, [int(pool[0]), -1, -1, -1]]
+    assert segs.tolist()[1] == [0, -1, -1, -1]
+    assert np.isneginf(scores[0]).all() and scores[1, 0] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda a, t: retrieve(a, np.zeros((1, 3)), [0], t, 2, RetrievalParams()), ArenaError),
+        (
+            lambda a, t: retrieve(a, np.full((1, 2), np.nan), [0], t, 2, RetrievalParams()),
+            ArenaError,
+        ),
+        (lambda a, t: retrieve(a, np.ones((1, 2)), [5], t, 2, RetrievalParams()), ArenaError),
+        (lambda a, t: retrieve(a, np.ones((1, 2)), [0], t, 0, RetrievalParams()), ArenaError),
+        (
+            lambda a, t: retrieve(
+                a,
+                np.ones((1, 2)),
+                [0],
+                QueryTerms(np.array([0, 3]), np.zeros(1)),
+                2,
+                RetrievalParams(),
+            ),
+            ArenaError,
+        ),
+        (lambda a, t: RetrievalParams(top_segments=0), ArenaError),
+        (lambda a, t: RetrievalParams(lexical_weight=-1.0), ArenaError),
+        (lambda a, t: RetrievalParams(dense_floor=math.nan), ArenaError),
+    ],
+)
+def test_bad_input_raises_clear_errors(call, error) -> None:
+    arena = Arena(ArenaConfig(dim=2, segment_slots=2, keyword_width=1, initial_users=1))
+    arena.add_users(1)
+    with pytest.raises(error):
+        call(arena, QueryTerms(np.array([0, 0]), np.zeros(0, np.int32)))
+
+
+# ------------------------------------------------------------------------ the term splitter
+WORDS = st.text(
+    alphabet=st.sampled_from(
+        [*"abcXYZ019 '’.,-_\n\t", "é", "É", "ß", "İ", "ﬁ", "Ω", "日", "本", "١", "ǅ", "½", "\u0301"]
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(WORDS, max_size=6))
+def test_native_terms_equal_the_python_tokenizer(texts) -> None:
+    """Every page's row is the sorted set of hash_keyword(tokenize(text)) with its counts."""
+    got = page_terms(texts, None)
+    for i, text in enumerate(texts):
+        toks = tokenize(text)
+        ids = [hash_keyword(t) for t in toks]
+        want = sorted(set(ids))
+        row_ids, row_tf, length = got.row(i)
+        assert row_ids.tolist() == want
+        assert row_tf.tolist() == [ids.count(x) for x in want]
+        assert length == len(toks)
+
+
+def test_query_terms_keep_first_occurrence_order_and_cap() -> None:
+    t = query_terms(["Marathon training: the marathon date", "", "a b c"])
+    ids = [t.ids[t.offsets[i] : t.offsets[i + 1]].tolist() for i in range(3)]
+    assert ids[0] == [hash_keyword(w) for w in ("marathon", "training", "date")]
+    assert ids[1] == [] and ids[2] == [hash_keyword("b"), hash_keyword("c")]  # "a" is a stopword
+    long = query_terms([" ".join(f"w{i}" for i in range(1000))])
+    assert long.offsets[1] == 256 and long.ids[0] == hash_keyword("w0")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_term_id_is_blake2b(word) -> None:
+    data = word.encode("utf-8", "surrogatepass")
+    want = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") & 0x7FFFFFFF
+    try:
+        word.encode("utf-8")
+    except UnicodeEncodeError:
+        return  # lone surrogates never reach the splitter (the engine replaces them)
+    assert _C.term_id(word) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=-62_135_596_800, max_value=253_402_300_799, allow_nan=False))
+def test_native_date_words_equal_python(ts) -> None:
+    assert " ".join(_C.date_words(ts)) == date_words(ts).lower()
+
+
+def test_date_words_out_of_range_and_pages_get_them() -> None:
+    assert _C.date_words(1e300) == [] and _C.date_words(math.inf) == []
+    ts = datetime(2023, 5, 8, 13, 56, tzinfo=UTC).timestamp()
+    row = page_terms(["Caroline went"], [ts]).row(0)
+    words = ["caroline", "went", "monday", "8", "may", "2023"]
+    assert row[0].tolist() == sorted(hash_keyword(w) for w in words)
+
+
+def test_unicode_table_matches_this_python() -> None:
+    """The native word test is Python's str.isalnum (a generated table; regenerate it with
+    scripts/gen_unicode_table.py when the Unicode version changes): "q" + c + "q" is one word
+    exactly when c is alphanumeric (or an apostrophe, which joins), else two."""
+    from pathlib import Path
+
+    from memoryos_gpu.lexical import _splitter
+
+    inc = Path(__file__).resolve().parents[1] / "csrc/include/memoryos/unicode_alnum.inc"
+    version = inc.read_text().split('MOS_UNICODE_VERSION "')[1].split('"')[0]
+    if version != unicodedata.unidata_version:
+        pytest.skip(f"table is Unicode {version}, this Python has {unicodedata.unidata_version}")
+    chars = [chr(c) for c in range(1, 0x110000) if not 0xD800 <= c < 0xE000]
+    _, _, _, length = _splitter().split("\x00".join(f"q{c}q" for c in chars), len(chars))
+    want = np.array([1 if c.isalnum() or c in "'\u2019" else 2 for c in chars])
+    np.testing.assert_array_equal(length, want)
