@@ -36,7 +36,7 @@ def _backend_param(name: str):
 
 
 BACKENDS = [_backend_param("cpu"), _backend_param("cuda")]
-TOL = {"cpu": 1e-5, "cuda": 2e-2}  # fp32 on CPU; fp16 storage on GPU
+TOL = {"cpu": 1e-5, "cuda": 1e-4}  # the oracle reads the stored (fp16 on GPU) values
 
 
 @dataclass
@@ -400,10 +400,13 @@ def test_native_rejects_bad_arrays_without_crashing():
             out_s,
             out_i,
         )
-    with pytest.raises(IndexError, match="user slot"):
-        _C.score_segments(
-            q, np.array([3], np.int32), np.zeros((1, 0), np.int32), seg, kw, live, 1.0, out_s, out_i
-        )
+    # an out-of-range user slot is not an error in the kernels: it gets a padded row, on the
+    # CPU as on the GPU (which cannot raise without a device sync); ops validates users first
+    out_s[:], out_i[:] = 7.0, 7
+    _C.score_segments(
+        q, np.array([3], np.int32), np.zeros((1, 0), np.int32), seg, kw, live, 1.0, out_s, out_i
+    )
+    assert out_i.tolist() == [[-1]] and np.isneginf(out_s).all()
     with pytest.raises(ValueError, match="contiguous"):
         _C.score_segments(
             np.ones((1, 8), np.float32)[:, ::2],

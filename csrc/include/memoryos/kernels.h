@@ -1,6 +1,11 @@
 // memoryos-gpu: kernel contracts shared by the CPU loops, the CUDA kernels and the bindings.
 //
 // Raw pointers plus shapes only (no Python, no torch). Every array is dense row-major.
+// Both paths (CPU and CUDA) give every input the same meaning, inside the contract or not:
+// an out-of-range user / owner slot gets a padded row; an out-of-range chosen segment slot,
+// a repeated one, a hit outside [0, U) x [0, S) is skipped; a query with a NaN or infinite
+// component gets a padded row; keyword rows are sets (formulas.h, "Keyword sets"); a NaN
+// score (a stored row with NaN or infinity) ranks and reports as -inf.
 // Shapes below use: B queries, U user slots, S segment slots per user, d embedding dim,
 // K keyword width of a segment row, Q keyword width of a query row, MB block-table width,
 // P pages per block, NP page-pool slots (= blocks * P), O knowledge owners, R ring capacity.
@@ -18,7 +23,7 @@ enum class EmbDtype : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 /// The segment part of the arena, as the scoring kernels read it.
 struct SegmentView {
   const void* emb;         ///< [U, S, d] EmbDtype
-  const int32_t* keywords; ///< [U, S, K] sorted ids, kKeywordPad-padded
+  const int32_t* keywords; ///< [U, S, K] ids, kKeywordPad-padded (sorted, unique: fast path)
   const uint8_t* live;     ///< [U, S] 1 = slot holds a segment
   int64_t num_users;       ///< U
   int32_t slots;           ///< S
@@ -41,11 +46,11 @@ struct PageView {
   EmbDtype dtype;
 };
 
-/// A batch of queries. user[b] must be a valid slot (< U); callers validate.
+/// A batch of queries. A user[b] outside [0, U) gets a padded row.
 struct QueryBatch {
   const float* emb;        ///< [B, d]
   const int32_t* user;     ///< [B] user slot (or knowledge owner slot)
-  const int32_t* keywords; ///< [B, Q] sorted ids, padded; may be null when Q == 0
+  const int32_t* keywords; ///< [B, Q] ids, padded (any order); may be null when Q == 0
   int64_t size;            ///< B
   int32_t dim;             ///< d (of every embedding array the kernel reads)
   int32_t kw_width;        ///< Q
