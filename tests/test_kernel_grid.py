@@ -360,8 +360,9 @@ test_score_segments_grid = _grid_test(_score_segments_case)
 def page_layout(
     case: Case, n_pages: list[int], block_size: int, width_extra: int
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Block tables [S, MB] over a shuffled pool for segments holding n_pages pages, plus a
-    hole (-1) or a block past the pool now and then; returns (table, npages, pool blocks)."""
+    """Block tables [S, MB] over a shuffled pool for segments holding n_pages pages, plus now
+    and then a hole (-1), a block past the pool, or a block another segment holds too (its
+    pages are then candidates twice); returns (table, npages, pool blocks)."""
     rng = case.rng
     need = [-(-n // block_size) for n in n_pages]
     width = max([*need, 1]) + width_extra
@@ -374,6 +375,8 @@ def page_layout(
         at += nb
         if nb > 1 and rng.random() < 0.2:
             table[s, int(rng.integers(0, nb))] = rng.choice([-1, blocks + 5])  # hole, past pool
+        if nb > 0 and at > nb and rng.random() < 0.15:  # a block of another segment, again:
+            table[s, int(rng.integers(0, nb))] = order[int(rng.integers(0, at - nb))]  # twice
     npages = np.array(n_pages, np.int32)
     if npages.size and rng.random() < 0.3:  # a count past the table is capped at MB * P
         npages[int(rng.integers(0, npages.size))] += width * block_size + 3

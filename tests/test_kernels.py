@@ -440,6 +440,22 @@ def test_build_info_reports_capabilities():
     assert info["cpu_threads"] >= 1
 
 
+@pytest.mark.parametrize("value", ["1", "0"])
+def test_cuda_sync_mode_follows_the_environment(value):
+    """MEMORYOS_GPU_CUDA_SYNC=1 (read once per process) makes every CUDA launch synchronise
+    and report a device fault in the launcher that caused it; a CPU-only build has no such mode."""
+    import subprocess
+    import sys
+
+    code = "from memoryos_gpu.ops import build_info; i = build_info(); "
+    code += "print(i['cuda_sync_launches'], i['cuda_compiled'])"
+    env = {**os.environ, "MEMORYOS_GPU_CUDA_SYNC": value}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[0] == str(value == "1" and out[1] == "True")
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     counts=st.lists(st.integers(0, 9), min_size=1, max_size=12),

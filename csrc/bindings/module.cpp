@@ -218,6 +218,7 @@ py::dict build_info() {
 #endif
   info["cuda_compiled"] = cuda_compiled();
   info["cuda_device_count"] = cuda_compiled() ? cuda_device_count() : 0;
+  info["cuda_sync_launches"] = cuda_sync_launches();
 #if defined(MEMOSGPU_CUDA_ARCHS)
   info["cuda_archs"] = MEMOSGPU_CUDA_ARCHS;
 #else

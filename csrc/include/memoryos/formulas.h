@@ -152,7 +152,7 @@ MOS_HD int keyword_set(const int32_t* row, int width, int32_t* out) {
 /// Jaccard index |A n B| / |A u B| from the counts; 0 when either set is empty (the paper and
 /// the reference code score "no keywords" as no overlap).
 MOS_HD float jaccard_from_counts(int inter, int na, int nb) {
-  if (na == 0 || nb == 0) return 0.f;
+  if (na == 0 || nb == 0 || inter == 0) return 0.f;  // no division for the common no-overlap
   return static_cast<float>(inter) / static_cast<float>(na + nb - inter);
 }
 

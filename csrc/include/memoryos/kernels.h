@@ -114,6 +114,8 @@ void knowledge_topk_cpu(const QueryBatch& q, const KnowledgeView& kn, TopK out);
 // ---- CUDA (csrc/cuda/kernels_cuda.cu); stream is a cudaStream_t passed as an integer -----------
 bool cuda_compiled();
 int cuda_device_count();
+/// MEMORYOS_GPU_CUDA_SYNC=1: every launch synchronises its stream and reports a fault there.
+bool cuda_sync_launches();
 void score_segments_cuda(const QueryBatch& q, const SegmentView& seg, float keyword_weight,
                          TopK out, int64_t stream);
 void select_pages_cuda(const QueryBatch& q, const int32_t* chosen, int32_t chosen_width,
