@@ -206,6 +206,21 @@ void knowledge_topk(py::object q_emb, py::object q_owner, py::object kn_emb, py:
   else knowledge_topk_cpu(q, kn, out);
 }
 
+py::object cpu_cosines_per_isa_py(py::object q, py::object rows, py::object out) {
+  auto qa = tensor_arg(q, "q", 0), ra = tensor_arg(rows, "rows", 0), oa = tensor_arg(out, "out", 0);
+  if (qa.on_cuda || ra.on_cuda || oa.on_cuda) throw py::value_error("host arrays only");
+  expect(qa, {-1}, Dt::f32);
+  expect(ra, {-1, qa.dim(0)}, Dt::f32);
+  expect(oa, {2, ra.dim(0)}, Dt::f32);
+  int builds = 0;
+  {
+    py::gil_scoped_release release;
+    builds = cpu_cosines_per_isa(qa.ptr<float>(), ra.ptr<float>(), ra.dim(0),
+                                 static_cast<int>(qa.dim(0)), oa.ptr<float>());
+  }
+  return py::int_(builds);
+}
+
 py::dict build_info() {
   py::dict info;
   info["cpu"] = true;
@@ -257,4 +272,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("kn_live"), py::arg("out_scores"), py::arg("out_ids"), py::arg("stream") = 0,
         "Top-k knowledge entries by cosine inside each query owner's ring buffer.");
   m.def("build_info", &build_info, "What was compiled and what is usable now.");
+  m.def("_cpu_cosines_per_isa", &cpu_cosines_per_isa_py, py::arg("q"), py::arg("rows"),
+        py::arg("out"),
+        "Self-check: cosines by the baseline and (where available) the AVX2 build of the CPU "
+        "inner loops into out[0] and out[1]; returns the number of builds that ran.");
 }

@@ -128,6 +128,27 @@ void for_each_query(const QueryBatch& q, Body body) {
   }
 }
 
+/// The cosines of rows[0, n) with q through cpu::cosine, inlined into one wrapper per ISA (not
+/// cloned: each wrapper is pinned to its target, so the self-check can run both on one CPU).
+MOS_CPU_INLINE void cosines_body(const float* q, const float* rows, int64_t n, int d,
+                                 float* out) {
+  std::vector<float> scratch(d > 0 ? d : 1);
+  const cpu::PreparedQuery pq = cpu::prepare_query(q, d, scratch.data());
+  for (int64_t r = 0; r < n; ++r) out[r] = pq.ok ? cpu::cosine(pq, rows + r * d, d) : 0.f;
+}
+
+void cosines_baseline(const float* q, const float* rows, int64_t n, int d, float* out) {
+  cosines_body(q, rows, n, d, out);
+}
+
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__) && !defined(__clang__)
+#define MOS_HAS_AVX2_BUILD 1
+__attribute__((target("avx2"))) void cosines_avx2(const float* q, const float* rows, int64_t n,
+                                                  int d, float* out) {
+  cosines_body(q, rows, n, d, out);
+}
+#endif
+
 }  // namespace
 
 void score_segments_cpu(const QueryBatch& q, const SegmentView& seg, float keyword_weight,
@@ -184,6 +205,21 @@ void recompute_heat_cpu(const HeatRecompute& req, HeatState state, const HeatPar
 
 void knowledge_topk_cpu(const QueryBatch& q, const KnowledgeView& kn, TopK out) {
   for_each_query(q, [&](int64_t b, Scratch& s) { knowledge_one_query(q, kn, out, b, s); });
+}
+
+}  // namespace memoryos
+
+namespace memoryos {
+
+int cpu_cosines_per_isa(const float* q, const float* rows, int64_t n, int d, float* out) {
+  cosines_baseline(q, rows, n, d, out);
+#if defined(MOS_HAS_AVX2_BUILD)
+  if (__builtin_cpu_supports("avx2")) {
+    cosines_avx2(q, rows, n, d, out + n);
+    return 2;
+  }
+#endif
+  return 1;
 }
 
 }  // namespace memoryos

@@ -110,40 +110,46 @@ MOS_CPU_INLINE float squared_norm(const float* a, int d) {
   return lane_sum(n);
 }
 
-/// max |a_i|, ignoring NaN (callers check finiteness apart). A compare-select, not fmaxf: it
-/// vectorises to maxps and needs no libm call.
-MOS_CPU_INLINE float max_abs(const float* a, int d) {
-  float m = 0.f;
+/// max |a_i| and whether every a_i is finite, in one pass. On the bit patterns with the sign
+/// cleared, unsigned order is |float| order, infinity above every finite value and NaN above
+/// infinity, so one integer max answers both; integer max is associative, so it vectorises in
+/// every clone (a float compare-select with a finiteness flag did not: measured 1.3 us a query).
+MOS_CPU_INLINE float max_abs(const float* a, int d, bool* finite) {
+  uint32_t m = 0;
   for (int i = 0; i < d; ++i) {
-    const float x = std::fabs(a[i]);
-    m = x > m ? x : m;
+    uint32_t bits;
+    std::memcpy(&bits, a + i, sizeof bits);
+    bits &= 0x7fffffffu;
+    m = bits > m ? bits : m;
   }
-  return m;
-}
-
-/// Whether every a_i is finite (|a_i| <= FLT_MAX is false for NaN and infinity).
-MOS_CPU_INLINE bool all_finite(const float* a, int d) {
-  bool ok = true;
-  for (int i = 0; i < d; ++i) ok &= std::fabs(a[i]) <= std::numeric_limits<float>::max();
-  return ok;
+  *finite = m < 0x7f800000u;
+  float out;
+  std::memcpy(&out, &m, sizeof out);
+  return out;
 }
 
 // ---- Overflow-safe cosines ----------------------------------------------------------------------
-/// A query prepared once for overflow-safe cosines: scaled by a power of two (exact, so every
-/// cosine keeps its bits) until its largest |component| lies in [0.5, 1), with its squared
-/// norm. `ok` is false for a query with a NaN or infinite component (it matches nothing).
-/// Why: a finite fp32 vector of v x 1e20 has a squared norm above FLT_MAX; scaled, the query's
-/// squared norm is at most d, and only a stored row's own range can still overflow.
+/// A query prepared once for overflow-safe cosines: if its magnitude is extreme, scaled by a
+/// power of two (exact, so every cosine keeps its bits) until its largest |component| lies in
+/// [0.5, 1); with its squared norm. `ok` is false for a query with a NaN or infinite component
+/// (it matches nothing). Why: a finite fp32 vector of v x 1e20 has a squared norm above
+/// FLT_MAX; prepared, the query is safe, and only a stored row's own range can still overflow.
 struct PreparedQuery {
   const float* v;
   float norm_sq;
   bool ok;
 };
 
-/// Prepares query `q` (d floats) in `scratch` (d floats).
+/// Prepares query `q` (d floats), scaled into `scratch` (d floats) only when its largest
+/// |component| lies outside [2^-32, 2^32] (inside, its squared norm and every dot product with
+/// a row in the safe range are far from overflow and underflow, and the scaling would not
+/// change any cosine's bits anyway).
 inline PreparedQuery prepare_query(const float* q, int d, float* scratch) {
-  if (!all_finite(q, d)) return PreparedQuery{q, 0.f, false};
-  const Pow2Scale f = pow2_scale(pow2_exponent(max_abs(q, d)));
+  bool finite = true;
+  const float m = max_abs(q, d, &finite);
+  if (!finite) return PreparedQuery{q, 0.f, false};
+  if (m >= 0x1p-32f && m <= 0x1p32f) return PreparedQuery{q, squared_norm(q, d), true};
+  const Pow2Scale f = pow2_scale(pow2_exponent(m));
   for (int i = 0; i < d; ++i) scratch[i] = (q[i] * f.f1) * f.f2;
   return PreparedQuery{scratch, squared_norm(scratch, d), true};
 }
@@ -151,8 +157,9 @@ inline PreparedQuery prepare_query(const float* q, int d, float* scratch) {
 /// The cosine of a row whose squared norm fell outside the safe range: the row is rescaled by
 /// a power of two like the query (one more pass, only for rows of extreme magnitude or zero).
 inline float cosine_rescaled(const PreparedQuery& q, const float* b, int d) {
-  if (!all_finite(b, d)) return std::numeric_limits<float>::quiet_NaN();
-  const float m = max_abs(b, d);
+  bool finite = true;
+  const float m = max_abs(b, d, &finite);
+  if (!finite) return std::numeric_limits<float>::quiet_NaN();
   if (m == 0.f) return 0.f;
   const Pow2Scale f = pow2_scale(pow2_exponent(m));
   float s[kLanes] = {}, n[kLanes] = {};

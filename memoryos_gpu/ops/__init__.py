@@ -1,12 +1,16 @@
 """Public kernel API: one function per kernel, dispatched on where the arena lives.
 
-Every function validates its inputs (shapes, dtypes, NaN, unknown slots, k < 1) with a clear
-Python exception before anything native runs, allocates outputs on the arena's device, and calls
-the C++ (CPU) or CUDA implementation in :mod:`memoryos_gpu._C`. Outputs are fixed ``[B, k]``
-arrays padded with ``-inf`` scores and ``-1`` ids, ranked by score then lower id.
+Every function validates its host inputs (shapes, dtypes, NaN, unknown slots, k < 1) with a
+clear Python exception before anything native runs, allocates outputs on the arena's device, and
+calls the C++ (CPU) or CUDA implementation in :mod:`memoryos_gpu._C`. Outputs are fixed
+``[B, k]`` arrays padded with ``-inf`` scores and ``-1`` ids, ranked by score then lower id.
 
-The backend follows the arena: a CPU arena runs the OpenMP loops, a CUDA arena the CUDA kernels.
-``MEMORYOS_GPU_DEVICE`` only chooses where new engines put their arena (see ``env.py``).
+The backend follows the arena: a CPU arena runs the OpenMP loops, a CUDA arena the CUDA kernels
+(``EngineConfig.device`` chooses where new engines put their arena). On a CUDA arena no function
+but :func:`recompute_heat` (which returns host arrays) waits for the device: host inputs travel
+in one asynchronous copy per call, and device inputs are used where they are, unchecked on the
+host (the kernels bounds-check every index; a device query holding NaN gets a padded row), so
+the ``chosen`` tensor of :func:`score_segments` can go straight into :func:`select_pages`.
 """
 
 from __future__ import annotations

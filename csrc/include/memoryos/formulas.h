@@ -159,9 +159,15 @@ MOS_HD float jaccard_from_counts(int inter, int na, int nb) {
 /// Jaccard of a sorted set (a query's keyword set, built once) and any keyword row. Sorted
 /// rows take the merge; others count their distinct ids and look each up in the set.
 MOS_HD float jaccard_set_row(const int32_t* set, int ns, const int32_t* row, int width) {
-  const int n = keyword_count(row, width);
-  if (ns == 0 || n == 0) return 0.f;
-  if (is_sorted_set(row, n)) return jaccard_from_counts(sorted_intersection(set, ns, row, n), ns, n);
+  if (ns == 0) return 0.f;
+  int n = 0;
+  bool sorted = true;  // counted and checked in one pass: this runs for every candidate row
+  while (n < width && row[n] != kKeywordPad) {
+    sorted &= n == 0 || row[n - 1] < row[n];
+    ++n;
+  }
+  if (n == 0) return 0.f;
+  if (sorted) return jaccard_from_counts(sorted_intersection(set, ns, row, n), ns, n);
   int distinct = 0, inter = 0;
   for (int i = 0; i < n; ++i) {
     if (!first_occurrence(row, i)) continue;

@@ -111,6 +111,11 @@ void apply_hits_cpu(const HitList& hits, HeatState state);
 void recompute_heat_cpu(const HeatRecompute& req, HeatState state, const HeatParams& params);
 void knowledge_topk_cpu(const QueryBatch& q, const KnowledgeView& kn, TopK out);
 
+/// Self-check of the CPU determinism rule (csrc/cpu/vector_math.h): the cosines of rows [n, d]
+/// with q computed by the baseline build into out[0, n) and, where the CPU has AVX2, by the
+/// AVX2 build into out[n, 2n); returns how many builds ran (1 or 2). Both must be bit-equal.
+int cpu_cosines_per_isa(const float* q, const float* rows, int64_t n, int d, float* out);
+
 // ---- CUDA (csrc/cuda/kernels_cuda.cu); stream is a cudaStream_t passed as an integer -----------
 bool cuda_compiled();
 int cuda_device_count();
