@@ -45,7 +45,7 @@ from memoryos_gpu import ops
 from memoryos_gpu.ops import reference as ref
 
 SMALL = os.environ.get("MEMORYOS_GPU_KERNEL_GRID") == "small"
-CANDIDATES = [1, 255, 257, 1000] if SMALL else [1, 255, 256, 257, 1000, 5000]
+CANDIDATES = [1, 255, 256, 257, 1000, 5000]
 KS = [1, 10, 300, 3500]
 DIMS = [3, 20, 384, 1024]
 KW_WIDTHS = [1, 32, 40, 70]
@@ -76,7 +76,13 @@ def _backend_param(name: str) -> Any:
 
 
 BACKENDS = [_backend_param("cpu"), _backend_param("cuda")]
-SIZES = [pytest.param(c, k, id=f"c{c}-k{k}") for c in CANDIDATES for k in KS]
+# the full cross product; the small grid (sanitizers: 10-100x slower) keeps one pair per path:
+# one pass or several, warp top-k / shared-memory merge / shared-memory opt-in
+SMALL_SIZES = [(1, 1), (257, 1), (1000, 10), (255, 300), (1000, 300), (257, 3500)]
+SIZES = [
+    pytest.param(c, k, id=f"c{c}-k{k}")
+    for c, k in (SMALL_SIZES if SMALL else [(c, k) for c in CANDIDATES for k in KS])
+]
 
 
 # ------------------------------------------------------------------------------- array helpers
@@ -575,7 +581,7 @@ def test_non_finite_queries_and_rows_have_one_meaning(backend) -> None:
 @given(
     d=st.integers(1, 1100),
     n=st.integers(1, 6),
-    exponent=st.sampled_from([0, 0, 3, -5, 70, -70, 126, -140]),
+    exponent=st.sampled_from([0, 0, 3, -5, 70, -70, 120, -140]),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_cpu_builds_for_every_isa_give_the_same_bits(d, n, exponent, seed) -> None:
