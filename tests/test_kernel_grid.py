@@ -15,7 +15,8 @@ GPU. Here every input the kernel contract defines is fed as is:
   including fp32 / bf16 rows whose squared norm overflows or underflows fp32;
 - keyword widths 1 / 32 / 40 / 70 (one or several 32-id pieces per warp load), rows sorted,
   sorted with duplicates, or unsorted with duplicates; empty users, dead slots, deleted pages,
-  holes in block tables, chosen slots repeated or out of range, out-of-range users.
+  holes in block tables, blocks two segments share (a page reached twice is a candidate
+  twice), chosen slots repeated or out of range, out-of-range users.
 
 Exact ids are demanded: rows are drawn from a small palette of vectors (scaled by powers of
 two, which leaves every fp32 cosine bit-identical), so equal reference scores are bit-equal

@@ -5,7 +5,8 @@
 // an out-of-range user / owner slot gets a padded row; an out-of-range chosen segment slot,
 // a repeated one, a hit outside [0, U) x [0, S) is skipped; a query with a NaN or infinite
 // component gets a padded row; keyword rows are sets (formulas.h, "Keyword sets"); a NaN
-// score (a stored row with NaN or infinity) ranks and reports as -inf.
+// score (a stored row with NaN or infinity) ranks and reports as -inf; a pool slot that the
+// block tables reach twice is a candidate twice (the arena never builds such tables).
 // Shapes below use: B queries, U user slots, S segment slots per user, d embedding dim,
 // K keyword width of a segment row, Q keyword width of a query row, MB block-table width,
 // P pages per block, NP page-pool slots (= blocks * P), O knowledge owners, R ring capacity.
