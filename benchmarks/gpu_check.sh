@@ -1,23 +1,119 @@
 #!/usr/bin/env bash
-# One prepared GPU check (for the lent H200 machine: no network, its own torch/pybind11/cmake):
-# build the extension with CUDA, run the kernel tests with CUDA skips turned into failures, run the
-# kernel benchmark on the device, and leave everything under $OUT (default ./gpu-out).
+# What a first GPU run must show, in one go and in under 10 minutes (a lent H200: no network,
+# its own torch / pybind11 / cmake / CUDA toolkit). Everything lands under $OUT (default
+# ./gpu-out): summary.txt (one line per step: exit status, seconds), each step's full output,
+# the JSON results. In order of importance, each step time-boxed against one overall deadline:
+#
+#   1. build            pip install --no-build-isolation --no-deps . with MEMOSGPU_CUDA=ON
+#   2. cuda-tests       the kernel tests (tests/test_kernels.py, tests/test_kernel_grid.py) with
+#                       CUDA skips turned into failures (MEMORYOS_GPU_REQUIRE_CUDA=1)
+#   3. kernels          benchmarks/kernels.py --routine kernel-only: kernel-only GB/s (CUDA
+#                       events) vs the measured device copy bandwidth, fp16 and fp32 storage,
+#                       B = 1,024, S = 200, d = 384 (target: >= 50 % of copy)
+#   4. sanitizer-*      the CUDA tests on a reduced grid (MEMORYOS_GPU_KERNEL_GRID=small; the
+#                       host-side thread race test left out) under compute-sanitizer memcheck,
+#                       racecheck, synccheck, only our kernels instrumented (target: 0 errors)
+#   5. throughput-*     benchmarks/throughput.py (hashing embedder; the engine picks the CUDA
+#                       arena when a device is usable) at 10,000 and 100,000 users
+#
+# Usage: OUT=/path/to/out bash benchmarks/gpu_check.sh   (DEADLINE_S=570 by default)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-./gpu-out}
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-out}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+START=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-570}
+: > "$OUT/summary.txt"
+
+left() { echo $(( DEADLINE_S - ($(date +%s) - START) )); }
+
+# step NAME LIMIT_S CMD...: runs CMD with output in $OUT/NAME.txt, for at most LIMIT_S seconds and
+# never past the deadline; records the exit status (124 = time limit) in summary.txt.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local budget
+  budget=$(left)
+  if (( budget < 15 )); then
+    echo "$name: skipped (deadline)" | tee -a "$OUT/summary.txt"
+    return 0
+  fi
+  (( limit > budget )) && limit=$budget
+  local t0 rc
+  t0=$(date +%s)
+  timeout --kill-after=5 "$limit" "$@" > "$OUT/$name.txt" 2>&1
+  rc=$?
+  echo "$name: exit $rc in $(( $(date +%s) - t0 )) s (limit $limit s)" | tee -a "$OUT/summary.txt"
+  tail -4 "$OUT/$name.txt"
+  return 0
+}
+
 {
-  date -u; nvidia-smi || true; python -V; python -c "import torch; print('torch', torch.__version__)"
+  date -u
+  git -C "$ROOT" log -1 --format='commit %H %cd' 2>/dev/null || true
+  nvidia-smi || true
+  python -V
+  python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  nvcc --version 2>/dev/null | tail -1 || true
+  nproc
 } > "$OUT/env.txt" 2>&1
-MEMOSGPU_CUDA=ON python -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1 \
-  || { echo "build failed"; tail -50 "$OUT/build.log"; exit 1; }
+
+SANITIZER=$(command -v compute-sanitizer || true)
+for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer /opt/nvidia/cuda/bin; do
+  [[ -z "$SANITIZER" && -x "$d/compute-sanitizer" ]] && SANITIZER=$d/compute-sanitizer
+done
+[[ -z "$(command -v nvcc || true)" && -x /usr/local/cuda/bin/nvcc ]] && export PATH=$PATH:/usr/local/cuda/bin
+echo "compute-sanitizer: ${SANITIZER:-not found}" >> "$OUT/env.txt"
+
+# 1. build (the installed package is what every later step imports, from outside the tree)
+step build 300 env MEMOSGPU_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 \
+  python -m pip install --no-build-isolation --no-deps -v "$ROOT"
+if ! grep -q "build: exit 0" "$OUT/summary.txt"; then
+  echo "build failed: see $OUT/build.txt"
+  exit 1
+fi
+cd /tmp || exit 1
 python -c "from memoryos_gpu.ops import build_info; print(build_info())" | tee "$OUT/build_info.txt"
-cd /tmp  # import the installed package, not the source tree
-MEMORYOS_GPU_REQUIRE_CUDA=1 timeout 300 python -m pytest -q -x -p no:cacheprovider \
-  "$OLDPWD/tests/test_kernels.py" > "$OUT/test_kernels.txt" 2>&1
-echo "kernel tests exit $?" | tee -a "$OUT/test_kernels.txt"
-tail -5 "$OUT/test_kernels.txt"
-timeout 400 python "$OLDPWD/benchmarks/kernels.py" --device cuda --users 1000 10000 \
-  --pages-per-segment 20 20 --json "$OUT/kernels_gpu.json" > "$OUT/kernels_gpu.txt" 2>&1
-echo "kernel benchmark exit $?" | tee -a "$OUT/kernels_gpu.txt"
-tail -8 "$OUT/kernels_gpu.txt"
+TESTS=("$ROOT/tests/test_kernels.py" "$ROOT/tests/test_kernel_grid.py")
+PYTEST=(python -m pytest -q -p no:cacheprovider -x -rs)
+
+# 2. the CUDA tests, full grid (CPU cases run too: they are the same oracle)
+step cuda-tests 180 env MEMORYOS_GPU_REQUIRE_CUDA=1 "${PYTEST[@]}" "${TESTS[@]}"
+
+# 3. kernel-only bandwidth, fp16 and fp32 storage
+step kernels 120 python "$ROOT/benchmarks/kernels.py" --routine kernel-only --device cuda \
+  --users 10000 --batch 1024 --slots 200 --dim 384 --pages-per-segment 2 --repeat 20 \
+  --dtypes float16 float32 --json "$OUT/kernels_gpu.json"
+
+# 4. compute-sanitizer on the reduced grid, CUDA cases only, our kernels only
+if [[ -n "$SANITIZER" ]]; then
+  for tool in memcheck racecheck synccheck; do
+    step "sanitizer-$tool" 100 env MEMORYOS_GPU_REQUIRE_CUDA=1 MEMORYOS_GPU_KERNEL_GRID=small \
+      "$SANITIZER" --tool "$tool" --error-exitcode 86 --kernel-name kns=memoryos \
+      --print-limit 20 "${PYTEST[@]}" -k "cuda and not concurrent" "${TESTS[@]}"
+    grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|error(s)" "$OUT/sanitizer-$tool.txt" | tail -2 \
+      | sed "s/^/  $tool: /" | tee -a "$OUT/summary.txt"
+  done
+else
+  echo "sanitizer: skipped (compute-sanitizer not found)" | tee -a "$OUT/summary.txt"
+fi
+
+# 5. end to end with the CUDA arena (the engine's device is "auto": CUDA when usable); the
+# LoCoMo dev split it builds users from is looked up where checkouts keep shared/
+LOCOMO=${MEMORYOS_GPU_LOCOMO:-}
+for f in "$ROOT/shared/data/locomo/locomo_dev.json" "$ROOT/../shared/data/locomo/locomo_dev.json" \
+         /work/shared/data/locomo/locomo_dev.json; do
+  [[ -z "$LOCOMO" && -f "$f" ]] && LOCOMO=$f
+done
+if [[ -n "$LOCOMO" ]]; then
+  step throughput-10k 200 python "$ROOT/benchmarks/throughput.py" --users 10000 \
+    --pages-per-user 10 --embedder hashing --data "$LOCOMO" --json "$OUT/throughput_10k.json"
+  step throughput-100k 200 python "$ROOT/benchmarks/throughput.py" --users 100000 \
+    --pages-per-user 2 --embedder hashing --data "$LOCOMO" --json "$OUT/throughput_100k.json"
+else
+  echo "throughput: skipped (no locomo_dev.json; set MEMORYOS_GPU_LOCOMO)" | tee -a "$OUT/summary.txt"
+fi
+
+echo "total: $(( $(date +%s) - START )) s" | tee -a "$OUT/summary.txt"

@@ -1,5 +1,7 @@
-"""Kernel throughput: this project's kernels vs a reference-style per-user loop vs torch batched.
+"""Kernel throughput, two routines.
 
+``--routine engine``: this project's kernels through :mod:`memoryos_gpu.ops` (what the engine
+calls: input checks and transfers included) vs a reference-style per-user loop vs torch batched.
 A synthetic arena of U users x S segments x P pages per segment (d = 384) is queried by batches
 of B queries across distinct users: segment scoring (cos + Jaccard, top-5) then page selection
 (top-10 inside the chosen segments). All three methods do the same work in the same run:
@@ -9,7 +11,16 @@ of B queries across distinct users: segment scoring (cos + Jaccard, top-5) then 
   user's segment embeddings, search, then score the chosen segments' pages one np.dot at a time;
 - ``torch-batched``: gather + bmm + topk over the whole batch (the obvious vectorised baseline).
 
-Usage: python benchmarks/kernels.py [--users 10000] [--batch 1024] [--pages-per-segment 2]
+``--routine kernel-only``: each native kernel called directly (``memoryos_gpu._C``) on arrays
+already where the kernel reads them, per storage dtype (``--dtypes``; the CPU stores float32),
+timed with CUDA events on a GPU (wall clock on the CPU), median with p20 / p80 over
+``--repeat`` runs after an untimed warm-up. Reported: the bytes each kernel must read over its
+time (GB/s), and on a GPU its fraction of the measured device copy bandwidth (read + write
+bytes of a 1 GiB device-to-device copy), the issue-16 target being >= 50 % at B = 1,024,
+S = 200, d = 384.
+
+Usage: python benchmarks/kernels.py [--routine engine|kernel-only|all] [--users 10000]
+       [--batch 1024] [--pages-per-segment 2] [--dtypes float16 float32]
        [--device cpu|cuda] [--quick] [--json OUT]
 """
 
@@ -29,7 +40,7 @@ import numpy as np
 from memoryos_gpu import ops
 from memoryos_gpu.arena import Arena, ArenaConfig
 
-M_SEGMENTS, K_PAGES, KW_WIDTH, Q_KW = 5, 10, 16, 8
+M_SEGMENTS, K_PAGES, K_KNOWLEDGE, KW_WIDTH, Q_KW, KN_CAPACITY = 5, 10, 10, 16, 8, 100
 
 
 def build_arena(
@@ -252,6 +263,269 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+# ---------------------------------------------------------------------------------- kernel-only
+class Raw:
+    """Random kernel inputs in the layout the kernels read, on one device (NumPy on the CPU,
+    torch on CUDA, generated there): U users x S segments (every slot live, keyword rows
+    sorted and half full), P pages per segment in one block each, R knowledge entries per
+    user, and B queries from distinct users."""
+
+    def __init__(
+        self,
+        users: int,
+        slots: int,
+        pages: int,
+        dim: int,
+        batch: int,
+        device: str,
+        dtype: str,
+        seed: int = 0,
+    ) -> None:
+        self.cuda = device.startswith("cuda")
+        self.users, self.slots, self.pages, self.dim, self.batch = users, slots, pages, dim, batch
+        self.dtype, self.elem = dtype, np.dtype(dtype).itemsize
+        if self.cuda:
+            import torch
+
+            self.torch = torch
+            self.g = torch.Generator(device=device).manual_seed(seed)
+            self.dev = device
+        else:
+            self.rng = np.random.default_rng(seed)
+        u, s, b = users, slots, batch
+        self.seg_emb = self.normal((u, s, dim), dtype)
+        self.seg_kw = self.keywords((u, s, KW_WIDTH))
+        self.seg_live = self.full((u, s), 1, "uint8")
+        self.page_emb = self.normal((u * s * max(pages, 1), dim), dtype)
+        self.page_live = self.full((u * s * max(pages, 1),), 1, "uint8")
+        self.npages = self.full((u, s), pages, "int32")
+        self.block_table = self.arange(u * s).reshape(u, s, 1)  # block = u * S + s, size P
+        self.kn_emb = self.normal((u, KN_CAPACITY, dim), dtype)
+        self.kn_live = self.full((u, KN_CAPACITY), 1, "uint8")
+        self.q = self.normal((b, dim), "float32")
+        self.q_user = self.choice(u, b)
+        self.q_kw = self.keywords((b, Q_KW), half=False)
+
+    # --- generators (one per backend) ---
+    def normal(self, shape: tuple[int, ...], dtype: str) -> Any:
+        if self.cuda:
+            t = self.torch.randn(shape, generator=self.g, device=self.dev)
+            return t.to(getattr(self.torch, dtype))
+        return self.rng.standard_normal(shape, dtype=np.float32).astype(dtype, copy=False)
+
+    def full(self, shape: tuple[int, ...], value: int, dtype: str) -> Any:
+        if self.cuda:
+            return self.torch.full(shape, value, dtype=getattr(self.torch, dtype), device=self.dev)
+        return np.full(shape, value, dtype=dtype)
+
+    def arange(self, n: int) -> Any:
+        if self.cuda:
+            return self.torch.arange(n, dtype=self.torch.int32, device=self.dev)
+        return np.arange(n, dtype=np.int32)
+
+    def choice(self, n: int, k: int) -> Any:
+        if self.cuda:
+            perm = self.torch.randperm(n, generator=self.g, device=self.dev)[:k]
+            return perm.to(self.torch.int32)
+        return self.rng.choice(n, size=k, replace=False).astype(np.int32)
+
+    def keywords(self, shape: tuple[int, ...], half: bool = True) -> Any:
+        """Sorted, unique ids (cumulative random gaps), the second half padded when half."""
+        if self.cuda:
+            gaps = self.torch.randint(1, 600, shape, generator=self.g, device=self.dev)
+            ids = self.torch.cumsum(gaps, dim=-1).to(self.torch.int32)
+        else:
+            ids = np.cumsum(self.rng.integers(1, 600, shape), axis=-1).astype(np.int32)
+        if half:
+            ids[..., shape[-1] // 2 :] = -1
+        return ids
+
+    def out(self, k: int) -> tuple[Any, Any]:
+        if self.cuda:
+            t = self.torch
+            return (
+                t.empty((self.batch, k), dtype=t.float32, device=self.dev),
+                t.empty((self.batch, k), dtype=t.int32, device=self.dev),
+            )
+        return np.empty((self.batch, k), np.float32), np.empty((self.batch, k), np.int32)
+
+    def stream(self) -> int:
+        return int(self.torch.cuda.current_stream().cuda_stream) if self.cuda else 0
+
+    # --- the bytes each kernel must read ---
+    def bytes_score(self) -> int:
+        row = self.dim * self.elem + KW_WIDTH * 4 + 1
+        return self.batch * (self.slots * row + self.dim * 4 + Q_KW * 4)
+
+    def bytes_select(self) -> int:
+        return self.batch * (M_SEGMENTS * self.pages * (self.dim * self.elem + 1) + self.dim * 4)
+
+    def bytes_knowledge(self) -> int:
+        return self.batch * (KN_CAPACITY * (self.dim * self.elem + 1) + self.dim * 4)
+
+
+def kernel_calls(raw: Raw) -> dict[str, tuple[Any, int]]:
+    """Each kernel as a no-argument call, with the bytes it reads."""
+    from memoryos_gpu import _C
+
+    seg_s, seg_i = raw.out(M_SEGMENTS)
+    pg_s, pg_i = raw.out(K_PAGES)
+    kn_s, kn_i = raw.out(K_KNOWLEDGE)
+    st = raw.stream()
+
+    def score() -> None:
+        _C.score_segments(
+            raw.q,
+            raw.q_user,
+            raw.q_kw,
+            raw.seg_emb,
+            raw.seg_kw,
+            raw.seg_live,
+            1.0,
+            seg_s,
+            seg_i,
+            st,
+        )
+
+    def select() -> None:
+        _C.select_pages(
+            raw.q,
+            raw.q_user,
+            seg_i,
+            raw.page_emb,
+            raw.page_live,
+            raw.npages,
+            raw.block_table,
+            max(raw.pages, 1),
+            float("-inf"),
+            pg_s,
+            pg_i,
+            st,
+        )
+
+    def knowledge() -> None:
+        _C.knowledge_topk(raw.q, raw.q_user, raw.kn_emb, raw.kn_live, kn_s, kn_i, st)
+
+    score()  # select_pages reads the chosen segments it wrote
+    return {
+        "score_segments": (score, raw.bytes_score()),
+        "select_pages": (select, raw.bytes_select()),
+        "knowledge_topk": (knowledge, raw.bytes_knowledge()),
+    }
+
+
+def time_call(fn: Any, repeat: int, cuda: bool) -> list[float]:
+    """Seconds per call: CUDA events around each call on a GPU (kernel time only, no host
+    overhead between launches counted), the wall clock on the CPU; one untimed warm-up."""
+    fn()
+    if not cuda:
+        out = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return out
+    import torch
+
+    torch.cuda.synchronize()
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(repeat)
+    ]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) / 1e3 for start, end in events]
+
+
+def device_copy_gbs(repeat: int) -> float:
+    """Read + write bytes per second of a 1 GiB device-to-device copy (CUDA events)."""
+    import torch
+
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times = time_call(lambda: dst.copy_(src), repeat, cuda=True)
+    return 2 * src.numel() / statistics.median(times) / 1e9
+
+
+def host_copy_gbs(repeat: int) -> float:
+    """Read + write bytes per second of a 256 MiB host copy (the CPU's streaming roofline)."""
+    src = np.ones(2**28, np.uint8)
+    dst = np.empty_like(src)
+    times = time_call(lambda: np.copyto(dst, src), repeat, cuda=False)
+    return 2 * src.size / statistics.median(times) / 1e9
+
+
+def percentile(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.array(xs), q))
+
+
+def bench_kernel_only(args: argparse.Namespace) -> dict[str, Any]:
+    cuda = args.device.startswith("cuda")
+    dtypes = args.dtypes if cuda else ["float32"]
+    copy = device_copy_gbs(args.repeat) if cuda else host_copy_gbs(args.repeat)
+    users = max(args.users[0], args.batch)  # queries from distinct users
+    pages = args.pages_per_segment[0] if args.pages_per_segment else 2
+    results = []
+    for dtype in dtypes:
+        t0 = time.perf_counter()
+        raw = Raw(users, args.slots, pages, args.dim, args.batch, args.device, dtype)
+        build_s = time.perf_counter() - t0
+        for name, (fn, nbytes) in kernel_calls(raw).items():
+            times = time_call(fn, args.repeat, cuda)
+            med = statistics.median(times)
+            gbs = nbytes / med / 1e9
+            results.append(
+                {
+                    "kernel": name,
+                    "dtype": dtype,
+                    "median_us": round(med * 1e6, 1),
+                    "p20_us": round(percentile(times, 20) * 1e6, 1),
+                    "p80_us": round(percentile(times, 80) * 1e6, 1),
+                    "bytes": nbytes,
+                    "gb_s": round(gbs, 1),
+                    "fraction_of_copy": round(gbs / copy, 3),
+                    "queries_per_s": round(args.batch / med, 1),
+                    "build_s": round(build_s, 2),
+                }
+            )
+        del raw
+    return {
+        "routine": "kernel-only",
+        "device": args.device,
+        "users": users,
+        "segments_per_user": args.slots,
+        "pages_per_segment": pages,
+        "dim": args.dim,
+        "batch": args.batch,
+        "copy_gb_s": round(copy, 1),
+        "copy_kind": "device-to-device" if cuda else "host memcpy",
+        "kernels": results,
+    }
+
+
+def print_kernel_only(r: dict[str, Any]) -> None:
+    print(
+        f"kernel-only on {r['device']}: B = {r['batch']}, S = {r['segments_per_user']}, "
+        f"d = {r['dim']}, {r['users']} users, {r['pages_per_segment']} pages/segment; "
+        f"{r['copy_kind']} copy {r['copy_gb_s']} GB/s"
+    )
+    head = (
+        f"{'kernel':<16} {'dtype':<9} {'median us':>10} {'p20-p80 us':>16} {'GB/s':>8} "
+        f"{'of copy':>8}"
+    )
+    print(head)
+    print("-" * len(head))
+    for k in r["kernels"]:
+        spread = f"{k['p20_us']}-{k['p80_us']}"
+        print(
+            f"{k['kernel']:<16} {k['dtype']:<9} {k['median_us']:>10} {spread:>16} "
+            f"{k['gb_s']:>8} {k['fraction_of_copy']:>8.1%}"
+        )
+
+
 def hardware() -> dict[str, Any]:
     info = ops.build_info()
     hw = {
@@ -291,6 +565,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--routine", choices=["engine", "kernel-only", "all"], default="all")
     p.add_argument("--users", type=int, nargs="+", default=[1000, 10000])
     p.add_argument(
         "--pages-per-segment",
@@ -303,6 +578,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float16", "float32"],
+        choices=["float16", "bfloat16", "float32"],
+        help="kernel-only storage dtypes on a GPU (the CPU stores float32)",
+    )
     p.add_argument(
         "--reference-queries",
         type=int,
@@ -319,19 +601,26 @@ def main(argv: list[str] | None = None) -> int:
     pps = args.pages_per_segment or [20 if u <= 1000 else 2 for u in args.users]
     if len(pps) != len(args.users):
         p.error("--pages-per-segment needs one value per --users value")
-    results = []
-    for users, pages in zip(args.users, pps, strict=True):
-        run = argparse.Namespace(**{**vars(args), "users": users, "pages_per_segment": pages})
-        results.append(bench(run))
-        print(json.dumps(results[-1]), file=sys.stderr)
-    print_table(results)
-    report = {
+    report: dict[str, Any] = {
         "benchmark": "kernels",
         "date": time.strftime("%Y-%m-%d"),
         "hardware": hardware(),
         "build": ops.build_info(),
-        "results": results,
     }
+    if args.routine in ("kernel-only", "all"):
+        ko_args = argparse.Namespace(
+            **{**vars(args), "users": [max(args.users)], "pages_per_segment": [pps[-1]]}
+        )
+        report["kernel_only"] = bench_kernel_only(ko_args)
+        print_kernel_only(report["kernel_only"])
+    if args.routine in ("engine", "all"):
+        results = []
+        for users, pages in zip(args.users, pps, strict=True):
+            run = argparse.Namespace(**{**vars(args), "users": users, "pages_per_segment": pages})
+            results.append(bench(run))
+            print(json.dumps(results[-1]), file=sys.stderr)
+        print_table(results)
+        report["results"] = results
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

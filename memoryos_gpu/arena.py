@@ -724,11 +724,27 @@ class Arena:
 
     # ------------------------------------------------------------------ internals
     def _check_emb(self, emb: Any, n: int) -> np.ndarray:
+        """Embeddings as float32 [n, d], finite, and finite in the storage type too.
+
+        Why the second check: a GPU arena stores float16 or bfloat16, and a finite float32
+        value at or beyond the type's rounding limit (65520 for float16) becomes infinity in
+        the cast, so its cosines would be NaN. It is checked here, before the cast, on the
+        host. (Cosines are scale-free: scale such rows down before writing them.)
+        """
         arr = np.asarray(emb, dtype=np.float32)
         if arr.shape != (n, self.config.dim):
             raise ArenaError(f"embeddings must be [{n}, {self.config.dim}], got {arr.shape}")
         if not np.isfinite(arr).all():
             raise ArenaError("embeddings contain NaN or infinity")
+        if self.on_cuda and arr.size:
+            # values of magnitude >= (2 - 2^-(m+1)) * 2^emax round to infinity (m mantissa bits)
+            mant, emax = {"float16": (10, 15), "bfloat16": (7, 127)}[self.config.gpu_dtype]
+            limit = np.ldexp(2.0 - 2.0 ** -(mant + 1), emax)
+            if float(np.abs(arr).max()) >= limit:
+                raise ArenaError(
+                    f"embeddings hold a value of magnitude >= {limit:.6g}, which becomes "
+                    f"infinity in {self.config.gpu_dtype}: scale the vectors down"
+                )
         return arr
 
     def _write(self, target: Any, index: tuple, value: Any, emb_array: bool = False) -> None:

@@ -36,7 +36,7 @@ def _backend_param(name: str):
 
 
 BACKENDS = [_backend_param("cpu"), _backend_param("cuda")]
-TOL = {"cpu": 1e-5, "cuda": 2e-2}  # fp32 on CPU; fp16 storage on GPU
+TOL = {"cpu": 1e-5, "cuda": 1e-4}  # the oracle reads the stored (fp16 on GPU) values
 
 
 @dataclass
@@ -175,7 +175,11 @@ def assert_topk(ref_out, got_out, tol: float) -> None:
 
 
 # ---------------------------------------------------------------- properties against the oracle
-COMMON = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# MEMORYOS_GPU_KERNEL_GRID=small: the compute-sanitizer runs of benchmarks/gpu_check.sh
+SMALL = os.environ.get("MEMORYOS_GPU_KERNEL_GRID") == "small"
+COMMON = settings(
+    max_examples=4 if SMALL else 60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -189,7 +193,9 @@ def test_score_segments_matches_reference(backend, spec, m, weight):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=2 if SMALL else 8, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(spec=specs(full=True), m=st.integers(1, 12))
 def test_score_segments_full_200_slots(backend, spec, m):
     arena, _ = build(spec, backend)
@@ -274,7 +280,7 @@ def test_heat_matches_reference(backend, spec, data, by_visits, mu, tau):
 
 # ---------------------------------------------------------------- isolation
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=4 if SMALL else 40, deadline=None)
 @given(spec=specs(), seed=st.integers(0, 2**31))
 def test_no_query_sees_another_users_memory(backend, spec, seed):
     """Rewriting every other user's segments, pages and knowledge changes nothing for a query."""
@@ -400,10 +406,13 @@ def test_native_rejects_bad_arrays_without_crashing():
             out_s,
             out_i,
         )
-    with pytest.raises(IndexError, match="user slot"):
-        _C.score_segments(
-            q, np.array([3], np.int32), np.zeros((1, 0), np.int32), seg, kw, live, 1.0, out_s, out_i
-        )
+    # an out-of-range user slot is not an error in the kernels: it gets a padded row, on the
+    # CPU as on the GPU (which cannot raise without a device sync); ops validates users first
+    out_s[:], out_i[:] = 7.0, 7
+    _C.score_segments(
+        q, np.array([3], np.int32), np.zeros((1, 0), np.int32), seg, kw, live, 1.0, out_s, out_i
+    )
+    assert out_i.tolist() == [[-1]] and np.isneginf(out_s).all()
     with pytest.raises(ValueError, match="contiguous"):
         _C.score_segments(
             np.ones((1, 8), np.float32)[:, ::2],
@@ -435,6 +444,22 @@ def test_build_info_reports_capabilities():
     assert info["cpu"] is True
     assert info["cuda_usable"] == (info["cuda_compiled"] and info["cuda_device_count"] > 0)
     assert info["cpu_threads"] >= 1
+
+
+@pytest.mark.parametrize("value", ["1", "0"])
+def test_cuda_sync_mode_follows_the_environment(value):
+    """MEMORYOS_GPU_CUDA_SYNC=1 (read once per process) makes every CUDA launch synchronise
+    and report a device fault in the launcher that caused it; a CPU-only build has no such mode."""
+    import subprocess
+    import sys
+
+    code = "from memoryos_gpu.ops import build_info; i = build_info(); "
+    code += "print(i['cuda_sync_launches'], i['cuda_compiled'])"
+    env = {**os.environ, "MEMORYOS_GPU_CUDA_SYNC": value}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[0] == str(value == "1" and out[1] == "True")
 
 
 @settings(max_examples=25, deadline=None)

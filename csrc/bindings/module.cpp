@@ -36,19 +36,6 @@ void require_cuda() {
   }
 }
 
-/// Host-side range check of slot indices (CPU path only; the CUDA kernels bounds-check on device
-/// and the Python layer validates before upload).
-void check_range(const TensorArg& t, int64_t upper, const char* what, bool allow_negative) {
-  if (t.on_cuda) return;
-  const int32_t* v = t.ptr<int32_t>();
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if ((v[i] < 0 && !(allow_negative && v[i] == kNoId)) || v[i] >= upper) {
-      throw py::index_error(t.name + "[" + std::to_string(i) + "] = " + std::to_string(v[i]) +
-                            " is not a valid " + what + " (0.." + std::to_string(upper - 1) + ")");
-    }
-  }
-}
-
 QueryBatch query_batch(const TensorArg& emb, const TensorArg& user, const TensorArg* kw) {
   expect_ndim(emb, 2);
   expect(emb, {-1, -1}, Dt::f32);
@@ -92,7 +79,6 @@ void score_segments(py::object q_emb, py::object q_user, py::object q_kw, py::ob
   SegmentView seg{se.data, sk.ptr<int32_t>(), sl.ptr<uint8_t>(), se.dim(0),
                   static_cast<int32_t>(se.dim(1)), static_cast<int32_t>(sk.dim(2)),
                   emb_dtype(se, cuda)};
-  check_range(qu, seg.num_users, "user slot", false);
   if (q.size == 0) return;
   if (cuda) require_cuda();
   py::gil_scoped_release release;
@@ -126,8 +112,6 @@ void select_pages(py::object q_emb, py::object q_user, py::object chosen, py::ob
   PageView pages{pe.data, pl.ptr<uint8_t>(), np_.ptr<int32_t>(), bt.ptr<int32_t>(), pe.dim(0),
                  np_.dim(0), static_cast<int32_t>(np_.dim(1)), block_size, static_cast<int32_t>(bt.dim(2)),
                  emb_dtype(pe, cuda)};
-  check_range(qu, np_.dim(0), "user slot", false);
-  check_range(ch, np_.dim(1), "segment slot", true);
   if (q.size == 0) return;
   if (cuda) require_cuda();
   py::gil_scoped_release release;
@@ -162,8 +146,6 @@ void apply_hits(py::object hit_user, py::object hit_slot, py::object hit_now, py
   expect(hu, {-1}, Dt::i32);
   expect(hs, {hu.dim(0)}, Dt::i32);
   expect(hn, {hu.dim(0)}, Dt::f64);
-  check_range(hu, state.num_users, "user slot", false);
-  check_range(hs, state.slots, "segment slot", false);
   HitList hits{hu.ptr<int32_t>(), hs.ptr<int32_t>(), hn.ptr<double>(), hu.dim(0)};
   if (hits.size == 0) return;
   if (cuda) require_cuda();
@@ -194,7 +176,6 @@ void recompute_heat(py::object users, py::object now, py::object need_evict, py:
   if (!(mu > 0.0) || !std::isfinite(mu)) throw py::value_error("mu must be a positive number of seconds");
   if (!std::isfinite(alpha) || !std::isfinite(beta) || !std::isfinite(gamma) || std::isnan(tau))
     throw py::value_error("heat weights must be finite");
-  check_range(us, state.num_users, "user slot", false);
   HeatRecompute req{us.ptr<int32_t>(), nw.ptr<double>(), ne.ptr<uint8_t>(), us.dim(0),
                     evict_by_visits, op.ptr<uint8_t>(), oe.ptr<int32_t>()};
   HeatParams params{alpha, beta, gamma, mu, tau};
@@ -219,12 +200,26 @@ void knowledge_topk(py::object q_emb, py::object q_owner, py::object kn_emb, py:
   TopK out = topk_out(os, oi, q.size);
   KnowledgeView kn{ke.data, kl.ptr<uint8_t>(), ke.dim(0), static_cast<int32_t>(ke.dim(1)),
                    emb_dtype(ke, cuda)};
-  check_range(qo, kn.num_owners, "knowledge owner slot", false);
   if (q.size == 0) return;
   if (cuda) require_cuda();
   py::gil_scoped_release release;
   if (cuda) knowledge_topk_cuda(q, kn, out, stream);
   else knowledge_topk_cpu(q, kn, out);
+}
+
+py::object cpu_cosines_per_isa_py(py::object q, py::object rows, py::object out) {
+  auto qa = tensor_arg(q, "q", 0), ra = tensor_arg(rows, "rows", 0), oa = tensor_arg(out, "out", 0);
+  if (qa.on_cuda || ra.on_cuda || oa.on_cuda) throw py::value_error("host arrays only");
+  expect(qa, {-1}, Dt::f32);
+  expect(ra, {-1, qa.dim(0)}, Dt::f32);
+  expect(oa, {2, ra.dim(0)}, Dt::f32);
+  int builds = 0;
+  {
+    py::gil_scoped_release release;
+    builds = cpu_cosines_per_isa(qa.ptr<float>(), ra.ptr<float>(), ra.dim(0),
+                                 static_cast<int>(qa.dim(0)), oa.ptr<float>());
+  }
+  return py::int_(builds);
 }
 
 py::dict build_info() {
@@ -239,6 +234,7 @@ py::dict build_info() {
 #endif
   info["cuda_compiled"] = cuda_compiled();
   info["cuda_device_count"] = cuda_compiled() ? cuda_device_count() : 0;
+  info["cuda_sync_launches"] = cuda_sync_launches();
 #if defined(MEMOSGPU_CUDA_ARCHS)
   info["cuda_archs"] = MEMOSGPU_CUDA_ARCHS;
 #else
@@ -277,5 +273,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("kn_live"), py::arg("out_scores"), py::arg("out_ids"), py::arg("stream") = 0,
         "Top-k knowledge entries by cosine inside each query owner's ring buffer.");
   m.def("build_info", &build_info, "What was compiled and what is usable now.");
+  m.def("_cpu_cosines_per_isa", &cpu_cosines_per_isa_py, py::arg("q"), py::arg("rows"),
+        py::arg("out"),
+        "Self-check: cosines by the baseline and (where available) the AVX2 build of the CPU "
+        "inner loops into out[0] and out[1]; returns the number of builds that ran.");
   register_retrieval(m);
 }

@@ -11,6 +11,7 @@ namespace {
 
 bool cuda_compiled() { return false; }
 int cuda_device_count() { return 0; }
+bool cuda_sync_launches() { return false; }
 void score_segments_cuda(const QueryBatch&, const SegmentView&, float, TopK, int64_t) { absent(); }
 void select_pages_cuda(const QueryBatch&, const int32_t*, int32_t, const PageView&, float, TopK,
                        int64_t) {

@@ -1,12 +1,16 @@
 """Public kernel API: one function per kernel, dispatched on where the arena lives.
 
-Every function validates its inputs (shapes, dtypes, NaN, unknown slots, k < 1) with a clear
-Python exception before anything native runs, allocates outputs on the arena's device, and calls
-the C++ (CPU) or CUDA implementation in :mod:`memoryos_gpu._C`. Outputs are fixed ``[B, k]``
-arrays padded with ``-inf`` scores and ``-1`` ids, ranked by score then lower id.
+Every function validates its host inputs (shapes, dtypes, NaN, unknown slots, k < 1) with a
+clear Python exception before anything native runs, allocates outputs on the arena's device, and
+calls the C++ (CPU) or CUDA implementation in :mod:`memoryos_gpu._C`. Outputs are fixed
+``[B, k]`` arrays padded with ``-inf`` scores and ``-1`` ids, ranked by score then lower id.
 
-The backend follows the arena: a CPU arena runs the OpenMP loops, a CUDA arena the CUDA kernels.
-``MEMORYOS_GPU_DEVICE`` only chooses where new engines put their arena (see ``env.py``).
+The backend follows the arena: a CPU arena runs the OpenMP loops, a CUDA arena the CUDA kernels
+(``EngineConfig.device`` chooses where new engines put their arena). On a CUDA arena no function
+but :func:`recompute_heat` (which returns host arrays) waits for the device: host inputs travel
+in one asynchronous copy per call, and device inputs are used where they are, unchecked on the
+host (the kernels bounds-check every index; a device query holding NaN gets a padded row), so
+the ``chosen`` tensor of :func:`score_segments` can go straight into :func:`select_pages`.
 """
 
 from __future__ import annotations
@@ -55,23 +59,30 @@ def build_info() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- input normalisation
-def _queries(arena: Arena, emb: Any, name: str = "q_emb") -> Any:
-    """Queries as float32 [B, d] on the arena's device, finite."""
-    if arena.on_cuda:
-        import torch
+# On a CUDA arena nothing here waits for the device: host inputs are checked on the host, packed
+# into one pinned buffer and sent with one asynchronous copy per call (a pageable .to(device) per
+# array would wait for the stream each time), and device inputs are used where they are (the
+# kernels bounds-check every index and give a non-finite query a padded row, so no device-side
+# check, which would need a sync, is required).
+def _is_device_tensor(x: Any) -> bool:
+    return bool(getattr(x, "is_cuda", False))
 
-        t = torch.as_tensor(emb, dtype=torch.float32, device=arena.seg_emb.device)
-        if t.ndim != 2 or t.shape[1] != arena.config.dim:
-            raise ArenaError(f"{name} must be [B, {arena.config.dim}], got {tuple(t.shape)}")
-        if not bool(torch.isfinite(t).all()):
-            raise ArenaError(f"{name} contains NaN or infinity")
-        return t.contiguous()
+
+def _host_queries(arena: Arena, emb: Any, name: str) -> np.ndarray:
     a = _writable(np.asarray(emb, dtype=np.float32))
     if a.ndim != 2 or a.shape[1] != arena.config.dim:
         raise ArenaError(f"{name} must be [B, {arena.config.dim}], got {a.shape}")
     if not np.isfinite(a).all():
         raise ArenaError(f"{name} contains NaN or infinity")
     return a
+
+
+def _device_queries(arena: Arena, emb: Any, name: str) -> Any:
+    """A CUDA tensor as float32 [B, d] on the arena's device, without a finiteness check."""
+    t = emb.to(device=arena.seg_emb.device, dtype=_torch().float32).contiguous()
+    if t.ndim != 2 or t.shape[1] != arena.config.dim:
+        raise ArenaError(f"{name} must be [B, {arena.config.dim}], got {tuple(t.shape)}")
+    return t
 
 
 def _host_int(values: Any, name: str, batch: int | None = None, ndim: int = 1) -> np.ndarray:
@@ -89,20 +100,40 @@ def _writable(a: np.ndarray) -> np.ndarray:
     return np.require(a, requirements=("C", "W"))
 
 
-def _device(arena: Arena, host: np.ndarray) -> Any:
-    if not arena.on_cuda:
-        return host
+def _torch() -> Any:
     import torch
 
-    return torch.from_numpy(host).to(arena.seg_emb.device)
+    return torch
+
+
+def _to_arena(arena: Arena, *arrays: np.ndarray) -> list[Any]:
+    """The host arrays on the arena's device: themselves on a CPU arena; on a CUDA arena views
+    of one device buffer filled by one asynchronous copy from one pinned host buffer (torch's
+    pinned allocator keeps that buffer until the copy is done)."""
+    if not arena.on_cuda:
+        return list(arrays)
+    torch = _torch()
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // 16) * 16  # 16-byte aligned views
+    staging = torch.empty(max(total, 16), dtype=torch.uint8, pin_memory=True)
+    host = staging.numpy()
+    for a, off in zip(arrays, offsets, strict=True):
+        host[off : off + a.nbytes] = a.reshape(-1).view(np.uint8)
+    dev = staging.to(arena.seg_emb.device, non_blocking=True)
+    out = []
+    for a, off in zip(arrays, offsets, strict=True):
+        dt = getattr(torch, a.dtype.name)
+        out.append(dev[off : off + a.nbytes].view(dt).view(a.shape))
+    return out
 
 
 def _alloc_topk(arena: Arena, batch: int, k: int) -> tuple[Any, Any]:
     if int(k) < 1:
         raise ArenaError(f"k must be >= 1, got {k}")
     if arena.on_cuda:
-        import torch
-
+        torch = _torch()
         dev = arena.seg_emb.device
         return (
             torch.empty((batch, k), dtype=torch.float32, device=dev),
@@ -114,9 +145,24 @@ def _alloc_topk(arena: Arena, batch: int, k: int) -> tuple[Any, Any]:
 def _stream(arena: Arena) -> int:
     if not arena.on_cuda:
         return 0
-    import torch
+    return int(_torch().cuda.current_stream(arena.seg_emb.device).cuda_stream)
 
-    return int(torch.cuda.current_stream(arena.seg_emb.device).cuda_stream)
+
+def _query_args(arena: Arena, q_emb: Any, *host_ints: np.ndarray) -> list[Any]:
+    """[queries, *ints] on the arena's device; host queries ride in the same copy as the ints."""
+    if arena.on_cuda and _is_device_tensor(q_emb):
+        return [_device_queries(arena, q_emb, "q_emb"), *_to_arena(arena, *host_ints)]
+    return _to_arena(arena, _host_queries(arena, q_emb, "q_emb"), *host_ints)
+
+
+def _batch_of(q_emb: Any) -> int:
+    shape = getattr(q_emb, "shape", None)
+    if shape is None:
+        q_emb = np.asarray(q_emb, np.float32)
+        shape = q_emb.shape
+    if len(shape) != 2:
+        raise ArenaError(f"q_emb must be [B, d], got {tuple(shape)}")
+    return int(shape[0])
 
 
 # ---------------------------------------------------------------------- kernels
@@ -128,21 +174,22 @@ def score_segments(
     Each query sees only its own user's live segment slots. ``q_kw`` is ``[B, Q]`` int32 hashed
     keyword ids (sorted, padded with -1; Q may be 0). Returns ``(scores [B, m], slots [B, m])``.
     """
-    q = _queries(arena, q_emb)
-    users = _host_int(q_user, "q_user", q.shape[0])
+    b = _batch_of(q_emb)
+    users = _host_int(q_user, "q_user", b)
     arena.check_users(users)
     kw = (
-        normalize_keyword_rows(_host_int(q_kw, "q_kw", q.shape[0], ndim=2))
+        normalize_keyword_rows(_host_int(q_kw, "q_kw", b, ndim=2))
         if q_kw is not None
-        else np.zeros((q.shape[0], 0), np.int32)
+        else np.zeros((b, 0), np.int32)
     )
     if not np.isfinite(keyword_weight):
         raise ArenaError("keyword_weight must be finite")
-    scores, ids = _alloc_topk(arena, q.shape[0], m)
+    q, users_d, kw_d = _query_args(arena, q_emb, users, kw)
+    scores, ids = _alloc_topk(arena, b, m)
     _native().score_segments(
         q,
-        _device(arena, users),
-        _device(arena, kw),
+        users_d,
+        kw_d,
         arena.seg_emb,
         arena.seg_kw,
         arena.seg_live,
@@ -168,20 +215,33 @@ def select_pages(
     arena: Arena, q_emb: Any, q_user: Any, chosen: Any, k: int, min_score: float = float("-inf")
 ) -> tuple[Any, Any]:
     """Top-``k`` pages by cosine inside each query's ``chosen`` segment slots ``[B, m]`` (-1 =
-    none), skipping pages scoring below ``min_score``. Returns ``(scores, pool slots)``."""
-    q = _queries(arena, q_emb)
-    users = _host_int(q_user, "q_user", q.shape[0])
+    none), skipping pages scoring below ``min_score``. Returns ``(scores, pool slots)``.
+
+    On a CUDA arena ``chosen`` may be the device tensor :func:`score_segments` returned: it is
+    used in place (no copy through the host between the two kernels), and slots outside
+    ``[0, S)`` in it are skipped by the kernel instead of raising. A segment chosen twice counts
+    once."""
+    b = _batch_of(q_emb)
+    users = _host_int(q_user, "q_user", b)
     arena.check_users(users)
-    ch = _host_int(chosen, "chosen", q.shape[0], ndim=2)
-    if ((ch < -1) | (ch >= arena.config.segment_slots)).any():
-        raise ArenaError("chosen holds a segment slot out of range")
     if np.isnan(min_score):
         raise ArenaError("min_score must not be NaN")
-    scores, ids = _alloc_topk(arena, q.shape[0], k)
+    device_chosen = arena.on_cuda and _is_device_tensor(chosen)
+    if device_chosen:
+        ch = chosen.to(device=arena.seg_emb.device, dtype=_torch().int32).contiguous()
+        if ch.ndim != 2 or ch.shape[0] != b:
+            raise ArenaError(f"chosen must be [{b}, m], got {tuple(ch.shape)}")
+        q, users_d = _query_args(arena, q_emb, users)
+    else:
+        ch = _host_int(chosen, "chosen", b, ndim=2)
+        if ((ch < -1) | (ch >= arena.config.segment_slots)).any():
+            raise ArenaError("chosen holds a segment slot out of range")
+        q, users_d, ch = _query_args(arena, q_emb, users, ch)
+    scores, ids = _alloc_topk(arena, b, k)
     _native().select_pages(
         q,
-        _device(arena, users),
-        _device(arena, ch),
+        users_d,
+        ch,
         arena.page_emb,
         arena.page_live,
         arena.seg_npages,
@@ -209,10 +269,11 @@ def apply_hits(arena: Arena, hit_user: Any, hit_slot: Any, now: Any) -> None:
         raise ArenaError("hit_slot out of range")
     if not np.isfinite(hn).all():
         raise ArenaError("now must be finite")
+    hu_d, hs_d, hn_d = _to_arena(arena, hu, hs, hn)
     _native().apply_hits(
-        _device(arena, hu),
-        _device(arena, hs),
-        _device(arena, hn),
+        hu_d,
+        hs_d,
+        hn_d,
         arena.n_visit,
         arena.l_interaction,
         arena.last_access,
@@ -243,12 +304,12 @@ def recompute_heat(
         else _writable(np.broadcast_to(np.asarray(need_evict, np.uint8), us.shape))
     )
     n, s = us.shape[0], arena.config.segment_slots
-    promote = _device(arena, np.zeros((n, s), np.uint8))
-    evict = _device(arena, np.full(n, -1, np.int32))
+    us_d, nw_d, ne_d = _to_arena(arena, us, nw, ne)
+    promote, evict, packed = _heat_outputs(arena, n, s)
     _native().recompute_heat(
-        _device(arena, us),
-        _device(arena, nw),
-        _device(arena, ne),
+        us_d,
+        nw_d,
+        ne_d,
         arena.n_visit,
         arena.l_interaction,
         arena.last_access,
@@ -264,19 +325,35 @@ def recompute_heat(
         evict,
         _stream(arena),
     )
-    if arena.on_cuda:
-        return promote.cpu().numpy().astype(bool), evict.cpu().numpy()
-    return promote.astype(bool), evict
+    if packed is None:
+        return promote.astype(bool), evict
+    out = packed.cpu().numpy()  # one device-to-host copy for both outputs
+    off = _evict_offset(n, s)
+    return out[: n * s].reshape(n, s).astype(bool), out[off : off + 4 * n].view(np.int32).copy()
+
+
+def _evict_offset(n: int, s: int) -> int:
+    return -(-n * s // 16) * 16
+
+
+def _heat_outputs(arena: Arena, n: int, s: int) -> tuple[Any, Any, Any]:
+    """promote [n, S] uint8 and evict [n] int32, plus (on a CUDA arena, where both are views of
+    one device buffer) that buffer."""
+    if not arena.on_cuda:
+        return np.zeros((n, s), np.uint8), np.full(n, -1, np.int32), None
+    torch = _torch()
+    off = _evict_offset(n, s)
+    buf = torch.zeros(off + 4 * max(n, 1), dtype=torch.uint8, device=arena.seg_emb.device)
+    return buf[: n * s].view(n, s), buf[off : off + 4 * n].view(torch.int32), buf
 
 
 def knowledge_topk(arena: Arena, q_emb: Any, q_owner: Any, k: int) -> tuple[Any, Any]:
     """Top-``k`` knowledge entries by cosine inside each query owner's ring:
     ``(scores [B, k], ring slots [B, k])``."""
-    q = _queries(arena, q_emb)
-    owners = _host_int(q_owner, "q_owner", q.shape[0])
+    b = _batch_of(q_emb)
+    owners = _host_int(q_owner, "q_owner", b)
     arena.check_owners(owners)
-    scores, ids = _alloc_topk(arena, q.shape[0], k)
-    _native().knowledge_topk(
-        q, _device(arena, owners), arena.kn_emb, arena.kn_live, scores, ids, _stream(arena)
-    )
+    q, owners_d = _query_args(arena, q_emb, owners)
+    scores, ids = _alloc_topk(arena, b, k)
+    _native().knowledge_topk(q, owners_d, arena.kn_emb, arena.kn_live, scores, ids, _stream(arena))
     return scores, ids

@@ -17,7 +17,7 @@
 namespace memoryos {
 
 /// Padding value of keyword-id rows. Real ids are 31-bit hashes (>= 0), sorted ascending;
-/// a row ends at the first pad or at its width.
+/// a row ends at the first pad or at its width (see "Keyword sets" below for other rows).
 constexpr int32_t kKeywordPad = -1;
 
 /// Padding of id outputs ("no result"). Score outputs are padded with -infinity.
@@ -35,7 +35,48 @@ MOS_HD float cosine_from_sums(float dot, float norm_a_sq, float norm_b_sq) {
   return denom > 0.f ? dot / denom : 0.f;
 }
 
-/// Number of ids in a keyword row: rows are sorted, unique, and padded at the end.
+/// Squared norms the one-pass cosine trusts. Below 2^-60 squares of components under 2^-75
+/// are lost to underflow (a row of v x 1e-30 would get cosine 0), above FLT_MAX the sum is
+/// infinite (a row of v x 1e20 would get NaN or 0); such rows are rescaled and summed again.
+constexpr float kMinSafeNormSq = 8.67361737988403547e-19f;  // 2^-60
+
+MOS_HD bool norm_in_safe_range(float norm_sq) {
+  return norm_sq >= kMinSafeNormSq && norm_sq <= 3.40282346638528859812e+38f;  // false for NaN
+}
+
+/// The exponent e with max_abs * 2^-e in [0.5, 1) (0 for 0): scaling a vector by 2^-e is exact
+/// and leaves every cosine unchanged, and bounds its squared norm by its length.
+MOS_HD int pow2_exponent(float max_abs) {
+  int e = 0;
+  frexpf(max_abs, &e);
+  return max_abs > 0.f ? e : 0;
+}
+
+/// Two factors whose product is 2^-e, applied as (x * f1) * f2: each multiplication is exact
+/// (or, scaling down into the subnormals, one correct rounding, like ldexp), and a multiply
+/// vectorises where an ldexp call per element costs ~10 ns. 2^-e alone is not a float for
+/// e < -127 (a subnormal vector scaled up), hence the split.
+struct Pow2Scale {
+  float f1, f2;
+};
+
+MOS_HD Pow2Scale pow2_scale(int e) {
+  if (e >= -126) return Pow2Scale{ldexpf(1.f, -e), 1.f};
+  return Pow2Scale{ldexpf(1.f, 64), ldexpf(1.f, -e - 64)};
+}
+
+/// The score a top-k ranks and reports: NaN (only from non-finite inputs outside the contract)
+/// becomes -inf, because ranking needs a strict order; on the CPU and the GPU alike.
+MOS_HD float rank_score(float score) { return score != score ? -HUGE_VALF : score; }
+
+// ---- Keyword sets -------------------------------------------------------------------------------
+// The keyword set of a row is the set of distinct ids before its first kKeywordPad (or its
+// width), in any order: Jaccard is a set measure, so [1, 1, 2] and [2, 1] are the set {1, 2}.
+// The contract is sorted, unique rows (the Python layer normalises every row it writes or
+// queries with) and the fast paths assume it; any other row gets the same set semantics on
+// every path (CPU, CUDA, reference) through the slower general loops below.
+
+/// Number of entries of a keyword row before its first pad (its width if it has none).
 MOS_HD int keyword_count(const int32_t* row, int width) {
   int n = 0;
   while (n < width && row[n] != kKeywordPad) ++n;
@@ -56,18 +97,99 @@ MOS_HD int sorted_intersection(const int32_t* a, int na, const int32_t* b, int n
   return inter;
 }
 
-/// Jaccard index |A n B| / |A u B| of two keyword rows (sorted, unique, pad-terminated); 0 when
-/// either set is empty (the paper and the reference code score "no keywords" as no overlap).
-/// The Python layer normalises every row it writes or queries with, so rows are always sets.
+/// Whether ids[0, n) is strictly ascending (a sorted set, the contract's form).
+MOS_HD bool is_sorted_set(const int32_t* ids, int n) {
+  for (int i = 1; i < n; ++i) {
+    if (ids[i - 1] >= ids[i]) return false;
+  }
+  return true;
+}
+
+/// Whether ids[i] is the first occurrence of its value in ids[0, i].
+MOS_HD bool first_occurrence(const int32_t* ids, int i) {
+  for (int j = 0; j < i; ++j) {
+    if (ids[j] == ids[i]) return false;
+  }
+  return true;
+}
+
+/// Whether v is in ids[0, n) (any order).
+MOS_HD bool contains(const int32_t* ids, int n, int32_t v) {
+  for (int j = 0; j < n; ++j) {
+    if (ids[j] == v) return true;
+  }
+  return false;
+}
+
+/// Whether v is in the sorted set set[0, n) (binary search).
+MOS_HD bool set_contains(const int32_t* set, int n, int32_t v) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (set[mid] < v) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < n && set[lo] == v;
+}
+
+/// Writes the keyword set of row[0, width) to out (sorted, unique) and returns its size.
+/// Serial (insertion into out); the CPU runs it once per query, the GPU has a parallel twin.
+MOS_HD int keyword_set(const int32_t* row, int width, int32_t* out) {
+  const int n = keyword_count(row, width);
+  int size = 0;
+  for (int i = 0; i < n; ++i) {
+    const int32_t v = row[i];
+    int pos = size;
+    while (pos > 0 && out[pos - 1] > v) --pos;
+    if (pos > 0 && out[pos - 1] == v) continue;
+    for (int j = size; j > pos; --j) out[j] = out[j - 1];
+    out[pos] = v;
+    ++size;
+  }
+  return size;
+}
+
+/// Jaccard index |A n B| / |A u B| from the counts; 0 when either set is empty (the paper and
+/// the reference code score "no keywords" as no overlap).
 MOS_HD float jaccard_from_counts(int inter, int na, int nb) {
-  if (na == 0 || nb == 0) return 0.f;
+  if (na == 0 || nb == 0 || inter == 0) return 0.f;  // no division for the common no-overlap
   return static_cast<float>(inter) / static_cast<float>(na + nb - inter);
 }
 
+/// Jaccard of a sorted set (a query's keyword set, built once) and any keyword row. Sorted
+/// rows take the merge; others count their distinct ids and look each up in the set.
+MOS_HD float jaccard_set_row(const int32_t* set, int ns, const int32_t* row, int width) {
+  if (ns == 0) return 0.f;
+  int n = 0;
+  bool sorted = true;  // counted and checked in one pass: this runs for every candidate row
+  while (n < width && row[n] != kKeywordPad) {
+    sorted &= n == 0 || row[n - 1] < row[n];
+    ++n;
+  }
+  if (n == 0) return 0.f;
+  if (sorted) return jaccard_from_counts(sorted_intersection(set, ns, row, n), ns, n);
+  int distinct = 0, inter = 0;
+  for (int i = 0; i < n; ++i) {
+    if (!first_occurrence(row, i)) continue;
+    ++distinct;
+    inter += set_contains(set, ns, row[i]);
+  }
+  return jaccard_from_counts(inter, ns, distinct);
+}
+
+/// Jaccard of two keyword rows with the set semantics above (merge when both are sorted sets).
 MOS_HD float jaccard(const int32_t* a, int width_a, const int32_t* b, int width_b) {
-  const int na = keyword_count(a, width_a), nb = keyword_count(b, width_b);
-  if (na == 0 || nb == 0) return 0.f;
-  return jaccard_from_counts(sorted_intersection(a, na, b, nb), na, nb);
+  const int na = keyword_count(a, width_a);
+  if (is_sorted_set(a, na)) return jaccard_set_row(a, na, b, width_b);
+  const int nb = keyword_count(b, width_b);
+  int da = 0, db = 0, inter = 0;
+  for (int i = 0; i < na; ++i) {
+    if (!first_occurrence(a, i)) continue;
+    ++da;
+    inter += contains(b, nb, a[i]);
+  }
+  for (int j = 0; j < nb; ++j) db += first_occurrence(b, j);
+  return jaccard_from_counts(inter, da, db);
 }
 
 /// Segment score F = cos(e_s, e_q) + w * Jaccard(K_s, K_q) (paper, section 3.2; w = 1 there).

@@ -1,6 +1,12 @@
 // memoryos-gpu: kernel contracts shared by the CPU loops, the CUDA kernels and the bindings.
 //
 // Raw pointers plus shapes only (no Python, no torch). Every array is dense row-major.
+// Both paths (CPU and CUDA) give every input the same meaning, inside the contract or not:
+// an out-of-range user / owner slot gets a padded row; an out-of-range chosen segment slot,
+// a repeated one, a hit outside [0, U) x [0, S) is skipped; a query with a NaN or infinite
+// component gets a padded row; keyword rows are sets (formulas.h, "Keyword sets"); a NaN
+// score (a stored row with NaN or infinity) ranks and reports as -inf; a pool slot that the
+// block tables reach twice is a candidate twice (the arena never builds such tables).
 // Shapes below use: B queries, U user slots, S segment slots per user, d embedding dim,
 // K keyword width of a segment row, Q keyword width of a query row, MB block-table width,
 // P pages per block, NP page-pool slots (= blocks * P), O knowledge owners, R ring capacity.
@@ -18,7 +24,7 @@ enum class EmbDtype : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 /// The segment part of the arena, as the scoring kernels read it.
 struct SegmentView {
   const void* emb;         ///< [U, S, d] EmbDtype
-  const int32_t* keywords; ///< [U, S, K] sorted ids, kKeywordPad-padded
+  const int32_t* keywords; ///< [U, S, K] ids, kKeywordPad-padded (sorted, unique: fast path)
   const uint8_t* live;     ///< [U, S] 1 = slot holds a segment
   int64_t num_users;       ///< U
   int32_t slots;           ///< S
@@ -41,11 +47,11 @@ struct PageView {
   EmbDtype dtype;
 };
 
-/// A batch of queries. user[b] must be a valid slot (< U); callers validate.
+/// A batch of queries. A user[b] outside [0, U) gets a padded row.
 struct QueryBatch {
   const float* emb;        ///< [B, d]
   const int32_t* user;     ///< [B] user slot (or knowledge owner slot)
-  const int32_t* keywords; ///< [B, Q] sorted ids, padded; may be null when Q == 0
+  const int32_t* keywords; ///< [B, Q] ids, padded (any order); may be null when Q == 0
   int64_t size;            ///< B
   int32_t dim;             ///< d (of every embedding array the kernel reads)
   int32_t kw_width;        ///< Q
@@ -106,9 +112,16 @@ void apply_hits_cpu(const HitList& hits, HeatState state);
 void recompute_heat_cpu(const HeatRecompute& req, HeatState state, const HeatParams& params);
 void knowledge_topk_cpu(const QueryBatch& q, const KnowledgeView& kn, TopK out);
 
+/// Self-check of the CPU determinism rule (csrc/cpu/vector_math.h): the cosines of rows [n, d]
+/// with q computed by the baseline build into out[0, n) and, where the CPU has AVX2, by the
+/// AVX2 build into out[n, 2n); returns how many builds ran (1 or 2). Both must be bit-equal.
+int cpu_cosines_per_isa(const float* q, const float* rows, int64_t n, int d, float* out);
+
 // ---- CUDA (csrc/cuda/kernels_cuda.cu); stream is a cudaStream_t passed as an integer -----------
 bool cuda_compiled();
 int cuda_device_count();
+/// MEMORYOS_GPU_CUDA_SYNC=1: every launch synchronises its stream and reports a fault there.
+bool cuda_sync_launches();
 void score_segments_cuda(const QueryBatch& q, const SegmentView& seg, float keyword_weight,
                          TopK out, int64_t stream);
 void select_pages_cuda(const QueryBatch& q, const int32_t* chosen, int32_t chosen_width,
