@@ -336,3 +336,26 @@ def test_unicode_table_matches_this_python() -> None:
     _, _, _, length = _splitter().split("\x00".join(f"q{c}q" for c in chars), len(chars))
     want = np.array([1 if c.isalnum() or c in "'\u2019" else 2 for c in chars])
     np.testing.assert_array_equal(length, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale", [1e-30, 1e20])
+def test_cosines_of_extreme_magnitudes_are_exact(backend, scale) -> None:
+    """A page of v x 1e20 has a squared norm above FLT_MAX, one of v x 1e-30 below the normal
+    range; both are still cosine 1 with v (the power-of-two rescale, as in the other kernels).
+    On a GPU the rows are stored as bfloat16, whose range is fp32's."""
+    arena = Arena(
+        ArenaConfig(dim=384, segment_slots=2, keyword_width=1, device=backend, gpu_dtype="bfloat16")
+    )
+    arena.add_users(1)
+    v = np.random.default_rng(0).normal(size=(1, 384)).astype(np.float32)
+    v /= np.linalg.norm(v)
+    arena.write_segments([0], [0], v, np.full((1, 1), -1))
+    pool = arena.append_pages([0], [0], v * np.float32(scale))
+    terms = QueryTerms(np.array([0, 0]), np.zeros(0, np.int32))
+    scores, slots, _ = retrieve(
+        arena, v * np.float32(1e25), [0], terms, 1, RetrievalParams(lexical_weight=0.0)
+    )
+    host = np.asarray(scores.cpu() if hasattr(scores, "cpu") else scores)
+    assert int(np.asarray(slots.cpu() if hasattr(slots, "cpu") else slots)[0, 0]) == pool[0]
+    assert host[0, 0] == pytest.approx(1.0, abs=TOL[backend])

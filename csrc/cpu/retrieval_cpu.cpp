@@ -43,6 +43,7 @@ void moments(const std::vector<Candidate>& cand, Get get, float* mean, float* st
 
 /// Per-thread scratch, reused across the queries a thread runs.
 struct Scratch {
+  std::vector<float> query;  // the query scaled for overflow-safe cosines (cpu::prepare_query)
   std::vector<int32_t> query_kw;
   std::vector<int32_t> df;
   std::vector<float> seg_score;
@@ -73,7 +74,7 @@ inline void for_each_page(const SegmentView& seg, const PageView& pages, int64_t
 
 /// Top-m segments by cos + w * Jaccard; returns how many were found.
 MOS_CPU_CLONES
-int top_segments(const float* qe, float q_norm, const int32_t* kq, int nk, const SegmentView& seg,
+int top_segments(const cpu::PreparedQuery& pq, const int32_t* kq, int nk, const SegmentView& seg,
                  int64_t u, int d, const RetrievalParams& p, Scratch& sc) {
   const float* emb = f32(seg.emb);
   sc.seg_score.assign(p.top_segments, kNegInf);
@@ -82,13 +83,10 @@ int top_segments(const float* qe, float q_norm, const int32_t* kq, int nk, const
   for (int32_t s = 0; s < seg.slots; ++s) {
     const int64_t row = u * seg.slots + s;
     if (!seg.live[row]) continue;
-    float dot, norm;
-    cpu::dot_and_norm(qe, emb + row * d, d, &dot, &norm);
-    const int32_t* kw = seg.keywords + row * seg.kw_width;
-    const int ns = keyword_count(kw, seg.kw_width);
-    const float jac = jaccard_from_counts(sorted_intersection(kq, nk, kw, ns), nk, ns);
-    topk_insert(sc.seg_score.data(), sc.seg_id.data(), p.top_segments, &len,
-                segment_score(cosine_from_sums(dot, q_norm, norm), jac, p.keyword_weight), s);
+    const float jac = jaccard_set_row(kq, nk, seg.keywords + row * seg.kw_width, seg.kw_width);
+    const float score = segment_score(cpu::cosine(pq, emb + row * d, d), jac, p.keyword_weight);
+    topk_insert(sc.seg_score.data(), sc.seg_id.data(), p.top_segments, &len, rank_score(score),
+                s);
   }
   return len;
 }
@@ -135,15 +133,16 @@ void retrieve_one(const QueryBatch& q, const QueryTerms& terms, const SegmentVie
   std::fill(o_seg, o_seg + out.k, kNoId);
   const int d = q.dim;
   const int64_t u = q.user[b];
-  const float* qe = q.emb + b * d;
-  const float q_norm = cpu::squared_norm(qe, d);
+  sc.query.resize(d);
+  const cpu::PreparedQuery pq = cpu::prepare_query(q.emb + b * d, d, sc.query.data());
+  if (!pq.ok) return;  // a query with NaN or infinity matches nothing (padded row)
   const int32_t* qt = terms.ids + terms.offsets[b];
   const int nq = static_cast<int>(terms.offsets[b + 1] - terms.offsets[b]);
   const int nk = std::min(nq, static_cast<int>(p.jaccard_terms));
   sc.query_kw.assign(qt, qt + nk);
-  std::sort(sc.query_kw.begin(), sc.query_kw.end());
+  std::sort(sc.query_kw.begin(), sc.query_kw.end());  // distinct already: a sorted set
 
-  const int m = top_segments(qe, q_norm, sc.query_kw.data(), nk, seg, u, d, p, sc);
+  const int m = top_segments(pq, sc.query_kw.data(), nk, seg, u, d, p, sc);
   sc.chosen.assign(seg.slots, 0);
   for (int j = 0; j < m; ++j) sc.chosen[sc.seg_id[j]] = 1;
 
@@ -157,9 +156,8 @@ void retrieve_one(const QueryBatch& q, const QueryTerms& terms, const SegmentVie
   for_each_page(seg, pages, u, [&](int32_t slot, int32_t s) {
     const float lx = lexical ? bm25(qt, nq, lex, slot, sc, n_docs, avg_len, p) : 0.f;
     if (!sc.chosen[s] && !(lx > 0.f)) return;
-    float dot, norm;
-    cpu::dot_and_norm(qe, emb + static_cast<int64_t>(slot) * d, d, &dot, &norm);
-    const float cos = cosine_from_sums(dot, q_norm, norm);
+    const float cos = cpu::cosine(pq, emb + static_cast<int64_t>(slot) * d, d);
+    if (cos != cos) return;  // a stored row with NaN (outside the contract): never a candidate
     if (lx > 0.f || cos >= p.dense_floor) sc.cand.push_back({slot, s, cos, lx});
   });
   if (sc.cand.empty()) return;

@@ -155,16 +155,38 @@ __device__ void locate(const int32_t* prefix, int32_t slots, int32_t flat, int32
   *i = flat - prefix[lo];
 }
 
+/// cos(q, row) by one warp (every lane gets it). A row whose squared norm falls outside
+/// [2^-60, FLT_MAX] is summed again scaled by a power of two (exact), as on the CPU; a row
+/// with NaN or infinity gives NaN.
 template <typename T>
-__device__ float dot_warp(const float* qs, const T* row, int d, float* norm) {
+__device__ float cosine_warp(const float* qs, float q_norm, const T* row, int d) {
   float dot = 0.f, n = 0.f;
   for (int j = threadIdx.x & 31; j < d; j += 32) {
     const float v = ld(row[j]);
     dot += qs[j] * v;
     n += v * v;
   }
-  *norm = warp_sum(n);
-  return warp_sum(dot);
+  n = warp_sum(n);
+  dot = warp_sum(dot);
+  if (norm_in_safe_range(n)) return cosine_from_sums(dot, q_norm, n);
+  float m = 0.f;  // warp-uniform from here: n is the warp's sum
+  bool finite = true;
+  for (int j = threadIdx.x & 31; j < d; j += 32) {
+    const float v = ld(row[j]);
+    finite &= isfinite(v);
+    m = fmaxf(m, fabsf(v));
+  }
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, o));
+  if (!__all_sync(kFull, finite)) return NAN;
+  if (m == 0.f) return 0.f;
+  const Pow2Scale f = pow2_scale(pow2_exponent(m));
+  dot = n = 0.f;
+  for (int j = threadIdx.x & 31; j < d; j += 32) {
+    const float v = (ld(row[j]) * f.f1) * f.f2;
+    dot += qs[j] * v;
+    n += v * v;
+  }
+  return cosine_from_sums(warp_sum(dot), q_norm, warp_sum(n));
 }
 
 __device__ float bm25_of(const LexicalView& lex, int64_t slot, const Shared& sh, float avg_len,
@@ -208,13 +230,25 @@ retrieve_kernel(QueryBatch q, QueryTerms terms, SegmentView seg, PageView pages,
   float* coss = scratch + b * 2 * static_cast<int64_t>(scratch_width);  // cosine or NaN
   float* lexs = coss + scratch_width;                                    // BM25, then fused
 
-  // 1. query
-  float qn = 0.f;
+  // 1. query: a NaN or infinite one matches nothing; an extreme one is scaled by a power of two
+  //    (exact: no cosine changes) so that its squared norm cannot overflow, as on the CPU
+  float qm = 0.f;
+  bool q_finite = true;
   for (int j = tid; j < q.dim; j += kThreads) {
     const float v = q.emb[b * q.dim + j];
     qs[j] = v;
-    qn += v * v;
+    q_finite &= isfinite(v);
+    qm = fmaxf(qm, fabsf(v));
   }
+  if (__syncthreads_or(!q_finite)) return;
+  qm = block_max(qm, sh);
+  if (!(qm >= 0x1p-32f && qm <= 0x1p32f) && qm > 0.f) {
+    const Pow2Scale f = pow2_scale(pow2_exponent(qm));
+    for (int j = tid; j < q.dim; j += kThreads) qs[j] = (qs[j] * f.f1) * f.f2;
+  }
+  __syncthreads();
+  float qn = 0.f;
+  for (int j = tid; j < q.dim; j += kThreads) qn += qs[j] * qs[j];
   const float q_norm = block_sum(qn, sh);
   if (tid == 0) {
     const int64_t lo = terms.offsets[b], hi = terms.offsets[b + 1];
@@ -242,15 +276,11 @@ retrieve_kernel(QueryBatch q, QueryTerms terms, SegmentView seg, PageView pages,
     const int64_t row = u * seg.slots + s;
     float score = -INFINITY;
     if (seg.live[row]) {
-      float norm;
-      const float dot = dot_warp(qs, seg_emb + row * q.dim, q.dim, &norm);
+      const float cos = cosine_warp(qs, q_norm, seg_emb + row * q.dim, q.dim);
       float jac = 0.f;
-      if (lane == 0) {
-        const int32_t* kw = seg.keywords + row * seg.kw_width;
-        const int ns = keyword_count(kw, seg.kw_width);
-        jac = jaccard_from_counts(sorted_intersection(sh.kq, sh.nk, kw, ns), sh.nk, ns);
-      }
-      score = segment_score(cosine_from_sums(dot, q_norm, norm), jac, p.keyword_weight);
+      if (lane == 0) jac = jaccard_set_row(sh.kq, sh.nk, seg.keywords + row * seg.kw_width,
+                                           seg.kw_width);
+      score = rank_score(segment_score(cos, jac, p.keyword_weight));
     }
     if (lane == 0) seg_score[s] = score;
   }
@@ -340,10 +370,8 @@ retrieve_kernel(QueryBatch q, QueryTerms terms, SegmentView seg, PageView pages,
     float cos = NAN;
     if (lx >= 0.f && (is_chosen[s] || lx > 0.f)) {
       const int64_t slot = page_slot(pages, u * seg.slots + s, i);
-      float norm;
-      const float dot = dot_warp(qs, page_emb + slot * q.dim, q.dim, &norm);
-      const float c = cosine_from_sums(dot, q_norm, norm);
-      if (lx > 0.f || c >= p.dense_floor) cos = c;
+      const float c = cosine_warp(qs, q_norm, page_emb + slot * q.dim, q.dim);
+      if (c == c && (lx > 0.f || c >= p.dense_floor)) cos = c;  // NaN: never a candidate
     }
     if (lane == 0) coss[f] = cos;
   }
