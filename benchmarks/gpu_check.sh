@@ -5,8 +5,11 @@
 # the JSON results. In order of importance, each step time-boxed against one overall deadline:
 #
 #   1. build            pip install --no-build-isolation --no-deps . with MEMOSGPU_CUDA=ON
-#   2. cuda-tests       the kernel tests (tests/test_kernels.py, tests/test_kernel_grid.py) with
-#                       CUDA skips turned into failures (MEMORYOS_GPU_REQUIRE_CUDA=1)
+#   2. cuda-tests       the kernel tests (tests/test_kernels.py, tests/test_kernel_grid.py,
+#                       tests/test_retrieval_kernel.py: the fused retrieval pass) with CUDA
+#                       skips turned into failures (MEMORYOS_GPU_REQUIRE_CUDA=1); then the
+#                       engine's retrieval and heat tests on a CUDA arena
+#                       (MEMORYOS_TEST_DEVICE=cuda)
 #   3. kernels          benchmarks/kernels.py --routine kernel-only: kernel-only GB/s (CUDA
 #                       events) vs the measured device copy bandwidth, fp16 and fp32 storage,
 #                       B = 1,024, S = 200, d = 384 (target: >= 50 % of copy)
@@ -15,6 +18,8 @@
 #                       racecheck, synccheck, only our kernels instrumented (target: 0 errors)
 #   5. throughput-*     benchmarks/throughput.py (hashing embedder; the engine picks the CUDA
 #                       arena when a device is usable) at 10,000 and 100,000 users
+#   6. retrieval-path   benchmarks/retrieval_path.py at 1,000 users: memory-system time per
+#                       query beside the kernels' on the CUDA arena
 #
 # Usage: OUT=/path/to/out bash benchmarks/gpu_check.sh   (DEADLINE_S=570 by default)
 set -uo pipefail
@@ -76,11 +81,15 @@ if ! grep -q "build: exit 0" "$OUT/summary.txt"; then
 fi
 cd /tmp || exit 1
 python -c "from memoryos_gpu.ops import build_info; print(build_info())" | tee "$OUT/build_info.txt"
-TESTS=("$ROOT/tests/test_kernels.py" "$ROOT/tests/test_kernel_grid.py")
+TESTS=("$ROOT/tests/test_kernels.py" "$ROOT/tests/test_kernel_grid.py"
+       "$ROOT/tests/test_retrieval_kernel.py")
 PYTEST=(python -m pytest -q -p no:cacheprovider -x -rs)
 
 # 2. the CUDA tests, full grid (CPU cases run too: they are the same oracle)
 step cuda-tests 180 env MEMORYOS_GPU_REQUIRE_CUDA=1 "${PYTEST[@]}" "${TESTS[@]}"
+
+step engine-cuda 90 env MEMORYOS_TEST_DEVICE=cuda "${PYTEST[@]}" \
+  "$ROOT/tests/test_retrieval_path.py" "$ROOT/tests/test_engine.py"
 
 # 3. kernel-only bandwidth, fp16 and fp32 storage
 step kernels 120 python "$ROOT/benchmarks/kernels.py" --routine kernel-only --device cuda \
@@ -112,6 +121,8 @@ if [[ -n "$LOCOMO" ]]; then
     --pages-per-user 10 --embedder hashing --data "$LOCOMO" --json "$OUT/throughput_10k.json"
   step throughput-100k 200 python "$ROOT/benchmarks/throughput.py" --users 100000 \
     --pages-per-user 2 --embedder hashing --data "$LOCOMO" --json "$OUT/throughput_100k.json"
+  step retrieval-path 150 python "$ROOT/benchmarks/retrieval_path.py" --users 1000 \
+    --queries 4096 --data "$LOCOMO" --json "$OUT/retrieval_path_gpu.json"
 else
   echo "throughput: skipped (no locomo_dev.json; set MEMORYOS_GPU_LOCOMO)" | tee -a "$OUT/summary.txt"
 fi

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import itertools
 import json
 import pstats
 import random
@@ -38,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import hardware, load_corpus, make_embedder, make_pages
+from throughput import hardware, iter_pages, load_corpus, make_embedder
 
 from memoryos_gpu import ops
 from memoryos_gpu.config import EngineConfig, preset
@@ -122,12 +123,11 @@ def run_size(users: int, corpus, questions, embedder, args) -> dict[str, Any]:
     rng = random.Random(users)
     try:
         engine = open_engine(workdir, embedder)
-        pages = make_pages(corpus, users, args.pages_per_user)
+        pages = iter_pages(corpus, users, args.pages_per_user)  # generated as ingested
         t0 = time.perf_counter()
-        for i in range(0, len(pages), args.ingest_batch):
-            engine.add_many(pages[i : i + args.ingest_batch])
+        while batch := list(itertools.islice(pages, args.ingest_batch)):
+            engine.add_many(batch)
         ingest_s = time.perf_counter() - t0
-        del pages
         warm_q = [(f"u{rng.randrange(users)}", rng.choice(questions)) for _ in range(args.queries)]
         engine.retrieve_many(warm_q[: args.batch])  # first batch: allocations, caches
         warm = run_batches(engine, warm_q, args.batch)

@@ -40,6 +40,7 @@ import random
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,24 +69,24 @@ def load_corpus(path: Path) -> tuple[list[tuple[str, str, str, str]], list[str]]
     return pages, questions
 
 
-def make_pages(corpus: list, users: int, per_user: int, seed: int = 0) -> list[PageInput]:
+def iter_pages(corpus: list, users: int, per_user: int, seed: int = 0) -> Iterator[PageInput]:
     """Pages of ``users`` synthetic users, interleaved (round-robin), in order per user."""
     rng = random.Random(seed)
     offsets = [rng.randrange(len(corpus)) for _ in range(users)]
-    out = []
     for j in range(per_user):
         for i in range(users):
             ui, ar, sa, sb = corpus[(offsets[i] + j) % len(corpus)]
-            out.append(
-                PageInput(
-                    user_id=f"u{i}",
-                    user_input=ui,
-                    agent_response=ar,
-                    timestamp=T0 + 60.0 * j,
-                    meta={"speaker_a": f"{sa} {i}", "speaker_b": f"{sb} {i}"},
-                )
+            yield PageInput(
+                user_id=f"u{i}",
+                user_input=ui,
+                agent_response=ar,
+                timestamp=T0 + 60.0 * j,
+                meta={"speaker_a": f"{sa} {i}", "speaker_b": f"{sb} {i}"},
             )
-    return out
+
+
+def make_pages(corpus: list, users: int, per_user: int, seed: int = 0) -> list[PageInput]:
+    return list(iter_pages(corpus, users, per_user, seed))
 
 
 def make_queries(questions: list[str], users: int, n: int, seed: int = 1) -> list[tuple[str, str]]:

@@ -16,16 +16,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from memoryos_gpu.types import ReadOnlyDict
+
 
 class PageView(NamedTuple):
-    """The fields of a page a retrieval returns, and what they cost in prompt tokens."""
+    """The fields of a page a retrieval returns."""
 
     user_input: str
     agent_response: str
     timestamp: float
     meta: str | None  # the chain's meta summary
-    extra: dict[str, Any]  # the page's own metadata; shared: copy before handing it out
-    tokens: int
+    extra: ReadOnlyDict  # the page's own metadata, shared by every retrieval of the page
 
 
 def approx_tokens(*texts: str | None) -> int:
@@ -36,14 +37,9 @@ def approx_tokens(*texts: str | None) -> int:
 def page_view(
     user_input: str, agent_response: str, timestamp: float, meta: str | None, extra: dict[str, Any]
 ) -> PageView:
-    return PageView(
-        user_input,
-        agent_response,
-        timestamp,
-        meta,
-        extra,
-        approx_tokens(user_input, agent_response, meta),
-    )
+    if not isinstance(extra, ReadOnlyDict):
+        extra = ReadOnlyDict(extra) if extra else _EMPTY
+    return PageView(user_input, agent_response, timestamp, meta, extra)
 
 
 class PageViews:
@@ -63,15 +59,22 @@ class PageViews:
         meta: str | None,
         extra: dict[str, Any],
     ) -> None:
+        """A new page's view. ``extra`` may be a :class:`ReadOnlyDict` already (the caller's
+        shared copy of metadata several pages carry: see :meth:`shared_extra`)."""
         self.pages[int(page_id)] = page_view(
-            user_input, agent_response, float(timestamp), meta, extra or _EMPTY
+            user_input, agent_response, float(timestamp), meta, extra
         )
 
     def put_views(self, items: Iterable[tuple[int, str, Any]]) -> None:
-        """Load ``(page_id, user_id, store view)`` rows (a reopen streams them in chunks)."""
+        """Load ``(page_id, user_id, store view)`` rows (a reopen streams them in chunks; the
+        store gives equal metadata of one chunk as one dict, and it stays one here)."""
         pages = self.pages
+        frozen: dict[int, ReadOnlyDict] = {}
         for pid, _uid, v in items:
-            pages[pid] = page_view(v.user_input, v.agent_response, v.timestamp, v.meta, v.extra)
+            extra = frozen.get(id(v.extra))
+            if extra is None:
+                extra = frozen[id(v.extra)] = ReadOnlyDict(v.extra) if v.extra else _EMPTY
+            pages[pid] = page_view(v.user_input, v.agent_response, v.timestamp, v.meta, extra)
 
     def set_meta(self, page_ids: Iterable[int], meta: str | None) -> None:
         """A chain's meta summary was rewritten for these pages."""
@@ -94,6 +97,16 @@ class PageViews:
         for pid in page_ids:
             pages.pop(int(pid), None)
 
+    @staticmethod
+    def shared_extra(extra: dict[str, Any], previous: ReadOnlyDict | None) -> ReadOnlyDict:
+        """``previous`` when it holds the same metadata (a user's pages usually carry the same
+        speakers), else a new read-only copy: equal metadata is kept once in memory."""
+        if not extra:
+            return _EMPTY
+        if previous is not None and previous == extra:
+            return previous
+        return ReadOnlyDict(extra)
+
     def put_knowledge(self, entry_id: int, text: str) -> None:
         self.knowledge[int(entry_id)] = text
 
@@ -109,4 +122,4 @@ class PageViews:
         }
 
 
-_EMPTY: dict[str, Any] = {}
+_EMPTY = ReadOnlyDict()

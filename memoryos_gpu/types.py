@@ -27,6 +27,18 @@ class AddResult:
     duplicate: bool = False  # the source was already accepted; nothing was added
 
 
+class ReadOnlyDict(dict):
+    """A dict that refuses changes: a retrieved page's ``extra`` is the engine's own copy of the
+    page's metadata, shared by every retrieval of the page (copy it with ``dict(page.extra)``
+    to change it). Serialises and compares as a plain dict."""
+
+    def _refuse(self, *args: Any, **kw: Any) -> None:
+        raise TypeError("a retrieved page's extra is read-only; copy it with dict(page.extra)")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _refuse
+    __ior__ = _refuse
+
+
 @dataclass(slots=True)  # slots: a retrieval makes ~17 of these per query
 class RetrievedPage:
     page_id: int

@@ -81,16 +81,16 @@ class Segments:
                 if j
             ]
         )
-        terms = terms_from_blobs(list(s.store.page_terms(page_ids).get(p) for p in page_ids))
-        pools = np.empty(len(items), np.int64)
+        stored = s.store.page_terms(page_ids)
+        terms = terms_from_blobs([stored.get(p) for p in page_ids])
+        seg_slots = np.empty(len(items), np.int32)
         metas: list[tuple[list[int], str]] = []  # (pages, chain meta) once committed
         with s.store.transaction() as db:
             for i, (work_id, _uid, pid) in enumerate(items):
-                pools[i] = self._apply_page(
+                seg_slots[i] = self._apply_page(
                     db,
                     users[i],
                     pid,
-                    embs[i],
                     outcomes[i],
                     summary_emb[i],
                     int(best_slot[i]) if join[i] else None,
@@ -98,6 +98,10 @@ class Segments:
                     metas,
                 )
                 db.execute("DELETE FROM pending WHERE work_id = ?", (work_id,))
+            # the round's pages into their segments' blocks, in round order (each segment's
+            # positions are the ones the store just gave them), and their term rows
+            pools = s.arena.append_pages(uslots, seg_slots, embs)
+            s.map_pages(pools, np.asarray(page_ids, np.int64))
             s.arena.write_terms(pools, *astuple(terms))
             self._heat.refresh(db, users)
         for page_ids_, meta in metas:
@@ -187,16 +191,15 @@ class Segments:
         db: Any,
         user: UserState,
         page_id: int,
-        page_emb: np.ndarray,
         out: PageOutcome,
         summary_emb: np.ndarray,
         join_slot: int | None,
         seg_info: dict[int, dict[str, Any]],
         metas: list[tuple[list[int], str]],
     ) -> int:
-        """Put a page in a segment (``join_slot``, or a new one) and its block, and link it
-        into the user's dialogue chain. Returns its pool slot (the caller writes the round's
-        term rows there in one call); ``metas`` collects the chain meta updates."""
+        """Put a page in a segment (``join_slot``, or a new one) and link it into the user's
+        dialogue chain. Returns the segment slot (the caller places the round's pages in
+        their blocks in one call); ``metas`` collects the chain meta updates."""
         s = self._s
         now = s.now(user)
         if join_slot is not None:
@@ -205,10 +208,8 @@ class Segments:
         else:
             slot, sid = self._open_segment(db, user, out, summary_emb, now)
             seg_pos = 0
-        pool = s.arena.append_pages([user.slot], [slot], page_emb[None])
-        s.map_pages(pool, np.array([page_id]))
         metas.append(self._link_page(db, user, page_id, out, sid, seg_pos))
-        return int(pool[0])
+        return slot
 
     def _join_segment(
         self,

@@ -52,6 +52,7 @@ class UserState:
     chain_tail: int | None = None
     chain_meta: str | None = None
     stm: deque = field(default_factory=deque)  # page ids, oldest first
+    extra: Any = None  # the user's last page metadata as a read-only dict, shared by its views
 
 
 class EngineHooks(Protocol):
@@ -179,6 +180,14 @@ class EngineState:
             return self.users[user_id]
         except KeyError:
             raise UnknownUserError(f"unknown user {user_id!r}") from None
+
+    def users_of(self, user_ids: Sequence[str]) -> list[UserState]:
+        """The records of many users (UnknownUserError names the first unknown one)."""
+        users = self.users
+        try:
+            return [users[u] for u in user_ids]
+        except KeyError as exc:
+            raise UnknownUserError(f"unknown user {exc.args[0]!r}") from None
 
     def now(self, user: UserState, at: float | None = None) -> float:
         """The time heat is computed at: ``at`` if given, else the user's logical clock (the

@@ -72,8 +72,10 @@ class ShortTerm:
             raise
         for p, r in zip(items, results, strict=True):  # committed: retrievals may show them
             if not r.duplicate:
+                user = s.users[p.user_id]
+                user.extra = s.views.shared_extra(p.meta, user.extra)
                 s.views.put_page(
-                    r.page_id, p.user_input, p.agent_response, p.timestamp, None, p.meta
+                    r.page_id, p.user_input, p.agent_response, p.timestamp, None, user.extra
                 )
         self._hooks._learn_keywords(
             [f"{items[i].user_input} {items[i].agent_response}" for i in fresh]

@@ -114,5 +114,24 @@ def validate_page(p: PageInput | dict[str, Any]) -> PageInput:
 
 
 def clean_queries(queries: Iterable[tuple[Any, Any]]) -> list[tuple[str, str]]:
-    """``(user_id, query)`` pairs with the id checked and the query text normalised."""
-    return [(_clean_id(u, "user_id"), _clean_text(q, "query")) for u, q in queries]
+    """``(user_id, query)`` pairs with the id checked and the query text normalised.
+
+    The common pair (a printable ASCII id, an ASCII query without control characters, both
+    within their limits) is taken as is after a few C-level string tests; any other pair goes
+    through :func:`_clean_id` and :func:`_clean_text`, which give the same result for the
+    common pair and a clear error for a bad one."""
+    search = _CONTROL.search
+    return [
+        (u, q)
+        if type(u) is str
+        and type(q) is str
+        and u.isascii()
+        and u.isprintable()
+        and 0 < len(u) <= MAX_ID_CHARS
+        and not u.isspace()
+        and q.isascii()
+        and len(q) <= MAX_TEXT_CHARS
+        and search(q) is None
+        else (_clean_id(u, "user_id"), _clean_text(q, "query"))
+        for u, q in queries
+    ]
