@@ -40,11 +40,9 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCOMO = Path(
-    os.environ.get(
-        "MEMORYOS_GPU_LOCOMO", ROOT.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
-    )
-)
+from memoryos_gpu.eval.locomo import default_locomo_path  # noqa: E402  (after the OMP setting)
+
+LOCOMO = default_locomo_path()  # $MEMORYOS_GPU_LOCOMO, else shared/ beside the checkout
 RESULTS = ROOT / "benchmarks" / "results" / "ingest.json"
 
 

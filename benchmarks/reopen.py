@@ -50,6 +50,7 @@ from memoryos_gpu.embedding import HashingEmbedder  # noqa: E402
 from memoryos_gpu.engine import MemoryEngine  # noqa: E402
 from memoryos_gpu.engine.rebuild import Rebuild  # noqa: E402
 from memoryos_gpu.engine.state import EngineState  # noqa: E402
+from memoryos_gpu.lexical import page_terms, terms_to_blobs  # noqa: E402
 from memoryos_gpu.store.sqlite import SQLiteStore  # noqa: E402
 from memoryos_gpu.text.keywords import KeywordExtractor, hash_keywords  # noqa: E402
 
@@ -183,12 +184,16 @@ def build_store(
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
             rows_s,
         )
+        # each page's BM25 term row, as the engine writes it (schema 2): words, no speakers
+        terms = terms_to_blobs(
+            page_terms([f"{r[3]} {r[4]}" for r in rows_p], [r[5] for r in rows_p])
+        )
         db.executemany(
             "INSERT INTO pages(page_id, user_id, seq, user_input, agent_response, timestamp, "
             "tier, segment_id, seg_pos, chain_id, meta, summary, keywords, analysed, mode, "
-            "embedding, source, extra, created) VALUES (?, ?, ?, ?, ?, ?, 'mtm', ?, 0, ?, ?, ?, "
-            "?, ?, 'extractive', ?, ?, '{}', ?)",
-            rows_p,
+            "embedding, source, extra, created, terms) VALUES (?, ?, ?, ?, ?, ?, 'mtm', ?, 0, "
+            "?, ?, ?, ?, ?, 'extractive', ?, ?, '{}', ?, ?)",
+            [(*r, t) for r, t in zip(rows_p, terms, strict=True)],
         )
         del rows_s, rows_p, seg_emb, page_emb
         if stm_pages:
@@ -579,7 +584,10 @@ def engine_reopen(path: Path, profile: bool) -> dict[str, Any]:
     assert int(np.count_nonzero(a.host("page_live"))) == counts.get("pages_mtm", 0), counts
     some = list(engine.users())[:4]
     t = time.perf_counter()
-    got = engine.retrieve_many([(u, "topic0001 and topic0002") for u in some], update_heat=False)
+    # each user's pages say "user N talks about ...": N finds them lexically (the synthetic
+    # embeddings are random, below the relevance floor)
+    queries = [(u, f"what did user {int(u.split('-')[1])} say") for u in some]
+    got = engine.retrieve_many(queries, update_heat=False)
     result["first_retrieve_s"] = time.perf_counter() - t
     assert all(r.pages for r in got)
     engine.store.close()

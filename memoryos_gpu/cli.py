@@ -903,7 +903,7 @@ def _print_retrieval(r: Any) -> None:
         for k, v in r.profile.items():
             c.print(f"  {escape(str(k))}: {escape(str(v))}")
     for title, pages in (
-        ("mid-term pages (best first)", r.pages),
+        ("mid-term pages (best first; score: cosine and BM25 standardised, summed)", r.pages),
         ("short-term memory (oldest first)", r.stm),
     ):
         c.print(f"[bold]{title}[/] ({len(pages)})")

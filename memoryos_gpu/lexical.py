@@ -54,14 +54,6 @@ class PageTerms:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.ids[a:b], self.tf[a:b], int(self.length[i])
 
-    def take(self, rows: np.ndarray) -> PageTerms:
-        """The rows ``rows`` of this batch, in that order."""
-        rows = np.asarray(rows, np.int64)
-        counts = (self.offsets[rows + 1] - self.offsets[rows]).astype(np.int64)
-        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        src = np.repeat(self.offsets[rows] - offsets[:-1], counts) + np.arange(int(offsets[-1]))
-        return PageTerms(offsets, self.ids[src], self.tf[src], self.length[rows])
-
 
 @cache
 def _splitter() -> object:

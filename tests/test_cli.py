@@ -579,3 +579,29 @@ def test_installed_console_script():
         pytest.skip("console script not installed (pip install -e . installs it)")
     p = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "ingest" in p.stdout
+
+
+@pytest.mark.slow
+def test_quick_start_answers_the_marathon_question_with_its_date(tmp_path):
+    """The README's quick start, as `scripts/quickstart.sh` runs it (bundled MiniLM, CPU): the
+    first mid-term page for "When is my marathon?" is the one that gives the date. (With the
+    earlier fusion the date page was second, under a page about new shoes.)"""
+    store = tmp_path / "store"
+    p = cli("ingest", SAMPLE, "--store", store, "--device", "cpu", hashing=False, timeout=600)
+    assert p.returncode == 0, p.stderr
+    p = cli(
+        "retrieve",
+        "--store",
+        store,
+        "--device",
+        "cpu",
+        "--user",
+        "maya_chen",
+        "When is my marathon?",
+        "--json",
+        hashing=False,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    mtm = [page for page in json.loads(p.stdout)["pages"] if page["tier"] == "mtm"]
+    assert "Portland Marathon on October 6th" in mtm[0]["user_input"]
