@@ -21,6 +21,7 @@
 
 #include <cfloat>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -499,10 +500,16 @@ void retrieve_cuda(const QueryBatch& q, const QueryTerms& terms, const SegmentVi
   const size_t smem = sizeof(float) * (q.dim + seg.slots) + sizeof(int32_t) * (2 * seg.slots + 1);
   const cudaStream_t s = as_stream(stream);
   auto launch = [&](auto kernel) {
-    if (smem > 48 * 1024) {
-      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(smem)),
-            "retrieve: shared memory");
+    if (smem > 48 * 1024) {  // the opt-in limit, raised once per size under a lock, never lowered
+      static std::mutex mu;
+      static size_t raised = 0;
+      std::lock_guard<std::mutex> lock(mu);
+      if (smem > raised) {
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(smem)),
+              "retrieve: shared memory");
+        raised = smem;
+      }
     }
     kernel<<<static_cast<unsigned>(q.size), kThreads, smem, s>>>(q, terms, seg, pages, lex, params,
                                                                 out, scratch, scratch_width);

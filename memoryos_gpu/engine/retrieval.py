@@ -61,6 +61,7 @@ class RetrievalPipeline:
         cleaned = clean_queries(queries)
         if not cleaned:
             return []
+        s.users_of([u for u, _ in cleaned])  # an unknown user fails before the embedding runs
         texts = [q for _, q in cleaned]
         t0 = time.perf_counter()
         q_emb = s.embedder.encode(texts)
