@@ -1017,9 +1017,9 @@ def test_derived_rounds_are_capped_and_keep_each_users_order(max_batch: int) -> 
     rounds: list[list[tuple[int, str, int]]] = []
     real = eng._process_pages
 
-    def spy(items: list[tuple[int, str, int]]) -> None:
+    def spy(items: list[tuple[int, str, int]]) -> int:
         rounds.append(list(items))
-        real(items)
+        return real(items)
 
     eng._process_pages = spy  # type: ignore[method-assign]
     for i in range(4):

@@ -756,9 +756,9 @@ class RoundSpyEngine(MemoryEngine):
         self.calls.append(max_batch)
         return super().process_pending(max_batch)
 
-    def _process_pages(self, items: list[tuple[int, str, int]]) -> None:
+    def _process_pages(self, items: list[tuple[int, str, int]]) -> int:
         self.rounds.append(len(items))
-        super()._process_pages(items)
+        return super()._process_pages(items)
 
 
 def test_derived_scheduler_caps_rounds_and_a_full_round_does_not_wait() -> None:

@@ -4,13 +4,23 @@ Pages pushed out of STM are owed a chain link, a segment and maybe a promotion. 
 records that debt (``pending`` rows) in the transaction that accepted the page, so the work
 survives a crash and ``process_pending`` can resume it at any time. Work goes in *rounds*: each
 round takes the oldest pending page of every user that has one, so one user's pages are applied
-in order while every stage batches across users. The lock is released between rounds so
-retrievals interleave with a long backlog.
+in order while every stage batches across users.
+
+A round holds the engine lock only to read its inputs and to apply its results: the stages
+(LLM calls, embeddings) run without it, so retrievals and writes go on while an LLM thinks.
+Applying checks that what the round read still holds (the pending row, the user, the chain
+tail, the page texts) and leaves an item whose inputs changed pending for a later round; an
+item stays pending until it is applied, so an exception in a stage loses nothing. One
+*lease* per engine keeps a single round (or promotion batch) in flight, so two callers of
+``process_pending`` never take, or apply, the same items.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from .state import EngineHooks, EngineState
 from .validation import InvalidInputError
@@ -25,6 +35,29 @@ class DerivedWork:
         self._s = state
         self._hooks = hooks
         self._extractor_saved = 0  # pages_added at the last save of the keyword statistics
+        # the lease: a flag guarded by the engine lock; waiting on the condition releases that
+        # lock (even when the caller holds it), so a waiter never blocks the round it waits for
+        self._idle = threading.Condition(state.lock)
+        self._busy = False
+
+    @contextmanager
+    def lease(self) -> Iterator[None]:
+        """Hold the engine's one derived-work lease (waiting while another caller holds it).
+
+        Rounds read under the engine lock, run their stages without it and apply under it
+        again; the lease is what stops a second caller from taking the same pending items in
+        between. Held by each round, each promotion batch and ``close``.
+        """
+        with self._idle:
+            while self._busy:
+                self._idle.wait()
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._busy = False
+                self._idle.notify_all()
 
     def process_pending(self, max_batch: int | None = None) -> dict[str, int]:
         """Run every pending derived item (chain, MTM, promotion) to completion.
@@ -35,26 +68,34 @@ class DerivedWork:
         (the LLM stages split it into ``llm.batch_size`` calls). ``max_batch=1`` is the
         reference's one-page-at-a-time processing.
 
-        Safe to call at any time and after a crash: each item is applied and removed from the
-        pending table in one transaction, so nothing is done twice.
+        Safe to call at any time, from any thread and after a crash: each item is applied and
+        removed from the pending table in one transaction, so nothing is done twice. Returns
+        the items taken off the queue (applied, or dropped because their page or user was
+        deleted meanwhile). A round in which every item's inputs changed while its stages ran
+        ends the call (they stay pending for the next one), so a caller never spins against
+        concurrent edits. Call it without holding the engine lock, or the stages run under it.
         """
         s = self._s
         limit = s.config.derived_max_batch if max_batch is None else max_batch
         if limit < 1:
             raise InvalidInputError("max_batch must be >= 1")
         done = {"pages": 0, "promotions": 0}
-        while True:  # the lock is released between rounds so retrievals interleave
-            with s.lock:
-                round_items = s.store.pending_round("page", limit)
+        while True:  # one lease per round: other callers (promote, close) get in between
+            with self.lease():
+                with s.lock:
+                    round_items = s.store.pending_round("page", limit)
                 if not round_items:
                     break
-                self._hooks._process_pages(round_items)
-                done["pages"] += len(round_items)
+                taken = self._hooks._process_pages(round_items)
+                done["pages"] += taken
                 done["promotions"] += self._hooks._process_promotions()
-        with s.lock:
+            if not taken:
+                break
+        with self.lease():
             done["promotions"] += self._hooks._process_promotions()
-            if s.counters["pages_added"] - self._extractor_saved >= EXTRACTOR_SAVE_EVERY:
-                self.save_extractor()
+            with s.lock:
+                if s.counters["pages_added"] - self._extractor_saved >= EXTRACTOR_SAVE_EVERY:
+                    self.save_extractor()
         return done
 
     def save_extractor(self) -> None:

@@ -196,12 +196,15 @@ class MemoryEngine:
         self._heat.write_behind()
         return self._derived.process_pending(max_batch)
 
-    def _process_pages(self, items: list[WorkItem]) -> None:
-        """Hook: apply one derived round of pages to MTM (segments, chain, heat)."""
-        self._mtm.process_pages(items)
+    def _process_pages(self, items: list[WorkItem]) -> int:
+        """Hook: apply one derived round of pages to MTM (segments, chain, heat); returns the
+        items taken off the queue. Called without the engine lock: it takes the lock to read
+        and to apply, and runs the stages between without it."""
+        return self._mtm.process_pages(items)
 
     def _process_promotions(self) -> int:
-        """Hook: run the queued promotions into LPM; returns how many were processed."""
+        """Hook: run the queued promotions into LPM; returns how many were processed. Called
+        under the derived-work lease, without the engine lock (as ``_process_pages``)."""
         return self._lpm.process_promotions()
 
     def _push_knowledge(self, db: Any, facts: list[Fact], emb: np.ndarray) -> None:
@@ -239,8 +242,8 @@ class MemoryEngine:
         items = [self.validate_page(p) for p in pages]
         with self._lock:
             results = self._accept(items)
-            if self.config.auto_process:
-                self.process_pending()
+        if self.config.auto_process:  # outside the lock: its stages run without it
+            self.process_pending()
         return results
 
     def validate_page(self, p: PageInput | dict[str, Any]) -> PageInput:
@@ -307,8 +310,9 @@ class MemoryEngine:
     def promote(self, user_id: str, segment_slot: int | None = None) -> int:
         """Force promotion of a user's segments now (all with unanalysed pages, or one slot):
         what the reference calls mid-term analysis. Returns the promotions processed."""
-        with self._lock:
-            self._lpm.queue_promotions(user_id, segment_slot)
+        with self._derived.lease():
+            with self._lock:
+                self._lpm.queue_promotions(user_id, segment_slot)
             return self._process_promotions()
 
     def profile(self, user_id: str) -> dict[str, str]:
@@ -385,7 +389,8 @@ class MemoryEngine:
         self._heat.write_behind()
 
     def close(self) -> None:
-        with self._lock:
+        """Write what is buffered and close the store, once a round in flight has finished."""
+        with self._derived.lease(), self._lock:
             self._heat.write_behind()
             self._derived.save_extractor()
             self.store.close()

@@ -76,6 +76,7 @@ class Items:
                     page_id,
                     {"before": {k: row[k] for k in new}, "after": new},
                 )
+            s.edits += 1  # a derived round that read this page re-checks it
             s.views.edit_page(page_id, new["user_input"], new["agent_response"])
             slots = np.flatnonzero(s.page_of_slot == page_id)
             if slots.size:
@@ -111,6 +112,7 @@ class Items:
                     page_id,
                     {"before": {k: row[k] for k in ("user_input", "agent_response")}},
                 )
+            s.edits += 1
             # memory follows the committed store: arena row, term row and view go together
             slots = np.flatnonzero(s.page_of_slot == page_id)
             s.arena.delete_pages(slots)
@@ -197,6 +199,7 @@ class Items:
                 for r in s.store.query("SELECT page_id FROM pages WHERE user_id = ?", (user_id,))
             ]
             user = s.users.get(user_id)
+            s.edits += 1
             s.views.drop_pages(page_ids)
             s.profiles.pop(user_id, None)
             if user is None:

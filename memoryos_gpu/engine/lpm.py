@@ -5,22 +5,39 @@ not yet analysed to the profile/knowledge stage, batched over every queued promo
 updates merge into the user's profile; facts go to the user's and the user's assistant's
 knowledge rings (FIFO, ``knowledge_capacity`` live entries each, the oldest overwritten); the
 pages are marked analysed and the segment's ``L_interaction`` resets, so it is not promoted
-again until new pages join it.
+again until new pages join it. Like a page round (:mod:`~memoryos_gpu.engine.derived`), a batch
+reads under the engine lock, runs its stage and embeds the facts without it, and applies under
+it only the promotions whose inputs still hold.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from memoryos_gpu.stages import PromotionWork
+from memoryos_gpu.stages import PromotionOutcome, PromotionWork
 from memoryos_gpu.store.sqlite import emb_blob
 
 from .heat import Heat
-from .state import EngineHooks, EngineState, Fact
+from .state import EngineHooks, EngineState, Fact, UserState, WorkItem, still_pending
+
+
+@dataclass
+class _PromotionInput:
+    """What a promotion batch read under the lock, per queued promotion: its pending row, the
+    user record (None: gone), the unanalysed pages (page id, input, response, time) and the
+    profile the stage saw; the stage inputs of those with pages; the engine's edit count."""
+
+    items: list[WorkItem]
+    users: list[UserState | None]
+    pages: list[list[tuple]]
+    profiles: list[dict[str, Any]]
+    work: list[PromotionWork]
+    edits: int
 
 
 class LongTerm:
@@ -33,55 +50,137 @@ class LongTerm:
 
     def process_promotions(self) -> int:
         """Run every queued promotion as one batch; returns how many were taken off the queue.
-        The facts found go through the engine's ``_push_knowledge`` hook."""
+
+        Like a page round: the promoted segments' unanalysed pages and the profiles are read
+        under the engine lock, the profile/knowledge stage and the facts' embeddings run
+        without it, and the results are applied under it again for the promotions whose
+        inputs still hold (:meth:`_current`); the others stay queued. The facts found go
+        through the engine's ``_push_knowledge`` hook.
+        """
+        s = self._s
+        with s.lock:
+            read = self._read_promotions()
+        if not read.items:
+            return 0
+        found = iter(s.stages.promotions(read.work))
+        outcomes = [next(found) if pages else None for pages in read.pages]
+        facts, fact_of = self._facts(read, outcomes)
+        fact_emb = s.embedder.encode([f[2] for f in facts]) if facts else None
+        with s.lock:
+            return self._apply_promotions(read, outcomes, facts, fact_of, fact_emb)
+
+    def _read_promotions(self) -> _PromotionInput:
+        """The queued promotions and their stage inputs (one query for every promoted
+        segment's unanalysed pages); a promotion whose user is gone or that has nothing left
+        to analyse gets no stage input and is only taken off the queue."""
         s = self._s
         items = s.store.pending("promote")
         if not items:
-            return 0
-        sids = [sid for _, _, sid in items]
-        marks = ",".join("?" * len(sids))
-        unanalysed: dict[int, list[tuple]] = {}
-        for row in s.store.query(  # one query for every promoted segment's pages
+            return _PromotionInput([], [], [], [], [], s.edits)
+        unanalysed = self._unanalysed([sid for _, _, sid in items])
+        profiles = s.store.profiles({uid for _, uid, _ in items})
+        users = [s.users.get(uid) for _, uid, _ in items]
+        pages = [
+            unanalysed.get(sid, []) if u is not None else []
+            for (_, _, sid), u in zip(items, users, strict=True)
+        ]
+        read_profiles = [profiles.get(uid, {}) for _, uid, _ in items]
+        work = [
+            PromotionWork(
+                profile,
+                [{"user_input": p[1], "agent_response": p[2], "timestamp": p[3]} for p in rows],
+            )
+            for profile, rows in zip(read_profiles, pages, strict=True)
+            if rows
+        ]
+        return _PromotionInput(items, users, pages, read_profiles, work, s.edits)
+
+    def _unanalysed(self, segment_ids: list[int]) -> dict[int, list[tuple]]:
+        """(page id, user input, agent response, timestamp) of each segment's pages not yet
+        analysed, in segment order (one query)."""
+        marks = ",".join("?" * len(segment_ids))
+        out: dict[int, list[tuple]] = {}
+        for row in self._s.store.query(
             "SELECT segment_id, page_id, user_input, agent_response, timestamp FROM pages "
             f"WHERE segment_id IN ({marks}) AND analysed = 0 ORDER BY segment_id, seg_pos",
-            sids,
+            segment_ids,
         ):
-            unanalysed.setdefault(row[0], []).append(row[1:])
-        profiles = s.store.profiles({uid for _, uid, _ in items})
-        work, valid = [], []
-        for work_id, uid, sid in items:
-            pages = unanalysed.get(sid, [])
-            if uid not in s.users or not pages:
-                valid.append((work_id, uid, sid, None, []))
-                continue
-            profile = profiles[uid]
-            rows = [{"user_input": p[1], "agent_response": p[2], "timestamp": p[3]} for p in pages]
-            work.append(PromotionWork(profile, rows))
-            valid.append((work_id, uid, sid, profile, [p[0] for p in pages]))
-        outcomes = iter(s.stages.promotions(work))
+            out.setdefault(row[0], []).append(tuple(row[1:]))
+        return out
+
+    def _facts(
+        self, read: _PromotionInput, outcomes: list[PromotionOutcome | None]
+    ) -> tuple[list[Fact], np.ndarray]:
+        """The facts the stage found, and for each the index of the promotion it came from
+        (so the facts of a promotion that is not applied are left out)."""
         facts: list[Fact] = []
-        results = []
-        for work_id, uid, sid, profile, page_ids in valid:
-            out = next(outcomes) if profile is not None else None
-            results.append((work_id, uid, sid, profile, page_ids, out))
-            if out is not None:
-                aid = s.users[uid].assistant_id
-                facts += [("user", uid, f, out.mode) for f in out.user_facts]
-                facts += [("assistant", aid, f, out.mode) for f in out.assistant_facts]
-        fact_emb = s.embedder.encode([f[2] for f in facts]) if facts else None
+        of: list[int] = []
+        for i, (user, out) in enumerate(zip(read.users, outcomes, strict=True)):
+            if out is None or user is None:
+                continue
+            uid, aid = user.user_id, user.assistant_id
+            facts += [("user", uid, f, out.mode) for f in out.user_facts]
+            facts += [("assistant", aid, f, out.mode) for f in out.assistant_facts]
+            of += [i] * (len(out.user_facts) + len(out.assistant_facts))
+        return facts, np.asarray(of, np.int64)
+
+    def _current(self, read: _PromotionInput) -> tuple[np.ndarray, np.ndarray]:
+        """Under the lock, after the stage: (still queued, still current) per promotion.
+        Current means the user record is the one read, the segment is still live and -- when
+        an item-level edit happened meanwhile -- its unanalysed pages are the ones read (a
+        page deleted or edited during the stage must not leave facts behind)."""
+        s = self._s
+        queued = still_pending(s.store, [w for w, _, _ in read.items])
+        current = queued & np.fromiter(
+            (
+                u is None
+                or (s.users.get(u.user_id) is u and bool((s.segment_of[u.slot] == sid).any()))
+                for u, (_, _, sid) in zip(read.users, read.items, strict=True)
+            ),
+            bool,
+            len(read.items),
+        )
+        if s.edits != read.edits and current.any():
+            now = self._unanalysed([sid for _, _, sid in read.items])
+            current &= np.fromiter(
+                (
+                    now.get(sid, []) == pages
+                    for (_, _, sid), pages in zip(read.items, read.pages, strict=True)
+                ),
+                bool,
+                len(read.items),
+            )
+        return queued, current
+
+    def _apply_promotions(
+        self,
+        read: _PromotionInput,
+        outcomes: list[PromotionOutcome | None],
+        facts: list[Fact],
+        fact_of: np.ndarray,
+        fact_emb: np.ndarray | None,
+    ) -> int:
+        """Commit the current promotions in one transaction (profile merge, analysed flags,
+        segment reset, facts, pending-row deletes); returns how many left the queue."""
+        s = self._s
+        queued, current = self._current(read)
         new_profiles: dict[str, dict[str, Any]] = {}
+        taken = np.flatnonzero(current).tolist()
         with s.store.transaction() as db:
-            for work_id, uid, sid, profile, page_ids, out in results:
+            for i in taken:
+                work_id, uid, sid = read.items[i]
                 db.execute("DELETE FROM pending WHERE work_id = ?", (work_id,))
+                out = outcomes[i]
                 if out is None:
                     continue
-                if out.profile_updates:
-                    profile = {**profile, **out.profile_updates}
+                if out.profile_updates:  # on top of this batch's earlier updates of the user
+                    profile = {**new_profiles.get(uid, read.profiles[i]), **out.profile_updates}
                     db.execute(
                         "UPDATE users SET profile = ? WHERE user_id = ?",
                         (json.dumps(profile, ensure_ascii=False), uid),
                     )
                     new_profiles[uid] = profile
+                page_ids = [p[0] for p in read.pages[i]]
                 marks = ",".join("?" * len(page_ids))
                 db.execute(f"UPDATE pages SET analysed = 1 WHERE page_id IN ({marks})", page_ids)
                 self._reset_segment(db, uid, sid)
@@ -89,11 +188,14 @@ class LongTerm:
                     db, uid, "promote", "segment", sid, {"pages": len(page_ids), "mode": out.mode}
                 )
                 s.counters["promotions"] += 1
-            if facts:
-                self._hooks._push_knowledge(db, facts, fact_emb)
-            self._heat.refresh(db, [s.users[r[1]] for r in results if r[1] in s.users])
+            keep = current[fact_of]
+            if keep.any():
+                self._hooks._push_knowledge(
+                    db, [f for f, k in zip(facts, keep, strict=True) if k], fact_emb[keep]
+                )
+            self._heat.refresh(db, [u for i in taken if (u := read.users[i]) is not None])
         s.profiles.update(new_profiles)  # committed: retrievals show the new profiles
-        return len(items)
+        return int((~queued).sum() + current.sum())
 
     def _reset_segment(self, db: Any, user_id: str, segment_id: int) -> None:
         """A promoted segment's pages are analysed: ``L_interaction`` (and, when

@@ -1,20 +1,21 @@
 """Mid-term memory: topic segments, the dialogue chain, and the eviction of cold segments.
 
 A page leaving STM is applied in a *round* (one pending page of each user, see
-:mod:`~memoryos_gpu.engine.derived`): the chain + summary stage runs on the whole round (one LLM
-batch, or extractive), the summaries are embedded, and one kernel call matches them against
-every user's segments. A page joins its best segment when ``cos + Jaccard >= theta`` (the
-segment's embedding becomes the running mean, its keyword counts and summary grow), otherwise it
-opens a segment, the lowest-heat one being evicted first when every slot is live. Each page's
-effects and the deletion of its pending row share one transaction; heat is recomputed and
-promotions queued in it (:mod:`~memoryos_gpu.engine.heat`).
+:mod:`~memoryos_gpu.engine.derived`): its inputs are read under the engine lock, the chain +
+summary stage runs on the whole round (one LLM batch, or extractive) and the summaries are
+embedded without it, and under it again the items whose inputs still hold are matched against
+their users' segments in one kernel call. A page joins its best segment when
+``cos + Jaccard >= theta`` (the segment's embedding becomes the running mean, its keyword counts
+and summary grow), otherwise it opens a segment, the lowest-heat one being evicted first when
+every slot is live. Each page's effects and the deletion of its pending row share one
+transaction; heat is recomputed and promotions queued in it (:mod:`~memoryos_gpu.engine.heat`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import astuple
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,29 @@ from memoryos_gpu.store.sqlite import blob_matrix, emb_blob
 from memoryos_gpu.text.keywords import keyword_tokens
 
 from .heat import Heat
-from .state import EngineState, UserState, WorkItem, keyword_rows, to_host
+from .state import EngineState, UserState, WorkItem, keyword_rows, still_pending, to_host
+
+
+@dataclass
+class _RoundInput:
+    """What a round read under the lock: its items, the stage inputs, and what they depend on
+    (each user's record, chain tail and meta as read, the engine's edit count)."""
+
+    items: list[WorkItem]
+    users: list[UserState]
+    tails: list[tuple[int | None, str | None]]
+    embs: np.ndarray
+    work: list[PageWork]
+    edits: int
+
+
+@dataclass
+class _RoundOutput:
+    """What the stages made of a round, before anything is applied."""
+
+    outcomes: list[PageOutcome]
+    summary_emb: np.ndarray
+    kw_rows: np.ndarray
 
 
 class Segments:
@@ -37,38 +60,120 @@ class Segments:
         self._s = state
         self._heat = heat
 
-    def process_pages(self, items: list[WorkItem]) -> None:
-        """Apply one round of pending pages (at most one per user) to their users' MTM."""
+    def process_pages(self, items: list[WorkItem]) -> int:
+        """Apply one round of pending pages (at most one per user) to their users' MTM.
+
+        The inputs are read under the engine lock, the stages (LLM, summary embeddings) run
+        without it, and the results are applied under it again, each item only if what it
+        read still holds (:meth:`_current`); a changed item stays pending for a later round.
+        Returns the items taken off the queue: applied, or gone (page or user deleted).
+        """
+        s = self._s
+        with s.lock:
+            read, gone = self._read_round(items)
+        done = self._run_stages(read) if read.items else None
+        with s.lock:
+            return gone + (self._apply_round(read, done) if done is not None else 0)
+
+    def _read_round(self, items: list[WorkItem]) -> tuple[_RoundInput, int]:
+        """A round's stage inputs, read under the lock: the pages, their embeddings and each
+        user's chain tail. Items whose page or user is gone already are left out; returns
+        them counted when their pending row went with them."""
         s = self._s
         d = s.embedder.dim
-        page_ids = [ref for _, _, ref in items]
-        rows = s.store.page_rows(page_ids)
+        rows = s.store.page_rows([ref for _, _, ref in items])
+        known = [it for it in items if it[1] in s.users and it[2] in rows]
+        gone = 0
+        if len(known) < len(items):
+            missing = [it[0] for it in items if not (it[1] in s.users and it[2] in rows)]
+            gone = int((~still_pending(s.store, missing)).sum())
+        page_ids = [ref for _, _, ref in known]
         embs = s.store.page_embeddings(page_ids, d)
-        users = [s.user(uid) for _, uid, _ in items]
-        prev_ids = [u.chain_tail for u in users]
-        prev_rows = s.store.page_rows([p for p in prev_ids if p is not None])
-        prev_embs = dict(
-            zip(
-                [p for p in prev_ids if p is not None],
-                s.store.page_embeddings([p for p in prev_ids if p is not None], d),
-                strict=True,
-            )
-        )
+        users = [s.users[uid] for _, uid, _ in known]
+        tails = [(u.chain_tail, u.chain_meta) for u in users]
+        prev_ids = [p for p, _ in tails if p is not None]
+        prev_rows = s.store.page_rows(prev_ids)
+        prev_embs = dict(zip(prev_ids, s.store.page_embeddings(prev_ids, d), strict=True))
         work = [
-            PageWork(
-                rows[pid],
-                embs[i],
-                prev_rows.get(prev) if prev else None,
-                prev_embs.get(prev) if prev else None,
-                u.chain_meta,
-            )
-            for i, (pid, prev, u) in enumerate(zip(page_ids, prev_ids, users, strict=True))
+            PageWork(rows[pid], embs[i], prev_rows.get(prev), prev_embs.get(prev), meta)
+            for i, (pid, (prev, meta)) in enumerate(zip(page_ids, tails, strict=True))
         ]
-        outcomes = s.stages.pages(work)
+        return _RoundInput(known, users, tails, embs, work, s.edits), gone
+
+    def _run_stages(self, read: _RoundInput) -> _RoundOutput:
+        """The round's stages, without the engine lock: they read only what ``read`` holds
+        (and the keyword statistics, which only grow)."""
+        s = self._s
+        outcomes = s.stages.pages(read.work)
         for o in outcomes:  # LLM keywords may be phrases: one normalised token list, once
             o.keywords = keyword_tokens(o.keywords)
-        summary_emb = self._summary_embeddings(outcomes, embs, [rows[p] for p in page_ids])
+        summary_emb = self._summary_embeddings(outcomes, read.embs, [w.page for w in read.work])
         kw_rows = keyword_rows([o.keywords for o in outcomes], s.memory.keyword_width)
+        return _RoundOutput(outcomes, summary_emb, kw_rows)
+
+    def _current(self, read: _RoundInput) -> tuple[np.ndarray, np.ndarray]:
+        """Under the lock, after the stages: (still pending, still current) per item. Current
+        means the pending row, the user and its chain tail and meta are the ones read, and --
+        when an item-level edit happened meanwhile -- the page and chain-tail texts too."""
+        s = self._s
+        pending = still_pending(s.store, [w for w, _, _ in read.items])
+        same_user = np.fromiter(
+            (
+                s.users.get(u.user_id) is u and (u.chain_tail, u.chain_meta) == tail
+                for u, tail in zip(read.users, read.tails, strict=True)
+            ),
+            bool,
+            len(read.users),
+        )
+        current = pending & same_user
+        if s.edits != read.edits and current.any():
+            current &= self._texts_unchanged(read)
+        return pending, current
+
+    def _texts_unchanged(self, read: _RoundInput) -> np.ndarray:
+        """Whether each item's page and chain-tail texts are still the ones its stages saw."""
+        page_ids = [ref for _, _, ref in read.items]
+        fresh = self._s.store.page_rows(page_ids + [p for p, _ in read.tails if p is not None])
+        return np.fromiter(
+            (
+                _same_text(w.page, fresh.get(pid))
+                and (prev is None or _same_text(w.prev_page, fresh.get(prev)))
+                for w, pid, (prev, _) in zip(read.work, page_ids, read.tails, strict=True)
+            ),
+            bool,
+            len(page_ids),
+        )
+
+    def _apply_round(self, read: _RoundInput, done: _RoundOutput) -> int:
+        """Apply the items still current (see :meth:`_current`); returns how many were taken
+        off the queue (applied, or gone with their page or user)."""
+        pending, current = self._current(read)
+        gone = int((~pending).sum())
+        if not current.any():
+            return gone
+        items, users, embs = read.items, read.users, read.embs
+        outcomes, summary_emb, kw_rows = done.outcomes, done.summary_emb, done.kw_rows
+        if not current.all():  # the common case (nothing changed) copies nothing
+            keep = np.flatnonzero(current)
+            items, users = [items[i] for i in keep], [users[i] for i in keep]
+            outcomes = [outcomes[i] for i in keep]
+            embs, summary_emb, kw_rows = embs[keep], summary_emb[keep], kw_rows[keep]
+        self._apply(items, users, embs, outcomes, summary_emb, kw_rows)
+        return gone + len(items)
+
+    def _apply(
+        self,
+        items: list[WorkItem],
+        users: list[UserState],
+        embs: np.ndarray,
+        outcomes: list[PageOutcome],
+        summary_emb: np.ndarray,
+        kw_rows: np.ndarray,
+    ) -> None:
+        """Match the pages against their users' segments now, make room, and commit each
+        page's segment, chain link and pending-row delete in one transaction."""
+        s = self._s
+        page_ids = [ref for _, _, ref in items]
         uslots = np.array([u.slot for u in users], np.int32)
         best_score, best_slot = ops.match_segments(s.arena, summary_emb, uslots, kw_rows)
         best_score, best_slot = to_host(best_score), to_host(best_slot)
@@ -352,6 +457,15 @@ class Segments:
         width = self._s.memory.keyword_width
         ranked = sorted(counts, key=lambda w: -counts[w])  # stable: first seen wins ties
         return keyword_rows([ranked[:width]], width)
+
+
+def _same_text(before: dict[str, Any] | None, now: dict[str, Any] | None) -> bool:
+    """Whether a page still has the text and time a stage saw (``now`` None: deleted)."""
+    return (
+        before is not None
+        and now is not None
+        and all(before[k] == now[k] for k in ("user_input", "agent_response", "timestamp"))
+    )
 
 
 def _kw_blob(kw_row: np.ndarray) -> bytes:

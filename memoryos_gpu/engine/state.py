@@ -64,7 +64,7 @@ class EngineHooks(Protocol):
 
     def process_pending(self, max_batch: int | None = None) -> dict[str, int]: ...
 
-    def _process_pages(self, items: list[WorkItem]) -> None: ...
+    def _process_pages(self, items: list[WorkItem]) -> int: ...
 
     def _process_promotions(self) -> int: ...
 
@@ -107,6 +107,10 @@ class EngineState:
         # memory: assembling a retrieval reads nothing from the store (page_views.py)
         self.views = PageViews()
         self.profiles: dict[str, dict[str, Any]] = {}
+        # item-level changes (a page edited or deleted, a user deleted) so far: derived work
+        # reads its inputs, runs its stages without the lock, and compares texts it read again
+        # only when this moved meanwhile
+        self.edits = 0
         self.users: dict[str, UserState] = {}
         self.user_of_slot: dict[int, str] = {}  # arena user slot -> user id
         self.assistant_owner: dict[str, int] = {}
@@ -195,6 +199,22 @@ class EngineState:
         if at is not None:
             return float(at)
         return user.clock if self.memory.clock == "logical" else time.time()
+
+
+# ---------------------------------------------------------------- derived-work helpers
+def still_pending(store: SQLiteStore, work_ids: Sequence[int]) -> np.ndarray:
+    """Which pending rows (by work id) the store still holds: deleting a page or a user
+    deletes its rows, so a row gone means the work is no longer owed. One query per 500 ids."""
+    live: set[int] = set()
+    ids = [int(w) for w in work_ids]
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        marks = ",".join("?" * len(chunk))
+        live.update(
+            r[0]
+            for r in store.query(f"SELECT work_id FROM pending WHERE work_id IN ({marks})", chunk)
+        )
+    return np.fromiter((w in live for w in ids), bool, len(ids))
 
 
 # ---------------------------------------------------------------- arena row helpers
