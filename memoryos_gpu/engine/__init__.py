@@ -11,7 +11,9 @@ Life of a page:
    stage (one LLM batch, or extractive), embeds the summaries, matches them against each user's
    segments with one kernel call, inserts (cos + Jaccard >= theta) or opens a segment (evicting
    the lowest-heat one when all slots are live), recomputes heat, and queues promotions. Each
-   item's effects and the deletion of its pending row share one transaction.
+   item's effects and the deletion of its pending row share one transaction. The LLM and
+   embedding calls run without the engine lock (a round reads under it, computes, and applies
+   under it only what still holds), so retrievals never wait for an LLM.
 3. A promoted segment (heat >= tau) sends its unanalysed pages to the profile/knowledge stage;
    facts go to the user's and the assistant's FIFO rings, pages are marked analysed and
    ``L_interaction`` resets.

@@ -35,10 +35,12 @@ class DerivedWork:
         self._s = state
         self._hooks = hooks
         self._extractor_saved = 0  # pages_added at the last save of the keyword statistics
-        # the lease: a flag guarded by the engine lock; waiting on the condition releases that
-        # lock (even when the caller holds it), so a waiter never blocks the round it waits for
+        # the lease: its holder (a thread id) guarded by the engine lock; waiting on the
+        # condition releases that lock (even when the caller holds it), so a waiter never
+        # blocks the round it waits for
         self._idle = threading.Condition(state.lock)
-        self._busy = False
+        self._holder: int | None = None
+        self._depth = 0  # the holder may take the lease again (a hook that calls promote)
 
     @contextmanager
     def lease(self) -> Iterator[None]:
@@ -46,18 +48,23 @@ class DerivedWork:
 
         Rounds read under the engine lock, run their stages without it and apply under it
         again; the lease is what stops a second caller from taking the same pending items in
-        between. Held by each round, each promotion batch and ``close``.
+        between. Held by each round, each promotion batch and ``close``; re-entrant for the
+        thread that holds it.
         """
+        me = threading.get_ident()
         with self._idle:
-            while self._busy:
+            while self._holder not in (None, me):
                 self._idle.wait()
-            self._busy = True
+            self._holder = me
+            self._depth += 1
         try:
             yield
         finally:
             with self._idle:
-                self._busy = False
-                self._idle.notify_all()
+                self._depth -= 1
+                if not self._depth:
+                    self._holder = None
+                    self._idle.notify_all()
 
     def process_pending(self, max_batch: int | None = None) -> dict[str, int]:
         """Run every pending derived item (chain, MTM, promotion) to completion.
