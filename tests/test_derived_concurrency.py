@@ -12,6 +12,7 @@ measured in the same test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import statistics
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from store_backends import make_backend
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import MemoryEngine
@@ -94,16 +96,46 @@ class Background(threading.Thread):
         return self.result
 
 
-def build(responder: Any, *, backend: type[ScriptedBackend] = ScriptedBackend, **memory: Any):
+_ENGINES: list[MemoryEngine] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_engines() -> Any:
+    """Every engine a test built is closed after it (its gate released first)."""
+    yield
+    while _ENGINES:
+        with contextlib.suppress(Exception):  # already closed by the test
+            _ENGINES.pop().close()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def store_backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A SQLite file, or a fresh schema of the PostgreSQL test server (skipped without one,
+    see tests/store_backends.py): the checks of what a round re-reads run on both stores."""
+    b = make_backend(request.param, tmp_path_factory.mktemp(request.param))
+    yield b
+    b.cleanup()
+
+
+def build(
+    responder: Any,
+    *,
+    backend: type[ScriptedBackend] = ScriptedBackend,
+    store: str = ":memory:",
+    **memory: Any,
+) -> MemoryEngine:
     """An LLM-mode engine on the hashing embedder, STM of one page, derived work on demand."""
     cfg = EngineConfig(
+        store=store,
         memory=preset("paper", **{"stm_capacity": 1, **memory}),
         llm=LLMConfig(mode="llm", backend="scripted"),
         embedder="hashing",
         device=os.environ.get("MEMORYOS_TEST_DEVICE", "cpu"),
         auto_process=False,
     )
-    return MemoryEngine(cfg, llm=backend(responder))
+    engine = MemoryEngine(cfg, llm=backend(responder))
+    _ENGINES.append(engine)
+    return engine
 
 
 def two_pages(eng: MemoryEngine, user: str, t0: float = 1.0) -> list[int]:
@@ -190,9 +222,9 @@ def test_retrievals_do_not_wait_for_a_promotion_llm_call(kit) -> None:
 
 
 # ---------------------------------------------------------------------------- deletions
-def test_a_page_deleted_while_its_round_runs_is_not_resurrected(kit) -> None:
+def test_a_page_deleted_while_its_round_runs_is_not_resurrected(kit, store_backend) -> None:
     gate = GatedScript(kit.Script(), "page")
-    eng = build(gate)
+    eng = build(gate, store=store_backend.spec("deleted-page"))
     a_one, _ = two_pages(eng, "a")
     b_one, _ = two_pages(eng, "b")
     gate.arm()
@@ -233,7 +265,7 @@ def test_a_user_deleted_while_its_round_runs_is_not_resurrected(kit) -> None:
     assert eng.get_page(b_one)["tier"] == "mtm"
 
 
-def test_a_page_deleted_during_its_promotion_leaves_no_facts(kit) -> None:
+def test_a_page_deleted_during_its_promotion_leaves_no_facts(kit, store_backend) -> None:
     """The promotion of a segment whose page was deleted while the LLM read it is queued
     again, and the next run finds facts only in the pages that are left."""
 
@@ -242,7 +274,8 @@ def test_a_page_deleted_during_its_promotion_leaves_no_facts(kit) -> None:
         return {"profile_updates": {}, "user_facts": [f"User said {s}." for s in said]}
 
     gate = GatedScript(kit.Script(pages={"u two": {"continuous": True}}, promotion=facts), "x")
-    eng = build(gate, tau=1e9, theta=-10.0)  # every page joins the first segment
+    store = store_backend.spec("deleted-promoted")
+    eng = build(gate, store=store, tau=1e9, theta=-10.0)  # every page joins the first segment
     one, two, three = [
         eng.add("u", f"u {n}", "ok", timestamp=i + 1.0).page_id
         for i, n in enumerate(("one", "two", "three"))
@@ -265,9 +298,11 @@ def test_a_page_deleted_during_its_promotion_leaves_no_facts(kit) -> None:
 
 # ---------------------------------------------------------------------------- changed inputs
 @pytest.mark.parametrize("change", ["edit the page", "delete the chain tail"])
-def test_items_whose_inputs_changed_are_requeued_and_applied_later(kit, change: str) -> None:
+def test_items_whose_inputs_changed_are_requeued_and_applied_later(
+    kit, store_backend, change: str
+) -> None:
     gate = GatedScript(kit.Script(), "page")
-    eng = build(gate)
+    eng = build(gate, store=store_backend.spec("requeued"))
     one, two = two_pages(eng, "u")
     eng.process_pending()  # "u one" in MTM: the chain tail two's round reads
     three = eng.add("u", "u three", "ok three", timestamp=3.0).page_id

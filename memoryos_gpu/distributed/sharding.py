@@ -632,16 +632,18 @@ class ShardedEngine:
                 for i, r in zip(idx, res, strict=True):
                     out[i] = r
             self._exchange_keywords()
-            if self.config.auto_process:
-                self.process_pending()
+        if self.config.auto_process:
+            self.process_pending()
         return [r for r in out if r is not None]
 
     def process_pending(self) -> dict[str, int]:
-        """Every shard's derived work, then the assistant facts it found."""
+        """Every shard's derived work, then the assistant facts it found. The shards' rounds
+        run outside this router's lock (each shard keeps its own rounds apart, and calls
+        its LLM without its engine lock), so retrievals and writes go on meanwhile."""
         done: Counter[str] = Counter()
+        for e in self.engines:
+            done.update(e.process_pending())
         with self._lock:
-            for e in self.engines:
-                done.update(e.process_pending())
             self._route_facts()
         return dict(done)
 
