@@ -43,7 +43,7 @@ def scripted(response="Your cat is Miso."):
 
 def test_reference_workflow_with_an_llm(tmp_path):
     llm = scripted()
-    memo = Memoryos("alice", data_storage_path=str(tmp_path), _engine_config=llm_config(), _llm=llm)
+    memo = Memoryos("alice", data_storage_path=str(tmp_path), _engine_config=llm_config(), llm_backend=llm)
     assert memo.get_user_profile_summary() == "None"
     assert memo.get_memory_stats()["short_term_count"] == 0
     # the very first message of a new user can be answered
@@ -123,8 +123,12 @@ def test_default_construction_picks_the_mode_from_the_credentials(tmp_path, monk
     monkeypatch.setattr(engine_mod.MemoryEngine, "_make_embedder", lambda self: _hashing())
     free = Memoryos("u", data_storage_path=str(tmp_path / "a"), device="cpu")
     assert free.engine.stages.mode == "extractive"
-    assert free.engine.memory.stm_capacity == 7 and free.engine.memory.mtm_capacity == 200
-    assert free.engine.config.store == str(tmp_path / "a" / compat.STORE_FILE)
+    # the reference's defaults, and the folder's store is the MCP server's file
+    m = free.engine.memory
+    assert (m.preset, m.stm_capacity, m.mtm_capacity, m.top_pages) == ("reference", 10, 2000, 7)
+    assert (m.knowledge_capacity, m.tau, m.theta, m.knowledge_top_k) == (100, 5.0, 0.6, 20)
+    assert free.engine.config.store == str(tmp_path / "a")
+    assert free.engine.store.path == str(tmp_path / "a" / "memory.sqlite3")
     paid = Memoryos(
         "u",
         "sk-test",
@@ -144,11 +148,10 @@ def test_default_construction_picks_the_mode_from_the_credentials(tmp_path, monk
         "sk-test",
     )
     assert paid.engine.memory.stm_capacity == 10
-    assert Memoryos("v", "sk-x", str(tmp_path / "c"), device="cpu").engine.config.llm.base_url == (
-        compat.OPENAI_BASE_URL
-    )
-    ref = Memoryos("u", data_storage_path=str(tmp_path / "d"), preset="reference", device="cpu")
-    assert ref.engine.memory.eviction == "lfu"
+    openai = Memoryos("v", "sk-x", str(tmp_path / "c"), device="cpu").engine.config.llm
+    assert (openai.base_url, openai.model) == ("https://api.openai.com/v1", "gpt-4o-mini")
+    paper = Memoryos("u", data_storage_path=str(tmp_path / "d"), preset="paper", device="cpu")
+    assert paper.engine.memory.eviction == "heat" and paper.engine.memory.stm_capacity == 10
     with pytest.raises(TypeError, match="bogus"):
         Memoryos("u", data_storage_path=str(tmp_path / "e"), bogus=1)
 
@@ -162,7 +165,7 @@ def _hashing():
 def test_users_on_one_path_share_one_engine_and_stay_isolated(tmp_path):
     cfg = llm_config(stm_capacity=1)
     llm = scripted()
-    a = Memoryos("alice", data_storage_path=str(tmp_path), _engine_config=cfg, _llm=llm)
+    a = Memoryos("alice", data_storage_path=str(tmp_path), _engine_config=cfg, llm_backend=llm)
     b = Memoryos("bob", data_storage_path=str(tmp_path), _engine_config=cfg)
     assert a.engine is b.engine
     for memo in (a, b):
@@ -185,7 +188,7 @@ def test_force_mid_term_analysis_promotes_below_tau(tmp_path):
         "alice",
         data_storage_path=str(tmp_path),
         _engine_config=llm_config(stm_capacity=1, tau=100.0),
-        _llm=scripted(),
+        llm_backend=scripted(),
     )
     assert memo.force_mid_term_analysis() is False  # unknown user: nothing to analyse
     memo.add_memory("I adopted a cat named Miso.", "Congratulations!", timestamp=1.0)
@@ -199,14 +202,14 @@ def test_force_mid_term_analysis_promotes_below_tau(tmp_path):
     assert memo.engine.pending_count("alice") == 0
 
 
-def test_llm_failure_raises_and_keeps_memory_consistent(tmp_path):
+def test_llm_failure_returns_the_reference_error_text_and_keeps_memory_consistent(tmp_path):
     memo = Memoryos(
         "alice",
         data_storage_path=str(tmp_path),
         _engine_config=llm_config(),
-        _llm=scripted(response=RuntimeError("server down")),
+        llm_backend=scripted(response=RuntimeError("server down")),
     )
     memo.add_memory("hello", "hi", timestamp=1.0)
-    with pytest.raises(MemoryOSError, match="server down"):
-        memo.get_response("are you there?")
+    assert memo.get_response("are you there?") == "Error: Could not get response from LLM."
+    # the failed exchange is not remembered
     assert [p["user_input"] for p in memo.engine.store.user_pages("alice")] == ["hello"]
