@@ -43,7 +43,9 @@ def scripted(response="Your cat is Miso."):
 
 def test_reference_workflow_with_an_llm(tmp_path):
     llm = scripted()
-    memo = Memoryos("alice", data_storage_path=str(tmp_path), _engine_config=llm_config(), llm_backend=llm)
+    memo = Memoryos(
+        "alice", data_storage_path=str(tmp_path), _engine_config=llm_config(), llm_backend=llm
+    )
     assert memo.get_user_profile_summary() == "None"
     assert memo.get_memory_stats()["short_term_count"] == 0
     # the very first message of a new user can be answered
