@@ -434,3 +434,17 @@ def test_bad_config_json_is_refused_naming_the_key(
 def test_missing_config_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="config file not found"):
         main(["--config", str(tmp_path / "nope.json")])
+
+
+def test_cli_mcp_passes_its_flags_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from memoryos_gpu.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["mcp", "--help"])
+    assert exc.value.code == 0
+    help_text = capsys.readouterr().out
+    assert help_text.startswith("usage: memoryos-gpu mcp")
+    assert "--stateless" in help_text and "--json-response" in help_text
+    bad = reference_config(tmp_path, short_term_capacity=-1)
+    with pytest.raises(SystemExit, match="short_term_capacity"):
+        cli_main(["mcp", "--config", str(bad)])

@@ -401,10 +401,8 @@ def build_mcp(
 
 
 # ====================================================================== CLI
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m memoryos_gpu.server.mcp_server", description="memoryos-gpu MCP server"
-    )
+def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="memoryos-gpu MCP server")
     p.add_argument(
         "--config",
         default=None,
@@ -478,8 +476,10 @@ def _config(args: argparse.Namespace) -> tuple[EngineConfig, ReferenceSettings |
     return EngineConfig.model_validate({**cfg.model_dump(), **update}), None
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    """Run the server until the client (stdio) or Ctrl-C / SIGTERM (HTTP) ends it; a bad
+    configuration exits with a one-line message."""
+    args = (_parser(prog) if prog else _parser()).parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before the OpenMP runtime loads
     logging.basicConfig(  # stderr only: stdout carries the stdio protocol
         stream=sys.stderr,
