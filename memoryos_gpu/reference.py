@@ -286,8 +286,11 @@ def page_stamp(page: Any) -> str:
 
 
 def user_meta(meta: Mapping[str, Any] | None, kept: str | None) -> dict[str, Any]:
-    """The metadata to store: the caller's, plus the kept timestamp text."""
+    """The metadata to store: the caller's, plus the kept timestamp text. Refuses the caller's
+    own ``GIVEN_KEY`` (it would be printed as the page's timestamp)."""
     out = dict(meta or {})
+    if GIVEN_KEY in out:
+        raise ValueError(f"metadata key {GIVEN_KEY!r} is reserved (the timestamp as given)")
     if kept is not None:
         out[GIVEN_KEY] = kept
     return out

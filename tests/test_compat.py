@@ -248,6 +248,8 @@ def test_timestamps_print_as_given_and_naive_ones_are_local(tmp_path, monkeypatc
         assert abs(at - time.time()) < 60
         with pytest.raises(MemoryOSError, match="timestamp"):
             memo.add_memory("x", "y", "next tuesday")
+        with pytest.raises(ValueError, match="reserved"):
+            memo.add_memory("x", "y", meta_data={"_timestamp": "whenever"})
     finally:
         monkeypatch.undo()
         time.tzset()

@@ -319,11 +319,20 @@ def test_add_memory_reads_its_writes_and_max_results_cuts_the_retrieval_queue() 
 
 
 def test_add_wait_zero_answers_at_commit() -> None:
-    async def body(c: Client) -> None:
-        res = await c.call_tool("add_memory", {"user_input": "a", "agent_response": "b"})
-        assert res.structured_content["processed"] is True  # no wait asked: nothing claimed
+    service = _service(short_term_capacity=1)
 
-    asyncio.run(_with_client(_service(), body, add_wait_s=0))
+    async def body(c: Client) -> None:
+        outs = []
+        for text in ("first", "second"):
+            res = await c.call_tool("add_memory", {"user_input": text, "agent_response": "ok"})
+            outs.append(res.structured_content["processed"])
+        # the second add evicted the first; its derived work had not run at the answer
+        assert outs == [True, False]
+        assert service.engine.store.user_pages("alice")[0]["tier"] == "pending"
+        await service.wait_for_user("alice")
+        assert service.engine.store.user_pages("alice")[0]["tier"] == "mtm"
+
+    asyncio.run(_with_client(service, body, add_wait_s=0))
 
 
 def test_profile_leaves_out_what_was_not_asked_for() -> None:

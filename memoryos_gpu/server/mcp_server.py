@@ -48,7 +48,6 @@ from memoryos_gpu import __version__
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
 from memoryos_gpu.reference import (
-    GIVEN_KEY,
     ReferenceSettings,
     engine_config,
     load_config_json,
@@ -57,7 +56,7 @@ from memoryos_gpu.reference import (
     stamp,
     user_meta,
 )
-from memoryos_gpu.server.service import MemoryService
+from memoryos_gpu.server.service import MemoryService, Overloaded, Unavailable
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import PageInput
 
@@ -72,6 +71,9 @@ INSTRUCTIONS = (
     "the user."
 )
 NO_PROFILE = "No detailed user profile"
+# failures a caller can act on (bad input, busy or starting server, failing LLM): tool errors
+# with their message; anything else is a crash the SDK reports without details and logs
+_HANDLED = (MemoryOSError, ValueError, Overloaded, Unavailable)
 
 
 # ====================================================================== result shapes
@@ -281,14 +283,15 @@ def build_mcp(
         try:
             uid = user_of(user_id)
             epoch, kept = read_timestamp(timestamp)
-            if meta_data and GIVEN_KEY in meta_data:
-                raise ValueError(f"meta_data key {GIVEN_KEY!r} is reserved")
             meta = user_meta(meta_data, kept)
             page = PageInput(uid, user_input, agent_response, epoch, assistant_id, None, meta)
             s = svc()
             (res,) = await s.add_pages([page])
-            done = add_wait_s <= 0 or (await s.wait_for_user(uid, add_wait_s))["done"]
-        except (MemoryOSError, ValueError) as exc:
+            if add_wait_s > 0:
+                done = (await s.wait_for_user(uid, add_wait_s))["done"]
+            else:
+                done = await s.call(s.engine.pending_count, uid) == 0
+        except _HANDLED as exc:
             return _fail(f"Error adding memory: {exc}")
         return _ok(
             AddMemoryResult(
@@ -335,7 +338,7 @@ def build_mcp(
             if r.user_knowledge or r.assistant_knowledge:
                 kn = await s.call(s.engine.knowledge, uid)
                 created = {e["entry_id"]: e["created"] for e in (*kn["user"], *kn["assistant"])}
-        except (MemoryOSError, ValueError) as exc:
+        except _HANDLED as exc:
             return _fail(f"Error retrieving memory: {exc}")
         k = max_results
         return _ok(
@@ -379,7 +382,7 @@ def build_mcp(
                 aid = (await s.call(s.engine.store.user_row, uid) or {}).get("assistant_id")
             except UnknownUserError:
                 profile, kn, aid = {}, {"user": [], "assistant": []}, assistant_id
-        except (MemoryOSError, ValueError) as exc:
+        except _HANDLED as exc:
             return _fail(f"Error getting user profile: {exc}")
         out = UserProfileResult(
             status="success",
