@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from memoryos_gpu.config import EngineConfig, LLMConfig, preset
+from memoryos_gpu.config import EngineConfig, LLMConfig, MemoryConfig, preset
 from memoryos_gpu.errors import MemoryOSError
 
 __all__ = [
@@ -96,15 +96,15 @@ class ReferenceSettings(BaseModel):
     memory: dict[str, Any] = Field(default_factory=dict, description="MemoryConfig overrides.")
 
 
-def _explain(exc: ValidationError, where: str) -> ConfigError:
-    """A pydantic error as one line per offending key (what a config file's author needs)."""
+def _explain(exc: ValidationError, where: str, model: type[BaseModel]) -> ConfigError:
+    """A pydantic error as one clause per offending key (what a config file's author needs)."""
     lines = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if err["type"] == "extra_forbidden":
-            near = difflib.get_close_matches(key, ReferenceSettings.model_fields, 1)
+            near = difflib.get_close_matches(key, model.model_fields, 1)
             hint = f"did you mean {near[0]!r}? " if near else ""
-            known = ", ".join(sorted(ReferenceSettings.model_fields))
+            known = ", ".join(sorted(model.model_fields))
             lines.append(f"unknown key {key!r} ({hint}known keys: {known})")
         else:
             lines.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
@@ -119,7 +119,7 @@ def settings(values: Mapping[str, Any], where: str = "settings") -> ReferenceSet
     try:
         return ReferenceSettings.model_validate(cleaned)
     except ValidationError as exc:
-        raise _explain(exc, where) from None
+        raise _explain(exc, where, ReferenceSettings) from None
 
 
 def load_config_json(path: str | Path) -> ReferenceSettings:
@@ -153,7 +153,7 @@ def engine_config(s: ReferenceSettings, **overrides: Any) -> EngineConfig:
             },
         )
     except ValidationError as exc:
-        raise ConfigError(f"memory settings: {exc}") from None
+        raise _explain(exc, "memory settings", MemoryConfig) from None
     values: dict[str, Any] = {
         "memory": memory,
         "llm": llm_config(s),

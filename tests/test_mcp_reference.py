@@ -424,6 +424,7 @@ def test_reference_config_json_maps_to_the_engine(tmp_path: Path) -> None:
         ({"llm_backend": "gpt"}, "llm_backend 'gpt' is not one of"),
         ({"embedding_model_kwargs": {"trust_remote_code": True}}, "trust_remote_code"),
         ({"embedding_model_name": "no-such-org/no-such-model"}, "huggingface-cli download"),
+        ({"memory": {"top_segmnts": 3}}, "memory settings: unknown key 'top_segmnts' (did you"),
         ([1, 2], "expected a JSON object"),
         ("{not json", "is not valid JSON"),
     ],
