@@ -392,6 +392,7 @@ Typical session:
   memoryos-gpu chat     --store mem --user alice --llm-mode llm   # needs an LLM backend
   memoryos-gpu stats    --store mem
   memoryos-gpu serve    --store mem --port 8000 --api-keys keys.txt
+  memoryos-gpu mcp      --config config.json              # MCP server (BAI-LAB config.json)
 
 \b
 Engine options (--store, --config, --device, --preset, --llm-*, --embedding-*) are accepted
@@ -1271,6 +1272,22 @@ def _serve_ray(
         raise CLIError(str(exc)) from None
     except ValueError as exc:
         raise UsageFailure(str(exc)) from None
+
+
+# ============================================================================ mcp
+@cli.command(
+    name="mcp",
+    context_settings={"ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def mcp_command(args: tuple[str, ...]) -> None:
+    """Serve MCP (python -m memoryos_gpu.server.mcp_server); its own flags follow `mcp`:
+    --config config.json (the reference's) or engine.toml, --store, --user-id, --transport
+    stdio|streamable-http, --stateless, --json-response, ... (`memoryos-gpu mcp --help`)."""
+    from memoryos_gpu.server.mcp_server import main as mcp_main
+
+    mcp_main(list(args), prog="memoryos-gpu mcp")
 
 
 # ============================================================================ bench

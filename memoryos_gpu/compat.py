@@ -9,25 +9,37 @@ Code written against the reference switches by changing one import::
     memo.add_memory("I adopted a cat named Miso.", "Congratulations!")
     print(memo.get_response("What is my cat called?"))
 
-Differences a user should know:
+Differences a user should know (docs/migrating-from-memoryos.md walks through them):
 
 * Every ``Memoryos`` with the same ``data_storage_path`` shares one
-  :class:`~memoryos_gpu.engine.MemoryEngine` (one SQLite file ``memoryos.sqlite`` in that folder),
-  so many users are batched together. The memory settings (capacities, thresholds) belong to
-  that shared engine: opening the same folder with different settings raises ``ValueError``.
-* Defaults are the paper's (``short_term_capacity=7``, ``mid_term_capacity=200``, heat eviction,
-  ``mu`` = 1e7 s); pass ``preset="reference"`` for the reference code's defaults.
-* With ``openai_api_key`` and/or ``openai_base_url`` the LLM work goes to that OpenAI-compatible
-  server (``llm_model`` names the model). Without either, memory runs LLM-free ("extractive"
-  mode: embedding continuity, keyword summaries, first-person facts) and :meth:`get_response`
-  raises :class:`~memoryos_gpu.errors.MemoryOSError` explaining how to configure an LLM.
-* The reference's JSON files are not read; timestamps may be epoch seconds or ISO strings
-  (the reference's ``"YYYY-MM-DD HH:MM:SS"`` works).
+  :class:`~memoryos_gpu.engine.MemoryEngine` (one SQLite file, ``memory.sqlite3`` in that folder:
+  the file the MCP server and ``--store`` use for that folder), so many users are batched
+  together. The memory settings (capacities, thresholds) belong to that shared engine: opening
+  the same folder with different settings raises ``ValueError``. One process writes a store at a
+  time: run the MCP server and a script on one folder one after the other, or in one process
+  (``MemoryService(memo.engine)`` under :func:`memoryos_gpu.server.mcp_server.build_mcp`).
+* Defaults are the reference's (``short_term_capacity=10``, ``mid_term_capacity=2000``,
+  ``retrieval_queue_capacity=7``, the ``reference`` preset); ``preset="paper"`` selects the
+  paper's mechanics instead.
+* The LLM: ``llm_backend=`` names any backend (``"openai"``, ``"vllm"``, ``"transformers"``,
+  ``"none"``) or is a ready :class:`~memoryos_gpu.llm.base.LLMBackend`; ``llm_options`` are its
+  constructor's options. By default an ``openai_api_key`` and/or ``openai_base_url`` (any
+  OpenAI-compatible server: vLLM, llama.cpp, Ollama; no key needed for a local one) selects
+  ``"openai"``; without either, memory runs LLM-free ("extractive" mode: embedding continuity,
+  keyword summaries, first-person facts) and :meth:`get_response` raises
+  :class:`~memoryos_gpu.errors.MemoryOSError` explaining how to configure an LLM. As in the
+  reference, a failing LLM makes :meth:`get_response` return ``"Error: Could not get response
+  from LLM."`` (the exchange is not remembered) and never makes :meth:`add_memory` raise (the
+  page is stored; its derived work is retried by the next call).
+* Timestamps print as given: a naive one is local time (as the reference's clock is), the
+  default is now; see :mod:`memoryos_gpu.reference`. Epoch seconds and ISO-8601 are accepted too.
+* The reference's JSON files are not read.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import threading
@@ -35,40 +47,39 @@ import time
 from typing import Any
 
 from memoryos_gpu import prompts
-from memoryos_gpu.config import EngineConfig, LLMConfig, MemoryConfig, preset
+from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.llm.base import LLMBackendError
 from memoryos_gpu.profile_dims import render_profile
+from memoryos_gpu.reference import (
+    DEFAULT_ASSISTANT_ID,
+    LLM_ERROR_TEXT,
+    engine_config,
+    page_stamp,
+    read_timestamp,
+    settings,
+    stamp,
+    user_meta,
+)
 
 __all__ = ["Memoryos", "close_all"]
 
-DEFAULT_ASSISTANT_ID = "default_assistant_profile"
-OPENAI_BASE_URL = "https://api.openai.com/v1"
-STORE_FILE = "memoryos.sqlite"
-_MINILM_NAMES = {
-    "all-minilm-l6-v2",
-    "sentence-transformers/all-minilm-l6-v2",
-}
+log = logging.getLogger("memoryos_gpu.compat")
+LEGACY_STORE_FILE = "memoryos.sqlite"  # this facade's file before it shared the MCP server's
 
 _LLM_HELP = (
-    "get_response needs an LLM, and this Memoryos runs LLM-free (no openai_api_key or "
-    "openai_base_url was given). Pass openai_api_key=... (OpenAI) and/or "
+    "get_response needs an LLM, and this Memoryos runs LLM-free (no openai_api_key, "
+    "openai_base_url or llm_backend was given). Pass openai_api_key=... (OpenAI) and/or "
     "openai_base_url='http://host:port/v1' (any OpenAI-compatible server: vLLM, llama.cpp, "
-    "Ollama) with llm_model='<served model name>'; or build a memoryos_gpu.MemoryEngine with "
-    "LLMConfig(mode='llm', backend='vllm' | 'transformers'). Memory itself (add_memory, "
-    "retrieve_context, profile and knowledge extraction) works without an LLM."
+    "Ollama) with llm_model='<served model name>'; or llm_backend='vllm' | 'transformers' "
+    "(llm_options=... for its options). Memory itself (add_memory, retrieve_context, profile "
+    "and knowledge extraction) works without an LLM."
 )
 
 # one engine per storage folder: {abs path: [engine, open facades]}
 _ENGINES: dict[str, list[Any]] = {}
 _ENGINES_LOCK = threading.Lock()
-
-
-def _format_ts(ts: float | None) -> str:
-    """Epoch seconds as the reference's ``YYYY-MM-DD HH:MM:SS`` (UTC)."""
-    if ts is None:
-        return ""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(ts)))
 
 
 def close_all() -> None:
@@ -82,13 +93,14 @@ def close_all() -> None:
 class Memoryos:
     """One user's memory with the reference implementation's API, on a shared batch engine.
 
-    Parameters follow the reference's ``Memoryos.__init__`` in the same positional order;
-    ``embedding_model_name`` ``None`` / ``"all-MiniLM-L6-v2"`` selects the bundled MiniLM, any
-    other value is a local model folder. Extra keywords: ``preset`` (``"paper"`` or
-    ``"reference"``), ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``), ``memory`` (a dict of
-    further :class:`~memoryos_gpu.config.MemoryConfig` overrides), and for tests
-    ``_engine_config`` (a full :class:`EngineConfig`, used as given), ``_llm`` and
-    ``_embedder`` (ready-made backend / embedder objects).
+    Parameters follow the reference's ``Memoryos.__init__`` in the same positional order, with
+    its defaults; ``embedding_model_name`` ``None`` / ``""`` / ``"all-MiniLM-L6-v2"`` selects the
+    bundled MiniLM, any other value is a local model folder or a Hugging Face id already in the
+    local cache (nothing is downloaded). Extra keywords: ``llm_backend``, ``llm_options`` (see
+    the module docstring), ``preset`` (``"reference"`` or ``"paper"``), ``device`` (``"auto"``,
+    ``"cpu"``, ``"cuda"``), ``memory`` (further :class:`~memoryos_gpu.config.MemoryConfig`
+    overrides), and for tests ``_engine_config`` (a full :class:`EngineConfig`, used as given but
+    for ``auto_process``) and ``_embedder`` (a ready-made embedder).
     """
 
     def __init__(
@@ -98,67 +110,67 @@ class Memoryos:
         data_storage_path: str = "./memoryos_data",
         openai_base_url: str | None = None,
         assistant_id: str = DEFAULT_ASSISTANT_ID,
-        short_term_capacity: int = 7,
-        mid_term_capacity: int = 200,
+        short_term_capacity: int = 10,
+        mid_term_capacity: int = 2000,
         long_term_knowledge_capacity: int = 100,
         retrieval_queue_capacity: int = 7,
         mid_term_heat_threshold: float = 5.0,
         mid_term_similarity_threshold: float = 0.6,
-        llm_model: str = "gpt-4o-mini",
+        llm_model: str | None = None,
         embedding_model_name: str | None = None,
         embedding_model_kwargs: dict | None = None,
-        **kw: Any,
+        *,
+        llm_backend: Any = None,
+        llm_options: dict[str, Any] | None = None,
+        preset: str = "reference",
+        device: str = "auto",
+        memory: dict[str, Any] | None = None,
+        _engine_config: EngineConfig | None = None,
+        _embedder: Any = None,
     ) -> None:
         if not isinstance(user_id, str) or not user_id.strip():
             raise ValueError("user_id must be a non-empty string")
-        engine_config = kw.pop("_engine_config", None)
-        llm = kw.pop("_llm", None)
-        embedder = kw.pop("_embedder", None)
-        preset_name = kw.pop("preset", "paper")
-        device = kw.pop("device", "auto")
-        memory_overrides = dict(kw.pop("memory", {}) or {})
-        if kw:
-            raise TypeError(f"Memoryos got unexpected keyword argument(s): {sorted(kw)}")
-        del embedding_model_kwargs  # sentence-transformers options: nothing to pass on here
-
+        backend_obj = None if llm_backend is None or isinstance(llm_backend, str) else llm_backend
+        s = settings(
+            {
+                "user_id": user_id,
+                "openai_api_key": openai_api_key,
+                "openai_base_url": openai_base_url,
+                "data_storage_path": data_storage_path,
+                "assistant_id": assistant_id,
+                "short_term_capacity": short_term_capacity,
+                "mid_term_capacity": mid_term_capacity,
+                "long_term_knowledge_capacity": long_term_knowledge_capacity,
+                "retrieval_queue_capacity": retrieval_queue_capacity,
+                "mid_term_heat_threshold": mid_term_heat_threshold,
+                "mid_term_similarity_threshold": mid_term_similarity_threshold,
+                "llm_model": llm_model,
+                "embedding_model_name": embedding_model_name,
+                "embedding_model_kwargs": embedding_model_kwargs,
+                # a ready backend object: LLM mode whatever the credentials say (the config
+                # names some kind; the object is what runs)
+                "llm_backend": "scripted" if backend_obj is not None else llm_backend,
+                "llm_options": dict(llm_options or {}),
+                "preset": preset,
+                "device": device,
+                "memory": dict(memory or {}),
+            },
+            "Memoryos",
+        )
         self.user_id = user_id
         self.assistant_id = assistant_id
         self.data_storage_path = os.path.abspath(data_storage_path)
-        self.llm_model = llm_model
-        if engine_config is None:
-            memory = preset(
-                preset_name,
-                **{
-                    "stm_capacity": short_term_capacity,
-                    "mtm_capacity": mid_term_capacity,
-                    "knowledge_capacity": long_term_knowledge_capacity,
-                    "top_pages": retrieval_queue_capacity,
-                    "tau": mid_term_heat_threshold,
-                    "theta": mid_term_similarity_threshold,
-                    **memory_overrides,
-                },
-            )
-            uses_llm = bool(openai_api_key or openai_base_url) or llm is not None
-            llm_config = (
-                LLMConfig(
-                    mode="llm",
-                    backend="openai",
-                    model=llm_model,
-                    base_url=openai_base_url or OPENAI_BASE_URL,
-                    api_key=openai_api_key,
-                )
-                if uses_llm
-                else LLMConfig(mode="extractive")
-            )
-            name = (embedding_model_name or "").strip()
-            engine_config = EngineConfig(
-                memory=memory,
-                llm=llm_config,
-                store=os.path.join(self.data_storage_path, STORE_FILE),
-                device=device,
-                embedding_model=None if name.lower() in _MINILM_NAMES | {""} else name,
-            )
-        self.engine = self._shared_engine(engine_config, llm, embedder)
+        self.llm_model = s.llm_model
+        config = _engine_config or engine_config(
+            s,
+            store=self.data_storage_path,
+            # a ready embedder: no model folder to resolve
+            embedder="hashing" if _embedder is not None else "transformers",
+        )
+        # derived work runs here after each add (not inside it), so an LLM failure there is
+        # caught without losing the page id
+        config = config.model_copy(update={"auto_process": False})
+        self.engine = self._shared_engine(config, backend_obj, _embedder)
         self._closed = False
 
     # ------------------------------------------------------------------ engine sharing
@@ -166,8 +178,7 @@ class Memoryos:
         with _ENGINES_LOCK:
             entry = _ENGINES.get(self.data_storage_path)
             if entry is None:
-                if config.store != ":memory:":
-                    os.makedirs(os.path.dirname(config.store) or ".", exist_ok=True)
+                _refuse_legacy_store(self.data_storage_path)
                 engine = MemoryEngine(config, embedder=embedder, llm=llm)
                 _ENGINES[self.data_storage_path] = [engine, 1]
                 return engine
@@ -209,19 +220,36 @@ class Memoryos:
         timestamp: str | float | None = None,
         meta_data: dict | None = None,
     ) -> int:
-        """Remember one exchange (committed before return); returns its page id."""
+        """Remember one exchange; returns its page id. As in the reference, when the call
+        returns the page is stored and what it evicted from STM is in MTM (promotions included),
+        unless the LLM failed: then that derived work stays pending and a later call retries it.
+        """
+        try:
+            epoch, kept = read_timestamp(timestamp or None)
+        except ValueError as exc:
+            raise MemoryOSError(f"timestamp: {exc}") from None
         result = self.engine.add(
             self.user_id,
             user_input,
             agent_response if agent_response is not None else "",
-            timestamp=timestamp or None,
+            timestamp=epoch,
             assistant_id=self.assistant_id,
-            meta=dict(meta_data or {}),
+            meta=user_meta(meta_data, kept),
         )
+        self._process()
         return result.page_id
 
+    def _process(self) -> None:
+        """Run the derived work now; an unusable LLM is logged, not raised (the reference's
+        LLM calls return error text instead of raising)."""
+        try:
+            self.engine.process_pending()
+        except LLMBackendError as exc:
+            log.warning("derived work deferred (it stays pending): the LLM failed: %s", exc)
+
     def retrieve_context(self, query: str) -> dict[str, Any]:
-        """The reference retriever's result: pages, user knowledge and assistant knowledge.
+        """The reference retriever's result: pages, user knowledge and assistant knowledge
+        (``{knowledge, timestamp}``; pages and knowledge also carry their ``score``).
 
         Updates heat like any retrieval. A user with no memory yet gets empty lists.
         """
@@ -232,7 +260,7 @@ class Memoryos:
                 "retrieved_pages": [],
                 "retrieved_user_knowledge": [],
                 "retrieved_assistant_knowledge": self._assistant_entries(),
-                "retrieved_at": _format_ts(time.time()),
+                "retrieved_at": stamp(),
             }
         created = self._knowledge_created()
         return {
@@ -241,21 +269,15 @@ class Memoryos:
                     "page_id": p.page_id,
                     "user_input": p.user_input,
                     "agent_response": p.agent_response,
-                    "timestamp": _format_ts(p.timestamp),
+                    "timestamp": page_stamp(p),
                     "meta_info": p.meta or "",
                     "score": p.score,
                 }
                 for p in r.pages
             ],
-            "retrieved_user_knowledge": [
-                {"knowledge": e.text, "timestamp": _format_ts(created.get(e.entry_id))}
-                for e in r.user_knowledge
-            ],
-            "retrieved_assistant_knowledge": [
-                {"knowledge": e.text, "timestamp": _format_ts(created.get(e.entry_id))}
-                for e in r.assistant_knowledge
-            ],
-            "retrieved_at": _format_ts(time.time()),
+            "retrieved_user_knowledge": _knowledge(r.user_knowledge, created),
+            "retrieved_assistant_knowledge": _knowledge(r.assistant_knowledge, created),
+            "retrieved_at": stamp(),
         }
 
     def get_response(
@@ -266,12 +288,34 @@ class Memoryos:
         user_conversation_meta_data: dict | None = None,
     ) -> str:
         """Answer ``query`` with memory (STM, retrieved pages, profile, knowledge) and remember
-        the exchange. Raises :class:`MemoryOSError` without an LLM, or when the LLM fails."""
+        the exchange. Without an LLM configured it raises :class:`MemoryOSError` saying how to
+        configure one; when the LLM fails it returns the reference's error text
+        (``"Error: Could not get response from LLM."``) and remembers nothing."""
         eng = self.engine
         if eng.stages.mode != "llm":
             raise MemoryOSError(_LLM_HELP)
+        messages = self._response_prompt(
+            query, relationship_with_user, style_hint, user_conversation_meta_data
+        )
         try:
-            r = eng.retrieve(self.user_id, query)
+            (result,) = eng.stages.respond([messages])
+        except LLMBackendError as exc:
+            log.warning("get_response: the LLM failed: %s", exc)
+            return LLM_ERROR_TEXT
+        if result.error:
+            log.warning("get_response: the LLM failed: %s", result.error)
+            return LLM_ERROR_TEXT
+        text = result.text or ""
+        self.add_memory(query, text)
+        eng.counters["responses"] += 1
+        return text
+
+    def _response_prompt(
+        self, query: str, relationship: str, style_hint: str, meta: dict | None
+    ) -> list[dict[str, str]]:
+        """The response prompt: memory for ``query`` and the reference's per-call hints."""
+        try:
+            r = self.engine.retrieve(self.user_id, query)
             stm, pages = _page_dicts(r.stm), _page_dicts(r.pages)
             profile: Any = r.profile
             user_facts = [e.text for e in r.user_knowledge]
@@ -279,13 +323,14 @@ class Memoryos:
         except UnknownUserError:  # first message of a new user: no memory yet
             stm, pages, profile, user_facts = [], [], {}, []
             assistant_facts = [e["knowledge"] for e in self._assistant_entries()]
-        extra = [f"Your relationship with the user: {relationship_with_user}."]
+        extra = [f"Your relationship with the user: {relationship}."]
         if style_hint:
             extra.append(f"Style: {style_hint}")
-        if user_conversation_meta_data:
-            meta = json.dumps(user_conversation_meta_data, ensure_ascii=False, default=str)
-            extra.append(f"Conversation metadata: {meta}")
-        messages = prompts.response(
+        if meta:
+            extra.append(
+                f"Conversation metadata: {json.dumps(meta, ensure_ascii=False, default=str)}"
+            )
+        return prompts.response(
             query,
             stm,
             pages,
@@ -293,16 +338,9 @@ class Memoryos:
             user_facts,
             assistant_facts,
             self.assistant_id,
-            now=time.time(),
+            now=stamp(),
             extra_instructions="\n".join(extra),
         )
-        (result,) = eng.stages.respond([messages])
-        if result.error:
-            raise MemoryOSError(f"the LLM failed to answer: {result.error}")
-        text = result.text or ""
-        self.add_memory(query, text)
-        eng.counters["responses"] += 1
-        return text
 
     def get_user_profile_summary(self) -> str:
         """The user profile as text (``"None"`` while nothing is known, like the reference)."""
@@ -346,7 +384,7 @@ class Memoryos:
                 "VALUES (?, 'promote', ?, ?) ON CONFLICT DO NOTHING",
                 (self.user_id, int(hottest), time.time()),
             )
-        eng.flush()
+        self._process()
         return True
 
     def get_memory_stats(self) -> dict[str, Any]:
@@ -373,7 +411,7 @@ class Memoryos:
     # ------------------------------------------------------------------ helpers
     def _assistant_entries(self) -> list[dict[str, str]]:
         rows = self.engine.store.owner_knowledge("assistant", self.assistant_id)
-        return [{"knowledge": e["text"], "timestamp": _format_ts(e["created"])} for e in rows]
+        return [{"knowledge": e["text"], "timestamp": stamp(e["created"])} for e in rows]
 
     def _knowledge_created(self) -> dict[int, float]:
         kn = self.engine.knowledge(self.user_id)
@@ -390,12 +428,39 @@ def _memory_differs(a: MemoryConfig, b: MemoryConfig) -> bool:
     return a.model_dump() != b.model_dump()
 
 
+def _refuse_legacy_store(folder: str) -> None:
+    """A folder this facade wrote before it shared the MCP server's file name: say how to keep
+    its memory rather than silently starting an empty store beside it."""
+    old, new = os.path.join(folder, LEGACY_STORE_FILE), os.path.join(folder, "memory.sqlite3")
+    if os.path.exists(old) and not os.path.exists(new):
+        raise MemoryOSError(
+            f"{old} is this facade's old store file; rename it to {new} (the file the MCP "
+            "server and --store use for this folder) to keep its memory"
+        )
+
+
+def _knowledge(entries: Any, created: dict[int, float]) -> list[dict[str, Any]]:
+    """Knowledge entries in the reference's shape (plus the score)."""
+    return [
+        {
+            "knowledge": e.text,
+            "timestamp": _stamp_or_blank(created.get(e.entry_id)),
+            "score": e.score,
+        }
+        for e in entries
+    ]
+
+
+def _stamp_or_blank(ts: float | None) -> str:
+    return "" if ts is None else stamp(ts)
+
+
 def _page_dicts(pages: Any) -> list[dict[str, Any]]:
     return [
         {
             "user_input": p.user_input,
             "agent_response": p.agent_response,
-            "timestamp": p.timestamp,
+            "timestamp": page_stamp(p),
             "meta": p.meta,
         }
         for p in pages

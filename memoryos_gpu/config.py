@@ -97,6 +97,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "reference": {
         "stm_capacity": 10,
         "mtm_capacity": 2000,
+        "top_pages": 7,  # retrieval_queue_capacity
+        "knowledge_top_k": 20,  # Retriever.retrieve_context(top_k_knowledge=20)
         "eviction": "lfu",
         "mu_seconds": 24 * 3600.0,
         "query_keyword_weight": 0.0,

@@ -43,7 +43,9 @@ def scripted(response="Your cat is Miso."):
 
 def test_reference_workflow_with_an_llm(tmp_path):
     llm = scripted()
-    memo = Memoryos("alice", data_storage_path=str(tmp_path), _engine_config=llm_config(), _llm=llm)
+    memo = Memoryos(
+        "alice", data_storage_path=str(tmp_path), _engine_config=llm_config(), llm_backend=llm
+    )
     assert memo.get_user_profile_summary() == "None"
     assert memo.get_memory_stats()["short_term_count"] == 0
     # the very first message of a new user can be answered
@@ -123,8 +125,12 @@ def test_default_construction_picks_the_mode_from_the_credentials(tmp_path, monk
     monkeypatch.setattr(engine_mod.MemoryEngine, "_make_embedder", lambda self: _hashing())
     free = Memoryos("u", data_storage_path=str(tmp_path / "a"), device="cpu")
     assert free.engine.stages.mode == "extractive"
-    assert free.engine.memory.stm_capacity == 7 and free.engine.memory.mtm_capacity == 200
-    assert free.engine.config.store == str(tmp_path / "a" / compat.STORE_FILE)
+    # the reference's defaults, and the folder's store is the MCP server's file
+    m = free.engine.memory
+    assert (m.preset, m.stm_capacity, m.mtm_capacity, m.top_pages) == ("reference", 10, 2000, 7)
+    assert (m.knowledge_capacity, m.tau, m.theta, m.knowledge_top_k) == (100, 5.0, 0.6, 20)
+    assert free.engine.config.store == str(tmp_path / "a")
+    assert free.engine.store.path == str(tmp_path / "a" / "memory.sqlite3")
     paid = Memoryos(
         "u",
         "sk-test",
@@ -144,11 +150,10 @@ def test_default_construction_picks_the_mode_from_the_credentials(tmp_path, monk
         "sk-test",
     )
     assert paid.engine.memory.stm_capacity == 10
-    assert Memoryos("v", "sk-x", str(tmp_path / "c"), device="cpu").engine.config.llm.base_url == (
-        compat.OPENAI_BASE_URL
-    )
-    ref = Memoryos("u", data_storage_path=str(tmp_path / "d"), preset="reference", device="cpu")
-    assert ref.engine.memory.eviction == "lfu"
+    openai = Memoryos("v", "sk-x", str(tmp_path / "c"), device="cpu").engine.config.llm
+    assert (openai.base_url, openai.model) == ("https://api.openai.com/v1", "gpt-4o-mini")
+    paper = Memoryos("u", data_storage_path=str(tmp_path / "d"), preset="paper", device="cpu")
+    assert paper.engine.memory.eviction == "heat" and paper.engine.memory.stm_capacity == 10
     with pytest.raises(TypeError, match="bogus"):
         Memoryos("u", data_storage_path=str(tmp_path / "e"), bogus=1)
 
@@ -162,7 +167,7 @@ def _hashing():
 def test_users_on_one_path_share_one_engine_and_stay_isolated(tmp_path):
     cfg = llm_config(stm_capacity=1)
     llm = scripted()
-    a = Memoryos("alice", data_storage_path=str(tmp_path), _engine_config=cfg, _llm=llm)
+    a = Memoryos("alice", data_storage_path=str(tmp_path), _engine_config=cfg, llm_backend=llm)
     b = Memoryos("bob", data_storage_path=str(tmp_path), _engine_config=cfg)
     assert a.engine is b.engine
     for memo in (a, b):
@@ -185,7 +190,7 @@ def test_force_mid_term_analysis_promotes_below_tau(tmp_path):
         "alice",
         data_storage_path=str(tmp_path),
         _engine_config=llm_config(stm_capacity=1, tau=100.0),
-        _llm=scripted(),
+        llm_backend=scripted(),
     )
     assert memo.force_mid_term_analysis() is False  # unknown user: nothing to analyse
     memo.add_memory("I adopted a cat named Miso.", "Congratulations!", timestamp=1.0)
@@ -199,14 +204,128 @@ def test_force_mid_term_analysis_promotes_below_tau(tmp_path):
     assert memo.engine.pending_count("alice") == 0
 
 
-def test_llm_failure_raises_and_keeps_memory_consistent(tmp_path):
+def test_llm_failure_returns_the_reference_error_text_and_keeps_memory_consistent(tmp_path):
     memo = Memoryos(
         "alice",
         data_storage_path=str(tmp_path),
         _engine_config=llm_config(),
-        _llm=scripted(response=RuntimeError("server down")),
+        llm_backend=scripted(response=RuntimeError("server down")),
     )
     memo.add_memory("hello", "hi", timestamp=1.0)
-    with pytest.raises(MemoryOSError, match="server down"):
-        memo.get_response("are you there?")
+    assert memo.get_response("are you there?") == "Error: Could not get response from LLM."
+    # the failed exchange is not remembered
     assert [p["user_input"] for p in memo.engine.store.user_pages("alice")] == ["hello"]
+
+
+def _hashing_memo(tmp_path, user="alice", **kw):
+    return Memoryos(user, data_storage_path=str(tmp_path), device="cpu", _embedder=_hashing(), **kw)
+
+
+def test_timestamps_print_as_given_and_naive_ones_are_local(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        memo = _hashing_memo(tmp_path, short_term_capacity=1)
+        memo.add_memory("I adopted a cat named Miso.", "Nice", "2025-01-02 04:00:00")
+        memo.add_memory("Miso likes tuna.", "Cats do.", "2025-01-02T04:00:00+09:00")
+        memo.add_memory("I live in Oslo.", "Cold!")  # default: now
+        pages = {p["user_input"]: p for p in memo.engine.export_user("alice")["pages"]}
+        # naive = New York time (09:00 UTC); nothing extra kept for the reference's format
+        assert pages["I adopted a cat named Miso."]["timestamp"] == 1735808400.0
+        assert pages["I adopted a cat named Miso."]["extra"] == {}
+        assert pages["Miso likes tuna."]["timestamp"] == 1735758000.0
+        assert abs(pages["I live in Oslo."]["timestamp"] - time.time()) < 60
+        ctx = memo.retrieve_context("cat Miso tuna")
+        shown = {p["user_input"]: p["timestamp"] for p in ctx["retrieved_pages"]}
+        assert shown == {
+            "I adopted a cat named Miso.": "2025-01-02 04:00:00",
+            "Miso likes tuna.": "2025-01-02T04:00:00+09:00",
+        }
+        # "now" is local, like the reference's get_timestamp() (UTC would be 5 h off)
+        at = time.mktime(time.strptime(ctx["retrieved_at"], "%Y-%m-%d %H:%M:%S"))
+        assert abs(at - time.time()) < 60
+        with pytest.raises(MemoryOSError, match="timestamp"):
+            memo.add_memory("x", "y", "next tuesday")
+        with pytest.raises(ValueError, match="reserved"):
+            memo.add_memory("x", "y", meta_data={"_timestamp": "whenever"})
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def llm_config_of(values):
+    from memoryos_gpu.reference import llm_config, settings
+
+    return llm_config(settings(values))
+
+
+def test_llm_backend_option_selects_any_backend(tmp_path):
+    local = _hashing_memo(
+        tmp_path / "a",
+        openai_base_url="http://127.0.0.1:9/v1",
+        llm_model="qwen2.5",
+        llm_options={"max_retries": 0},
+    ).engine.config.llm
+    # a local OpenAI-compatible server: no key needed, the base URL honoured
+    assert (local.mode, local.backend, local.base_url, local.api_key, local.model) == (
+        "llm",
+        "openai",
+        "http://127.0.0.1:9/v1",
+        None,
+        "qwen2.5",
+    )
+    assert local.options == {"max_retries": 0}
+    # (the mapping only: building a vLLM engine needs vllm and a GPU)
+    c = llm_config_of({"llm_backend": "vllm", "llm_model": "/models/qwen"})
+    assert (c.mode, c.backend, c.model, c.base_url) == ("llm", "vllm", "/models/qwen", None)
+    assert llm_config_of({"llm_backend": "transformers"}).model is None  # its bundled default
+    off = _hashing_memo(tmp_path / "c", openai_api_key="sk-x", llm_backend="none")
+    assert off.engine.stages.mode == "extractive"
+    obj = scripted()
+    ready = _hashing_memo(tmp_path / "d", llm_backend=obj)
+    assert ready.engine.llm is obj and ready.engine.stages.mode == "llm"
+    with pytest.raises(ValueError, match="llm_backend 'gpt' is not one of"):
+        _hashing_memo(tmp_path / "e", llm_backend="gpt")
+
+
+def test_an_unreachable_llm_never_makes_add_memory_raise(tmp_path):
+    memo = _hashing_memo(
+        tmp_path,
+        openai_base_url="http://127.0.0.1:9/v1",
+        short_term_capacity=1,
+        llm_options={"max_retries": 0, "timeout_s": 2.0},
+    )
+    first = memo.add_memory("I adopted a cat named Miso.", "Congratulations!")
+    second = memo.add_memory("Miso likes tuna.", "Cats do.")  # evicts: derived work needs the LLM
+    assert second > first
+    stored = memo.engine.store.user_pages("alice")
+    assert [p["user_input"] for p in stored] == ["I adopted a cat named Miso.", "Miso likes tuna."]
+    assert memo.engine.pending_count("alice") > 0  # kept for a retry, not lost
+    assert memo.get_response("What is my cat called?") == "Error: Could not get response from LLM."
+
+
+def test_embedding_settings_are_honoured_or_refused(tmp_path):
+    from memoryos_gpu.reference import ConfigError
+
+    memo = _hashing_memo(tmp_path / "a", embedding_model_kwargs={"batch_size": 8, "use_fp16": True})
+    assert memo.engine.config.embedding_batch_size == 8
+    assert memo.engine.config.gpu_dtype == "float16"
+    with pytest.raises(ConfigError, match="trust_remote_code"):
+        _hashing_memo(tmp_path / "b", embedding_model_kwargs={"trust_remote_code": True})
+    with pytest.raises(ConfigError, match="huggingface-cli download no-such-org/model"):
+        Memoryos(
+            "u", data_storage_path=str(tmp_path / "c"), embedding_model_name="no-such-org/model"
+        )
+    folder = tmp_path / "model"
+    folder.mkdir()
+    from memoryos_gpu.reference import resolve_embedding_model
+
+    assert resolve_embedding_model(str(folder)) == str(folder)
+
+
+def test_the_old_store_file_is_not_silently_ignored(tmp_path):
+    (tmp_path / compat.LEGACY_STORE_FILE).write_bytes(b"")
+    with pytest.raises(MemoryOSError, match="rename it to"):
+        _hashing_memo(tmp_path)

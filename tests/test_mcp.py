@@ -92,11 +92,14 @@ def test_stdio_tools_roundtrip_and_persistence(tmp_path: Path) -> None:
             assert other["short_term_memory"] == [] and other["retrieved_pages"] == []
             prof = await call(s, "get_user_profile", {"user_id": "bob"})
             assert prof["user_profile"] == "No detailed user profile"
-            # bad input: an error result, not a crash
-            bad = await call(s, "add_memory", {"user_input": "", "agent_response": "x"})
-            assert bad["status"] == "error" and "user_input" in bad["message"]
-            bad = await call(s, "retrieve_memory", {"query": ""})
-            assert bad["status"] == "error"
+            # bad input: a tool error naming the argument, not a crash
+            for tool, args in (
+                ("add_memory", {"user_input": "", "agent_response": "x"}),
+                ("retrieve_memory", {"query": ""}),
+            ):
+                bad = await s.call_tool(tool, args)
+                assert bad.is_error and bad.structured_content is None
+                assert ("user_input" if tool == "add_memory" else "query") in bad.content[0].text
 
     asyncio.run(main())
     engine = MemoryEngine(EngineConfig(embedder="hashing", store=str(store)))
@@ -114,7 +117,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_streamable_http_transport(tmp_path: Path) -> None:
+def _raw_initialize(url: str) -> Any:
+    """One initialize request without the SDK: what the transport answers on the wire."""
+    import httpx
+
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+    headers = {"Accept": "application/json, text/event-stream"}
+    return httpx.post(url, json=body, headers=headers, timeout=30)
+
+
+@pytest.mark.parametrize("flags", [[], ["--stateless", "--json-response"]])
+def test_streamable_http_transport(tmp_path: Path, flags: list[str]) -> None:
     from mcp.client.streamable_http import streamable_http_client
 
     port = _free_port()
@@ -129,6 +151,7 @@ def test_streamable_http_transport(tmp_path: Path) -> None:
             "streamable-http",
             "--port",
             str(port),
+            *flags,
         ],
         cwd=ROOT,
         stderr=subprocess.PIPE,
@@ -161,6 +184,12 @@ def test_streamable_http_transport(tmp_path: Path) -> None:
                 assert out["short_term_memory"][0]["user_input"] == "I live in Porto"
 
         asyncio.run(main())
+        raw = _raw_initialize(f"http://127.0.0.1:{port}/mcp")
+        assert raw.status_code == 200, raw.text
+        kind = raw.headers["content-type"]
+        # --json-response: plain JSON, not an SSE stream; --stateless: no session to resume
+        assert kind.startswith("application/json" if flags else "text/event-stream"), kind
+        assert ("mcp-session-id" in raw.headers) is not bool(flags)
     finally:
         proc.terminate()
         try:

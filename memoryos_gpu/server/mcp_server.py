@@ -1,40 +1,62 @@
 """MCP server (official ``mcp`` SDK, v2 ``MCPServer``) over the batched memory service.
 
-Tools, named and shaped like BAI-LAB/MemoryOS's MCP server so agent frameworks configured for it
-work unchanged:
+A drop-in for BAI-LAB/MemoryOS's MCP server (``server_new.py --config config.json``): it reads
+the same ``config.json`` (:func:`memoryos_gpu.reference.load_config_json`; a TOML file of this
+project's :class:`~memoryos_gpu.config.EngineConfig` works too), stores a data path's memory in
+the same file as the :mod:`~memoryos_gpu.compat` facade, and has the reference's tools, named,
+shaped and behaving like its own:
 
-* ``add_memory(user_input, agent_response, timestamp=None, meta_data=None)``
-* ``retrieve_memory(query, relationship_with_user="friend", style_hint="", max_results=10)``
-* ``get_user_profile(include_knowledge=True, include_assistant_knowledge=False)``
+* ``add_memory(user_input, agent_response, timestamp=None, meta_data=None)``: returns once the
+  page is committed and what it evicted from STM is in MTM (the reference's read-your-writes);
+* ``retrieve_memory(query, relationship_with_user="friend", style_hint="", max_results=10)``:
+  the retrieval queue (``retrieval_queue_capacity`` pages) cut to ``max_results``;
+* ``get_user_profile(include_knowledge=True, include_assistant_knowledge=False)``.
 
 Unlike the reference (one user per process), every tool also takes an optional ``user_id``;
-it defaults to ``--user-id``. Results are ``{"status": "success", ...}`` or
-``{"status": "error", "message": ...}``.
+it defaults to ``--user-id`` (else the config's ``user_id``). Results are the reference's
+``{"status": "success", ...}`` objects, as structured content (typed ``outputSchema``) and as
+JSON text. Failures are tool errors (``isError: true``) whose text is the reference's
+``{"status": "error", "message": ...}`` JSON, so clients that parse it keep working. Timestamps
+print as given (:mod:`memoryos_gpu.reference`).
 
 Run::
 
-    python -m memoryos_gpu.server.mcp_server --store DIR                      # stdio
+    python -m memoryos_gpu.server.mcp_server --config config.json          # stdio
     python -m memoryos_gpu.server.mcp_server --store DIR --transport streamable-http \\
-        --host 127.0.0.1 --port 8765                                          # http://.../mcp
+        --host 127.0.0.1 --port 8765 [--stateless] [--json-response]        # http://.../mcp
 
 The streamable HTTP transport has no authentication of its own: bind it to loopback or put it
 behind a proxy that authenticates (the HTTP API in :mod:`memoryos_gpu.server.app` has keys).
 """
 
-from __future__ import annotations
+# no ``from __future__ import annotations``: the SDK reads the tools' annotations, which name
+# types local to build_mcp, so they are evaluated where the tools are defined
 
 import argparse
+import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel, Field
+
+from memoryos_gpu import __version__
 from memoryos_gpu.config import EngineConfig
-from memoryos_gpu.errors import UnknownUserError
-from memoryos_gpu.server.service import MemoryService
+from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.reference import (
+    ReferenceSettings,
+    engine_config,
+    load_config_json,
+    page_stamp,
+    read_timestamp,
+    stamp,
+    user_meta,
+)
+from memoryos_gpu.server.service import MemoryService, Overloaded, Unavailable
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import PageInput
 
@@ -48,21 +70,158 @@ INSTRUCTIONS = (
     "call retrieve_memory with the user's message; get_user_profile returns what is known about "
     "the user."
 )
+NO_PROFILE = "No detailed user profile"
+# failures a caller can act on (bad input, busy or starting server, failing LLM): tool errors
+# with their message; anything else is a crash the SDK reports without details and logs
+_HANDLED = (MemoryOSError, ValueError, Overloaded, Unavailable)
 
 
-def _stamp(ts: float | None = None) -> str:
-    """The reference's timestamp format (local time, ``YYYY-MM-DD HH:MM:SS``)."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts if ts is not None else time.time()))
+# ====================================================================== result shapes
+class Details(BaseModel):
+    user_input_length: int
+    agent_response_length: int
+    has_meta_data: bool
+
+
+class AddMemoryResult(BaseModel):
+    """What ``add_memory`` returns (the reference's fields first)."""
+
+    status: Literal["success"]
+    message: str
+    timestamp: str = Field(description="The page's timestamp, as given (default: now, local).")
+    details: Details
+    page_id: int = Field(description="Id of the stored page.")
+    user_id: str
+    processed: bool = Field(
+        description="Whether the page's derived work (MTM placement of what it evicted from "
+        "STM, promotions) finished before the answer."
+    )
+
+
+class ShortTermItem(BaseModel):
+    user_input: str
+    agent_response: str
+    timestamp: str
+    page_id: int
+
+
+class PageItem(ShortTermItem):
+    meta_info: str = Field(description="The dialogue chain's summary.")
+    score: float | None = Field(None, description="Relevance to the query (higher is better).")
+
+
+class KnowledgeItem(BaseModel):
+    knowledge: str
+    timestamp: str = Field(description="When it was learnt (local time).")
+    score: float | None = Field(None, description="Relevance to the query.")
+
+
+class RetrieveMemoryResult(BaseModel):
+    """What ``retrieve_memory`` returns (the reference's fields first)."""
+
+    status: Literal["success"]
+    query: str
+    timestamp: str
+    user_profile: str
+    short_term_memory: list[ShortTermItem] = Field(description="Every STM page, oldest first.")
+    short_term_count: int
+    retrieved_pages: list[PageItem] = Field(description="Relevant mid-term pages, best first.")
+    retrieved_user_knowledge: list[KnowledgeItem]
+    retrieved_assistant_knowledge: list[KnowledgeItem]
+    total_pages_found: int = Field(description="Pages retrieved before the max_results cut.")
+    total_user_knowledge_found: int
+    total_assistant_knowledge_found: int
+    user_id: str
+    relationship_with_user: str
+    style_hint: str
+
+
+class UserProfileResult(BaseModel):
+    """What ``get_user_profile`` returns (the reference's fields first)."""
+
+    status: Literal["success"]
+    timestamp: str
+    user_id: str
+    assistant_id: str
+    user_profile: str = Field(description="The profile as text.")
+    user_knowledge: list[KnowledgeItem] | None = Field(None, description="If include_knowledge.")
+    user_knowledge_count: int | None = None
+    assistant_knowledge: list[KnowledgeItem] | None = Field(
+        None, description="If include_assistant_knowledge."
+    )
+    assistant_knowledge_count: int | None = None
+    profile: dict[str, str] = Field(description="The profile as dimension: value.")
 
 
 def _profile_text(profile: dict[str, str]) -> str:
     if not profile:
-        return "No detailed user profile"
+        return NO_PROFILE
     return "\n".join(f"{k}: {v}" for k, v in profile.items())
 
 
-def _error(message: str) -> dict[str, Any]:
-    return {"status": "error", "message": message}
+def _ok(result: BaseModel) -> Any:
+    """A success: structured content (absent optional fields left out, as the reference does)
+    and the same object as JSON text, which the reference's clients parse."""
+    from mcp.types import CallToolResult, TextContent
+
+    data = result.model_dump(mode="json", exclude_none=True)
+    text = json.dumps(data, ensure_ascii=False, indent=2)
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+
+
+def _fail(message: str) -> Any:
+    """A tool error (``isError``) whose text is the reference's error object."""
+    from mcp.types import CallToolResult, TextContent
+
+    text = json.dumps({"status": "error", "message": message}, ensure_ascii=False)
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+def _annotations(title: str, *, read_only: bool, idempotent: bool) -> Any:
+    from mcp.types import ToolAnnotations
+
+    return ToolAnnotations(
+        title=title,
+        read_only_hint=read_only,
+        destructive_hint=False,
+        idempotent_hint=idempotent,
+        open_world_hint=False,
+    )
+
+
+def _stm_item(p: Any) -> ShortTermItem:
+    return ShortTermItem(
+        user_input=p.user_input,
+        agent_response=p.agent_response,
+        timestamp=page_stamp(p),
+        page_id=p.page_id,
+    )
+
+
+def _page_item(p: Any) -> PageItem:
+    return PageItem(
+        user_input=p.user_input,
+        agent_response=p.agent_response,
+        timestamp=page_stamp(p),
+        page_id=p.page_id,
+        meta_info=p.meta or "",
+        score=p.score,
+    )
+
+
+def _knowledge_items(entries: Any, created: dict[int, float]) -> list[KnowledgeItem]:
+    return [
+        KnowledgeItem(
+            knowledge=e.text,
+            timestamp=stamp(created[e.entry_id]) if e.entry_id in created else "",
+            score=e.score,
+        )
+        for e in entries
+    ]
+
+
+def _stored_knowledge(rows: list[dict[str, Any]]) -> list[KnowledgeItem]:
+    return [KnowledgeItem(knowledge=e["text"], timestamp=stamp(e.get("created"))) for e in rows]
 
 
 def build_mcp(
@@ -71,203 +230,195 @@ def build_mcp(
     default_user: str = "default_user",
     assistant_id: str | None = None,
     max_text_chars: int = 100_000,
+    add_wait_s: float = 10.0,
 ) -> Any:
     """An ``MCPServer`` whose tools run on ``service`` (or on what the callable returns at call
-    time). The service must be started on the loop that runs the tools."""
+    time). The service must be started on the loop that runs the tools. ``add_wait_s`` bounds
+    how long ``add_memory`` waits for the page's derived work (0: answer at commit)."""
     from mcp.server.mcpserver import MCPServer
+    from mcp.types import CallToolResult
 
     get = service if callable(service) and not isinstance(service, MemoryService) else None
 
     def svc() -> MemoryService:
         return get() if get is not None else service  # type: ignore[return-value]
 
-    mcp = MCPServer("MemoryOS", instructions=INSTRUCTIONS, version="0.1.0")
+    mcp = MCPServer("MemoryOS", instructions=INSTRUCTIONS, version=__version__)
+    text = Field(min_length=1, max_length=max_text_chars)
+    UserId = Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=200,
+            description=f"Whose memory (default: the server's user, {default_user!r}).",
+        ),
+    ]
 
     def user_of(user_id: str | None) -> str:
         uid = user_id or default_user
-        if not uid.strip() or len(uid) > 200:
-            raise ValueError("user_id must be 1-200 characters")
+        if not uid.strip():
+            raise ValueError("user_id must not be blank")
         return uid
 
-    @mcp.tool()
+    @mcp.tool(annotations=_annotations("Add memory", read_only=False, idempotent=False))
     async def add_memory(
-        user_input: str,
-        agent_response: str,
-        timestamp: str | None = None,
-        meta_data: dict[str, Any] | None = None,
-        user_id: str | None = None,
-    ) -> dict[str, Any]:
-        """Add a new memory (a user input and assistant response pair) to MemoryOS.
-
-        Args:
-            user_input: The user's input or question.
-            agent_response: The assistant's response.
-            timestamp: Optional timestamp (YYYY-MM-DD HH:MM:SS or ISO-8601; default now).
-            meta_data: Optional metadata (JSON object).
-            user_id: Optional user (default: the server's --user-id).
-        """
+        user_input: Annotated[str, text, Field(description="The user's input or question.")],
+        agent_response: Annotated[
+            str, Field(max_length=max_text_chars, description="The assistant's response.")
+        ],
+        timestamp: Annotated[
+            str | None,
+            Field(
+                description="When it was said: 'YYYY-MM-DD HH:MM:SS' (local time, as the "
+                "reference), ISO-8601 with or without a zone, or epoch seconds; default now. "
+                "Printed back as given."
+            ),
+        ] = None,
+        meta_data: Annotated[
+            dict[str, Any] | None, Field(description="Optional metadata (a JSON object).")
+        ] = None,
+        user_id: UserId = None,
+    ) -> Annotated[CallToolResult, AddMemoryResult]:
+        """Add a new memory (a user input and assistant response pair) to MemoryOS."""
         try:
-            if not user_input:
-                return _error("user_input is required")
-            if len(user_input) > max_text_chars or len(agent_response or "") > max_text_chars:
-                return _error(f"texts are limited to {max_text_chars} characters")
             uid = user_of(user_id)
-            res = await svc().add_pages(
-                [
-                    PageInput(
-                        uid,
-                        user_input,
-                        agent_response or "",
-                        timestamp,
-                        assistant_id,
-                        None,
-                        dict(meta_data or {}),
-                    )
-                ]
-            )
-            return {
-                "status": "success",
-                "message": "Memory has been successfully added to MemoryOS",
-                "timestamp": timestamp or _stamp(),
-                "page_id": res[0].page_id,
-                "user_id": uid,
-                "details": {
-                    "user_input_length": len(user_input),
-                    "agent_response_length": len(agent_response or ""),
-                    "has_meta_data": meta_data is not None,
-                },
-            }
-        except Exception as exc:
-            return _error(f"Error adding memory: {exc}")
-
-    @mcp.tool()
-    async def retrieve_memory(
-        query: str,
-        relationship_with_user: str = "friend",
-        style_hint: str = "",
-        max_results: int = 10,
-        user_id: str | None = None,
-    ) -> dict[str, Any]:
-        """Retrieve relevant memories and context from MemoryOS for a query: short-term memory,
-        relevant mid-term pages, the user profile and user / assistant knowledge.
-
-        Args:
-            query: The retrieval query describing what to find.
-            relationship_with_user: Relationship to the user (e.g. friend, assistant); echoed.
-            style_hint: Optional response style hint; echoed.
-            max_results: Maximum number of pages / knowledge entries to return (1-100).
-            user_id: Optional user (default: the server's --user-id).
-        """
-        try:
-            if not query:
-                return _error("query parameter is required")
-            if len(query) > max_text_chars:
-                return _error(f"query is limited to {max_text_chars} characters")
-            k = max(1, min(100, int(max_results)))
-            uid = user_of(user_id)
-            r = await svc().retrieve(uid, query, top_pages=k)
-            return {
-                "status": "success",
-                "query": query,
-                "timestamp": _stamp(),
-                "user_id": uid,
-                "relationship_with_user": relationship_with_user,
-                "style_hint": style_hint,
-                "user_profile": _profile_text(r.profile),
-                "short_term_memory": [
-                    {
-                        "user_input": p.user_input,
-                        "agent_response": p.agent_response,
-                        "timestamp": _stamp(p.timestamp),
-                    }
-                    for p in r.stm
-                ],
-                "short_term_count": len(r.stm),
-                "retrieved_pages": [
-                    {
-                        "user_input": p.user_input,
-                        "agent_response": p.agent_response,
-                        "timestamp": _stamp(p.timestamp),
-                        "meta_info": p.meta or "",
-                        "score": p.score,
-                    }
-                    for p in r.pages[:k]
-                ],
-                "retrieved_user_knowledge": [
-                    {"knowledge": e.text, "score": e.score} for e in r.user_knowledge[:k]
-                ],
-                "retrieved_assistant_knowledge": [
-                    {"knowledge": e.text, "score": e.score} for e in r.assistant_knowledge[:k]
-                ],
-                "total_pages_found": len(r.pages),
-                "total_user_knowledge_found": len(r.user_knowledge),
-                "total_assistant_knowledge_found": len(r.assistant_knowledge),
-            }
-        except Exception as exc:
-            return _error(f"Error retrieving memory: {exc}")
-
-    @mcp.tool()
-    async def get_user_profile(
-        include_knowledge: bool = True,
-        include_assistant_knowledge: bool = False,
-        user_id: str | None = None,
-    ) -> dict[str, Any]:
-        """Get the user's profile (traits, preferences) and, optionally, the knowledge held
-        about the user and the assistant's knowledge.
-
-        Args:
-            include_knowledge: Whether to include user knowledge entries.
-            include_assistant_knowledge: Whether to include assistant knowledge entries.
-            user_id: Optional user (default: the server's --user-id).
-        """
-        try:
+            epoch, kept = read_timestamp(timestamp)
+            meta = user_meta(meta_data, kept)
+            page = PageInput(uid, user_input, agent_response, epoch, assistant_id, None, meta)
             s = svc()
+            (res,) = await s.add_pages([page])
+            if add_wait_s > 0:
+                done = (await s.wait_for_user(uid, add_wait_s))["done"]
+            else:
+                done = await s.call(s.engine.pending_count, uid) == 0
+        except _HANDLED as exc:
+            return _fail(f"Error adding memory: {exc}")
+        return _ok(
+            AddMemoryResult(
+                status="success",
+                message="Memory has been successfully added to MemoryOS",
+                timestamp=timestamp or stamp(),
+                details=Details(
+                    user_input_length=len(user_input),
+                    agent_response_length=len(agent_response),
+                    has_meta_data=meta_data is not None,
+                ),
+                page_id=res.page_id,
+                user_id=uid,
+                processed=bool(done),
+            )
+        )
+
+    @mcp.tool(annotations=_annotations("Retrieve memory", read_only=True, idempotent=False))
+    async def retrieve_memory(
+        query: Annotated[str, text, Field(description="What to find (e.g. the user's message).")],
+        relationship_with_user: Annotated[
+            str, Field(description="Relationship to the user (friend, assistant, ...); echoed.")
+        ] = "friend",
+        style_hint: Annotated[str, Field(description="Response style hint; echoed.")] = "",
+        max_results: Annotated[
+            int,
+            Field(
+                ge=0,
+                le=1000,
+                description="At most this many pages and knowledge entries of each kind (cut "
+                "from the retrieval queue, whose size is the server's retrieval_queue_capacity).",
+            ),
+        ] = 10,
+        user_id: UserId = None,
+    ) -> Annotated[CallToolResult, RetrieveMemoryResult]:
+        """Retrieve relevant memories and context from MemoryOS for a query: short-term memory,
+        relevant mid-term pages, the user profile and user / assistant knowledge. Read-only
+        for the caller; like any MemoryOS retrieval it counts as a visit of what it found."""
+        try:
             uid = user_of(user_id)
+            s = svc()
+            r = await s.retrieve(uid, query)
+            created: dict[int, float] = {}
+            if r.user_knowledge or r.assistant_knowledge:
+                kn = await s.call(s.engine.knowledge, uid)
+                created = {e["entry_id"]: e["created"] for e in (*kn["user"], *kn["assistant"])}
+        except _HANDLED as exc:
+            return _fail(f"Error retrieving memory: {exc}")
+        k = max_results
+        return _ok(
+            RetrieveMemoryResult(
+                status="success",
+                query=query,
+                timestamp=stamp(),
+                user_profile=_profile_text(r.profile),
+                short_term_memory=[_stm_item(p) for p in r.stm],
+                short_term_count=len(r.stm),
+                retrieved_pages=[_page_item(p) for p in r.pages[:k]],
+                retrieved_user_knowledge=_knowledge_items(r.user_knowledge[:k], created),
+                retrieved_assistant_knowledge=_knowledge_items(r.assistant_knowledge[:k], created),
+                total_pages_found=len(r.pages),
+                total_user_knowledge_found=len(r.user_knowledge),
+                total_assistant_knowledge_found=len(r.assistant_knowledge),
+                user_id=uid,
+                relationship_with_user=relationship_with_user,
+                style_hint=style_hint,
+            )
+        )
+
+    @mcp.tool(annotations=_annotations("Get user profile", read_only=True, idempotent=True))
+    async def get_user_profile(
+        include_knowledge: Annotated[
+            bool, Field(description="Include the knowledge held about the user.")
+        ] = True,
+        include_assistant_knowledge: Annotated[
+            bool, Field(description="Include the assistant's knowledge.")
+        ] = False,
+        user_id: UserId = None,
+    ) -> Annotated[CallToolResult, UserProfileResult]:
+        """Get the user's profile (traits, preferences) and, optionally, the knowledge held
+        about the user and the assistant's knowledge."""
+        try:
+            uid = user_of(user_id)
+            s = svc()
             try:
                 profile = await s.call(s.engine.profile, uid)
                 kn = await s.call(s.engine.knowledge, uid)
                 aid = (await s.call(s.engine.store.user_row, uid) or {}).get("assistant_id")
             except UnknownUserError:
                 profile, kn, aid = {}, {"user": [], "assistant": []}, assistant_id
-            out: dict[str, Any] = {
-                "status": "success",
-                "timestamp": _stamp(),
-                "user_id": uid,
-                "assistant_id": aid or assistant_id or "default",
-                "user_profile": _profile_text(profile),
-                "profile": profile,
-            }
-            if include_knowledge:
-                out["user_knowledge"] = [
-                    {"knowledge": e["text"], "timestamp": _stamp(e.get("created"))}
-                    for e in kn["user"]
-                ]
-                out["user_knowledge_count"] = len(kn["user"])
-            if include_assistant_knowledge:
-                out["assistant_knowledge"] = [
-                    {"knowledge": e["text"], "timestamp": _stamp(e.get("created"))}
-                    for e in kn["assistant"]
-                ]
-                out["assistant_knowledge_count"] = len(kn["assistant"])
-            return out
-        except Exception as exc:
-            return _error(f"Error getting user profile: {exc}")
+        except _HANDLED as exc:
+            return _fail(f"Error getting user profile: {exc}")
+        out = UserProfileResult(
+            status="success",
+            timestamp=stamp(),
+            user_id=uid,
+            assistant_id=aid or assistant_id or "default",
+            user_profile=_profile_text(profile),
+            profile=profile,
+        )
+        if include_knowledge:
+            out.user_knowledge = _stored_knowledge(kn["user"])
+            out.user_knowledge_count = len(kn["user"])
+        if include_assistant_knowledge:
+            out.assistant_knowledge = _stored_knowledge(kn["assistant"])
+            out.assistant_knowledge_count = len(kn["assistant"])
+        return _ok(out)
 
     return mcp
 
 
 # ====================================================================== CLI
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m memoryos_gpu.server.mcp_server", description="memoryos-gpu MCP server"
+def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="memoryos-gpu MCP server")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="The reference's config.json (its keys: user_id, data_storage_path, "
+        "short_term_capacity, ...) or an engine TOML file; flags given override it.",
     )
     p.add_argument(
         "--store",
-        default="./memoryos_store",
-        help="Store directory, SQLite file, or PostgreSQL URL (postgresql://user@host/db).",
+        default=None,
+        help="Store directory, SQLite file, or PostgreSQL URL (postgresql://user@host/db) "
+        "[default: config.json's data_storage_path, else ./memoryos_store].",
     )
-    p.add_argument("--config", default=None, help="Engine TOML config (store/embedder override).")
-    p.add_argument("--user-id", default="default_user", help="User of tools called without one.")
+    p.add_argument("--user-id", default=None, help="User of tools called without one.")
     p.add_argument("--assistant-id", default=None, help="Assistant id of new users.")
     p.add_argument(
         "--transport",
@@ -278,49 +429,109 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--path", default="/mcp", help="Streamable HTTP endpoint path.")
+    p.add_argument(
+        "--stateless",
+        action="store_true",
+        help="Streamable HTTP without sessions (each request stands alone; for load balancers "
+        "and serverless hosts).",
+    )
+    p.add_argument(
+        "--json-response",
+        action="store_true",
+        help="Streamable HTTP answers plain JSON instead of an SSE stream.",
+    )
+    p.add_argument(
+        "--add-wait-s",
+        type=float,
+        default=10.0,
+        help="How long add_memory waits for the page's derived work (MTM placement, "
+        "promotions) before answering; 0 = answer at commit [default: 10].",
+    )
     p.add_argument("--embedder", default=None, choices=["transformers", "hashing"])
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
     p.add_argument("--log-level", default="WARNING")
     return p
 
 
-def _config(args: argparse.Namespace) -> EngineConfig:
+def _is_json(path: str) -> bool:
+    """config.json or TOML: by suffix, else by the first non-blank character."""
+    suffix = Path(path).suffix.lower()
+    if suffix in (".json", ".toml"):
+        return suffix == ".json"
+    try:
+        return Path(path).read_text(encoding="utf-8").lstrip()[:1] == "{"
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _config(args: argparse.Namespace) -> tuple[EngineConfig, ReferenceSettings | None]:
+    """The engine config from ``--config`` and the flags (flags win), and the reference
+    settings when the config was a config.json."""
+    update: dict[str, Any] = {"auto_process": False}
+    for key, value in (("store", args.store), ("embedder", args.embedder), ("device", args.device)):
+        if value:
+            update[key] = value
+    if args.config and _is_json(args.config):
+        ref = load_config_json(args.config)
+        return engine_config(ref, **update), ref
     cfg = EngineConfig.from_toml(args.config) if args.config else EngineConfig()
-    update: dict[str, Any] = {"store": args.store, "auto_process": False}
-    if args.embedder:
-        update["embedder"] = args.embedder
-    if args.device:
-        update["device"] = args.device
-    return EngineConfig.model_validate({**cfg.model_dump(), **update})
+    update.setdefault("store", "./memoryos_store")
+    return EngineConfig.model_validate({**cfg.model_dump(), **update}), None
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    """Run the server until the client (stdio) or Ctrl-C / SIGTERM (HTTP) ends it; a bad
+    configuration exits with a one-line message."""
+    args = (_parser(prog) if prog else _parser()).parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before the OpenMP runtime loads
     logging.basicConfig(  # stderr only: stdout carries the stdio protocol
         stream=sys.stderr,
         level=getattr(logging, args.log_level.upper(), logging.WARNING),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    service = MemoryService(_config(args), ServerSettings())
-    mcp = build_mcp(service, default_user=args.user_id, assistant_id=args.assistant_id)
-
+    try:
+        config, ref = _config(args)
+    except (MemoryOSError, ValueError, OSError) as exc:
+        sys.exit(f"memoryos-gpu MCP server: {exc}")
+    service = MemoryService(config, ServerSettings())
+    mcp = build_mcp(
+        service,
+        default_user=args.user_id or (ref.user_id if ref else None) or "default_user",
+        assistant_id=args.assistant_id or (ref.assistant_id if ref else None),
+        add_wait_s=args.add_wait_s,
+    )
     if args.transport == "stdio":
-        import anyio
+        _serve_stdio(service, mcp)
+    else:
+        _serve_http(service, mcp, args)
 
-        async def serve_stdio() -> None:
-            await service.start()
-            try:
-                await mcp.run_stdio_async()
-            finally:
-                await service.close()
 
-        anyio.run(serve_stdio)
-        return
+def _serve_stdio(service: MemoryService, mcp: Any) -> None:
+    import anyio
 
-    import uvicorn
+    async def serve() -> None:
+        await service.start()
+        try:
+            await mcp.run_stdio_async()
+        finally:
+            await service.close()
 
-    app = mcp.streamable_http_app(streamable_http_path=args.path, host=args.host)
+    anyio.run(serve)
+
+
+def http_app(
+    service: MemoryService,
+    mcp: Any,
+    *,
+    path: str = "/mcp",
+    host: str = "127.0.0.1",
+    stateless: bool = False,
+    json_response: bool = False,
+) -> Any:
+    """The streamable HTTP app; its lifespan starts and drains the service."""
+    app = mcp.streamable_http_app(
+        streamable_http_path=path, host=host, stateless_http=stateless, json_response=json_response
+    )
     inner = app.router.lifespan_context
 
     @asynccontextmanager
@@ -333,6 +544,20 @@ def main(argv: list[str] | None = None) -> None:
             await service.close()
 
     app.router.lifespan_context = lifespan
+    return app
+
+
+def _serve_http(service: MemoryService, mcp: Any, args: argparse.Namespace) -> None:
+    import uvicorn
+
+    app = http_app(
+        service,
+        mcp,
+        path=args.path,
+        host=args.host,
+        stateless=args.stateless,
+        json_response=args.json_response,
+    )
     print(f"memoryos-gpu MCP server on http://{args.host}:{args.port}{args.path}", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
 
