@@ -90,9 +90,17 @@ class MemoryEngine:
         self, config: EngineConfig | None = None, *, embedder: Any = None, llm: Any = None
     ) -> None:
         self.config = config or EngineConfig()  # first: the construction hooks read it
-        m = self.config.memory
         embedder = embedder or self._make_embedder()
         store = self._open_store(self.config)
+        try:
+            self._assemble(store, embedder, llm)
+        except BaseException:
+            store.close()  # a failed open gives the store (and its writer claim) back
+            raise
+
+    def _assemble(self, store: SQLiteStore, embedder: Any, llm: Any) -> None:
+        """Build the parts on the open ``store`` and load it (the rest of construction)."""
+        m = self.config.memory
         store.check_embedding_model(embedder.model_id, embedder.dim)
         arena = Arena(
             ArenaConfig(
