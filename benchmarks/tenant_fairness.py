@@ -33,10 +33,29 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY_KEY, LIGHT_KEY = "heavy-key-0123456789", "light-key-0123456789"
-WORDS = (
-    "morning weekend garden violin recipe mountain river station market library concert "
-    "holiday project meeting journey harbour festival museum bakery stadium orchard"
-).split()
+WORDS = [
+    "morning",
+    "weekend",
+    "garden",
+    "violin",
+    "recipe",
+    "mountain",
+    "river",
+    "station",
+    "market",
+    "library",
+    "concert",
+    "holiday",
+    "project",
+    "meeting",
+    "journey",
+    "harbour",
+    "festival",
+    "museum",
+    "bakery",
+    "stadium",
+    "orchard",
+]
 
 
 def _free_port() -> int:

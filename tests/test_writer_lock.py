@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from store_backends import Backend, make_backend
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.store import StoreLockedError, open_store
 from memoryos_gpu.store.writer import Holder, command_line, lock_path
-from store_backends import Backend, make_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = socket.gethostname()
@@ -249,7 +249,9 @@ def test_cli_ingest_beside_a_running_server_is_refused(tmp_path: Path) -> None:
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("uvicorn")
     store, chats = tmp_path / "store", tmp_path / "chats.jsonl"
-    chats.write_text('{"user_id": "alice", "user_input": "I live in Lisbon", "agent_response": "ok"}\n')
+    chats.write_text(
+        '{"user_id": "alice", "user_input": "I live in Lisbon", "agent_response": "ok"}\n'
+    )
     assert _cli("ingest", str(chats), "--store", str(store)).returncode == 0
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -275,7 +277,10 @@ def test_cli_ingest_beside_a_running_server_is_refused(tmp_path: Path) -> None:
         deleted = _cli("delete", "--store", str(store), "--user", "alice", "--yes")
         assert deleted.returncode == 1 and "open for writing by" in deleted.stderr
         page = {"user_input": "and now I live in Porto"}
-        assert httpx.post(f"http://127.0.0.1:{port}/v1/users/alice/pages", json=page).status_code == 201
+        assert (
+            httpx.post(f"http://127.0.0.1:{port}/v1/users/alice/pages", json=page).status_code
+            == 201
+        )
     finally:
         server.send_signal(signal.SIGTERM)
         try:

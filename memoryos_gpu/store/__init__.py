@@ -4,7 +4,14 @@ store several engine processes share. The arena is rebuilt from the store on ope
 from memoryos_gpu.store.sqlite import SCHEMA_VERSION, SQLiteStore, StoreError
 from memoryos_gpu.store.writer import StoreLockedError
 
-__all__ = ["SCHEMA_VERSION", "SQLiteStore", "StoreError", "StoreLockedError", "is_url", "open_store"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "SQLiteStore",
+    "StoreError",
+    "StoreLockedError",
+    "is_url",
+    "open_store",
+]
 
 
 def is_url(spec: str) -> bool:

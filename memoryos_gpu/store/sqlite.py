@@ -563,16 +563,29 @@ class SQLiteStore:
             )
         ]
 
+    #: The tenant of ``user_id`` in SQL: its ``tenant/`` prefix, '' without one (the server
+    #: stores a tenant's users as ``tenant/user``).
+    _TENANT_SQL = (
+        "CASE WHEN instr(p.user_id, '/') > 0 "
+        "THEN substr(p.user_id, 1, instr(p.user_id, '/') - 1) ELSE '' END"
+    )
+
     def pending_round(self, kind: str, limit: int) -> list[tuple[int, str, int]]:
-        """(work_id, user_id, ref) of the oldest pending item of each user that has one, oldest
-        first, at most ``limit``: one scheduling round. One item per user keeps each user's
-        items in order (the next one waits for the next round)."""
+        """(work_id, user_id, ref) of the oldest pending item of each user that has one, at
+        most ``limit``: one scheduling round. One item per user keeps each user's items in
+        order (the next one waits for the next round).
+
+        Tenants take turns: the round holds the oldest user of every tenant first, then the
+        second oldest of each, and so on (oldest first within a turn), so a tenant with a
+        thousand users pending does not push another tenant's one page into later rounds.
+        Without tenant prefixes this is oldest first."""
         return [
             tuple(r)
             for r in self.query(
-                "SELECT p.work_id, p.user_id, p.ref FROM pending p JOIN (SELECT MIN(work_id) "
-                "AS w FROM pending WHERE kind = ? GROUP BY user_id) m ON p.work_id = m.w "
-                "ORDER BY p.work_id LIMIT ?",
+                "SELECT work_id, user_id, ref FROM (SELECT p.work_id, p.user_id, p.ref, "
+                f"ROW_NUMBER() OVER (PARTITION BY {self._TENANT_SQL} ORDER BY p.work_id) AS turn "
+                "FROM pending p JOIN (SELECT MIN(work_id) AS w FROM pending WHERE kind = ? "
+                "GROUP BY user_id) m ON p.work_id = m.w) r ORDER BY turn, work_id LIMIT ?",
                 (kind, int(limit)),
             )
         ]
