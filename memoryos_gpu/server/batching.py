@@ -78,8 +78,8 @@ class MicroBatcher:
     """Gather items into batches for ``fn`` (``fn(items) -> results``, one result or
     ``Exception`` per item, run on ``executor``).
 
-    ``process_cancelled``: run items whose submitter went away anyway (writes: an accepted
-    page is committed even if the client disconnected), or drop them (reads).
+    Items whose submitter went away before their batch ran are dropped (reads; the write
+    queue is a :class:`FairBatcher`, which runs every admitted item).
     """
 
     def __init__(
@@ -92,7 +92,6 @@ class MicroBatcher:
         max_wait_s: float,
         limit: int,
         retry_after: int = 1,
-        process_cancelled: bool = False,
         on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self.name = name
@@ -102,7 +101,6 @@ class MicroBatcher:
         self.max_wait_s = max_wait_s
         self.limit = limit
         self.retry_after = retry_after
-        self.process_cancelled = process_cancelled
         self._on_batch = on_batch
         self._queue: deque[_Entry] = deque()
         self._queued_weight = 0
@@ -147,11 +145,7 @@ class MicroBatcher:
         return fut
 
     async def submit(self, item: Any, weight: int = 1) -> Any:
-        fut = self.enqueue(item, weight)
-        if self.process_cancelled:
-            # the batch runs even if this request is cancelled; the caller sees the result
-            return await asyncio.shield(fut)
-        return await fut
+        return await self.enqueue(item, weight)
 
     # ------------------------------------------------------------------ collector
     async def _run(self) -> None:
@@ -174,7 +168,7 @@ class MicroBatcher:
             while self._queue and (not batch or weight + self._queue[0].weight <= self.max_batch):
                 e = self._queue.popleft()
                 self._queued_weight -= e.weight
-                if e.future.cancelled() and not self.process_cancelled:
+                if e.future.cancelled():
                     self.admitted -= e.weight
                     continue
                 batch.append(e)
@@ -364,8 +358,10 @@ class FairBatcher:
 
     def _take(self) -> list[_Chunk]:
         """One batch: chunks of the ready keys in turn (round robin, oldest key first after the
-        last batch's), within ``max_batch`` and ``max_size``; at least one chunk."""
+        last batch's), within ``max_batch`` and ``max_size``; at least one chunk. At most one
+        chunk of a request: its next chunk runs only once this one succeeded."""
         batch: list[_Chunk] = []
+        groups: set[int] = set()
         weight = size = 0
         progress = True
         while progress:
@@ -374,11 +370,12 @@ class FairBatcher:
                 q = self._queues[key]
                 while q and q[0].group.failed is not None:  # after a failed chunk: not run
                     self._settle(q.popleft(), None)
-                if not q:
+                if not q or id(q[0].group) in groups:
                     continue
                 c = q[0]
                 if batch and (weight + c.weight > self.max_batch or size + c.size > self.max_size):
                     continue
+                groups.add(id(c.group))
                 batch.append(q.popleft())
                 weight, size = weight + c.weight, size + c.size
                 progress = True
