@@ -589,8 +589,8 @@ class WriterClaim:
       layout (another ``n``, whose users overlap this one's) is refused too.
 
     The holder is named from ``pg_stat_activity``: the claim's connection carries
-    ``application_name`` "memoryos-gpu <command> pid <pid> on <host>" and its
-    ``backend_start`` is when the claim was made.
+    ``application_name`` "<program> <subcommand> pid <pid> on <host>" (e.g. "memoryos-gpu
+    serve pid 4242 on box-1") and its ``backend_start`` is when the claim was made.
     """
 
     def __init__(self, store: PostgresStore, shard: tuple[int, int] | None, timeout: int) -> None:
@@ -623,7 +623,7 @@ class WriterClaim:
             return
         index, count = self.shard
         if not self._try("pg_try_advisory_lock_shared", _WHOLE):
-            self._refuse(self._holders(lambda k: k == _WHOLE), "store")
+            self._refuse(self._holders(lambda k: k == _WHOLE, exclusive=True), "store")
         key = (count << 16) | index
         if not self._try("pg_try_advisory_lock", key):
             self._refuse(self._holders(lambda k: k == key), f"shard {index}/{count} of store")
@@ -634,15 +634,20 @@ class WriterClaim:
     def _try(self, fn: str, key: int) -> bool:
         return bool(self._conn.execute(f"SELECT {fn}(%s, %s)", (self.namespace, key)).fetchone()[0])
 
-    def _holders(self, wanted: Callable[[int], bool]) -> list[tuple[int, int, str, Any]]:
+    def _holders(
+        self, wanted: Callable[[int], bool], *, exclusive: bool = False
+    ) -> list[tuple[int, int, str, Any]]:
         """(backend pid, key, application_name, backend_start) of the other sessions holding
-        a writer lock of this store whose key satisfies ``wanted``."""
+        a writer lock of this store whose key satisfies ``wanted`` (``exclusive``: only
+        exclusive holders, the ones a shared claim waits for)."""
+        mode = " AND l.mode = 'ExclusiveLock'" if exclusive else ""
         rows = self._conn.execute(
             "SELECT l.pid, l.objid::bigint, COALESCE(a.application_name, ''), a.backend_start "
             "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
             "AND l.classid = %s::bigint::oid AND l.pid <> pg_backend_pid() "
-            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            + mode,
             (self.namespace,),
         ).fetchall()
         return [r for r in rows if wanted(int(r[1]))]
