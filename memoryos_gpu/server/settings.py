@@ -26,7 +26,7 @@ class ServerSettings(BaseModel):
         50_000,
         ge=1,
         description="Text characters per chunk of a large write request (a chunk holds at "
-        "least one page): while one chunk is committed, other tenants wait at most that long.",
+        "least one page): other tenants' writes are served between two chunks.",
     )
     write_batch_chars: int = Field(
         200_000, ge=1, description="Text characters per engine.add_many call (at least a chunk)."
