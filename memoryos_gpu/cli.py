@@ -324,11 +324,13 @@ def _require_store(store: str) -> None:
         )
 
 
-def _open_store(store: str) -> Any:
+def _open_store(store: str, *, writer: bool) -> Any:
+    """The store itself, no engine. ``writer=False`` for the commands that only read: they do
+    not claim the store, so they work beside a running engine (``serve``, ``ingest``)."""
     from memoryos_gpu.store import open_store
 
     _require_store(store)
-    return open_store(store)
+    return open_store(store, writer=writer)
 
 
 # ============================================================================ error handling
@@ -513,6 +515,10 @@ def ingest(
     source key), so an interrupted run (Ctrl-C: finishes the batch in flight, exit 130) is
     resumed by running it again. Malformed records are reported (file:line: reason) and
     written to the rejects file; the run continues and exits with 3.
+
+    One process writes a store at a time: ingesting into a store that a running engine
+    holds (e.g. `serve`) is refused, naming that process (exit 1); send the pages to its
+    server instead (POST /v1/pages) or stop it first.
 
     \b
     Exit codes: 0 all accepted or already present, 3 some records rejected,
@@ -1053,7 +1059,7 @@ def _respond(engine: Any, user_id: str, text: str) -> tuple[str, str | None, Any
 def profile(ctx: click.Context, user_id: str, as_json: bool, **kwargs: Any) -> None:
     """The user's long-term memory: profile traits, user knowledge, assistant knowledge."""
     o = _options(ctx, kwargs)
-    st = _open_store(user_store(resolve_store(o), user_id))
+    st = _open_store(user_store(resolve_store(o), user_id), writer=False)
     try:
         row = st.user_row(user_id)
         if row is None:
@@ -1084,7 +1090,7 @@ def profile(ctx: click.Context, user_id: str, as_json: bool, **kwargs: Any) -> N
 
 
 def _store_stats(store: str) -> dict[str, Any]:
-    st = _open_store(store)
+    st = _open_store(store, writer=False)
     try:
         return {
             "store": st.path if is_url(store) else str(store_file(store)),
@@ -1153,7 +1159,7 @@ def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
 def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any) -> None:
     """Everything held about a user (pages, segments, profile, knowledge, audit) as JSON."""
     o = _options(ctx, kwargs)
-    st = _open_store(user_store(resolve_store(o), user_id))
+    st = _open_store(user_store(resolve_store(o), user_id), writer=False)
     try:
         data = st.export_user(user_id)
         if data is None:
@@ -1177,9 +1183,9 @@ def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any
 @handle_errors
 def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
     """Delete every row held about a user (pages, segments, knowledge, pending work, audit).
-    Stop a server using the store first (or delete through its HTTP API)."""
+    Refused while another process writes the store (a server: delete through its HTTP API)."""
     o = _options(ctx, kwargs)
-    st = _open_store(user_store(resolve_store(o), user_id))
+    st = _open_store(user_store(resolve_store(o), user_id), writer=True)
     try:
         rows = st.rows_about(user_id)
         if st.user_row(user_id) is None and not rows:

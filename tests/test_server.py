@@ -362,6 +362,46 @@ def test_rate_limit_per_key() -> None:
         assert c.get("/health").status_code == 200
 
 
+def test_rate_limits_count_pages_and_bytes() -> None:
+    """A key's page and byte buckets: a request count alone would let one key send the largest
+    requests back to back."""
+    pages = {"pages": [{"user_id": f"u{i}", "user_input": f"page {i}"} for i in range(5)]}
+    with serve(
+        hashing(), max_batch_items=5, rate_limit_pages_per_s=0.1, rate_limit_pages_burst=8
+    ) as c:
+        assert c.post("/v1/pages", json=pages, headers=HA).status_code == 201  # 5 of 8
+        r = c.post("/v1/pages", json=pages, headers=HA)  # 10 > 8
+        assert r.status_code == 429 and r.json()["error"] == "rate_limited"
+        assert "pages: 0.1 per second" in r.json()["detail"] and "retry-after" in r.headers
+        assert add(c, "u0", "one more fits").status_code == 201  # 6 of 8
+        assert c.post("/v1/pages", json=pages, headers=HB).status_code == 201  # other key
+    body = {"user_input": "x" * 3000}
+    with serve(
+        hashing(),
+        max_body_bytes=4096,
+        tenant_write_queue_chars=4096,
+        rate_limit_bytes_per_s=1.0,
+        rate_limit_bytes_burst=8192,
+    ) as c:
+        codes = [c.post("/v1/users/u/pages", json=body, headers=HA).status_code for _ in range(3)]
+        assert codes == [201, 201, 429]
+        r = c.post("/v1/users/u/pages", json=body, headers=HA)
+        assert "bytes: 1 per second" in r.json()["detail"]
+        assert c.post("/v1/users/u/pages", json=body, headers=HB).status_code == 201
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: charged once read
+            yield b'{"user_input": "'
+            yield b"y" * 3000
+            yield b'"}'
+
+        headers = {**HB, "Content-Type": "application/json"}
+        codes = [
+            c.post("/v1/users/u/pages", content=chunks(), headers=headers).status_code
+            for _ in range(2)
+        ]
+        assert codes == [201, 429]
+
+
 # ====================================================================== validation
 def test_validation_and_size_limits() -> None:
     with serve(hashing(), max_text_chars=1000, max_batch_items=5, max_body_bytes=64 * 1024) as c:
@@ -494,6 +534,37 @@ class SlowEngine(MemoryEngine):
     def retrieve_many(self, queries, **kw):  # type: ignore[override]
         time.sleep(self.delay)
         return super().retrieve_many(queries, **kw)
+
+
+class DiskFullOnBoom(MemoryEngine):
+    """An engine whose commit fails (as a full disk would) for a batch holding "boom"."""
+
+    def add_many(self, pages):  # type: ignore[override]
+        pages = list(pages)
+        if any(getattr(p, "user_input", "") == "boom" for p in pages):
+            raise OSError(28, "No space left on device")
+        return super().add_many(pages)
+
+
+def test_a_split_request_that_fails_part_way_says_what_was_committed() -> None:
+    engine = DiskFullOnBoom(hashing())
+    texts = ["first", "second", "boom", "fourth"]
+    body = {"pages": [{"user_id": "u", "user_input": t} for t in texts]}
+    try:
+        with serve(engine, write_chunk_pages=1) as c:
+            r = c.post("/v1/pages", json=body, headers=HA)
+            assert r.status_code == 500 and r.json()["error"] == "partially_committed"
+            detail = r.json()["detail"]
+            assert "No space left on device" in detail
+            assert "the first 2 of the request's 4 pages were committed" in detail
+            late = {"user_id": "u", "user_input": "fifth", "timestamp": "not a date"}
+            bad = {"pages": [body["pages"][0], late]}
+            r = c.post("/v1/pages", json=bad, headers=HA)  # bad input: refused before any chunk
+            assert r.status_code == 422 and "not a date" in r.text, r.text
+        pages = [p["user_input"] for p in engine.export_user("acme/u")["pages"]]
+        assert pages == ["first", "second"]  # nothing after the failed chunk ran
+    finally:
+        engine.close()
 
 
 async def _many(base: str, calls: list[tuple[str, str, dict]], headers: dict) -> list[Any]:

@@ -1026,12 +1026,16 @@ def pg(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_two_engines_share_one_postgres_store(pg: Backend) -> None:
-    """Two engines with their own connection pools (as two processes on two hosts would) see
-    each other's committed pages at once, never reuse each other's ids, and a third engine
-    opened later loads both users."""
+    """Two shard engines with their own connection pools (as two processes on two hosts would)
+    see each other's committed pages at once, never reuse each other's ids, and a third engine
+    opened later loads both users. (Two whole-store engines are refused: one writer per shard,
+    tests/test_writer_lock.py.)"""
+    from memoryos_gpu.distributed.sharding import ShardEngine
+
     url = pg.spec("shared")
-    a = open_engine(url, auto_process=False, mode="extractive")
-    b = open_engine(url, auto_process=False, mode="extractive")
+    cfg = config(url, auto_process=False, mode="extractive")
+    a = ShardEngine(cfg, shard=1, count=2)  # alice's shard
+    b = ShardEngine(cfg, shard=0, count=2)  # bob's
     try:
         ra = a.add("alice", "alice writes through engine a", "ok", timestamp=1.7e9, source="a0")
         rb = b.add("bob", "bob writes through engine b", "ok", timestamp=1.7e9, source="b0")

@@ -49,6 +49,7 @@ from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine import InvalidInputError, MemoryEngine, clean_queries
 from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.ingest import shard_of
+from memoryos_gpu.store import open_store
 from memoryos_gpu.text.keywords import KeywordExtractor
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -296,11 +297,12 @@ class ShardEngine(MemoryEngine):
 
     # ------------------------------------------------------------------ construction hooks
     def _open_store(self, config: EngineConfig) -> Any:
-        """A store shared by every shard (PostgreSQL) is seen through this shard's view."""
-        store = super()._open_store(config)
+        """A store shared by every shard (PostgreSQL) is seen through this shard's view, and
+        this engine claims only its shard of it (the other shards' engines write beside it)."""
         if is_shared_store(config.store) and self.shard_count > 1:
-            return OwnedStore(store, self.shard_index, self.shard_count)
-        return store
+            shard = (self.shard_index, self.shard_count)
+            return OwnedStore(open_store(config.store, shard=shard), *shard)
+        return super()._open_store(config)
 
     @property
     def shared_store(self) -> bool:

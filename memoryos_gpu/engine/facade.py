@@ -34,7 +34,7 @@ from .rebuild import Rebuild
 from .responses import Responder
 from .retrieval import RetrievalPipeline
 from .state import EngineState, Fact, UserState, WorkItem
-from .stm import ShortTerm
+from .stm import Prepared, ShortTerm
 from .validation import validate_page
 
 if TYPE_CHECKING:
@@ -90,9 +90,17 @@ class MemoryEngine:
         self, config: EngineConfig | None = None, *, embedder: Any = None, llm: Any = None
     ) -> None:
         self.config = config or EngineConfig()  # first: the construction hooks read it
-        m = self.config.memory
         embedder = embedder or self._make_embedder()
         store = self._open_store(self.config)
+        try:
+            self._assemble(store, embedder, llm)
+        except BaseException:
+            store.close()  # a failed open gives the store (and its writer claim) back
+            raise
+
+    def _assemble(self, store: SQLiteStore, embedder: Any, llm: Any) -> None:
+        """Build the parts on the open ``store`` and load it (the rest of construction)."""
+        m = self.config.memory
         store.check_embedding_model(embedder.model_id, embedder.dim)
         arena = Arena(
             ArenaConfig(
@@ -175,9 +183,10 @@ class MemoryEngine:
         self._rebuilder.rebuild()
 
     # ================================================================== hooks the parts call
-    def _accept(self, items: list[PageInput]) -> list[AddResult]:
-        """Hook: commit validated pages (and their STM overflow) in one transaction."""
-        return self._stm.accept(items)
+    def _accept(self, items: list[PageInput], prepared: Prepared | None = None) -> list[AddResult]:
+        """Hook: commit validated pages (and their STM overflow) in one transaction
+        (``prepared``: their embeddings, made outside the lock by ``add_many``)."""
+        return self._stm.accept(items, prepared)
 
     def _learn_keywords(self, texts: list[str]) -> None:
         """Hook: the texts of newly accepted pages, once committed, for the keyword statistics
@@ -240,8 +249,9 @@ class MemoryEngine:
         runs afterwards when ``config.auto_process`` (else call :meth:`process_pending`).
         """
         items = [self.validate_page(p) for p in pages]
+        prepared = self._stm.prepare(items)  # embedding: outside the lock, others go on
         with self._lock:
-            results = self._accept(items)
+            results = self._accept(items, prepared)
         if self.config.auto_process:  # outside the lock: its stages run without it
             self.process_pending()
         return results

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,15 @@ from .page_text import page_terms_of, page_text
 from .state import DEFAULT_ASSISTANT, EngineHooks, EngineState, UserState
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What accepting pages computes before it needs the engine's state: by position in the
+    batch, each new page's embedding and BM25 term-row blob."""
+
+    vec_of: dict[int, np.ndarray]
+    blob_of: dict[int, bytes]
+
+
 class ShortTerm:
     """The acceptance path: embed, deduplicate by ``source``, commit, overflow the STM."""
 
@@ -31,29 +41,48 @@ class ShortTerm:
         self._s = state
         self._hooks = hooks
 
-    def accept(self, items: list[PageInput]) -> list[AddResult]:
+    def prepare(self, items: list[PageInput], only: list[int] | None = None) -> Prepared:
+        """Embeddings and term rows of the pages not yet stored (by ``source``): the costly,
+        state-free part of accepting, which :meth:`accept` lets run outside the engine lock
+        (so one caller's large pages do not hold up everyone's writes and retrievals)."""
+        s = self._s
+        if only is None:
+            known = s.store.known_sources(p.source for p in items if p.source)
+            only = [i for i, p in enumerate(items) if not (p.source and p.source in known)]
+        emb = (
+            s.embedder.encode([page_text(items[i], s.memory.embed_dates) for i in only])
+            if only
+            else []
+        )
+        terms = page_terms_of(
+            [
+                (items[i].user_input, items[i].agent_response, items[i].timestamp, items[i].meta)
+                for i in only
+            ]
+        )
+        return Prepared(
+            dict(zip(only, emb, strict=True)), dict(zip(only, terms_to_blobs(terms), strict=True))
+        )
+
+    def accept(self, items: list[PageInput], prepared: Prepared | None = None) -> list[AddResult]:
         """Commit pages (and the pending work their STM overflow creates) in one transaction.
 
-        The in-memory user state is changed only as the transaction goes; if it fails, that
-        state is restored and new users' arena slots are released, so memory and store agree.
-        The keyword statistics learn the new pages once they are committed.
+        ``prepared``: :meth:`prepare`'s output made before the engine lock was taken; the
+        sources are checked again here (a page stored or deleted meanwhile), and a page that
+        became new since is prepared now. The in-memory user state is changed only as the
+        transaction goes; if it fails, that state is restored and new users' arena slots are
+        released, so memory and store agree. The keyword statistics learn the new pages once
+        they are committed.
         """
         s = self._s
         known = s.store.known_sources(p.source for p in items if p.source)
         fresh = [i for i, p in enumerate(items) if not (p.source and p.source in known)]
-        emb = (
-            s.embedder.encode([page_text(items[i], s.memory.embed_dates) for i in fresh])
-            if fresh
-            else []
-        )
-        vec_of = dict(zip(fresh, emb, strict=True))
-        terms = page_terms_of(
-            [
-                (items[i].user_input, items[i].agent_response, items[i].timestamp, items[i].meta)
-                for i in fresh
-            ]
-        )
-        blob_of = dict(zip(fresh, terms_to_blobs(terms), strict=True))
+        prep = prepared or Prepared({}, {})
+        late = [i for i in fresh if i not in prep.vec_of]
+        if late:
+            more = self.prepare(items, late)
+            prep = Prepared({**prep.vec_of, **more.vec_of}, {**prep.blob_of, **more.blob_of})
+        vec_of, blob_of = prep.vec_of, prep.blob_of
         touched = {p.user_id for p in items}
         snapshot = {
             uid: (u.clock, u.next_seq, deque(u.stm)) for uid, u in s.users.items() if uid in touched

@@ -34,10 +34,10 @@ from starlette.requests import ClientDisconnect
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
 from memoryos_gpu.server import models as m
-from memoryos_gpu.server.auth import KeyRing, Principal, RateLimiter, load_api_keys
+from memoryos_gpu.server.auth import KeyLimits, KeyRing, Principal, Refusal, load_api_keys
 from memoryos_gpu.server.batching import Overloaded, Unavailable
 from memoryos_gpu.server.metrics import ServerMetrics
-from memoryos_gpu.server.service import LLMUnavailableError, MemoryService
+from memoryos_gpu.server.service import LLMUnavailableError, MemoryService, PartialWriteError
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import PageInput
 
@@ -68,7 +68,11 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: {"model": m.ErrorOut, "description": "The resource belongs to another tenant."},
     413: {"model": m.ErrorOut, "description": "Body, text or batch over the limit."},
     422: {"model": m.ErrorOut, "description": "Malformed request."},
-    429: {"model": m.ErrorOut, "description": "Rate limit of the key (see Retry-After)."},
+    429: {
+        "model": m.ErrorOut,
+        "description": "Rate limit of the key (requests, body bytes or pages per second), or "
+        "the tenant's share of the write queue is full (see Retry-After).",
+    },
     503: {"model": m.ErrorOut, "description": "Overloaded, loading or shutting down."},
 }
 
@@ -213,8 +217,12 @@ class _ErrorMapper:
             return _error(422, "validation_error", [{k: e[k] for k in keep} for e in exc.errors()])
         if isinstance(exc, Overloaded | Unavailable):
             reason = "overloaded" if isinstance(exc, Overloaded) else "unavailable"
+            status = getattr(exc, "status", 503)  # 429: the caller's own share is full
             self.metrics.rejected.labels(reason).inc()
-            return _error(503, reason, str(exc), {"Retry-After": str(exc.retry_after)})
+            return _error(status, reason, str(exc), {"Retry-After": str(exc.retry_after)})
+        if isinstance(exc, PartialWriteError):
+            log.error("write failed part way: %s", exc)
+            return _error(500, "partially_committed", str(exc))
         if isinstance(exc, LLMUnavailableError):
             return _error(501, "llm_unavailable", str(exc))
         if isinstance(exc, UnknownUserError):
@@ -282,6 +290,16 @@ def _direct_match(routes: dict[str, _DirectRoute], path: str) -> tuple[_DirectRo
 
 
 # ====================================================================== middleware
+def _content_length(headers: Any) -> int | None:
+    for k, v in headers:
+        if k == b"content-length":
+            try:
+                return int(v)
+            except ValueError:
+                return None
+    return None
+
+
 def _tenancy(request: Request) -> Scope:
     """The caller's tenancy, put in the ASGI scope by :class:`_Edge` after authentication."""
     return request.scope["state"][_TENANCY]
@@ -298,7 +316,7 @@ class _Edge:
         settings: ServerSettings,
         metrics: ServerMetrics,
         keyring: KeyRing | None,
-        limiter: RateLimiter,
+        limits: KeyLimits,
         errors: _ErrorMapper,
         direct: dict[str, _DirectRoute] | None = None,
     ) -> None:
@@ -309,7 +327,7 @@ class _Edge:
         self.limit = settings.max_body_bytes
         self.metrics = metrics
         self.keyring = keyring
-        self.limiter = limiter
+        self.limits = limits
         self.open_scope = Scope(Principal(None, "open"), settings)
 
     async def _refuse(
@@ -328,7 +346,9 @@ class _Edge:
         await _error(status, code, detail, headers)(scope, receive, send)
         self._observe(scope, status, t0)
 
-    def _authenticate(self, headers: Any) -> Scope | tuple[int, str, str, dict[str, str]]:
+    def _authenticate(self, headers: Any, length: int | None) -> Scope | Refusal:
+        """The caller's scope, or why not: no or unknown key (401), over its request or byte
+        rate (429; a body of known ``length`` is charged here, a chunked one as it is read)."""
         if self.keyring is None:
             return self.open_scope
         token = None
@@ -345,16 +365,10 @@ class _Edge:
         principal = self.keyring.lookup(token)
         if principal is None:
             return 401, "unauthorized", "unknown API key", challenge
-        wait = self.limiter.take(principal.key_id)
-        if wait > 0:
-            retry = RateLimiter.retry_after(wait)
-            return (
-                429,
-                "rate_limited",
-                f"rate limit of this key exceeded; retry in {retry} s",
-                {"Retry-After": str(retry)},
-            )
-        return Scope(principal, self.settings)
+        refused = self.limits.request(principal.key_id)
+        if refused is None and length:
+            refused = self.limits.body(principal.key_id, length)
+        return refused or Scope(principal, self.settings)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -363,29 +377,26 @@ class _Edge:
         t0 = time.perf_counter()
         status = 500
         headers = scope.get("headers", ())
-        for k, v in headers:
-            if k == b"content-length":
-                try:
-                    too_big = int(v) > self.limit
-                except ValueError:
-                    too_big = False
-                if too_big:
-                    detail = f"the request body exceeds {self.limit} bytes"
-                    await self._refuse(scope, receive, send, t0, 413, "too_large", detail)
-                    return
-                break
+        length = _content_length(headers)
+        if length is not None and length > self.limit:
+            detail = f"the request body exceeds {self.limit} bytes"
+            await self._refuse(scope, receive, send, t0, 413, "too_large", detail)
+            return
+        charge = None
         if scope["path"].startswith("/v1/"):
-            auth = self._authenticate(headers)
+            auth = self._authenticate(headers, length)
             if isinstance(auth, tuple):
                 await self._refuse(scope, receive, send, t0, *auth)
                 return
             scope.setdefault("state", {})[_TENANCY] = auth
+            if length is None and self.keyring is not None:
+                charge = auth.principal.key_id  # a chunked body: charged once it is read
             if self.direct is not None and scope["method"] == "POST":
                 hit = _direct_match(self.direct, scope["path"])
                 if hit is not None:
-                    await self._serve_direct(*hit, auth, scope, receive, send, t0)
+                    await self._serve_direct(*hit, auth, scope, receive, send, t0, charge)
                     return
-        limited_receive = self._limited(receive)
+        limited_receive = self._limited(receive, charge)
 
         async def tracking_send(msg: dict) -> None:
             nonlocal status
@@ -407,12 +418,13 @@ class _Edge:
         receive: Any,
         send: Any,
         t0: float,
+        charge: str | None = None,
     ) -> None:
         scope["route"] = route  # as FastAPI sets it: the metrics label is route.path
         status = 500  # an exception no handler maps goes on to Starlette's 500 answer
         try:
             try:
-                body = await self._read_body(self._limited(receive))
+                body = await self._read_body(self._limited(receive, charge))
                 content_type = next(
                     (v.decode("latin-1") for k, v in scope["headers"] if k == b"content-type"),
                     None,
@@ -428,9 +440,10 @@ class _Edge:
         finally:
             self._observe(scope, status, t0)
 
-    def _limited(self, receive: Any) -> Callable[[], Awaitable[dict]]:
+    def _limited(self, receive: Any, charge: str | None = None) -> Callable[[], Awaitable[dict]]:
         """``receive`` that raises :class:`_BodyTooLarge` once the body passes the limit (a
-        body without Content-Length is counted as it is read)."""
+        body without Content-Length is counted as it is read) and, with ``charge`` (a key id),
+        charges the body's bytes to that key's byte rate once it is read (429 past it)."""
         seen = 0
 
         async def limited_receive() -> dict:
@@ -440,6 +453,10 @@ class _Edge:
                 seen += len(msg.get("body", b""))
                 if seen > self.limit:
                     raise _BodyTooLarge(self.limit)
+                if charge is not None and not msg.get("more_body", False):
+                    refused = self.limits.body(charge, seen)
+                    if refused is not None:
+                        raise ApiError(*refused)
             return msg
 
         return limited_receive
@@ -486,7 +503,7 @@ def create_app(
     settings = settings or ServerSettings()
     keys = load_api_keys(api_keys, use_env=use_env_keys)
     keyring = KeyRing(keys) if keys else None
-    limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    limits = KeyLimits(settings)
     metrics = ServerMetrics()
     if service is None:
         service = MemoryService(
@@ -655,8 +672,18 @@ def create_app(
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # ------------------------------------------------------------------ writes
+    def _charge_pages(scope: Scope, n: int) -> None:
+        """Count written pages against the key's page rate (429, or 413 past its bucket)."""
+        if keyring is not None:
+            refused = limits.written(scope.principal.key_id, n)
+            if refused is not None:
+                metrics.rejected.labels("rate_limited" if refused[0] == 429 else "too_large").inc()
+                raise ApiError(*refused)
+
     async def _add_page(scope: Scope, user_id: str, page: m.PageIn) -> Response:
-        results = await service.add_pages([_page_input(scope, user_id, page)])
+        item = _page_input(scope, user_id, page)
+        _charge_pages(scope, 1)
+        results = await service.add_pages([item])
         return _json(_add_out(scope, results)[0], 201)
 
     async def _retrieve(scope: Scope, user_id: str, body: m.RetrieveIn) -> Response:
@@ -694,6 +721,7 @@ def create_app(
         scope = _tenancy(request)
         _check_count(settings, len(body.pages), "pages")
         items = [_page_input(scope, p.user_id, p) for p in body.pages]
+        _charge_pages(scope, len(items))
         results = await service.add_pages(items)
         return _json({"results": _add_out(scope, results)}, 201)
 
@@ -972,7 +1000,7 @@ def create_app(
         settings=settings,
         metrics=metrics,
         keyring=keyring,
-        limiter=limiter,
+        limits=limits,
         errors=errors,
         direct=direct,
     )

@@ -1,4 +1,4 @@
-"""API keys -> tenants, and a token-bucket rate limit per key.
+"""API keys -> tenants, and token-bucket rate limits per key (requests, pages, bytes).
 
 Keys come from a file (one ``KEY TENANT`` pair per line, ``#`` comments and blank lines
 ignored) and/or the ``MEMORYOS_GPU_API_KEYS`` environment variable
@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ENV_VAR = "MEMORYOS_GPU_API_KEYS"
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -133,9 +134,12 @@ class RateLimiter:
         self._lock = threading.Lock()
 
     def take(self, key_id: str, cost: float = 1.0) -> float:
-        """0.0 when allowed, else the seconds until ``cost`` tokens are available."""
+        """0.0 when allowed, else the seconds until ``cost`` tokens are available (infinite
+        when ``cost`` exceeds the bucket: it never will be)."""
         if self.rate <= 0:
             return 0.0
+        if cost > self.burst:
+            return math.inf
         now = time.monotonic()
         with self._lock:
             tokens, last = self._buckets.get(key_id, (self.burst, now))
@@ -149,3 +153,54 @@ class RateLimiter:
     @staticmethod
     def retry_after(wait_s: float) -> int:
         return max(1, math.ceil(wait_s))
+
+
+#: A refusal: (HTTP status, error code, message, headers).
+Refusal = tuple[int, str, str, dict[str, str]]
+
+
+class KeyLimits:
+    """A key's three token buckets: requests, request-body bytes and written pages per second.
+
+    Why three: a request count alone lets one key send the largest requests back to back (80
+    pages of 100,000 characters each is one request); counting bytes and pages bounds the work
+    a key can ask for, whatever its requests look like. A cost over a bucket's size can never
+    be met and is refused with 413 instead of 429 (the settings keep each bucket at least as
+    large as the biggest request the size limits allow).
+    """
+
+    def __init__(self, settings: Any) -> None:
+        s = settings
+        self.requests = RateLimiter(s.rate_limit_per_s, s.rate_limit_burst)
+        self.bytes = RateLimiter(s.rate_limit_bytes_per_s, s.rate_limit_bytes_burst)
+        self.pages = RateLimiter(s.rate_limit_pages_per_s, s.rate_limit_pages_burst)
+
+    def request(self, key_id: str) -> Refusal | None:
+        return _refusal(self.requests.take(key_id), "requests", 1, self.requests)
+
+    def body(self, key_id: str, n_bytes: int) -> Refusal | None:
+        return _refusal(self.bytes.take(key_id, n_bytes), "bytes", n_bytes, self.bytes)
+
+    def written(self, key_id: str, n_pages: int) -> Refusal | None:
+        return _refusal(self.pages.take(key_id, n_pages), "pages", n_pages, self.pages)
+
+
+def _refusal(wait: float, unit: str, cost: float, bucket: RateLimiter) -> Refusal | None:
+    if wait <= 0:
+        return None
+    if math.isinf(wait):
+        return (
+            413,
+            "too_large",
+            f"{cost:g} {unit} in one request; this key may send at most {bucket.burst:g} {unit} "
+            f"at once ({bucket.rate:g} per second sustained)",
+            {},
+        )
+    retry = RateLimiter.retry_after(wait)
+    return (
+        429,
+        "rate_limited",
+        f"rate limit of this key exceeded ({unit}: {bucket.rate:g} per second, bursts of "
+        f"{bucket.burst:g}); retry in {retry} s",
+        {"Retry-After": str(retry)},
+    )

@@ -8,6 +8,9 @@ batches grow with load and a lone request pays at most ``max_wait``.
 
 The queue is bounded by *admitted* weight (queued plus being processed): past ``limit`` a
 submit raises :class:`Overloaded` at once instead of queueing without bound.
+
+:class:`FairBatcher` is the write queue's: one FIFO per tenant, served round robin in chunks,
+so one tenant's large requests do not hold up another tenant's small ones.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ log = logging.getLogger("memoryos_gpu.server")
 
 
 class Overloaded(Exception):
-    """A bounded queue is full; retry after ``retry_after`` seconds."""
+    """A bounded queue is full; retry after ``retry_after`` seconds. ``status``: 503 when the
+    server as a whole is full, 429 when it is the caller's own share of a queue."""
 
-    def __init__(self, queue: str, retry_after: int = 1) -> None:
+    def __init__(self, queue: str, retry_after: int = 1, *, status: int = 503) -> None:
         super().__init__(f"the {queue} queue is full; retry later")
         self.queue = queue
         self.retry_after = retry_after
+        self.status = status
 
 
 class Unavailable(Exception):
@@ -73,8 +78,8 @@ class MicroBatcher:
     """Gather items into batches for ``fn`` (``fn(items) -> results``, one result or
     ``Exception`` per item, run on ``executor``).
 
-    ``process_cancelled``: run items whose submitter went away anyway (writes: an accepted
-    page is committed even if the client disconnected), or drop them (reads).
+    Items whose submitter went away before their batch ran are dropped (reads; the write
+    queue is a :class:`FairBatcher`, which runs every admitted item).
     """
 
     def __init__(
@@ -87,7 +92,6 @@ class MicroBatcher:
         max_wait_s: float,
         limit: int,
         retry_after: int = 1,
-        process_cancelled: bool = False,
         on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self.name = name
@@ -97,7 +101,6 @@ class MicroBatcher:
         self.max_wait_s = max_wait_s
         self.limit = limit
         self.retry_after = retry_after
-        self.process_cancelled = process_cancelled
         self._on_batch = on_batch
         self._queue: deque[_Entry] = deque()
         self._queued_weight = 0
@@ -142,11 +145,7 @@ class MicroBatcher:
         return fut
 
     async def submit(self, item: Any, weight: int = 1) -> Any:
-        fut = self.enqueue(item, weight)
-        if self.process_cancelled:
-            # the batch runs even if this request is cancelled; the caller sees the result
-            return await asyncio.shield(fut)
-        return await fut
+        return await self.enqueue(item, weight)
 
     # ------------------------------------------------------------------ collector
     async def _run(self) -> None:
@@ -169,7 +168,7 @@ class MicroBatcher:
             while self._queue and (not batch or weight + self._queue[0].weight <= self.max_batch):
                 e = self._queue.popleft()
                 self._queued_weight -= e.weight
-                if e.future.cancelled() and not self.process_cancelled:
+                if e.future.cancelled():
                     self.admitted -= e.weight
                     continue
                 batch.append(e)
@@ -199,3 +198,240 @@ class MicroBatcher:
                     e.future.set_exception(r)
                 else:
                     e.future.set_result(r)
+
+
+# ====================================================================== fair (per tenant) queue
+class ChunkFailed(Exception):
+    """A chunk of a split request failed: the chunks before it were committed (``done``: their
+    results, in order), the ones after it were not run. ``cause`` is the chunk's error."""
+
+    def __init__(self, done: list[Any], cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.done = done
+        self.cause = cause
+
+
+@dataclass
+class _Group:
+    """One request, split into chunks: the caller waits on ``future`` for all of them."""
+
+    future: asyncio.Future
+    left: int
+    results: list[Any]
+    failed: BaseException | None = None
+
+
+@dataclass
+class _Chunk:
+    key: str
+    group: _Group
+    index: int
+    item: Any
+    weight: int
+    size: int
+    t: float
+
+
+class FairBatcher:
+    """Batches of ``fn`` served round robin over keys (tenants), on several lanes.
+
+    Each key has its own FIFO of chunks (a large request is split by the caller into chunks:
+    the unit of interleaving). A batch takes chunks key by key in turn, at most ``max_batch``
+    weight (pages) and ``max_size`` size (characters), and always at least one chunk; so one
+    key's backlog waits behind at most one of its chunks per turn of the others. Batches run on
+    ``executor`` ``lanes`` at a time, and a key is in one running batch at most: its chunks run
+    in order, one after the other (a user's pages keep their order), while another key's batch
+    runs beside it. Admission is bounded per key (``key_limit`` weight, ``key_size_limit``
+    size) and overall (``limit`` weight): past them :class:`Overloaded` at once.
+
+    Every admitted chunk runs, even if its caller went away (writes: acknowledged or not, an
+    admitted page is committed), except the chunks after a failed chunk of the same request.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        fn: BatchFn,
+        *,
+        executor: Executor,
+        lanes: int,
+        max_batch: int,
+        max_size: int,
+        max_wait_s: float,
+        limit: int,
+        key_limit: int,
+        key_size_limit: int,
+        retry_after: int = 1,
+        on_batch: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._fn = fn
+        self._executor = executor
+        self.lanes = lanes
+        self.max_batch = max_batch
+        self.max_size = max_size
+        self.max_wait_s = max_wait_s
+        self.limit = limit
+        self.key_limit = key_limit
+        self.key_size_limit = key_size_limit
+        self.retry_after = retry_after
+        self._on_batch = on_batch
+        self._queues: dict[str, deque[_Chunk]] = {}  # insertion order = round-robin order
+        self._busy: set[str] = set()
+        self._admitted: dict[str, list[int]] = {}  # key -> [weight, size] queued or running
+        self.admitted = 0
+        self._running = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        self._closing = False
+        self.batches = 0
+        self.items = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batch-{self.name}")
+
+    async def drain(self) -> None:
+        """Refuse new items, finish every admitted one, stop the collector."""
+        self._closing = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._task is not None:
+            await self._task
+
+    # ------------------------------------------------------------------ submit
+    def enqueue(self, key: str, chunks: Sequence[tuple[Any, int, int]]) -> asyncio.Future:
+        """Admit one request's chunks ``(item, weight, size)`` under ``key`` (or raise
+        :class:`Overloaded` / :class:`Unavailable` at once). The future resolves to the list
+        of the chunks' results, or raises :class:`ChunkFailed` (or a lone chunk's error)."""
+        if self._closing or self._task is None:
+            raise Unavailable("the server is shutting down", self.retry_after)
+        weight = sum(c[1] for c in chunks)
+        size = sum(c[2] for c in chunks)
+        mine = self._admitted.setdefault(key, [0, 0])
+        if mine[0] and (mine[0] + weight > self.key_limit or mine[1] + size > self.key_size_limit):
+            raise Overloaded(f"{self.name} (this tenant's share)", self.retry_after, status=429)
+        if self.admitted + weight > self.limit and self.admitted > 0:
+            raise Overloaded(self.name, self.retry_after)
+        loop = asyncio.get_running_loop()
+        group = _Group(loop.create_future(), len(chunks), [None] * len(chunks))
+        now = time.monotonic()
+        q = self._queues.setdefault(key, deque())
+        for i, (item, w, sz) in enumerate(chunks):
+            q.append(_Chunk(key, group, i, item, w, sz, now))
+        mine[0] += weight
+        mine[1] += size
+        self.admitted += weight
+        self._wake.set()  # type: ignore[union-attr]
+        return group.future
+
+    # ------------------------------------------------------------------ collector
+    def _ready(self) -> list[str]:
+        return [k for k, q in self._queues.items() if q and k not in self._busy]
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            ready = self._ready()
+            if not ready or self._running >= self.lanes:
+                if self._closing and not any(self._queues.values()) and not self._running:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            oldest = min(self._queues[k][0].t for k in ready)
+            queued = sum(c.weight for k in ready for c in self._queues[k])
+            remaining = oldest + self.max_wait_s - time.monotonic()
+            if remaining > 0 and queued < self.max_batch and not self._closing:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), remaining)
+                continue
+            batch = self._take()
+            if batch:
+                self._running += 1
+                task = asyncio.get_running_loop().create_task(self._execute(batch))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    def _take(self) -> list[_Chunk]:
+        """One batch: chunks of the ready keys in turn (round robin, oldest key first after the
+        last batch's), within ``max_batch`` and ``max_size``; at least one chunk. At most one
+        chunk of a request: its next chunk runs only once this one succeeded."""
+        batch: list[_Chunk] = []
+        groups: set[int] = set()
+        weight = size = 0
+        progress = True
+        while progress:
+            progress = False
+            for key in self._ready():
+                q = self._queues[key]
+                while q and q[0].group.failed is not None:  # after a failed chunk: not run
+                    self._settle(q.popleft(), None)
+                if not q or id(q[0].group) in groups:
+                    continue
+                c = q[0]
+                if batch and (weight + c.weight > self.max_batch or size + c.size > self.max_size):
+                    continue
+                groups.add(id(c.group))
+                batch.append(q.popleft())
+                weight, size = weight + c.weight, size + c.size
+                progress = True
+        for key in {c.key for c in batch}:
+            self._busy.add(key)
+            self._queues[key] = self._queues.pop(key)  # served: to the back of the turn
+        return batch
+
+    async def _execute(self, batch: list[_Chunk]) -> None:
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        try:
+            results: Sequence[Any] = await loop.run_in_executor(
+                self._executor, self._fn, [c.item for c in batch]
+            )
+            if len(results) != len(batch):  # a bug in fn: fail loudly, per item
+                raise RuntimeError(f"{self.name}: {len(results)} results for {len(batch)}")
+        except Exception as exc:  # the batch function itself failed
+            log.exception("%s batch of %d failed", self.name, len(batch))
+            results = [exc] * len(batch)
+        self.batches += 1
+        self.items += sum(c.weight for c in batch)
+        if self._on_batch is not None:
+            self._on_batch(sum(c.weight for c in batch), time.perf_counter() - t0)
+        for c, r in zip(batch, results, strict=True):
+            self._settle(c, r)
+        for key in {c.key for c in batch}:
+            self._busy.discard(key)
+        self._running -= 1
+        self._wake.set()  # type: ignore[union-attr]
+
+    def _settle(self, c: _Chunk, result: Any) -> None:
+        """Account one chunk as done (``result``: its result or error; None: skipped after a
+        failed chunk) and resolve its request once every chunk is."""
+        mine = self._admitted[c.key]
+        mine[0] -= c.weight
+        mine[1] -= c.size
+        self.admitted -= c.weight
+        if not mine[0] and not self._queues.get(c.key) and c.key not in self._busy:
+            self._admitted.pop(c.key, None)
+        g = c.group
+        if isinstance(result, BaseException) and g.failed is None:
+            g.failed = result
+            g.results = g.results[: c.index]
+        elif g.failed is None:
+            g.results[c.index] = result
+        g.left -= 1
+        if g.left or g.future.done():
+            return
+        if g.failed is None:
+            g.future.set_result(g.results)
+        elif g.results:  # some chunks were committed before the failure
+            g.future.set_exception(ChunkFailed(g.results, g.failed))
+        else:
+            g.future.set_exception(g.failed)
+
+    def depth(self) -> dict[str, int]:
+        """Weight admitted per key (queued or running)."""
+        return {k: v[0] for k, v in self._admitted.items() if v[0]}

@@ -2,9 +2,12 @@
 
 * Retrievals from many requests are gathered into one ``engine.retrieve_many`` call
   (``max_batch`` / ``max_wait_ms``); responses likewise into ``engine.respond_many``.
-* Writes go through a FIFO write queue into batched ``engine.add_many`` calls: one user's pages
-  are applied in the order they were accepted, and an add is acknowledged only after
-  ``add_many`` returned (committed to the store).
+* Writes go through a write queue with one FIFO per tenant (the stored ids' ``tenant/``
+  prefix), served round robin (:class:`~memoryos_gpu.server.batching.FairBatcher`) into
+  batched ``engine.add_many`` calls on ``write_lanes`` threads: a large request is split into
+  chunks (``write_chunk_pages`` / ``write_chunk_chars``), so another tenant's page is served
+  between two of its chunks instead of after all of them. One user's pages are applied in the
+  order they were accepted, and an add is acknowledged only after its pages are committed.
 * Derived work (dialogue chain, MTM placement, promotion) runs in a background thread
   (``engine.process_pending``); the engine is built with ``auto_process=False`` so request
   latency does not include it. :meth:`MemoryService.wait_for_user` is the read-your-writes
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import threading
 import time
 from collections import Counter
@@ -28,7 +32,14 @@ from typing import Any, TypeVar
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
-from memoryos_gpu.server.batching import MicroBatcher, Overloaded, Unavailable, check_state
+from memoryos_gpu.server.batching import (
+    ChunkFailed,
+    FairBatcher,
+    MicroBatcher,
+    Overloaded,
+    Unavailable,
+    check_state,
+)
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -36,7 +47,9 @@ __all__ = [
     "LLMUnavailableError",
     "MemoryService",
     "Overloaded",
+    "PartialWriteError",
     "Unavailable",
+    "tenant_of",
     "wait_until_processed",
 ]
 
@@ -46,6 +59,55 @@ T = TypeVar("T")
 
 class LLMUnavailableError(MemoryOSError):
     """``respond`` needs an engine in LLM mode."""
+
+
+class PartialWriteError(MemoryOSError):
+    """A write split into chunks failed part way: the first ``committed`` pages (``results``)
+    are stored, the rest are not (nothing after the failed chunk was run)."""
+
+    def __init__(self, results: list[AddResult], total: int, cause: BaseException) -> None:
+        ids = ", ".join(str(r.page_id) for r in results[:20]) + (
+            ", ..." if len(results) > 20 else ""
+        )
+        super().__init__(
+            f"{type(cause).__name__}: {cause}; the first {len(results)} of the request's {total} "
+            f"pages were committed (page ids {ids}), the other {total - len(results)} were not: "
+            "send those again"
+        )
+        self.results = results
+        self.cause = cause
+
+
+def tenant_of(user_id: str) -> str:
+    """The tenant a stored user id belongs to: its ``tenant/`` prefix ("" without one, as in
+    the server's open mode and for library callers)."""
+    head, sep, _ = user_id.partition("/")
+    return head if sep else ""
+
+
+def split_pages(
+    pages: Sequence[PageInput], max_pages: int, max_chars: int
+) -> list[list[PageInput]]:
+    """``pages`` in order, cut into chunks of at most ``max_pages`` pages and ``max_chars``
+    characters of text (a chunk holds at least one page, however long)."""
+    chunks: list[list[PageInput]] = []
+    cur: list[PageInput] = []
+    chars = 0
+    for p in pages:
+        n = page_chars(p)
+        if cur and (len(cur) >= max_pages or chars + n > max_chars):
+            chunks.append(cur)
+            cur, chars = [], 0
+        cur.append(p)
+        chars += n
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def page_chars(p: PageInput) -> int:
+    """A page's size as the write queue counts it: the characters of its texts."""
+    return len(p.user_input) + len(p.agent_response or "")
 
 
 def _limit_native_threads(n: int | None) -> None:
@@ -133,8 +195,10 @@ class MemoryService:
         if self.state != "created":
             return
         self.state = "starting"
+        if self.settings.switch_interval_ms is not None:
+            sys.setswitchinterval(self.settings.switch_interval_ms / 1000)
         self._read_exec = self._executor("read", 1)
-        self._write_exec = self._executor("write", 1)
+        self._write_exec = self._executor("write", self.settings.write_lanes)
         self._misc_exec = self._executor("misc", 2)
         self._respond_exec = self._executor("respond", 1)
         self._loading = asyncio.get_running_loop().create_task(self._load())
@@ -167,15 +231,18 @@ class MemoryService:
                 retry_after=s.retry_after_s,
                 on_batch=self._observer("retrieve", "retrieve_many"),
             ),
-            "write": MicroBatcher(
+            "write": FairBatcher(
                 "write",
                 self._run_writes,
                 executor=self._write_exec,  # type: ignore[arg-type]
+                lanes=s.write_lanes,
                 max_batch=s.write_max_batch,
+                max_size=s.write_batch_chars,
                 max_wait_s=s.write_max_wait_ms / 1000,
                 limit=s.write_queue_limit,
+                key_limit=s.tenant_write_queue_limit,
+                key_size_limit=s.tenant_write_queue_chars,
                 retry_after=s.retry_after_s,
-                process_cancelled=True,
                 on_batch=self._observer("write", "add_many"),
             ),
             "respond": MicroBatcher(
@@ -302,14 +369,35 @@ class MemoryService:
 
     # ================================================================== writes
     async def add_pages(self, pages: Sequence[PageInput]) -> list[AddResult]:
-        """Queue pages (many users allowed) for a batched ``add_many``; returns after commit."""
+        """Queue pages (many users allowed; one tenant, by their ids' prefix) for batched
+        ``add_many`` calls; returns after commit.
+
+        A request larger than one chunk is validated whole first (off the event loop, so bad
+        input fails it before any chunk is committed), then committed chunk by chunk between
+        other tenants' writes; if a chunk fails at run time, :class:`PartialWriteError` says
+        which pages were committed."""
         self.check_ready()
+        s = self.settings
+        chunks = split_pages(pages, s.write_chunk_pages, s.write_chunk_chars)
+        if len(chunks) > 1:
+            pages = await asyncio.get_running_loop().run_in_executor(
+                self._misc_exec, lambda: [self.engine.validate_page(p) for p in pages]
+            )
+            chunks = split_pages(pages, s.write_chunk_pages, s.write_chunk_chars)
         users = Counter(p.user_id for p in pages)
-        fut = self._batchers["write"].enqueue(list(pages), weight=max(1, len(pages)))
+        key = tenant_of(pages[0].user_id) if pages else ""
+        fut = self._batchers["write"].enqueue(  # type: ignore[call-arg]
+            key, [(c, len(c), sum(map(page_chars, c))) for c in chunks] or [([], 1, 0)]
+        )
         self._user_writes.update(users)
         fut.add_done_callback(lambda f: self._writes_done(f, users))
-        # shielded: a client that goes away does not un-queue an accepted write
-        return await asyncio.shield(fut)
+        try:
+            # shielded: a client that goes away does not un-queue an accepted write
+            done = await asyncio.shield(fut)
+        except ChunkFailed as exc:
+            committed = [r for chunk in exc.done for r in chunk]
+            raise PartialWriteError(committed, len(pages), exc.cause) from exc.cause
+        return [r for chunk in done for r in chunk]
 
     def _writes_done(self, fut: asyncio.Future, users: Counter[str]) -> None:
         if not fut.cancelled():

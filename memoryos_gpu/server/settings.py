@@ -1,8 +1,9 @@
-"""Server settings: batching, queue bounds, limits, rate limits (all overridable by keyword)."""
+"""Server settings: batching, fair queues, queue bounds, limits, rate limits (all overridable
+by keyword)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ServerSettings(BaseModel):
@@ -17,6 +18,34 @@ class ServerSettings(BaseModel):
     )
     write_max_batch: int = Field(256, ge=1, description="Pages per engine.add_many call.")
     write_max_wait_ms: float = Field(2.0, ge=0, description="Gather window of the write queue.")
+    # fair writes: one queue per tenant, served round robin in chunks, on several lanes
+    write_chunk_pages: int = Field(
+        16, ge=1, description="Pages per chunk of a large write request (the unit of turns)."
+    )
+    write_chunk_chars: int = Field(
+        50_000,
+        ge=1,
+        description="Text characters per chunk of a large write request (a chunk holds at "
+        "least one page): other tenants' writes are served between two chunks.",
+    )
+    write_batch_chars: int = Field(
+        200_000, ge=1, description="Text characters per engine.add_many call (at least a chunk)."
+    )
+    write_lanes: int = Field(
+        2,
+        ge=1,
+        description="add_many calls run at once (each tenant in one at a time, so its pages "
+        "keep their order): another tenant's write does not wait for a large chunk's "
+        "embedding, which runs outside the engine lock.",
+    )
+    tenant_write_queue_limit: int = Field(
+        4096, ge=1, description="Pages one tenant may have admitted to the write queue at once."
+    )
+    tenant_write_queue_chars: int = Field(
+        40_000_000,
+        ge=1,
+        description="Text characters one tenant may have admitted to the write queue at once.",
+    )
     respond_max_batch: int = Field(32, ge=1, description="Queries per engine.respond_many call.")
     respond_max_wait_ms: float = Field(5.0, ge=0, description="Gather window of responses.")
     # bounded queues (admitted but unanswered items); past them requests get 503 + Retry-After
@@ -46,15 +75,37 @@ class ServerSettings(BaseModel):
     max_batch_items: int = Field(1000, ge=1, description="Pages or queries in one request.")
     max_user_id_chars: int = Field(200, ge=1, le=240, description="Limit of a user id.")
     max_wait_timeout_s: float = Field(60.0, gt=0, description="Cap of /wait timeouts.")
-    # rate limit per API key (token bucket); 0 disables; open mode is not rate limited
+    # rate limits per API key (token buckets); 0 disables one; open mode is not rate limited
     rate_limit_per_s: float = Field(500.0, ge=0, description="Sustained requests per second.")
     rate_limit_burst: int = Field(1000, ge=1, description="Bucket size (burst).")
+    rate_limit_bytes_per_s: float = Field(
+        4 * 1024 * 1024, ge=0, description="Sustained request-body bytes per second."
+    )
+    rate_limit_bytes_burst: int = Field(
+        32 * 1024 * 1024,
+        ge=1,
+        description="Body bytes one key may send at once (at least max_body_bytes).",
+    )
+    rate_limit_pages_per_s: float = Field(
+        2000.0, ge=0, description="Sustained pages written per second."
+    )
+    rate_limit_pages_burst: int = Field(
+        4000, ge=1, description="Pages one key may write at once (at least max_batch_items)."
+    )
     # native kernels: OpenMP threads in the engine threads (None: leave the runtime default)
     native_threads: int | None = Field(
         None,
         ge=1,
         description="OpenMP threads of engine calls; None = 1 on machines with <= 2 cores "
         "(tiny per-request batches lose to OpenMP wake-up cost there), else the runtime default.",
+    )
+    switch_interval_ms: float | None = Field(
+        1.0,
+        gt=0,
+        description="The interpreter's thread switch interval while the server runs "
+        "(sys.setswitchinterval, process-wide; Python's default is 5 ms): a small request "
+        "waits for the interpreter lock behind a thread busy with another tenant's large pages "
+        "about this long at each of its steps. None = leave it.",
     )
     direct_routes: bool = Field(
         True,
@@ -65,3 +116,42 @@ class ServerSettings(BaseModel):
     close_engine: bool | None = Field(
         None, description="Close the engine on shutdown (default: only if the server built it)."
     )
+
+    @model_validator(mode="after")
+    def _requests_within_limits_fit(self) -> ServerSettings:
+        """A request the size limits allow must fit the rate-limit buckets and the tenant's
+        queue share; otherwise it could never be served, only retried forever."""
+        checks = [
+            (
+                "rate_limit_bytes_burst",
+                self.rate_limit_bytes_burst,
+                "max_body_bytes",
+                self.max_body_bytes,
+                self.rate_limit_bytes_per_s,
+            ),
+            (
+                "rate_limit_pages_burst",
+                self.rate_limit_pages_burst,
+                "max_batch_items",
+                self.max_batch_items,
+                self.rate_limit_pages_per_s,
+            ),
+            (
+                "tenant_write_queue_limit",
+                self.tenant_write_queue_limit,
+                "max_batch_items",
+                self.max_batch_items,
+                1,
+            ),
+            (
+                "tenant_write_queue_chars",
+                self.tenant_write_queue_chars,
+                "max_body_bytes",
+                self.max_body_bytes,
+                1,
+            ),
+        ]
+        for name, value, bound, need, enabled in checks:
+            if enabled and value < need:
+                raise ValueError(f"{name} ({value}) must be at least {bound} ({need})")
+        return self

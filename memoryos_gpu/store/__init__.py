@@ -2,8 +2,16 @@
 store several engine processes share. The arena is rebuilt from the store on open."""
 
 from memoryos_gpu.store.sqlite import SCHEMA_VERSION, SQLiteStore, StoreError
+from memoryos_gpu.store.writer import StoreLockedError
 
-__all__ = ["SCHEMA_VERSION", "SQLiteStore", "StoreError", "is_url", "open_store"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "SQLiteStore",
+    "StoreError",
+    "StoreLockedError",
+    "is_url",
+    "open_store",
+]
 
 
 def is_url(spec: str) -> bool:
@@ -12,20 +20,28 @@ def is_url(spec: str) -> bool:
     return spec.startswith(("postgresql://", "postgres://"))
 
 
-def open_store(spec: str) -> SQLiteStore:
+def open_store(
+    spec: str, *, writer: bool = True, shard: tuple[int, int] | None = None
+) -> SQLiteStore:
     """Open (creating if needed) the store ``spec``: a ``postgresql://user@host/db`` URL (a
     :class:`~memoryos_gpu.store.postgres.PostgresStore`), a SQLite file, a directory (the file
     ``memory.sqlite3`` inside it), or ``:memory:``. Every backend is a :class:`SQLiteStore`
-    (the base that holds their shared SQL)."""
+    (the base that holds their shared SQL).
+
+    ``writer``: claim the store (one writer per store, :mod:`memoryos_gpu.store.writer`;
+    refused with :class:`StoreLockedError` while another writer holds it); ``False`` for tools
+    that only read. ``shard=(i, n)``: on PostgreSQL, claim only shard ``i`` of ``n`` of the
+    shared database (the shard engines of one layout write it side by side); SQLite stores are
+    one per shard, so there it changes nothing."""
     from pathlib import Path
 
     if is_url(spec):
         from memoryos_gpu.store.postgres import PostgresStore
 
-        return PostgresStore(spec)
+        return PostgresStore(spec, writer=writer, shard=shard)
     if spec == ":memory:":
         return SQLiteStore(spec)
     p = Path(spec)
     if p.suffix not in (".sqlite", ".sqlite3", ".db"):
         p = p / "memory.sqlite3"
-    return SQLiteStore(p)
+    return SQLiteStore(p, writer=writer)

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import re
+import socket
 import threading
-from collections.abc import Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -310,11 +313,24 @@ class PostgresStore(SQLiteStore):
     """
 
     _DIALECT = "PostgreSQL"
+    _TENANT_SQL = (  # sqlite.py's, with strpos for instr
+        "CASE WHEN strpos(p.user_id, '/') > 0 "
+        "THEN substr(p.user_id, 1, strpos(p.user_id, '/') - 1) ELSE '' END"
+    )
 
-    def __init__(self, url: str, *, pool_size: int = 8, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 8,
+        connect_timeout: float = 10.0,
+        writer: bool = True,
+        shard: tuple[int, int] | None = None,
+    ) -> None:
         self.url = url
         self.path = redact(url)  # what every message (ours and sqlite.py's) names
         self._closed = True
+        self._writer: WriterClaim | None = None
         self.load_stats: dict[str, dict[str, float]] = {}
         if psycopg is None:
             raise StoreError(
@@ -355,6 +371,8 @@ class PostgresStore(SQLiteStore):
         self._closed = False
         try:
             self._migrate()
+            if writer:
+                self._writer = WriterClaim(self, shard, timeout)
         except StoreError:
             self.close()
             raise
@@ -491,11 +509,17 @@ class PostgresStore(SQLiteStore):
             self._pool.putconn(conn)
 
     def close(self) -> None:
-        """Close every pooled connection (idempotent)."""
+        """Close every pooled connection and give the writer claim up (idempotent)."""
         with self._lock:
             if not self._closed:
                 self._closed = True
                 self._pool.close()
+                self._release_writer()
+
+    def _release_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
 
     # ------------------------------------------------------------------ dialect specifics
     def check_integrity(self) -> list[str]:
@@ -542,3 +566,129 @@ class PostgresStore(SQLiteStore):
         """
         with self.transaction() as db:
             return self._delete_user_rows(db, user_id)
+
+
+# ====================================================================== one writer per shard
+#: The first key of every writer lock (pg_locks.classid), with the schema hashed in: one
+#: database may hold several stores, one per schema.
+_WRITER_NAMESPACE = "memoryos-gpu writer"
+_WHOLE = 0  # second key of the whole-store lock; a shard's is (count << 16) | index
+MAX_SHARDS = 32767  # so a shard's key fits a positive int4
+
+
+class WriterClaim:
+    """This engine's claim on a shared PostgreSQL store: session-level advisory locks on a
+    connection of their own (never pooled, so nothing else resets them), released when it
+    closes, including when the process dies and the server drops its connection.
+
+    Claims (two int4 keys: the schema's namespace, then what is claimed):
+
+    * the whole store (a plain engine, ``shard=None``): the whole-store key, exclusive;
+    * shard ``i`` of ``n``: the whole-store key *shared* (shard engines write side by side, a
+      whole-store writer is kept out) and the shard's own key exclusive; a shard of another
+      layout (another ``n``, whose users overlap this one's) is refused too.
+
+    The holder is named from ``pg_stat_activity``: the claim's connection carries
+    ``application_name`` "<program> <subcommand> pid <pid> on <host>" (e.g. "memoryos-gpu
+    serve pid 4242 on box-1") and its ``backend_start`` is when the claim was made.
+    """
+
+    def __init__(self, store: PostgresStore, shard: tuple[int, int] | None, timeout: int) -> None:
+        from memoryos_gpu.store.writer import command_line
+
+        self.store = store.path
+        self.shard = _check_shard(shard)
+        name = f"{_short(command_line())} pid {os.getpid()} on {socket.gethostname()}"
+        self._name = name.encode()[:63].decode("utf-8", "ignore")  # the server keeps 63 bytes
+        try:
+            self._conn = psycopg.connect(
+                store.url, autocommit=True, connect_timeout=timeout, application_name=self._name
+            )
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"cannot connect to store {store.path} to claim it: {store._clean(exc)}"
+            ) from None
+        try:
+            self._claim()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _claim(self) -> None:
+        schema = self._conn.execute("SELECT current_schema()").fetchone()[0]
+        self.namespace = zlib.crc32(f"{_WRITER_NAMESPACE} {schema}".encode()) & 0x7FFFFFFF
+        if self.shard is None:
+            if not self._try("pg_try_advisory_lock", _WHOLE):
+                self._refuse(self._holders(lambda k: True), "store")
+            return
+        index, count = self.shard
+        if not self._try("pg_try_advisory_lock_shared", _WHOLE):
+            self._refuse(self._holders(lambda k: k == _WHOLE, exclusive=True), "store")
+        key = (count << 16) | index
+        if not self._try("pg_try_advisory_lock", key):
+            self._refuse(self._holders(lambda k: k == key), f"shard {index}/{count} of store")
+        other = self._holders(lambda k: k != _WHOLE and k >> 16 != count)
+        if other:  # claimed after our lock, so of two racing layouts neither gets through
+            self._refuse(other, f"shard {index}/{count} of store")
+
+    def _try(self, fn: str, key: int) -> bool:
+        return bool(self._conn.execute(f"SELECT {fn}(%s, %s)", (self.namespace, key)).fetchone()[0])
+
+    def _holders(
+        self, wanted: Callable[[int], bool], *, exclusive: bool = False
+    ) -> list[tuple[int, int, str, Any]]:
+        """(backend pid, key, application_name, backend_start) of the other sessions holding
+        a writer lock of this store whose key satisfies ``wanted`` (``exclusive``: only
+        exclusive holders, the ones a shared claim waits for)."""
+        mode = " AND l.mode = 'ExclusiveLock'" if exclusive else ""
+        rows = self._conn.execute(
+            "SELECT l.pid, l.objid::bigint, COALESCE(a.application_name, ''), a.backend_start "
+            "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
+            "AND l.classid = %s::bigint::oid AND l.pid <> pg_backend_pid() "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            + mode,
+            (self.namespace,),
+        ).fetchall()
+        return [r for r in rows if wanted(int(r[1]))]
+
+    def _refuse(self, holders: list[tuple[int, int, str, Any]], scope: str) -> None:
+        from memoryos_gpu.store.writer import StoreLockedError, refusal
+
+        if not holders:  # released between our try and the look-up: say so, do not guess
+            raise StoreLockedError(
+                f"{scope} {self.store} was held by another writer a moment ago; try again"
+            )
+        sessions: dict[int, tuple[list[int], str, Any]] = {}
+        for pid, key, app, started in holders:
+            sessions.setdefault(pid, ([], app, started))[0].append(key)
+        names = []
+        for pid, (keys, app, started) in list(sessions.items())[:4]:
+            shards = [f"shard {k & 0xFFFF}/{k >> 16}" for k in keys if k != _WHOLE]
+            what = ", ".join(shards) or "the whole store"
+            since = f", since {started:%Y-%m-%d %H:%M:%S %Z}" if started is not None else ""
+            who = f"this process ({app})" if app == self._name else app or "an unnamed session"
+            names.append(f"{who} ({what}; server pid {pid}{since})")
+        raise StoreLockedError(refusal(self.store, "; ".join(names), scope))
+
+    def release(self) -> None:
+        """Give the claim up (idempotent): closing the session drops its advisory locks."""
+        with suppress(Exception):
+            self._conn.close()
+
+
+def _check_shard(shard: tuple[int, int] | None) -> tuple[int, int] | None:
+    if shard is None or int(shard[1]) == 1:
+        return None  # one shard of one is the whole store
+    index, count = int(shard[0]), int(shard[1])
+    if not 0 <= index < count <= MAX_SHARDS:
+        raise StoreError(f"shard {index}/{count}: need 0 <= index < count <= {MAX_SHARDS}")
+    return index, count
+
+
+def _short(command: str) -> str:
+    """The program and its first argument that is not an option ("memoryos-gpu serve",
+    "memoryos_gpu ingest"): what fits in application_name's 63 bytes beside pid and host."""
+    words = command.split()
+    rest = [w for w in words[1:] if not w.startswith("-")][:1]
+    return " ".join(words[:1] + rest)[:32]

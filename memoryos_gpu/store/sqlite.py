@@ -207,11 +207,19 @@ class SQLiteStore:
     Opening refuses (with :class:`StoreError`) a file that is not SQLite, a SQLite database
     that is not a memoryos-gpu store, and a store written by a newer schema; an older store is
     migrated forward (:data:`MIGRATIONS`).
+
+    ``writer`` (default): claim the store for this object until :meth:`close`, so no other
+    writer opens it meanwhile (:mod:`memoryos_gpu.store.writer`); a second claim raises
+    :class:`~memoryos_gpu.store.writer.StoreLockedError` naming the holder. ``writer=False``
+    is for tools that only read: they open beside a writer (and must not write).
     """
 
-    def __init__(self, path: str | Path = ":memory:") -> None:
+    def __init__(self, path: str | Path = ":memory:", *, writer: bool = True) -> None:
+        from memoryos_gpu.store.writer import SQLiteWriterLock
+
         self.path = str(path)
         self._closed = False
+        self._writer: SQLiteWriterLock | None = None
         #: Seconds spent in the last bulk load, by phase (``sql``: fetching rows, ``join``:
         #: joining blobs into matrices), keyed by loader name; read by benchmarks/reopen.py.
         self.load_stats: dict[str, dict[str, float]] = {}
@@ -219,11 +227,15 @@ class SQLiteStore:
             if Path(self.path).is_dir():
                 raise StoreError(f"cannot open store {self.path}: it is a directory")
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            if writer:  # first: a refused open must not touch the database
+                self._writer = SQLiteWriterLock(self.path)
+                self._writer.acquire()
         try:
             self._db = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None, timeout=30.0
             )
         except sqlite3.Error as exc:
+            self._release_writer()
             raise StoreError(f"cannot open store {self.path}: {exc}") from exc
         self._lock = threading.RLock()
         self._depth = 0
@@ -232,10 +244,22 @@ class SQLiteStore:
             self._migrate()
         except StoreError:
             self._db.close()
+            self._release_writer()
             raise
         except sqlite3.DatabaseError as exc:  # "file is not a database", corrupt header, ...
             self._db.close()
+            self._release_writer()
             raise StoreError(f"{self.path} is not a usable memoryos-gpu store: {exc}") from exc
+
+    def _release_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this store object holds the store's writer claim."""
+        return self._writer is not None
 
     def _configure(self) -> None:
         db = self._db
@@ -366,11 +390,12 @@ class SQLiteStore:
             return self._db.execute(sql, params).fetchall()
 
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connection and give the writer claim up (idempotent)."""
         with self._lock:
             if not self._closed:
                 self._closed = True
                 self._db.close()
+                self._release_writer()
 
     def check_integrity(self) -> list[str]:
         """Problems found by SQLite's integrity and foreign-key checks (empty when sound)."""
@@ -538,16 +563,29 @@ class SQLiteStore:
             )
         ]
 
+    #: The tenant of ``user_id`` in SQL: its ``tenant/`` prefix, '' without one (the server
+    #: stores a tenant's users as ``tenant/user``).
+    _TENANT_SQL = (
+        "CASE WHEN instr(p.user_id, '/') > 0 "
+        "THEN substr(p.user_id, 1, instr(p.user_id, '/') - 1) ELSE '' END"
+    )
+
     def pending_round(self, kind: str, limit: int) -> list[tuple[int, str, int]]:
-        """(work_id, user_id, ref) of the oldest pending item of each user that has one, oldest
-        first, at most ``limit``: one scheduling round. One item per user keeps each user's
-        items in order (the next one waits for the next round)."""
+        """(work_id, user_id, ref) of the oldest pending item of each user that has one, at
+        most ``limit``: one scheduling round. One item per user keeps each user's items in
+        order (the next one waits for the next round).
+
+        Tenants take turns: the round holds the oldest user of every tenant first, then the
+        second oldest of each, and so on (oldest first within a turn), so a tenant with a
+        thousand users pending does not push another tenant's one page into later rounds.
+        Without tenant prefixes this is oldest first."""
         return [
             tuple(r)
             for r in self.query(
-                "SELECT p.work_id, p.user_id, p.ref FROM pending p JOIN (SELECT MIN(work_id) "
-                "AS w FROM pending WHERE kind = ? GROUP BY user_id) m ON p.work_id = m.w "
-                "ORDER BY p.work_id LIMIT ?",
+                "SELECT work_id, user_id, ref FROM (SELECT p.work_id, p.user_id, p.ref, "
+                f"ROW_NUMBER() OVER (PARTITION BY {self._TENANT_SQL} ORDER BY p.work_id) AS turn "
+                "FROM pending p JOIN (SELECT MIN(work_id) AS w FROM pending WHERE kind = ? "
+                "GROUP BY user_id) m ON p.work_id = m.w) r ORDER BY turn, work_id LIMIT ?",
                 (kind, int(limit)),
             )
         ]

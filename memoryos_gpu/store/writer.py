@@ -1,0 +1,198 @@
+"""One writer per store: who holds a store, and the lock that keeps a second writer out.
+
+Why: an engine keeps its users' state in memory (STM, sequence numbers, segments, the arena)
+and writes the store as if it were the only writer. A second writer on the same store (say
+``memoryos-gpu ingest`` beside a running ``memoryos-gpu serve``) is invisible to the first, whose
+next write for a shared user then collides (``UNIQUE constraint failed: pages.user_id,
+pages.seq``). So opening a store for writing claims it, and a second claim is refused at open
+with :class:`StoreLockedError`, whose message names the holder (pid, host, command, since when).
+
+* SQLite: an OS lock (``flock``) on a sidecar file next to the database
+  (``memory.sqlite3.lock``), which also holds the holder's record as JSON. The kernel drops the
+  lock when its process exits however it exits (kill -9 included), so a stale lock cannot
+  happen; a record left in the file by a dead holder is never shown, because the record is only
+  read when the lock is held. ``flock`` is per open file, so a second engine in the *same*
+  process is refused too. Why not the ``filelock`` package: its lock files carry no holder
+  record (a waiter opens them truncating), and where ``flock`` is missing it falls back to a
+  soft lock that a killed process leaves behind; the kernel lock plus a record is 60 lines.
+* PostgreSQL: session-level advisory locks, held by a connection of their own
+  (:mod:`memoryos_gpu.store.postgres`), per shard of the shared database.
+
+Read-only tools (``memoryos-gpu stats``, ``profile``, ``export``) open a store without claiming
+it and work beside a running writer.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from memoryos_gpu.store.sqlite import StoreError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock; the lock is not enforced there
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["Holder", "SQLiteWriterLock", "StoreLockedError", "lock_path", "this_process"]
+
+#: Longest command line kept in a holder record (the rest is cut, marked with "...").
+MAX_COMMAND_CHARS = 300
+_SECRET_FLAG = re.compile(r"(key|token|secret|password)", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(://[^/:@\s]+):[^@/\s]+@")
+
+
+class StoreLockedError(StoreError):
+    """Another writer holds the store (or this shard of it): opening it to write is refused.
+
+    ``holder``: the holder's record when it could be read (None otherwise)."""
+
+    def __init__(self, message: str, holder: Holder | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a store: enough for an operator to find the process."""
+
+    pid: int
+    host: str
+    command: str
+    since: float  # epoch seconds
+
+    def describe(self) -> str:
+        when = datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        me = self.pid == os.getpid() and self.host == socket.gethostname()
+        who = "this process" if me else f"pid {self.pid} on {self.host}"
+        return f"{who} ({self.command}), since {when}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Holder | None:
+        try:
+            d = json.loads(text)
+            return cls(int(d["pid"]), str(d["host"]), str(d["command"]), float(d["since"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """This process's command line, safe to show: passwords in URLs and the values of options
+    named like keys, tokens, secrets or passwords masked; cut to :data:`MAX_COMMAND_CHARS`."""
+    args = list(sys.argv if argv is None else argv) or ["python"]
+    out: list[str] = [program_name(args[0])]
+    hide_next = False
+    for a in args[1:]:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        flag, eq, _ = a.partition("=")
+        if flag.startswith("-") and _SECRET_FLAG.search(flag):
+            if eq:
+                out.append(f"{flag}=***")
+            else:
+                out.append(a)
+                hide_next = True
+            continue
+        out.append(_URL_PASSWORD.sub(r"\1:***@", a))
+    text = " ".join(out)
+    return text if len(text) <= MAX_COMMAND_CHARS else text[: MAX_COMMAND_CHARS - 3] + "..."
+
+
+def program_name(argv0: str) -> str:
+    """``argv[0]`` as a person would type it: ``memoryos-gpu``, or the package of a
+    ``python -m package`` run (whose ``argv[0]`` is ``.../package/__main__.py``)."""
+    p = Path(argv0)
+    return p.parent.name if p.name == "__main__.py" and p.parent.name else p.name or argv0
+
+
+def this_process() -> Holder:
+    """The record a writer leaves for whoever is refused."""
+    return Holder(os.getpid(), socket.gethostname(), command_line(), time.time())
+
+
+def lock_path(db_path: str | os.PathLike[str]) -> Path:
+    """The sidecar lock file of a SQLite store: ``<database>.lock`` beside it, named after the
+    database's real path (a symlink to the store locks the same file)."""
+    return Path(os.path.realpath(db_path) + ".lock")
+
+
+def refusal(store: str, who: str, scope: str = "store") -> str:
+    """The message of a refused open: who holds it (``who``), and what to do instead."""
+    return (
+        f"{scope} {store} is open for writing by {who}; one engine process writes a store at "
+        "a time. Stop that process, or send the pages through its server (POST /v1/pages); "
+        "read-only commands (stats, profile, export) still work beside it"
+    )
+
+
+class SQLiteWriterLock:
+    """The ``flock`` on a SQLite store's sidecar file, held from :meth:`acquire` until
+    :meth:`release` (or the process's end)."""
+
+    def __init__(self, db_path: str | os.PathLike[str]) -> None:
+        self.store = str(db_path)
+        self.path = lock_path(db_path)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Claim the store, or raise :class:`StoreLockedError` naming the holder."""
+        if fcntl is None or self._fd is not None:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot open the writer lock {self.path} of store {self.store}: {exc.strerror}"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_holder(fd)
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StoreError(
+                    f"cannot lock store {self.store} ({self.path}): {exc.strerror}"
+                ) from None
+            who = holder.describe() if holder else "another process (it left no record yet)"
+            raise StoreLockedError(refusal(self.store, who), holder) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, this_process().to_json().encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Give the store up (idempotent); the record is cleared first."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)  # closing the file drops the flock
+
+
+def _read_holder(fd: int) -> Holder | None:
+    """The record in a lock file another process holds. It writes the record right after it
+    wins the lock, so an empty file is retried briefly before giving up."""
+    for _ in range(20):
+        data = os.pread(fd, 4096, 0)
+        if data:
+            return Holder.from_json(data.decode("utf-8", "replace"))
+        time.sleep(0.005)
+    return None
