@@ -91,9 +91,10 @@ class UserVocabulary:
             raise ValueError("repeats must add up to the number of ids")
         keys = (np.maximum(idx, 0) << 32) | ids
         order = np.argsort(keys, kind="stable")  # sorted probes walk each run in order
+        probes = keys[order]
         found = np.zeros(keys.size, np.int64)
-        for run_keys, run_counts in self._runs:
-            found += _lookup(run_keys, run_counts, keys[order])
+        for run_keys, run_counts in self._runs:  # O(log n) runs
+            found += _lookup(run_keys, run_counts, probes)
         out = np.empty_like(found)
         out[order] = found
         return np.where((idx >= 0) & (ids >= 0), out, 0)
