@@ -93,7 +93,7 @@ class UserVocabulary:
         order = np.argsort(keys, kind="stable")  # sorted probes walk each run in order
         probes = keys[order]
         found = np.zeros(keys.size, np.int64)
-        for run_keys, run_counts in self._runs:  # O(log n) runs
+        for run_keys, run_counts in self._runs:  # O(log n) runs; one list, read once
             found += _lookup(run_keys, run_counts, probes)
         out = np.empty_like(found)
         out[order] = found
@@ -116,15 +116,17 @@ class UserVocabulary:
         return np.fromiter((index[u] for u in users), np.int64, len(users))
 
     def _push(self, keys: np.ndarray, counts: np.ndarray) -> None:
-        """A new run, merged with the newest runs while they are not much larger."""
-        runs = self._runs
-        runs.append((keys, counts))
+        """A new run, merged with the newest runs while they are not much larger. The merge
+        works on a copy that replaces the list in one assignment, so a lookup running outside
+        the engine lock sees the runs before or after an addition, never half of one."""
+        runs = [*self._runs, (keys, counts)]
         while len(runs) > 1 and runs[-2][0].size <= _MERGE_RATIO * runs[-1][0].size:
             new_keys, new_counts = runs.pop()
             old_keys, old_counts = runs.pop()
             merged = _combine(old_keys, old_counts, new_keys, new_counts)
             if merged[0].size:
                 runs.append(merged)
+        self._runs = runs
 
 
 def _combine(
