@@ -49,7 +49,7 @@ from memoryos_gpu.eval.locomo import default_locomo_path
 # cProfile rows are grouped by where the function lives
 PROFILE_GROUPS = [
     ("embedding", ("embedding.py",)),
-    ("kernels (native)", ("memoryos_gpu._C", "_C.", "retrieve' of", "knowledge_topk' of")),
+    ("kernels (native)", ("memoryos_gpu._C", "retrieve' of", "knowledge_topk' of")),
     ("query terms", ("lexical.py",)),
     ("heat write-behind", ("heat.py",)),
     ("assembly", ("assembly.py", "types.py")),

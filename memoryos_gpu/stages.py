@@ -9,8 +9,10 @@ Two modes share one interface so the engine never branches on it:
   calls. Invalid output falls back to the extractive result for that item (counted), so a bad
   model answer never loses a page.
 - :class:`ExtractiveStages` makes no LLM call: continuity by embedding similarity, keywords by
-  the TF-IDF extractor, extractive summaries and first-person user facts. Results say which mode
-  produced them (``mode`` field), so nothing pretends to be an LLM.
+  the TF-IDF extractor weighed against the user's own vocabulary (words the page shares with
+  the user's other pages, so pages on one topic share keywords and form segments), extractive
+  summaries and first-person user facts. Results say which mode produced them (``mode``
+  field), so nothing pretends to be an LLM.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ import numpy as np
 
 from memoryos_gpu import prompts
 from memoryos_gpu.llm.base import ChatRequest, LLMBackend
-from memoryos_gpu.text.keywords import KeywordExtractor
+from memoryos_gpu.text.keywords import (
+    KeywordExtractor,
+    hash_keyword,
+    topic_keywords,
+    topic_weights,
+)
+from memoryos_gpu.text.vocabulary import UserVocabulary
 
 
 @dataclass
@@ -117,7 +125,12 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 class ExtractiveStages:
-    """LLM-free stages: a documented quality/cost trade-off for bulk ingestion."""
+    """LLM-free stages: a documented quality/cost trade-off for bulk ingestion.
+
+    ``vocabulary`` (each user's document frequencies) makes a page's keywords the words that tie
+    it to the user's other pages (:func:`~memoryos_gpu.text.keywords.topic_weights`); without
+    one, a page keeps its own most distinctive words, which pages on one topic rarely share.
+    """
 
     mode = "extractive"
 
@@ -125,33 +138,51 @@ class ExtractiveStages:
         self,
         extractor: KeywordExtractor,
         *,
+        vocabulary: UserVocabulary | None = None,
         continuity_threshold: float = 0.55,
         page_keywords: int = 8,
         max_facts: int = 5,
     ) -> None:
         self.extractor = extractor
+        self.vocabulary = vocabulary
         self.continuity_threshold = continuity_threshold
         self.page_keywords = page_keywords
         self.max_facts = max_facts
         self.stats = StageStats()
 
     def pages(self, work: Sequence[PageWork]) -> list[PageOutcome]:
-        return [self._page(w) for w in work]
+        keywords = self._keywords(work)
+        return [self._page(w, k) for w, k in zip(work, keywords, strict=True)]
 
-    def _page(self, w: PageWork) -> PageOutcome:
+    def _keywords(self, work: Sequence[PageWork]) -> list[list[str]]:
+        """Each page's keywords; with a vocabulary, one weighing for the whole batch."""
+        texts = [f"{w.page['user_input'] or ''}\n{w.page['agent_response'] or ''}" for w in work]
+        if self.vocabulary is None:
+            return [self.extractor.extract(t, top_n=self.page_keywords) for t in texts]
+        scores = [self.extractor.scores(t) for t in texts]  # insertion order = first occurrence
+        users = [str(w.page.get("user_id", "")) for w in work]
+        sizes = [len(sc) for sc in scores]
+        ids = np.fromiter((hash_keyword(t) for sc in scores for t in sc), np.int64, sum(sizes))
+        flat = np.fromiter((v for sc in scores for v in sc.values()), np.float64, sum(sizes))
+        weights = topic_weights(
+            flat,
+            self.vocabulary.df(users, ids, sizes),
+            np.repeat(self.vocabulary.pages(users), sizes),
+        )
+        return topic_keywords([list(sc) for sc in scores], weights, flat, self.page_keywords)
+
+    def _page(self, w: PageWork, keywords: list[str]) -> PageOutcome:
         continuous = (
             w.prev_embedding is not None
             and _cosine(w.prev_embedding, w.embedding) >= self.continuity_threshold
         )
-        summary = prompts.fallback_topic_summary(
-            [w.page], extractor=self.extractor, max_keywords=self.page_keywords
-        )
+        summary = prompts.fallback_topic_summary([w.page], extractor=self.extractor, max_keywords=0)
         meta = (
             w.prev_meta
             if (continuous and w.prev_meta)
             else prompts.fallback_chain_meta(None, w.page)
         )
-        return PageOutcome(continuous, meta or "", summary.summary, summary.keywords, self.mode)
+        return PageOutcome(continuous, meta or "", summary.summary, keywords, self.mode)
 
     def promotions(self, work: Sequence[PromotionWork]) -> list[PromotionOutcome]:
         return [PromotionOutcome({}, self._user_facts(w.pages), [], self.mode) for w in work]

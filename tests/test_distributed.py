@@ -149,7 +149,11 @@ def retrieval_snapshot(r: Any, seq_of: dict[int, int]) -> tuple:
     return (
         r.user_id,
         [seq_of[p.page_id] for p in r.stm],
-        [(seq_of[p.page_id], round(p.score, 5)) for p in r.pages],
+        # pages of equal score come in pool-slot order, which follows the arena's layout (slots
+        # freed by an eviction are reused), not the pages: compare ties in page order
+        sorted(
+            ((seq_of[p.page_id], round(p.score, 5)) for p in r.pages), key=lambda x: (-x[1], x[0])
+        ),
         r.profile,
         [(k.text, round(k.score, 5)) for k in r.user_knowledge],
         sorted(k.text for k in r.assistant_knowledge),

@@ -25,6 +25,8 @@ from memoryos_gpu.text.keywords import (
     normalize_word,
     pack_keywords,
     tokenize,
+    topic_keywords,
+    topic_weights,
     unpack_keywords,
     yake_available,
 )
@@ -219,3 +221,46 @@ def test_fast_tokens_equal_the_full_tokenizer(text: str) -> None:
     assert _norm_tokens("Caroline's dog don't O\u2019Neil Straße") == [
         n for n, _, _ in _raw_tokens("Caroline's dog don't O\u2019Neil Straße")
     ]
+
+
+# ------------------------------------------------------------------ topic keywords
+def test_topic_weights_zero_for_words_said_once_or_everywhere():
+    # df: 1 (only this page), 2, 5, 10 of the user's 10 pages
+    w = topic_weights(np.array([3.0, 1.0, 1.0, 9.0]), np.array([1, 2, 5, 10]), np.full(4, 10))
+    assert w[0] == 0.0 and w[3] == 0.0
+    assert w[1] == pytest.approx(1.0 * 1 * np.log(5.0))
+    assert w[2] == pytest.approx(1.0 * 4 * np.log(2.0))
+
+
+def test_topic_weights_unknown_or_inconsistent_counts_are_not_keywords():
+    w = topic_weights(np.array([1.0, 1.0, 1.0]), np.array([0, 3, 2]), np.array([0, 2, 1]))
+    assert w.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_topic_keywords_rank_by_weight_ties_by_first_occurrence():
+    cands = [["portland", "km", "run", "knee"], ["kelp"]]
+    weights = np.array([0.0, 2.0, 2.0, 5.0, 1.0])
+    scores = np.array([9.0, 1.0, 1.0, 1.0, 1.0])
+    got = topic_keywords(cands, weights, scores, top_n=2)
+    assert got == [["knee", "km"], ["kelp"]]  # portland (said once) never; km before run
+    assert topic_keywords(cands, weights, scores, top_n=8)[0] == ["knee", "km", "run"]
+
+
+def test_topic_keywords_page_sharing_nothing_keeps_its_best_scored_words():
+    cands = [["okafor", "physio", "worse"]]
+    got = topic_keywords(cands, np.zeros(3), np.array([2.0, 3.0, 2.0]), top_n=2)
+    assert got == [["physio", "okafor"]]
+
+
+def test_topic_keywords_empty_pages_and_batches():
+    assert topic_keywords([], np.zeros(0), np.zeros(0), top_n=8) == []
+    assert topic_keywords([[], ["a"]], np.array([1.0]), np.array([1.0]), 8) == [[], ["a"]]
+    assert topic_keywords([["a"]], np.array([1.0]), np.array([1.0]), 0) == [[]]
+    with pytest.raises(ValueError, match="one weight"):
+        topic_keywords([["a", "b"]], np.array([1.0]), np.array([1.0]), 8)
+
+
+def test_topic_keywords_unicode_words_pass_through():
+    cands = [["東京", "über", "café"]]
+    got = topic_keywords(cands, np.array([1.0, 3.0, 0.0]), np.ones(3), top_n=8)
+    assert got == [["über", "東京"]]

@@ -22,6 +22,7 @@ from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
 from memoryos_gpu.store import SQLiteStore, open_store
 from memoryos_gpu.text.keywords import KeywordExtractor
+from memoryos_gpu.text.vocabulary import UserVocabulary
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
 from .derived import DerivedWork
@@ -112,9 +113,12 @@ class MemoryEngine:
                 gpu_dtype=self.config.gpu_dtype,
             )
         )
-        extractor = KeywordExtractor()
+        extractor, vocabulary = KeywordExtractor(), UserVocabulary()
         extractive = ExtractiveStages(
-            extractor, continuity_threshold=m.continuity_threshold, page_keywords=m.page_keywords
+            extractor,
+            vocabulary=vocabulary,
+            continuity_threshold=m.continuity_threshold,
+            page_keywords=m.page_keywords,
         )
         self.llm = llm
         stages: ExtractiveStages | LLMStages = extractive
@@ -135,6 +139,7 @@ class MemoryEngine:
             store=store,
             arena=arena,
             extractor=extractor,
+            vocabulary=vocabulary,
             stages=stages,
         )
         self._heat = Heat(state, self)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from memoryos_gpu.errors import UnknownUserError
-from memoryos_gpu.lexical import terms_to_blobs
+from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
 from memoryos_gpu.store.sqlite import emb_blob
 
 from .heat import Heat
@@ -56,6 +56,7 @@ class Items:
             terms = page_terms_of(
                 [(new["user_input"], new["agent_response"], row["timestamp"], row["extra"])]
             )
+            old_terms = terms_from_blobs([s.store.page_terms([page_id]).get(page_id)])
             with s.store.transaction() as db:
                 db.execute(
                     "UPDATE pages SET user_input = ?, agent_response = ?, embedding = ?, "
@@ -77,6 +78,8 @@ class Items:
                     {"before": {k: row[k] for k in new}, "after": new},
                 )
             s.edits += 1  # a derived round that read this page re-checks it
+            s.vocabulary.add([row["user_id"]], old_terms, sign=-1)
+            s.vocabulary.add([row["user_id"]], terms)
             s.views.edit_page(page_id, new["user_input"], new["agent_response"])
             slots = np.flatnonzero(s.page_of_slot == page_id)
             if slots.size:
@@ -92,6 +95,7 @@ class Items:
             if row is None:
                 return False
             user = s.users.get(row["user_id"])
+            old_terms = terms_from_blobs([s.store.page_terms([page_id]).get(page_id)])
             with s.store.transaction() as db:
                 db.execute("DELETE FROM pending WHERE kind = 'page' AND ref = ?", (page_id,))
                 db.execute("UPDATE pages SET next_page = NULL WHERE next_page = ?", (page_id,))
@@ -118,6 +122,7 @@ class Items:
             s.arena.delete_pages(slots)
             s.page_of_slot[slots] = -1
             s.views.drop_pages([page_id])
+            s.vocabulary.add([row["user_id"]], old_terms, sign=-1)
             return True
 
     # ---------------------------------------------------------------- knowledge
@@ -202,6 +207,7 @@ class Items:
             s.edits += 1
             s.views.drop_pages(page_ids)
             s.profiles.pop(user_id, None)
+            s.vocabulary.forget(user_id)
             if user is None:
                 return s.store.delete_user(user_id)
             s.views.drop_knowledge(int(e) for e in s.entry_of_ring[user.owner] if e >= 0)

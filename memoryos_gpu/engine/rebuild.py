@@ -6,7 +6,7 @@ segments, pages (embeddings and BM25 term rows) and knowledge arrive in chunks t
 straight into it, so the peak memory is the arena plus one chunk. The texts retrievals show
 (pages, knowledge, profiles) are loaded into the in-memory views the same way. Heat is
 recomputed, not stored; the keyword statistics are the saved copy plus every page accepted
-after it.
+after it; each user's vocabulary is counted from the pages' stored term rows.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class Rebuild:
         for uid, page_ids in s.store.load_stm().items():
             s.users[uid].stm.extend(page_ids)
         self._backfill_terms()
+        self._count_vocabulary()
         seg_index = self._load_segments()
         self._load_mtm_pages(*seg_index)
         self._load_knowledge()
@@ -125,6 +126,24 @@ class Rebuild:
             s.store.set_page_terms(
                 list(zip([r[0] for r in chunk], terms_to_blobs(terms), strict=True))
             )
+
+    def _count_vocabulary(self) -> None:
+        """Each user's document frequencies from every stored page's term row, in chunks
+        (the rows a page was accepted with, so a reopen counts what acceptance counted)."""
+        s = self._s
+        last = 0
+        while True:
+            rows = s.store.query(
+                "SELECT page_id, user_id, terms FROM pages WHERE page_id > ? "
+                "ORDER BY page_id LIMIT ?",
+                (last, LOAD_CHUNK),
+            )
+            if not rows:
+                return
+            last = rows[-1][0]
+            users = [r[1] for r in rows]
+            keep = np.fromiter((u in s.users for u in users), bool, len(users))
+            s.vocabulary.add(users, terms_from_blobs([r[2] for r in rows]), keep)
 
     def _load_knowledge(self) -> None:
         """Stream live knowledge entries into their owners' rings."""

@@ -31,6 +31,7 @@ from memoryos_gpu.page_views import PageViews
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
 from memoryos_gpu.store import SQLiteStore
 from memoryos_gpu.text.keywords import KeywordExtractor, hash_keywords
+from memoryos_gpu.text.vocabulary import UserVocabulary
 from memoryos_gpu.types import AddResult, PageInput, Retrieval
 
 DEFAULT_ASSISTANT = "default"
@@ -93,6 +94,7 @@ class EngineState:
         store: SQLiteStore,
         arena: Arena,
         extractor: KeywordExtractor,
+        vocabulary: UserVocabulary,
         stages: ExtractiveStages | LLMStages,
     ) -> None:
         self.config = config
@@ -101,6 +103,7 @@ class EngineState:
         self.store = store
         self.arena = arena
         self.extractor = extractor
+        self.vocabulary = vocabulary  # each user's document frequencies (extractive keywords)
         self.stages = stages
         m = config.memory
         # what retrievals show of pages and knowledge entries, and every user's profile, in

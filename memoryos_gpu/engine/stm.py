@@ -109,6 +109,11 @@ class ShortTerm:
         self._hooks._learn_keywords(
             [f"{items[i].user_input} {items[i].agent_response}" for i in fresh]
         )
+        s.vocabulary.add(
+            [items[i].user_id for i in fresh],
+            terms,
+            np.fromiter((not results[i].duplicate for i in fresh), bool, len(fresh)),
+        )
         return results
 
     def _insert_pages(
