@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from memoryos_gpu.lexical import terms_to_blobs
+from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
 from memoryos_gpu.store.sqlite import emb_blob
 from memoryos_gpu.types import AddResult, PageInput
 
@@ -109,9 +109,9 @@ class ShortTerm:
         self._hooks._learn_keywords(
             [f"{items[i].user_input} {items[i].agent_response}" for i in fresh]
         )
-        s.vocabulary.add(
+        s.vocabulary.add(  # the rows just committed, read back from their blobs (vectorised)
             [items[i].user_id for i in fresh],
-            terms,
+            terms_from_blobs([blob_of[i] for i in fresh]),
             np.fromiter((not results[i].duplicate for i in fresh), bool, len(fresh)),
         )
         return results
