@@ -21,6 +21,10 @@ a fresh ``faiss.IndexFlatIP`` over the session embeddings (top-5) then ``np.dot`
 time (top-10). It runs only up to ``--reference-max-users`` users; ratios engine/reference are
 reported at the sizes both ran. Both use the same embedder instance with its cache disabled.
 
+Both sides' embedding time is metered (``EmbedMeter``), so each retrieval row also reports the
+**memory-system time per query** (total minus embedding) and its ratio, ``ratio_memsys``: the
+cost of the memory system itself, which the choice of embedder does not move.
+
 Default sizes are 1, 10, 100, 1,000 users (x 20 pages = 20k pages at 1,000). 10,000 and more are
 possible with ``--users 1 10 100 1000 10000``, memory (and patience with MiniLM on CPU) permitting.
 
@@ -150,6 +154,30 @@ class ReferenceUser:
 
 
 # ------------------------------------------------------------------------------------ runs
+class EmbedMeter:
+    """Wraps an embedder and sums the seconds spent in ``encode``, so a run can subtract the
+    embedding from its total and report what the memory system itself costs."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+
+    def encode(self, texts: Any) -> np.ndarray:
+        t0 = time.perf_counter()
+        try:
+            return self.inner.encode(texts)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    @property
+    def model_id(self) -> str:
+        return self.inner.model_id
+
+
 def peak_rss_mb() -> float:
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return kb / 1024.0
@@ -159,7 +187,9 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
-def run_engine(embedder: Any, pages: list[PageInput], queries: list, users: int, args) -> dict:
+def run_engine(
+    embedder: EmbedMeter, pages: list[PageInput], queries: list, users: int, args
+) -> dict:
     engine = MemoryEngine(EngineConfig(store=":memory:", memory=preset("paper")), embedder=embedder)
     try:
         t0 = time.perf_counter()
@@ -169,12 +199,14 @@ def run_engine(embedder: Any, pages: list[PageInput], queries: list, users: int,
         heat = not args.no_heat
         engine.retrieve_many(queries[:2], update_heat=heat)  # warm-up, untimed
         batch_lat = []
+        embedder.seconds = 0.0
         t0 = time.perf_counter()
         for i in range(0, len(queries), args.batch):
             t1 = time.perf_counter()
             engine.retrieve_many(queries[i : i + args.batch], update_heat=heat)
             batch_lat.append(time.perf_counter() - t1)
         retrieve_s = time.perf_counter() - t0
+        retrieve_embed_s = embedder.seconds
         single = []
         for q in queries[: args.latency_queries]:
             t1 = time.perf_counter()
@@ -186,6 +218,7 @@ def run_engine(embedder: Any, pages: list[PageInput], queries: list, users: int,
             "ingest_pages_per_s": len(pages) / ingest_s,
             "ingest_s": ingest_s,
             "queries_per_s": len(queries) / retrieve_s,
+            "memsys_us_per_query": (retrieve_s - retrieve_embed_s) / len(queries) * 1e6,
             "batch_latency_ms_p50": pct(batch_lat, 50) * 1e3,
             "latency_ms_p50": pct(single, 50) * 1e3,
             "latency_ms_p95": pct(single, 95) * 1e3,
@@ -201,7 +234,7 @@ def run_engine(embedder: Any, pages: list[PageInput], queries: list, users: int,
         gc.collect()
 
 
-def run_reference(embedder: Any, pages: list[PageInput], queries: list, args) -> dict:
+def run_reference(embedder: EmbedMeter, pages: list[PageInput], queries: list, args) -> dict:
     objs: dict[str, ReferenceUser] = {}
     t0 = time.perf_counter()
     for p in pages:
@@ -212,6 +245,7 @@ def run_reference(embedder: Any, pages: list[PageInput], queries: list, args) ->
     ingest_s = time.perf_counter() - t0
     qs = queries[: args.reference_queries]
     lat = []
+    embedder.seconds = 0.0
     for uid, text in qs:
         t1 = time.perf_counter()
         objs[uid].retrieve(text)
@@ -220,6 +254,7 @@ def run_reference(embedder: Any, pages: list[PageInput], queries: list, args) ->
         "ingest_pages_per_s": len(pages) / ingest_s,
         "ingest_s": ingest_s,
         "queries_per_s": len(qs) / sum(lat),
+        "memsys_us_per_query": (sum(lat) - embedder.seconds) / len(qs) * 1e6,
         "latency_ms_p50": pct(lat, 50) * 1e3,
         "latency_ms_p95": pct(lat, 95) * 1e3,
         "queries_timed": len(qs),
@@ -257,7 +292,8 @@ def fmt(v: float | None, spec: str = ".0f") -> str:
 def print_table(results: list[dict[str, Any]]) -> None:
     head = (
         f"{'users':>7} {'pages':>7} {'ingest p/s':>10} {'ref p/s':>8} {'x':>6} "
-        f"{'retr q/s':>9} {'ref q/s':>8} {'x':>6} {'p50 ms':>7} {'p95 ms':>7} "
+        f"{'retr q/s':>9} {'ref q/s':>8} {'x':>6} {'mem us':>7} {'ref us':>7} {'x':>6} "
+        f"{'p50 ms':>7} {'p95 ms':>7} "
         f"{'ref p50':>7} {'RSS MB':>7} {'arena B/user':>12}"
     )
     print(head)
@@ -269,6 +305,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
             f"{fmt(ref and ref['ingest_pages_per_s']):>8} "
             f"{fmt(r.get('ratio_ingest'), '.1f'):>6} {e['queries_per_s']:>9.0f} "
             f"{fmt(ref and ref['queries_per_s']):>8} {fmt(r.get('ratio_retrieval'), '.1f'):>6} "
+            f"{e['memsys_us_per_query']:>7.0f} {fmt(ref and ref['memsys_us_per_query']):>7} "
+            f"{fmt(r.get('ratio_memsys'), '.1f'):>6} "
             f"{e['latency_ms_p50']:>7.1f} {e['latency_ms_p95']:>7.1f} "
             f"{fmt(ref and ref['latency_ms_p50'], '.1f'):>7} {e['peak_rss_mb']:>7.0f} "
             f"{e['arena_bytes_per_user']:>12.0f}"
@@ -355,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hw = hardware()
     corpus, questions = load_corpus(args.data)
-    embedder = make_embedder(args.embedder)
+    embedder = EmbedMeter(make_embedder(args.embedder))
     embedder.encode(["warm-up"] * 2)
     results: list[dict[str, Any]] = []
     for users in args.users:
@@ -368,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             row["reference"] = ref
             row["ratio_ingest"] = row["engine"]["ingest_pages_per_s"] / ref["ingest_pages_per_s"]
             row["ratio_retrieval"] = row["engine"]["queries_per_s"] / ref["queries_per_s"]
+            row["ratio_memsys"] = ref["memsys_us_per_query"] / row["engine"]["memsys_us_per_query"]
         results.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
         # after every size, so a run stopped at a size that does not fit keeps the others
