@@ -175,9 +175,9 @@ def llm_config(s: ReferenceSettings) -> LLMConfig:
         kind = "openai" if (s.openai_api_key or s.openai_base_url) else "none"
     if kind in _NO_LLM:
         return LLMConfig(mode="extractive")
-    from memoryos_gpu.llm.factory import _ALIASES, BACKEND_KINDS
+    from memoryos_gpu.llm.factory import BACKEND_KINDS, backend_kind
 
-    kind = _ALIASES.get(kind, kind)
+    kind = backend_kind(kind)
     if kind not in BACKEND_KINDS:
         raise ConfigError(
             f"llm_backend {s.llm_backend!r} is not one of {', '.join((*BACKEND_KINDS, 'none'))}"

@@ -10,7 +10,7 @@ from typing import Any
 
 from memoryos_gpu.llm.base import LLMBackend
 
-__all__ = ["BACKEND_KINDS", "make_backend"]
+__all__ = ["BACKEND_KINDS", "backend_kind", "make_backend"]
 
 BACKEND_KINDS: tuple[str, ...] = ("vllm", "openai", "transformers", "scripted")
 _ALIASES = {
@@ -20,6 +20,13 @@ _ALIASES = {
     "hf": "transformers",
     "vllm_inproc": "vllm",
 }
+
+
+def backend_kind(kind: str) -> str:
+    """The canonical backend name for ``kind`` (case, spaces and aliases such as ``"hf"``
+    resolved); one of :data:`BACKEND_KINDS` when the name is known."""
+    key = str(kind).strip().lower()
+    return _ALIASES.get(key, key)
 
 
 def make_backend(kind: str, **options: Any) -> LLMBackend:
@@ -32,8 +39,7 @@ def make_backend(kind: str, **options: Any) -> LLMBackend:
       (no option required: defaults to the bundled SmolLM2 GGUF)
     * ``"scripted"``: :class:`~memoryos_gpu.llm.scripted.ScriptedBackend` (``responder=``)
     """
-    key = str(kind).strip().lower()
-    key = _ALIASES.get(key, key)
+    key = backend_kind(kind)
     if key == "vllm":
         from memoryos_gpu.llm.vllm_backend import VLLMBackend
 
