@@ -169,6 +169,12 @@ class Scope:
         return data
 
 
+def _storable_id(item_id: int) -> bool:
+    """Whether an id from a URL fits the stores' 64-bit integer keys: a larger one names no
+    page or entry (404), instead of overflowing in the database driver (a 500)."""
+    return -(2**63) <= item_id < 2**63
+
+
 def _check_text(settings: ServerSettings, **texts: str | None) -> None:
     limit = settings.max_text_chars
     for name, text in texts.items():
@@ -609,6 +615,8 @@ def create_app(
 
     async def _owned_page(scope: Scope, user_id: str, page_id: int) -> dict[str, Any]:
         uid = scope.user(user_id)
+        if not _storable_id(page_id):
+            raise ApiError(404, "not_found", f"no page {page_id}")
         row = await service.call(service.engine_for(uid).get_page, page_id)
         if row is None:
             raise ApiError(404, "not_found", f"no page {page_id}")
@@ -621,6 +629,8 @@ def create_app(
 
     async def _owned_entry(scope: Scope, user_id: str, entry_id: int) -> dict[str, Any]:
         uid = scope.user(user_id)
+        if not _storable_id(entry_id):
+            raise ApiError(404, "not_found", f"no knowledge entry {entry_id}")
         rows = await service.call(service.engine_for(uid).store.knowledge_rows, [entry_id])
         row = rows.get(entry_id)
         if row is None:
