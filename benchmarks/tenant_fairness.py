@@ -24,12 +24,15 @@ import json
 import os
 import platform
 import random
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from serve_load import _free_port, _pct, _serve  # one server launcher for both benchmarks
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY_KEY, LIGHT_KEY = "heavy-key-0123456789", "light-key-0123456789"
@@ -56,19 +59,6 @@ WORDS = [
     "stadium",
     "orchard",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -101,14 +91,6 @@ def heavy_body(pages: int, chars: int, seed: int) -> bytes:
 
 
 # ====================================================================== server subprocess
-def _serve(spec: str) -> None:
-    kw = json.loads(spec)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from memoryos_gpu.server.app import run
-
-    run(**kw)
-
-
 class Server:
     def __init__(self, store: Path, settings: dict[str, Any]) -> None:
         self.port = _free_port()

@@ -7,7 +7,8 @@ import contextlib
 import hashlib
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -164,3 +165,16 @@ def make_engine() -> Any:
     for eng in made:
         with contextlib.suppress(Exception):  # already closed by the test
             eng.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """Each store backend in turn (``store_backends.make_backend``; PostgreSQL skips without a
+    server), cleaned up after."""
+    from store_backends import make_backend
+
+    b = make_backend(request.param, tmp_path)
+    try:
+        yield b
+    finally:
+        b.cleanup()

@@ -15,12 +15,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from store_backends import Backend, make_backend
+from store_backends import Backend
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine import MemoryEngine
@@ -131,15 +130,6 @@ def test_settings_keep_the_largest_allowed_request_servable() -> None:
 
 
 # ====================================================================== derived work
-@pytest.fixture(params=["sqlite", "postgres"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    b = make_backend(request.param, tmp_path)
-    try:
-        yield b
-    finally:
-        b.cleanup()
-
-
 def test_derived_rounds_take_tenants_in_turn(backend: Backend) -> None:
     """Tenant a has five users with older pending pages than tenant b's one user: b's page is
     in the first round anyway, second after a's oldest."""

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,15 +36,6 @@ store.close()
 print("closed", flush=True)
 sys.stdin.readline()
 """
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    b = make_backend(request.param, tmp_path)
-    try:
-        yield b
-    finally:
-        b.cleanup()
 
 
 class Holding:
