@@ -13,52 +13,37 @@ tenant, user ids stored as given.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi import Path as PathParam
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from memoryos_gpu.config import EngineConfig
-from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.server import models as m
-from memoryos_gpu.server.auth import KeyLimits, KeyRing, Principal, Refusal, load_api_keys
-from memoryos_gpu.server.batching import Overloaded, Unavailable
+from memoryos_gpu.server.auth import KeyLimits, KeyRing, load_api_keys
+from memoryos_gpu.server.edge import DirectRoute, Edge, ErrorMapper
 from memoryos_gpu.server.metrics import ServerMetrics
-from memoryos_gpu.server.service import LLMUnavailableError, MemoryService, PartialWriteError
+from memoryos_gpu.server.scope import (
+    TENANCY,
+    ApiError,
+    Scope,
+    UserId,
+    check_count,
+    check_text,
+    dumps,
+    json_response,
+    storable_id,
+    tenancy,
+)
+from memoryos_gpu.server.service import MemoryService
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import PageInput
-
-try:  # faster JSON (dataclasses serialised natively) for the hot paths; plain json otherwise
-    import orjson
-
-    def _dumps(data: Any) -> bytes:
-        return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
-
-    _loads = orjson.loads  # its JSONDecodeError subclasses json.JSONDecodeError
-except ImportError:  # pragma: no cover
-    _loads = json.loads
-
-    def _default(obj: Any) -> Any:
-        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            return dataclasses.asdict(obj)
-        raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
-
-    def _dumps(data: Any) -> bytes:
-        return json.dumps(data, ensure_ascii=False, default=_default).encode()
-
 
 __all__ = ["ApiError", "create_app", "run"]
 
@@ -75,415 +60,6 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     503: {"model": m.ErrorOut, "description": "Overloaded, loading or shutting down."},
 }
-
-
-class ApiError(HTTPException):
-    """An error answered as ``{"error": code, "detail": message}``."""
-
-    def __init__(
-        self, status: int, code: str, detail: Any, headers: Mapping[str, str] | None = None
-    ) -> None:
-        super().__init__(status, detail, dict(headers) if headers else None)
-        self.code = code
-
-
-class _BodyTooLarge(ApiError):
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, "too_large", f"the request body exceeds {limit} bytes")
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(_dumps(data), status_code=status, media_type="application/json")
-
-
-def _error(status: int, code: str, detail: Any, headers: Mapping[str, str] | None = None):
-    return JSONResponse({"error": code, "detail": detail}, status, headers=dict(headers or {}))
-
-
-_TENANCY = "memoryos_tenancy"
-_MAX_ID_CHARS = 256  # the engine's limit of stored ids (tenant prefix included)
-UserId = Annotated[str, PathParam(description="The user's id (within the caller's tenant).")]
-
-
-# ====================================================================== tenancy
-class Scope:
-    """A request's tenant: maps client ids to stored ids and back."""
-
-    def __init__(self, principal: Principal, settings: ServerSettings) -> None:
-        self.principal = principal
-        self.tenant = principal.tenant
-        self.settings = settings
-        self.prefix = f"{self.tenant}/" if self.tenant else ""
-
-    def user(self, user_id: str) -> str:
-        if not user_id or not user_id.strip():
-            raise ApiError(422, "invalid_user_id", "user_id must not be blank")
-        if any(ord(c) < 32 or ord(c) == 127 for c in user_id):
-            raise ApiError(422, "invalid_user_id", "user_id must not contain control characters")
-        if "/" in user_id:  # keeps ids addressable in URL paths and tenant prefixes unambiguous
-            raise ApiError(422, "invalid_user_id", "user_id must not contain '/'")
-        limit = min(self.settings.max_user_id_chars, _MAX_ID_CHARS - len(self.prefix))
-        if len(user_id) > limit:
-            raise ApiError(
-                422,
-                "invalid_user_id",
-                f"user_id is {len(user_id)} characters; the limit is {limit}",
-            )
-        return self.prefix + user_id
-
-    def name(self, value: str | None) -> str | None:
-        """Namespace an assistant id or source (None stays None, except the default assistant
-        of a tenant, which is the tenant's own)."""
-        if value is None:
-            return None
-        return self.prefix + value
-
-    def assistant(self, value: str | None) -> str | None:
-        if value is None and self.tenant:
-            return self.prefix + "default"
-        return self.name(value)
-
-    def owns(self, stored_id: str) -> bool:
-        return not self.prefix or stored_id.startswith(self.prefix)
-
-    def strip(self, stored_id: Any) -> Any:
-        if self.prefix and isinstance(stored_id, str) and stored_id.startswith(self.prefix):
-            return stored_id[len(self.prefix) :]
-        return stored_id
-
-    def strip_ids(self, data: Any) -> Any:
-        """Remove the tenant prefix from id fields anywhere in a JSON-like structure."""
-        if not self.prefix:
-            return data
-        if isinstance(data, dict):
-            return {
-                k: (
-                    self.strip(v)
-                    if k in ("user_id", "owner_id", "assistant_id", "source")
-                    else self.strip_ids(v)
-                )
-                for k, v in data.items()
-            }
-        if isinstance(data, list):
-            return [self.strip_ids(v) for v in data]
-        return data
-
-
-def _storable_id(item_id: int) -> bool:
-    """Whether an id from a URL fits the stores' 64-bit integer keys: a larger one names no
-    page or entry (404), instead of overflowing in the database driver (a 500)."""
-    return -(2**63) <= item_id < 2**63
-
-
-def _check_text(settings: ServerSettings, **texts: str | None) -> None:
-    limit = settings.max_text_chars
-    for name, text in texts.items():
-        if text is not None and len(text) > limit:
-            raise ApiError(
-                413, "too_large", f"{name} is {len(text)} characters; the limit is {limit}"
-            )
-
-
-def _check_count(settings: ServerSettings, n: int, what: str) -> None:
-    if n > settings.max_batch_items:
-        raise ApiError(
-            413, "too_large", f"{n} {what} in one request; the limit is {settings.max_batch_items}"
-        )
-
-
-# ====================================================================== errors
-class _ErrorMapper:
-    """Exceptions -> error responses ``{"error": code, "detail": message}``: one mapping for
-    the FastAPI exception handlers and the direct routes of :class:`_Edge`."""
-
-    CLASSES = (
-        StarletteHTTPException,
-        RequestValidationError,
-        Overloaded,
-        Unavailable,
-        MemoryOSError,  # LLMUnavailableError and UnknownUserError are subclasses
-    )
-    _HTTP_CODES: ClassVar[dict[int, str]] = {
-        404: "not_found",
-        405: "method_not_allowed",
-        413: "too_large",
-    }
-
-    def __init__(self, metrics: ServerMetrics) -> None:
-        self.metrics = metrics
-
-    def __call__(self, exc: Exception, tenancy: Scope | None) -> Response | None:
-        """The response for ``exc``, or None for an exception no handler maps (a bug: the
-        server answers 500)."""
-        if isinstance(exc, StarletteHTTPException):
-            code = getattr(exc, "code", None) or self._HTTP_CODES.get(exc.status_code, "http_error")
-            return _error(exc.status_code, code, exc.detail, exc.headers)
-        if isinstance(exc, RequestValidationError):
-            keep = ("loc", "msg", "type")
-            return _error(422, "validation_error", [{k: e[k] for k in keep} for e in exc.errors()])
-        if isinstance(exc, Overloaded | Unavailable):
-            reason = "overloaded" if isinstance(exc, Overloaded) else "unavailable"
-            status = getattr(exc, "status", 503)  # 429: the caller's own share is full
-            self.metrics.rejected.labels(reason).inc()
-            return _error(status, reason, str(exc), {"Retry-After": str(exc.retry_after)})
-        if isinstance(exc, PartialWriteError):
-            log.error("write failed part way: %s", exc)
-            return _error(500, "partially_committed", str(exc))
-        if isinstance(exc, LLMUnavailableError):
-            return _error(501, "llm_unavailable", str(exc))
-        if isinstance(exc, UnknownUserError):
-            msg = str(exc)
-            if tenancy is not None and tenancy.prefix:
-                msg = msg.replace(tenancy.prefix, "", 1)
-            return _error(404, "unknown_user", msg)
-        if isinstance(exc, MemoryOSError):
-            if isinstance(exc, ValueError):  # the engine's InvalidInputError and friends
-                return _error(422, "invalid_input", str(exc))
-            log.exception("engine error", exc_info=exc)
-            return _error(500, "engine_error", str(exc))
-        return None
-
-
-# ====================================================================== direct routes
-@dataclasses.dataclass(frozen=True)
-class _DirectRoute:
-    """A hot route that :class:`_Edge` serves itself, skipping FastAPI's routing, dependency
-    solving and middleware layers (~12 % of the batched server's CPU under load, spent on the
-    two routes that carry it). Same body model, same handler, same error bodies as its FastAPI
-    declaration, which still documents it in OpenAPI (``ServerSettings.direct_routes = False``
-    serves it through FastAPI instead; the tests check both answer alike)."""
-
-    path: str  # the route template, the metrics label
-    model: type[Any]
-    handler: Callable[[Scope, str, Any], Awaitable[Response]]
-
-    def parse(self, body: bytes, content_type: str | None) -> Any:
-        """The validated body model, or :class:`RequestValidationError` as FastAPI raises it."""
-        if not body:
-            raise RequestValidationError(
-                [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
-            )
-        data: Any = body  # FastAPI's strict content type: JSON only when declared as JSON
-        if content_type is not None and _is_json(content_type):
-            try:
-                data = _loads(body)
-            except json.JSONDecodeError as exc:
-                raise RequestValidationError(
-                    [{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error"}]
-                ) from None
-        try:
-            return self.model.model_validate(data, from_attributes=True)  # as FastAPI does
-        except ValidationError as exc:
-            raise RequestValidationError(
-                [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
-            ) from None
-
-
-def _is_json(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (
-        media.startswith("application/") and media.endswith("+json")
-    )
-
-
-def _direct_match(routes: dict[str, _DirectRoute], path: str) -> tuple[_DirectRoute, str] | None:
-    """``/v1/users/{user_id}/{name}`` -> (route, user_id) for a direct route ``name``."""
-    parts = path.split("/")
-    if len(parts) != 5 or parts[1] != "v1" or parts[2] != "users" or not parts[3]:
-        return None
-    route = routes.get(parts[4])
-    return (route, parts[3]) if route is not None else None
-
-
-# ====================================================================== middleware
-def _content_length(headers: Any) -> int | None:
-    for k, v in headers:
-        if k == b"content-length":
-            try:
-                return int(v)
-            except ValueError:
-                return None
-    return None
-
-
-def _tenancy(request: Request) -> Scope:
-    """The caller's tenancy, put in the ASGI scope by :class:`_Edge` after authentication."""
-    return request.scope["state"][_TENANCY]
-
-
-class _Edge:
-    """Pure ASGI middleware in front of the routes (cheaper than per-route dependencies):
-    body size limit (413), API-key authentication and rate limit of ``/v1`` (401 / 429),
-    request latency metrics, and the :class:`_DirectRoute` s (``direct``, by last path part)."""
-
-    def __init__(
-        self,
-        app: Any,
-        settings: ServerSettings,
-        metrics: ServerMetrics,
-        keyring: KeyRing | None,
-        limits: KeyLimits,
-        errors: _ErrorMapper,
-        direct: dict[str, _DirectRoute] | None = None,
-    ) -> None:
-        self.app = app
-        self.errors = errors
-        self.direct = direct
-        self.settings = settings
-        self.limit = settings.max_body_bytes
-        self.metrics = metrics
-        self.keyring = keyring
-        self.limits = limits
-        self.open_scope = Scope(Principal(None, "open"), settings)
-
-    async def _refuse(
-        self,
-        scope: dict,
-        receive: Any,
-        send: Any,
-        t0: float,
-        status: int,
-        code: str,
-        detail: str,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        reason = {401: "unauthorized", 413: "too_large", 429: "rate_limited"}[status]
-        self.metrics.rejected.labels(reason).inc()
-        await _error(status, code, detail, headers)(scope, receive, send)
-        self._observe(scope, status, t0)
-
-    def _authenticate(self, headers: Any, length: int | None) -> Scope | Refusal:
-        """The caller's scope, or why not: no or unknown key (401), over its request or byte
-        rate (429; a body of known ``length`` is charged here, a chunked one as it is read)."""
-        if self.keyring is None:
-            return self.open_scope
-        token = None
-        for k, v in headers:
-            if k == b"authorization":
-                scheme, _, cred = v.decode("latin-1").strip().partition(" ")
-                if scheme.lower() == "bearer" and cred.strip():
-                    token = cred.strip()
-                break
-        challenge = {"WWW-Authenticate": "Bearer"}
-        if token is None:
-            detail = "missing API key: send 'Authorization: Bearer KEY'"
-            return 401, "unauthorized", detail, challenge
-        principal = self.keyring.lookup(token)
-        if principal is None:
-            return 401, "unauthorized", "unknown API key", challenge
-        refused = self.limits.request(principal.key_id)
-        if refused is None and length:
-            refused = self.limits.body(principal.key_id, length)
-        return refused or Scope(principal, self.settings)
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        t0 = time.perf_counter()
-        status = 500
-        headers = scope.get("headers", ())
-        length = _content_length(headers)
-        if length is not None and length > self.limit:
-            detail = f"the request body exceeds {self.limit} bytes"
-            await self._refuse(scope, receive, send, t0, 413, "too_large", detail)
-            return
-        charge = None
-        if scope["path"].startswith("/v1/"):
-            auth = self._authenticate(headers, length)
-            if isinstance(auth, tuple):
-                await self._refuse(scope, receive, send, t0, *auth)
-                return
-            scope.setdefault("state", {})[_TENANCY] = auth
-            if length is None and self.keyring is not None:
-                charge = auth.principal.key_id  # a chunked body: charged once it is read
-            if self.direct is not None and scope["method"] == "POST":
-                hit = _direct_match(self.direct, scope["path"])
-                if hit is not None:
-                    await self._serve_direct(*hit, auth, scope, receive, send, t0, charge)
-                    return
-        limited_receive = self._limited(receive, charge)
-
-        async def tracking_send(msg: dict) -> None:
-            nonlocal status
-            if msg["type"] == "http.response.start":
-                status = msg["status"]
-            await send(msg)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        finally:
-            self._observe(scope, status, t0)
-
-    async def _serve_direct(
-        self,
-        route: _DirectRoute,
-        user_id: str,
-        tenancy: Scope,
-        scope: dict,
-        receive: Any,
-        send: Any,
-        t0: float,
-        charge: str | None = None,
-    ) -> None:
-        scope["route"] = route  # as FastAPI sets it: the metrics label is route.path
-        status = 500  # an exception no handler maps goes on to Starlette's 500 answer
-        try:
-            try:
-                body = await self._read_body(self._limited(receive, charge))
-                content_type = next(
-                    (v.decode("latin-1") for k, v in scope["headers"] if k == b"content-type"),
-                    None,
-                )
-                response = await route.handler(tenancy, user_id, route.parse(body, content_type))
-            except Exception as exc:
-                mapped = self.errors(exc, tenancy)
-                if mapped is None:
-                    raise
-                response = mapped
-            await response(scope, receive, send)
-            status = response.status_code
-        finally:
-            self._observe(scope, status, t0)
-
-    def _limited(self, receive: Any, charge: str | None = None) -> Callable[[], Awaitable[dict]]:
-        """``receive`` that raises :class:`_BodyTooLarge` once the body passes the limit (a
-        body without Content-Length is counted as it is read) and, with ``charge`` (a key id),
-        charges the body's bytes to that key's byte rate once it is read (429 past it)."""
-        seen = 0
-
-        async def limited_receive() -> dict:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise _BodyTooLarge(self.limit)
-                if charge is not None and not msg.get("more_body", False):
-                    refused = self.limits.body(charge, seen)
-                    if refused is not None:
-                        raise ApiError(*refused)
-            return msg
-
-        return limited_receive
-
-    @staticmethod
-    async def _read_body(receive: Callable[[], Awaitable[dict]]) -> bytes:
-        chunks: list[bytes] = []
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                raise ClientDisconnect()
-            chunks.append(msg.get("body", b""))
-            if not msg.get("more_body", False):
-                return b"".join(chunks)
-
-    def _observe(self, scope: dict, status: int, t0: float) -> None:
-        route = scope.get("route")
-        path = getattr(route, "path", None) or "unmatched"
-        self.metrics.http.labels(scope.get("method", ""), path, str(status)).observe(
-            time.perf_counter() - t0
-        )
 
 
 # ====================================================================== app
@@ -560,21 +136,21 @@ def create_app(
     _document_security(app, keyring is not None)
 
     # ------------------------------------------------------------------ errors
-    errors = _ErrorMapper(metrics)
+    errors = ErrorMapper(metrics)
 
     async def _handle(request: Request, exc: Exception) -> Response:
-        response = errors(exc, request.scope.get("state", {}).get(_TENANCY))
+        response = errors(exc, request.scope.get("state", {}).get(TENANCY))
         if response is None:  # not one of the classes it is registered for: Starlette's 500
             raise exc
         return response
 
-    for exc_class in _ErrorMapper.CLASSES:
+    for exc_class in ErrorMapper.CLASSES:
         app.add_exception_handler(exc_class, _handle)
 
     def _page_input(scope: Scope, user_id: str, p: m.PageIn) -> PageInput:
-        _check_text(settings, user_input=p.user_input, agent_response=p.agent_response)
+        check_text(settings, user_input=p.user_input, agent_response=p.agent_response)
         try:
-            meta_size = len(_dumps(p.meta))
+            meta_size = len(dumps(p.meta))
         except TypeError as exc:
             raise ApiError(422, "invalid_input", f"meta is not JSON: {exc}") from None
         if meta_size > settings.max_text_chars:
@@ -615,7 +191,7 @@ def create_app(
 
     async def _owned_page(scope: Scope, user_id: str, page_id: int) -> dict[str, Any]:
         uid = scope.user(user_id)
-        if not _storable_id(page_id):
+        if not storable_id(page_id):
             raise ApiError(404, "not_found", f"no page {page_id}")
         row = await service.call(service.engine_for(uid).get_page, page_id)
         if row is None:
@@ -629,7 +205,7 @@ def create_app(
 
     async def _owned_entry(scope: Scope, user_id: str, entry_id: int) -> dict[str, Any]:
         uid = scope.user(user_id)
-        if not _storable_id(entry_id):
+        if not storable_id(entry_id):
             raise ApiError(404, "not_found", f"no knowledge entry {entry_id}")
         rows = await service.call(service.engine_for(uid).store.knowledge_rows, [entry_id])
         row = rows.get(entry_id)
@@ -694,15 +270,15 @@ def create_app(
         item = _page_input(scope, user_id, page)
         _charge_pages(scope, 1)
         results = await service.add_pages([item])
-        return _json(_add_out(scope, results)[0], 201)
+        return json_response(_add_out(scope, results)[0], 201)
 
     async def _retrieve(scope: Scope, user_id: str, body: m.RetrieveIn) -> Response:
-        _check_text(settings, query=body.query)
+        check_text(settings, query=body.query)
         uid = scope.user(user_id)
         r = await service.retrieve(
             uid, body.query, top_pages=body.top_pages, top_segments=body.top_segments
         )
-        return _json(_retrieval_out(scope, r))
+        return json_response(_retrieval_out(scope, r))
 
     @app.post(
         "/v1/users/{user_id}/pages",
@@ -716,7 +292,7 @@ def create_app(
         response_model=m.AddResult,
     )
     async def add_page(page: m.PageIn, user_id: UserId, request: Request) -> Any:
-        return await _add_page(_tenancy(request), user_id, page)
+        return await _add_page(tenancy(request), user_id, page)
 
     @app.post(
         "/v1/pages",
@@ -728,12 +304,12 @@ def create_app(
         response_model=m.AddResults,
     )
     async def add_pages(body: m.PagesIn, request: Request) -> Any:
-        scope = _tenancy(request)
-        _check_count(settings, len(body.pages), "pages")
+        scope = tenancy(request)
+        check_count(settings, len(body.pages), "pages")
         items = [_page_input(scope, p.user_id, p) for p in body.pages]
         _charge_pages(scope, len(items))
         results = await service.add_pages(items)
-        return _json({"results": _add_out(scope, results)}, 201)
+        return json_response({"results": _add_out(scope, results)}, 201)
 
     # ------------------------------------------------------------------ reads
     @app.post(
@@ -747,7 +323,7 @@ def create_app(
         response_model=m.RetrievalOut,
     )
     async def retrieve(body: m.RetrieveIn, user_id: UserId, request: Request) -> Any:
-        return await _retrieve(_tenancy(request), user_id, body)
+        return await _retrieve(tenancy(request), user_id, body)
 
     @app.post(
         "/v1/retrieve",
@@ -757,12 +333,12 @@ def create_app(
         response_model=m.RetrievalsOut,
     )
     async def retrieve_many(body: m.RetrieveManyIn, request: Request) -> Any:
-        scope = _tenancy(request)
+        scope = tenancy(request)
         import asyncio
 
-        _check_count(settings, len(body.queries), "queries")
+        check_count(settings, len(body.queries), "queries")
         for q in body.queries:
-            _check_text(settings, query=q.query)
+            check_text(settings, query=q.query)
         uids = [scope.user(q.user_id) for q in body.queries]
         res = await asyncio.gather(
             *(
@@ -770,7 +346,7 @@ def create_app(
                 for u, q in zip(uids, body.queries, strict=True)
             )
         )
-        return _json({"results": [_retrieval_out(scope, r) for r in res]})
+        return json_response({"results": [_retrieval_out(scope, r) for r in res]})
 
     @app.post(
         "/v1/users/{user_id}/respond",
@@ -783,11 +359,11 @@ def create_app(
         responses={501: {"model": m.ErrorOut, "description": "The server runs without an LLM."}},
     )
     async def respond(body: m.RespondIn, user_id: UserId, request: Request) -> Any:
-        scope = _tenancy(request)
-        _check_text(settings, query=body.query)
+        scope = tenancy(request)
+        check_text(settings, query=body.query)
         uid = scope.user(user_id)
         r = await service.respond(uid, body.query, timestamp=body.timestamp)
-        return _json(
+        return json_response(
             {
                 "user_id": user_id,
                 "query": r.query,
@@ -808,7 +384,7 @@ def create_app(
         response_model=m.UsersOut,
     )
     async def list_users(request: Request) -> Any:
-        scope = _tenancy(request)
+        scope = tenancy(request)
         service.check_ready()
         return {"users": [scope.strip(u) for u in service.known_users() if scope.owns(u)]}
 
@@ -820,7 +396,7 @@ def create_app(
         response_model=m.ProfileOut,
     )
     async def profile(user_id: UserId, request: Request) -> Any:
-        scope = _tenancy(request)
+        scope = tenancy(request)
         uid = scope.user(user_id)
         prof = await service.call(service.engine_for(uid).profile, uid)
         return {"user_id": user_id, "profile": prof}
@@ -834,10 +410,10 @@ def create_app(
         response_model=m.KnowledgeOut,
     )
     async def knowledge(user_id: UserId, request: Request) -> Any:
-        scope = _tenancy(request)
+        scope = tenancy(request)
         uid = scope.user(user_id)
         kn = await service.call(service.engine_for(uid).knowledge, uid)
-        return _json(scope.strip_ids({"user_id": user_id, **kn}))
+        return json_response(scope.strip_ids({"user_id": user_id, **kn}))
 
     @app.patch(
         "/v1/users/{user_id}/knowledge/{entry_id}",
@@ -848,12 +424,12 @@ def create_app(
     async def update_knowledge(
         body: m.KnowledgeUpdateIn, entry_id: int, user_id: UserId, request: Request
     ) -> Any:
-        scope = _tenancy(request)
-        _check_text(settings, text=body.text)
+        scope = tenancy(request)
+        check_text(settings, text=body.text)
         await _owned_entry(scope, user_id, entry_id)
         uid = scope.user(user_id)
         row = await service.call(service.engine_for(uid).update_knowledge, entry_id, body.text)
-        return _json(scope.strip_ids(row))
+        return json_response(scope.strip_ids(row))
 
     @app.delete(
         "/v1/users/{user_id}/knowledge/{entry_id}",
@@ -863,7 +439,7 @@ def create_app(
         response_model=m.DeletedOut,
     )
     async def delete_knowledge(entry_id: int, user_id: UserId, request: Request) -> Any:
-        scope = _tenancy(request)
+        scope = tenancy(request)
         await _owned_entry(scope, user_id, entry_id)
         engine = service.engine_for(scope.user(user_id))
         return {"deleted": await service.call(engine.delete_knowledge, entry_id)}
@@ -875,11 +451,13 @@ def create_app(
         description="Append-only log of changes to the user's memory.",
     )
     async def history(user_id: UserId, request: Request) -> Any:
-        scope = _tenancy(request)
+        scope = tenancy(request)
         uid = scope.user(user_id)
         if not service.is_known(uid):
             raise UnknownUserError(f"unknown user {uid!r}")
-        return _json(scope.strip_ids(await service.call(service.engine_for(uid).history, uid)))
+        return json_response(
+            scope.strip_ids(await service.call(service.engine_for(uid).history, uid))
+        )
 
     @app.get(
         "/v1/users/{user_id}/export",
@@ -889,10 +467,10 @@ def create_app(
         "pending work and history (JSON).",
     )
     async def export_user(user_id: UserId, request: Request) -> Any:
-        scope = _tenancy(request)
+        scope = tenancy(request)
         uid = scope.user(user_id)
         data = await service.call(service.engine_for(uid).export_user, uid)
-        return _json(scope.strip_ids(data))
+        return json_response(scope.strip_ids(data))
 
     @app.delete(
         "/v1/users/{user_id}",
@@ -903,7 +481,7 @@ def create_app(
         response_model=m.DeletedOut,
     )
     async def delete_user(user_id: UserId, request: Request) -> Any:
-        scope = _tenancy(request)
+        scope = tenancy(request)
         uid = scope.user(user_id)
         service.check_ready()
         if not service.is_known(uid) and not service._user_writes.get(uid):
@@ -923,7 +501,7 @@ def create_app(
         request: Request,
         timeout: Annotated[float, Query(gt=0, description="Seconds to wait at most.")] = 10.0,
     ) -> Any:
-        scope = _tenancy(request)
+        scope = tenancy(request)
         uid = scope.user(user_id)
         res = await service.wait_for_user(uid, min(timeout, settings.max_wait_timeout_s))
         res["user_id"] = user_id
@@ -937,8 +515,8 @@ def create_app(
         description="One stored page of the user (any tier).",
     )
     async def get_page(page_id: int, user_id: UserId, request: Request) -> Any:
-        scope = _tenancy(request)
-        return _json(scope.strip_ids(await _owned_page(scope, user_id, page_id)))
+        scope = tenancy(request)
+        return json_response(scope.strip_ids(await _owned_page(scope, user_id, page_id)))
 
     @app.patch(
         "/v1/users/{user_id}/pages/{page_id}",
@@ -949,10 +527,10 @@ def create_app(
     async def update_page(
         body: m.PageUpdateIn, page_id: int, user_id: UserId, request: Request
     ) -> Any:
-        scope = _tenancy(request)
+        scope = tenancy(request)
         if body.user_input is None and body.agent_response is None:
             raise ApiError(422, "invalid_input", "give user_input and/or agent_response")
-        _check_text(settings, user_input=body.user_input, agent_response=body.agent_response)
+        check_text(settings, user_input=body.user_input, agent_response=body.agent_response)
         await _owned_page(scope, user_id, page_id)
         row = await service.call(
             service.engine_for(scope.user(user_id)).update_page,
@@ -960,7 +538,7 @@ def create_app(
             user_input=body.user_input,
             agent_response=body.agent_response,
         )
-        return _json(scope.strip_ids(row))
+        return json_response(scope.strip_ids(row))
 
     @app.delete(
         "/v1/users/{user_id}/pages/{page_id}",
@@ -970,7 +548,7 @@ def create_app(
         response_model=m.DeletedOut,
     )
     async def delete_page(page_id: int, user_id: UserId, request: Request) -> Any:
-        scope = _tenancy(request)
+        scope = tenancy(request)
         await _owned_page(scope, user_id, page_id)
         engine = service.engine_for(scope.user(user_id))
         return {"deleted": await service.call(engine.delete_page, page_id)}
@@ -984,9 +562,9 @@ def create_app(
         "engine's aggregate statistics (no user ids).",
     )
     async def stats(request: Request) -> Any:
-        scope = _tenancy(request)
+        scope = tenancy(request)
         eng = await service.call(service.engine.stats)
-        return _json(
+        return json_response(
             {
                 "tenant": scope.tenant,
                 "users": sum(1 for u in service.known_users() if scope.owns(u)),
@@ -1002,11 +580,11 @@ def create_app(
     direct = None
     if settings.direct_routes:
         direct = {
-            "pages": _DirectRoute("/v1/users/{user_id}/pages", m.PageIn, _add_page),
-            "retrieve": _DirectRoute("/v1/users/{user_id}/retrieve", m.RetrieveIn, _retrieve),
+            "pages": DirectRoute("/v1/users/{user_id}/pages", m.PageIn, _add_page),
+            "retrieve": DirectRoute("/v1/users/{user_id}/retrieve", m.RetrieveIn, _retrieve),
         }
     app.add_middleware(
-        _Edge,
+        Edge,
         settings=settings,
         metrics=metrics,
         keyring=keyring,
@@ -1019,7 +597,7 @@ def create_app(
 
 def _document_security(app: FastAPI, keyed: bool) -> None:
     """Declare the bearer scheme on every /v1 operation of the OpenAPI schema (authentication
-    itself happens in :class:`_Edge`, before routing)."""
+    itself happens in :class:`Edge`, before routing)."""
     from fastapi.openapi.utils import get_openapi
 
     def openapi() -> dict[str, Any]:

@@ -1,0 +1,327 @@
+"""The edge in front of the routes: one ASGI middleware for body limits, API-key
+authentication and rate limits, latency metrics and the direct (hot) routes, and the one
+mapping from exceptions to error responses that both FastAPI's handlers and the direct routes
+use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, ClassVar
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.server.auth import KeyLimits, KeyRing, Principal, Refusal
+from memoryos_gpu.server.batching import Overloaded, Unavailable
+from memoryos_gpu.server.metrics import ServerMetrics
+from memoryos_gpu.server.scope import TENANCY, ApiError, Scope, error_response, loads
+from memoryos_gpu.server.service import LLMUnavailableError, PartialWriteError
+from memoryos_gpu.server.settings import ServerSettings
+
+log = logging.getLogger("memoryos_gpu.server")
+
+
+class _BodyTooLarge(ApiError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, "too_large", f"the request body exceeds {limit} bytes")
+
+
+# ====================================================================== errors
+class ErrorMapper:
+    """Exceptions -> error responses ``{"error": code, "detail": message}``: one mapping for
+    the FastAPI exception handlers and the direct routes of :class:`Edge`."""
+
+    CLASSES = (
+        StarletteHTTPException,
+        RequestValidationError,
+        Overloaded,
+        Unavailable,
+        MemoryOSError,  # LLMUnavailableError and UnknownUserError are subclasses
+    )
+    _HTTP_CODES: ClassVar[dict[int, str]] = {
+        404: "not_found",
+        405: "method_not_allowed",
+        413: "too_large",
+    }
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    def __call__(self, exc: Exception, tenancy: Scope | None) -> Response | None:
+        """The response for ``exc``, or None for an exception no handler maps (a bug: the
+        server answers 500)."""
+        if isinstance(exc, StarletteHTTPException):
+            code = getattr(exc, "code", None) or self._HTTP_CODES.get(exc.status_code, "http_error")
+            return error_response(exc.status_code, code, exc.detail, exc.headers)
+        if isinstance(exc, RequestValidationError):
+            keep = ("loc", "msg", "type")
+            return error_response(
+                422, "validation_error", [{k: e[k] for k in keep} for e in exc.errors()]
+            )
+        if isinstance(exc, Overloaded | Unavailable):
+            reason = "overloaded" if isinstance(exc, Overloaded) else "unavailable"
+            status = getattr(exc, "status", 503)  # 429: the caller's own share is full
+            self.metrics.rejected.labels(reason).inc()
+            return error_response(status, reason, str(exc), {"Retry-After": str(exc.retry_after)})
+        if isinstance(exc, PartialWriteError):
+            log.error("write failed part way: %s", exc)
+            return error_response(500, "partially_committed", str(exc))
+        if isinstance(exc, LLMUnavailableError):
+            return error_response(501, "llm_unavailable", str(exc))
+        if isinstance(exc, UnknownUserError):
+            msg = str(exc)
+            if tenancy is not None and tenancy.prefix:
+                msg = msg.replace(tenancy.prefix, "", 1)
+            return error_response(404, "unknown_user", msg)
+        if isinstance(exc, MemoryOSError):
+            if isinstance(exc, ValueError):  # the engine's InvalidInputError and friends
+                return error_response(422, "invalid_input", str(exc))
+            log.exception("engine error", exc_info=exc)
+            return error_response(500, "engine_error", str(exc))
+        return None
+
+
+# ====================================================================== direct routes
+@dataclasses.dataclass(frozen=True)
+class DirectRoute:
+    """A hot route that :class:`Edge` serves itself, skipping FastAPI's routing, dependency
+    solving and middleware layers (~12 % of the batched server's CPU under load, spent on the
+    two routes that carry it). Same body model, same handler, same error bodies as its FastAPI
+    declaration, which still documents it in OpenAPI (``ServerSettings.direct_routes = False``
+    serves it through FastAPI instead; the tests check both answer alike)."""
+
+    path: str  # the route template, the metrics label
+    model: type[Any]
+    handler: Callable[[Scope, str, Any], Awaitable[Response]]
+
+    def parse(self, body: bytes, content_type: str | None) -> Any:
+        """The validated body model, or :class:`RequestValidationError` as FastAPI raises it."""
+        if not body:
+            raise RequestValidationError(
+                [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
+            )
+        data: Any = body  # FastAPI's strict content type: JSON only when declared as JSON
+        if content_type is not None and _is_json(content_type):
+            try:
+                data = loads(body)
+            except json.JSONDecodeError as exc:
+                raise RequestValidationError(
+                    [{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error"}]
+                ) from None
+        try:
+            return self.model.model_validate(data, from_attributes=True)  # as FastAPI does
+        except ValidationError as exc:
+            raise RequestValidationError(
+                [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+            ) from None
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def _direct_match(routes: dict[str, DirectRoute], path: str) -> tuple[DirectRoute, str] | None:
+    """``/v1/users/{user_id}/{name}`` -> (route, user_id) for a direct route ``name``."""
+    parts = path.split("/")
+    if len(parts) != 5 or parts[1] != "v1" or parts[2] != "users" or not parts[3]:
+        return None
+    route = routes.get(parts[4])
+    return (route, parts[3]) if route is not None else None
+
+
+# ====================================================================== middleware
+def _content_length(headers: Any) -> int | None:
+    for k, v in headers:
+        if k == b"content-length":
+            try:
+                return int(v)
+            except ValueError:
+                return None
+    return None
+
+
+class Edge:
+    """Pure ASGI middleware in front of the routes (cheaper than per-route dependencies):
+    body size limit (413), API-key authentication and rate limit of ``/v1`` (401 / 429),
+    request latency metrics, and the :class:`DirectRoute` s (``direct``, by last path part)."""
+
+    def __init__(
+        self,
+        app: Any,
+        settings: ServerSettings,
+        metrics: ServerMetrics,
+        keyring: KeyRing | None,
+        limits: KeyLimits,
+        errors: ErrorMapper,
+        direct: dict[str, DirectRoute] | None = None,
+    ) -> None:
+        self.app = app
+        self.errors = errors
+        self.direct = direct
+        self.settings = settings
+        self.limit = settings.max_body_bytes
+        self.metrics = metrics
+        self.keyring = keyring
+        self.limits = limits
+        self.open_scope = Scope(Principal(None, "open"), settings)
+
+    async def _refuse(
+        self,
+        scope: dict,
+        receive: Any,
+        send: Any,
+        t0: float,
+        status: int,
+        code: str,
+        detail: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        reason = {401: "unauthorized", 413: "too_large", 429: "rate_limited"}[status]
+        self.metrics.rejected.labels(reason).inc()
+        await error_response(status, code, detail, headers)(scope, receive, send)
+        self._observe(scope, status, t0)
+
+    def _authenticate(self, headers: Any, length: int | None) -> Scope | Refusal:
+        """The caller's scope, or why not: no or unknown key (401), over its request or byte
+        rate (429; a body of known ``length`` is charged here, a chunked one as it is read)."""
+        if self.keyring is None:
+            return self.open_scope
+        token = None
+        for k, v in headers:
+            if k == b"authorization":
+                scheme, _, cred = v.decode("latin-1").strip().partition(" ")
+                if scheme.lower() == "bearer" and cred.strip():
+                    token = cred.strip()
+                break
+        challenge = {"WWW-Authenticate": "Bearer"}
+        if token is None:
+            detail = "missing API key: send 'Authorization: Bearer KEY'"
+            return 401, "unauthorized", detail, challenge
+        principal = self.keyring.lookup(token)
+        if principal is None:
+            return 401, "unauthorized", "unknown API key", challenge
+        refused = self.limits.request(principal.key_id)
+        if refused is None and length:
+            refused = self.limits.body(principal.key_id, length)
+        return refused or Scope(principal, self.settings)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500
+        headers = scope.get("headers", ())
+        length = _content_length(headers)
+        if length is not None and length > self.limit:
+            detail = f"the request body exceeds {self.limit} bytes"
+            await self._refuse(scope, receive, send, t0, 413, "too_large", detail)
+            return
+        charge = None
+        if scope["path"].startswith("/v1/"):
+            auth = self._authenticate(headers, length)
+            if isinstance(auth, tuple):
+                await self._refuse(scope, receive, send, t0, *auth)
+                return
+            scope.setdefault("state", {})[TENANCY] = auth
+            if length is None and self.keyring is not None:
+                charge = auth.principal.key_id  # a chunked body: charged once it is read
+            if self.direct is not None and scope["method"] == "POST":
+                hit = _direct_match(self.direct, scope["path"])
+                if hit is not None:
+                    await self._serve_direct(*hit, auth, scope, receive, send, t0, charge)
+                    return
+        limited_receive = self._limited(receive, charge)
+
+        async def tracking_send(msg: dict) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        finally:
+            self._observe(scope, status, t0)
+
+    async def _serve_direct(
+        self,
+        route: DirectRoute,
+        user_id: str,
+        tenancy: Scope,
+        scope: dict,
+        receive: Any,
+        send: Any,
+        t0: float,
+        charge: str | None = None,
+    ) -> None:
+        scope["route"] = route  # as FastAPI sets it: the metrics label is route.path
+        status = 500  # an exception no handler maps goes on to Starlette's 500 answer
+        try:
+            try:
+                body = await self._read_body(self._limited(receive, charge))
+                content_type = next(
+                    (v.decode("latin-1") for k, v in scope["headers"] if k == b"content-type"),
+                    None,
+                )
+                response = await route.handler(tenancy, user_id, route.parse(body, content_type))
+            except Exception as exc:
+                mapped = self.errors(exc, tenancy)
+                if mapped is None:
+                    raise
+                response = mapped
+            await response(scope, receive, send)
+            status = response.status_code
+        finally:
+            self._observe(scope, status, t0)
+
+    def _limited(self, receive: Any, charge: str | None = None) -> Callable[[], Awaitable[dict]]:
+        """``receive`` that raises :class:`_BodyTooLarge` once the body passes the limit (a
+        body without Content-Length is counted as it is read) and, with ``charge`` (a key id),
+        charges the body's bytes to that key's byte rate once it is read (429 past it)."""
+        seen = 0
+
+        async def limited_receive() -> dict:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge(self.limit)
+                if charge is not None and not msg.get("more_body", False):
+                    refused = self.limits.body(charge, seen)
+                    if refused is not None:
+                        raise ApiError(*refused)
+            return msg
+
+        return limited_receive
+
+    @staticmethod
+    async def _read_body(receive: Callable[[], Awaitable[dict]]) -> bytes:
+        chunks: list[bytes] = []
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body", False):
+                return b"".join(chunks)
+
+    def _observe(self, scope: dict, status: int, t0: float) -> None:
+        route = scope.get("route")
+        path = getattr(route, "path", None) or "unmatched"
+        self.metrics.http.labels(scope.get("method", ""), path, str(status)).observe(
+            time.perf_counter() - t0
+        )

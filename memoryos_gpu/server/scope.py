@@ -1,0 +1,152 @@
+"""What every route shares: the request's tenancy (:class:`Scope`), the error type and
+response helpers, fast JSON, and the input limits.
+
+A route module imports these rather than reaching into :mod:`memoryos_gpu.server.app`, so the
+native routes, the mem0-shaped routes and the edge middleware answer alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from fastapi import HTTPException, Request
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse, Response
+
+from memoryos_gpu.server.auth import Principal
+from memoryos_gpu.server.settings import ServerSettings
+
+try:  # faster JSON (dataclasses serialised natively) for the hot paths; plain json otherwise
+    import orjson
+
+    def dumps(data: Any) -> bytes:
+        return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
+
+    loads = orjson.loads  # its JSONDecodeError subclasses json.JSONDecodeError
+except ImportError:  # pragma: no cover
+    loads = json.loads
+
+    def _default(obj: Any) -> Any:
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return dataclasses.asdict(obj)
+        raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+    def dumps(data: Any) -> bytes:
+        return json.dumps(data, ensure_ascii=False, default=_default).encode()
+
+
+class ApiError(HTTPException):
+    """An error answered as ``{"error": code, "detail": message}``."""
+
+    def __init__(
+        self, status: int, code: str, detail: Any, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(status, detail, dict(headers) if headers else None)
+        self.code = code
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    return Response(dumps(data), status_code=status, media_type="application/json")
+
+
+def error_response(status: int, code: str, detail: Any, headers: Mapping[str, str] | None = None):
+    return JSONResponse({"error": code, "detail": detail}, status, headers=dict(headers or {}))
+
+
+TENANCY = "memoryos_tenancy"
+MAX_ID_CHARS = 256  # the engine's limit of stored ids (tenant prefix included)
+UserId = Annotated[str, PathParam(description="The user's id (within the caller's tenant).")]
+
+
+# ====================================================================== tenancy
+class Scope:
+    """A request's tenant: maps client ids to stored ids and back."""
+
+    def __init__(self, principal: Principal, settings: ServerSettings) -> None:
+        self.principal = principal
+        self.tenant = principal.tenant
+        self.settings = settings
+        self.prefix = f"{self.tenant}/" if self.tenant else ""
+
+    def user(self, user_id: str) -> str:
+        if not user_id or not user_id.strip():
+            raise ApiError(422, "invalid_user_id", "user_id must not be blank")
+        if any(ord(c) < 32 or ord(c) == 127 for c in user_id):
+            raise ApiError(422, "invalid_user_id", "user_id must not contain control characters")
+        if "/" in user_id:  # keeps ids addressable in URL paths and tenant prefixes unambiguous
+            raise ApiError(422, "invalid_user_id", "user_id must not contain '/'")
+        limit = min(self.settings.max_user_id_chars, MAX_ID_CHARS - len(self.prefix))
+        if len(user_id) > limit:
+            raise ApiError(
+                422,
+                "invalid_user_id",
+                f"user_id is {len(user_id)} characters; the limit is {limit}",
+            )
+        return self.prefix + user_id
+
+    def name(self, value: str | None) -> str | None:
+        """Namespace an assistant id or source (None stays None, except the default assistant
+        of a tenant, which is the tenant's own)."""
+        if value is None:
+            return None
+        return self.prefix + value
+
+    def assistant(self, value: str | None) -> str | None:
+        if value is None and self.tenant:
+            return self.prefix + "default"
+        return self.name(value)
+
+    def owns(self, stored_id: str) -> bool:
+        return not self.prefix or stored_id.startswith(self.prefix)
+
+    def strip(self, stored_id: Any) -> Any:
+        if self.prefix and isinstance(stored_id, str) and stored_id.startswith(self.prefix):
+            return stored_id[len(self.prefix) :]
+        return stored_id
+
+    def strip_ids(self, data: Any) -> Any:
+        """Remove the tenant prefix from id fields anywhere in a JSON-like structure."""
+        if not self.prefix:
+            return data
+        if isinstance(data, dict):
+            return {
+                k: (
+                    self.strip(v)
+                    if k in ("user_id", "owner_id", "assistant_id", "source")
+                    else self.strip_ids(v)
+                )
+                for k, v in data.items()
+            }
+        if isinstance(data, list):
+            return [self.strip_ids(v) for v in data]
+        return data
+
+
+def storable_id(item_id: int) -> bool:
+    """Whether an id from a URL fits the stores' 64-bit integer keys: a larger one names no
+    page or entry (404), instead of overflowing in the database driver (a 500)."""
+    return -(2**63) <= item_id < 2**63
+
+
+def check_text(settings: ServerSettings, **texts: str | None) -> None:
+    limit = settings.max_text_chars
+    for name, text in texts.items():
+        if text is not None and len(text) > limit:
+            raise ApiError(
+                413, "too_large", f"{name} is {len(text)} characters; the limit is {limit}"
+            )
+
+
+def check_count(settings: ServerSettings, n: int, what: str) -> None:
+    if n > settings.max_batch_items:
+        raise ApiError(
+            413, "too_large", f"{n} {what} in one request; the limit is {settings.max_batch_items}"
+        )
+
+
+def tenancy(request: Request) -> Scope:
+    """The caller's tenancy, put in the ASGI scope by the edge middleware after authentication."""
+    return request.scope["state"][TENANCY]
