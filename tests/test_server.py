@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,9 @@ uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
-from memoryos_gpu.config import EngineConfig  # noqa: E402
+from served import HA, HB, KEY_A, KEY_B, KEYS, ROOT, free_port, hashing, serve  # noqa: E402
+
 from memoryos_gpu.engine import MemoryEngine  # noqa: E402
-from memoryos_gpu.server.app import create_app  # noqa: E402
 from memoryos_gpu.server.auth import (  # noqa: E402
     ENV_VAR,
     KeyFileError,
@@ -34,59 +33,6 @@ from memoryos_gpu.server.auth import (  # noqa: E402
     parse_key_env,
     parse_key_file,
 )
-from memoryos_gpu.server.settings import ServerSettings  # noqa: E402
-
-KEY_A, KEY_B = "key-acme-0123456789", "key-beta-9876543210"
-KEYS = {KEY_A: "acme", KEY_B: "beta"}
-HA = {"Authorization": f"Bearer {KEY_A}"}
-HB = {"Authorization": f"Bearer {KEY_B}"}
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def hashing(store: Path | str = ":memory:", **kw: Any) -> EngineConfig:
-    return EngineConfig(embedder="hashing", store=str(store), auto_process=False, **kw)
-
-
-@contextmanager
-def serve(
-    source: Any,
-    *,
-    keys: dict[str, str] | None = KEYS,
-    wait_ready: bool = True,
-    **settings: Any,
-) -> Iterator[httpx.Client]:
-    """A real uvicorn server in a thread; yields an httpx client bound to it."""
-    app = create_app(source, api_keys=keys, settings=ServerSettings(**settings), use_env_keys=False)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-    client.app = app  # type: ignore[attr-defined]
-    client.server = server  # type: ignore[attr-defined]
-    try:
-        if wait_ready:
-            while client.get("/ready").status_code != 200:
-                assert time.monotonic() < deadline, client.get("/ready").json()
-                time.sleep(0.02)
-        yield client
-    finally:
-        client.close()
-        server.should_exit = True
-        thread.join(30)
-        assert not thread.is_alive()
 
 
 def add(c: httpx.Client, user: str, text: str, headers: dict = HA, **kw: Any) -> httpx.Response:

@@ -341,6 +341,12 @@ class MemoryEngine:
     def get_page(self, page_id: int) -> dict[str, Any] | None:
         return self._items.get_page(page_id)
 
+    def list_pages(
+        self, user_id: str, offset: int = 0, limit: int = 100
+    ) -> tuple[list[dict[str, Any]], int]:
+        """One window of a user's pages (every tier), oldest first, and the user's total."""
+        return self._items.list_pages(user_id, offset, limit)
+
     def update_page(
         self, page_id: int, *, user_input: str | None = None, agent_response: str | None = None
     ) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from memoryos_gpu.store.sqlite import emb_blob
 from .heat import Heat
 from .page_text import page_terms_of, page_text
 from .state import EngineState
-from .validation import _clean_text
+from .validation import InvalidInputError, _clean_text
 
 
 class Items:
@@ -34,6 +34,15 @@ class Items:
     # ---------------------------------------------------------------- pages
     def get_page(self, page_id: int) -> dict[str, Any] | None:
         return self._s.store.page_rows([page_id]).get(int(page_id))
+
+    def list_pages(self, user_id: str, offset: int, limit: int) -> tuple[list[dict], int]:
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidInputError("offset must be an integer >= 0")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInputError("limit must be an integer >= 1")
+        if user_id not in self._s.users:
+            raise UnknownUserError(f"unknown user {user_id!r}")
+        return self._s.store.page_window(user_id, offset, limit)
 
     def update_page(
         self, page_id: int, *, user_input: str | None = None, agent_response: str | None = None

@@ -28,6 +28,7 @@ from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.server import models as m
 from memoryos_gpu.server.auth import KeyLimits, KeyRing, load_api_keys
 from memoryos_gpu.server.edge import DirectRoute, Edge, ErrorMapper
+from memoryos_gpu.server.mem0_routes import add_mem0_routes
 from memoryos_gpu.server.metrics import ServerMetrics
 from memoryos_gpu.server.scope import (
     TENANCY,
@@ -509,6 +510,29 @@ def create_app(
 
     # ------------------------------------------------------------------ item-level pages
     @app.get(
+        "/v1/users/{user_id}/pages",
+        tags=["pages"],
+        summary="List pages",
+        description="The user's pages (every tier), oldest first, `limit` from `offset`; "
+        "`total` says how many there are. 404 for an unknown user.",
+        response_model=m.PageListOut,
+    )
+    async def list_pages(
+        user_id: UserId,
+        request: Request,
+        offset: Annotated[int, Query(ge=0, description="Pages to skip.")] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000, description="Pages at most.")] = 100,
+    ) -> Any:
+        scope = tenancy(request)
+        uid = scope.user(user_id)
+        if not service.is_known(uid):
+            raise UnknownUserError(f"unknown user {uid!r}")
+        engine = service.engine_for(uid)
+        pages, total = await service.call(engine.list_pages, uid, offset, limit)
+        body = {"user_id": user_id, "pages": pages, "total": total, "offset": offset}
+        return json_response(scope.strip_ids({**body, "limit": limit}))
+
+    @app.get(
         "/v1/users/{user_id}/pages/{page_id}",
         tags=["pages"],
         summary="Get a page",
@@ -576,6 +600,8 @@ def create_app(
                 "engine": eng,
             }
         )
+
+    add_mem0_routes(app, service, settings, _charge_pages)
 
     direct = None
     if settings.direct_routes:

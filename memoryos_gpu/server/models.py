@@ -203,3 +203,76 @@ class HealthOut(BaseModel):
 class ReadyOut(BaseModel):
     ready: bool
     status: str
+
+
+class PageListOut(BaseModel):
+    user_id: str
+    pages: list[dict[str, Any]] = Field(..., description="The user's pages, oldest first.")
+    total: int = Field(..., description="How many pages the user has.")
+    offset: int
+    limit: int
+
+
+# ---------------------------------------------------------------------- mem0-shaped (/v1/mem0)
+class Mem0Message(BaseModel):
+    """An OpenAI-style chat message (``content``: text, or a list of text parts)."""
+
+    model_config = ConfigDict(extra="allow")  # name, tool_call_id, ...: accepted, not stored
+    role: str = Field(..., description="'user' or 'assistant' (system and tool are skipped).")
+    content: str | list[dict[str, Any]]
+
+
+class Mem0AddIn(_Strict):
+    messages: list[Mem0Message] | str = Field(
+        ..., description="Messages to remember: each user message with its answer is a page."
+    )
+    user_id: str = Field(..., min_length=1, description="Whose memory (required here).")
+    agent_id: str | None = Field(None, max_length=128, description="The assistant's id.")
+    run_id: str | None = Field(None, description="A session id, kept in the metadata.")
+    metadata: dict[str, Any] | None = Field(None, description="Free JSON metadata.")
+    timestamp: float | str | None = Field(None, description="Epoch seconds or ISO-8601.")
+    infer: bool | None = Field(
+        None, description="Accepted for mem0 clients: exchanges are always kept verbatim."
+    )
+
+    @field_validator("user_id")
+    @classmethod
+    def _uid(cls, v: str) -> str:
+        return _printable_id(v, "user_id")  # type: ignore[return-value]
+
+    @field_validator("agent_id")
+    @classmethod
+    def _aid(cls, v: str | None) -> str | None:
+        return _printable_id(v, "agent_id")
+
+
+class Mem0SearchIn(_Strict):
+    query: str = Field(..., min_length=1, description="What to look for.")
+    user_id: str | None = Field(None, description="mem0's older spelling of filters.user_id.")
+    agent_id: str | None = Field(None, description="Narrow to this assistant's memories.")
+    run_id: str | None = Field(None, description="Narrow to this session's memories.")
+    filters: dict[str, Any] | None = Field(None, description="mem0 filters (user_id inside).")
+    top_k: int | None = Field(None, ge=1, le=1000, description="Results at most (default 20).")
+    limit: int | None = Field(None, ge=1, le=1000, description="mem0's older name of top_k.")
+    threshold: float | None = Field(None, description="Minimum cosine score.")
+
+
+class Mem0UpdateIn(_Strict):
+    text: str | None = Field(None, description="The new text (a page: the user's side).")
+    data: str | None = Field(None, description="mem0's older name of text.")
+    agent_response: str | None = Field(None, description="A page's new assistant side.")
+
+
+class Mem0Results(BaseModel):
+    results: list[dict[str, Any]]
+
+
+class Mem0Listing(Mem0Results):
+    count: int = Field(..., description="How many memories match, over all pages.")
+    page: int
+    page_size: int
+    has_more: bool
+
+
+class Mem0MessageOut(BaseModel):
+    message: str

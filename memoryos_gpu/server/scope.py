@@ -115,7 +115,7 @@ class Scope:
             return {
                 k: (
                     self.strip(v)
-                    if k in ("user_id", "owner_id", "assistant_id", "source")
+                    if k in ("user_id", "owner_id", "assistant_id", "agent_id", "source")
                     else self.strip_ids(v)
                 )
                 for k, v in data.items()

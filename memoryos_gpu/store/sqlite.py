@@ -541,6 +541,18 @@ class SQLiteStore:
             params.append(tier)
         return [_page_dict(r) for r in self.query(sql + " ORDER BY seq", params)]
 
+    def page_window(self, user_id: str, offset: int, limit: int) -> tuple[list[dict], int]:
+        """One page of a user's pages, oldest first, and how many the user has: a listing
+        that stays stable while pages are added (new ones come last)."""
+        rows = self.query(
+            "SELECT page_id, user_id, seq, user_input, agent_response, timestamp, tier, "
+            "segment_id, prev_page, next_page, meta, summary, keywords, analysed, mode, source, "
+            "extra FROM pages WHERE user_id = ? ORDER BY seq LIMIT ? OFFSET ?",
+            (user_id, int(limit), int(offset)),
+        )
+        total = self.query("SELECT COUNT(*) FROM pages WHERE user_id = ?", (user_id,))[0][0]
+        return [_page_dict(r) for r in rows], int(total)
+
     def page_embeddings(self, page_ids: Sequence[int], dim: int) -> np.ndarray:
         ids = [int(p) for p in page_ids]
         blobs: dict[int, bytes] = {}
@@ -859,6 +871,27 @@ class SQLiteStore:
                 (user_id,),
             )
         ]
+
+    def item_history(self, user_id: str, item_kind: str, item_id: int) -> list[dict[str, Any]]:
+        """The audit events of one page or knowledge entry of a user, oldest first."""
+        return [
+            {"event_id": r[0], "ts": r[1], "action": r[2], "detail": json.loads(r[3])}
+            for r in self.query(
+                "SELECT event_id, ts, action, detail FROM audit WHERE user_id = ? AND "
+                "item_kind = ? AND item_id = ? ORDER BY event_id",
+                (user_id, item_kind, int(item_id)),
+            )
+        ]
+
+    def last_updates(self, user_id: str, item_kind: str) -> dict[int, float]:
+        """When each edited page or knowledge entry of a user was last edited, by id."""
+        return dict(
+            self.query(
+                "SELECT item_id, MAX(ts) FROM audit WHERE user_id = ? AND item_kind = ? AND "
+                "action = 'update' GROUP BY item_id",
+                (user_id, item_kind),
+            )
+        )
 
     # ------------------------------------------------------------------ export / delete
     def export_user(self, user_id: str) -> dict[str, Any] | None:

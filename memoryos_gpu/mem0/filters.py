@@ -1,0 +1,148 @@
+"""mem0's filter language, evaluated on memory items.
+
+A filter is a dict. ``{"key": value}`` is an exact match, ``{"key": "*"}`` matches any item
+that has the key, ``{"key": {op: value}}`` applies an operator (``eq ne in nin gt gte lt lte
+contains icontains``), and ``{"AND": [...]}``, ``{"OR": [...]}``, ``{"NOT": [...]}`` combine
+filters; several keys in one dict must all match. Keys are looked up on the item
+(``user_id``, ``agent_id``, ``run_id``, ``kind``, ``tier``, ``memory``) and then in its
+``metadata``; ``created_at`` / ``updated_at`` compare as times (ISO-8601 text, a zone-less
+one read as UTC, or epoch seconds). An item without the key matches only ``ne`` and ``nin``.
+
+Filters are checked when a search or listing is asked for (:func:`compile_filter`), so a typo
+in an operator is an error, never a filter that silently matches nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = ["SCOPE_KEYS", "compile_filter", "split_scope", "to_epoch"]
+
+SCOPE_KEYS = ("user_id", "agent_id", "run_id")
+_TIME_KEYS = ("created_at", "updated_at")
+_ITEM_KEYS = ("user_id", "agent_id", "run_id", "kind", "tier", "memory", "id", "hash")
+_LOGIC = ("AND", "OR", "NOT")
+_MISSING = object()
+
+Predicate = Callable[[Mapping[str, Any]], bool]
+
+
+def split_scope(filters: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``filters`` -> (the plain scope ids it names, everything else)."""
+    filters = dict(filters or {})
+    if not all(isinstance(k, str) for k in filters):
+        raise ValueError("filter keys must be strings")
+    scope = {k: filters.pop(k) for k in SCOPE_KEYS if isinstance(filters.get(k), str)}
+    return scope, filters
+
+
+def to_epoch(value: Any) -> float:
+    """A time from a filter: epoch seconds, or ISO-8601 text (no zone: UTC)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a time: {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            dt = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"not an ISO-8601 time: {value!r}") from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        return dt.timestamp()
+    raise ValueError(f"not a time: {value!r}")
+
+
+def compile_filter(filters: Mapping[str, Any] | None) -> Predicate:
+    """A predicate over items for ``filters`` (None or empty: every item matches)."""
+    if not filters:
+        return lambda item: True
+    if not isinstance(filters, Mapping):
+        raise ValueError(f"a filter must be a dict, got {type(filters).__name__}")
+    parts = [_compile_key(k, v) for k, v in filters.items()]
+    return lambda item: all(p(item) for p in parts)
+
+
+def _compile_key(key: str, value: Any) -> Predicate:
+    if key in _LOGIC:
+        if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+            raise ValueError(f"{key} takes a list of filters")
+        subs = [compile_filter(v) for v in value]
+        if key == "AND":
+            return lambda item: all(s(item) for s in subs)
+        if key == "OR":
+            return lambda item: any(s(item) for s in subs)
+        return lambda item: not any(s(item) for s in subs)
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"bad filter key {key!r}")
+    get = _getter(key)
+    if value == "*":
+        return lambda item: get(item) is not _MISSING
+    ops = value if isinstance(value, Mapping) else {"eq": value}
+    tests = [_operator(key, op, arg) for op, arg in ops.items()]
+
+    def check(item: Mapping[str, Any]) -> bool:
+        found = get(item)
+        return all(t(found) for t in tests)
+
+    return check
+
+
+def _getter(key: str) -> Callable[[Mapping[str, Any]], Any]:
+    if key in _TIME_KEYS:  # items carry their times as epoch seconds beside the ISO text
+        field = f"_{key}_ts"
+        return lambda item: _MISSING if item.get(field) is None else item[field]
+    if key in _ITEM_KEYS:
+        return lambda item: _MISSING if item.get(key) is None else item[key]
+
+    def from_meta(item: Mapping[str, Any]) -> Any:
+        meta = item.get("metadata") or {}
+        return meta.get(key, _MISSING)
+
+    return from_meta
+
+
+def _operator(key: str, op: str, arg: Any) -> Callable[[Any], bool]:
+    """The test of one ``{op: arg}`` on a found value (``_MISSING`` when the item lacks it)."""
+    if key in _TIME_KEYS and op in ("eq", "ne", "gt", "gte", "lt", "lte"):
+        arg = to_epoch(arg)
+    elif key in _TIME_KEYS and op in ("in", "nin"):
+        arg = [to_epoch(a) for a in _listed(op, arg)]
+    present: dict[str, Callable[[Any], bool]] = {
+        "eq": lambda v: v == arg,
+        "gt": lambda v: _compare(v, arg, lambda a, b: a > b),
+        "gte": lambda v: _compare(v, arg, lambda a, b: a >= b),
+        "lt": lambda v: _compare(v, arg, lambda a, b: a < b),
+        "lte": lambda v: _compare(v, arg, lambda a, b: a <= b),
+        "in": lambda v: v in _listed(op, arg),
+        "contains": lambda v: isinstance(v, str) and str(arg) in v,
+        "icontains": lambda v: isinstance(v, str) and str(arg).lower() in v.lower(),
+    }
+    if op == "ne":
+        return lambda v: v is _MISSING or v != arg
+    if op == "nin":
+        listed = _listed(op, arg)
+        return lambda v: v is _MISSING or v not in listed
+    if op not in present:
+        known = "eq, ne, in, nin, gt, gte, lt, lte, contains, icontains"
+        raise ValueError(f"unknown filter operator {op!r} on {key!r}; known: {known}")
+    if op == "in":
+        _listed(op, arg)  # checked now, not at the first item
+    test = present[op]
+    return lambda v: v is not _MISSING and test(v)
+
+
+def _listed(op: str, arg: Any) -> list[Any]:
+    if not isinstance(arg, list | tuple):
+        raise ValueError(f"{op} takes a list, got {arg!r}")
+    return list(arg)
+
+
+def _compare(a: Any, b: Any, cmp: Callable[[Any, Any], bool]) -> bool:
+    """An order comparison that is False, not an error, between values of unlike types."""
+    try:
+        return bool(cmp(a, b))
+    except TypeError:
+        return False

@@ -1,0 +1,259 @@
+"""``Memory``: mem0's Python API over the MemoryOS engine.
+
+Code written against mem0's ``Memory`` switches by changing the import and the config::
+
+    # from mem0 import Memory; m = Memory()
+    from memoryos_gpu.mem0 import Memory
+    m = Memory.from_config({"store": "./mem/memory.sqlite3"})
+
+    m.add([{"role": "user", "content": "I moved to Boston."},
+           {"role": "assistant", "content": "Welcome to Boston!"}], user_id="alice")
+    m.search("Where does Alice live?", filters={"user_id": "alice"})["results"]
+
+docs/migrating-from-mem0.md has the side-by-side table of both vocabularies and what differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.errors import UnknownUserError
+
+from .filters import compile_filter, split_scope
+from .ops import Mem0Ops, MemoryNotFound
+from .shapes import messages_to_pages
+
+__all__ = ["Memory", "resolve_user"]
+
+# keys only mem0's config has, and mem0's {"provider": ..., "config": ...} form of the shared ones
+_MEM0_ONLY_KEYS = ("vector_store", "graph_store", "history_db_path", "version")
+
+
+class Memory:
+    """mem0's verbs (``add``, ``search``, ``get_all``, ``get``, ``update``, ``delete``,
+    ``delete_all``, ``history``, ``reset``) on a :class:`~memoryos_gpu.engine.MemoryEngine`.
+
+    ``config``: an :class:`EngineConfig` (or its fields as a dict; default: the embedded
+    defaults), or pass a ready ``engine`` (it stays the caller's to close). ``embedder`` /
+    ``llm``: ready-made components for the engine built here.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | Mapping[str, Any] | None = None,
+        *,
+        engine: Any = None,
+        embedder: Any = None,
+        llm: Any = None,
+    ) -> None:
+        if engine is not None and config is not None:
+            raise ValueError("give config or engine, not both")
+        self._owns_engine = engine is None
+        if engine is None:
+            from memoryos_gpu.engine import MemoryEngine
+
+            engine = MemoryEngine(_engine_config(config), embedder=embedder, llm=llm)
+        self.engine = engine
+        self._ops = Mem0Ops(engine)
+
+    @classmethod
+    def from_config(cls, config_dict: Mapping[str, Any]) -> Memory:
+        """A memory from :class:`EngineConfig` fields (mem0's own config keys are refused
+        with the name of the field to use instead)."""
+        return cls(config_dict)
+
+    # ------------------------------------------------------------------ writes
+    def add(
+        self,
+        messages: Any,
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        timestamp: float | str | None = None,
+        infer: bool = True,
+    ) -> dict[str, Any]:
+        """Remember ``messages`` (a string, a message dict or an OpenAI-style list): each user
+        message with the assistant's answer becomes one page, stored before this returns.
+
+        ``infer`` is accepted for mem0 code: MemoryOS always keeps the exchange verbatim and
+        derives long-term facts from it in the background, so both values store the same."""
+        del infer
+        uid = _need_user(user_id)
+        pages = messages_to_pages(
+            messages,
+            user_id=uid,
+            assistant_id=agent_id,
+            metadata=metadata,
+            run_id=run_id,
+            timestamp=timestamp,
+        )
+        results = self.engine.add_many(pages)
+        return {"results": add_results(pages, results)}
+
+    # ------------------------------------------------------------------ reads
+    def search(
+        self,
+        query: str,
+        *,
+        user_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        top_k: int | None = None,
+        limit: int | None = None,
+        threshold: float | None = None,
+    ) -> dict[str, Any]:
+        """The user's memories for ``query``, best first (``score``: cosine similarity).
+
+        Candidates are what MemoryOS retrieves (the top mid-term pages, the whole short-term
+        memory, the top user and assistant knowledge); ``filters`` narrow them (see
+        :mod:`memoryos_gpu.mem0.filters`), ``threshold`` drops those scored below it."""
+        uid, rest = resolve_user(user_id, filters)
+        k = _top_k(top_k, limit, 20)
+        keep = compile_filter(rest)
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("query must be a non-empty string")
+        try:
+            retrieval = self.engine.retrieve(
+                uid, query, top_pages=max(k, self.engine.memory.top_pages)
+            )
+        except UnknownUserError:
+            return {"results": []}
+        return {
+            "results": self._ops.rank(retrieval, query, keep=keep, threshold=threshold, top_k=k)
+        }
+
+    def get_all(
+        self,
+        *,
+        user_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        page: int = 1,
+        page_size: int | None = None,
+        top_k: int | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """The user's memories, oldest first, ``page_size`` per page (``top_k`` / ``limit``:
+        mem0's names for the size of the first page). Adds ``count`` and ``has_more``."""
+        uid, rest = resolve_user(user_id, filters)
+        size = page_size if page_size is not None else _top_k(top_k, limit, 100)
+        keep = compile_filter(rest) if rest else None
+        return self._ops.list(uid, page=page, page_size=size, keep=keep)
+
+    def get(self, memory_id: str) -> dict[str, Any] | None:
+        """One memory by id (``page-<n>`` or ``knowledge-<n>``), or None."""
+        return self._ops.get(memory_id)
+
+    def history(self, memory_id: str) -> list[dict[str, Any]]:
+        """How a memory changed: ADD, each UPDATE, DELETE (oldest first)."""
+        return self._ops.history(memory_id)
+
+    # ------------------------------------------------------------------ edits
+    def update(
+        self,
+        memory_id: str,
+        text: str | None = None,
+        *,
+        data: str | None = None,
+        agent_response: str | None = None,
+    ) -> dict[str, Any]:
+        """Replace a memory's text (``data``: mem0's older name). For a page ``text`` is the
+        user's side of the exchange and ``agent_response`` the assistant's."""
+        if text is not None and data is not None:
+            raise ValueError("give text or data, not both")
+        try:
+            return self._ops.update(memory_id, text if text is not None else data, agent_response)
+        except MemoryNotFound as exc:
+            raise ValueError(str(exc)) from None
+
+    def delete(self, memory_id: str) -> dict[str, Any]:
+        try:
+            return self._ops.delete(memory_id)
+        except MemoryNotFound as exc:
+            raise ValueError(str(exc)) from None
+
+    def delete_all(self, *, user_id: str | None = None) -> dict[str, Any]:
+        """Delete a user with all their memory (``reset()`` deletes every user)."""
+        self.engine.delete_user(_need_user(user_id))
+        return {"message": "Memories deleted successfully!"}
+
+    def reset(self) -> None:
+        """Delete every user and their memory."""
+        self._ops.reset()
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Close the engine built here (a ``engine=`` passed in stays open)."""
+        if self._owns_engine:
+            self.engine.close()
+
+    def __enter__(self) -> Memory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def add_results(pages: list[Any], results: list[Any]) -> list[dict[str, Any]]:
+    """mem0's ``add`` answer: one ``ADD`` per stored page (``NONE`` for a duplicate source)."""
+    from .shapes import page_text
+
+    return [
+        {
+            "id": f"page-{r.page_id}",
+            "memory": page_text(p.user_input, p.agent_response),
+            "event": "NONE" if r.duplicate else "ADD",
+        }
+        for p, r in zip(pages, results, strict=True)
+    ]
+
+
+def resolve_user(
+    user_id: str | None, filters: Mapping[str, Any] | None
+) -> tuple[str, dict[str, Any]]:
+    """The user a search or listing is about (``user_id=`` or ``filters["user_id"]``, mem0's
+    two spellings) and the remaining filters."""
+    scope, rest = split_scope(filters)
+    named = scope.pop("user_id", None)
+    if user_id is not None and named is not None and user_id != named:
+        raise ValueError(f"user_id={user_id!r} and filters['user_id']={named!r} disagree")
+    rest.update(scope)  # agent_id / run_id: filters on the user's items
+    return _need_user(user_id if user_id is not None else named), rest
+
+
+def _need_user(user_id: str | None) -> str:
+    if not isinstance(user_id, str) or not user_id.strip():
+        raise ValueError(
+            "give user_id (or filters={'user_id': ...}): memoryos-gpu keeps memory per user; "
+            "agent_id and run_id narrow a user's memories"
+        )
+    return user_id
+
+
+def _top_k(top_k: int | None, limit: int | None, default: int) -> int:
+    if top_k is not None and limit is not None and top_k != limit:
+        raise ValueError("give top_k or limit, not both")
+    k = top_k if top_k is not None else limit if limit is not None else default
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError("top_k must be an integer >= 1")
+    return k
+
+
+def _engine_config(config: EngineConfig | Mapping[str, Any] | None) -> EngineConfig:
+    if config is None or isinstance(config, EngineConfig):
+        return config or EngineConfig()
+    mem0_keys = [k for k in _MEM0_ONLY_KEYS if k in config]
+    mem0_keys += [
+        k
+        for k in ("llm", "embedder")
+        if isinstance(config.get(k), Mapping) and "provider" in config[k]
+    ]
+    if mem0_keys:
+        raise ValueError(
+            f"{mem0_keys} are mem0 settings; memoryos-gpu takes EngineConfig fields: store= "
+            "(the SQLite file or postgresql:// URL that holds what mem0 keeps in its vector "
+            "store and history db), embedding_model=, llm={...} (see docs/migrating-from-mem0.md)"
+        )
+    return EngineConfig.model_validate(dict(config))

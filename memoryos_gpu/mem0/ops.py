@@ -1,0 +1,300 @@
+"""mem0's verbs over a :class:`~memoryos_gpu.engine.MemoryEngine`, shared by the Python
+facade (:class:`memoryos_gpu.mem0.Memory`) and the HTTP routes (``/v1/mem0``).
+
+What the two callers do differently stays with them: the facade calls the engine directly,
+the server sends writes and retrievals through its batching queues and calls these verbs in
+its engine thread. Everything else (listing, ranking a retrieval into scored items, get,
+update, delete, history) is here, once.
+
+Search ranks by cosine similarity, the score mem0 users know (its ``threshold`` applies to
+it): the candidates are what MemoryOS retrieves for the query (the top mid-term pages, the
+whole short-term memory, the user's and the assistant's top knowledge), scored against the
+query's embedding (a cache hit: the retrieval just embedded it) in one vectorised step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from memoryos_gpu.types import Retrieval
+
+from .filters import Predicate
+from .shapes import (
+    MemoryId,
+    history_events,
+    knowledge_item,
+    page_item,
+    parse_memory_id,
+    public,
+)
+
+__all__ = ["Mem0Ops", "MemoryNotFound"]
+
+MAX_PAGE_SIZE = 1000
+
+
+class MemoryNotFound(KeyError):
+    """No memory has this id (mem0 raises ``ValueError`` for it; :class:`Memory` does too)."""
+
+    def __str__(self) -> str:
+        return f"Memory with id {self.args[0]} not found"
+
+
+class Mem0Ops:
+    """The mem0 verbs that read or edit one engine's memory."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    # ------------------------------------------------------------------ reads
+    def get(self, memory_id: str) -> dict[str, Any] | None:
+        """The memory, or None when no memory has this id."""
+        found = self._find(memory_id)
+        return None if found is None else public(found[0])
+
+    def owner(self, memory_id: str) -> str | None:
+        """The stored id of the user (or ``"assistant:<id>"``) that owns a memory."""
+        found = self._find(memory_id)
+        return None if found is None else found[1]
+
+    def list(
+        self, user_id: str, *, page: int, page_size: int, keep: Predicate | None = None
+    ) -> dict[str, Any]:
+        """One page of the user's memories, oldest first: pages, then live knowledge."""
+        _check_paging(page, page_size)
+        offset = (page - 1) * page_size
+        store = self.engine.store
+        user = store.user_row(user_id)
+        if user is None:
+            return _listing([], 0, page, page_size)
+        if keep is None:  # a window read of the pages; knowledge after them
+            pages, n_pages = store.page_window(user_id, offset, page_size)
+            items = self._page_items(user_id, user["assistant_id"], pages)
+            knowledge = self._knowledge_items(user_id)
+            room = page_size - len(items)
+            start = max(0, offset - n_pages)
+            items += knowledge[start : start + room] if room > 0 else []
+            return _listing(items, n_pages + len(knowledge), page, page_size)
+        everything = self._page_items(user_id, user["assistant_id"], store.user_pages(user_id))
+        everything = [i for i in everything + self._knowledge_items(user_id) if keep(i)]
+        return _listing(everything[offset : offset + page_size], len(everything), page, page_size)
+
+    def rank(
+        self,
+        retrieval: Retrieval,
+        query: str,
+        *,
+        keep: Predicate,
+        threshold: float | None,
+        top_k: int,
+    ) -> list[dict[str, Any]]:
+        """A retrieval's pages and knowledge as items scored by cosine with the query, best
+        first, filtered, at or above ``threshold``, at most ``top_k``."""
+        eng = self.engine
+        uid = retrieval.user_id
+        assistant = (eng.store.user_row(uid) or {}).get("assistant_id")
+        pages = [*retrieval.pages, *retrieval.stm]
+        q = _unit(eng.embedder.encode([query]))[0]
+        page_scores = (
+            _unit(eng.store.page_embeddings([p.page_id for p in pages], eng.embedder.dim)) @ q
+            if pages
+            else np.zeros(0)
+        )
+        updated = eng.store.last_updates(uid, "page")
+        scored = [
+            (
+                float(sc),
+                page_item(
+                    {**_fields(p), "extra": p.extra},
+                    user_id=uid,
+                    assistant_id=assistant,
+                    updated=updated.get(p.page_id),
+                ),
+            )
+            for p, sc in zip(pages, page_scores.tolist(), strict=True)
+        ]
+        for owner, entries in (
+            (uid, retrieval.user_knowledge),
+            (None, retrieval.assistant_knowledge),
+        ):
+            scored += [
+                (
+                    float(e.score or 0.0),
+                    knowledge_item(
+                        e.entry_id,
+                        e.text,
+                        created=None,
+                        user_id=owner,
+                        assistant_id=None if owner else assistant,
+                    ),
+                )
+                for e in entries
+            ]
+        scored.sort(key=lambda si: -si[0])
+        out = [
+            public(item, sc)
+            for sc, item in scored
+            if (threshold is None or sc >= threshold) and keep(item)
+        ]
+        return out[:top_k]
+
+    def history(self, memory_id: str) -> list[dict[str, Any]]:
+        """mem0's history of a memory (added, each edit, deleted), oldest first; [] for an
+        id that names nothing (a deleted memory keeps its history)."""
+        mid = parse_memory_id(memory_id)
+        if mid is None:
+            return []
+        store = self.engine.store
+        found = self._find(memory_id)
+        owners = self.history_owners(memory_id)
+        events = [e for o in owners for e in store.item_history(o, mid.kind, mid.number)]
+        events.sort(key=lambda e: e["event_id"])
+        adds = [i for i, e in enumerate(events) if e["action"] == "add"]
+        if found is not None and adds:  # SQLite may reuse a deleted page's id: the live one's
+            events = events[adds[-1] :]
+        return history_events(mid, events, found[0]["memory"] if found else None)
+
+    # ------------------------------------------------------------------ edits
+    def update(
+        self, memory_id: str, text: str | None = None, agent_response: str | None = None
+    ) -> dict[str, Any]:
+        """Replace a memory's text (a page: the user's side, ``agent_response`` the other)."""
+        mid = self._require(memory_id)
+        if text is None and agent_response is None:
+            raise ValueError("give the new text")
+        if mid.kind == "page":
+            self.engine.update_page(mid.number, user_input=text, agent_response=agent_response)
+        else:
+            if agent_response is not None:
+                raise ValueError("a knowledge entry has no agent_response")
+            self.engine.update_knowledge(mid.number, text)
+        return {"message": "Memory updated successfully!"}
+
+    def delete(self, memory_id: str) -> dict[str, Any]:
+        mid = self._require(memory_id)
+        if mid.kind == "page":
+            self.engine.delete_page(mid.number)
+        else:
+            self.engine.delete_knowledge(mid.number)
+        return {"message": "Memory deleted successfully!"}
+
+    def reset(self, owns: Callable[[str], bool] = lambda _: True) -> int:
+        """Delete every user ``owns`` accepts, with their memory; the number deleted."""
+        users = [u for u in self.engine.users() if owns(u)]
+        for u in users:
+            self.engine.delete_user(u)
+        return len(users)
+
+    # ------------------------------------------------------------------ helpers
+    def _require(self, memory_id: str) -> MemoryId:
+        if self._find(memory_id) is None:
+            raise MemoryNotFound(memory_id)
+        mid = parse_memory_id(memory_id)
+        assert mid is not None
+        return mid
+
+    def _find(self, memory_id: str) -> tuple[dict[str, Any], str] | None:
+        """(the item, its audit owner) or None."""
+        mid = parse_memory_id(memory_id)
+        if mid is None:
+            return None
+        store = self.engine.store
+        if mid.kind == "page":
+            row = store.page_rows([mid.number]).get(mid.number)
+            if row is None:
+                return None
+            user = store.user_row(row["user_id"]) or {}
+            updated = store.last_updates(row["user_id"], "page").get(mid.number)
+            item = page_item(
+                row, user_id=row["user_id"], assistant_id=user.get("assistant_id"), updated=updated
+            )
+            return item, row["user_id"]
+        row = store.knowledge_rows([mid.number]).get(mid.number)
+        if row is None or not row["live"]:
+            return None
+        is_user = row["owner_kind"] == "user"
+        owner = row["owner_id"] if is_user else f"assistant:{row['owner_id']}"
+        item = knowledge_item(
+            mid.number,
+            row["text"],
+            created=row["created"],
+            user_id=row["owner_id"] if is_user else None,
+            assistant_id=None if is_user else row["owner_id"],
+            updated=store.last_updates(owner, "knowledge").get(mid.number),
+        )
+        return item, owner
+
+    def history_owners(self, memory_id: str) -> list[str]:
+        """Whose audit holds a memory's events: its owner, or for a memory that is gone
+        whoever's audit names it (one query)."""
+        found = self._find(memory_id)
+        if found is not None:
+            return [found[1]]
+        mid = parse_memory_id(memory_id)
+        if mid is None:
+            return []
+        rows = self.engine.store.query(
+            "SELECT DISTINCT user_id FROM audit WHERE item_kind = ? AND item_id = ?",
+            (mid.kind, mid.number),
+        )
+        return [r[0] for r in rows]
+
+    def _page_items(self, uid: str, assistant: str | None, rows: list[dict]) -> list[dict]:
+        updated = self.engine.store.last_updates(uid, "page")
+        return [
+            page_item(r, user_id=uid, assistant_id=assistant, updated=updated.get(r["page_id"]))
+            for r in rows
+        ]
+
+    def _knowledge_items(self, uid: str) -> list[dict[str, Any]]:
+        store = self.engine.store
+        updated = store.last_updates(uid, "knowledge")
+        return [
+            knowledge_item(
+                r["entry_id"],
+                r["text"],
+                created=r["created"],
+                user_id=uid,
+                assistant_id=None,
+                updated=updated.get(r["entry_id"]),
+            )
+            for r in store.owner_knowledge("user", uid)
+        ]
+
+
+def _fields(p: Any) -> dict[str, Any]:
+    return {
+        "page_id": p.page_id,
+        "user_input": p.user_input,
+        "agent_response": p.agent_response,
+        "timestamp": p.timestamp,
+        "tier": p.tier,
+    }
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    n = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.maximum(n, 1e-12)
+
+
+def _check_paging(page: int, page_size: int) -> None:
+    if isinstance(page, bool) or not isinstance(page, int) or page < 1:
+        raise ValueError("page must be an integer >= 1")
+    if isinstance(page_size, bool) or not isinstance(page_size, int):
+        raise ValueError("page_size must be an integer")
+    if not 1 <= page_size <= MAX_PAGE_SIZE:
+        raise ValueError(f"page_size must be between 1 and {MAX_PAGE_SIZE}")
+
+
+def _listing(items: list[dict], total: int, page: int, page_size: int) -> dict[str, Any]:
+    return {
+        "results": [public(i) for i in items],
+        "count": total,
+        "page": page,
+        "page_size": page_size,
+        "has_more": page * page_size < total,
+    }

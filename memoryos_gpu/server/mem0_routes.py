@@ -1,0 +1,263 @@
+"""mem0's REST API under ``/v1/mem0``: a mem0 client points its base URL there.
+
+``POST /memories`` (add), ``GET /memories`` (list, paged), ``DELETE /memories`` (a user's
+all), ``GET|PUT|DELETE /memories/{memory_id}``, ``GET /memories/{memory_id}/history``,
+``POST /search``, ``POST /reset`` (the caller's tenant's users). Same keys, tenancy, limits,
+error bodies and batching as the native routes: adds join the write queue, searches the
+retrieval micro-batch; the verbs themselves are :class:`~memoryos_gpu.mem0.ops.Mem0Ops`, the
+ones the Python :class:`~memoryos_gpu.mem0.Memory` uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi import Path as PathParam
+
+from memoryos_gpu.mem0.filters import compile_filter
+from memoryos_gpu.mem0.memory import add_results, resolve_user
+from memoryos_gpu.mem0.ops import Mem0Ops, MemoryNotFound
+from memoryos_gpu.mem0.shapes import messages_to_pages
+from memoryos_gpu.server import models as m
+from memoryos_gpu.server.scope import ApiError, Scope, check_count, check_text, json_response
+from memoryos_gpu.server.scope import tenancy as _tenancy
+from memoryos_gpu.server.settings import ServerSettings
+
+__all__ = ["add_mem0_routes"]
+
+MemoryIdPath = Annotated[
+    str, PathParam(description="A memory id: 'page-<n>' or 'knowledge-<n>'.", max_length=64)
+]
+_TAG = ["mem0"]
+
+
+def add_mem0_routes(
+    app: FastAPI,
+    service: Any,
+    settings: ServerSettings,
+    charge_pages: Callable[[Scope, int], None],
+) -> None:
+    """Declare the ``/v1/mem0`` routes on ``app``."""
+
+    def ops() -> Mem0Ops:
+        engine = getattr(service, "engine", None)
+        if engine is None or not hasattr(engine, "store"):
+            raise ApiError(
+                501, "not_supported", "the mem0 routes need one local engine (not serve --ray)"
+            )
+        service.check_ready()
+        return Mem0Ops(engine)
+
+    def invalid(exc: ValueError) -> ApiError:
+        return ApiError(422, "invalid_input", str(exc))
+
+    async def owned(scope: Scope, memory_id: str) -> Mem0Ops:
+        """The ops, once the memory is known to exist and be the caller's tenant's (404
+        otherwise: another tenant's memory is not even confirmed to exist)."""
+        o = ops()
+        owner = await service.call(o.owner, memory_id)
+        if owner is None or not scope.owns(owner.removeprefix("assistant:")):
+            raise ApiError(404, "not_found", f"Memory with id {memory_id} not found")
+        return o
+
+    def out(scope: Scope, data: Any) -> Any:
+        return json_response(scope.strip_ids(data))
+
+    @app.post(
+        "/v1/mem0/memories",
+        tags=_TAG,
+        summary="Add memories (mem0)",
+        description="Remember OpenAI-style messages: each user message with the assistant's "
+        "answer becomes one page, committed before the answer.",
+        response_model=m.Mem0Results,
+        operation_id="mem0_add",
+    )
+    async def mem0_add(body: m.Mem0AddIn, request: Request) -> Any:
+        scope = _tenancy(request)
+        try:
+            pages = messages_to_pages(
+                body.messages if isinstance(body.messages, str) else _dumped(body.messages),
+                user_id=scope.user(body.user_id),
+                assistant_id=scope.assistant(body.agent_id),
+                metadata=body.metadata,
+                run_id=body.run_id,
+                timestamp=body.timestamp,
+            )
+        except ValueError as exc:
+            raise invalid(exc) from None
+        check_count(settings, len(pages), "pages")
+        for p in pages:
+            check_text(settings, user_input=p.user_input, agent_response=p.agent_response)
+        charge_pages(scope, len(pages))
+        results = await service.add_pages(pages)
+        return out(scope, {"results": add_results(pages, results)})
+
+    @app.post(
+        "/v1/mem0/search",
+        tags=_TAG,
+        summary="Search memories (mem0)",
+        description="The user's memories for a query, best first, scored by cosine "
+        "similarity; candidates are what MemoryOS retrieves, narrowed by `filters`.",
+        response_model=m.Mem0Results,
+        operation_id="mem0_search",
+    )
+    async def mem0_search(body: m.Mem0SearchIn, request: Request) -> Any:
+        scope = _tenancy(request)
+        check_text(settings, query=body.query)
+        filters = {**(body.filters or {})}
+        for key in ("agent_id", "run_id"):
+            if getattr(body, key) is not None:
+                filters[key] = getattr(body, key)
+        try:
+            user, rest = resolve_user(body.user_id, filters)
+            keep = compile_filter(_scoped_filter(scope, rest))
+            k = body.top_k or body.limit or 20
+        except ValueError as exc:
+            raise invalid(exc) from None
+        uid = scope.user(user)
+        o = ops()
+        if not service.is_known(uid):
+            return {"results": []}
+        top_pages = max(k, service.engine.memory.top_pages)
+        r = await service.retrieve(uid, body.query, top_pages=min(top_pages, 100))
+        ranked = await service.call(
+            o.rank, r, body.query, keep=keep, threshold=body.threshold, top_k=k
+        )
+        return out(scope, {"results": ranked})
+
+    @app.get(
+        "/v1/mem0/memories",
+        tags=_TAG,
+        summary="List memories (mem0)",
+        description="The user's memories, oldest first (pages, then knowledge), paged.",
+        response_model=m.Mem0Listing,
+        operation_id="mem0_get_all",
+    )
+    async def mem0_get_all(
+        request: Request,
+        user_id: Annotated[str, Query(min_length=1, description="Whose memories.")],
+        agent_id: Annotated[str | None, Query(description="Only this assistant's.")] = None,
+        run_id: Annotated[str | None, Query(description="Only this session's.")] = None,
+        page: Annotated[int, Query(ge=1)] = 1,
+        page_size: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> Any:
+        scope = _tenancy(request)
+        uid = scope.user(user_id)
+        flt = {k: v for k, v in (("agent_id", agent_id), ("run_id", run_id)) if v is not None}
+        keep = compile_filter(_scoped_filter(scope, flt)) if flt else None
+        listing = await service.call(ops().list, uid, page=page, page_size=page_size, keep=keep)
+        return out(scope, listing)
+
+    @app.delete(
+        "/v1/mem0/memories",
+        tags=_TAG,
+        summary="Delete a user's memories (mem0)",
+        description="Delete the user and everything held about them.",
+        response_model=m.Mem0MessageOut,
+        operation_id="mem0_delete_all",
+    )
+    async def mem0_delete_all(
+        request: Request,
+        user_id: Annotated[str, Query(min_length=1, description="Whose memories.")],
+    ) -> Any:
+        uid = _tenancy(request).user(user_id)
+        ops()
+        await service.delete_user(uid)
+        return {"message": "Memories deleted successfully!"}
+
+    @app.get(
+        "/v1/mem0/memories/{memory_id}",
+        tags=_TAG,
+        summary="Get a memory (mem0)",
+        description="One memory by id; 404 when none (or another tenant's).",
+        operation_id="mem0_get",
+    )
+    async def mem0_get(memory_id: MemoryIdPath, request: Request) -> Any:
+        scope = _tenancy(request)
+        o = await owned(scope, memory_id)
+        item = await service.call(o.get, memory_id)
+        if item is None:  # deleted since the ownership check
+            raise ApiError(404, "not_found", f"Memory with id {memory_id} not found")
+        return out(scope, item)
+
+    @app.put(
+        "/v1/mem0/memories/{memory_id}",
+        tags=_TAG,
+        summary="Update a memory (mem0)",
+        description="Replace a memory's text (a page: `text` is the user's side, "
+        "`agent_response` the assistant's); its embedding follows.",
+        response_model=m.Mem0MessageOut,
+        operation_id="mem0_update",
+    )
+    async def mem0_update(memory_id: MemoryIdPath, body: m.Mem0UpdateIn, request: Request) -> Any:
+        scope = _tenancy(request)
+        if body.text is not None and body.data is not None:
+            raise ApiError(422, "invalid_input", "give text or data, not both")
+        text = body.text if body.text is not None else body.data
+        check_text(settings, text=text, agent_response=body.agent_response)
+        o = await owned(scope, memory_id)
+        try:
+            return await service.call(o.update, memory_id, text, body.agent_response)
+        except MemoryNotFound as exc:
+            raise ApiError(404, "not_found", str(exc)) from None
+        except ValueError as exc:
+            raise invalid(exc) from None
+
+    @app.delete(
+        "/v1/mem0/memories/{memory_id}",
+        tags=_TAG,
+        summary="Delete a memory (mem0)",
+        description="Remove one page or knowledge entry; its history stays.",
+        response_model=m.Mem0MessageOut,
+        operation_id="mem0_delete",
+    )
+    async def mem0_delete(memory_id: MemoryIdPath, request: Request) -> Any:
+        o = await owned(_tenancy(request), memory_id)
+        try:
+            return await service.call(o.delete, memory_id)
+        except MemoryNotFound as exc:
+            raise ApiError(404, "not_found", str(exc)) from None
+
+    @app.get(
+        "/v1/mem0/memories/{memory_id}/history",
+        tags=_TAG,
+        summary="History of a memory (mem0)",
+        description="ADD, each UPDATE and DELETE of the memory, oldest first.",
+        operation_id="mem0_history",
+    )
+    async def mem0_history(memory_id: MemoryIdPath, request: Request) -> Any:
+        scope = _tenancy(request)
+        o = ops()
+        events = await service.call(o.history, memory_id)
+        owners = await service.call(o.history_owners, memory_id)
+        if not events or not all(scope.owns(w.removeprefix("assistant:")) for w in owners):
+            raise ApiError(404, "not_found", f"Memory with id {memory_id} not found")
+        return json_response(events)
+
+    @app.post(
+        "/v1/mem0/reset",
+        tags=_TAG,
+        summary="Reset (mem0)",
+        description="Delete every user of the caller's tenant with all their memory.",
+        response_model=m.Mem0MessageOut,
+        operation_id="mem0_reset",
+    )
+    async def mem0_reset(request: Request) -> Any:
+        scope = _tenancy(request)
+        ops()
+        for uid in [u for u in service.known_users() if scope.owns(u)]:
+            await service.delete_user(uid)
+        return {"message": "Memories reset successfully!"}
+
+
+def _scoped_filter(scope: Scope, flt: dict[str, Any]) -> dict[str, Any]:
+    """A filter's ``agent_id`` as stored (tenant-prefixed), like the items it is tested on."""
+    if "agent_id" in flt and isinstance(flt["agent_id"], str):
+        return {**flt, "agent_id": scope.assistant(flt["agent_id"])}
+    return flt
+
+
+def _dumped(messages: list[m.Mem0Message]) -> list[dict[str, Any]]:
+    return [msg.model_dump() for msg in messages]
