@@ -408,3 +408,17 @@ def test_http_lists_a_users_pages() -> None:
         assert (r["total"], r["offset"], r["limit"], r["pages"][0]["user_id"]) == (5, 1, 3, "ana")
         assert c.get("/v1/users/nobody/pages", headers=HA).status_code == 404
         assert c.get("/v1/users/ana/pages", params={"limit": 0}, headers=HA).status_code == 422
+
+
+def test_memory_on_each_store(backend: Any, make_engine: Any, kit: Any) -> None:
+    """Listing windows, per-item history and edit times come from the store: both kinds."""
+    eng = make_engine(store=backend.spec("mem0"), script=kit.Script(promotion=_facts))
+    m = Memory(engine=eng)
+    ids = _chat(m, "hal", 3)
+    m.update(ids[1], "hal changed his mind")
+    got = m.get_all(user_id="hal", page=2, page_size=2)
+    assert [r["id"] for r in got["results"]] == [ids[2]] and got["count"] == 3
+    assert m.get(ids[1])["updated_at"] is not None and m.get(ids[0])["updated_at"] is None
+    m.delete(ids[1])
+    assert [h["event"] for h in m.history(ids[1])] == ["ADD", "UPDATE", "DELETE"]
+    assert eng.list_pages("hal", 0, 10)[1] == 2
