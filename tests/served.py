@@ -18,9 +18,12 @@ from memoryos_gpu.server.app import create_app
 from memoryos_gpu.server.settings import ServerSettings
 
 KEY_A, KEY_B = "key-acme-0123456789", "key-beta-9876543210"
+KEY_ADMIN = "key-admin-5555555555"
 KEYS = {KEY_A: "acme", KEY_B: "beta"}
+ADMIN_KEYS = {**KEYS, KEY_ADMIN: "*"}  # an admin key: server-wide /v1/stats, nothing else
 HA = {"Authorization": f"Bearer {KEY_A}"}
 HB = {"Authorization": f"Bearer {KEY_B}"}
+HADMIN = {"Authorization": f"Bearer {KEY_ADMIN}"}
 ROOT = Path(__file__).resolve().parents[1]
 
 

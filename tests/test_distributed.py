@@ -448,7 +448,7 @@ def test_serve_app_answers_the_http_api_with_auth(ray_local, tmp_path):
     app = build_app(
         engine_config(str(tmp_path / "store")),
         2,
-        api_keys={"key-aaaa-1111": "acme", "key-bbbb-2222": "globex"},
+        api_keys={"key-aaaa-1111": "acme", "key-bbbb-2222": "globex", "key-admin-333": "*"},
         sync_interval_s=0.5,
     )
     try:
@@ -490,7 +490,9 @@ def test_serve_app_answers_the_http_api_with_auth(ray_local, tmp_path):
             u0 = res[0]["user_id"]
             assert c.get(f"/v1/users/{u0}/pages/{page_id}", headers=a).json()["page_id"] == page_id
             assert c.get(f"/v1/users/{u0}/export", headers=a).json()["user"]["user_id"] == u0
-            stats = c.get("/v1/stats", headers=a).json()
+            assert c.get("/v1/stats", headers=a).json() == {"tenant": "acme", "users": len(users)}
+            admin = {"Authorization": "Bearer key-admin-333"}
+            stats = c.get("/v1/stats", headers=admin).json()
             assert stats["engine"]["shard_count"] == 2 and stats["users"] == len(users)
             assert c.delete(f"/v1/users/{u0}", headers=a).json() == {"deleted": True}
             assert c.get(f"/v1/users/{u0}/history", headers=a).status_code == 404

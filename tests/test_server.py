@@ -21,7 +21,20 @@ uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
-from served import HA, HB, KEY_A, KEY_B, KEYS, ROOT, free_port, hashing, serve  # noqa: E402
+from served import (  # noqa: E402
+    ADMIN_KEYS,
+    HA,
+    HADMIN,
+    HB,
+    KEY_A,
+    KEY_ADMIN,
+    KEY_B,
+    KEYS,
+    ROOT,
+    free_port,
+    hashing,
+    serve,
+)
 
 from memoryos_gpu.engine import MemoryEngine  # noqa: E402
 from memoryos_gpu.server.auth import (  # noqa: E402
@@ -178,10 +191,7 @@ def test_endpoints_roundtrip() -> None:
         assert all(p["source"] in (None, "log:1") for p in exp["pages"])
         assert c.get("/v1/users/ghost/profile", headers=HA).status_code == 404
         assert c.get("/v1/users/ghost/export", headers=HA).json()["error"] == "unknown_user"
-        st = c.get("/v1/stats", headers=HA).json()
-        assert st["tenant"] == "acme" and st["users"] == 1
-        assert st["server"]["batching"]["write"]["items"] == 12
-        assert st["engine"]["counters"]["pages_added"] == 11
+        assert c.get("/v1/stats", headers=HA).json() == {"tenant": "acme", "users": 1}
         # respond without an LLM: 501
         r = c.post("/v1/users/alice/respond", json={"query": "hi"}, headers=HA)
         assert r.status_code == 501 and r.json()["error"] == "llm_unavailable"
@@ -537,7 +547,7 @@ async def _many(base: str, calls: list[tuple[str, str, dict]], headers: dict) ->
 
 def test_concurrent_retrievals_share_engine_calls() -> None:
     engine = SlowEngine(hashing())
-    with serve(engine, max_batch=64, max_wait_ms=5) as c:
+    with serve(engine, keys=ADMIN_KEYS, max_batch=64, max_wait_ms=5) as c:
         users = [f"user{i}" for i in range(40)]
         c.post(
             "/v1/pages",
@@ -548,7 +558,7 @@ def test_concurrent_retrievals_share_engine_calls() -> None:
         res = asyncio.run(_many(str(c.base_url), calls, HA))
         assert all(r.status_code == 200 for r in res)
         assert [r.json()["user_id"] for r in res] == users
-        b = c.get("/v1/stats", headers=HA).json()["server"]["batching"]["retrieve"]
+        b = c.get("/v1/stats", headers=HADMIN).json()["server"]["batching"]["retrieve"]
         assert b["items"] == 40 and b["batches"] <= 10, b  # 40 requests, few engine calls
         text = c.get("/metrics").text
         assert 'memoryos_batch_size_count{queue="retrieve"}' in text
@@ -557,7 +567,7 @@ def test_concurrent_retrievals_share_engine_calls() -> None:
 
 
 def test_per_user_order_under_concurrency() -> None:
-    with serve(hashing(), write_max_wait_ms=3) as c:
+    with serve(hashing(), keys=ADMIN_KEYS, write_max_wait_ms=3) as c:
 
         async def user_stream(ac: httpx.AsyncClient, u: str) -> None:
             for k in range(15):
@@ -569,7 +579,7 @@ def test_per_user_order_under_concurrency() -> None:
                 await asyncio.gather(*(user_stream(ac, f"w{i}") for i in range(12)))
 
         asyncio.run(main())
-        b = c.get("/v1/stats", headers=HA).json()["server"]["batching"]["write"]
+        b = c.get("/v1/stats", headers=HADMIN).json()["server"]["batching"]["write"]
         assert b["items"] == 180 and b["batches"] < 180  # writes were batched
         for i in range(12):
             c.post(f"/v1/users/w{i}/wait", headers=HA)
@@ -718,7 +728,7 @@ def test_cli_serve_contract_with_real_embedder(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("click")
     keyfile, port = tmp_path / "keys", free_port()
-    keyfile.write_text(f"{KEY_A} acme\n")
+    keyfile.write_text(f"{KEY_A} acme\n{KEY_ADMIN} *\n")
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
     proc = subprocess.Popen(
         [
@@ -765,7 +775,7 @@ def test_cli_serve_contract_with_real_embedder(tmp_path: Path) -> None:
             ret = c.post("/v1/users/pat/retrieve", json={"query": "What is the dog's name?"})
             got = [p["user_input"] for p in ret.json()["pages"]]
             assert "We adopted a golden retriever puppy named Max" in got
-            assert c.get("/v1/stats").json()["engine"]["embedder"]
+            assert c.get("/v1/stats", headers=HADMIN).json()["engine"]["embedder"]
     finally:
         proc.terminate()
         try:

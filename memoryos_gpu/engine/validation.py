@@ -15,8 +15,6 @@ import unicodedata
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from memoryos_gpu.errors import MemoryOSError
 from memoryos_gpu.types import PageInput
 
@@ -63,11 +61,7 @@ def _timestamp(value: Any) -> float:
         return time.time()
     if isinstance(value, bool):
         raise InvalidInputError("timestamp must be epoch seconds or an ISO-8601 string")
-    if isinstance(value, int | float):
-        if not np.isfinite(value):
-            raise InvalidInputError("timestamp must be finite")
-        return float(value)
-    if isinstance(value, str):
+    if isinstance(value, int | float | str):
         from memoryos_gpu.formats import parse_timestamp
 
         try:

@@ -46,12 +46,33 @@ def _utc(dt: datetime) -> float:
     return dt.timestamp()
 
 
+# Epoch seconds of 0001-01-01 and 9999-12-31T23:59:59 UTC, the dates ISO-8601 can name. A
+# timestamp in milliseconds (today ~1.7e12) is past the upper bound: refused, rather than read
+# as a date ~54,000 years ahead that would move the user's logical clock there for good.
+MIN_EPOCH_S = -62_135_596_800.0
+MAX_EPOCH_S = 253_402_300_799.0
+
+
+def _epoch_seconds(out: float, value: object) -> float:
+    if not math.isfinite(out):
+        raise ValueError(f"unparseable timestamp {value!r}: not a finite number")
+    if out > MAX_EPOCH_S:
+        raise ValueError(
+            f"timestamp {value!r} is after the year 9999 in epoch seconds: milliseconds? "
+            "send seconds"
+        )
+    if out < MIN_EPOCH_S:
+        raise ValueError(f"timestamp {value!r} is before the year 1 in epoch seconds")
+    return out
+
+
 def parse_timestamp(value: object) -> float:
     """Return ``value`` as epoch seconds (UTC).
 
     Accepted:
 
-    * ``int`` / ``float`` epoch seconds (finite; ``bool`` is refused);
+    * ``int`` / ``float`` epoch seconds (finite, years 1-9999: milliseconds are refused;
+      ``bool`` is refused);
     * a string holding a number (epoch seconds);
     * ISO-8601 dates and date-times (``2023-05-08``, ``2023-05-08T13:56:00Z``, with offsets);
       naive values are taken as UTC;
@@ -62,10 +83,7 @@ def parse_timestamp(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"unparseable timestamp {value!r}: booleans are not timestamps")
     if isinstance(value, (int, float)):
-        out = float(value)
-        if not math.isfinite(out):
-            raise ValueError(f"unparseable timestamp {value!r}: not a finite number")
-        return out
+        return _epoch_seconds(float(value), value)
     if not isinstance(value, str):
         raise ValueError(
             f"unparseable timestamp {value!r}: type {type(value).__name__}; {_EXPECTED}"
@@ -74,10 +92,7 @@ def parse_timestamp(value: object) -> float:
     if not text:
         raise ValueError(f"unparseable timestamp {value!r}: empty string")
     if _NUMBER_RE.fullmatch(text):
-        out = float(text)
-        if math.isfinite(out):
-            return out
-        raise ValueError(f"unparseable timestamp {value!r}: not a finite number")
+        return _epoch_seconds(float(text), value)
     m = _LOCOMO_RE.fullmatch(text)
     if m:
         month = _MONTHS.get(m["mon"].lower())

@@ -119,7 +119,8 @@ def create_app(
             metrics.close()
             log.info("memoryos-gpu server: queues drained, derived work done, engine closed")
 
-    app = FastAPI(
+    app = _fastapi(
+        settings,
         title="memoryos-gpu",
         version="0.1.0",
         summary="MemoryOS (short-, mid- and long-term agent memory) for many users, batched.",
@@ -130,6 +131,9 @@ def create_app(
         ),
         lifespan=lifespan,
         responses=_ERROR_RESPONSES,
+        # operationIds are the handlers' names (add_page, retrieve, mem0_search, ...): stable
+        # for generated clients, not derived from paths and methods
+        generate_unique_id_function=lambda route: route.name,
     )
     app.state.service = service
     app.state.metrics = metrics
@@ -582,16 +586,24 @@ def create_app(
         "/v1/stats",
         tags=["operations"],
         summary="Statistics",
-        description="The tenant's user count, the server's queues and batching, and the "
-        "engine's aggregate statistics (no user ids).",
+        description="A tenant's key: the tenant's user count. "
+        "An admin key (tenant `*` in the key file), or any caller of an open server: the "
+        "server's queues and batching and the engine's aggregate statistics (no user ids).",
     )
     async def stats(request: Request) -> Any:
         scope = tenancy(request)
+        if keyring is not None and not scope.principal.admin:
+            return json_response(
+                {
+                    "tenant": scope.tenant,
+                    "users": sum(1 for u in service.known_users() if scope.owns(u)),
+                }
+            )
         eng = await service.call(service.engine.stats)
         return json_response(
             {
-                "tenant": scope.tenant,
-                "users": sum(1 for u in service.known_users() if scope.owns(u)),
+                "tenant": None,
+                "users": len(service.known_users()),
                 "server": {
                     "state": service.state,
                     "batching": service.batch_stats(),
@@ -619,6 +631,16 @@ def create_app(
         direct=direct,
     )
     return app
+
+
+def _fastapi(settings: ServerSettings, **kw: Any) -> FastAPI:
+    """The app, with /docs and /redoc served from the package's own Swagger UI and ReDoc files
+    (fastapi-offline: they work offline, the default pages load them from a CDN), or none."""
+    if not settings.docs:
+        return FastAPI(docs_url=None, redoc_url=None, **kw)
+    from fastapi_offline import FastAPIOffline
+
+    return FastAPIOffline(static_url="/docs-static", **kw)
 
 
 def _document_security(app: FastAPI, keyed: bool) -> None:
@@ -717,4 +739,5 @@ def run(
         port=int(port),
         log_level=log_level.lower(),
         timeout_graceful_shutdown=graceful_timeout_s,
+        h11_max_incomplete_event_size=settings.max_header_bytes,  # h11 refuses larger headers
     )

@@ -4,6 +4,10 @@ Keys come from a file (one ``KEY TENANT`` pair per line, ``#`` comments and blan
 ignored) and/or the ``MEMORYOS_GPU_API_KEYS`` environment variable
 (``"key1:tenant1,key2:tenant2"``). Keys are kept only as SHA-256 digests and are never logged;
 logs and metrics name a key by a short fingerprint of its digest.
+
+The tenant ``*`` (:data:`ADMIN`) marks an admin key: it reads the server-wide totals of
+``/v1/stats`` and nothing else (no tenant's memory), so an operator's dashboard never needs a
+tenant's key and a tenant's key never shows other tenants' load.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 ENV_VAR = "MEMORYOS_GPU_API_KEYS"
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MIN_KEY_CHARS = 8
+ADMIN = "*"  # the tenant of admin keys
 
 
 class KeyFileError(ValueError):
@@ -41,7 +46,7 @@ def fingerprint(key: str) -> str:
 def _check(key: str, tenant: str, where: str) -> None:
     if len(key) < MIN_KEY_CHARS or any(c.isspace() for c in key):
         raise KeyFileError(f"{where}: a key must be >= {MIN_KEY_CHARS} non-space characters")
-    if not TENANT_RE.match(tenant):
+    if tenant != ADMIN and not TENANT_RE.match(tenant):
         raise KeyFileError(
             f"{where}: tenant {tenant!r} must match {TENANT_RE.pattern} (letters, digits, _ . -)"
         )
@@ -102,6 +107,10 @@ class Principal:
     tenant: str | None
     key_id: str
 
+    @property
+    def admin(self) -> bool:
+        return self.tenant == ADMIN
+
 
 class KeyRing:
     """Constant-time lookup of a presented key (digest compare against every known digest)."""
@@ -114,7 +123,7 @@ class KeyRing:
 
     @property
     def tenants(self) -> set[str]:
-        return {t for _, t, _ in self._entries}
+        return {t for _, t, _ in self._entries if t != ADMIN}
 
     def lookup(self, presented: str) -> Principal | None:
         d = _digest(presented)
@@ -126,12 +135,26 @@ class KeyRing:
 
 
 class RateLimiter:
-    """Token bucket per key: ``rate`` tokens/s, ``burst`` capacity. Thread-safe."""
+    """Token bucket per key: ``rate`` tokens/s, ``burst`` capacity. Thread-safe.
 
-    def __init__(self, rate: float, burst: int) -> None:
+    At most ``max_keys`` buckets are kept: past that, the full ones (the same as no bucket) are
+    dropped, so keys a client makes up (addresses, guessed tokens) cannot grow it without end.
+    """
+
+    def __init__(self, rate: float, burst: int, max_keys: int = 100_000) -> None:
         self.rate, self.burst = float(rate), float(burst)
+        self.max_keys = max_keys
         self._buckets: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
+
+    def _prune(self, now: float) -> None:
+        full = [
+            k
+            for k, (t, last) in self._buckets.items()
+            if t + (now - last) * self.rate >= self.burst
+        ]
+        for k in full:
+            del self._buckets[k]
 
     def take(self, key_id: str, cost: float = 1.0) -> float:
         """0.0 when allowed, else the seconds until ``cost`` tokens are available (infinite
@@ -142,6 +165,8 @@ class RateLimiter:
             return math.inf
         now = time.monotonic()
         with self._lock:
+            if len(self._buckets) >= self.max_keys and key_id not in self._buckets:
+                self._prune(now)
             tokens, last = self._buckets.get(key_id, (self.burst, now))
             tokens = min(self.burst, tokens + (now - last) * self.rate)
             if tokens >= cost:

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar
+from urllib.parse import unquote_to_bytes
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -20,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
-from memoryos_gpu.server.auth import KeyLimits, KeyRing, Principal, Refusal
+from memoryos_gpu.server.auth import KeyLimits, KeyRing, Principal, RateLimiter, Refusal
 from memoryos_gpu.server.batching import Overloaded, Unavailable
 from memoryos_gpu.server.metrics import ServerMetrics
 from memoryos_gpu.server.scope import TENANCY, ApiError, Scope, error_response, loads
@@ -36,11 +37,28 @@ class _BodyTooLarge(ApiError):
 
 
 # ====================================================================== errors
+#: What FastAPI answers (400) for a JSON body it cannot decode at all: bytes that are not UTF-8,
+#: nesting past the parser's recursion limit. Mapped to the 422 every other unusable body gets.
+_FASTAPI_BODY_ERROR = "There was an error parsing the body"
+
+
+def _unparsable(cause: BaseException | None) -> Response:
+    if isinstance(cause, UnicodeDecodeError):
+        why = "the body is not valid UTF-8"
+    elif isinstance(cause, RecursionError):
+        why = "the body is nested too deeply"
+    else:
+        why = "the body cannot be read as JSON"
+    detail = [{"loc": ["body"], "msg": f"JSON decode error: {why}", "type": "json_invalid"}]
+    return error_response(422, "validation_error", detail)
+
+
 class ErrorMapper:
     """Exceptions -> error responses ``{"error": code, "detail": message}``: one mapping for
     the FastAPI exception handlers and the direct routes of :class:`Edge`."""
 
     CLASSES = (
+        ClientDisconnect,
         StarletteHTTPException,
         RequestValidationError,
         Overloaded,
@@ -59,6 +77,13 @@ class ErrorMapper:
     def __call__(self, exc: Exception, tenancy: Scope | None) -> Response | None:
         """The response for ``exc``, or None for an exception no handler maps (a bug: the
         server answers 500)."""
+        if isinstance(exc, ClientDisconnect) or isinstance(exc.__cause__, ClientDisconnect):
+            # nobody is left to read an answer: a line in the log, not a traceback
+            log.info("client disconnected before its request was read")
+            self.metrics.rejected.labels("client_disconnect").inc()
+            return error_response(400, "client_disconnected", "the client closed the connection")
+        if isinstance(exc, StarletteHTTPException) and exc.detail == _FASTAPI_BODY_ERROR:
+            return _unparsable(exc.__cause__)
         if isinstance(exc, StarletteHTTPException):
             code = getattr(exc, "code", None) or self._HTTP_CODES.get(exc.status_code, "http_error")
             return error_response(exc.status_code, code, exc.detail, exc.headers)
@@ -152,6 +177,33 @@ def _content_length(headers: Any) -> int | None:
     return None
 
 
+_REFUSAL_REASONS = {
+    401: "unauthorized",
+    403: "forbidden",
+    413: "too_large",
+    422: "invalid_input",
+    429: "rate_limited",
+    431: "too_large",
+}
+
+
+def _malformed(scope: dict, headers: Any, max_header_bytes: int) -> Refusal | None:
+    """Why a request cannot be served whatever its route, or None: headers over the limit
+    (431), a URL whose percent-encoded bytes are not UTF-8 (422: ``%FE`` and ``%FF`` must not
+    both decode to U+FFFD and name one user)."""
+    size = sum(len(k) + len(v) + 4 for k, v in headers)
+    if size > max_header_bytes:
+        detail = f"the request headers are {size} bytes; the limit is {max_header_bytes}"
+        return 431, "headers_too_large", detail, {}
+    for part in (scope.get("raw_path") or b"", scope.get("query_string") or b""):
+        if b"%" in part:
+            try:
+                unquote_to_bytes(part).decode("utf-8")
+            except UnicodeDecodeError:
+                return 422, "invalid_input", "the URL is not valid UTF-8 once percent-decoded", {}
+    return None
+
+
 class Edge:
     """Pure ASGI middleware in front of the routes (cheaper than per-route dependencies):
     body size limit (413), API-key authentication and rate limit of ``/v1`` (401 / 429),
@@ -176,6 +228,7 @@ class Edge:
         self.keyring = keyring
         self.limits = limits
         self.open_scope = Scope(Principal(None, "open"), settings)
+        self.auth_failures = RateLimiter(settings.auth_failures_per_s, settings.auth_failures_burst)
 
     async def _refuse(
         self,
@@ -188,14 +241,16 @@ class Edge:
         detail: str,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        reason = {401: "unauthorized", 413: "too_large", 429: "rate_limited"}[status]
+        reason = _REFUSAL_REASONS[status]
         self.metrics.rejected.labels(reason).inc()
         await error_response(status, code, detail, headers)(scope, receive, send)
         self._observe(scope, status, t0)
 
-    def _authenticate(self, headers: Any, length: int | None) -> Scope | Refusal:
-        """The caller's scope, or why not: no or unknown key (401), over its request or byte
-        rate (429; a body of known ``length`` is charged here, a chunked one as it is read)."""
+    def _authenticate(self, scope: dict, headers: Any, length: int | None) -> Scope | Refusal:
+        """The caller's scope, or why not: no or unknown key (401; 429 once an address has
+        sent too many unknown keys), an admin key off ``/v1/stats`` (403), over its request
+        or byte rate (429; a body of known ``length`` is charged here, a chunked one as it is
+        read)."""
         if self.keyring is None:
             return self.open_scope
         token = None
@@ -211,11 +266,24 @@ class Edge:
             return 401, "unauthorized", detail, challenge
         principal = self.keyring.lookup(token)
         if principal is None:
-            return 401, "unauthorized", "unknown API key", challenge
+            return self._unknown_key(scope, challenge)
+        if principal.admin and scope["path"] != "/v1/stats":
+            return 403, "forbidden", "an admin key reads /v1/stats only", {}
         refused = self.limits.request(principal.key_id)
         if refused is None and length:
             refused = self.limits.body(principal.key_id, length)
         return refused or Scope(principal, self.settings)
+
+    def _unknown_key(self, scope: dict, challenge: dict[str, str]) -> Refusal:
+        """401, or 429 for an address past its budget of unknown keys: guessing keys from one
+        address runs at ``auth_failures_per_s`` at most."""
+        client = scope.get("client") or ("unknown", 0)
+        wait = self.auth_failures.take(str(client[0]))
+        if wait > 0:
+            retry = RateLimiter.retry_after(wait)
+            detail = f"too many unknown API keys from this address; retry in {retry} s"
+            return 429, "rate_limited", detail, {"Retry-After": str(retry)}
+        return 401, "unauthorized", "unknown API key", challenge
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -224,6 +292,10 @@ class Edge:
         t0 = time.perf_counter()
         status = 500
         headers = scope.get("headers", ())
+        bad = _malformed(scope, headers, self.settings.max_header_bytes)
+        if bad is not None:
+            await self._refuse(scope, receive, send, t0, *bad)
+            return
         length = _content_length(headers)
         if length is not None and length > self.limit:
             detail = f"the request body exceeds {self.limit} bytes"
@@ -231,7 +303,7 @@ class Edge:
             return
         charge = None
         if scope["path"].startswith("/v1/"):
-            auth = self._authenticate(headers, length)
+            auth = self._authenticate(scope, headers, length)
             if isinstance(auth, tuple):
                 await self._refuse(scope, receive, send, t0, *auth)
                 return

@@ -72,7 +72,6 @@ def add_mem0_routes(
         description="Remember OpenAI-style messages: each user message with the assistant's "
         "answer becomes one page, committed before the answer.",
         response_model=m.Mem0Results,
-        operation_id="mem0_add",
     )
     async def mem0_add(body: m.Mem0AddIn, request: Request) -> Any:
         scope = _tenancy(request)
@@ -101,7 +100,6 @@ def add_mem0_routes(
         description="The user's memories for a query, best first, scored by cosine "
         "similarity; candidates are what MemoryOS retrieves, narrowed by `filters`.",
         response_model=m.Mem0Results,
-        operation_id="mem0_search",
     )
     async def mem0_search(body: m.Mem0SearchIn, request: Request) -> Any:
         scope = _tenancy(request)
@@ -133,7 +131,6 @@ def add_mem0_routes(
         summary="List memories (mem0)",
         description="The user's memories, oldest first (pages, then knowledge), paged.",
         response_model=m.Mem0Listing,
-        operation_id="mem0_get_all",
     )
     async def mem0_get_all(
         request: Request,
@@ -156,7 +153,6 @@ def add_mem0_routes(
         summary="Delete a user's memories (mem0)",
         description="Delete the user and everything held about them.",
         response_model=m.Mem0MessageOut,
-        operation_id="mem0_delete_all",
     )
     async def mem0_delete_all(
         request: Request,
@@ -172,7 +168,6 @@ def add_mem0_routes(
         tags=_TAG,
         summary="Get a memory (mem0)",
         description="One memory by id; 404 when none (or another tenant's).",
-        operation_id="mem0_get",
     )
     async def mem0_get(memory_id: MemoryIdPath, request: Request) -> Any:
         scope = _tenancy(request)
@@ -189,7 +184,6 @@ def add_mem0_routes(
         description="Replace a memory's text (a page: `text` is the user's side, "
         "`agent_response` the assistant's); its embedding follows.",
         response_model=m.Mem0MessageOut,
-        operation_id="mem0_update",
     )
     async def mem0_update(memory_id: MemoryIdPath, body: m.Mem0UpdateIn, request: Request) -> Any:
         scope = _tenancy(request)
@@ -211,7 +205,6 @@ def add_mem0_routes(
         summary="Delete a memory (mem0)",
         description="Remove one page or knowledge entry; its history stays.",
         response_model=m.Mem0MessageOut,
-        operation_id="mem0_delete",
     )
     async def mem0_delete(memory_id: MemoryIdPath, request: Request) -> Any:
         o = await owned(_tenancy(request), memory_id)
@@ -225,7 +218,6 @@ def add_mem0_routes(
         tags=_TAG,
         summary="History of a memory (mem0)",
         description="ADD, each UPDATE and DELETE of the memory, oldest first.",
-        operation_id="mem0_history",
     )
     async def mem0_history(memory_id: MemoryIdPath, request: Request) -> Any:
         scope = _tenancy(request)
@@ -242,7 +234,6 @@ def add_mem0_routes(
         summary="Reset (mem0)",
         description="Delete every user of the caller's tenant with all their memory.",
         response_model=m.Mem0MessageOut,
-        operation_id="mem0_reset",
     )
     async def mem0_reset(request: Request) -> Any:
         scope = _tenancy(request)

@@ -6,9 +6,9 @@ these models, because they come from :class:`~memoryos_gpu.server.settings.Serve
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 
 class _Strict(BaseModel):
@@ -25,12 +25,22 @@ def _printable_id(value: str | None, what: str) -> str | None:
     return value
 
 
+def _not_bool(value: Any) -> Any:
+    # JSON true would otherwise be read as the number 1 (a 1970 timestamp)
+    if isinstance(value, bool):
+        raise ValueError("timestamp must be epoch seconds or an ISO-8601 string, not a boolean")
+    return value
+
+
+Timestamp = Annotated[float | str | None, BeforeValidator(_not_bool)]
+
+
 class PageIn(_Strict):
     """One exchange to remember."""
 
     user_input: str = Field(..., description="What the user said.")
     agent_response: str = Field("", description="What the agent answered.")
-    timestamp: float | str | None = Field(
+    timestamp: Timestamp = Field(
         None, description="Epoch seconds or an ISO-8601 string (default: now)."
     )
     assistant_id: str | None = Field(
@@ -141,7 +151,7 @@ class RetrievalsOut(BaseModel):
 
 class RespondIn(_Strict):
     query: str = Field(..., description="The user's message.")
-    timestamp: float | str | None = Field(None, description="Timestamp of the stored exchange.")
+    timestamp: Timestamp = Field(None, description="Timestamp of the stored exchange.")
 
 
 class RespondOut(BaseModel):
@@ -230,7 +240,7 @@ class Mem0AddIn(_Strict):
     agent_id: str | None = Field(None, max_length=128, description="The assistant's id.")
     run_id: str | None = Field(None, description="A session id, kept in the metadata.")
     metadata: dict[str, Any] | None = Field(None, description="Free JSON metadata.")
-    timestamp: float | str | None = Field(None, description="Epoch seconds or ISO-8601.")
+    timestamp: Timestamp = Field(None, description="Epoch seconds or ISO-8601.")
     infer: bool | None = Field(
         None, description="Accepted for mem0 clients: exchanges are always kept verbatim."
     )

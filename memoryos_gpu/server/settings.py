@@ -71,12 +71,24 @@ class ServerSettings(BaseModel):
     derived_enabled: bool = Field(True, description="Run the background derived-work worker.")
     # limits (413 past them)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Request body limit.")
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="Limit of a request's headers together (431 past it)."
+    )
     max_text_chars: int = Field(100_000, ge=1, description="Limit of each text field.")
     max_batch_items: int = Field(1000, ge=1, description="Pages or queries in one request.")
     max_user_id_chars: int = Field(200, ge=1, le=240, description="Limit of a user id.")
     max_wait_timeout_s: float = Field(60.0, gt=0, description="Cap of /wait timeouts.")
     # rate limits per API key (token buckets); 0 disables one; open mode is not rate limited
     rate_limit_per_s: float = Field(500.0, ge=0, description="Sustained requests per second.")
+    auth_failures_per_s: float = Field(
+        1.0, ge=0, description="Unknown API keys accepted per client address per second."
+    )
+    auth_failures_burst: int = Field(
+        20, ge=1, description="Unknown keys an address may send at once before 429s."
+    )
+    docs: bool = Field(
+        True, description="Serve /docs and /redoc (from the package's files: no CDN)."
+    )
     rate_limit_burst: int = Field(1000, ge=1, description="Bucket size (burst).")
     rate_limit_bytes_per_s: float = Field(
         4 * 1024 * 1024, ge=0, description="Sustained request-body bytes per second."
