@@ -41,6 +41,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "bench-key-0123456789"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
+ADMIN_KEY = "bench-admin-0123456789"  # reads the server-wide /v1/stats the run compares
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 TOPICS = [
     "hiking",
     "cooking",
@@ -122,7 +124,7 @@ class Server:
             "store": str(store),
             "host": "127.0.0.1",
             "port": self.port,
-            "api_keys": {KEY: "bench"},
+            "api_keys": {KEY: "bench", ADMIN_KEY: "*"},
             "embedder": embedder,
             "log_level": "warning",
             "rate_limit_per_s": 0,
@@ -264,7 +266,7 @@ async def _load(
     stop_at = time.monotonic() + time_limit
     host, port = base.removeprefix("http://").split(":")
     async with httpx.AsyncClient(base_url=base, headers=HEADERS, timeout=120) as control:
-        before = (await control.get("/v1/stats")).json()["server"]["batching"]
+        before = (await control.get("/v1/stats", headers=ADMIN)).json()["server"]["batching"]
 
         async def user_loop(u: int) -> None:
             nonlocal issued
@@ -309,7 +311,7 @@ async def _load(
         t0 = time.perf_counter()
         await asyncio.gather(*(user_loop(u) for u in range(users)))
         wall = time.perf_counter() - t0
-        after = (await control.get("/v1/stats")).json()["server"]["batching"]
+        after = (await control.get("/v1/stats", headers=ADMIN)).json()["server"]["batching"]
     mean_batch = {}
     for k in after:
         nb = after[k]["batches"] - before[k]["batches"]
