@@ -1211,7 +1211,7 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
     "--api-keys",
     metavar="FILE",
     type=click.Path(exists=True, dir_okay=False),
-    help="Key file: one `KEY TENANT` per line.",
+    help="Key file: one `KEY TENANT` per line (`KEY *`: an admin key, server-wide /v1/stats only).",
 )
 @click.option(
     "--ray",
