@@ -278,8 +278,11 @@ class VLLMBackend(LLMBackend):
             )
             try:
                 conv = self._fit_prompt(r, kw["max_tokens"])
-            except ValueError as e:
+            except ValueError as e:  # too long even after truncation
                 results[i] = ChatResult.failed(f"vLLM: {e} (max_model_len={self.max_model_len})")
+                continue
+            except Exception as e:  # the chat template cannot render it: LLM.chat could not
+                results[i] = ChatResult.failed(f"vLLM: prompt not renderable: {e}")
                 continue
             todo.append(i)
             convs.append(conv)

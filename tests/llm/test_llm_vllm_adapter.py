@@ -169,6 +169,8 @@ class FakeTokenizer:
     def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=False, **kw):
         assert tokenize is False and add_generation_prompt is True
         self.template_kwargs.append(kw)
+        if any(m["role"] == "assistant" and m is messages[0] for m in messages):
+            raise RuntimeError("Conversation roles must alternate user/assistant/user/...")
         return " ".join(f"<{m['role']}> {m['content']}" for m in messages) + " <assistant>"
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -351,3 +353,13 @@ def test_long_prompts_measured_before_the_batch(fake_vllm):
     assert [r.text for r in res[:2]] == ["short answer", "long answer"]
     assert res[2].error and "max_model_len=60" in res[2].error and res[2].text == ""
     assert b.max_model_len == 60
+
+
+def test_unrenderable_prompt_fails_alone(fake_vllm):
+    b = VLLMBackend("m", json_retry=False)
+    llm = FakeLLM.instances[0]
+    llm.script = [["fine"]]
+    bad = ChatRequest(messages=({"role": "assistant", "content": "hi"},))
+    res = b.generate([bad, chat("ok")])
+    assert res[0].error and "roles must alternate" in res[0].error and res[1].text == "fine"
+    assert len(llm.calls) == 1 and len(llm.calls[0][0]) == 1
