@@ -38,6 +38,7 @@ import click
 
 ENV_EMBEDDER = "MEMORYOS_GPU_EMBEDDER"
 ENV_STORE = "MEMORYOS_GPU_STORE"
+ENV_LLM_API_KEY = "MEMORYOS_GPU_LLM_API_KEY"
 DEFAULT_STORE = "./memoryos-store"
 STORE_FILE = "memory.sqlite3"
 SHARDS_FILE = "shards.json"
@@ -86,6 +87,7 @@ class EngineOptions:
     llm_backend: str | None = None
     llm_model: str | None = None
     llm_base_url: str | None = None
+    llm_api_key: str | None = None
     embedding_model: str | None = None
     embedding_dtype: str | None = None
     embedder: str | None = None
@@ -102,11 +104,13 @@ class EngineOptions:
         )
 
     def argv(self) -> list[str]:
-        """Back to command-line flags (to start worker processes with the same settings)."""
+        """Back to command-line flags (to start worker processes with the same settings); the
+        API key is left out, since a command line is visible to every user of the machine
+        (workers get it as $MEMORYOS_GPU_LLM_API_KEY)."""
         out: list[str] = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is not None and f.name != "store":
+            if value is not None and f.name not in ("store", "llm_api_key"):
                 out += [f"--{f.name.replace('_', '-')}", str(value)]
         return out
 
@@ -149,6 +153,13 @@ _ENGINE_OPTIONS: list[Callable[[Callable], Callable]] = [
     click.option("--llm-model", metavar="NAME", help="LLM model name or path."),
     click.option(
         "--llm-base-url", metavar="URL", help="OpenAI-compatible server URL (--llm-backend openai)."
+    ),
+    click.option(
+        "--llm-api-key",
+        metavar="KEY",
+        envvar=ENV_LLM_API_KEY,
+        help=f"API key of that server (also ${ENV_LLM_API_KEY}; default: the config file's "
+        "[llm] api_key, else $OPENAI_API_KEY).",
     ),
     click.option(
         "--embedding-model",
@@ -227,6 +238,7 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
             ("backend", o.llm_backend),
             ("model", o.llm_model),
             ("base_url", o.llm_base_url),
+            ("api_key", o.llm_api_key),
         ):
             if value is not None:
                 llm[key] = value
@@ -742,6 +754,8 @@ def _ingest_workers(
             *o.argv(),
         ]
         child_env = dict(env)
+        if o.llm_api_key:
+            child_env[ENV_LLM_API_KEY] = o.llm_api_key
         if gpus > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
             child_env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
         # own session: a terminal Ctrl-C reaches only this process, which forwards one SIGINT

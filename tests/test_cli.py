@@ -550,6 +550,28 @@ def test_config_precedence_in_process(tmp_path, monkeypatch):
     assert build_config(EngineOptions()).store == "./memoryos-store"
 
 
+def test_llm_api_key_option(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from memoryos_gpu import cli as cli_mod
+    from memoryos_gpu.cli import EngineOptions, build_config
+
+    monkeypatch.delenv("MEMORYOS_GPU_LLM_API_KEY", raising=False)
+    config = tmp_path / "c.toml"
+    config.write_text('[llm]\nbackend = "openai"\napi_key = "from-file"\n')
+    assert build_config(EngineOptions(config=str(config))).llm.api_key == "from-file"
+    o = EngineOptions(config=str(config), llm_api_key="sk-flag", llm_model="m")
+    assert build_config(o).llm.api_key == "sk-flag"
+    assert "sk-flag" not in o.argv() and "--llm-model" in o.argv()  # not on a command line
+    seen: list[str | None] = []
+    monkeypatch.setattr(cli_mod, "_options", lambda ctx, kw: seen.append(kw["llm_api_key"]))
+    monkeypatch.setenv("MEMORYOS_GPU_LLM_API_KEY", "sk-env")
+    CliRunner().invoke(cli_mod.cli, ["stats", "--store", str(tmp_path)])
+    CliRunner().invoke(cli_mod.cli, ["stats", "--store", str(tmp_path), "--llm-api-key", "k"])
+    assert seen == ["sk-env", "k"]
+    assert "--llm-api-key" in CliRunner().invoke(cli_mod.cli, ["chat", "--help"]).output
+
+
 # ------------------------------------------------------------------------------ the rest
 def test_serve_without_the_server_module(monkeypatch):
     from click.testing import CliRunner

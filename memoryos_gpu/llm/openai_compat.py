@@ -10,13 +10,24 @@ blocking the caller's loop.
 Structured output uses ``response_format``:
 
 * ``"json_schema"``: ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``
-  (vLLM, SGLang, OpenAI);
+  (vLLM, SGLang, OpenAI); ``strict`` is true only for schemas inside OpenAI's strict subset
+  (:func:`~memoryos_gpu.llm.openai_body.strict_schema_ok`);
 * ``"json_object"``: ``{"type": "json_object", "schema": schema}`` (llama.cpp's server,
   llama-cpp-python);
 * ``"none"``: no ``response_format``; the output is only parsed and repaired;
 * ``"auto"``: start with ``json_schema``; when the server answers 400/422 complaining about
-  ``response_format`` (llama-cpp-python says so with a 500 naming the field), switch this
-  instance to ``json_object`` (and from there to ``none``) and resend at once.
+  ``response_format`` (llama-cpp-python says so with a 500 naming the field), that request's
+  stage drops ``strict`` first, then steps down to ``json_object`` and from there to ``none``,
+  resending at once. Each stage (``ChatRequest.stage``) steps down on its own, so one schema
+  the server dislikes does not cost the others their constrained decoding.
+
+A 400 that rejects ``max_tokens`` (OpenAI's o-series and GPT-5: "Use 'max_completion_tokens'")
+or a non-default ``temperature`` is learned for the model (base URL + model name, shared by
+every backend instance of this process) and the request is resent at once with
+``max_completion_tokens`` or without ``temperature``.
+
+``api_key`` defaults to ``$OPENAI_API_KEY`` (as the OpenAI SDK does: it is sent to whatever
+``base_url`` is configured).
 
 Retries: 429, 5xx, connection errors and timeouts are retried up to ``max_retries`` times with
 exponential backoff and jitter (``Retry-After`` is honoured). Other 4xx answers become
@@ -31,6 +42,7 @@ import asyncio
 import contextlib
 import email.utils
 import json
+import os
 import random
 import re
 import threading
@@ -49,13 +61,31 @@ from memoryos_gpu.llm.base import (
     _check_requests,
 )
 from memoryos_gpu.llm.jsonfix import parse_json_output
+from memoryos_gpu.llm.openai_body import (
+    STYLES,
+    ServerError,
+    build_response_format,
+    is_format_rejection,
+    parse_error,
+    rejects_max_tokens,
+    rejects_temperature,
+)
 
-__all__ = ["OpenAICompatBackend", "build_response_format", "normalize_base_url"]
+__all__ = ["OpenAICompatBackend", "learned_quirks", "normalize_base_url"]
 
-_STYLES = ("auto", "json_schema", "json_object", "none")
+ENV_API_KEY = "OPENAI_API_KEY"
 _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529})
 _FATAL_FIRST_CONTACT = frozenset({401, 403, 404})
-_NAME_BAD = re.compile(r"[^a-zA-Z0-9_-]+")
+_LOWER_STYLE = {"json_schema": "json_object", "json_object": "none"}
+_MAX_RESENDS = 6  # two learned fields + strict off + two style steps, and one spare
+#: what 400s taught about each (base_url, model): "max_completion_tokens", "no_temperature"
+_QUIRKS: dict[tuple[str, str], frozenset[str]] = {}
+_QUIRKS_LOCK = threading.Lock()
+
+
+def learned_quirks(base_url: str, model: str) -> frozenset[str]:
+    """What this process has learned about ``model`` at ``base_url`` from its 400s."""
+    return _QUIRKS.get((normalize_base_url(base_url), model), frozenset())
 
 
 def normalize_base_url(base_url: str) -> str:
@@ -68,23 +98,6 @@ def normalize_base_url(base_url: str) -> str:
     if not re.search(r"/v\d+$", url):
         url += "/v1"
     return url
-
-
-def build_response_format(request: ChatRequest, style: str) -> dict | None:
-    """The ``response_format`` body field for ``request`` under ``style`` (None: omit it)."""
-    schema = request.json_schema
-    if schema is None or style == "none":
-        return None
-    if style == "json_schema":
-        raw = str(schema.get("title") or request.stage or "response")
-        name = _NAME_BAD.sub("_", raw).strip("_")[:64] or "response"
-        return {
-            "type": "json_schema",
-            "json_schema": {"name": name, "schema": schema, "strict": True},
-        }
-    if style == "json_object":
-        return {"type": "json_object", "schema": schema}
-    raise ValueError(f"unknown response_format style {style!r}; expected one of {_STYLES}")
 
 
 class _Fatal(Exception):
@@ -111,9 +124,9 @@ class OpenAICompatBackend(LLMBackend):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
-        if response_format_style not in _STYLES:
+        if response_format_style not in STYLES:
             raise ValueError(
-                f"response_format_style must be one of {_STYLES}, got {response_format_style!r}"
+                f"response_format_style must be one of {STYLES}, got {response_format_style!r}"
             )
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
@@ -128,13 +141,17 @@ class OpenAICompatBackend(LLMBackend):
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
         self.requested_style = response_format_style
-        # the style in use; "auto" starts at json_schema and may step down (remembered)
+        # the style a stage starts with; "auto" starts at json_schema, and each stage may step
+        # down on its own (remembered in _stage_styles; _loose: stages sent without strict)
         self.style = "json_schema" if response_format_style == "auto" else response_format_style
+        self._stage_styles: dict[str, str] = {}
+        self._loose: set[str] = set()
         self.extra_body = dict(extra_body or {})
         self.backoff_base_s = float(backoff_base_s)
         self.backoff_max_s = float(backoff_max_s)
         self.max_retry_after_s = float(max_retry_after_s)
         self._headers = {"Content-Type": "application/json", **(headers or {})}
+        api_key = api_key or os.environ.get(ENV_API_KEY) or None
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._contacted = False  # a request has succeeded at least once
@@ -233,32 +250,62 @@ class OpenAICompatBackend(LLMBackend):
             await asyncio.gather(*tasks, return_exceptions=True)
             raise LLMBackendError(str(e)) from None
 
-    def _body(self, req: ChatRequest, style: str) -> dict[str, Any]:
+    def style_for(self, stage: str) -> str:
+        """The ``response_format`` style requests of ``stage`` are sent with now."""
+        return self._stage_styles.get(stage, self.style)
+
+    @property
+    def styles(self) -> dict[str, str]:
+        """The stages that stepped down, and their style now."""
+        with self._style_lock:
+            return dict(self._stage_styles)
+
+    def _quirks(self) -> frozenset[str]:
+        return _QUIRKS.get((self.base_url, self.model), frozenset())
+
+    def _body(self, req: ChatRequest, style: str, quirks: frozenset[str]) -> dict[str, Any]:
+        limit = "max_completion_tokens" if "max_completion_tokens" in quirks else "max_tokens"
         body: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": m["role"], "content": m["content"]} for m in req.messages],
-            "max_tokens": req.max_tokens,
-            "temperature": req.temperature,
+            limit: req.max_tokens,
         }
-        rf = build_response_format(req, style)
+        if "no_temperature" not in quirks:
+            body["temperature"] = req.temperature
+        rf = build_response_format(req, style, strict=req.stage not in self._loose)
         if rf is not None:
             body["response_format"] = rf
         body.update(self.extra_body)
         return body
 
-    def _step_down_style(self, used: str) -> bool:
-        """After a response_format rejection under ``used``: step down; False if no lower style."""
-        if self.requested_style != "auto":
+    def _learn(self, err: ServerError, used: frozenset[str]) -> bool:
+        """After a 400: learn what the model rejected; False if there is nothing new to try."""
+        if rejects_max_tokens(err):
+            quirk = "max_completion_tokens"
+        elif rejects_temperature(err):
+            quirk = "no_temperature"
+        else:
             return False
+        if quirk in used:  # the body already had it: the server objects to something else
+            return False
+        with _QUIRKS_LOCK:
+            key = (self.base_url, self.model)
+            _QUIRKS[key] = _QUIRKS.get(key, frozenset()) | {quirk}
+        return True
+
+    def _step_down_style(self, stage: str, used: str, used_strict: bool) -> bool:
+        """After a response_format rejection of a ``stage`` request sent under ``used``: drop
+        strict, else step that stage down; False when there is nothing lower to try."""
         with self._style_lock:
-            if self.style != used:  # another request already stepped down
+            if self.style_for(stage) != used or (used_strict and stage in self._loose):
+                return True  # another request of this stage already stepped down
+            if used_strict:
+                self._loose.add(stage)
                 return True
-            if used == "json_schema":
-                self.style = "json_object"
-            elif used == "json_object":
-                self.style = "none"
-            else:
+            lower = _LOWER_STYLE.get(used)
+            if self.requested_style != "auto" or lower is None:
                 return False
+            self._stage_styles[stage] = lower
             return True
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
@@ -270,10 +317,13 @@ class OpenAICompatBackend(LLMBackend):
     async def _one(self, req: ChatRequest) -> ChatResult:
         assert self._client is not None and self._sem is not None
         attempt = 0  # retries used
+        resends = 0  # immediate resends after a 400 that changed the body (bounded: a server
+        # that rejects every variant must not keep a request looping)
         last_error = "no attempt made"
         while True:
-            style = self.style
-            body = self._body(req, style)
+            style = self.style_for(req.stage)
+            quirks = self._quirks()
+            body = self._body(req, style, quirks)
             retry_after: float | None = None
             try:
                 async with self._sem:
@@ -311,14 +361,18 @@ class OpenAICompatBackend(LLMBackend):
                         return ChatResult.failed(last_error)
                     self._contacted = True
                     return self._result(req, data)
-                message = _error_message(content)
-                last_error = f"HTTP {status}: {message}"
-                if (
-                    req.json_schema is not None
-                    and _is_format_rejection(status, message, style)
-                    and self._step_down_style(style)
+                err = parse_error(content)
+                last_error = f"HTTP {status}: {err.message}"
+                if resends < _MAX_RESENDS and (
+                    (status in (400, 422) and self._learn(err, quirks))
+                    or (
+                        req.json_schema is not None
+                        and is_format_rejection(status, err, style)
+                        and self._step_down_style(req.stage, style, _sent_strict(body))
+                    )
                 ):
-                    continue  # resend at once with the lower style (not a retry)
+                    resends += 1
+                    continue  # resend at once with what the server takes (not a retry)
                 if status in _FATAL_FIRST_CONTACT and not self._contacted:
                     hint = {
                         401: "check api_key",
@@ -360,36 +414,9 @@ class OpenAICompatBackend(LLMBackend):
         return ChatResult(text, parsed, pt, ct)
 
 
-def _error_message(content: bytes) -> str:
-    text = content.decode("utf-8", "replace")
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text.strip()[:500] or "(empty body)"
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:500]
-        if isinstance(err, str):
-            return err[:500]
-        for key in ("message", "detail"):
-            if data.get(key):
-                v = data[key]
-                return (v if isinstance(v, str) else json.dumps(v))[:500]
-    return text.strip()[:500]
-
-
-def _is_format_rejection(status: int, message: str, style: str) -> bool:
-    """Did the server reject our ``response_format``? 400/422 normally; llama-cpp-python's
-    server answers its request-validation errors with 500, so a 500 counts when it names the
-    field."""
-    if style == "none":
-        return False
-    low = message.lower()
-    names_field = "response_format" in low or "response format" in low
-    if status in (400, 422):
-        return names_field or style in low
-    return status == 500 and names_field
+def _sent_strict(body: dict[str, Any]) -> bool:
+    rf = body.get("response_format") or {}
+    return bool((rf.get("json_schema") or {}).get("strict"))
 
 
 def _retry_after(headers: httpx.Headers) -> float | None:

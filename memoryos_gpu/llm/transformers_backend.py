@@ -13,8 +13,9 @@ JSON-schema grammar (token-mask constrained decoding, which works on CPU too). W
 xgrammar the output is parsed and repaired by :mod:`jsonfix`. Either way a structured output
 that still does not parse is retried once at temperature 0.7, then left as ``parsed=None``.
 
-Prompts longer than ``max_input_tokens`` lose the start of the last user message (the system
-prompt is kept); if that is not enough, the oldest non-system messages are dropped.
+Prompts longer than ``max_input_tokens`` are shortened by :mod:`prompt_fit`'s rule: the start
+of the last user message goes first (the system prompt is kept), then the oldest non-system
+messages; a prompt that still does not fit fails alone.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from memoryos_gpu.llm.base import (
     retry_unparsed,
 )
 from memoryos_gpu.llm.jsonfix import parse_json_output
+from memoryos_gpu.llm.prompt_fit import fit_messages
 
 __all__ = ["TransformersBackend", "bundled_smollm2_path", "xgrammar_available"]
 
@@ -233,41 +235,18 @@ class TransformersBackend(LLMBackend):
         return self.tokenizer(self._render(messages), add_special_tokens=False)["input_ids"]
 
     def prompt_ids(self, request: ChatRequest) -> list[int]:
-        """Token ids of the rendered prompt, truncated to ``max_input_tokens`` (see module doc)."""
-        msgs = [dict(m) for m in request.messages]
-        ids = self._encode(msgs)
-        limit = self.max_input_tokens
-        if len(ids) <= limit:
-            return ids
-        last_user = max((i for i, m in enumerate(msgs) if m["role"] == "user"), default=None)
-        if last_user is not None:
-            content_ids = self.tokenizer(msgs[last_user]["content"], add_special_tokens=False)[
-                "input_ids"
-            ]
-            for _ in range(4):  # re-rendering can shift token boundaries; converge in few steps
-                over = len(ids) - limit
-                if over <= 0 or not content_ids:
-                    break
-                content_ids = content_ids[over + 1 :]
-                msgs[last_user]["content"] = self.tokenizer.decode(
-                    content_ids, skip_special_tokens=True
-                )
-                ids = self._encode(msgs)
-        while len(ids) > limit:
-            drop = next(
-                (i for i, m in enumerate(msgs) if m["role"] != "system" and i != last_user),
-                None,
+        """Token ids of the rendered prompt, truncated to ``max_input_tokens`` by
+        :func:`~memoryos_gpu.llm.prompt_fit.fit_messages`."""
+        try:
+            _, ids = fit_messages(
+                list(request.messages),
+                self.max_input_tokens,
+                self._encode,
+                lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"],
+                lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
             )
-            if drop is None:
-                break
-            del msgs[drop]
-            if last_user is not None and drop < last_user:
-                last_user -= 1
-            ids = self._encode(msgs)
-        if len(ids) > limit:
-            raise ValueError(
-                f"prompt needs {len(ids)} tokens even after truncation; max_input_tokens={limit}"
-            )
+        except ValueError as e:
+            raise ValueError(f"{e} (max_input_tokens={self.max_input_tokens})") from None
         return ids
 
     # ------------------------------------------------------------------ grammars

@@ -107,3 +107,13 @@ def tf_backend(smollm2_gguf: Path):
     backend = TransformersBackend(device="cpu", batch_size=8, max_input_tokens=1024)
     yield backend
     backend.close()
+
+
+@pytest.fixture
+def server():
+    """A scripted OpenAI-compatible server (``fake_openai_server.FakeServer``)."""
+    from fake_openai_server import FakeServer
+
+    s = FakeServer()
+    yield s
+    s.close()
