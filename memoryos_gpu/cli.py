@@ -1203,6 +1203,47 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
         ctx.exit(EXIT_ERROR)
 
 
+@cli.command()
+@click.option(
+    "--encrypt",
+    is_flag=True,
+    help="Encrypt a store that is not encrypted yet, under $MEMORYOS_GPU_KEY (else prompted). "
+    "One way: there is no decrypt.",
+)
+@engine_options
+@click.pass_context
+@handle_errors
+def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
+    """Change an encrypted store's key: the current key from $MEMORYOS_GPU_KEY, the new one from
+    $MEMORYOS_GPU_NEW_KEY (each prompted for, hidden, when unset). Every shard of a sharded
+    store is rewritten; refused while another process writes it. See docs/storage.md."""
+    from pydantic import SecretStr
+
+    from memoryos_gpu.store.encryption import ENV_NEW_KEY, env_key, rekey
+
+    store = resolve_store(_options(ctx, kwargs))
+    if is_url(store):
+        raise CLIError("rekey applies to SQLite stores (a PostgreSQL server encrypts by itself)")
+    files = [store_file(d) for d in shard_dirs(store) or [store]]
+    for f in files:
+        _require_store(str(f))
+
+    def ask(what: str, confirm: bool = False) -> SecretStr:
+        return SecretStr(click.prompt(what, hide_input=True, confirmation_prompt=confirm, err=True))
+
+    old = None if encrypt else env_key() or ask("current key")
+    given = os.environ.get(ENV_NEW_KEY)
+    new = (env_key() if encrypt else SecretStr(given) if given else None) or ask(
+        "new key", confirm=True
+    )
+    for f in files:
+        rekey(f, old, new)
+    verb = "encrypted" if encrypt else "re-keyed"
+    click.echo(f"{verb} {len(files)} store file(s) under {store}")
+    if not encrypt:
+        click.echo(f"from now on open it with the new key (${ENV_NEW_KEY} -> $MEMORYOS_GPU_KEY)")
+
+
 # ============================================================================ serve
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
