@@ -9,7 +9,9 @@ Environment variables read here:
 
 * ``MEMORYOS_GPU_EMBEDDER`` = ``transformers`` (default: the bundled MiniLM) | ``hashing`` (a fast,
   deterministic, model-free test double; a store built with it can only be opened with it);
-* ``MEMORYOS_GPU_STORE``: the default ``--store``.
+* ``MEMORYOS_GPU_STORE``: the default ``--store``;
+* ``MEMORYOS_GPU_KEY``: the key of an encrypted store (every command); ``MEMORYOS_GPU_NEW_KEY``:
+  the new key of ``rekey`` (docs/storage.md, "Encryption at rest").
 
 Exit codes: 0 ok; 1 runtime error (unknown user, store problems, missing optional parts);
 2 usage error (bad flag, missing file, undetectable format, bad config); 3 ``ingest``
