@@ -281,3 +281,12 @@ def test_cli_encrypt_rekey_and_read(tmp_path: Path) -> None:
     assert r.returncode == 1 and "wrong encryption key" in r.stderr
     r = _cli("export", "--user", "alice", "--store", str(store), env={enc.ENV_KEY: "second key"})
     assert r.returncode == 0 and MARKER in r.stdout
+
+
+def test_missing_sqlcipher_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "sqlcipher3", None)  # as if the extra were not installed
+    store = tmp_path / "s.sqlite3"
+    with pytest.raises(StoreError, match=r"memoryos-gpu\[encryption\]"):
+        open_store(str(store), key=KEY)
+    assert not store.exists() or store.stat().st_size == 0
+    open_store(str(store)).close()  # the plain store needs nothing more
