@@ -1221,7 +1221,7 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
     store is rewritten; refused while another process writes it. See docs/storage.md."""
     from pydantic import SecretStr
 
-    from memoryos_gpu.store.encryption import ENV_NEW_KEY, env_key, rekey
+    from memoryos_gpu.store.encryption import ENV_NEW_KEY, env_key, rekey_all
 
     store = resolve_store(_options(ctx, kwargs))
     if is_url(store):
@@ -1234,14 +1234,14 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
         return SecretStr(click.prompt(what, hide_input=True, confirmation_prompt=confirm, err=True))
 
     old = None if encrypt else env_key() or ask("current key")
-    given = os.environ.get(ENV_NEW_KEY)
-    new = (env_key() if encrypt else SecretStr(given) if given else None) or ask(
-        "new key", confirm=True
-    )
-    for f in files:
-        rekey(f, old, new)
+    if encrypt:
+        new = env_key()
+    else:
+        given = os.environ.get(ENV_NEW_KEY)
+        new = SecretStr(given) if given else None
+    done = rekey_all(list(files), old, new or ask("new key", confirm=True))
     verb = "encrypted" if encrypt else "re-keyed"
-    click.echo(f"{verb} {len(files)} store file(s) under {store}")
+    click.echo(f"{verb} {done} of {len(files)} store file(s) under {store}")
     if not encrypt:
         click.echo(f"from now on open it with the new key (${ENV_NEW_KEY} -> $MEMORYOS_GPU_KEY)")
 

@@ -268,7 +268,7 @@ def test_cli_encrypt_rekey_and_read(tmp_path: Path) -> None:
     fill(store / "memory.sqlite3", None)
     r = _cli("rekey", "--encrypt", "--store", str(store), env={enc.ENV_KEY: KEY})
     assert r.returncode == 0, r.stderr
-    assert "encrypted 1 store file" in r.stdout
+    assert "encrypted 1 of 1 store file" in r.stdout
     r = _cli("stats", "--json", "--store", str(store), env={})
     assert r.returncode == 1 and "give its key" in r.stderr
     r = _cli("stats", "--json", "--store", str(store), env={enc.ENV_KEY: KEY})
@@ -290,3 +290,18 @@ def test_missing_sqlcipher_names_the_extra(tmp_path: Path, monkeypatch: pytest.M
         open_store(str(store), key=KEY)
     assert not store.exists() or store.stat().st_size == 0
     open_store(str(store)).close()  # the plain store needs nothing more
+
+
+def test_rekey_all_checks_every_shard_first_and_finishes_a_half_done_run(tmp_path: Path) -> None:
+    shards = [tmp_path / f"shard-{i}.sqlite3" for i in range(3)]
+    for s in shards:
+        fill(s, KEY)
+    before = _pages(shards[2], KEY)
+    enc.rekey(shards[0], SecretStr(KEY), SecretStr("new"))  # a run interrupted after shard 0
+    fill(tmp_path / "odd.sqlite3", "another key")
+    with pytest.raises(StoreError, match="wrong encryption key"):  # checked before any write
+        enc.rekey_all([*shards, tmp_path / "odd.sqlite3"], SecretStr(KEY), SecretStr("new"))
+    assert _pages(shards[2], KEY) == before  # untouched
+    assert enc.rekey_all(shards, SecretStr(KEY), SecretStr("new")) == 2  # shard 0 skipped
+    assert all(_pages(s, "new") for s in shards)
+    assert _pages(shards[2], "new") == before

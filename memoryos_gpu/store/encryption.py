@@ -36,6 +36,7 @@ __all__ = [
     "env_key",
     "file_state",
     "rekey",
+    "rekey_all",
     "resolve_key",
 ]
 
@@ -155,7 +156,6 @@ def rekey(path: str | os.PathLike[str], old_key: SecretStr | None, new_key: Secr
     beside it, checked and fsynced, then renamed over the original; a crash before the rename
     leaves the original untouched (the temporary file is removed by the next rekey), after it
     the new file is complete."""
-    from memoryos_gpu.store.sqlite import SQLiteStore
     from memoryos_gpu.store.writer import SQLiteWriterLock
 
     path = os.fspath(path)
@@ -168,13 +168,47 @@ def rekey(path: str | os.PathLike[str], old_key: SecretStr | None, new_key: Secr
     lock.acquire()
     try:
         # open it as a store first: a wrong key, a foreign database or a newer schema stop here
-        SQLiteStore(path, writer=False, key=old_key).close()
+        _check_opens(path, old_key)
         tmp = f"{path}.rekey-tmp"
         Path(tmp).unlink(missing_ok=True)
         _export(path, old_key, tmp, new_key)
         _replace(tmp, path)
     finally:
         lock.release()
+
+
+def rekey_all(
+    paths: list[str | os.PathLike[str]], old_key: SecretStr | None, new_key: SecretStr
+) -> int:
+    """:func:`rekey` over the files of one store (its shards), all or none as far as a wrong
+    key goes: every file is checked before the first is rewritten. A file that already opens
+    under ``new_key`` is skipped, so a run interrupted half way is finished by running it
+    again. Returns how many files were rewritten."""
+    todo = [os.fspath(p) for p in paths if not _opens_with(os.fspath(p), new_key)]
+    for path in todo:  # a wrong old key (or a plain/encrypted mix-up) stops before any write
+        state = file_state(path)
+        if state != ("plain" if old_key is None else "encrypted"):
+            raise StoreError(_rekey_refusal(path, state, encrypt=old_key is None))
+        _check_opens(path, old_key)
+    for path in todo:
+        rekey(path, old_key, new_key)
+    return len(todo)
+
+
+def _check_opens(path: str, key: SecretStr | None) -> None:
+    from memoryos_gpu.store.sqlite import SQLiteStore
+
+    SQLiteStore(path, writer=False, key=key).close()
+
+
+def _opens_with(path: str, key: SecretStr) -> bool:
+    if file_state(path) != "encrypted":
+        return False
+    try:
+        _check_opens(path, key)
+    except StoreError:
+        return False
+    return True
 
 
 def _rekey_refusal(path: str, state: str, *, encrypt: bool) -> str:
