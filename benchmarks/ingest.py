@@ -18,7 +18,10 @@ Usage:
   python benchmarks/ingest.py --llm                # also LLM mode (bundled SmolLM2) on a subset
   python benchmarks/ingest.py --users 100 --pages 600 --embedder minilm --json out.json
 Options --batch-size, --process auto|batch, --prefetch on|off, --embedding-dtype bfloat16 compare
-pipeline variants.
+pipeline variants. ``--encryption both`` (the default) runs each user count twice, on a plain and
+on an encrypted store (SQLCipher, ``EngineConfig.encryption_key``), and reports the encrypted
+run's pages/s and SQLite time as ratios of the plain one's (``--encryption off``: plain only;
+without the ``encryption`` extra installed the encrypted runs are skipped with a note).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from memoryos_gpu.eval.locomo import default_locomo_path  # noqa: E402  (after t
 
 LOCOMO = default_locomo_path()  # $MEMORYOS_GPU_LOCOMO, else shared/ beside the checkout
 RESULTS = ROOT / "benchmarks" / "results" / "ingest.json"
+#: The passphrase of the encrypted runs (its key derivation is part of the open, not of pages/s).
+BENCH_KEY = "benchmark passphrase"
 
 
 # ============================================================================ input
@@ -202,6 +207,7 @@ def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
         embedder="hashing" if cfg["embedder"] == "hashing" else "transformers",
         llm=llm,
         auto_process=cfg["process"] == "auto",
+        encryption_key=BENCH_KEY if cfg.get("encrypted") else None,
     )
     t0 = time.perf_counter()
     embedder = None
@@ -244,6 +250,7 @@ def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
         "batch_size": cfg["batch_size"],
         "process": cfg["process"],
         "prefetch": cfg.get("prefetch"),
+        "encrypted": bool(cfg.get("encrypted")),
         "pages_per_s": round(rep.pages_per_s, 2),
         "elapsed_s": round(total, 3),
         "load_s": round(load_s, 3),
@@ -304,19 +311,20 @@ def llm_available() -> str | None:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     head = (
-        f"{'configuration':<34} {'users':>6} {'pages':>6} {'pages/s':>9} {'elapsed':>8} "
-        f"{'load':>6} {'RSS MB':>7} {'LLM':>5}  breakdown (s)"
+        f"{'configuration':<40} {'users':>6} {'pages':>6} {'enc':>4} {'pages/s':>9} "
+        f"{'elapsed':>8} {'load':>6} {'RSS MB':>7} {'LLM':>5}  breakdown (s)"
     )
     print(head)
     print("-" * len(head))
     for r in rows:
         if "error" in r:
-            print(f"{r['name']:<34} ERROR: {r['error'][-300:]}")
+            print(f"{r['name']:<40} ERROR: {r['error'][-300:]}")
             continue
         b = r["breakdown_s"]
         parts = ", ".join(f"{k.split(' ')[0]} {v:.1f}" for k, v in b.items() if v >= 0.05)
         print(
-            f"{r['name']:<34} {r['users']:>6} {r['pages']:>6} {r['pages_per_s']:>9.1f} "
+            f"{r['name']:<40} {r['users']:>6} {r['pages']:>6} "
+            f"{'yes' if r.get('encrypted') else 'no':>4} {r['pages_per_s']:>9.1f} "
             f"{r['elapsed_s']:>7.1f}s {r['load_s']:>5.1f}s {r['peak_rss_mb']:>7.0f} "
             f"{r['llm_calls']:>5}  {parts}"
         )
@@ -344,6 +352,59 @@ def analyse(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def encryption_cost(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each encrypted run against its plain twin (same settings): pages/s and SQLite time."""
+    plain = {r["name"]: r for r in rows if "error" not in r and not r.get("encrypted")}
+    out = []
+    for r in rows:
+        twin = plain.get(r["name"].removesuffix(" enc"))
+        if "error" in r or not r.get("encrypted") or twin is None:
+            continue
+        sql, sql_plain = r["breakdown_s"]["store (SQLite)"], twin["breakdown_s"]["store (SQLite)"]
+        out.append(
+            {
+                "configuration": twin["name"],
+                "plain_pages_per_s": twin["pages_per_s"],
+                "encrypted_pages_per_s": r["pages_per_s"],
+                "ratio_pages_per_s": round(r["pages_per_s"] / twin["pages_per_s"], 3),
+                "plain_sqlite_s": sql_plain,
+                "encrypted_sqlite_s": sql,
+                "ratio_sqlite_s": round(sql / sql_plain, 2) if sql_plain else None,
+                "plain_load_s": twin["load_s"],
+                "encrypted_load_s": r["load_s"],
+            }
+        )
+    return out
+
+
+def print_encryption(cost: list[dict[str, Any]]) -> None:
+    if not cost:
+        return
+    print("\nencryption at rest (SQLCipher) against the plain store, same settings:")
+    for c in cost:
+        print(
+            f"  {c['configuration']}: {c['plain_pages_per_s']:.1f} -> "
+            f"{c['encrypted_pages_per_s']:.1f} pages/s (x{c['ratio_pages_per_s']:.2f}); "
+            f"SQLite {c['plain_sqlite_s']:.2f} -> {c['encrypted_sqlite_s']:.2f} s; "
+            f"open {c['plain_load_s']:.2f} -> {c['encrypted_load_s']:.2f} s"
+        )
+
+
+def with_encrypted_twins(configs: list[dict[str, Any]], notes: list[str]) -> list[dict[str, Any]]:
+    """Each configuration followed by the same one on an encrypted store (when SQLCipher is
+    installed; else a note says why there is none)."""
+    import importlib.util
+
+    if importlib.util.find_spec("sqlcipher3") is None:
+        notes.append("encrypted runs skipped: pip install 'memoryos-gpu[encryption]'")
+        print(notes[-1], file=sys.stderr)
+        return configs
+    out = []
+    for c in configs:
+        out += [c, {**c, "encrypted": True, "name": c["name"] + " enc"}]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -363,6 +424,13 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         action="store_true",
         help="also compare process=batch, no prefetch and bfloat16 at 100 users",
+    )
+    ap.add_argument(
+        "--encryption",
+        choices=["both", "off", "on"],
+        default="both",
+        help="both: each user count on a plain and on an encrypted store (ratios printed); "
+        "on: encrypted only; off: plain only",
     )
     ap.add_argument("--llm", action="store_true", help="also LLM mode on a small subset")
     ap.add_argument("--llm-pages", type=int, default=24)
@@ -397,6 +465,12 @@ def main(argv: list[str] | None = None) -> int:
         {**base, "users": u, "name": f"{embedder} u{u} b{args.batch_size} {args.process}"}
         for u in users
     ]
+    notes: list[str] = []
+    if args.encryption == "both":
+        configs = with_encrypted_twins(configs, notes)
+    elif args.encryption == "on":
+        base["encrypted"] = True  # the variants below too
+        configs = [{**c, "encrypted": True, "name": c["name"] + " enc"} for c in configs]
     if args.variants:
         u = 100 if 100 in users else users[-1]
         configs += [
@@ -413,7 +487,6 @@ def main(argv: list[str] | None = None) -> int:
                     "name": f"{embedder} u{u} bfloat16",
                 }
             )
-    notes = []
     if args.llm:
         why = llm_available()
         if why:
@@ -441,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in analysis:
         print("  " + line)
+    cost = encryption_cost(rows)
+    print_encryption(cost)
     result = {
         "benchmark": "ingest",
         "host": {
@@ -453,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "notes": notes,
         "analysis": analysis,
+        "encryption": cost,
         "runs": rows,
     }
     out = args.json or (None if args.quick else RESULTS)

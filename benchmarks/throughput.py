@@ -25,11 +25,19 @@ Both sides' embedding time is metered (``EmbedMeter``), so each retrieval row al
 **memory-system time per query** (total minus embedding) and its ratio, ``ratio_memsys``: the
 cost of the memory system itself, which the choice of embedder does not move.
 
+**Encryption at rest**: the engine above keeps its store in memory; at the sizes up to
+``--encryption-max-users`` the same ingestion and retrieval also run on a SQLite file store, once
+plain and once encrypted (SQLCipher, ``EngineConfig.encryption_key``), and each row reports the
+encrypted run's pages/s, queries/s and memory-system time as ratios of the plain file store's
+(``encryption``: medians of ``--encryption-repeat`` alternated runs per side; skipped with a note
+without the ``encryption`` extra installed).
+
 Default sizes are 1, 10, 100, 1,000 users (x 20 pages = 20k pages at 1,000). 10,000 and more are
 possible with ``--users 1 10 100 1000 10000``, memory (and patience with MiniLM on CPU) permitting.
 
 Usage: python benchmarks/throughput.py [--users 1 10 100 1000] [--pages-per-user 20]
-       [--embedder minilm|hashing] [--reference-max-users 100] [--quick]
+       [--embedder minilm|hashing] [--reference-max-users 100] [--encryption-max-users 100]
+       [--quick]
        [--json OUT] [--plot OUT.png]
 """
 
@@ -37,12 +45,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import platform
 import random
 import resource
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +68,8 @@ from memoryos_gpu.types import PageInput
 
 DATA = default_locomo_path()
 T0 = 1_700_000_000.0
+#: The passphrase of the encrypted store (its key derivation is part of the open, not timed).
+BENCH_KEY = "benchmark passphrase"
 
 
 # ---------------------------------------------------------------------------------- workload
@@ -188,24 +200,33 @@ def pct(values: list[float], q: float) -> float:
 
 
 def run_engine(
-    embedder: EmbedMeter, pages: list[PageInput], queries: list, users: int, args
+    embedder: EmbedMeter,
+    pages: list[PageInput],
+    queries: list,
+    users: int,
+    args,
+    store: str = ":memory:",
+    key: str | None = None,
 ) -> dict:
-    engine = MemoryEngine(EngineConfig(store=":memory:", memory=preset("paper")), embedder=embedder)
+    cfg = EngineConfig(store=store, memory=preset("paper"), encryption_key=key)
+    engine = MemoryEngine(cfg, embedder=embedder)
     try:
-        t0 = time.perf_counter()
+        embedder.seconds = 0.0
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(0, len(pages), args.ingest_batch):
             engine.add_many(pages[i : i + args.ingest_batch])
-        ingest_s = time.perf_counter() - t0
+        ingest_s, ingest_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        ingest_embed_s = embedder.seconds
         heat = not args.no_heat
         engine.retrieve_many(queries[:2], update_heat=heat)  # warm-up, untimed
         batch_lat = []
         embedder.seconds = 0.0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(0, len(queries), args.batch):
             t1 = time.perf_counter()
             engine.retrieve_many(queries[i : i + args.batch], update_heat=heat)
             batch_lat.append(time.perf_counter() - t1)
-        retrieve_s = time.perf_counter() - t0
+        retrieve_s, retrieve_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         retrieve_embed_s = embedder.seconds
         single = []
         for q in queries[: args.latency_queries]:
@@ -217,6 +238,11 @@ def run_engine(
         return {
             "ingest_pages_per_s": len(pages) / ingest_s,
             "ingest_s": ingest_s,
+            "ingest_memsys_us_per_page": (ingest_s - ingest_embed_s) / len(pages) * 1e6,
+            # CPU time of the process (all threads): what encryption adds without the disk's
+            # fsync waits, which dominate the wall time of a file store on a shared machine
+            "ingest_cpu_us_per_page": ingest_cpu_s / len(pages) * 1e6,
+            "retrieval_cpu_us_per_query": retrieve_cpu_s / len(queries) * 1e6,
             "queries_per_s": len(queries) / retrieve_s,
             "memsys_us_per_query": (retrieve_s - retrieve_embed_s) / len(queries) * 1e6,
             "batch_latency_ms_p50": pct(batch_lat, 50) * 1e3,
@@ -259,6 +285,78 @@ def run_reference(embedder: EmbedMeter, pages: list[PageInput], queries: list, a
         "latency_ms_p95": pct(lat, 95) * 1e3,
         "queries_timed": len(qs),
     }
+
+
+def run_encryption(
+    embedder: EmbedMeter, pages: list[PageInput], queries: list, users: int, args
+) -> dict[str, Any]:
+    """The same run on a plain and on an encrypted SQLite file store, alternated
+    ``--encryption-repeat`` times (fsync times on a shared disk vary run to run; alternating
+    spreads that over both sides), each side's median kept, and their ratios (encrypted /
+    plain: below 1 for pages/s and queries/s, above 1 for microseconds, is what encryption
+    costs)."""
+    runs: dict[str, list[dict]] = {"plain": [], "encrypted": []}
+    with tempfile.TemporaryDirectory(prefix="memoryos-throughput-") as d:
+        for i in range(args.encryption_repeat):
+            for side, key in (("plain", None), ("encrypted", BENCH_KEY)):
+                store = f"{d}/{side}-{i}.sqlite3"
+                runs[side].append(run_engine(embedder, pages, queries, users, args, store, key))
+    plain, enc = (
+        {k: float(np.median([r[k] for r in runs[side]])) for k in KEYS_COMPARED}
+        for side in ("plain", "encrypted")
+    )
+    return {
+        "plain_file": plain,
+        "encrypted_file": enc,
+        "repeats": args.encryption_repeat,
+        "ratio_ingest": enc["ingest_pages_per_s"] / plain["ingest_pages_per_s"],
+        "ratio_retrieval": enc["queries_per_s"] / plain["queries_per_s"],
+        "ratio_ingest_memsys": enc["ingest_memsys_us_per_page"]
+        / plain["ingest_memsys_us_per_page"],
+        "ratio_memsys": enc["memsys_us_per_query"] / plain["memsys_us_per_query"],
+        "ratio_ingest_cpu": enc["ingest_cpu_us_per_page"] / plain["ingest_cpu_us_per_page"],
+        "ratio_retrieval_cpu": enc["retrieval_cpu_us_per_query"]
+        / plain["retrieval_cpu_us_per_query"],
+    }
+
+
+#: What the encryption comparison keeps of each run (medians over the repeats).
+KEYS_COMPARED = (
+    "ingest_pages_per_s",
+    "ingest_memsys_us_per_page",
+    "queries_per_s",
+    "memsys_us_per_query",
+    "ingest_cpu_us_per_page",
+    "retrieval_cpu_us_per_query",
+    "latency_ms_p50",
+)
+
+
+def print_encryption(results: list[dict[str, Any]]) -> None:
+    rows = [r for r in results if r.get("encryption")]
+    if not rows:
+        return
+    head = (
+        f"{'users':>7} {'file p/s':>9} {'enc p/s':>8} {'x':>5} {'cpu x':>6} {'file q/s':>9} "
+        f"{'enc q/s':>8} {'x':>5} {'cpu x':>6} {'file us/q':>9} {'enc us/q':>8} {'x':>5}"
+    )
+    print(
+        "\nencryption at rest: a plain SQLite file store vs an encrypted one (SQLCipher); "
+        "x = encrypted / plain, cpu x = the same for process CPU time per page / query"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        c = r["encryption"]
+        a, b = c["plain_file"], c["encrypted_file"]
+        print(
+            f"{r['users']:>7} {a['ingest_pages_per_s']:>9.0f} {b['ingest_pages_per_s']:>8.0f} "
+            f"{c['ratio_ingest']:>5.2f} {c['ratio_ingest_cpu']:>6.2f} "
+            f"{a['queries_per_s']:>9.0f} {b['queries_per_s']:>8.0f} "
+            f"{c['ratio_retrieval']:>5.2f} {c['ratio_retrieval_cpu']:>6.2f} "
+            f"{a['memsys_us_per_query']:>9.0f} {b['memsys_us_per_query']:>8.0f} "
+            f"{c['ratio_memsys']:>5.2f}"
+        )
 
 
 def make_embedder(kind: str) -> Any:
@@ -380,6 +478,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-queries", type=int, default=64, help="single-query calls")
     p.add_argument("--reference-max-users", type=int, default=100)
     p.add_argument("--reference-queries", type=int, default=128)
+    p.add_argument(
+        "--encryption-max-users",
+        type=int,
+        default=100,
+        help="compare plain and encrypted file stores up to this many users (0: never)",
+    )
+    p.add_argument("--encryption-repeat", type=int, default=3, help="alternated runs per side")
     p.add_argument("--no-heat", action="store_true", help="retrieve_many(update_heat=False)")
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--quick", action="store_true", help="tiny sizes, hashing embedder: seconds")
@@ -391,6 +496,11 @@ def main(argv: list[str] | None = None) -> int:
         args.queries = args.latency_queries = args.reference_queries = 16
     args.users = sorted(set(args.users))
 
+    notes: list[str] = []
+    if args.encryption_max_users and importlib.util.find_spec("sqlcipher3") is None:
+        notes.append("encryption comparison skipped: pip install 'memoryos-gpu[encryption]'")
+        print(notes[-1], file=sys.stderr)
+        args.encryption_max_users = 0
     hw = hardware()
     corpus, questions = load_corpus(args.data)
     embedder = EmbedMeter(make_embedder(args.embedder))
@@ -407,11 +517,16 @@ def main(argv: list[str] | None = None) -> int:
             row["ratio_ingest"] = row["engine"]["ingest_pages_per_s"] / ref["ingest_pages_per_s"]
             row["ratio_retrieval"] = row["engine"]["queries_per_s"] / ref["queries_per_s"]
             row["ratio_memsys"] = ref["memsys_us_per_query"] / row["engine"]["memsys_us_per_query"]
+        if users <= args.encryption_max_users:
+            row["encryption"] = run_encryption(embedder, pages, queries, users, args)
         results.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
         # after every size, so a run stopped at a size that does not fit keeps the others
         write_report(results, args, hw, getattr(embedder, "model_id", args.embedder))
     print_table(results)
+    print_encryption(results)
+    for n in notes:
+        print(n)
     return 0
 
 

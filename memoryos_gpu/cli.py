@@ -9,7 +9,9 @@ Environment variables read here:
 
 * ``MEMORYOS_GPU_EMBEDDER`` = ``transformers`` (default: the bundled MiniLM) | ``hashing`` (a fast,
   deterministic, model-free test double; a store built with it can only be opened with it);
-* ``MEMORYOS_GPU_STORE``: the default ``--store``.
+* ``MEMORYOS_GPU_STORE``: the default ``--store``;
+* ``MEMORYOS_GPU_KEY``: the key of an encrypted store (every command); ``MEMORYOS_GPU_NEW_KEY``:
+  the new key of ``rekey`` (docs/storage.md, "Encryption at rest").
 
 Exit codes: 0 ok; 1 runtime error (unknown user, store problems, missing optional parts);
 2 usage error (bad flag, missing file, undetectable format, bad config); 3 ``ingest``
@@ -1215,6 +1217,47 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
     )
     if left:
         ctx.exit(EXIT_ERROR)
+
+
+@cli.command()
+@click.option(
+    "--encrypt",
+    is_flag=True,
+    help="Encrypt a store that is not encrypted yet, under $MEMORYOS_GPU_KEY (else prompted). "
+    "One way: there is no decrypt.",
+)
+@engine_options
+@click.pass_context
+@handle_errors
+def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
+    """Change an encrypted store's key: the current key from $MEMORYOS_GPU_KEY, the new one from
+    $MEMORYOS_GPU_NEW_KEY (each prompted for, hidden, when unset). Every shard of a sharded
+    store is rewritten; refused while another process writes it. See docs/storage.md."""
+    from pydantic import SecretStr
+
+    from memoryos_gpu.store.encryption import ENV_NEW_KEY, env_key, rekey_all
+
+    store = resolve_store(_options(ctx, kwargs))
+    if is_url(store):
+        raise CLIError("rekey applies to SQLite stores (a PostgreSQL server encrypts by itself)")
+    files = [store_file(d) for d in shard_dirs(store) or [store]]
+    for f in files:
+        _require_store(str(f))
+
+    def ask(what: str, confirm: bool = False) -> SecretStr:
+        return SecretStr(click.prompt(what, hide_input=True, confirmation_prompt=confirm, err=True))
+
+    old = None if encrypt else env_key() or ask("current key")
+    if encrypt:
+        new = env_key()
+    else:
+        given = os.environ.get(ENV_NEW_KEY)
+        new = SecretStr(given) if given else None
+    done = rekey_all(list(files), old, new or ask("new key", confirm=True))
+    verb = "encrypted" if encrypt else "re-keyed"
+    click.echo(f"{verb} {done} of {len(files)} store file(s) under {store}")
+    if not encrypt:
+        click.echo(f"from now on open it with the new key (${ENV_NEW_KEY} -> $MEMORYOS_GPU_KEY)")
 
 
 # ============================================================================ serve

@@ -12,9 +12,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from memoryos_gpu.ops.params import HeatParams
+from memoryos_gpu.store.encryption import env_key
 
 #: The BM25 weight ``locomo.py --cv`` chose in most held-out folds (see ``MemoryConfig``).
 LEXICAL_WEIGHT = 0.67
@@ -148,6 +149,12 @@ class EngineConfig(BaseModel):
         ":memory:",
         description="SQLite file path, ':memory:', or a PostgreSQL URL "
         "(postgresql://user@host:5432/db) for a store several engines share.",
+    )
+    encryption_key: SecretStr | None = Field(
+        default_factory=env_key,
+        description="Encrypt the SQLite store at rest under this key (SQLCipher; needs the "
+        "'encryption' extra). Default: $MEMORYOS_GPU_KEY, else not encrypted. A secret: shown "
+        "as '**********' in every dump and message. docs/storage.md.",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the arena lives.")
     gpu_dtype: Literal["float16", "bfloat16"] = "float16"

@@ -1,15 +1,17 @@
 """Crash safety: SIGKILL an ingesting process (tests/crash_child.py) at random times and at
 precise points; after reopening, every acknowledged page is present exactly once, pending
 derived work has been resumed and finished, nothing was applied twice, retrieval works; a
-re-run completes the conversation with every page exactly once.
+re-run completes the conversation with every page exactly once. Every test runs on a plain and
+on an encrypted store (the child inherits ``$MEMORYOS_GPU_KEY``): encryption keeps the same
+WAL and crash guarantees.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -24,11 +26,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from crash_child import LOCOMO, conversation, engine_config
 
 from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.store.encryption import ENV_KEY, connect, env_key
 
 CHILD = Path(__file__).resolve().parent / "crash_child.py"
 CONV = "conv-30"  # the shortest conversation of the dev split (192 pages)
 
 pytestmark = pytest.mark.skipif(not LOCOMO.exists(), reason=f"{LOCOMO} is not available")
+HAVE_SQLCIPHER = importlib.util.find_spec("sqlcipher3") is not None
+
+
+@pytest.fixture(
+    autouse=True,
+    params=[
+        "plain",
+        pytest.param(
+            "encrypted",
+            marks=pytest.mark.skipif(not HAVE_SQLCIPHER, reason="needs the 'encryption' extra"),
+        ),
+    ],
+)
+def store_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test on a plain store, then on one encrypted under ``$MEMORYOS_GPU_KEY`` (read by
+    the child's EngineConfig and by the parent's checks alike)."""
+    if request.param == "encrypted":
+        monkeypatch.setenv(ENV_KEY, "crash test key")
+    else:
+        monkeypatch.delenv(ENV_KEY, raising=False)
+    return request.param
 
 
 def start_child(store: Path, acked: Path, *extra: str) -> subprocess.Popen:
@@ -66,7 +90,7 @@ def check_after_crash(store: Path, acked: Path) -> dict[str, int]:
     """Reopen after a crash and check every durability invariant; returns a few counts."""
     expected = [r.source for r in conversation(CONV)]
     # the file the crash left is sound, before anything repairs it
-    raw = sqlite3.connect(store)
+    raw, _ = connect(str(store), env_key())  # the plain or the SQLCipher connection
     assert raw.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
     pending_at_crash = raw.execute("SELECT COUNT(*) FROM pending").fetchone()[0]

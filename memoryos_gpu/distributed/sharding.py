@@ -301,7 +301,9 @@ class ShardEngine(MemoryEngine):
         this engine claims only its shard of it (the other shards' engines write beside it)."""
         if is_shared_store(config.store) and self.shard_count > 1:
             shard = (self.shard_index, self.shard_count)
-            return OwnedStore(open_store(config.store, shard=shard), *shard)
+            return OwnedStore(
+                open_store(config.store, shard=shard, key=config.encryption_key), *shard
+            )
         return super()._open_store(config)
 
     @property

@@ -1,6 +1,8 @@
 """Durable storage. SQLite is the embedded default; PostgreSQL (``postgresql://`` URLs) is the
 store several engine processes share. The arena is rebuilt from the store on open."""
 
+from pydantic import SecretStr
+
 from memoryos_gpu.store.sqlite import SCHEMA_VERSION, SQLiteStore, StoreError
 from memoryos_gpu.store.writer import StoreLockedError
 
@@ -21,7 +23,11 @@ def is_url(spec: str) -> bool:
 
 
 def open_store(
-    spec: str, *, writer: bool = True, shard: tuple[int, int] | None = None
+    spec: str,
+    *,
+    writer: bool = True,
+    shard: tuple[int, int] | None = None,
+    key: str | SecretStr | None = None,
 ) -> SQLiteStore:
     """Open (creating if needed) the store ``spec``: a ``postgresql://user@host/db`` URL (a
     :class:`~memoryos_gpu.store.postgres.PostgresStore`), a SQLite file, a directory (the file
@@ -32,16 +38,28 @@ def open_store(
     refused with :class:`StoreLockedError` while another writer holds it); ``False`` for tools
     that only read. ``shard=(i, n)``: on PostgreSQL, claim only shard ``i`` of ``n`` of the
     shared database (the shard engines of one layout write it side by side); SQLite stores are
-    one per shard, so there it changes nothing."""
+    one per shard, so there it changes nothing.
+
+    ``key``: open a SQLite store encrypted under it (:mod:`memoryos_gpu.store.encryption`);
+    None takes ``$MEMORYOS_GPU_KEY`` when set, else the store is not encrypted. A PostgreSQL
+    store refuses a key (the server encrypts at rest by its own means)."""
     from pathlib import Path
 
+    from memoryos_gpu.store.encryption import ENV_KEY, resolve_key
+
+    secret = resolve_key(key)
     if is_url(spec):
+        if secret is not None:
+            raise StoreError(
+                "encryption_key applies to SQLite stores only; a PostgreSQL server encrypts at "
+                f"rest by its own means (unset ${ENV_KEY} and encryption_key)"
+            )
         from memoryos_gpu.store.postgres import PostgresStore
 
         return PostgresStore(spec, writer=writer, shard=shard)
     if spec == ":memory:":
-        return SQLiteStore(spec)
+        return SQLiteStore(spec, key=secret)
     p = Path(spec)
     if p.suffix not in (".sqlite", ".sqlite3", ".db"):
         p = p / "memory.sqlite3"
-    return SQLiteStore(p, writer=writer)
+    return SQLiteStore(p, writer=writer, key=secret)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from pydantic import SecretStr
 
 from memoryos_gpu.errors import MemoryOSError
 
@@ -212,12 +213,28 @@ class SQLiteStore:
     writer opens it meanwhile (:mod:`memoryos_gpu.store.writer`); a second claim raises
     :class:`~memoryos_gpu.store.writer.StoreLockedError` naming the holder. ``writer=False``
     is for tools that only read: they open beside a writer (and must not write).
+
+    ``key``: the store is encrypted under this key (SQLCipher, :mod:`memoryos_gpu.store.encryption`:
+    the same class over another connect function); None opens a plain store. A key that does not
+    fit the file is a :class:`StoreError` at open.
     """
 
-    def __init__(self, path: str | Path = ":memory:", *, writer: bool = True) -> None:
+    #: Whether the store is encrypted at rest (its key is never kept on the object).
+    encrypted: bool = False
+
+    def __init__(
+        self,
+        path: str | Path = ":memory:",
+        *,
+        writer: bool = True,
+        key: str | SecretStr | None = None,
+    ) -> None:
+        from memoryos_gpu.store.encryption import as_secret, connect
         from memoryos_gpu.store.writer import SQLiteWriterLock
 
         self.path = str(path)
+        secret = as_secret(key)
+        self.encrypted = secret is not None
         self._closed = False
         self._writer: SQLiteWriterLock | None = None
         #: Seconds spent in the last bulk load, by phase (``sql``: fetching rows, ``join``:
@@ -231,9 +248,12 @@ class SQLiteStore:
                 self._writer = SQLiteWriterLock(self.path)
                 self._writer.acquire()
         try:
-            self._db = sqlite3.connect(
-                self.path, check_same_thread=False, isolation_level=None, timeout=30.0
+            self._db, self._dbapi = connect(
+                self.path, secret, check_same_thread=False, isolation_level=None, timeout=30.0
             )
+        except StoreError:
+            self._release_writer()
+            raise
         except sqlite3.Error as exc:
             self._release_writer()
             raise StoreError(f"cannot open store {self.path}: {exc}") from exc
@@ -246,7 +266,7 @@ class SQLiteStore:
             self._db.close()
             self._release_writer()
             raise
-        except sqlite3.DatabaseError as exc:  # "file is not a database", corrupt header, ...
+        except self._dbapi.DatabaseError as exc:  # "file is not a database", corrupt header, ...
             self._db.close()
             self._release_writer()
             raise StoreError(f"{self.path} is not a usable memoryos-gpu store: {exc}") from exc
@@ -365,7 +385,7 @@ class SQLiteStore:
             except BaseException:
                 # SQLite may already have rolled back (e.g. SQLITE_FULL); never mask the error.
                 if self._db.in_transaction:
-                    with suppress(sqlite3.Error):
+                    with suppress(self._dbapi.Error):
                         self._db.execute("ROLLBACK")
                 raise
             finally:

@@ -1,0 +1,267 @@
+"""Encryption at rest for the SQLite store: how a store file is opened under a key, and how its
+key is changed.
+
+Why SQLCipher through ``sqlcipher3``: its connection is a drop-in for the ``sqlite3`` module's
+(same DB-API, ``isolation_level``, ``in_transaction``, ``rowcount``), so an encrypted store is the
+same :class:`~memoryos_gpu.store.sqlite.SQLiteStore` opened through another connect function,
+with the same WAL mode, ``synchronous = FULL`` and ``secure_delete``. Every page of the database
+and of its write-ahead log is encrypted (AES-256, HMAC-SHA512 per page, PBKDF2-HMAC-SHA512 with
+256,000 iterations to derive the page key from the passphrase). docs/storage.md says why not
+SQLite3 Multiple Ciphers (apsw).
+
+A wrong or missing key is always a :class:`StoreError` at open, never an empty store: a key
+given for a plain store, no key for an encrypted one, and a wrong key are told apart from the
+file's first 16 bytes (a plain SQLite file starts with ``SQLite format 3``; an encrypted one with
+its random salt). The key is handled as a :class:`pydantic.SecretStr` and never appears in a
+message, a log line or a config dump.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pydantic import SecretStr
+
+from memoryos_gpu.store.sqlite import StoreError
+
+__all__ = [
+    "ENV_KEY",
+    "ENV_NEW_KEY",
+    "as_secret",
+    "connect",
+    "env_key",
+    "file_state",
+    "rekey",
+    "rekey_all",
+    "resolve_key",
+]
+
+#: The environment variable holding the store's key (read when no key is given explicitly).
+ENV_KEY = "MEMORYOS_GPU_KEY"
+#: The new key for ``memoryos-gpu rekey`` (prompted for when unset).
+ENV_NEW_KEY = "MEMORYOS_GPU_NEW_KEY"
+_PLAIN_HEADER = b"SQLite format 3\x00"
+_EXTRA = "pip install 'memoryos-gpu[encryption]'"
+_KEY_HELP = f"EngineConfig(encryption_key=...) or ${ENV_KEY}"
+
+
+def env_key() -> SecretStr | None:
+    """``$MEMORYOS_GPU_KEY`` as a secret (None when unset or empty)."""
+    value = os.environ.get(ENV_KEY)
+    return SecretStr(value) if value else None
+
+
+def resolve_key(key: str | SecretStr | None) -> SecretStr | None:
+    """The key to open a store with: ``key`` itself, else ``$MEMORYOS_GPU_KEY``, else None
+    (not encrypted)."""
+    return env_key() if key is None else as_secret(key)
+
+
+def as_secret(key: str | SecretStr | None) -> SecretStr | None:
+    """``key`` as a checked secret (None stays None). An empty key is refused rather than
+    taken for "no key"."""
+    if key is None:
+        return None
+    secret = key if isinstance(key, SecretStr) else SecretStr(key)
+    _check_key(secret)
+    return secret
+
+
+def _check_key(key: SecretStr) -> None:
+    value = key.get_secret_value()
+    if not value:
+        raise StoreError("the encryption key is empty")
+    if "\x00" in value:
+        raise StoreError("the encryption key contains a NUL character")
+
+
+def driver() -> ModuleType:
+    """The SQLCipher DB-API module (``sqlcipher3.dbapi2``), or a StoreError naming the extra."""
+    try:
+        from sqlcipher3 import dbapi2
+    except ImportError:
+        raise StoreError(f"an encrypted store needs SQLCipher: {_EXTRA}") from None
+    return dbapi2
+
+
+def file_state(path: str | os.PathLike[str]) -> str:
+    """``missing`` (no file, or an empty one: it is created as asked), ``plain`` (a SQLite file
+    that is not encrypted) or ``encrypted`` (anything else: an encrypted store, or a file that
+    is not SQLite at all; only a key tells them apart)."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            head = f.read(len(_PLAIN_HEADER))
+    except FileNotFoundError:
+        return "missing"
+    if not head:
+        return "missing"
+    return "plain" if head == _PLAIN_HEADER else "encrypted"
+
+
+def _quote(key: SecretStr) -> str:
+    """The key as an SQL string literal (PRAGMA key takes no bound parameter)."""
+    return "'" + key.get_secret_value().replace("'", "''") + "'"
+
+
+def _apply_key(db: Any, dbapi: ModuleType, path: str, key: SecretStr) -> None:
+    """Key a fresh SQLCipher connection and prove the key right (the first read decrypts page 1);
+    a wrong key closes the connection and raises."""
+    db.execute("PRAGMA cipher_log_level = NONE")  # a wrong key is our error, not stderr noise
+    db.execute(f"PRAGMA key = {_quote(key)}")
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except dbapi.DatabaseError:
+        db.close()
+        raise StoreError(
+            f"cannot decrypt store {path}: wrong encryption key (or the file is not a store)"
+        ) from None
+
+
+def connect(path: str, key: SecretStr | None, **kwargs: Any) -> tuple[Any, ModuleType]:
+    """Open ``path`` (``kwargs`` as for :func:`sqlite3.connect`) under ``key`` (None: a plain
+    store through the standard ``sqlite3``). Returns the connection and its DB-API module, whose
+    exception classes the caller catches. Raises StoreError for a key that does not fit."""
+    state = "missing" if path == ":memory:" else file_state(path)
+    if key is None:
+        if state == "encrypted":
+            raise StoreError(
+                f"{path} is not a usable memoryos-gpu store without a key: it is encrypted "
+                f"(give its key with {_KEY_HELP}) or it is not a SQLite file"
+            )
+        return sqlite3.connect(path, **kwargs), sqlite3
+    if state == "plain":
+        raise StoreError(
+            f"store {path} is not encrypted, but an encryption key was given: encrypt it with "
+            f"`memoryos-gpu rekey --encrypt --store ...` (one way), or open it without a key"
+        )
+    dbapi = driver()
+    try:
+        db = dbapi.connect(path, **kwargs)
+    except dbapi.Error as exc:
+        raise StoreError(f"cannot open store {path}: {exc}") from None
+    _apply_key(db, dbapi, path, key)
+    return db, dbapi
+
+
+def rekey(path: str | os.PathLike[str], old_key: SecretStr | None, new_key: SecretStr) -> None:
+    """Rewrite the store ``path`` under ``new_key``; ``old_key`` None encrypts a plain store
+    (one way: there is no decrypt). Refused while a writer holds the store.
+
+    Crash-safe by construction: the store is copied (``sqlcipher_export``) to a temporary file
+    beside it, checked and fsynced, then renamed over the original; a crash before the rename
+    leaves the original untouched (the temporary file is removed by the next rekey), after it
+    the new file is complete."""
+    from memoryos_gpu.store.writer import SQLiteWriterLock
+
+    path = os.fspath(path)
+    _check_key(new_key)
+    want = "plain" if old_key is None else "encrypted"
+    state = file_state(path)
+    if state != want:
+        raise StoreError(_rekey_refusal(path, state, encrypt=old_key is None))
+    lock = SQLiteWriterLock(path)
+    lock.acquire()
+    try:
+        # open it as a store first: a wrong key, a foreign database or a newer schema stop here
+        _check_opens(path, old_key)
+        tmp = f"{path}.rekey-tmp"
+        Path(tmp).unlink(missing_ok=True)
+        _export(path, old_key, tmp, new_key)
+        _replace(tmp, path)
+    finally:
+        lock.release()
+
+
+def rekey_all(
+    paths: list[str | os.PathLike[str]], old_key: SecretStr | None, new_key: SecretStr
+) -> int:
+    """:func:`rekey` over the files of one store (its shards), all or none as far as a wrong
+    key goes: every file is checked before the first is rewritten. A file that already opens
+    under ``new_key`` is skipped, so a run interrupted half way is finished by running it
+    again. Returns how many files were rewritten."""
+    todo = [os.fspath(p) for p in paths if not _opens_with(os.fspath(p), new_key)]
+    for path in todo:  # a wrong old key (or a plain/encrypted mix-up) stops before any write
+        state = file_state(path)
+        if state != ("plain" if old_key is None else "encrypted"):
+            raise StoreError(_rekey_refusal(path, state, encrypt=old_key is None))
+        _check_opens(path, old_key)
+    for path in todo:
+        rekey(path, old_key, new_key)
+    return len(todo)
+
+
+def _check_opens(path: str, key: SecretStr | None) -> None:
+    from memoryos_gpu.store.sqlite import SQLiteStore
+
+    SQLiteStore(path, writer=False, key=key).close()
+
+
+def _opens_with(path: str, key: SecretStr) -> bool:
+    if file_state(path) != "encrypted":
+        return False
+    try:
+        _check_opens(path, key)
+    except StoreError:
+        return False
+    return True
+
+
+def _rekey_refusal(path: str, state: str, *, encrypt: bool) -> str:
+    if state == "missing":
+        return f"no store at {path}"
+    if encrypt:
+        return f"store {path} is already encrypted: change its key with `memoryos-gpu rekey`"
+    return (
+        f"store {path} is not encrypted: encrypt it with `memoryos-gpu rekey --encrypt` "
+        f"(its current key comes from ${ENV_KEY})"
+    )
+
+
+def _export(src: str, old_key: SecretStr | None, dst: str, new_key: SecretStr) -> None:
+    """Copy every table of ``src`` into a new database ``dst`` encrypted under ``new_key``."""
+    dbapi = driver()
+    db = dbapi.connect(src, isolation_level=None, timeout=30.0)
+    try:
+        if old_key is not None:
+            _apply_key(db, dbapi, src, old_key)
+        busy, _, _ = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if busy:
+            raise StoreError(
+                f"store {src} is being read by another process (its write-ahead log cannot be "
+                "emptied); stop the readers and run rekey again"
+            )
+        db.execute("ATTACH DATABASE ? AS rekeyed KEY ?", (dst, new_key.get_secret_value()))
+        db.execute("SELECT sqlcipher_export('rekeyed')").fetchall()
+        db.execute("DETACH DATABASE rekeyed")
+    finally:
+        db.close()  # the last connection: SQLite removes the (empty) -wal and -shm files
+    out = dbapi.connect(dst, isolation_level=None)
+    try:
+        _apply_key(out, dbapi, dst, new_key)
+        problems = [r[0] for r in out.execute("PRAGMA integrity_check").fetchall()]
+        if problems != ["ok"]:
+            raise StoreError(f"the re-encrypted copy of {src} fails its integrity check")
+    finally:
+        out.close()
+
+
+def _replace(tmp: str, path: str) -> None:
+    """Rename ``tmp`` over ``path`` durably (file and directory fsynced)."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    for side in ("-wal", "-shm"):  # an empty log of the old file must not meet the new one
+        Path(path + side).unlink(missing_ok=True)
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
