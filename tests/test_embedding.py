@@ -130,18 +130,34 @@ def test_cls_pooling_and_unnormalised():
 
 
 # ------------------------------------------------ sentence-transformers folder config
-def _st_folder(tmp: Path, pooling: dict[str, bool] | None = None, normalize: bool = True,
-               extra_module: str | None = None) -> Path:
+def _st_folder(
+    tmp: Path,
+    pooling: dict[str, bool] | None = None,
+    normalize: bool = True,
+    extra_module: str | None = None,
+) -> Path:
     """A copy of the bundled MiniLM folder (weights linked) with its pooling config changed."""
     src = bundled_minilm_path()
     dst = tmp / "st-model"
-    shutil.copytree(src, dst, copy_function=lambda s, d: Path(d).symlink_to(s)
-                    if s.endswith(".safetensors") else shutil.copy2(s, d))
+    shutil.copytree(
+        src,
+        dst,
+        copy_function=lambda s, d: (
+            Path(d).symlink_to(s) if s.endswith(".safetensors") else shutil.copy2(s, d)
+        ),
+    )
     cfg = dst / "1_Pooling" / "config.json"
     cfg.unlink()  # a copy of the file, not the package's
     base = json.loads((src / "1_Pooling" / "config.json").read_text())
-    cfg.write_text(json.dumps({**base, **{k: False for k in base if k.startswith("pooling_")},
-                               **(pooling or {"pooling_mode_mean_tokens": True})}))
+    cfg.write_text(
+        json.dumps(
+            {
+                **base,
+                **{k: False for k in base if k.startswith("pooling_")},
+                **(pooling or {"pooling_mode_mean_tokens": True}),
+            }
+        )
+    )
     modules = json.loads((src / "modules.json").read_text())
     if not normalize:
         modules = [m for m in modules if not m["type"].endswith("Normalize")]
@@ -197,7 +213,7 @@ def test_folder_pooling_config_matches_sentence_transformers(tmp_path, emb, pool
 
 def test_unsupported_sentence_transformers_module_is_refused(tmp_path):
     folder = _st_folder(tmp_path, extra_module="sentence_transformers.models.Dense")
-    with pytest.raises(ValueError, match="Dense.*not supported.*embedder='openai'"):
+    with pytest.raises(ValueError, match=r"Dense.*not supported.*embedder='openai'"):
         Embedder(folder, device="cpu")
 
 

@@ -122,13 +122,13 @@ def test_openai_backend_retries_429_and_5xx(server):
 
 @pytest.mark.slow
 def test_openai_backend_clear_errors_without_retry(server):
-    with pytest.raises(EmbeddingError, match="answered 401.*invalid api key"):
+    with pytest.raises(EmbeddingError, match=r"answered 401.*invalid api key"):
         OpenAIEmbedder("minilm", server.url, api_key="wrong", backoff=0)
-    with pytest.raises(EmbeddingError, match="answered 404.*'nope'.*model not found"):
+    with pytest.raises(EmbeddingError, match=r"answered 404.*'nope'.*model not found"):
         OpenAIEmbedder("nope", server.url, api_key="sekrit", backoff=0)
     e = OpenAIEmbedder("minilm", server.url, api_key="sekrit", backoff=0)
     server.fail = [400]
-    with pytest.raises(EmbeddingError, match="answered 400.*after 1 attempts"):
+    with pytest.raises(EmbeddingError, match=r"answered 400.*after 1 attempts"):
         e.encode(["bad request"])
     assert e.stats.retries == 0
 
@@ -146,12 +146,14 @@ def test_openai_backend_connection_errors_are_retried_then_reported():
 def test_openai_backend_refuses_malformed_replies():
     import httpx
 
-    replies = iter([
-        '{"data": [{"index": 0, "embedding": [3.0, 4.0]}]}',  # the probe: dim 2
-        '{"data": [{"index": 0, "embedding": [1.0, 2.0, 3.0]}]}',  # wrong size
-        '{"data": [{"index": 0, "embedding": [NaN, 1.0]}]}',
-        '{"nodata": true}',
-    ])
+    replies = iter(
+        [
+            '{"data": [{"index": 0, "embedding": [3.0, 4.0]}]}',  # the probe: dim 2
+            '{"data": [{"index": 0, "embedding": [1.0, 2.0, 3.0]}]}',  # wrong size
+            '{"data": [{"index": 0, "embedding": [NaN, 1.0]}]}',
+            '{"nodata": true}',
+        ]
+    )
     transport = httpx.MockTransport(lambda req: httpx.Response(200, text=next(replies)))
     e = OpenAIEmbedder("m", "http://x/v1", transport=transport, cache_size=0)
     assert e.dim == 2
@@ -214,11 +216,14 @@ def test_config_kinds_match_factory_and_cli():
 
 def test_factory_builds_the_named_backend(server):
     assert isinstance(make_embedder(EngineConfig(embedder="hashing")), HashingEmbedder)
-    with pytest.raises(ValueError, match="needs embedding_model.*embedding_base_url"):
+    with pytest.raises(ValueError, match=r"needs embedding_model.*embedding_base_url"):
         make_embedder(EngineConfig(embedder="openai"))
     cfg = EngineConfig(
-        embedder="openai", embedding_model="minilm", embedding_base_url=server.url,
-        embedding_api_key="sekrit", embedding_batch_size=4,
+        embedder="openai",
+        embedding_model="minilm",
+        embedding_base_url=server.url,
+        embedding_api_key="sekrit",
+        embedding_batch_size=4,
     )
     e = make_embedder(cfg)
     assert isinstance(e, OpenAIEmbedder) and e.batch_size == 4 and e.dim == 384
@@ -229,7 +234,9 @@ def test_engine_on_the_openai_backend(server):
     from memoryos_gpu.engine import MemoryEngine
 
     cfg = EngineConfig(
-        embedder="openai", embedding_model="minilm", embedding_base_url=server.url,
+        embedder="openai",
+        embedding_model="minilm",
+        embedding_base_url=server.url,
         embedding_api_key="sekrit",
     )
     with MemoryEngine(cfg) as eng:
@@ -247,6 +254,9 @@ def test_cli_passes_the_backend_options(monkeypatch):
     o = cli.EngineOptions(embedder="openai", embedding_model="m", embedding_base_url="http://h/v1")
     cfg = cli.build_config(o, store=":memory:")
     assert (cfg.embedder, cfg.embedding_model, cfg.embedding_base_url, cfg.embedding_api_key) == (
-        "openai", "m", "http://h/v1", "k"
+        "openai",
+        "m",
+        "http://h/v1",
+        "k",
     )
     assert "--embedding-base-url" in o.argv() and "k" not in o.argv()  # the key stays in env

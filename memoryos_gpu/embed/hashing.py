@@ -13,6 +13,7 @@ from memoryos_gpu.text.keywords import tokenize
 
 __all__ = ["HashingEmbedder"]
 
+
 @lru_cache(maxsize=200_000)
 def _feature_slot(seed: int, dim: int, feature: str) -> tuple[int, float]:
     h = hashlib.blake2b(feature.encode("utf-8"), digest_size=8, key=seed.to_bytes(8, "little"))

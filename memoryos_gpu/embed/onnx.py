@@ -48,7 +48,7 @@ def default_cache_dir() -> Path:
 def _require_onnx() -> Any:
     try:
         import onnxruntime
-        import onnxruntime.quantization  # noqa: F401  (needs the onnx package too)
+        import onnxruntime.quantization
     except ImportError as exc:
         raise ImportError(
             f"embedder='onnx' needs onnxruntime and onnx ({exc}): "
@@ -95,7 +95,11 @@ def _quantize(fp32: Path, int8: Path) -> None:
     root.setLevel(logging.ERROR)
     try:
         quantize_dynamic(
-            fp32, int8, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
+            fp32,
+            int8,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=["MatMul"],
         )
     finally:
         root.setLevel(level)
@@ -108,8 +112,10 @@ def _export_fp32(spec: FolderSpec, out: Path) -> None:
 
     tok = AutoTokenizer.from_pretrained(str(spec.transformer), local_files_only=True)
     model = AutoModel.from_pretrained(str(spec.transformer), local_files_only=True).eval()
-    probe = {k: torch.from_numpy(np.asarray(v, np.int64)) for k, v in
-             tok(_PROBE, padding="longest", return_tensors="np").items()}
+    probe = {
+        k: torch.from_numpy(np.asarray(v, np.int64))
+        for k, v in tok(_PROBE, padding="longest", return_tensors="np").items()
+    }
     names = list(probe)
     with torch.no_grad():  # before exporting: tracing leaves the module changed
         want = model(**probe).last_hidden_state.numpy()

@@ -10,6 +10,7 @@ Needs no torch or transformers: only httpx.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -128,10 +129,8 @@ class OpenAIEmbedder(CachedEmbedder):
     def _wait(self, attempt: int, retry_after: str | None) -> None:
         delay = min(30.0, self.backoff * 2**attempt)
         if retry_after:
-            try:
+            with contextlib.suppress(ValueError):  # an HTTP date: keep our own delay
                 delay = min(30.0, max(delay, float(retry_after)))
-            except ValueError:
-                pass
         self.stats.retries += 1
         time.sleep(delay)
 
