@@ -260,3 +260,29 @@ def test_cli_passes_the_backend_options(monkeypatch):
         "k",
     )
     assert "--embedding-base-url" in o.argv() and "k" not in o.argv()  # the key stays in env
+
+
+def test_openai_backend_engine_needs_no_torch():
+    """A user whose embeddings come from a server never loads torch or transformers."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, httpx
+from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.embed import OpenAIEmbedder
+from memoryos_gpu.engine import MemoryEngine
+
+def reply(req):
+    n = len(__import__("json").loads(req.content)["input"])
+    return httpx.Response(200, json={"data": [
+        {"index": i, "embedding": [1.0, float(i), 0.5]} for i in range(n)]})
+
+e = OpenAIEmbedder("m", "http://x/v1", transport=httpx.MockTransport(reply))
+with MemoryEngine(EngineConfig(device="cpu"), embedder=e) as eng:
+    eng.add("u", "hello there", "hi")
+    eng.retrieve("u", "hello?")
+print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]

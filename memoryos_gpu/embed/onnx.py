@@ -117,7 +117,7 @@ def _export_fp32(spec: FolderSpec, out: Path) -> None:
         for k, v in tok(_PROBE, padding="longest", return_tensors="np").items()
     }
     names = list(probe)
-    with torch.no_grad():  # before exporting: tracing leaves the module changed
+    with torch.no_grad():  # before exporting: after tracing, its outputs differed (seen)
         want = model(**probe).last_hidden_state.numpy()
 
     class Hidden(torch.nn.Module):
