@@ -212,7 +212,7 @@ def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     embedder = None
     if cfg.get("embedding_dtype") and cfg["embedder"] != "hashing":
-        from memoryos_gpu.embedding import Embedder
+        from memoryos_gpu.embed import Embedder
 
         embedder = Embedder(dtype=cfg["embedding_dtype"])
     engine = MemoryEngine(econf, embedder=embedder)

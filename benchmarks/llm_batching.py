@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.users, args.pages, args.max_tokens = 2, 5, 24
-    from memoryos_gpu.embedding import Embedder
+    from memoryos_gpu.embed import Embedder
     from memoryos_gpu.llm.transformers_backend import TransformersBackend
 
     embedder = Embedder()

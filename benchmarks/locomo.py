@@ -329,7 +329,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         convs = convs[:1]
         for c in convs:
             c.questions = c.questions[:40]
-    from memoryos_gpu.embedding import Embedder
+    from memoryos_gpu.embed import Embedder
 
     embedder = Embedder()
     ks = tuple(args.budgets)

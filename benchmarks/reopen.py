@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
 
 from memoryos_gpu.arena import Arena  # noqa: E402
 from memoryos_gpu.config import EngineConfig  # noqa: E402
-from memoryos_gpu.embedding import HashingEmbedder  # noqa: E402
+from memoryos_gpu.embed import HashingEmbedder  # noqa: E402
 from memoryos_gpu.engine import MemoryEngine  # noqa: E402
 from memoryos_gpu.engine.rebuild import Rebuild  # noqa: E402
 from memoryos_gpu.engine.state import EngineState  # noqa: E402

@@ -361,10 +361,10 @@ def print_encryption(results: list[dict[str, Any]]) -> None:
 
 def make_embedder(kind: str) -> Any:
     if kind == "hashing":
-        from memoryos_gpu.embedding import HashingEmbedder
+        from memoryos_gpu.embed import HashingEmbedder
 
         return HashingEmbedder()
-    from memoryos_gpu.embedding import Embedder
+    from memoryos_gpu.embed import Embedder
 
     return Embedder(cache_size=0)  # no LRU hits across users / repeated questions
 

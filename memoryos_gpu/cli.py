@@ -39,6 +39,7 @@ from typing import Any
 import click
 
 ENV_EMBEDDER = "MEMORYOS_GPU_EMBEDDER"
+ENV_EMBEDDING_API_KEY = "MEMORYOS_GPU_EMBEDDING_API_KEY"
 ENV_STORE = "MEMORYOS_GPU_STORE"
 ENV_LLM_API_KEY = "MEMORYOS_GPU_LLM_API_KEY"
 DEFAULT_STORE = "./memoryos-store"
@@ -47,6 +48,7 @@ SHARDS_FILE = "shards.json"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 FORMAT_CHOICES = ("auto", "jsonl", "locomo", "sharegpt", "openai")
 LLM_BACKENDS = ("transformers", "vllm", "openai")
+EMBEDDER_KINDS = ("transformers", "onnx", "openai", "hashing")  # = memoryos_gpu.embed's
 
 _LLM_HELP = (
     "chat needs an LLM backend, and the configured LLM mode is 'extractive' (no LLM: the "
@@ -90,9 +92,10 @@ class EngineOptions:
     llm_model: str | None = None
     llm_base_url: str | None = None
     llm_api_key: str | None = None
-    embedding_model: str | None = None
-    embedding_dtype: str | None = None
     embedder: str | None = None
+    embedding_model: str | None = None
+    embedding_base_url: str | None = None
+    embedding_dtype: str | None = None
 
     def merged(self, later: EngineOptions) -> EngineOptions:
         """These options overridden by ``later``'s given ones."""
@@ -164,21 +167,29 @@ _ENGINE_OPTIONS: list[Callable[[Callable], Callable]] = [
         "[llm] api_key, else $OPENAI_API_KEY).",
     ),
     click.option(
+        "--embedder",
+        type=click.Choice(EMBEDDER_KINDS),
+        help="Embedding backend (also $MEMORYOS_GPU_EMBEDDER; docs/embeddings.md): transformers "
+        "(default: a local model folder on torch), onnx (the same folder as int8 ONNX, CPU-"
+        "fast; the embed-fast extra), openai (an OpenAI-compatible /v1/embeddings server; "
+        "key in $MEMORYOS_GPU_EMBEDDING_API_KEY), hashing (a test double).",
+    ),
+    click.option(
         "--embedding-model",
-        metavar="DIR",
-        help="Embedding model folder (default: the bundled all-MiniLM-L6-v2).",
+        metavar="DIR|NAME",
+        help="Embedding model folder, plain transformers or sentence-transformers (default: "
+        "the bundled all-MiniLM-L6-v2); with --embedder openai the served model's name.",
+    ),
+    click.option(
+        "--embedding-base-url",
+        metavar="URL",
+        help="OpenAI-compatible embeddings server up to /v1 (--embedder openai).",
     ),
     click.option(
         "--embedding-dtype",
         type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
         help="Embedding model precision (auto: fp16 on CUDA, fp32 on CPU; bfloat16 is ~1.6x "
         "faster on CPUs with AVX-512 BF16, cosine to fp32 > 0.999).",
-    ),
-    click.option(
-        "--embedder",
-        type=click.Choice(["transformers", "hashing"]),
-        hidden=True,
-        help=f"Embedder kind (also ${ENV_EMBEDDER}); 'hashing' is a test double.",
     ),
 ]
 
@@ -248,11 +259,16 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
             data["llm"] = llm
         if o.device is not None:
             data["device"] = o.device
-        if o.embedding_model is not None:
-            data["embedding_model"] = o.embedding_model
         embedder = o.embedder or os.environ.get(ENV_EMBEDDER) or None
-        if embedder:
-            data["embedder"] = embedder
+        for key, value in (
+            ("embedder", embedder),
+            ("embedding_model", o.embedding_model),
+            ("embedding_base_url", o.embedding_base_url),
+            ("embedding_dtype", o.embedding_dtype),
+            ("embedding_api_key", os.environ.get(ENV_EMBEDDING_API_KEY)),
+        ):
+            if value:
+                data[key] = value
         data["store"] = store if store is not None else resolve_store(o)
         return EngineConfig.model_validate(data)
     except (ValidationError, ValueError, TypeError) as exc:
@@ -267,22 +283,12 @@ def _quiet_model_loading() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def make_engine(cfg: Any, o: EngineOptions) -> Any:
-    """Open an engine; with ``--embedding-dtype`` the embedder is built here with that dtype."""
+def make_engine(cfg: Any) -> Any:
+    """Open an engine (quietly: no model-loading progress bars)."""
     from memoryos_gpu.engine import MemoryEngine
 
     _quiet_model_loading()
-    embedder = None
-    if o.embedding_dtype not in (None, "auto") and cfg.embedder == "transformers":
-        from memoryos_gpu.embedding import Embedder
-
-        embedder = Embedder(
-            cfg.embedding_model,
-            device="cpu" if cfg.device == "cpu" else "auto",
-            dtype=o.embedding_dtype,
-            batch_size=cfg.embedding_batch_size,
-        )
-    return MemoryEngine(cfg, embedder=embedder)
+    return MemoryEngine(cfg)
 
 
 # ============================================================================ stores and shards
@@ -413,7 +419,8 @@ Typical session:
 \b
 Engine options (--store, --config, --device, --preset, --llm-*, --embedding-*) are accepted
 before or after the subcommand; precedence: flag > environment > --config file > default.
-Set MEMORYOS_GPU_EMBEDDER=hashing for a model-free test embedder. See docs/cli.md.
+Set MEMORYOS_GPU_EMBEDDER=hashing for a model-free test embedder. See docs/cli.md and
+docs/embeddings.md (--embedder onnx: CPU-fast; openai: an embeddings server).
 """
 
 
@@ -580,7 +587,7 @@ def ingest(
             if cfg.store == ":memory:" or is_url(cfg.store)
             else str(store_dir(cfg.store) / "rejects.jsonl")
         )
-        engine = make_engine(cfg, o)
+        engine = make_engine(cfg)
         try:
             rep = run_ingest(
                 list(formats),
@@ -978,7 +985,7 @@ def retrieve(
     o = _options(ctx, kwargs)
     store = user_store(resolve_store(o), user_id)
     _require_store(store)
-    engine = make_engine(build_config(o, store=store), o)
+    engine = make_engine(build_config(o, store=store))
     try:
         r = engine.retrieve_many(
             [(user_id, query)],
@@ -1019,7 +1026,7 @@ def chat(
     if cfg.llm.mode != "llm":
         click.echo(_LLM_HELP, err=True)
         ctx.exit(EXIT_USAGE)
-    engine = make_engine(cfg, o)
+    engine = make_engine(cfg)
     try:
 
         def answer(text: str) -> None:
@@ -1508,7 +1515,7 @@ def evaluate(
         for c in convs:
             c.questions = c.questions[:40]
     t0 = time.perf_counter()
-    engine = make_engine(build_config(o, store=":memory:"), o)
+    engine = make_engine(build_config(o, store=":memory:"))
     try:
         pages = [
             PageInput(

@@ -158,11 +158,26 @@ class EngineConfig(BaseModel):
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the arena lives.")
     gpu_dtype: Literal["float16", "bfloat16"] = "float16"
-    embedding_model: str | None = Field(None, description="Model folder (default: bundled MiniLM).")
-    embedding_batch_size: int = Field(64, ge=1)
-    embedder: Literal["transformers", "hashing"] = Field(
-        "transformers", description="'hashing' is a fast deterministic test double."
+    embedder: Literal["transformers", "onnx", "openai", "hashing"] = Field(
+        "transformers",
+        description="Embedding backend (docs/embeddings.md): 'transformers' = a local model "
+        "folder on torch; 'onnx' = the same folder as int8 ONNX on the CPU (needs the "
+        "embed-fast extra); 'openai' = an OpenAI-compatible /v1/embeddings server; "
+        "'hashing' = a fast deterministic test double.",
     )
+    embedding_model: str | None = Field(
+        None,
+        description="transformers / onnx: the model folder (plain transformers or "
+        "sentence-transformers; default: the bundled MiniLM). openai: the served model name.",
+    )
+    embedding_base_url: str | None = Field(
+        None, description="openai: the server's URL up to /v1 (http://127.0.0.1:8001/v1)."
+    )
+    embedding_api_key: str | None = Field(None, description="openai: the server's API key.")
+    embedding_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="transformers: precision (auto = fp16 on CUDA, fp32 on CPU)."
+    )
+    embedding_batch_size: int = Field(64, ge=1, description="Texts per forward pass / request.")
     auto_process: bool = Field(
         True, description="Run derived work (chain, MTM, promotion) inside add/add_many."
     )

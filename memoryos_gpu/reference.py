@@ -162,7 +162,7 @@ def engine_config(s: ReferenceSettings, **overrides: Any) -> EngineConfig:
         **_embedding(s),
         **overrides,
     }
-    if values.get("embedder", "transformers") == "transformers":
+    if values.get("embedder", "transformers") in ("transformers", "onnx"):
         values["embedding_model"] = resolve_embedding_model(values.get("embedding_model"))
     return EngineConfig(**values)
 

@@ -159,7 +159,7 @@ def test_default_construction_picks_the_mode_from_the_credentials(tmp_path, monk
 
 
 def _hashing():
-    from memoryos_gpu.embedding import HashingEmbedder
+    from memoryos_gpu.embed import HashingEmbedder
 
     return HashingEmbedder()
 

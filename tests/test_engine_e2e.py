@@ -36,7 +36,7 @@ N_TURNS = 6
 @pytest.mark.slow
 def test_every_tier_with_the_bundled_models():
     try:
-        from memoryos_gpu.embedding import bundled_minilm_path
+        from memoryos_gpu.embed import bundled_minilm_path
         from memoryos_gpu.llm.transformers_backend import TransformersBackend, bundled_smollm2_path
 
         bundled_minilm_path()

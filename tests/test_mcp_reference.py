@@ -21,7 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from memoryos_gpu import compat
 from memoryos_gpu.config import EngineConfig
-from memoryos_gpu.embedding import HashingEmbedder
+from memoryos_gpu.embed import HashingEmbedder
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.reference import engine_config, settings
 from memoryos_gpu.server.mcp_server import _config, _parser, build_mcp, main

@@ -24,7 +24,7 @@ import pytest
 from store_backends import Backend, make_backend
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
-from memoryos_gpu.embedding import HashingEmbedder
+from memoryos_gpu.embed import HashingEmbedder
 from memoryos_gpu.engine import InvalidInputError, MemoryEngine
 from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.eval.locomo import default_locomo_path

@@ -156,13 +156,9 @@ class MemoryEngine:
     # ================================================================== construction hooks
     def _make_embedder(self) -> Any:
         """The embedder ``config`` names (called only when none was passed)."""
-        if self.config.embedder == "hashing":
-            from memoryos_gpu.embedding import HashingEmbedder
+        from memoryos_gpu.embed import make_embedder
 
-            return HashingEmbedder()
-        from memoryos_gpu.embedding import Embedder
-
-        return Embedder(self.config.embedding_model, batch_size=self.config.embedding_batch_size)
+        return make_embedder(self.config)
 
     def _make_llm(self) -> Any:
         """The LLM backend ``config.llm`` names (LLM mode, when none was passed)."""

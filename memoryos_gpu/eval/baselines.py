@@ -6,7 +6,7 @@ Every baseline returns, per question, page indices best first (ties: lower index
 Command line (BM25 only unless an embedder factory is named)::
 
     python -m memoryos_gpu.eval.baselines data/locomo_dev.json --ks 5 10 20 \
-        [--embed memoryos_gpu.embedding:Embedder]   # factory() -> embed_fn or object with .encode
+        [--embed memoryos_gpu.embed:Embedder]   # factory() -> embed_fn or object with .encode
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def _load_factory(spec: str) -> EmbedFn:
     module, _, attr = spec.partition(":")
     factory = getattr(importlib.import_module(module), attr or "embed_fn")
     made = factory()
-    # an embedder object (e.g. memoryos_gpu.embedding.Embedder) is used through .encode
+    # an embedder object (e.g. memoryos_gpu.embed.Embedder) is used through .encode
     return made.encode if hasattr(made, "encode") else made
 
 
@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--embed",
         help="module:factory; factory() returns embed_fn(texts) -> [n, d] array or an object with "
-        ".encode (enables dense), e.g. memoryos_gpu.embedding:Embedder",
+        ".encode (enables dense), e.g. memoryos_gpu.embed:Embedder",
     )
     args = ap.parse_args(argv)
     convs = load_locomo(args.path)

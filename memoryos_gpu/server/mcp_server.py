@@ -46,6 +46,7 @@ from pydantic import BaseModel, Field
 
 from memoryos_gpu import __version__
 from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.embed.factory import EMBEDDER_KINDS
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
 from memoryos_gpu.reference import (
     ReferenceSettings,
@@ -447,7 +448,7 @@ def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.
         help="How long add_memory waits for the page's derived work (MTM placement, "
         "promotions) before answering; 0 = answer at commit [default: 10].",
     )
-    p.add_argument("--embedder", default=None, choices=["transformers", "hashing"])
+    p.add_argument("--embedder", default=None, choices=EMBEDDER_KINDS)
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
     p.add_argument("--log-level", default="WARNING")
     return p
