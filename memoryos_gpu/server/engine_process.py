@@ -87,6 +87,15 @@ async def _serve(spec: dict[str, Any]) -> None:
     log.info("engine process: store closed")
 
 
+def _picklable(answer: tuple[int, bool, Any]) -> tuple[int, bool, Any]:
+    """``answer``, or an error saying why it cannot travel."""
+    try:
+        dump(answer)
+        return answer
+    except Exception as exc:
+        return (answer[0], False, BoxedError.of(exc))
+
+
 class EngineServer:
     """Answers requests from the workers: one task per request, answer sent when it is done."""
 
@@ -94,6 +103,7 @@ class EngineServer:
         self.service = service
         self.sock = sock
         self.tasks: set[asyncio.Task] = set()
+        self.outbox: dict[bytes, list[tuple[int, bool, Any]]] = {}
         s = service
         self.handlers: dict[str, Handler] = {
             "add_pages": s.add_pages,
@@ -111,17 +121,20 @@ class EngineServer:
         loop = asyncio.get_running_loop()
         while True:
             ident, payload = await self.sock.recv_multipart(copy=True)
-            task = loop.create_task(self.answer(ident, payload))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            for request in load(payload):
+                task = loop.create_task(self.answer(ident, *request))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
 
     async def finish(self) -> None:
         """Wait for the answers still being computed (after the queues were drained)."""
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
+        self._flush()
 
-    async def answer(self, ident: bytes, payload: bytes) -> None:
-        rid, method, args, kw = load(payload)
+    async def answer(
+        self, ident: bytes, rid: int, method: str, args: tuple[Any, ...], kw: dict[str, Any]
+    ) -> None:
         try:
             handler = self.handlers.get(method)
             if handler is None:
@@ -129,11 +142,20 @@ class EngineServer:
             out = (rid, True, await handler(*args, **kw))
         except Exception as exc:
             out = (rid, False, BoxedError.of(exc))
-        try:
-            data = dump(out)
-        except Exception as exc:  # an answer pickle cannot carry: say so instead of hanging
-            data = dump((rid, False, BoxedError.of(exc)))
-        await self.sock.send_multipart([ident, data])
+        box = self.outbox.setdefault(ident, [])
+        box.append(out)
+        if len(self.outbox) == 1 and len(box) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """One message per worker for the answers of this loop iteration."""
+        boxes, self.outbox = self.outbox, {}
+        for ident, answers in boxes.items():
+            try:
+                data = dump(answers)
+            except Exception:  # one answer pickle cannot carry: the others still go
+                data = dump([_picklable(a) for a in answers])
+            self.sock.send_multipart([ident, data], flags=zmq.NOBLOCK)
 
     async def retrieve(
         self, user_id: str, query: str, top_pages: int | None, top_segments: int | None
