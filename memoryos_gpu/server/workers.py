@@ -124,6 +124,7 @@ class Supervisor:
             )
         from memoryos_gpu.server.shared_limits import create_bucket_file
 
+        self.sock = _listen(host, port)  # first: a port in use fails before anything exists
         self.ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
         self.dir = Path(tempfile.mkdtemp(prefix="memoryos-serve-"))  # mode 0700
         metrics_dir = self.dir / "metrics"
@@ -134,7 +135,6 @@ class Supervisor:
         create_bucket_file(limits_path, len(api_keys or {}))
         self.address = f"ipc://{self.dir / 'engine.sock'}"
         self.engine_pid = self.ctx.RawValue("i", 0)  # no lock: a killed reader holds none
-        self.sock = _listen(host, port)
         self.engine_spec = {
             "config": config.model_dump(mode="json"),
             "settings": settings.model_dump(),
