@@ -15,14 +15,17 @@ Saturating runs (think 0) measure capacity; a paced run (``--paced-users`` users
 ``--workers 0 1 2`` repeats every scenario over server layouts: 0 is the single-process
 server, N >= 1 is ``serve --workers N`` (N HTTP worker processes in front of one engine
 process); the throughput of each over the single process's is reported, measured in the same
-run, and ``--plot`` draws the throughput curve over workers (PNG). Server CPU counts the whole
-process tree (supervisor, engine process, workers).
+run, and ``--plot`` draws the throughput curve over workers (PNG). ``--rounds R`` runs each
+(mode, layout) R times with the layouts interleaved and compares medians: on a shared box the
+load drifts between runs. Server CPU counts the whole process tree (supervisor, engine
+process, workers). The JSON's ``fair`` says whether other work on the box made the ratios
+unfair (1-minute load average besides this benchmark over 0.75 per CPU).
 
 Reports throughput and p50/p95/p99 latency per operation, and the batched/unbatched throughput
 ratio, as a table and as JSON (``--out``). ``--quick`` is a small run for CI.
 
     python benchmarks/serve_load.py                 # 100 and 1000 users
-    python benchmarks/serve_load.py --users 100 --workers 0 1 2 --plot results/serve_workers.png
+    python benchmarks/serve_load.py --users 100 --workers 0 1 2 --rounds 2 --plot W.png
     python benchmarks/serve_load.py --quick
 """
 
@@ -516,18 +519,21 @@ def _plot(results: list[dict[str, Any]], path: Path, fair: dict[str, Any]) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lines: dict[str, list[tuple[int, float]]] = {}
+    runs: dict[str, dict[int, list[float]]] = {}
     for r in results:
         key = f"{r['users']} users, think {r['think_ms']:g} ms, {r['mode']}"
-        lines.setdefault(key, []).append((r.get("workers", 0), r["throughput_rps"]))
+        runs.setdefault(key, {}).setdefault(r.get("workers", 0), []).append(r["throughput_rps"])
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, pts in lines.items():
-        if len(pts) < 2:
+    for key, by_w in runs.items():
+        if len(by_w) < 2:
             continue
-        pts.sort()
-        ax.plot([w for w, _ in pts], [t for _, t in pts], marker="o", label=key)
+        ws = sorted(by_w)
+        med = [sorted(by_w[w])[len(by_w[w]) // 2] for w in ws]
+        line = ax.plot(ws, med, marker="o", label=key)[0]
+        for w in ws:  # every round's run, faint: the spread a busy box adds
+            ax.scatter([w] * len(by_w[w]), by_w[w], color=line.get_color(), alpha=0.3, s=12)
     ax.set_xlabel("HTTP workers (0 = single-process server)")
-    ax.set_ylabel("requests/s")
+    ax.set_ylabel("requests/s (median of the rounds; dots: each run)")
     ax.set_xticks(sorted({r.get("workers", 0) for r in results}))
     title = f"serve_load: throughput over workers ({fair['cpus']} CPUs)"
     if not fair["fair"]:
@@ -539,6 +545,47 @@ def _plot(results: list[dict[str, Any]], path: Path, fair: dict[str, Any]) -> No
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _interleaved(
+    users: int,
+    think: float,
+    args: argparse.Namespace,
+    workdir: Path,
+    results: list[dict[str, Any]],
+) -> dict[int, dict[str, dict[str, Any]]]:
+    """Every (mode, layout) of one scenario, ``--rounds`` times, the layouts interleaved
+    (w0, w1, w2, w0, w1, w2, ...): load from other work on the box drifts over minutes, and
+    consecutive runs of one layout would each see a different box. Returns, per layout and
+    mode, the run of median throughput (what the ratios compare)."""
+    modes = [m for m in MODES if any(m in _modes(args, w) for w in args.workers)]
+    out: dict[int, dict[str, dict[str, Any]]] = {w: {} for w in args.workers}
+    for mode in modes:
+        runs: dict[int, list[dict[str, Any]]] = {w: [] for w in args.workers}
+        for rnd in range(args.rounds):
+            for w in args.workers:
+                if mode not in _modes(args, w):
+                    continue
+                r = run_scenario(
+                    users,
+                    mode=mode,
+                    think_ms=think,
+                    args=args,
+                    workdir=workdir / f"r{rnd}",
+                    workers=w,
+                )
+                r["round"] = rnd
+                results.append(r)
+                runs[w].append(r)
+                print(
+                    f"users={users} think={think:g}ms workers={w} {mode} round {rnd}: "
+                    f"{r['throughput_rps']} req/s, retrieve p95 {r['retrieve']['p95_ms']} ms",
+                    file=sys.stderr,
+                )
+        for w, rs in runs.items():
+            if rs:
+                out[w][mode] = sorted(rs, key=lambda r: r["throughput_rps"])[len(rs) // 2]
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -578,6 +625,12 @@ def main(argv: list[str] | None = None) -> None:
         help="Server layouts to compare: 0 = the single-process server, N = N HTTP workers in "
         "front of one engine process (the first is the baseline of the ratios).",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="Runs of each (mode, layout), interleaved over layouts; ratios use the median.",
+    )
     p.add_argument("--plot", metavar="PNG", help="Draw throughput over workers into this file.")
     p.add_argument("--quick", action="store_true", help="Small run for CI.")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serve_load.json"))
@@ -603,31 +656,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.paced_think_ms > 0:
             scenarios.append((args.paced_users, args.paced_think_ms))
         for users, think in scenarios:
-            by_workers: dict[int, dict[str, dict[str, Any]]] = {}
-            for workers in args.workers:
-                runs = by_workers[workers] = {}
-                for mode in _modes(args, workers):
-                    r = run_scenario(
-                        users,
-                        mode=mode,
-                        think_ms=think,
-                        args=args,
-                        workdir=Path(tmp),
-                        workers=workers,
-                    )
-                    results.append(r)
-                    runs[mode] = r
-                    print(
-                        f"users={users} think={think:g}ms workers={workers} {mode}: "
-                        f"{r['throughput_rps']} req/s, retrieve p95 {r['retrieve']['p95_ms']} ms",
-                        file=sys.stderr,
-                    )
-                _mode_ratios(
-                    runs,
-                    f"{users} users, think {think:g} ms, workers {workers}",
-                    ratios,
-                    cpu_ratios,
-                )
+            by_workers = _interleaved(users, think, args, Path(tmp), results)
+            for workers, runs in by_workers.items():
+                label = f"{users} users, think {think:g} ms, workers {workers}"
+                _mode_ratios(runs, label, ratios, cpu_ratios)
             base = by_workers.get(args.workers[0], {})
             for workers, runs in by_workers.items():
                 for mode, r in runs.items():
