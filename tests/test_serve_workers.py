@@ -45,6 +45,7 @@ class Supervised:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
+        self.store = store
         spec = {
             "store": str(store),
             "port": self.port,
@@ -147,6 +148,20 @@ def test_a_write_is_visible_from_every_worker_at_once(server: Supervised) -> Non
         with httpx.Client(base_url=server.base, headers=HA, timeout=30) as c:
             assert c.get(f"/v1/users/{uid}/history").status_code == 200
             assert c.post(f"/v1/users/{uid}/retrieve", json={"query": "x"}).json()["known_user"]
+
+
+def test_a_second_writer_is_refused_naming_the_engine_process(server: Supervised) -> None:
+    """The engine process holds the store's writer lock; the refusal names it and the server's
+    command line."""
+    from memoryos_gpu.engine import MemoryEngine
+    from memoryos_gpu.store.writer import StoreLockedError
+    from tests.served import hashing
+
+    with pytest.raises(StoreLockedError) as err:
+        MemoryEngine(hashing(server.store))
+    msg = str(err.value)
+    assert f"pid {server.pids('engine process')[-1]} " in msg
+    assert f"[engine process of pid {server.proc.pid}]" in msg
 
 
 def test_metrics_add_up_over_workers(server: Supervised) -> None:

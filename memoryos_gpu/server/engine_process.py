@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -43,8 +44,11 @@ def serve_engine(spec: dict[str, Any]) -> None:
     """Process entry point (``multiprocessing`` spawn target): serve until SIGTERM.
 
     ``spec``: ``config`` (an :class:`EngineConfig` dump), ``settings`` (ServerSettings fields),
-    ``address`` (the ``ipc://`` endpoint to bind), ``log_level``."""
+    ``address`` (the ``ipc://`` endpoint to bind), ``log_level``, ``argv`` (the command line
+    the store's writer lock shows)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the store's writer lock records the command line: the server's, not multiprocessing's
+    sys.argv = list(spec.get("argv") or sys.argv)
     logging.basicConfig(
         level=getattr(logging, str(spec.get("log_level", "info")).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",

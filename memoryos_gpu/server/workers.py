@@ -33,6 +33,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -140,6 +141,7 @@ class Supervisor:
             "settings": settings.model_dump(),
             "address": self.address,
             "log_level": log_level,
+            "argv": [*sys.argv, f"[engine process of pid {os.getpid()}]"],
         }
         self.worker_spec = {
             "settings": settings.model_dump(),
