@@ -547,6 +547,23 @@ def _plot(results: list[dict[str, Any]], path: Path, fair: dict[str, Any]) -> No
     plt.close(fig)
 
 
+def paired_ratios(results: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per round, each layout's throughput over the first layout's in the same round (runs
+    next to each other, so on a busy box the fairest comparison there is)."""
+    by: dict[tuple[Any, ...], dict[int, float]] = {}
+    for r in results:
+        key = (r["users"], r["think_ms"], r["mode"], r.get("round", 0))
+        by.setdefault(key, {})[r.get("workers", 0)] = r["throughput_rps"]
+    out: dict[str, list[float]] = {}
+    for (users, think, mode, _), tp in sorted(by.items()):
+        base_w = min(tp)
+        for w, t in sorted(tp.items()):
+            if w != base_w and tp[base_w] > 0:
+                name = f"{mode}: workers {w} / workers {base_w}, {users} users, think {think:g} ms"
+                out.setdefault(name, []).append(round(t / tp[base_w], 2))
+    return out
+
+
 def _interleaved(
     users: int,
     think: float,
@@ -629,7 +646,8 @@ def main(argv: list[str] | None = None) -> None:
         "--rounds",
         type=int,
         default=1,
-        help="Runs of each (mode, layout), interleaved over layouts; ratios use the median.",
+        help="Runs of each (mode, layout), interleaved over layouts; ratios use the median run "
+        "(the upper one of an even count) and are also given per round.",
     )
     p.add_argument("--plot", metavar="PNG", help="Draw throughput over workers into this file.")
     p.add_argument("--quick", action="store_true", help="Small run for CI.")
@@ -684,12 +702,15 @@ def main(argv: list[str] | None = None) -> None:
         "throughput_ratio_batched_over_unbatched": ratios,
         "server_cpu_ratio_unbatched_over_batched": cpu_ratios,
         "throughput_ratio_over_workers": worker_ratios,
+        "throughput_ratio_over_workers_per_round": paired_ratios(results),
         "fair": _fairness(load_start, results),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(_table(results, {**ratios, **worker_ratios}, cpu_ratios))
+    for name, per_round in report["throughput_ratio_over_workers_per_round"].items():
+        print(f"per round, {name}: " + ", ".join(f"{x:.2f}x" for x in per_round))
     print(f"fair: {report['fair']['verdict']}")
     print(f"\nJSON: {out}")
     if args.plot:
