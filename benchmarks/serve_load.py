@@ -12,10 +12,20 @@ and derived work one page at a time as it arrives, as the reference does) and
 Saturating runs (think 0) measure capacity; a paced run (``--paced-users`` users thinking
 ``--paced-think-ms`` between requests, like chat users) measures latency below saturation.
 
+``--workers 0 1 2`` repeats every scenario over server layouts: 0 is the single-process
+server, N >= 1 is ``serve --workers N`` (N HTTP worker processes in front of one engine
+process); the throughput of each over the single process's is reported, measured in the same
+run, and ``--plot`` draws the throughput curve over workers (PNG). ``--rounds R`` runs each
+(mode, layout) R times with the layouts interleaved and compares medians: on a shared box the
+load drifts between runs. Server CPU counts the whole process tree (supervisor, engine
+process, workers). The JSON's ``fair`` says whether other work on the box made the ratios
+unfair (1-minute load average besides this benchmark over 0.75 per CPU).
+
 Reports throughput and p50/p95/p99 latency per operation, and the batched/unbatched throughput
 ratio, as a table and as JSON (``--out``). ``--quick`` is a small run for CI.
 
     python benchmarks/serve_load.py                 # 100 and 1000 users
+    python benchmarks/serve_load.py --users 100 --workers 0 1 2 --rounds 2 --plot W.png
     python benchmarks/serve_load.py --quick
 """
 
@@ -37,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from serve_load_report import fairness, mode_ratios, paired_ratios, plot, table
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "bench-key-0123456789"
@@ -90,13 +101,28 @@ def _text(rng: random.Random, user: int) -> str:
     )
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc; 0.0 elsewhere)."""
+def _stat(pid: int | str) -> list[str] | None:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and all its descendants (the engine process and
+    the workers of ``--workers N``), Linux /proc; 0.0 elsewhere."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if entry.name.isdigit() and (f := _stat(entry.name)) is not None:
+            children.setdefault(int(f[1]), []).append(int(entry.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        f = _stat(p)
+        if f is not None:
+            total += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        todo.extend(children.get(p, []))
+    return total
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -117,7 +143,9 @@ def _serve(spec: str) -> None:
 
 
 class Server:
-    def __init__(self, store: Path, settings: dict[str, Any], embedder: str) -> None:
+    def __init__(
+        self, store: Path, settings: dict[str, Any], embedder: str, workers: int = 0
+    ) -> None:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         spec = {
@@ -128,6 +156,7 @@ class Server:
             "embedder": embedder,
             "log_level": "warning",
             "rate_limit_per_s": 0,
+            "workers": workers,
             **settings,
         }
         env = {k: v for k, v in os.environ.items() if k != "MEMORYOS_GPU_API_KEYS"}
@@ -351,13 +380,19 @@ MODES: dict[str, dict[str, Any]] = {
 
 
 def run_scenario(
-    users: int, *, mode: str, think_ms: float, args: argparse.Namespace, workdir: Path
+    users: int,
+    *,
+    mode: str,
+    think_ms: float,
+    args: argparse.Namespace,
+    workdir: Path,
+    workers: int = 0,
 ) -> dict[str, Any]:
     settings: dict[str, Any] = dict(MODES[mode])
     if mode == "batched":
         settings.update(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
-    store = workdir / f"store-{users}-{think_ms:g}-{mode}"
-    server = Server(store, settings, args.embedder)
+    store = workdir / f"store-{users}-{think_ms:g}-{mode}-w{workers}"
+    server = Server(store, settings, args.embedder, workers)
     try:
         server.wait_ready()
 
@@ -385,48 +420,58 @@ def run_scenario(
         res = asyncio.run(go())
     finally:
         server.stop()
-    res.update(users=users, think_ms=think_ms, mode=mode, settings=settings)
+    res.update(users=users, think_ms=think_ms, mode=mode, workers=workers, settings=settings)
     res["loadavg_1m_after"] = round(os.getloadavg()[0], 2)  # other work on the box skews results
     return res
 
 
-def _table(
-    results: list[dict[str, Any]], ratios: dict[str, float], cpu_ratios: dict[str, float]
-) -> str:
-    head = (
-        f"{'users':>6} {'think':>6} {'mode':>18} {'req/s':>8} {'ret p50':>8} {'ret p95':>8} "
-        f"{'ret p99':>8} {'wr p50':>8} {'wr p95':>8} {'wr p99':>8} {'batch r/w':>10} "
-        f"{'cpu ms/req':>10} {'errors':>7}"
-    )
-    lines = [head, "-" * len(head)]
-    for r in results:
-        mb = r["mean_batch"]
-        lines.append(
-            f"{r['users']:>6} {r['think_ms']:>6g} {r['mode']:>18} "
-            f"{r['throughput_rps']:>8.1f} {r['retrieve']['p50_ms']:>8.1f} "
-            f"{r['retrieve']['p95_ms']:>8.1f} {r['retrieve']['p99_ms']:>8.1f} "
-            f"{r['write']['p50_ms']:>8.1f} {r['write']['p95_ms']:>8.1f} "
-            f"{r['write']['p99_ms']:>8.1f} "
-            f"{mb.get('retrieve', 0):>4.1f}/{mb.get('write', 0):<5.1f} "
-            f"{r.get('server_cpu_ms_per_request', 0):>10.2f} "
-            f"{sum(r['errors'].values()):>7}"
-        )
-    lines.append("")
-    for name, ratio in ratios.items():
-        lines.append(f"throughput {name}: {ratio:.2f}x")
-    for name, ratio in cpu_ratios.items():
-        lines.append(f"server CPU per request, {name}: {ratio:.2f}x")
-    lines.append(
-        "latencies in ms; req/s counts successful requests; think = mean think time (ms) of "
-        "each simulated user between requests (0: closed loop at saturation); cpu ms/req = "
-        "server process CPU (user+sys) per answered request"
-    )
-    lines.append(
-        "1-min load average after each run: "
-        + ", ".join(str(r.get("loadavg_1m_after")) for r in results)
-        + f" (on {os.cpu_count()} CPUs)"
-    )
-    return "\n".join(lines)
+def _modes(args: argparse.Namespace, workers: int) -> list[str]:
+    """The single process runs every mode; worker layouts batched and unbatched (batched
+    only in --quick)."""
+    if args.no_unbatched or (args.quick and workers):
+        return ["batched"]
+    return list(MODES) if workers == 0 else ["batched", "unbatched"]
+
+
+def _interleaved(
+    users: int,
+    think: float,
+    args: argparse.Namespace,
+    workdir: Path,
+    results: list[dict[str, Any]],
+) -> dict[int, dict[str, dict[str, Any]]]:
+    """Every (mode, layout) of one scenario, ``--rounds`` times, the layouts interleaved
+    (w0, w1, w2, w0, w1, w2, ...): load from other work on the box drifts over minutes, and
+    consecutive runs of one layout would each see a different box. Returns, per layout and
+    mode, the run of median throughput (what the ratios compare)."""
+    modes = [m for m in MODES if any(m in _modes(args, w) for w in args.workers)]
+    out: dict[int, dict[str, dict[str, Any]]] = {w: {} for w in args.workers}
+    for mode in modes:
+        runs: dict[int, list[dict[str, Any]]] = {w: [] for w in args.workers}
+        for rnd in range(args.rounds):
+            for w in args.workers:
+                if mode not in _modes(args, w):
+                    continue
+                r = run_scenario(
+                    users,
+                    mode=mode,
+                    think_ms=think,
+                    args=args,
+                    workdir=workdir / f"r{rnd}",
+                    workers=w,
+                )
+                r["round"] = rnd
+                results.append(r)
+                runs[w].append(r)
+                print(
+                    f"users={users} think={think:g}ms workers={w} {mode} round {rnd}: "
+                    f"{r['throughput_rps']} req/s, retrieve p95 {r['retrieve']['p95_ms']} ms",
+                    file=sys.stderr,
+                )
+        for w, rs in runs.items():
+            if rs:
+                out[w][mode] = sorted(rs, key=lambda r: r["throughput_rps"])[len(rs) // 2]
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -458,6 +503,22 @@ def main(argv: list[str] | None = None) -> None:
         choices=["raw", "httpx"],
         help="Load client: minimal asyncio HTTP/1.1 (default) or one httpx client per user.",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="Server layouts to compare: 0 = the single-process server, N = N HTTP workers in "
+        "front of one engine process (the first is the baseline of the ratios).",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="Runs of each (mode, layout), interleaved over layouts; ratios use the median run "
+        "(the upper one of an even count) and are also given per round.",
+    )
+    p.add_argument("--plot", metavar="PNG", help="Draw throughput over workers into this file.")
     p.add_argument("--quick", action="store_true", help="Small run for CI.")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serve_load.json"))
     args = p.parse_args(argv)
@@ -470,39 +531,33 @@ def main(argv: list[str] | None = None) -> None:
         args.time_limit = min(args.time_limit, 15.0)
         args.preload_pages = min(args.preload_pages, 4)
         args.paced_users = min(args.paced_users, 50)
+        if args.workers == [0]:
+            args.workers = [0, 1]
     load_start = os.getloadavg()
     results: list[dict[str, Any]] = []
     ratios: dict[str, float] = {}
     cpu_ratios: dict[str, float] = {}
+    worker_ratios: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="serve_load_") as tmp:
         scenarios = [(u, args.think_ms) for u in args.users]
         if args.paced_think_ms > 0:
             scenarios.append((args.paced_users, args.paced_think_ms))
         for users, think in scenarios:
-            modes = ["batched"] if args.no_unbatched else list(MODES)
-            runs = {}
-            for mode in modes:
-                r = run_scenario(users, mode=mode, think_ms=think, args=args, workdir=Path(tmp))
-                results.append(r)
-                runs[mode] = r
-                print(
-                    f"users={users} think={think:g}ms {mode}: {r['throughput_rps']} req/s, "
-                    f"retrieve p95 {r['retrieve']['p95_ms']} ms",
-                    file=sys.stderr,
-                )
-            for other in modes[1:]:
-                if runs[other]["throughput_rps"] <= 0:
-                    continue
-                name = f"batched / {other}, {users} users, think {think:g} ms"
-                ratios[name] = round(
-                    runs["batched"]["throughput_rps"] / runs[other]["throughput_rps"], 2
-                )
-                if runs["batched"].get("server_cpu_ms_per_request"):
-                    cpu_ratios[name.replace("batched / " + other, other + " / batched")] = round(
-                        runs[other]["server_cpu_ms_per_request"]
-                        / runs["batched"]["server_cpu_ms_per_request"],
-                        2,
+            by_workers = _interleaved(users, think, args, Path(tmp), results)
+            for workers, runs in by_workers.items():
+                label = f"{users} users, think {think:g} ms, workers {workers}"
+                mode_ratios(runs, label, ratios, cpu_ratios)
+            base = by_workers.get(args.workers[0], {})
+            for workers, runs in by_workers.items():
+                for mode, r in runs.items():
+                    b = base.get(mode)
+                    if workers == args.workers[0] or b is None or b["throughput_rps"] <= 0:
+                        continue
+                    name = (
+                        f"{mode}: workers {workers} / workers {args.workers[0]}, {users} users, "
+                        f"think {think:g} ms"
                     )
+                    worker_ratios[name] = round(r["throughput_rps"] / b["throughput_rps"], 2)
     report = {
         "benchmark": "serve_load",
         "machine": {
@@ -515,12 +570,21 @@ def main(argv: list[str] | None = None) -> None:
         "results": results,
         "throughput_ratio_batched_over_unbatched": ratios,
         "server_cpu_ratio_unbatched_over_batched": cpu_ratios,
+        "throughput_ratio_over_workers": worker_ratios,
+        "throughput_ratio_over_workers_per_round": paired_ratios(results),
+        "fair": fairness(load_start, results),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
-    print(_table(results, ratios, cpu_ratios))
+    print(table(results, {**ratios, **worker_ratios}, cpu_ratios))
+    for name, per_round in report["throughput_ratio_over_workers_per_round"].items():
+        print(f"per round, {name}: " + ", ".join(f"{x:.2f}x" for x in per_round))
+    print(f"fair: {report['fair']['verdict']}")
     print(f"\nJSON: {out}")
+    if args.plot:
+        plot(results, Path(args.plot), report["fair"])
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

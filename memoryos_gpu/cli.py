@@ -1289,6 +1289,12 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
     type=click.IntRange(1),
     help="Shards for --ray [default: the store's shard count, else 2].",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(0),
+    help="HTTP worker processes in front of one engine process (0: one process serves "
+    "everything) [default: the cores available minus one].",
+)
 @engine_options
 @click.pass_context
 @handle_errors
@@ -1299,13 +1305,19 @@ def serve(
     api_keys: str | None,
     use_ray: bool,
     shards: int | None,
+    workers: int | None,
     **kwargs: Any,
 ) -> None:
-    """Serve the HTTP API (memoryos_gpu.server) over the store until Ctrl-C."""
+    """Serve the HTTP API (memoryos_gpu.server) over the store until Ctrl-C.
+
+    With --workers N (the default on a multi-core box), N HTTP processes parse, authenticate
+    and validate requests and one engine process batches them all (docs/server.md)."""
     import inspect
 
     o = _options(ctx, kwargs)
     if use_ray:
+        if workers:
+            raise UsageFailure("--workers is for the single-box server; --ray has its own router")
         _serve_ray(o, host, port, api_keys, shards)
         return
     try:
@@ -1317,7 +1329,18 @@ def serve(
         ) from None
     store = resolve_store(o)
     cfg = build_config(o, store=store)
-    candidates = {"store": store, "host": host, "port": port, "api_keys": api_keys, "config": cfg}
+    if workers is None:
+        from memoryos_gpu.server.workers import default_workers
+
+        workers = default_workers()
+    candidates = {
+        "store": store,
+        "host": host,
+        "port": port,
+        "api_keys": api_keys,
+        "config": cfg,
+        "workers": workers,
+    }
     params = inspect.signature(run).parameters
     takes_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     call = {k: v for k, v in candidates.items() if k in params or takes_kw}

@@ -213,8 +213,11 @@ def test_holder_command_line_hides_secrets() -> None:
 def _serve(store: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, "MEMORYOS_GPU_EMBEDDER": "hashing"}
     env.pop("MEMORYOS_GPU_API_KEYS", None)
+    # one process: the lock holder is the process started here (serve --workers: its engine
+    # process, tests/test_serve_workers.py)
+    cmd = ["serve", "--workers", "0", "--store", str(store), "--port", str(port)]
     return subprocess.Popen(
-        [sys.executable, "-m", "memoryos_gpu", "serve", "--store", str(store), "--port", str(port)],
+        [sys.executable, "-m", "memoryos_gpu", *cmd],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

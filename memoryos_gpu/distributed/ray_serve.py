@@ -374,6 +374,12 @@ class RouterService:
     def is_known(self, user_id: str) -> bool:
         return user_id in self._known
 
+    async def known(self, user_id: str) -> bool:
+        return self.is_known(user_id)
+
+    async def users(self) -> list[str]:
+        return self.known_users()
+
     @property
     def has_llm(self) -> bool:
         return self.config.llm.mode == "llm"

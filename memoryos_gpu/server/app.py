@@ -71,6 +71,7 @@ def create_app(
     settings: ServerSettings | None = None,
     use_env_keys: bool = True,
     service: Any = None,
+    limits: KeyLimits | None = None,
 ) -> FastAPI:
     """Build the HTTP app.
 
@@ -81,12 +82,14 @@ def create_app(
     ``MEMORYOS_GPU_API_KEYS`` variable are added unless ``use_env_keys=False``. No keys at all:
     the server runs open (single tenant) and says so in its startup log.
     ``service``: serve this object instead of a :class:`MemoryService` over the engine (it
-    must offer the same methods; the sharded router of ``memoryos-gpu serve --ray`` does).
+    must offer the same methods; the sharded router of ``memoryos-gpu serve --ray`` does, and
+    so does each worker of ``serve --workers``). ``limits``: the rate-limit buckets (the
+    workers of ``serve --workers`` share one set: :mod:`memoryos_gpu.server.shared_limits`).
     """
     settings = settings or ServerSettings()
     keys = load_api_keys(api_keys, use_env=use_env_keys)
     keyring = KeyRing(keys) if keys else None
-    limits = KeyLimits(settings)
+    limits = limits or KeyLimits(settings)
     metrics = ServerMetrics()
     if service is None:
         service = MemoryService(
@@ -247,7 +250,9 @@ def create_app(
         body = {"ready": service.ready, "status": service.state}
         if service.state == "failed":
             body["status"] = f"failed: {service.error}"
-        return JSONResponse(body, 200 if service.ready else 503)
+        if service.ready:
+            return JSONResponse(body)
+        return JSONResponse(body, 503, headers={"Retry-After": str(settings.retry_after_s)})
 
     @app.get(
         "/metrics",
@@ -391,7 +396,7 @@ def create_app(
     async def list_users(request: Request) -> Any:
         scope = tenancy(request)
         service.check_ready()
-        return {"users": [scope.strip(u) for u in service.known_users() if scope.owns(u)]}
+        return {"users": [scope.strip(u) for u in await service.users() if scope.owns(u)]}
 
     @app.get(
         "/v1/users/{user_id}/profile",
@@ -458,7 +463,7 @@ def create_app(
     async def history(user_id: UserId, request: Request) -> Any:
         scope = tenancy(request)
         uid = scope.user(user_id)
-        if not service.is_known(uid):
+        if not await service.known(uid):
             raise UnknownUserError(f"unknown user {uid!r}")
         return json_response(
             scope.strip_ids(await service.call(service.engine_for(uid).history, uid))
@@ -489,7 +494,7 @@ def create_app(
         scope = tenancy(request)
         uid = scope.user(user_id)
         service.check_ready()
-        if not service.is_known(uid) and not service._user_writes.get(uid):
+        if not service._user_writes.get(uid) and not await service.known(uid):
             raise UnknownUserError(f"unknown user {uid!r}")
         return {"deleted": await service.delete_user(uid)}
 
@@ -529,7 +534,7 @@ def create_app(
     ) -> Any:
         scope = tenancy(request)
         uid = scope.user(user_id)
-        if not service.is_known(uid):
+        if not await service.known(uid):
             raise UnknownUserError(f"unknown user {uid!r}")
         engine = service.engine_for(uid)
         pages, total = await service.call(engine.list_pages, uid, offset, limit)
@@ -596,14 +601,14 @@ def create_app(
             return json_response(
                 {
                     "tenant": scope.tenant,
-                    "users": sum(1 for u in service.known_users() if scope.owns(u)),
+                    "users": sum(1 for u in await service.users() if scope.owns(u)),
                 }
             )
         eng = await service.call(service.engine.stats)
         return json_response(
             {
                 "tenant": None,
-                "users": len(service.known_users()),
+                "users": len(await service.users()),
                 "server": {
                     "state": service.state,
                     "batching": service.batch_stats(),
@@ -706,9 +711,13 @@ def run(
     device: str | None = None,
     log_level: str = "info",
     graceful_timeout_s: float | None = 30.0,
+    workers: int = 0,
     **options: Any,
 ) -> None:
     """Serve the HTTP API with uvicorn until SIGINT/SIGTERM (then drain and commit).
+
+    ``workers``: 0 serves from this one process; N >= 1 runs N HTTP worker processes in front
+    of one engine process (:mod:`memoryos_gpu.server.workers`).
 
     ``api_keys`` / ``api_keys_file``: ``{key: tenant}`` or a ``KEY TENANT`` file (either name).
     ``config``: an :class:`EngineConfig` or a TOML path; ``store``, ``embedder``, ``device``
@@ -732,6 +741,20 @@ def run(
         {"embedder": embedder, "device": device},
     )
     settings = ServerSettings(**options)
+    if workers:
+        from memoryos_gpu.server.workers import run_workers
+
+        run_workers(
+            cfg,
+            settings,
+            workers=workers,
+            host=host,
+            port=int(port),
+            api_keys=load_api_keys(keys, use_env=True),
+            log_level=log_level,
+            graceful_timeout_s=graceful_timeout_s,
+        )
+        return
     app = create_app(cfg, api_keys=keys, settings=settings)
     uvicorn.run(
         app,

@@ -122,6 +122,11 @@ class KeyRing:
         return len(self._entries)
 
     @property
+    def key_ids(self) -> list[str]:
+        """The keys' fingerprints (what the rate limits count by)."""
+        return [fp for _, _, fp in self._entries]
+
+    @property
     def tenants(self) -> set[str]:
         return {t for _, t, _ in self._entries if t != ADMIN}
 
@@ -185,7 +190,8 @@ Refusal = tuple[int, str, str, dict[str, str]]
 
 
 class KeyLimits:
-    """A key's three token buckets: requests, request-body bytes and written pages per second.
+    """A key's three token buckets: requests, request-body bytes and written pages per second
+    (and one per client address for unknown keys).
 
     Why three: a request count alone lets one key send the largest requests back to back (80
     pages of 100,000 characters each is one request); counting bytes and pages bounds the work
@@ -199,6 +205,8 @@ class KeyLimits:
         self.requests = RateLimiter(s.rate_limit_per_s, s.rate_limit_burst)
         self.bytes = RateLimiter(s.rate_limit_bytes_per_s, s.rate_limit_bytes_burst)
         self.pages = RateLimiter(s.rate_limit_pages_per_s, s.rate_limit_pages_burst)
+        # per client address, for requests with an unknown key (guessing keys)
+        self.unknown_keys = RateLimiter(s.auth_failures_per_s, s.auth_failures_burst)
 
     def request(self, key_id: str) -> Refusal | None:
         return _refusal(self.requests.take(key_id), "requests", 1, self.requests)

@@ -228,7 +228,6 @@ class Edge:
         self.keyring = keyring
         self.limits = limits
         self.open_scope = Scope(Principal(None, "open"), settings)
-        self.auth_failures = RateLimiter(settings.auth_failures_per_s, settings.auth_failures_burst)
 
     async def _refuse(
         self,
@@ -278,7 +277,7 @@ class Edge:
         """401, or 429 for an address past its budget of unknown keys: guessing keys from one
         address runs at ``auth_failures_per_s`` at most."""
         client = scope.get("client") or ("unknown", 0)
-        wait = self.auth_failures.take(str(client[0]))
+        wait = self.limits.unknown_keys.take(str(client[0]))
         if wait > 0:
             retry = RateLimiter.retry_after(wait)
             detail = f"too many unknown API keys from this address; retry in {retry} s"

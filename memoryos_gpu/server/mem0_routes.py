@@ -116,7 +116,7 @@ def add_mem0_routes(
             raise invalid(exc) from None
         uid = scope.user(user)
         o = ops()
-        if not service.is_known(uid):
+        if not await service.known(uid):
             return {"results": []}
         top_pages = max(k, service.engine.memory.top_pages)
         r = await service.retrieve(uid, body.query, top_pages=min(top_pages, 100))
@@ -238,7 +238,7 @@ def add_mem0_routes(
     async def mem0_reset(request: Request) -> Any:
         scope = _tenancy(request)
         ops()
-        for uid in [u for u in service.known_users() if scope.owns(u)]:
+        for uid in [u for u in await service.users() if scope.owns(u)]:
             await service.delete_user(uid)
         return {"message": "Memories reset successfully!"}
 

@@ -1,5 +1,10 @@
 """Prometheus metrics of the server (one registry per app, so several apps can coexist).
 
+Under ``serve --workers`` every process records into Prometheus's multiprocess files and any
+worker's ``/metrics`` sums them all (latency of every worker, batch sizes and kernel time of
+the engine process); the sampled gauges (queue depth, pending work, engine counters) are the
+engine process's, read at scrape time.
+
 * ``memoryos_http_request_duration_seconds{method,route,status}``: request latency.
 * ``memoryos_batch_size{queue}``: items per engine call of each queue (retrieve, write, respond).
 * ``memoryos_engine_call_seconds{op}``: wall time of engine calls (retrieve_many, add_many,
@@ -18,6 +23,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -94,8 +100,16 @@ class ServerMetrics:
     """The metrics of one server instance."""
 
     def __init__(self, service: Any = None) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        r = CollectorRegistry(auto_describe=True)
+        #: what /metrics exposes: this instance's metrics, or, in Prometheus multiprocess mode
+        #: ($PROMETHEUS_MULTIPROC_DIR, set by ``serve --workers``), every process's
+        self.registry = r
+        mp_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if mp_dir:
+            from prometheus_client import multiprocess
+
+            self.registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self.registry, path=mp_dir)
         self.http = Histogram(
             "memoryos_http_request_duration_seconds",
             "HTTP request latency by route template and status.",
@@ -132,7 +146,7 @@ class ServerMetrics:
             registry=r,
         )
         self._service = service
-        r.register(_ServiceCollector(self))
+        self.registry.register(_ServiceCollector(self))
         self._observer = self._observe_kernel
         _wrap_kernels()
         with _kernel_lock:

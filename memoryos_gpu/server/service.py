@@ -358,6 +358,15 @@ class MemoryService:
         with self._known_lock:
             return user_id in self._known
 
+    async def known(self, user_id: str) -> bool:
+        """:meth:`is_known` for routes that must see every process's writes: under
+        ``serve --workers`` a worker's own view may lag, the engine process's does not."""
+        return self.is_known(user_id)
+
+    async def users(self) -> list[str]:
+        """:meth:`known_users`, as :meth:`known` is :meth:`is_known`."""
+        return self.known_users()
+
     def engine_for(self, user_id: str) -> Any:
         """The engine holding ``user_id`` (one engine here; a shard under the Ray router)."""
         return self.engine

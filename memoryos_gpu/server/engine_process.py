@@ -1,0 +1,211 @@
+"""The engine process of ``serve --workers``: the real serving core behind the IPC channel.
+
+One process per device runs :class:`~memoryos_gpu.server.service.MemoryService` (the engine,
+its micro-batching queues, the derived-work thread) exactly as the single-process server does,
+and answers the HTTP workers' requests from a ZeroMQ ROUTER socket
+(:mod:`memoryos_gpu.server.ipc`). Every request becomes a task on this process's event loop, so
+the retrievals and writes that all workers have in flight at a moment meet in the same queues
+and leave in one ``retrieve_many`` / ``add_many`` call.
+
+Guarantees kept across processes because they live here, in the one place every request
+passes: an add is answered after its commit; ``wait_for_user`` sees every worker's queued
+writes of the user; the tenant write-queue shares and the queue bounds are global; SIGTERM
+(sent by the supervisor once the workers have stopped) drains every queue, finishes the derived
+work and closes the store. SIGINT is ignored: a Ctrl-C reaches the whole process group, and the
+engine must outlive the workers that are still answering their last requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.distributed.ray_common import BoxedError
+from memoryos_gpu.server.ipc import HWM, dump, load
+from memoryos_gpu.server.service import MemoryService
+from memoryos_gpu.server.settings import ServerSettings
+
+__all__ = ["serve_engine"]
+
+log = logging.getLogger("memoryos_gpu.server")
+Handler = Callable[..., Awaitable[Any]]
+
+
+def serve_engine(spec: dict[str, Any]) -> None:
+    """Process entry point (``multiprocessing`` spawn target): serve until SIGTERM.
+
+    ``spec``: ``config`` (an :class:`EngineConfig` dump), ``settings`` (ServerSettings fields),
+    ``address`` (the ``ipc://`` endpoint to bind), ``log_level``, ``argv`` (the command line
+    the store's writer lock shows)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the store's writer lock records the command line: the server's, not multiprocessing's
+    sys.argv = list(spec.get("argv") or sys.argv)
+    logging.basicConfig(
+        level=getattr(logging, str(spec.get("log_level", "info")).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",
+    )
+    try:
+        import uvloop
+
+        uvloop.run(_serve(spec))
+    except ImportError:  # pragma: no cover - uvloop is in the server extra
+        asyncio.run(_serve(spec))
+
+
+async def _serve(spec: dict[str, Any]) -> None:
+    from memoryos_gpu.server.metrics import ServerMetrics
+
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    metrics = ServerMetrics()
+    config = EngineConfig.model_validate({**spec["config"], "auto_process": False})
+    service = MemoryService(config, ServerSettings(**spec["settings"]), metrics=metrics)
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, HWM)
+    sock.setsockopt(zmq.RCVHWM, HWM)
+    sock.bind(spec["address"])
+    await service.start(wait=False)  # answers "starting" while the store loads
+    server = EngineServer(service, sock)
+    reader = asyncio.get_running_loop().create_task(server.read())
+    await stop.wait()
+    log.info("engine process: draining the queues and finishing derived work")
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    await service.close()
+    await server.finish()
+    metrics.close()
+    sock.close(0)
+    ctx.term()
+    log.info("engine process: store closed")
+
+
+def _picklable(answer: tuple[int, bool, Any]) -> tuple[int, bool, Any]:
+    """``answer``, or an error saying why it cannot travel."""
+    try:
+        dump(answer)
+        return answer
+    except Exception as exc:
+        return (answer[0], False, BoxedError.of(exc))
+
+
+class EngineServer:
+    """Answers requests from the workers: one task per request, answer sent when it is done."""
+
+    def __init__(self, service: MemoryService, sock: Any) -> None:
+        self.service = service
+        self.sock = sock
+        self.tasks: set[asyncio.Task] = set()
+        self.outbox: dict[bytes, list[tuple[int, bool, Any]]] = {}
+        s = service
+        self.handlers: dict[str, Handler] = {
+            "add_pages": s.add_pages,
+            "retrieve": self.retrieve,
+            "respond": self.respond,
+            "call": self.call,
+            "delete_user": s.delete_user,
+            "wait_for_user": s.wait_for_user,
+            "known": s.known,
+            "users": s.users,
+            "status": self.status,
+        }
+
+    async def read(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            ident, payload = await self.sock.recv_multipart(copy=True)
+            for request in load(payload):
+                task = loop.create_task(self.answer(ident, *request))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+
+    async def finish(self) -> None:
+        """Wait for the answers still being computed (after the queues were drained)."""
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        self._flush()
+
+    async def answer(
+        self, ident: bytes, rid: int, method: str, args: tuple[Any, ...], kw: dict[str, Any]
+    ) -> None:
+        try:
+            handler = self.handlers.get(method)
+            if handler is None:
+                raise ValueError(f"unknown engine request {method!r}")
+            out = (rid, True, await handler(*args, **kw))
+        except Exception as exc:
+            out = (rid, False, BoxedError.of(exc))
+        box = self.outbox.setdefault(ident, [])
+        box.append(out)
+        if len(self.outbox) == 1 and len(box) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """One message per worker for the answers of this loop iteration."""
+        boxes, self.outbox = self.outbox, {}
+        for ident, answers in boxes.items():
+            try:
+                data = dump(answers)
+            except Exception:  # one answer pickle cannot carry: the others still go
+                data = dump([_picklable(a) for a in answers])
+            self.sock.send_multipart([ident, data], flags=zmq.NOBLOCK)
+
+    async def retrieve(
+        self, user_id: str, query: str, top_pages: int | None, top_segments: int | None
+    ) -> tuple[Any, bool]:
+        """The retrieval, and whether the user is known (the worker's ``known_user``)."""
+        r = await self.service.retrieve(
+            user_id, query, top_pages=top_pages, top_segments=top_segments
+        )
+        return r, self.service.is_known(user_id)
+
+    async def respond(self, user_id: str, query: str, timestamp: Any) -> Any:
+        return await self.service.respond(user_id, query, timestamp=timestamp)
+
+    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An engine method by dotted name (``store.user_row``), on the service's executor."""
+        target: Any = self.service.engine
+        if target is None:
+            self.service.check_ready()
+        for part in name.split("."):
+            if part.startswith("_"):
+                raise ValueError(f"engine call {name!r}: private names are not served")
+            target = getattr(target, part)
+        return await self.service.call(target, *args, **kwargs)
+
+    async def status(self) -> dict[str, Any]:
+        """What the workers cache: lifecycle state, queue statistics, gauges, the config."""
+        s = self.service
+        out: dict[str, Any] = {
+            "state": s.state,
+            "error": s.error,
+            "batching": s.batch_stats(),
+            "depths": s.queue_depths(),
+            "derived_runs": s._derived_runs,
+        }
+        engine = s.engine
+        if engine is None or not s.ready:
+            return out
+        stats = getattr(getattr(engine, "stages", None), "stats", None)
+        with contextlib.suppress(Exception):  # the store may be closing
+            out["pending"] = await s.call(engine.pending_count)
+        out.update(
+            has_llm=s.has_llm,
+            config=getattr(engine, "config", None),
+            memory=getattr(engine, "memory", None),
+            embedder_dim=getattr(getattr(engine, "embedder", None), "dim", 0),
+            counters=dict(getattr(engine, "counters", None) or {}),
+            llm=stats.as_dict() if stats is not None else None,
+        )
+        return out

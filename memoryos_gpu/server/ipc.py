@@ -1,0 +1,183 @@
+"""The local channel between the HTTP workers and the engine process of ``serve --workers``.
+
+ZeroMQ: each worker's :class:`EngineClient` is a DEALER socket connected to the engine
+process's ROUTER socket on an ``ipc://`` path. A request is ``(id, method, args, kwargs)``, its
+answer ``(id, ok, value)``; a worker keeps any number of requests in flight at once (one reader
+task matches answers to waiting futures), so the engine process sees every worker's concurrent
+requests at the same time and its micro-batchers gather them into one kernel pass. Both sides
+send what one event-loop iteration produced as one message (a list): under load a message
+carries many requests or answers, so the per-message cost of crossing processes (system calls,
+wake-ups of ZeroMQ's I/O threads) is shared by them.
+
+Why pickle and not msgpack: the payloads are the engine's own objects (``PageInput``,
+``Retrieval`` with its page dataclasses, ``AddResult``, rows holding numpy values, configs) and
+its exceptions; msgpack would need a hand-written codec for each, pickle is C code that already
+knows them all. Both ends are processes of one server, started by one supervisor, on a socket
+file inside a directory only the server's user can open (mode 0700), so nothing another party
+wrote is ever unpickled. Exceptions travel as
+:class:`~memoryos_gpu.distributed.ray_common.BoxedError` (type, message, simple attributes)
+and are raised again as their own type, so the HTTP error mapping answers exactly as in the
+single process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import copyreg
+import dataclasses
+import io
+import itertools
+import operator
+import pickle
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from memoryos_gpu.distributed.ray_common import BoxedError, unbox
+from memoryos_gpu.server.batching import Unavailable
+from memoryos_gpu.types import KnowledgeEntry, Retrieval, RetrievedPage
+
+__all__ = ["EngineClient", "EngineGone", "dump", "load"]
+
+#: Outstanding messages a socket buffers before a send would block (ZeroMQ's default is 1000):
+#: far above what the bounded queues of the engine admit, so a send never waits for room.
+HWM = 1_000_000
+
+
+def _by_fields(cls: type) -> Callable[[Any], tuple[type, tuple[Any, ...]]]:
+    get = operator.attrgetter(*(f.name for f in dataclasses.fields(cls)))
+    return lambda obj: (cls, get(obj))
+
+
+#: Slotted dataclasses pickle through a Python-level ``__getstate__`` that calls
+#: ``dataclasses.fields`` for every object (a retrieval holds ~17): sent as their fields'
+#: tuple instead (C attrgetter; rebuilt by the constructor), pickling costs a fraction.
+_DISPATCH = collections.ChainMap(
+    {cls: _by_fields(cls) for cls in (Retrieval, RetrievedPage, KnowledgeEntry)},
+    copyreg.dispatch_table,
+)
+
+
+def dump(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = _DISPATCH
+    pickler.dump(obj)
+    return buf.getvalue()
+
+
+def load(data: bytes) -> Any:
+    return pickle.loads(data)  # our own engine process, over a 0700 socket dir
+
+
+class EngineGone(Unavailable):
+    """The engine process went away while a request waited for it (or none runs now): whether
+    a write in flight was committed is unknown to the worker, so the client retries (503)."""
+
+
+class EngineClient:
+    """One worker's connection to the engine process: pipelined async requests.
+
+    ``request`` is for the event loop; ``request_sync`` is for worker threads (the mem0 verbs
+    run in a thread and call engine methods one by one)."""
+
+    def __init__(self, address: str, retry_after: int = 1) -> None:
+        self.address = address
+        self.retry_after = retry_after
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, HWM)
+        self._sock.setsockopt(zmq.RCVHWM, HWM)
+        # queue only to a connected engine: a request sent while none runs fails at once
+        # instead of waiting in the socket and reaching the next engine after its client gave up
+        self._sock.setsockopt(zmq.IMMEDIATE, 1)
+        self._sock.connect(address)
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future] = {}
+        self._outbox: list[tuple[int, str, tuple[Any, ...], dict[str, Any]]] = []
+        self._reader: asyncio.Task | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._reader = self.loop.create_task(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            for rid, ok, value in load(await self._sock.recv(copy=True)):
+                fut = self._pending.pop(rid, None)
+                if fut is None or fut.done():  # the caller gave up (client gone, engine restarted)
+                    continue
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(unbox(value) if isinstance(value, BoxedError) else value)
+
+    async def request(self, method: str, *args: Any, **kw: Any) -> Any:
+        """Send one request and wait for its answer (the engine's exception is raised here)."""
+        assert self.loop is not None, "EngineClient.start() first"
+        rid = next(self._ids)
+        fut = self.loop.create_future()
+        self._pending[rid] = fut
+        self._outbox.append((rid, method, args, kw))
+        if len(self._outbox) == 1:
+            self.loop.call_soon(self._flush)
+        try:
+            return await fut
+        finally:
+            self._pending.pop(rid, None)
+
+    def _flush(self) -> None:
+        """Send what this loop iteration's requests queued, as one message: under load that is
+        one ZeroMQ message (one wake-up of each side) for many requests."""
+        batch, self._outbox = self._outbox, []
+        sent = self._sock.send(dump(batch), flags=zmq.NOBLOCK)  # done at once (non-blocking)
+        if sent.done() and isinstance(sent.exception(), zmq.Again):
+            for rid, *_ in batch:
+                fut = self._pending.pop(rid, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(
+                        EngineGone(
+                            "the engine process is not running (restarting); retry",
+                            self.retry_after,
+                        )
+                    )
+
+    def request_sync(self, method: str, *args: Any, timeout: float | None = None, **kw: Any) -> Any:
+        """:meth:`request` from a thread other than the event loop's."""
+        assert self.loop is not None, "EngineClient.start() first"
+        if threading.get_ident() == self._loop_thread:
+            raise RuntimeError(f"{method}: a blocking engine call on the event loop; await it")
+        return asyncio.run_coroutine_threadsafe(
+            self.request(method, *args, **kw), self.loop
+        ).result(timeout)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def fail_all(self, message: str) -> int:
+        """Fail every waiting request with :class:`EngineGone` (the engine process died: its
+        answers will never come). Returns how many there were."""
+        waiting = [f for f in self._pending.values() if not f.done()]
+        for fut in waiting:
+            fut.set_exception(EngineGone(message, self.retry_after))
+        self._pending.clear()
+        return len(waiting)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        self.fail_all("the worker is shutting down")
+        self._sock.close(0)
+        self._ctx.term()

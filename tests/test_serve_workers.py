@@ -1,0 +1,331 @@
+"""``serve --workers N``: HTTP worker processes in front of one engine process.
+
+Real processes throughout: a supervisor subprocess (``app.run(workers=2)``) on a fresh store;
+workers and the engine process are killed with SIGKILL under a write load, and every write the
+server acknowledged must be in the store afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("zmq")
+pytest.importorskip("uvicorn")
+
+from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.server.shared_limits import SharedKeyLimits, create_bucket_file
+from tests.served import HA, HADMIN, KEY_ADMIN, KEYS, ROOT, free_port
+
+SCRIPT = """
+import json, sys
+from memoryos_gpu.server.app import run
+kw = json.loads(sys.argv[1])
+run(**kw)
+"""
+
+
+class Supervised:
+    """A ``serve --workers`` server in a subprocess; its log names the processes' pids."""
+
+    def __init__(self, store: Path, log: Path, workers: int = 2, **settings: Any) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.store = store
+        spec = {
+            "store": str(store),
+            "port": self.port,
+            "embedder": "hashing",
+            "api_keys": {**KEYS, KEY_ADMIN: "*"},
+            "workers": workers,
+            "log_level": "info",
+            "graceful_timeout_s": 10,
+            **settings,
+        }
+        env = {k: v for k, v in os.environ.items() if k != "MEMORYOS_GPU_API_KEYS"}
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+        self._out = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, json.dumps(spec)],
+            cwd=ROOT,
+            env=env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def pids(self, what: str) -> list[int]:
+        """Pids of ``engine process`` or ``HTTP worker N`` starts, in log order."""
+        text = self.log.read_text()
+        return [int(p) for p in re.findall(rf"{what} started \(pid (\d+)\)", text)]
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{self.base}/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"not ready: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._out.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervised]:
+    d = tmp_path_factory.mktemp("workers")
+    s = Supervised(d / "store", d / "server.log")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+# ============================================================================ the routes
+def test_routes_answer_as_in_one_process(server: Supervised) -> None:
+    with httpx.Client(base_url=server.base, headers=HA, timeout=30) as c:
+        r = c.post("/v1/users/ann/pages", json={"user_input": "I play the violin in Lisbon"})
+        assert r.status_code == 201, r.text
+        page_id = r.json()["page_id"]
+        got = c.post("/v1/users/ann/retrieve", json={"query": "violin"}).json()
+        assert got["known_user"] is True
+        assert [p["page_id"] for p in got["stm"]] == [page_id]
+        assert c.post("/v1/users/ann/wait").json()["done"] is True
+        assert c.get(f"/v1/users/ann/pages/{page_id}").json()["user_input"].startswith("I play")
+        assert "ann" in c.get("/v1/users").json()["users"]
+        # an engine-side error comes back as its own type: the same 404 body
+        r = c.get("/v1/users/nobody/history")
+        assert r.status_code == 404 and r.json()["error"] == "unknown_user"
+        assert "acme/" not in r.json()["detail"]
+        # the mem0 verbs run in a worker thread, calling the engine process one call at a time
+        hits = c.post("/v1/mem0/search", json={"query": "violin", "user_id": "ann"}).json()
+        assert [h["id"] for h in hits["results"]] == [f"page-{page_id}"]
+        stats = c.get("/v1/stats", headers=HADMIN).json()
+        assert stats["server"]["batching"]["write"]["items"] >= 1
+
+
+def test_a_write_is_visible_from_every_worker_at_once(server: Supervised) -> None:
+    """Read-your-writes across processes: the next request, on a new connection (any worker),
+    sees the acknowledged page."""
+    for i in range(20):
+        uid = f"ryw{i}"
+        with httpx.Client(base_url=server.base, headers=HA, timeout=30) as c:
+            assert c.post(f"/v1/users/{uid}/pages", json={"user_input": "x"}).status_code == 201
+        with httpx.Client(base_url=server.base, headers=HA, timeout=30) as c:
+            assert c.get(f"/v1/users/{uid}/history").status_code == 200
+            assert c.post(f"/v1/users/{uid}/retrieve", json={"query": "x"}).json()["known_user"]
+
+
+def test_a_second_writer_is_refused_naming_the_engine_process(server: Supervised) -> None:
+    """The engine process holds the store's writer lock; the refusal names it and the server's
+    command line."""
+    from memoryos_gpu.engine import MemoryEngine
+    from memoryos_gpu.store.writer import StoreLockedError
+    from tests.served import hashing
+
+    with pytest.raises(StoreLockedError) as err:
+        MemoryEngine(hashing(server.store))
+    msg = str(err.value)
+    assert f"pid {server.pids('engine process')[-1]} " in msg
+    assert f"[engine process of pid {server.proc.pid}]" in msg
+
+
+def test_metrics_add_up_over_workers(server: Supervised) -> None:
+    """Each request on its own connection, so the workers share them; any worker's /metrics
+    counts all of them."""
+
+    def count() -> float:
+        text = httpx.get(f"{server.base}/metrics").text
+        pat = (
+            r"memoryos_http_request_duration_seconds_count"
+            r'\{method="GET",route="/health",status="200"\} (\S+)'
+        )
+        m = re.search(pat, text)
+        return float(m.group(1)) if m else 0.0
+
+    before = count()
+    for _ in range(40):
+        assert httpx.get(f"{server.base}/health").status_code == 200
+    assert count() - before == 40
+    text = httpx.get(f"{server.base}/metrics").text
+    assert re.search(r'memoryos_batch_size_count\{queue="write"\} [1-9]', text)  # engine's
+    assert re.search(r"^memoryos_pending_derived \S+$", text, re.M)
+
+
+# ============================================================================ limits
+def _take_all(path: str, key_id: str, n: int, out: Any) -> None:
+    settings = ServerSettings(rate_limit_per_s=0.001, rate_limit_burst=30)
+    limits = SharedKeyLimits(settings, path, [key_id])
+    out.put(sum(limits.request(key_id) is None for _ in range(n)))
+
+
+def test_rate_limits_hold_for_all_workers_together(tmp_path: Path) -> None:
+    """Three processes draw on one key's bucket of 30: 30 requests pass in all, not 90."""
+    path = str(tmp_path / "limits")
+    create_bucket_file(path, 1)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_take_all, args=(path, "fp-a", 25, out)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    passed = sum(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(30)
+    assert passed == 30
+    # another key has its own bucket; the refusal is the same 429 as in one process
+    limits = SharedKeyLimits(
+        ServerSettings(rate_limit_per_s=0.001, rate_limit_burst=30), path, ["fp-a"]
+    )
+    assert limits.request("fp-a")[0] == 429
+    assert limits.request("fp-b") is None
+
+
+# ============================================================================ failures
+async def _write_load(base: str, stop: asyncio.Event, users: int = 16) -> dict[str, Any]:
+    """Writers on fresh connections after each failure; the acknowledged page ids and the
+    failures (connection errors, 503) by kind."""
+    acked: dict[int, str] = {}
+    failures: dict[str, int] = {}
+
+    async def writer(u: int) -> None:
+        n = 0
+        client = httpx.AsyncClient(base_url=base, headers=HA, timeout=30)
+        try:
+            while not stop.is_set():
+                n += 1
+                try:
+                    r = await client.post(
+                        f"/v1/users/load{u}/pages", json={"user_input": f"load {u} page {n}"}
+                    )
+                except httpx.TransportError as exc:
+                    failures[type(exc).__name__] = failures.get(type(exc).__name__, 0) + 1
+                    await client.aclose()
+                    client = httpx.AsyncClient(base_url=base, headers=HA, timeout=30)
+                    await asyncio.sleep(0.05)
+                    continue
+                if r.status_code == 201:
+                    acked[r.json()["page_id"]] = f"load {u} page {n}"
+                else:
+                    assert r.status_code == 503, r.text
+                    assert int(r.headers["Retry-After"]) >= 1
+                    failures["503"] = failures.get("503", 0) + 1
+                    await asyncio.sleep(0.05)
+        finally:
+            await client.aclose()
+
+    await asyncio.gather(*(writer(u) for u in range(users)))
+    return {"acked": acked, "failures": failures}
+
+
+def _under_load(base: str, during: Any, seconds: float = 6.0) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(_write_load(base, stop))
+        await asyncio.sleep(1.5)
+        await asyncio.get_running_loop().run_in_executor(None, during)
+        await asyncio.sleep(seconds)
+        stop.set()
+        return await task
+
+    return asyncio.run(go())
+
+
+def _assert_stored(base: str, acked: dict[int, str]) -> None:
+    assert acked, "no write was acknowledged"
+    with httpx.Client(base_url=base, headers=HA, timeout=30) as c:
+        for page_id, text in acked.items():
+            user = text.split()[1]
+            r = c.get(f"/v1/users/load{user}/pages/{page_id}")
+            assert r.status_code == 200, (page_id, r.text)
+            assert r.json()["user_input"] == text
+
+
+def test_a_killed_worker_is_restarted_and_loses_no_acknowledged_write(server: Supervised) -> None:
+    victim = server.pids("HTTP worker 0")[-1]
+    res = _under_load(server.base, lambda: os.kill(victim, signal.SIGKILL))
+    deadline = time.monotonic() + 60
+    while server.pids("HTTP worker 0")[-1] == victim:
+        assert time.monotonic() < deadline, "worker 0 was not restarted"
+        time.sleep(0.1)
+    assert not _alive(victim)
+    server.wait_ready()
+    _assert_stored(server.base, res["acked"])
+
+
+def test_a_killed_engine_means_503_until_the_store_is_reopened(server: Supervised) -> None:
+    victim = server.pids("engine process")[-1]
+    seen_not_ready: list[httpx.Response] = []
+
+    def kill() -> None:
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not seen_not_ready:
+            r = httpx.get(f"{server.base}/ready", timeout=5)
+            if r.status_code == 503:
+                seen_not_ready.append(r)
+            time.sleep(0.005)
+
+    res = _under_load(server.base, kill)
+    assert seen_not_ready, "the server never reported not-ready"
+    assert int(seen_not_ready[0].headers["Retry-After"]) >= 1
+    assert res["failures"].get("503", 0) >= 1
+    assert server.pids("engine process")[-1] != victim
+    server.wait_ready()
+    _assert_stored(server.base, res["acked"])  # read from the new engine process's store
+
+
+def test_sigterm_drains_and_stops_every_process(tmp_path: Path) -> None:
+    s = Supervised(tmp_path / "store", tmp_path / "server.log", workers=1)
+    s.wait_ready()
+    children = s.pids("engine process") + s.pids("HTTP worker 0")
+
+    def stop() -> None:
+        s.proc.send_signal(signal.SIGTERM)
+
+    res = _under_load(s.base, stop, seconds=2.0)
+    assert s.stop() == 0, s.log.read_text()[-3000:]
+    assert not any(_alive(p) for p in children)
+    from memoryos_gpu.engine import MemoryEngine
+    from tests.served import hashing
+
+    eng = MemoryEngine(hashing(tmp_path / "store"))
+    try:
+        for page_id, text in res["acked"].items():
+            assert eng.get_page(page_id)["user_input"] == text
+        assert eng.pending_count() == 0  # the derived work was finished before the store closed
+    finally:
+        eng.close()
