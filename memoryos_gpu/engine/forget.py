@@ -7,6 +7,8 @@ What a page leaves behind besides its own row, and what happens to it here:
 - **its segment's summary, keywords and embedding**: re-derived from the segment's remaining
   pages, replaying the rules that built them (the pages keep their own summary, keywords and
   embedding); a segment left with no page is removed;
+- **the next page's topic summary and keywords** (LLM mode: the next page's prompt showed
+  this one as its previous page): re-derived from that page alone, extractively;
 - **its chain's meta** (on every page of the chain, and the user's ``chain_meta``): re-derived
   from the chain's remaining pages by the extractive rule (the first page's first sentence; an
   LLM's running summary may hold the deleted text and is not regenerated synchronously);
@@ -29,8 +31,10 @@ import numpy as np
 
 from memoryos_gpu import prompts
 from memoryos_gpu.lexical import terms_from_blobs
+from memoryos_gpu.stages import PageWork
 from memoryos_gpu.store.derivations import Forgotten, forget_pages
 from memoryos_gpu.store.sqlite import blob_matrix, emb_blob
+from memoryos_gpu.text.keywords import keyword_tokens
 
 from .mtm import _kw_blob, _merge_summary
 from .state import EngineState, UserState, keyword_rows
@@ -72,6 +76,7 @@ class Forgetting:
             s.store.begin_erasure()
             with s.store.transaction() as db:
                 forgotten = forget_pages(db, [page_id])
+                self._rederive_successor(db, page_id)
                 self._unlink(db, user, page_id)
                 seg = self._rederive_segment(db, user, sid) if sid is not None else None
                 metas = self._rederive_chain(db, user, chain) if chain is not None else None
@@ -111,6 +116,30 @@ class Forgetting:
                 "UPDATE users SET chain_tail = NULL, chain_meta = NULL WHERE user_id = ?",
                 (user.user_id,),
             )
+
+    def _rederive_successor(self, db: Any, page_id: int) -> None:
+        """The page after this one in its chain had this one in its LLM prompt (as the
+        previous page), so its topic summary and keywords may hold this page's text: they are
+        re-derived from the page alone by the extractive rule (its ``mode`` says so). The
+        extractive mode reads no previous page: nothing to do there."""
+        s = self._s
+        if s.stages.mode == "extractive":
+            return
+        row = db.execute(
+            "SELECT page_id, user_id, user_input, agent_response, timestamp FROM pages "
+            "WHERE prev_page = ?",
+            (page_id,),
+        ).fetchone()
+        if row is None:
+            return
+        page = dict(zip(("page_id", "user_id", "user_input", "agent_response", "timestamp"), row))
+        dim = s.embedder.dim
+        out = s.stages.fallback.pages([PageWork(page, np.zeros(dim, np.float32), None, None, None)])
+        out = out[0]
+        db.execute(
+            "UPDATE pages SET summary = ?, keywords = ?, mode = 'extractive' WHERE page_id = ?",
+            (out.summary, json.dumps(keyword_tokens(out.keywords)), row[0]),
+        )
 
     def _rederive_segment(
         self, db: Any, user: UserState | None, sid: int
