@@ -20,7 +20,7 @@ from memoryos_gpu import ops
 from memoryos_gpu.arena import Arena, ArenaConfig
 from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
-from memoryos_gpu.store import SQLiteStore, open_store
+from memoryos_gpu.store import SQLiteStore, derivations, open_store
 from memoryos_gpu.text.keywords import KeywordExtractor
 from memoryos_gpu.text.vocabulary import UserVocabulary
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
@@ -349,6 +349,10 @@ class MemoryEngine:
         """Live user knowledge and the user's assistant's knowledge, oldest first, each entry
         with its sources and validity; ``history``: superseded and dropped entries too."""
         return self._lpm.knowledge(user_id, history)
+
+    def knowledge_sources(self, entry_ids: Sequence[int]) -> dict[int, list[int]]:
+        """The source page ids of knowledge entries, by entry id (one store query)."""
+        return derivations.sources(self.store, derivations.KNOWLEDGE, entry_ids)
 
     def get_knowledge(self, entry_id: int) -> dict[str, Any] | None:
         """One knowledge entry (live or not) with its sources, validity and strength."""

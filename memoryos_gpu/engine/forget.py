@@ -132,10 +132,10 @@ class Forgetting:
         ).fetchone()
         if row is None:
             return
-        page = dict(zip(("page_id", "user_id", "user_input", "agent_response", "timestamp"), row))
-        dim = s.embedder.dim
-        out = s.stages.fallback.pages([PageWork(page, np.zeros(dim, np.float32), None, None, None)])
-        out = out[0]
+        fields = ("page_id", "user_id", "user_input", "agent_response", "timestamp")
+        page = dict(zip(fields, row, strict=True))
+        blank = np.zeros(s.embedder.dim, np.float32)  # continuity is not asked: no previous page
+        out = s.stages.fallback.pages([PageWork(page, blank, None, None, None)])[0]
         db.execute(
             "UPDATE pages SET summary = ?, keywords = ?, mode = 'extractive' WHERE page_id = ?",
             (out.summary, json.dumps(keyword_tokens(out.keywords)), row[0]),

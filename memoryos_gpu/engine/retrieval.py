@@ -137,7 +137,7 @@ def _entries(entry_of_ring: np.ndarray, owners: np.ndarray, ring: np.ndarray) ->
 
 def _add_sources(s: EngineState, out: list[Retrieval]) -> None:
     """Fill ``sources`` of every returned knowledge entry, with one query for the batch."""
-    entries = [e for r in out for e in (*r.user_knowledge, *r.assistant_knowledge)]
+    entries = [e for r in out for e in (*r.user_knowledge, *r.assistant_knowledge)]  # returned
     found = derivations.sources(s.store, derivations.KNOWLEDGE, [e.entry_id for e in entries])
     for e in entries:
         e.sources = found.get(e.entry_id, [])
