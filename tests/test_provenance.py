@@ -222,3 +222,35 @@ def test_a_schema_2_store_migrates(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert row["source_user"] == "u" and row["sources"] == [] and row["strength"] == 1
     finally:
         st.close()
+
+
+def test_http_knowledge_entry_shows_its_sources() -> None:
+    from served import HA, HB, hashing, serve
+
+    with serve(hashing()) as c:
+        pages = [
+            c.post(
+                "/v1/users/alice/pages",
+                json={"user_input": f"I love hiking in the Alps {i}.", "timestamp": 100.0 + i},
+                headers=HA,
+            ).json()["page_id"]
+            for i in range(14)
+        ]
+        c.post("/v1/users/alice/wait", headers=HA)
+        entries = c.get("/v1/users/alice/knowledge", headers=HA).json()["user"]
+        assert entries and all(set(e["sources"]) <= set(pages) for e in entries)
+        eid = entries[0]["entry_id"]
+        r = c.get(f"/v1/users/alice/knowledge/{eid}", headers=HA)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["sources"] == entries[0]["sources"] and got["owner_id"] == "alice"
+        assert got["live"] and got["strength"] >= 1 and got["valid_to"] is None
+        assert c.get(f"/v1/users/alice/knowledge/{eid}", headers=HB).status_code == 404
+        assert c.get("/v1/users/alice/knowledge/424242", headers=HA).status_code == 404
+        q = {"query": "hiking in the Alps", "sources": True}
+        r = c.post("/v1/users/alice/retrieve", json=q, headers=HA).json()
+        assert r["user_knowledge"] and all(k["sources"] for k in r["user_knowledge"])
+        r = c.post("/v1/users/alice/retrieve", json={"query": "Alps"}, headers=HA).json()
+        assert all(k["sources"] is None for k in r["user_knowledge"])
+        hist = c.get("/v1/users/alice/knowledge?history=true", headers=HA).json()["user"]
+        assert len(hist) >= len(entries)

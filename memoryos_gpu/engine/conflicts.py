@@ -10,7 +10,13 @@ assistant's) and gets one decision:
 - ``supersede`` an entry (same subject and attribute, another value): the new entry is added,
   the old one stops being live and keeps its validity interval (``valid_to``,
   ``superseded_by``), so retrieval and the prompt see the newer one and history shows both;
-- ``add``: a new entry.
+- ``add``: a new entry;
+- ``outdated``: it was said before a value already known (a segment promoted late brings an
+  older statement): it is kept as history only, in its place on the attribute's timeline
+  (superseded by the later value, ending the one before it).
+
+Facts are decided in the order of their source pages' times, so "I live in Seattle" and "I
+moved to Boston" promoted in one batch, or in the wrong order, still leave Boston live.
 
 In LLM mode the promotion call decides (add / update / ignore against the entries it was
 shown, as O-Mem manages persona attributes); otherwise, and for facts the LLM gave no decision
@@ -21,6 +27,7 @@ the owner's nearest live entry, one kernel call for the whole batch).
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -84,12 +91,14 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
         ),
     ),
 ]
+# a pet's name is the capitalised word after "my dog" (the rest of the pattern ignores case)
 _PET_NAME = re.compile(
-    r"\b(?:my|our|the user's) (?P<pet>" + _PETS + r")(?:'s name is| is called| is named| named|"
-    r" called|,)?\s+(?:now\s+)?(?P<v>[A-Z][a-z]+)\b"
+    r"\b(?i:my|our|the user's) (?P<pet>(?i:" + _PETS + r"))(?i:'s name is| is called| is named|"
+    r" named| called|,)?\s+(?i:now\s+)?(?P<v>[A-Z][a-z]+)\b"
 )
 _RENAMED = re.compile(
-    r"\brenamed (?:my|our|the user's) (?P<pet>" + _PETS + r")\s+(?:to\s+)?(?P<v>[A-Z][a-z]+)\b"
+    r"\b(?i:renamed (?:my|our|the user's)) (?P<pet>(?i:" + _PETS + r"))\s+(?i:to\s+)?"
+    r"(?P<v>[A-Z][a-z]+)\b"
 )
 _GENERIC = re.compile(
     r"\b(?:my|the user's) (?P<a>(?:favou?rite )?[a-z]+) is(?: now)?\s+" + _VALUE, re.IGNORECASE
@@ -122,33 +131,39 @@ def fact_key(text: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class Decision:
-    """What one new fact does: ``action`` is ``add``, ``merge`` or ``supersede``; ``target``
-    the entry merged into or superseded (an entry id, or ``-(i + 1)`` for the i-th fact of
-    the same batch that was added)."""
+    """What one new fact does: ``action`` is ``add``, ``merge``, ``supersede`` or
+    ``outdated``; ``target`` the entry merged into, superseded, or superseding it (an entry
+    id, or ``-(i + 1)`` for the i-th fact of the same batch that was added)."""
 
     action: str
     target: int | None = None
+    before: int | None = None  # outdated: the entry that held before it, which it now ends
 
 
 @dataclass
 class LiveEntry:
-    """A live entry the rule compares against: its owner slot and its (key, value)."""
+    """An entry the rule compares against (live, or superseded history): its owner slot, its
+    (key, value) and since when it held."""
 
     owner: int
     key: tuple[str, str] | None
+    since: float = 0.0
+    live: bool = True
 
 
 def decide(
     owners: list[int],
     keys: list[tuple[str, str] | None],
+    times: list[float],
     nearest: list[tuple[int, float]],
     live: dict[int, LiveEntry],
     same_batch: list[list[tuple[int, float]]],
     threshold: float,
 ) -> list[Decision]:
-    """The deterministic rule for a batch of facts, in order.
+    """The deterministic rule for a batch of facts, in order (the caller sorts them by time).
 
-    ``owners[i]``: fact i's owner slot; ``keys[i]``: its :func:`fact_key`; ``nearest[i]``:
+    ``owners[i]``: fact i's owner slot; ``keys[i]``: its :func:`fact_key`; ``times[i]``: when
+    it was said; ``nearest[i]``:
     (entry id, cosine) of the owner's most similar live entry (id < 0: none); ``live``: the
     owners' live entries that have a key, plus the nearest ones; ``same_batch[i]``: (j,
     cosine) for the earlier facts j < i of the same owner. A key decides first (same value:
@@ -156,30 +171,43 @@ def decide(
     key does not differ merges.
     """
     out: list[Decision] = []
-    current: dict[tuple[int, str], tuple[int, str]] = {}  # (owner, attribute) -> (target, value)
+    # (owner, attribute) -> its timeline: [since, entry, value], oldest first (live + history)
+    lines: dict[tuple[int, str], list[tuple[float, int, str]]] = {}
     for eid, e in live.items():
         if e.key is not None:
-            current[(e.owner, e.key[0])] = (eid, e.key[1])
+            lines.setdefault((e.owner, e.key[0]), []).append((e.since, eid, e.key[1]))
+    for line in lines.values():
+        line.sort()
     added: dict[int, tuple[str, str] | None] = {}  # fact index -> its key, for facts added
     for i, (owner, key) in enumerate(zip(owners, keys, strict=True)):
-        decision = _by_key(current, owner, key) or _by_similarity(
+        line = lines.setdefault((owner, key[0]), []) if key is not None else None
+        decision = _by_key(line, key, times[i]) or _by_similarity(
             key, nearest[i], live, same_batch[i], added, threshold
         )
         out.append(decision)
         if decision.action != "merge":
             added[i] = key
-            if key is not None:
-                current[(owner, key[0])] = (-(i + 1), key[1])
+            if line is not None:
+                bisect.insort(line, (times[i], -(i + 1), key[1]))
     return out
 
 
 def _by_key(
-    current: dict[tuple[int, str], tuple[int, str]], owner: int, key: tuple[str, str] | None
+    line: list[tuple[float, int, str]] | None, key: tuple[str, str] | None, at: float
 ) -> Decision | None:
-    if key is None or (owner, key[0]) not in current:
+    """The attribute's timeline decides: the value that held when the fact was said is the
+    same (merge), or it changed then (supersede the live one, or -- when a later value is
+    known already -- slot in as history: ``outdated``, superseded by that later value, and
+    ending the one before it)."""
+    if not line or key is None:
         return None
-    target, value = current[(owner, key[0])]
-    return Decision("merge" if value == key[1] else "supersede", target)
+    at_pos = bisect.bisect_right(line, (at, float("inf"), ""))
+    held = line[at_pos - 1] if at_pos else None
+    if held is not None and held[2] == key[1]:
+        return Decision("merge", held[1])
+    if at_pos == len(line):
+        return Decision("supersede", line[-1][1])
+    return Decision("outdated", line[at_pos][1], held[1] if held is not None else None)
 
 
 def _by_similarity(
@@ -190,7 +218,7 @@ def _by_similarity(
     added: dict[int, tuple[str, str] | None],
     threshold: float,
 ) -> Decision:
-    eid, cos = nearest
+    eid, cos = nearest  # always a live entry (the kernel reads the rings)
     best: tuple[float, int] | None = None
     if eid >= 0 and cos >= threshold and _compatible(key, live.get(eid, LiveEntry(-1, None)).key):
         best = (cos, eid)

@@ -45,12 +45,18 @@ class KnowledgeRing:
             )
         return self._owners[key]
 
-    def decide(self, facts: list[Fact], emb: np.ndarray) -> list[Decision]:
-        """Each fact's decision: the LLM's where it gave one (an update or ignore of an entry
-        that is not live in the fact owner's ring becomes an add), else the rule's."""
+    def decide(self, facts: list[Fact], emb: np.ndarray) -> tuple[list[int], list[Decision]]:
+        """The order to apply the facts in (by the time they were said) and each fact's
+        decision: the LLM's where it gave one (an update or ignore of an entry that is not
+        live in the fact owner's ring becomes an add), else the rule's."""
         s = self._s
         if not facts:
-            return []
+            return [], []
+        now = time.time()
+        times = [f.valid_from if f.valid_from is not None else now for f in facts]
+        order = sorted(range(len(facts)), key=times.__getitem__)  # stable: batch order on ties
+        facts = [facts[i] for i in order]
+        emb = emb[order]
         owners = [self.owner_slot(f.kind, f.owner_id) for f in facts]
         scores, slots = ops.knowledge_topk(s.arena, emb, np.asarray(owners, np.int32), 1)
         scores, slots = to_host(scores)[:, 0], to_host(slots)[:, 0]
@@ -62,16 +68,26 @@ class KnowledgeRing:
         rule = decide(
             owners,
             keys,
+            [times[i] for i in order],
             nearest,
             self._live_keyed(facts, [e for e, _ in nearest if e >= 0]),
             _same_batch(owners, emb),
             s.memory.fact_duplicate_cos,
         )
-        self._keys = keys
-        return [
-            rule[i] if f.decision is None else self._llm(f.decision, owners[i])
-            for i, f in enumerate(facts)
-        ]
+        # back to the batch's indices: targets -(j + 1) name the j-th fact of the batch
+        decided: list[Decision] = [Decision("add")] * len(order)
+        self._keys = [None] * len(order)
+        for pos, i in enumerate(order):
+            d = (
+                rule[pos]
+                if facts[pos].decision is None
+                else self._llm(facts[pos].decision, owners[pos])
+            )
+            if d.target is not None and d.target < 0:
+                d = Decision(d.action, -(order[-d.target - 1] + 1))
+            decided[i] = d
+            self._keys[i] = keys[pos]
+        return order, decided
 
     def _llm(self, decision: tuple[str, int | None], owner: int) -> Decision:
         action, target = decision
@@ -88,16 +104,18 @@ class KnowledgeRing:
         owner_ids = sorted({f.owner_id for f in facts})
         near = sorted(set(nearest)) or [-1]
         rows = self._db.execute(
-            "SELECT entry_id, owner_kind, owner_id, text FROM knowledge WHERE live = 1 AND "
-            f"((fact_key IS NOT NULL AND owner_id IN ({','.join('?' * len(owner_ids))})) "
-            f"OR entry_id IN ({','.join('?' * len(near))}))",
+            "SELECT entry_id, owner_kind, owner_id, text, COALESCE(valid_from, created), live "
+            "FROM knowledge WHERE (fact_key IS NOT NULL AND (live = 1 OR superseded_by IS NOT "
+            f"NULL) AND owner_id IN ({','.join('?' * len(owner_ids))})) "
+            f"OR (live = 1 AND entry_id IN ({','.join('?' * len(near))}))",
             [*owner_ids, *near],
         ).fetchall()
         out: dict[int, LiveEntry] = {}
-        for eid, kind, owner_id, text in rows:
+        for eid, kind, owner_id, text, since, live in rows:
             if kind == "user" and owner_id not in self._s.users:
                 continue
-            out[int(eid)] = LiveEntry(self.owner_slot(kind, owner_id), fact_key(text))
+            slot = self.owner_slot(kind, owner_id)
+            out[int(eid)] = LiveEntry(slot, fact_key(text), since, bool(live))
         return out
 
     # ---------------------------------------------------------------- writing
@@ -112,7 +130,7 @@ class KnowledgeRing:
             "UPDATE knowledge SET live = 0 WHERE owner_kind = ? AND owner_id = ? AND seq <= ?",
             (fact.kind, fact.owner_id, seq - s.memory.knowledge_capacity),
         )
-        key = self._keys[index] if index < len(self._keys) else None
+        key = self._keys[index]
         t = time.time()
         entry = db.execute(
             "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, mode, created, "
@@ -133,6 +151,51 @@ class KnowledgeRing:
         ).fetchone()[0]
         self._pushed.append((o, int(entry), vec, fact.text))
         self._source(int(entry), fact)
+        return int(entry)
+
+    def add_outdated(
+        self, fact: Fact, vec: np.ndarray, index: int, newer: int, before: int | None
+    ) -> int:
+        """A fact said before ``newer`` (a later value of its attribute): kept as history (not
+        live, superseded by ``newer``), ending ``before`` (the value that held until it
+        was said) when there is one; outside the ring (a negative ``seq``, so ring positions
+        stay the arena's)."""
+        db = self._db
+        low = db.execute(
+            "SELECT COALESCE(MIN(seq), 0) FROM knowledge WHERE owner_kind = ? AND owner_id = ? "
+            "AND seq < 0",
+            (fact.kind, fact.owner_id),
+        ).fetchone()[0]
+        until = db.execute(
+            "SELECT COALESCE(valid_from, created) FROM knowledge WHERE entry_id = ?", (int(newer),)
+        ).fetchone()[0]
+        key = self._keys[index]
+        t = time.time()
+        entry = db.execute(
+            "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, live, mode, "
+            "created, source_user, valid_from, valid_to, superseded_by, fact_key) "
+            "VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?) RETURNING entry_id",
+            (
+                fact.kind,
+                fact.owner_id,
+                int(low) - 1,
+                fact.text,
+                emb_blob(vec),
+                fact.mode,
+                t,
+                fact.source_user,
+                fact.valid_from if fact.valid_from is not None else t,
+                until,
+                int(newer),
+                key[0] if key else None,
+            ),
+        ).fetchone()[0]
+        self._source(int(entry), fact)
+        if before is not None:
+            db.execute(
+                "UPDATE knowledge SET valid_to = ?, superseded_by = ? WHERE entry_id = ?",
+                (fact.valid_from, int(entry), int(before)),
+            )
         return int(entry)
 
     def strengthen(self, entry: int, fact: Fact) -> None:

@@ -249,16 +249,22 @@ class LongTerm:
         gets the ring's next ``seq``; the entry it overwrites stops being live)."""
         facts = [f if isinstance(f, Fact) else Fact(*f) for f in facts]
         ring = KnowledgeRing(self._s, db)
-        decisions = ring.decide(facts, emb)
+        order, decisions = ring.decide(facts, emb)
         made: dict[int, int] = {}  # fact index -> the entry it made
-        for i, (fact, vec, d) in enumerate(zip(facts, emb, decisions, strict=True)):
+        for i in order:  # by time said: a target in the batch is made before it is named
+            fact, vec, d = facts[i], emb[i], decisions[i]
             target = made.get(-d.target - 1) if d.target is not None and d.target < 0 else d.target
             if d.action == "merge" and target is not None:
                 ring.strengthen(target, fact)
-                continue
-            made[i] = ring.add(fact, vec, i)
-            if d.action == "supersede" and target is not None:
-                ring.supersede(target, made[i], fact)
+            elif d.action == "outdated" and target is not None:
+                before = (
+                    made.get(-d.before - 1) if d.before is not None and d.before < 0 else d.before
+                )
+                made[i] = ring.add_outdated(fact, vec, i, target, before)
+            else:
+                made[i] = ring.add(fact, vec, i)
+                if d.action == "supersede" and target is not None:
+                    ring.supersede(target, made[i], fact)
         ring.finish()
 
     def queue_promotions(self, user_id: str, segment_slot: int | None = None) -> None:
