@@ -18,7 +18,9 @@ Usage:
   python benchmarks/ingest.py --llm                # also LLM mode (bundled SmolLM2) on a subset
   python benchmarks/ingest.py --users 100 --pages 600 --embedder minilm --json out.json
 Options --batch-size, --process auto|batch, --prefetch on|off, --embedding-dtype bfloat16 compare
-pipeline variants.
+pipeline variants. --provenance-cost adds, per user count, the same run with
+``MemoryConfig(provenance=False)`` (no provenance rows written: the cost of recording which pages
+each fact and profile value came from; conflict handling runs in both).
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
     import resource
 
     from memoryos_gpu.cli import _quiet_model_loading
-    from memoryos_gpu.config import EngineConfig, LLMConfig
+    from memoryos_gpu.config import EngineConfig, LLMConfig, MemoryConfig
     from memoryos_gpu.engine import MemoryEngine
     from memoryos_gpu.ingest import ingest
 
@@ -202,6 +204,7 @@ def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
         embedder="hashing" if cfg["embedder"] == "hashing" else "transformers",
         llm=llm,
         auto_process=cfg["process"] == "auto",
+        memory=MemoryConfig(provenance=cfg.get("provenance", True)),
     )
     t0 = time.perf_counter()
     embedder = None
@@ -244,6 +247,7 @@ def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
         "batch_size": cfg["batch_size"],
         "process": cfg["process"],
         "prefetch": cfg.get("prefetch"),
+        "provenance": cfg.get("provenance", True),
         "pages_per_s": round(rep.pages_per_s, 2),
         "elapsed_s": round(total, 3),
         "load_s": round(load_s, 3),
@@ -364,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also compare process=batch, no prefetch and bfloat16 at 100 users",
     )
+    ap.add_argument(
+        "--provenance-cost",
+        action="store_true",
+        help="also each user count with provenance off (MemoryConfig(provenance=False))",
+    )
     ap.add_argument("--llm", action="store_true", help="also LLM mode on a small subset")
     ap.add_argument("--llm-pages", type=int, default=24)
     ap.add_argument("--profile", action="store_true", help="cProfile top functions per run")
@@ -413,6 +422,16 @@ def main(argv: list[str] | None = None) -> int:
                     "name": f"{embedder} u{u} bfloat16",
                 }
             )
+    if args.provenance_cost:  # each user count's run, then the same without provenance
+        configs = [
+            run
+            for c in configs
+            for run in (
+                (c, {**c, "provenance": False, "name": f"{c['name']} no-provenance"})
+                if c in configs[: len(users)]
+                else (c,)
+            )
+        ]
     notes = []
     if args.llm:
         why = llm_available()

@@ -1020,6 +1020,20 @@ class SQLiteStore:
             ).fetchall()
         ]
         forgotten = forget_pages(db, pages, drop_user=user_id)
+        # assistant entries learned from the user without provenance rows (written with
+        # MemoryConfig(provenance=False)) still name the user as their source
+        learned = [
+            int(r[0])
+            for r in db.execute(
+                "SELECT entry_id FROM knowledge WHERE owner_kind = 'assistant' AND "
+                "source_user = ?",
+                (user_id,),
+            ).fetchall()
+        ]
+        db.execute(
+            "DELETE FROM knowledge WHERE owner_kind = 'assistant' AND source_user = ?", (user_id,)
+        )
+        forgotten.entries = sorted({*forgotten.entries, *learned})
         db.execute("DELETE FROM pending WHERE user_id = ?", (user_id,))
         db.execute("DELETE FROM pages WHERE user_id = ?", (user_id,))
         db.execute("DELETE FROM segments WHERE user_id = ?", (user_id,))
