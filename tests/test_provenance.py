@@ -122,6 +122,33 @@ def test_delete_user_leaves_nothing(backend: Backend) -> None:
         e.close()
 
 
+def test_store_only_delete_user_forgets_too(backend: Backend) -> None:
+    """``memoryos-gpu delete`` deletes through the store alone (no engine): the assistant's
+    facts from the user and the saved keyword statistics go too, and the next open refits the
+    statistics from the pages left."""
+    spec = backend.spec("forget-cli")
+    e = open_engine(spec)
+    talk(e, "other", ["I like tea.", "My garden is big.", "We walk daily.", "I read books."])
+    talk(e, "victim", [f"I keep a zqstoreonly {i} note." for i in range(6)])
+    e.close()
+    st = backend.open(spec)
+    try:
+        assert st.get_meta("keyword_extractor") and "zqstoreonly" in st.get_meta(
+            "keyword_extractor"
+        )
+        assert st.delete_user("victim") is not None
+        assert st.rows_about("victim") == 0 and st.get_meta("keyword_extractor") is None
+    finally:
+        st.close()
+    assert store_holds(backend, spec, "zqstoreonly") == []
+    e = open_engine(spec)
+    try:
+        assert "zqstoreonly" not in e.extractor.df and e.extractor.n_docs > 0
+        assert "zqstoreonly" not in dumped(e, "other")
+    finally:
+        e.close()
+
+
 def test_delete_page_leaves_nothing(backend: Backend) -> None:
     spec = backend.spec("forget-page")
     e = open_engine(spec)
@@ -254,3 +281,21 @@ def test_http_knowledge_entry_shows_its_sources() -> None:
         assert all(k["sources"] is None for k in r["user_knowledge"])
         hist = c.get("/v1/users/alice/knowledge?history=true", headers=HA).json()["user"]
         assert len(hist) >= len(entries)
+
+
+def test_a_shared_fact_outlives_one_of_its_users(backend: Backend) -> None:
+    """An assistant fact both users' pages support (merged into one entry) is removed with the
+    deleted user's pages and derived again from the other user's."""
+    e = open_engine(backend.spec("shared-fact"))
+    try:
+        mine = talk(e, "keep", ["I like tea.", "I swim.", "I read.", "I cook."])
+        talk(e, "gone", ["I knit.", "I sail.", "I fish.", "I sing."])
+        [fact] = [k for k in e.knowledge("keep")["assistant"] if "plain" in k["text"]]
+        assert fact["strength"] >= 2 and not set(fact["sources"]) <= set(mine)
+        e.delete_user("gone")
+        e.flush()
+        [again] = [k for k in e.knowledge("keep")["assistant"] if "plain" in k["text"]]
+        assert again["sources"] and set(again["sources"]) <= set(mine)
+        assert again["source_user"] == "keep"
+    finally:
+        e.close()

@@ -101,15 +101,26 @@ class KnowledgeRing:
     def _live_keyed(self, facts: list[Fact], nearest: list[int]) -> dict[int, LiveEntry]:
         """The live entries with an attribute key of the facts' owners, and the nearest
         entries (one query): what the rule compares against."""
-        owner_ids = sorted({f.owner_id for f in facts})
-        near = sorted(set(nearest)) or [-1]
-        rows = self._db.execute(
-            "SELECT entry_id, owner_kind, owner_id, text, COALESCE(valid_from, created), live "
-            "FROM knowledge WHERE (fact_key IS NOT NULL AND (live = 1 OR superseded_by IS NOT "
-            f"NULL) AND owner_id IN ({','.join('?' * len(owner_ids))})) "
-            f"OR (live = 1 AND entry_id IN ({','.join('?' * len(near))}))",
-            [*owner_ids, *near],
-        ).fetchall()
+        near = sorted(set(nearest))
+        rows: list[tuple] = []
+        cols = "SELECT entry_id, owner_kind, owner_id, text, COALESCE(valid_from, created), live "
+        for kind in ("user", "assistant"):  # (owner_kind, owner_id): the knowledge_live index
+            owner_ids = sorted({f.owner_id for f in facts if f.kind == kind})
+            for i in range(0, len(owner_ids), 500):  # bounded IN lists, whatever the batch
+                chunk = owner_ids[i : i + 500]
+                rows += self._db.execute(
+                    f"{cols}FROM knowledge WHERE owner_kind = ? AND owner_id IN "
+                    f"({','.join('?' * len(chunk))}) AND fact_key IS NOT NULL AND "
+                    "(live = 1 OR superseded_by IS NOT NULL)",
+                    [kind, *chunk],
+                ).fetchall()
+        for i in range(0, len(near), 500):
+            chunk = near[i : i + 500]
+            rows += self._db.execute(
+                f"{cols}FROM knowledge WHERE live = 1 AND entry_id IN "
+                f"({','.join('?' * len(chunk))})",
+                chunk,
+            ).fetchall()
         out: dict[int, LiveEntry] = {}
         for eid, kind, owner_id, text, since, live in rows:
             if kind == "user" and owner_id not in self._s.users:

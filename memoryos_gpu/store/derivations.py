@@ -93,8 +93,7 @@ def forget_pages(db: Any, page_ids: Sequence[int], *, drop_user: str | None = No
     out = Forgotten()
     if not gone:
         return out
-    entries = _affected_entries(db, gone)
-    dims = _affected_dims(db, gone)
+    entries, dims = _derived_from(db, gone)
     support = _support(db, entries, dims) - gone
     for chunk in _chunks(entries):
         db.execute(
@@ -110,8 +109,9 @@ def forget_pages(db: Any, page_ids: Sequence[int], *, drop_user: str | None = No
         )
     for user, keys in dims.items():
         db.executemany(
-            "DELETE FROM provenance WHERE item_kind = 'profile' AND user_id = ? AND item_key = ?",
-            [(user, k) for k in keys],
+            "DELETE FROM provenance WHERE item_kind = 'profile' AND item_id = 0 AND "
+            "item_key = ? AND user_id = ?",
+            [(k, user) for k in keys],
         )
         if user != drop_user:
             out.profiles[user] = _drop_profile_keys(db, user, keys)
@@ -122,46 +122,37 @@ def forget_pages(db: Any, page_ids: Sequence[int], *, drop_user: str | None = No
     return out
 
 
-def _affected_entries(db: Any, pages: set[int]) -> set[int]:
-    """Knowledge entries derived from the pages, and (transitively) the entries they
+def _derived_from(db: Any, pages: set[int]) -> tuple[set[int], dict[str, set[str]]]:
+    """The knowledge entries and (by user) profile dimensions derived from the pages, one
+    lookup of the page index per chunk; plus, transitively, the entries those entries had
     superseded."""
-    found: set[int] = set()
+    entries: set[int] = set()
+    dims: dict[str, set[str]] = {}
     for chunk in _chunks(pages):
-        found.update(
-            int(r[0])
-            for r in db.execute(
-                "SELECT DISTINCT item_id FROM provenance WHERE item_kind = 'knowledge' AND "
-                f"page_id IN ({_marks(chunk)})",
-                chunk,
-            ).fetchall()
-        )
-    frontier = set(found)
+        for kind, item, key, user in db.execute(
+            "SELECT item_kind, item_id, item_key, user_id FROM provenance WHERE page_id IN "
+            f"({_marks(chunk)})",
+            chunk,
+        ).fetchall():
+            if kind == KNOWLEDGE:
+                entries.add(int(item))
+            else:
+                dims.setdefault(user, set()).add(key)
+    frontier = set(entries)
     while frontier:
         older: set[int] = set()
         for chunk in _chunks(frontier):
             older.update(
                 int(r[0])
                 for r in db.execute(
-                    f"SELECT entry_id FROM knowledge WHERE superseded_by IN ({_marks(chunk)})",
+                    "SELECT entry_id FROM knowledge WHERE superseded_by IS NOT NULL AND "
+                    f"superseded_by IN ({_marks(chunk)})",
                     chunk,
                 ).fetchall()
             )
-        frontier = older - found
-        found |= frontier
-    return found
-
-
-def _affected_dims(db: Any, pages: set[int]) -> dict[str, set[str]]:
-    """Profile dimensions (by user) derived from the pages."""
-    out: dict[str, set[str]] = {}
-    for chunk in _chunks(pages):
-        for user, key in db.execute(
-            "SELECT DISTINCT user_id, item_key FROM provenance WHERE item_kind = 'profile' AND "
-            f"page_id IN ({_marks(chunk)})",
-            chunk,
-        ).fetchall():
-            out.setdefault(user, set()).add(key)
-    return out
+        frontier = older - entries
+        entries |= frontier
+    return entries, dims
 
 
 def _support(db: Any, entries: set[int], dims: dict[str, set[str]]) -> set[int]:
@@ -182,8 +173,8 @@ def _support(db: Any, entries: set[int], dims: dict[str, set[str]]) -> set[int]:
                 int(r[0])
                 for r in db.execute(
                     "SELECT page_id FROM provenance WHERE item_kind = 'profile' AND "
-                    "user_id = ? AND item_key = ?",
-                    (user, key),
+                    "item_id = 0 AND item_key = ? AND user_id = ?",
+                    (key, user),
                 ).fetchall()
             )
     return pages

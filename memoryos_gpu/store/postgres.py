@@ -169,6 +169,8 @@ ALTER TABLE knowledge ADD COLUMN valid_to DOUBLE PRECISION;
 ALTER TABLE knowledge ADD COLUMN superseded_by BIGINT;
 ALTER TABLE knowledge ADD COLUMN fact_key TEXT COLLATE "C";
 ALTER TABLE knowledge ADD COLUMN strength BIGINT NOT NULL DEFAULT 1;
+CREATE INDEX knowledge_superseded ON knowledge(superseded_by) WHERE superseded_by IS NOT NULL;
+CREATE INDEX knowledge_learned ON knowledge(source_user) WHERE owner_kind = 'assistant';
 UPDATE knowledge SET valid_from = created, source_user = CASE WHEN owner_kind = 'user' THEN
   owner_id END
 """,  # sqlite.MIGRATIONS[2]: provenance, knowledge validity

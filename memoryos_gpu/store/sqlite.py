@@ -182,6 +182,8 @@ ALTER TABLE knowledge ADD COLUMN valid_to REAL;
 ALTER TABLE knowledge ADD COLUMN superseded_by INTEGER;
 ALTER TABLE knowledge ADD COLUMN fact_key TEXT;
 ALTER TABLE knowledge ADD COLUMN strength INTEGER NOT NULL DEFAULT 1;
+CREATE INDEX knowledge_superseded ON knowledge(superseded_by) WHERE superseded_by IS NOT NULL;
+CREATE INDEX knowledge_learned ON knowledge(source_user) WHERE owner_kind = 'assistant';
 UPDATE knowledge SET valid_from = created, source_user = CASE WHEN owner_kind = 'user' THEN
   owner_id END
 """,
@@ -1025,8 +1027,7 @@ class SQLiteStore:
         learned = [
             int(r[0])
             for r in db.execute(
-                "SELECT entry_id FROM knowledge WHERE owner_kind = 'assistant' AND "
-                "source_user = ?",
+                "SELECT entry_id FROM knowledge WHERE owner_kind = 'assistant' AND source_user = ?",
                 (user_id,),
             ).fetchall()
         ]
@@ -1056,10 +1057,13 @@ class SQLiteStore:
             ("segments", "user_id"),
             ("pending", "user_id"),
             ("knowledge", "owner_id"),
-            ("knowledge", "source_user"),
             ("provenance", "user_id"),
         ):
             total += self.query(f"SELECT COUNT(*) FROM {table} WHERE {col} = ?", (user_id,))[0][0]
+        total += self.query(  # assistant entries learned from the user's pages
+            "SELECT COUNT(*) FROM knowledge WHERE owner_kind = 'assistant' AND source_user = ?",
+            (user_id,),
+        )[0][0]
         total += self.query(
             "SELECT COUNT(*) FROM audit WHERE user_id = ? AND NOT (action = 'delete' AND "
             "item_kind = 'user')",
