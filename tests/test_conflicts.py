@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
         ("My dog Max comes along.", ("dog.name", "max")),
         ("We renamed our dog Rex.", ("dog.name", "rex")),
         ("My favourite colour is green.", ("favourite colour", "green")),
+        ("My name is Sam.", ("name", "sam")),
+        ("My brother is a doctor.", None),  # one of many facts about him, not an attribute
+        ("My sister is Anna.", None),
         ("I like long walks.", None),
         ("Hello there!", None),
     ],

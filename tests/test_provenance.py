@@ -224,26 +224,28 @@ def test_extractive_duplicates_merge_and_survive_one_deletion(backend: Backend) 
         e.close()
 
 
-def test_a_schema_2_store_migrates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_schema_2_store_migrates(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """A store written before provenance opens: entries keep their text, gain validity and
-    (user entries) their source user, and the provenance table exists."""
+    (user entries) their source user, and the provenance table exists (both dialects)."""
     import memoryos_gpu.store.sqlite as sq
 
-    path = str(tmp_path / "v2.sqlite3")
+    spec = backend.spec("v2")
     monkeypatch.setattr(sq, "SCHEMA_VERSION", 2)
     monkeypatch.setattr(sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"provenance"})
-    st = sq.SQLiteStore(path)
+    st = backend.open(spec)
+    assert st.schema_version == 2 and "provenance" not in st._table_names()
     st.ensure_user("u", "default", 1.0)
     with st.transaction() as db:
         db.execute(
             "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, mode, created) "
-            "VALUES ('user', 'u', 0, 'The user skis.', x'00', 'llm', 5.0)"
+            "VALUES ('user', 'u', 0, 'The user skis.', ?, 'llm', 5.0)",
+            (b"\0" * 4,),
         )
     st.close()
     monkeypatch.undo()
-    st = sq.SQLiteStore(path)
+    st = backend.open(spec)
     try:
-        assert st.schema_version == 3
+        assert st.schema_version == 3 and st.check_integrity() == []
         [row] = st.owner_knowledge("user", "u")
         assert row["text"] == "The user skis." and row["valid_from"] == 5.0
         assert row["source_user"] == "u" and row["sources"] == [] and row["strength"] == 1

@@ -100,8 +100,13 @@ _RENAMED = re.compile(
     r"\b(?i:renamed (?:my|our|the user's)) (?P<pet>(?i:" + _PETS + r"))\s+(?i:to\s+)?"
     r"(?P<v>[A-Z][a-z]+)\b"
 )
+# "my X is Y" only for attributes that hold one value at a time ("my brother is tall" and "my
+# brother is a doctor" are two facts, "my favourite colour is green" replaces "... is blue")
 _GENERIC = re.compile(
-    r"\b(?:my|the user's) (?P<a>(?:favou?rite )?[a-z]+) is(?: now)?\s+" + _VALUE, re.IGNORECASE
+    r"\b(?:my|the user's) (?P<a>favou?rite [a-z]+(?: [a-z]+)?|name|age|birthday|email|phone "
+    r"number|address|height|weight|partner's name|wife's name|husband's name) is(?: now)?\s+"
+    + _VALUE,
+    re.IGNORECASE,
 )
 _PLAIN = re.compile(r"[^a-z0-9 ]+")
 
@@ -114,7 +119,8 @@ def fact_key(text: str) -> tuple[str, str] | None:
     """The (attribute key, normalised value) a fact states, or None when it states no single
     attribute the rule knows ("I moved to Boston." -> ("residence", "boston"); "My dog is
     called Rex." -> ("dog.name", "rex"); "My favourite colour is blue" -> ("favourite colour",
-    "blue")). Deterministic: the same sentence always gives the same key."""
+    "blue"); "my X is Y" counts only for attributes with one value at a time). Deterministic:
+    the same sentence always gives the same key."""
     for pattern in (_RENAMED, _PET_NAME):
         m = pattern.search(text)
         if m:
@@ -124,7 +130,7 @@ def fact_key(text: str) -> tuple[str, str] | None:
         if m and _norm(m.group("v")):
             return key, _norm(m.group("v"))
     m = _GENERIC.search(text)
-    if m and _norm(m.group("v")) and m.group("a").lower() not in {"name", "day", "week"}:
+    if m and _norm(m.group("v")):
         return _norm(m.group("a")), _norm(m.group("v"))
     return None
 
