@@ -156,6 +156,10 @@ def test_llm_decisions_update_and_ignore(tmp_path: Path) -> None:
         prompts = [r.messages[-1]["content"] for r in llm.requests if r.stage == "promotion"]
         assert "KNOWN user facts:\n(none)" in prompts[0]
         assert "The user lives in Seattle." in prompts[-1]  # the second call was shown it
+        e.respond("cy", "Where do I live?")  # the response prompt's facts: the newer one only
+        [answer] = [r.messages[-1]["content"] for r in llm.requests if r.stage == "response"]
+        facts = answer.split("## USER FACTS")[1].split("## ")[0]
+        assert "The user lives in Boston." in facts and "Seattle" not in facts
     finally:
         e.close()
 
