@@ -174,7 +174,7 @@ CREATE TABLE provenance(
   page_id INTEGER NOT NULL,
   user_id TEXT NOT NULL,
   PRIMARY KEY (item_kind, item_id, item_key, page_id)
-);
+) WITHOUT ROWID;
 CREATE INDEX provenance_page ON provenance(page_id);
 CREATE INDEX provenance_user ON provenance(user_id, item_kind);
 ALTER TABLE knowledge ADD COLUMN valid_from REAL;
