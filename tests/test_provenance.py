@@ -159,6 +159,8 @@ def test_delete_page_leaves_nothing(backend: Backend) -> None:
         "I read books.",
         "I cook pasta.",
         "I run on Sundays.",
+        "I garden at night.",
+        "I visit my aunt.",
     ]
     ids = talk(e, "alice", lines)
     talk(e, "bob", ["I fish.", "I sail.", "I knit.", "I sing."])

@@ -7,8 +7,9 @@ What a page leaves behind besides its own row, and what happens to it here:
 - **its segment's summary, keywords and embedding**: re-derived from the segment's remaining
   pages, replaying the rules that built them (the pages keep their own summary, keywords and
   embedding); a segment left with no page is removed;
-- **the next page's topic summary and keywords** (LLM mode: the next page's prompt showed
-  this one as its previous page): re-derived from that page alone, extractively;
+- **the topic summaries and keywords of the pages after it in its chain** (LLM mode: their
+  prompts showed it as the previous page, or inside the thread summary): re-derived from each
+  page alone, extractively;
 - **its chain's meta** (on every page of the chain, and the user's ``chain_meta``): re-derived
   from the chain's remaining pages by the extractive rule (the first page's first sentence; an
   LLM's running summary may hold the deleted text and is not regenerated synchronously);
@@ -76,7 +77,7 @@ class Forgetting:
             s.store.begin_erasure()
             with s.store.transaction() as db:
                 forgotten = forget_pages(db, [page_id])
-                self._rederive_successor(db, page_id)
+                self._rederive_followers(db, page_id, chain)
                 self._unlink(db, user, page_id)
                 seg = self._rederive_segment(db, user, sid) if sid is not None else None
                 metas = self._rederive_chain(db, user, chain) if chain is not None else None
@@ -117,28 +118,31 @@ class Forgetting:
                 (user.user_id,),
             )
 
-    def _rederive_successor(self, db: Any, page_id: int) -> None:
-        """The page after this one in its chain had this one in its LLM prompt (as the
-        previous page), so its topic summary and keywords may hold this page's text: they are
-        re-derived from the page alone by the extractive rule (its ``mode`` says so). The
-        extractive mode reads no previous page: nothing to do there."""
+    def _rederive_followers(self, db: Any, page_id: int, chain: int | None) -> None:
+        """The pages after this one in its chain had it in their LLM prompts (as the previous
+        page, or inside the thread summary each prompt carries), so their topic summaries and
+        keywords may hold its text: they are re-derived from each page alone by the extractive
+        rule (their ``mode`` says so). The extractive mode reads neither: nothing to do there."""
         s = self._s
-        if s.stages.mode == "extractive":
+        if s.stages.mode == "extractive" or chain is None:
             return
-        row = db.execute(
+        rows = db.execute(
             "SELECT page_id, user_id, user_input, agent_response, timestamp FROM pages "
-            "WHERE prev_page = ?",
-            (page_id,),
-        ).fetchone()
-        if row is None:
+            "WHERE chain_id = ? AND seq > (SELECT seq FROM pages WHERE page_id = ?) ORDER BY seq",
+            (chain, page_id),
+        ).fetchall()
+        if not rows:
             return
         fields = ("page_id", "user_id", "user_input", "agent_response", "timestamp")
-        page = dict(zip(fields, row, strict=True))
         blank = np.zeros(s.embedder.dim, np.float32)  # continuity is not asked: no previous page
-        out = s.stages.fallback.pages([PageWork(page, blank, None, None, None)])[0]
-        db.execute(
+        work = [PageWork(dict(zip(fields, r, strict=True)), blank, None, None, None) for r in rows]
+        outs = s.stages.fallback.pages(work)
+        db.executemany(
             "UPDATE pages SET summary = ?, keywords = ?, mode = 'extractive' WHERE page_id = ?",
-            (out.summary, json.dumps(keyword_tokens(out.keywords)), row[0]),
+            [
+                (o.summary, json.dumps(keyword_tokens(o.keywords)), r[0])
+                for o, r in zip(outs, rows, strict=True)
+            ],
         )
 
     def _rederive_segment(
