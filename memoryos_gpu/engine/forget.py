@@ -77,9 +77,9 @@ class Forgetting:
             s.store.begin_erasure()
             with s.store.transaction() as db:
                 forgotten = forget_pages(db, [page_id])
-                self._rederive_followers(db, page_id, chain)
+                touched = self._rederive_followers(db, page_id, chain)
                 self._unlink(db, user, page_id)
-                seg = self._rederive_segment(db, user, sid) if sid is not None else None
+                segs = [self._rederive_segment(db, sg) for sg in sorted({sid, *touched} - {None})]
                 metas = self._rederive_chain(db, user, chain) if chain is not None else None
                 db.execute(
                     "UPDATE audit SET detail = '{}' WHERE item_kind = 'page' AND item_id = ?",
@@ -96,7 +96,7 @@ class Forgetting:
             s.views.drop_pages([page_id])
             s.vocabulary.add([uid], old_terms, sign=-1)
             s.extractor.remove([text])
-            if seg is not None and user is not None:
+            for seg in segs if user is not None else ():
                 self._apply_segment(user, *seg)
             if metas is not None:
                 s.views.set_meta(*metas)
@@ -118,24 +118,28 @@ class Forgetting:
                 (user.user_id,),
             )
 
-    def _rederive_followers(self, db: Any, page_id: int, chain: int | None) -> None:
+    def _rederive_followers(self, db: Any, page_id: int, chain: int | None) -> set[int]:
         """The pages after this one in its chain had it in their LLM prompts (as the previous
         page, or inside the thread summary each prompt carries), so their topic summaries and
         keywords may hold its text: they are re-derived from each page alone by the extractive
-        rule (their ``mode`` says so). The extractive mode reads neither: nothing to do there."""
+        rule (their ``mode`` says so). Returns their segments (whose summaries are built from
+        theirs). The extractive mode reads neither: nothing to do there."""
         s = self._s
         if s.stages.mode == "extractive" or chain is None:
-            return
+            return set()
         rows = db.execute(
-            "SELECT page_id, user_id, user_input, agent_response, timestamp FROM pages "
-            "WHERE chain_id = ? AND seq > (SELECT seq FROM pages WHERE page_id = ?) ORDER BY seq",
+            "SELECT page_id, user_id, user_input, agent_response, timestamp, segment_id FROM "
+            "pages WHERE chain_id = ? AND seq > (SELECT seq FROM pages WHERE page_id = ?) "
+            "ORDER BY seq",
             (chain, page_id),
         ).fetchall()
         if not rows:
-            return
+            return set()
         fields = ("page_id", "user_id", "user_input", "agent_response", "timestamp")
         blank = np.zeros(s.embedder.dim, np.float32)  # continuity is not asked: no previous page
-        work = [PageWork(dict(zip(fields, r, strict=True)), blank, None, None, None) for r in rows]
+        work = [
+            PageWork(dict(zip(fields, r[:5], strict=True)), blank, None, None, None) for r in rows
+        ]
         outs = s.stages.fallback.pages(work)
         db.executemany(
             "UPDATE pages SET summary = ?, keywords = ?, mode = 'extractive' WHERE page_id = ?",
@@ -144,10 +148,11 @@ class Forgetting:
                 for o, r in zip(outs, rows, strict=True)
             ],
         )
+        return {int(r[5]) for r in rows if r[5] is not None}
 
     def _rederive_segment(
-        self, db: Any, user: UserState | None, sid: int
-    ) -> tuple[int, np.ndarray | None, np.ndarray | None] | None:
+        self, db: Any, sid: int
+    ) -> tuple[int, np.ndarray | None, np.ndarray | None]:
         """Rebuild a segment's summary, keywords and embedding from its remaining pages, in
         their order, with the rules that built them (mtm.py); returns (segment id, embedding,
         keyword row) for the arena, embedding None when the segment was left empty and
