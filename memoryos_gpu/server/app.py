@@ -223,6 +223,19 @@ def create_app(
             raise ApiError(404, "not_found", f"user {user_id!r} has no knowledge entry {entry_id}")
         return row
 
+    async def _add_sources(results: list[Any]) -> None:
+        """Name the source pages of every knowledge entry the results return: one store query
+        per engine (shard), outside the retrieval batch, so only requests that ask pay."""
+        groups: dict[int, tuple[Any, list[Any]]] = {}
+        for r in results:
+            eng = service.engine_for(r.user_id)
+            entries = [*r.user_knowledge, *r.assistant_knowledge]
+            groups.setdefault(id(eng), (eng, []))[1].extend(entries)
+        for eng, entries in groups.values():
+            found = await service.call(eng.knowledge_sources, [e.entry_id for e in entries])
+            for e in entries:
+                e.sources = found.get(e.entry_id, [])
+
     async def _readable_entry(scope: Scope, user_id: str, entry_id: int) -> dict[str, Any]:
         """A user's own entry, or one of the user's assistant's (what the user is served)."""
         uid = scope.user(user_id)
@@ -297,7 +310,7 @@ def create_app(
             uid, body.query, top_pages=body.top_pages, top_segments=body.top_segments
         )
         if body.sources:
-            await service.add_sources([r])
+            await _add_sources([r])
         return json_response(_retrieval_out(scope, r))
 
     @app.post(
@@ -366,7 +379,7 @@ def create_app(
                 for u, q in zip(uids, body.queries, strict=True)
             )
         )
-        await service.add_sources([r for r, q in zip(res, body.queries, strict=True) if q.sources])
+        await _add_sources([r for r, q in zip(res, body.queries, strict=True) if q.sources])
         return json_response({"results": [_retrieval_out(scope, r) for r in res]})
 
     @app.post(
@@ -438,8 +451,7 @@ def create_app(
     ) -> Any:
         scope = tenancy(request)
         uid = scope.user(user_id)
-        engine = service.engine_for(uid)
-        kn = await service.call(lambda: engine.knowledge(uid, history=history))
+        kn = await service.call(service.engine_for(uid).knowledge, uid, history=history)
         return json_response(scope.strip_ids({"user_id": user_id, **kn}))
 
     @app.get(

@@ -452,20 +452,6 @@ class MemoryService:
         self.check_ready()
         return await self._batchers["retrieve"].submit((user_id, query, top_pages, top_segments))
 
-    async def add_sources(self, results: Sequence[Retrieval]) -> None:
-        """Name the source pages of every knowledge entry the results return (one store
-        query per engine, outside the retrieval batch: only requests that ask pay for it)."""
-        groups: dict[int, tuple[Any, list[Any]]] = {}
-        for r in results:
-            eng = self.engine_for(r.user_id)
-            groups.setdefault(id(eng), (eng, []))[1].extend(
-                [*r.user_knowledge, *r.assistant_knowledge]
-            )
-        for eng, entries in groups.values():
-            found = await self.call(eng.knowledge_sources, [e.entry_id for e in entries])
-            for e in entries:
-                e.sources = found.get(e.entry_id, [])
-
     def _run_retrievals(self, items: list[tuple[str, str, int | None, int | None]]) -> list[Any]:
         out: list[Any] = [None] * len(items)
         groups: dict[tuple[int | None, int | None], list[int]] = {}
