@@ -22,6 +22,9 @@ pipeline variants. ``--encryption both`` (the default) runs each user count twic
 on an encrypted store (SQLCipher, ``EngineConfig.encryption_key``), and reports the encrypted
 run's pages/s and SQLite time as ratios of the plain one's (``--encryption off``: plain only;
 without the ``encryption`` extra installed the encrypted runs are skipped with a note).
+--provenance-cost adds, per user count, the plain run with ``MemoryConfig(provenance=False)``
+(no provenance rows written: the cost of recording which pages each fact and profile value came
+from; conflict handling runs in both).
 """
 
 from __future__ import annotations
@@ -192,7 +195,7 @@ def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
     import resource
 
     from memoryos_gpu.cli import _quiet_model_loading
-    from memoryos_gpu.config import EngineConfig, LLMConfig
+    from memoryos_gpu.config import EngineConfig, LLMConfig, MemoryConfig
     from memoryos_gpu.engine import MemoryEngine
     from memoryos_gpu.ingest import ingest
 
@@ -208,6 +211,7 @@ def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
         llm=llm,
         auto_process=cfg["process"] == "auto",
         encryption_key=BENCH_KEY if cfg.get("encrypted") else None,
+        memory=MemoryConfig(provenance=cfg.get("provenance", True)),
     )
     t0 = time.perf_counter()
     embedder = None
@@ -251,6 +255,7 @@ def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
         "process": cfg["process"],
         "prefetch": cfg.get("prefetch"),
         "encrypted": bool(cfg.get("encrypted")),
+        "provenance": cfg.get("provenance", True),
         "pages_per_s": round(rep.pages_per_s, 2),
         "elapsed_s": round(total, 3),
         "load_s": round(load_s, 3),
@@ -432,6 +437,11 @@ def main(argv: list[str] | None = None) -> int:
         help="both: each user count on a plain and on an encrypted store (ratios printed); "
         "on: encrypted only; off: plain only",
     )
+    ap.add_argument(
+        "--provenance-cost",
+        action="store_true",
+        help="also each user count with provenance off (MemoryConfig(provenance=False))",
+    )
     ap.add_argument("--llm", action="store_true", help="also LLM mode on a small subset")
     ap.add_argument("--llm-pages", type=int, default=24)
     ap.add_argument("--profile", action="store_true", help="cProfile top functions per run")
@@ -471,6 +481,16 @@ def main(argv: list[str] | None = None) -> int:
     elif args.encryption == "on":
         base["encrypted"] = True  # the variants below too
         configs = [{**c, "encrypted": True, "name": c["name"] + " enc"} for c in configs]
+    if args.provenance_cost:  # each user count's plain run, then the same without provenance
+        configs = [
+            run
+            for c in configs
+            for run in (
+                (c, {**c, "provenance": False, "name": f"{c['name']} no-provenance"})
+                if not c.get("encrypted")
+                else (c,)
+            )
+        ]
     if args.variants:
         u = 100 if 100 in users else users[-1]
         configs += [

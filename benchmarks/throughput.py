@@ -35,10 +35,14 @@ without the ``encryption`` extra installed).
 Default sizes are 1, 10, 100, 1,000 users (x 20 pages = 20k pages at 1,000). 10,000 and more are
 possible with ``--users 1 10 100 1000 10000``, memory (and patience with MiniLM on CPU) permitting.
 
+``--provenance-cost`` adds, per size, ``row["provenance"]``: the engine's ingestion again with
+``MemoryConfig(provenance=False)`` (no provenance rows) and its batched retrieval with
+``sources=True`` (each returned knowledge entry names its pages: one store query per batch)
+beside the plain one, in the same run.
+
 Usage: python benchmarks/throughput.py [--users 1 10 100 1000] [--pages-per-user 20]
        [--embedder minilm|hashing] [--reference-max-users 100] [--encryption-max-users 100]
-       [--quick]
-       [--json OUT] [--plot OUT.png]
+       [--quick] [--provenance-cost] [--json OUT] [--plot OUT.png]
 """
 
 from __future__ import annotations
@@ -258,6 +262,37 @@ def run_engine(
         engine.close()
         del engine
         gc.collect()
+
+
+def provenance_cost(embedder: EmbedMeter, pages: list[PageInput], queries: list, args) -> dict:
+    """Ingestion with and without provenance rows (alternating, twice each, best kept, so a
+    busy neighbour on a shared machine slows both sides alike), and batched retrieval with and
+    without ``sources`` on the last engine with provenance (alternating likewise)."""
+    out: dict[str, float] = {}
+    for on in (False, True, False, True):
+        memory = preset("paper", provenance=on)
+        engine = MemoryEngine(EngineConfig(store=":memory:", memory=memory), embedder=embedder)
+        try:
+            t0 = time.perf_counter()
+            for i in range(0, len(pages), args.ingest_batch):
+                engine.add_many(pages[i : i + args.ingest_batch])
+            key = f"ingest_pages_per_s_{'with' if on else 'without'}"
+            out[key] = max(out.get(key, 0.0), len(pages) / (time.perf_counter() - t0))
+            out["knowledge_entries"] = engine.stats()["store"]["knowledge_live"]
+            if not on:
+                continue
+            engine.retrieve_many(queries[:2], update_heat=False)  # warm-up, untimed
+            for sources in (False, True, False, True):
+                t0 = time.perf_counter()
+                for i in range(0, len(queries), args.batch):
+                    engine.retrieve_many(
+                        queries[i : i + args.batch], update_heat=False, sources=sources
+                    )
+                key = f"queries_per_s_{'with' if sources else 'without'}_sources"
+                out[key] = max(out.get(key, 0.0), len(queries) / (time.perf_counter() - t0))
+        finally:
+            engine.close()
+    return out
 
 
 def run_reference(embedder: EmbedMeter, pages: list[PageInput], queries: list, args) -> dict:
@@ -486,6 +521,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--encryption-repeat", type=int, default=3, help="alternated runs per side")
     p.add_argument("--no-heat", action="store_true", help="retrieve_many(update_heat=False)")
+    p.add_argument(
+        "--provenance-cost",
+        action="store_true",
+        help="also ingestion without provenance and retrieval with sources (row['provenance'])",
+    )
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--quick", action="store_true", help="tiny sizes, hashing embedder: seconds")
     p.add_argument("--json", type=Path, default=None)
@@ -511,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
         queries = make_queries(questions, users, args.queries)
         row: dict[str, Any] = {"users": users, "pages": len(pages)}
         row["engine"] = run_engine(embedder, pages, queries, users, args)
+        if args.provenance_cost:
+            row["provenance"] = provenance_cost(embedder, pages, queries, args)
         if users <= args.reference_max_users:
             ref = run_reference(embedder, pages, queries, args)
             row["reference"] = ref

@@ -1205,8 +1205,10 @@ def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any
 @click.pass_context
 @handle_errors
 def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
-    """Delete every row held about a user (pages, segments, knowledge, pending work, audit).
-    Refused while another process writes the store (a server: delete through its HTTP API)."""
+    """Delete every row held about a user (pages, segments, knowledge, pending work, audit) and
+    what was derived from the user's pages (the assistant's facts learned from them, the saved
+    keyword statistics); the audit keeps the deletion, without content. Refused while another
+    process writes the store (a server: delete through its HTTP API)."""
     o = _options(ctx, kwargs)
     st = _open_store(user_store(resolve_store(o), user_id), writer=True)
     try:

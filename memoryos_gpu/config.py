@@ -70,6 +70,20 @@ class MemoryConfig(BaseModel):
     )
     knowledge_capacity: int = Field(100, ge=1, description="User / assistant knowledge FIFO size.")
     knowledge_top_k: int = Field(10, ge=1, description="Knowledge entries retrieved per query.")
+    fact_duplicate_cos: float = Field(
+        0.9,
+        ge=0.0,
+        le=1.0,
+        description="A new fact this similar (cosine) to a live entry of the same owner, and "
+        "stating no other value of the same attribute, strengthens that entry instead of "
+        "adding a copy (engine/conflicts.py); 1.0 merges only identical embeddings.",
+    )
+    provenance: bool = Field(
+        True,
+        description="Record which pages each knowledge entry and profile value came from "
+        "(needed for deleting what a page implied). Off only to measure its cost: deleting a "
+        "page or a user then cannot reach the facts derived from it.",
+    )
     keyword_width: int = Field(32, ge=1, description="Hashed keyword ids kept per segment.")
     page_keywords: int = Field(8, ge=1, description="Keywords extracted per page.")
     clock: Literal["logical", "wall"] = Field(

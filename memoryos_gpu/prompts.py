@@ -237,6 +237,26 @@ def _str_list(max_items: int) -> Schema:
     return {"type": "array", "items": {"type": "string"}, "maxItems": max_items}
 
 
+def _fact_list(max_items: int) -> Schema:
+    """Facts with a decision against the known entries shown (O-Mem's add / update / ignore):
+    ``entry`` names the known entry an update replaces or an ignored fact repeats."""
+    return {
+        "type": "array",
+        "items": _obj(
+            {
+                "fact": {"type": "string"},
+                "action": {"type": "string", "enum": list(FACT_ACTIONS)},
+                "entry": {"type": "integer"},
+            },
+            required=["fact", "action"],
+        ),
+        "maxItems": max_items,
+    }
+
+
+#: What a fused promotion may do with each fact, against the known entries it was shown.
+FACT_ACTIONS = ("add", "update", "ignore")
+
 # A map of dimension key -> text. The 90 keys are listed in the prompt, and the parser drops
 # keys outside them; spelling them out as 90 schema properties made xgrammar's grammar
 # compilation run for minutes on the CPU (measured), for no gain in what the parser accepts.
@@ -265,8 +285,8 @@ SCHEMAS: dict[str, Schema] = {
     "fused_promotion": _obj(
         {
             "profile_updates": _PROFILE_UPDATES_SCHEMA,
-            "user_facts": _str_list(DEFAULT_MAX_FACTS),
-            "assistant_facts": _str_list(DEFAULT_MAX_FACTS),
+            "user_facts": _fact_list(DEFAULT_MAX_FACTS),
+            "assistant_facts": _fact_list(DEFAULT_MAX_FACTS),
         }
     ),
 }
@@ -411,10 +431,15 @@ plans, preferences, work, places), one short self-contained sentence each starti
 3. assistant_facts: what the pages establish about the assistant (identity, persona, \
 opinions, commitments, recommendations and information it gave), one short sentence each \
 starting "The assistant ...".
+Each fact carries an action against the KNOWN facts listed (with their ids): "add" for a new \
+fact; "update" when it changes a known fact (same subject and attribute, a new value, e.g. a \
+new city or job), with "entry" the id of the known fact it replaces; "ignore" when a known \
+fact already says it, with "entry" that fact's id.
 Use only what the pages state. At most {DEFAULT_MAX_FACTS} facts per list, most important first.
 
 Output format: {{"profile_updates": {{"<key>": "<Level>: <reason>"}}, "user_facts": \
-["<fact>"], "assistant_facts": ["<fact>"]}}
+[{{"fact": "<fact>", "action": "add"}}], "assistant_facts": [{{"fact": "<fact>", \
+"action": "update", "entry": 12}}]}}
 {_JSON_RULE}"""
 
 _SYS_RESPONSE = """You are a helpful conversational assistant with a long-term memory of your \
@@ -569,17 +594,28 @@ def fused_promotion(
     existing_profile: Mapping[str, Any] | str | None,
     pages: Sequence[Any],
     *,
+    known_user: Sequence[tuple[int, str]] = (),
+    known_assistant: Sequence[tuple[int, str]] = (),
     max_page_chars: int | None = DEFAULT_PAGE_CHARS,
 ) -> tuple[Messages, Schema]:
-    """Stages 4+5+6 for a promoted segment's pages in one call.
+    """Stages 4+5+6 for a promoted segment's pages in one call, with the owners' known
+    (live) facts as ``(entry id, text)`` to decide each new fact against.
 
-    -> ``{"profile_updates": {key: str}, "user_facts": [str], "assistant_facts": [str]}``.
+    -> ``{"profile_updates": {key: str}, "user_facts": [{"fact", "action", "entry"}],
+    "assistant_facts": [...]}``.
     """
     content = (
         f"Existing profile:\n{_profile_text(existing_profile)}\n\n"
+        f"KNOWN user facts:\n{_known_facts(known_user)}\n\n"
+        f"KNOWN assistant facts:\n{_known_facts(known_assistant)}\n\n"
         f"New pages:\n{render_pages(pages, max_page_chars=max_page_chars)}"
     )
     return _messages("fused_promotion", content), _schema("fused_promotion")
+
+
+def _known_facts(known: Sequence[tuple[int, str]]) -> str:
+    lines = [f"- [{eid}] {_clean(text)}" for eid, text in known]
+    return "\n".join(lines) if lines else "(none)"
 
 
 def _bullets(items: Iterable[Any], empty: str = "(none)") -> str:
@@ -760,6 +796,9 @@ class PromotionResult:
     profile_updates: dict[str, str] = field(default_factory=dict)
     user_facts: list[str] = field(default_factory=list)
     assistant_facts: list[str] = field(default_factory=list)
+    # per fact (action, entry id) when the model gave decisions (objects), else None
+    user_decisions: list[tuple[str, int | None]] | None = None
+    assistant_decisions: list[tuple[str, int | None]] | None = None
 
 
 def parse_continuity(value: Any) -> bool | None:
@@ -843,11 +882,47 @@ def parse_fused_promotion(
     if obj is None:
         return None
     prof = _parse_profile_updates(obj.get("profile_updates", {}))
-    uf = _parse_str_list(obj.get("user_facts", []), max_facts, MAX_FACT_CHARS)
-    af = _parse_str_list(obj.get("assistant_facts", []), max_facts, MAX_FACT_CHARS)
+    uf = _parse_facts(obj.get("user_facts", []), max_facts)
+    af = _parse_facts(obj.get("assistant_facts", []), max_facts)
     if prof is None or uf is None or af is None:
         return None
-    return PromotionResult(prof, uf, af)
+    return PromotionResult(prof, uf[0], af[0], uf[1], af[1])
+
+
+def _parse_facts(
+    v: Any, max_items: int
+) -> tuple[list[str], list[tuple[str, int | None]] | None] | None:
+    """Facts as plain strings or ``{"fact", "action", "entry"}`` objects -> (texts, decisions
+    or None when no item carried one). An unknown action is "add"; a non-list -> None."""
+    if not isinstance(v, list):
+        return None
+    texts: list[Any] = []
+    actions: list[tuple[str, int | None]] = []
+    decided = False
+    for item in v:
+        if isinstance(item, dict):
+            decided = True
+            action = item.get("action")
+            entry = item.get("entry")
+            ok = isinstance(entry, int) and not isinstance(entry, bool) and entry > 0
+            act = action if action in FACT_ACTIONS and (ok or action == "add") else "add"
+            texts.append(item.get("fact"))
+            actions.append((act, entry if act != "add" else None))
+        else:
+            texts.append(item)
+            actions.append(("add", None))
+    kept = _parse_str_list(texts, max_items, MAX_FACT_CHARS)
+    if kept is None:
+        return None
+    if not decided:
+        return kept, None
+    # _parse_str_list drops empty and repeated items: keep the decision of each kept text
+    by_text: dict[str, tuple[str, int | None]] = {}
+    for t, a in zip(texts, actions, strict=True):
+        if isinstance(t, str):
+            clean = truncate_text(_BULLET_RE.sub("", _clean(t)).strip(), MAX_FACT_CHARS)
+            by_text.setdefault(clean.casefold(), a)
+    return kept, [by_text.get(t.casefold(), ("add", None)) for t in kept]
 
 
 # ================================================================= fallbacks

@@ -61,6 +61,9 @@ class PageOutcome:
 class PromotionWork:
     profile: dict[str, str]
     pages: list[dict[str, Any]]
+    # the owners' live entries (entry id, text) the LLM may update or ignore facts against
+    known_user: list[tuple[int, str]] = field(default_factory=list)
+    known_assistant: list[tuple[int, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -69,6 +72,13 @@ class PromotionOutcome:
     user_facts: list[str]
     assistant_facts: list[str]
     mode: str
+    # per user fact, the index of the page it was taken from (extractive: exactly one page);
+    # None: derived from all of the promotion's pages (an LLM reads them together)
+    user_fact_pages: list[int] | None = None
+    # per fact, the LLM's decision against the known entries: (action, entry id), action
+    # "add" | "update" | "ignore"; None: no decision (the engine's rule decides)
+    user_decisions: list[tuple[str, int | None]] | None = None
+    assistant_decisions: list[tuple[str, int | None]] | None = None
 
 
 @dataclass
@@ -185,16 +195,25 @@ class ExtractiveStages:
         return PageOutcome(continuous, meta or "", summary.summary, keywords, self.mode)
 
     def promotions(self, work: Sequence[PromotionWork]) -> list[PromotionOutcome]:
-        return [PromotionOutcome({}, self._user_facts(w.pages), [], self.mode) for w in work]
+        out = []
+        for w in work:
+            facts = self._user_facts(w.pages)
+            out.append(
+                PromotionOutcome(
+                    {}, [f for f, _ in facts], [], self.mode, user_fact_pages=[i for _, i in facts]
+                )
+            )
+        return out
 
-    def _user_facts(self, pages: Sequence[dict[str, Any]]) -> list[str]:
-        """Sentences in which the user speaks about themself (first person), verbatim."""
-        facts: list[str] = []
-        for p in pages:
+    def _user_facts(self, pages: Sequence[dict[str, Any]]) -> list[tuple[str, int]]:
+        """Sentences in which the user speaks about themself (first person), verbatim, each
+        with the index of the page it is from."""
+        facts: list[tuple[str, int]] = []
+        for i, p in enumerate(pages):
             for sentence in _SENTENCE.split(p.get("user_input") or ""):
                 s = sentence.strip()
                 if 12 <= len(s) <= 300 and _FIRST_PERSON.search(s) and not s.endswith("?"):
-                    facts.append(s)
+                    facts.append((s, i))
         return facts[-self.max_facts :]
 
 
@@ -331,7 +350,16 @@ class LLMStages:
             return []
         if self.fused:
             raw = self._run(
-                "promotion", [prompts.fused_promotion(w.profile, w.pages) for w in work]
+                "promotion",
+                [
+                    prompts.fused_promotion(
+                        w.profile,
+                        w.pages,
+                        known_user=w.known_user,
+                        known_assistant=w.known_assistant,
+                    )
+                    for w in work
+                ],
             )
             parsed = [prompts.parse_fused_promotion(v) if v is not None else None for v in raw]
         else:
@@ -359,7 +387,14 @@ class LLMStages:
                 out.append(fb)
             else:
                 out.append(
-                    PromotionOutcome(r.profile_updates, r.user_facts, r.assistant_facts, "llm")
+                    PromotionOutcome(
+                        r.profile_updates,
+                        r.user_facts,
+                        r.assistant_facts,
+                        "llm",
+                        user_decisions=_known(r.user_decisions, w.known_user),
+                        assistant_decisions=_known(r.assistant_decisions, w.known_assistant),
+                    )
                 )
         self._count_fallbacks("promotion", failed)
         return out
@@ -368,3 +403,14 @@ class LLMStages:
     def respond(self, message_lists: Sequence[list[dict]]) -> list[Any]:
         """Free-text responses for a batch of prompts (no schema)."""
         return self._generate("response", [(m, None) for m in message_lists])
+
+
+def _known(
+    decisions: list[tuple[str, int | None]] | None, known: Sequence[tuple[int, str]]
+) -> list[tuple[str, int | None]] | None:
+    """The LLM's decisions with targets it was not shown dropped (an update or ignore of an
+    unknown entry becomes a plain add: the model cannot change what it did not see)."""
+    if decisions is None:
+        return None
+    shown = {eid for eid, _ in known}
+    return [(a, t) if a == "add" or t in shown else ("add", None) for a, t in decisions]

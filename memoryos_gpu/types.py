@@ -56,6 +56,7 @@ class KnowledgeEntry:
     entry_id: int
     text: str
     score: float | None = None
+    sources: list[int] | None = None  # pages it was derived from (retrieve(..., sources=True))
 
 
 @dataclass(slots=True)

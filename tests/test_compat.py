@@ -61,10 +61,12 @@ def test_reference_workflow_with_an_llm(tmp_path):
     # (both pages share the scripted summary, so one segment is promoted twice)
     promotions = memo.engine.stats()["counters"]["promotions"]
     assert promotions == 2
-    assert stats["has_user_profile"] and stats["assistant_knowledge_count"] == promotions
+    # the same fact from both promotions is one entry, strengthened (no copy)
+    assert stats["has_user_profile"] and stats["assistant_knowledge_count"] == 1
     assert "talkative" in memo.get_user_profile_summary()
     summary = memo.get_assistant_knowledge_summary()
-    assert [e["knowledge"] for e in summary] == ["Assistant suggested cat toys."] * promotions
+    assert [e["knowledge"] for e in summary] == ["Assistant suggested cat toys."]
+    assert memo.engine.knowledge("alice")["assistant"][0]["strength"] == promotions
     assert all(len(e["timestamp"]) == len("2025-01-01 10:00:00") for e in summary)
     ctx = memo.retrieve_context("What is my cat called?")
     assert set(ctx) >= {

@@ -257,10 +257,11 @@ def _assistant_script(req: Any) -> Any:
         return {"continuous": False, "meta": "m", "summary": "s", "keywords": []}
     if req.stage == "promotion":
         user = content.split("Note ")[-1].split(".")[0] if "Note " in content else "?"
+        pages = content.split("New pages:")[-1]  # not the known facts: a shard's may lag
         return {
             "profile_updates": {},
             "user_facts": [],
-            "assistant_facts": [f"the assistant helped with note {user} ({len(content)})"],
+            "assistant_facts": [f"the assistant helped with note {user} ({len(pages)})"],
         }
     return "ok"
 

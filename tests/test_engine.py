@@ -854,6 +854,9 @@ def test_get_update_delete_page_and_knowledge_with_history(make_engine, kit):
     assert eng.delete_page(p3) and peek(eng, "u", "x").stm == []
     with pytest.raises(KeyError):
         eng.update_page(p1, user_input="x")
+    # the facts derived from p1 went with it; the re-analysis of p2 derives them again
+    assert all(p1 not in e["sources"] for e in eng.knowledge("u")["user"])
+    eng.flush()
     # knowledge entries
     kn = eng.knowledge("u")["user"]
     assert [e["text"] for e in kn[:2]] == ["User owns a red bike.", "User is 30."]
@@ -884,9 +887,12 @@ def test_get_update_delete_page_and_knowledge_with_history(make_engine, kit):
     assert [h["event_id"] for h in eng.history("u")] == sorted(
         h["event_id"] for h in eng.history("u")
     )
+    # the events of deleted items keep no content; a live item's edit keeps before / after
     upd = next(h for h in eng.history("u") if h["action"] == "update" and h["item_id"] == p1)
-    assert upd["detail"]["before"]["user_input"] == "p1"
-    assert upd["detail"]["after"]["user_input"] == new_text
+    assert upd["detail"] == {}
+    assert all(h["detail"] == {} for h in eng.history("u") if h["action"] == "delete")
+    kupd = next(h for h in eng.history("u") if h["item_kind"] == "knowledge")
+    assert kupd["detail"] == {"before": "User owns a red bike.", "after": "User owns a blue bike."}
 
 
 # ---------------------------------------------------------------------------- extractive

@@ -237,13 +237,16 @@ def test_update_delete_and_history(memory: Memory) -> None:
     assert memory.get(pid)["updated_at"] is not None
     memory.update(pid, agent_response="Welcome!")
     assert memory.get(pid)["memory"] == "User: cy moved to Boston\nAssistant: Welcome!"
-    memory.delete(pid)
-    assert memory.get(pid) is None
     hist = memory.history(pid)
-    assert [h["event"] for h in hist] == ["ADD", "UPDATE", "UPDATE", "DELETE"]
+    assert [h["event"] for h in hist] == ["ADD", "UPDATE", "UPDATE"]
     assert hist[0]["new_memory"].startswith("User: cy message number 0")
     assert hist[1]["old_memory"] == hist[0]["new_memory"]
     assert hist[1]["new_memory"] == "User: cy moved to Boston\nAssistant: answer 0"
+    memory.delete(pid)
+    assert memory.get(pid) is None
+    hist = memory.history(pid)  # the events stay, the deleted text does not
+    assert [h["event"] for h in hist] == ["ADD", "UPDATE", "UPDATE", "DELETE"]
+    assert "Boston" not in str(hist) and "message number" not in str(hist)
     assert hist[3]["is_deleted"] and hist[3]["new_memory"] is None
     with pytest.raises(ValueError, match=f"Memory with id {pid} not found"):
         memory.delete(pid)

@@ -251,6 +251,41 @@ def test_parse_fused():
     assert P.parse_fused_promotion({**prom, "profile_updates": "openness"}) is None
 
 
+def test_fused_promotion_decisions():
+    """Facts may carry add / update / ignore decisions against the known entries shown; plain
+    strings (older models, scripted tests) are adds; a decision without a usable entry id, or
+    with an unknown action, is an add."""
+    got = P.parse_fused_promotion(
+        {
+            "user_facts": [
+                {"fact": "The user moved to Boston.", "action": "update", "entry": 7},
+                {"fact": "The user has a dog.", "action": "ignore", "entry": 2},
+                {"fact": "The user sings.", "action": "update"},
+                {"fact": "The user skis.", "action": "explode", "entry": 1},
+                "The user reads.",
+            ]
+        }
+    )
+    assert got.user_facts == [
+        "The user moved to Boston.",
+        "The user has a dog.",
+        "The user sings.",
+        "The user skis.",
+        "The user reads.",
+    ]
+    assert got.user_decisions == [
+        ("update", 7),
+        ("ignore", 2),
+        ("add", None),
+        ("add", None),
+        ("add", None),
+    ]
+    assert got.assistant_decisions is None
+    assert P.parse_fused_promotion({"user_facts": ["a"]}).user_decisions is None
+    messages, _ = P.fused_promotion({}, [], known_user=[(7, "The user lives in Seattle.")])
+    assert "[7] The user lives in Seattle." in messages[-1]["content"]
+
+
 @pytest.mark.parametrize("stage", SCHEMA_STAGES)
 def test_valid_schema_instances_parse(stage):
     """An instance that satisfies the schema must parse to a non-None result."""
@@ -262,7 +297,11 @@ def test_valid_schema_instances_parse(stage):
         "user_knowledge": {"facts": ["f"]},
         "assistant_knowledge": {"facts": []},
         "fused_page": {"continuous": True, "meta": "m", "summary": "s", "keywords": ["k"]},
-        "fused_promotion": {"profile_updates": {}, "user_facts": [], "assistant_facts": ["a"]},
+        "fused_promotion": {
+            "profile_updates": {},
+            "user_facts": [],
+            "assistant_facts": [{"fact": "a", "action": "update", "entry": 3}],
+        },
     }
     jsonschema.validate(samples[stage], P.SCHEMAS[stage], cls=Draft202012Validator)
     assert getattr(P, f"parse_{stage}")(samples[stage]) is not None

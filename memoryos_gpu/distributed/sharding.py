@@ -738,8 +738,8 @@ class ShardedEngine:
     def profile(self, user_id: str) -> dict[str, str]:
         return self.engine_for(user_id).profile(user_id)
 
-    def knowledge(self, user_id: str) -> dict[str, list[dict[str, Any]]]:
-        return self.engine_for(user_id).knowledge(user_id)
+    def knowledge(self, user_id: str, *, history: bool = False) -> dict[str, list[dict[str, Any]]]:
+        return self.engine_for(user_id).knowledge(user_id, history=history)
 
     def history(self, user_id: str) -> list[dict[str, Any]]:
         return self.engine_for(user_id).history(user_id)

@@ -23,22 +23,25 @@ kernel (segments, pages, user knowledge, assistant knowledge), then feeds heat b
 
 Where each mechanic lives (one per file, each a small class over the shared state):
 
-==================  =========================================================================
-``facade.py``       :class:`MemoryEngine`: construction, the public API, the hooks
-``state.py``        the shared state (users, slot maps, arena, store, caches, counters, lock)
-                    and its slot bookkeeping; the hook protocol the parts call back through
-``validation.py``   text / id / timestamp / page checks and limits, ``InvalidInputError``
-``page_text.py``    the text a page is embedded from and its BM25 row is indexed from
-``stm.py``          accepting pages; the STM FIFO and its overflow into pending work
-``derived.py``      the rounds that drain pending work; saving the keyword statistics
-``mtm.py``          segments: matching a round, join / open, eviction, the dialogue chain
-``heat.py``         retrieval hits, heat recomputation, promotion queueing, stats write-behind
-``lpm.py``          promotions into profile and knowledge rings; profile / knowledge reads
-``retrieval.py``    the batched retrieval pipeline (kernels, lexical fusion, assembly)
-``responses.py``    ``respond_many``: retrieval, prompts, one LLM batch, the exchange added
-``items.py``        item-level get / update / delete, history, export / delete of a user
-``rebuild.py``      loading the store into the arena on open, resuming pending work
-==================  =========================================================================
+======================  =======================================================================
+``facade.py``           :class:`MemoryEngine`: construction, the public API, the hooks
+``state.py``            the shared state (users, slot maps, arena, store, caches, counters, lock)
+                        and its slot bookkeeping; the hook protocol the parts call back through
+``validation.py``       text / id / timestamp / page checks and limits, ``InvalidInputError``
+``page_text.py``        the text a page is embedded from and its BM25 row is indexed from
+``stm.py``              accepting pages; the STM FIFO and its overflow into pending work
+``derived.py``          the rounds that drain pending work; saving the keyword statistics
+``mtm.py``              segments: matching a round, join / open, eviction, the dialogue chain
+``heat.py``             retrieval hits, heat recomputation, promotion queueing, stats write-behind
+``lpm.py``              promotions into profile and knowledge rings; profile / knowledge reads
+``knowledge_ring.py``   one promotion's writes to the rings: add, strengthen, supersede
+``conflicts.py``        what a new fact does to the live ones (duplicate, contradiction, new)
+``retrieval.py``        the batched retrieval pipeline (kernels, lexical fusion, assembly)
+``responses.py``        ``respond_many``: retrieval, prompts, one LLM batch, the exchange added
+``items.py``            item-level get / update / delete, history, export / delete of a user
+``forget.py``           delete_page and what deleting forgets (derived items, summaries, stats)
+``rebuild.py``          loading the store into the arena on open, resuming pending work
+======================  =======================================================================
 
 Two departures from a one-file-per-tier split, and why: heat has its own file because both the
 MTM writers and retrieval feed it, and its write-behind is the piece the retrieval path must

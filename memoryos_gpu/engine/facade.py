@@ -20,7 +20,7 @@ from memoryos_gpu import ops
 from memoryos_gpu.arena import Arena, ArenaConfig
 from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
-from memoryos_gpu.store import SQLiteStore, open_store
+from memoryos_gpu.store import SQLiteStore, derivations, open_store
 from memoryos_gpu.text.keywords import KeywordExtractor
 from memoryos_gpu.text.vocabulary import UserVocabulary
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
@@ -282,10 +282,15 @@ class MemoryEngine:
         top_pages: int | None = None,
         top_segments: int | None = None,
         at: float | None = None,
+        sources: bool = False,
     ) -> Retrieval:
         """STM whole, the top MTM pages, and LPM profile + knowledge for one query."""
         return self.retrieve_many(
-            [(user_id, query)], top_pages=top_pages, top_segments=top_segments, at=at
+            [(user_id, query)],
+            top_pages=top_pages,
+            top_segments=top_segments,
+            at=at,
+            sources=sources,
         )[0]
 
     def retrieve_many(
@@ -296,11 +301,18 @@ class MemoryEngine:
         top_segments: int | None = None,
         at: float | None = None,
         update_heat: bool = True,
+        sources: bool = False,
     ) -> list[Retrieval]:
         """Many users' queries in one batched pass: one embedding batch, one call per kernel,
-        then heat feedback (unless ``update_heat=False``)."""
+        then heat feedback (unless ``update_heat=False``); ``sources``: knowledge entries
+        name the pages they were derived from."""
         return self._retrieval.retrieve_many(
-            queries, top_pages=top_pages, top_segments=top_segments, at=at, update_heat=update_heat
+            queries,
+            top_pages=top_pages,
+            top_segments=top_segments,
+            at=at,
+            update_heat=update_heat,
+            sources=sources,
         )
 
     def respond(self, user_id: str, query: str, **kw: Any) -> Response:
@@ -329,9 +341,18 @@ class MemoryEngine:
     def profile(self, user_id: str) -> dict[str, str]:
         return self._lpm.profile(user_id)
 
-    def knowledge(self, user_id: str) -> dict[str, list[dict[str, Any]]]:
-        """Live user knowledge and the user's assistant's knowledge, oldest first."""
-        return self._lpm.knowledge(user_id)
+    def knowledge(self, user_id: str, *, history: bool = False) -> dict[str, list[dict[str, Any]]]:
+        """Live user knowledge and the user's assistant's knowledge, oldest first, each entry
+        with its sources and validity; ``history``: superseded and dropped entries too."""
+        return self._lpm.knowledge(user_id, history)
+
+    def knowledge_sources(self, entry_ids: Sequence[int]) -> dict[int, list[int]]:
+        """The source page ids of knowledge entries, by entry id (one store query)."""
+        return derivations.sources(self.store, derivations.KNOWLEDGE, entry_ids)
+
+    def get_knowledge(self, entry_id: int) -> dict[str, Any] | None:
+        """One knowledge entry (live or not) with its sources, validity and strength."""
+        return self.store.knowledge_rows([entry_id]).get(int(entry_id))
 
     # ================================================================== item-level control
     def get_page(self, page_id: int) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
 from memoryos_gpu.store.sqlite import emb_blob
 
+from .forget import Forgetting
 from .heat import Heat
 from .page_text import page_terms_of, page_text
 from .state import EngineState
@@ -30,6 +31,7 @@ class Items:
     def __init__(self, state: EngineState, heat: Heat) -> None:
         self._s = state
         self._heat = heat
+        self._forget = Forgetting(state)
 
     # ---------------------------------------------------------------- pages
     def get_page(self, page_id: int) -> dict[str, Any] | None:
@@ -97,42 +99,8 @@ class Items:
             return self.get_page(page_id)
 
     def delete_page(self, page_id: int) -> bool:
-        """Remove a page from every tier; its chain neighbours are unlinked."""
-        s = self._s
-        with s.lock:
-            row = self.get_page(page_id)
-            if row is None:
-                return False
-            user = s.users.get(row["user_id"])
-            old_terms = terms_from_blobs([s.store.page_terms([page_id]).get(page_id)])
-            with s.store.transaction() as db:
-                db.execute("DELETE FROM pending WHERE kind = 'page' AND ref = ?", (page_id,))
-                db.execute("UPDATE pages SET next_page = NULL WHERE next_page = ?", (page_id,))
-                db.execute("UPDATE pages SET prev_page = NULL WHERE prev_page = ?", (page_id,))
-                db.execute("DELETE FROM pages WHERE page_id = ?", (page_id,))
-                if user is not None and page_id in user.stm:
-                    user.stm.remove(page_id)
-                if user is not None and user.chain_tail == page_id:
-                    user.chain_tail = None
-                    db.execute(
-                        "UPDATE users SET chain_tail = NULL WHERE user_id = ?", (user.user_id,)
-                    )
-                s.store.audit(
-                    db,
-                    row["user_id"],
-                    "delete",
-                    "page",
-                    page_id,
-                    {"before": {k: row[k] for k in ("user_input", "agent_response")}},
-                )
-            s.edits += 1
-            # memory follows the committed store: arena row, term row and view go together
-            slots = np.flatnonzero(s.page_of_slot == page_id)
-            s.arena.delete_pages(slots)
-            s.page_of_slot[slots] = -1
-            s.views.drop_pages([page_id])
-            s.vocabulary.add([row["user_id"]], old_terms, sign=-1)
-            return True
+        """Remove a page from every tier and everything derived from it (forget.py)."""
+        return self._forget.delete_page(page_id)
 
     # ---------------------------------------------------------------- knowledge
     def update_knowledge(self, entry_id: int, text: str) -> dict[str, Any]:
@@ -169,16 +137,20 @@ class Items:
             rows = s.store.knowledge_rows([entry_id])
             if entry_id not in rows:
                 return False
+            s.store.begin_erasure()
             with s.store.transaction() as db:
                 db.execute("DELETE FROM knowledge WHERE entry_id = ?", (entry_id,))
-                s.store.audit(
-                    db,
-                    _audit_owner(rows[entry_id]),
-                    "delete",
-                    "knowledge",
-                    entry_id,
-                    {"before": rows[entry_id]["text"]},
+                db.execute(
+                    "DELETE FROM provenance WHERE item_kind = 'knowledge' AND item_id = ?",
+                    (entry_id,),
                 )
+                # the deletion is kept, the text is not (nor in the entry's earlier edits)
+                db.execute(
+                    "UPDATE audit SET detail = '{}' WHERE item_kind = 'knowledge' AND item_id = ?",
+                    (entry_id,),
+                )
+                s.store.audit(db, _audit_owner(rows[entry_id]), "delete", "knowledge", entry_id)
+            s.store.checkpoint()
             where = np.argwhere(s.entry_of_ring == entry_id)
             if where.size:
                 s.arena.delete_knowledge(where[:, 0], where[:, 1])
@@ -205,27 +177,32 @@ class Items:
             return data
 
     def delete_user(self, user_id: str) -> bool:
-        """Remove every row and arena slot held about the user."""
+        """Remove every row and arena slot held about the user, and everything derived from
+        the user's pages elsewhere (assistant knowledge, keyword statistics)."""
         s = self._s
         with s.lock:
-            page_ids = [
-                r[0]
-                for r in s.store.query("SELECT page_id FROM pages WHERE user_id = ?", (user_id,))
-            ]
+            pages = s.store.query(
+                "SELECT page_id, user_input || ' ' || agent_response FROM pages WHERE user_id = ?",
+                (user_id,),
+            )
             user = s.users.get(user_id)
             s.edits += 1
-            s.views.drop_pages(page_ids)
+            s.views.drop_pages(p for p, _ in pages)
             s.profiles.pop(user_id, None)
             s.vocabulary.forget(user_id)
-            if user is None:
-                return s.store.delete_user(user_id)
-            s.views.drop_knowledge(int(e) for e in s.entry_of_ring[user.owner] if e >= 0)
-            for slot in s.arena.live_segments(user.slot):
-                s.page_of_slot[s.arena.segment_pages(user.slot, int(slot))] = -1
-            s.drop_user_state(user)  # segments, pages and their term rows, knowledge ring
-            s.segment_of[user.slot] = -1
-            s.entry_of_ring[user.owner] = -1
-            return s.store.delete_user(user_id)
+            if user is not None:
+                s.views.drop_knowledge(int(e) for e in s.entry_of_ring[user.owner] if e >= 0)
+                for slot in s.arena.live_segments(user.slot):
+                    s.page_of_slot[s.arena.segment_pages(user.slot, int(slot))] = -1
+                s.drop_user_state(user)  # segments, pages and their term rows, knowledge ring
+                s.segment_of[user.slot] = -1
+                s.entry_of_ring[user.owner] = -1
+            forgotten = s.store.delete_user(user_id)
+            if forgotten is None:
+                return False
+            s.extractor.remove(t for _, t in pages)
+            self._forget.drop(forgotten)
+            return True
 
 
 def _audit_owner(row: dict[str, Any]) -> str:

@@ -20,10 +20,14 @@ from typing import Any
 import numpy as np
 
 from memoryos_gpu.stages import PromotionOutcome, PromotionWork
-from memoryos_gpu.store.sqlite import emb_blob
+from memoryos_gpu.store.derivations import PROFILE, record
 
 from .heat import Heat
+from .knowledge_ring import KnowledgeRing
 from .state import EngineHooks, EngineState, Fact, UserState, WorkItem, still_pending
+
+#: Live entries per owner shown to a fused LLM promotion (its add / update / ignore targets).
+KNOWN_SHOWN = 30
 
 
 @dataclass
@@ -85,15 +89,26 @@ class LongTerm:
             for (_, _, sid), u in zip(items, users, strict=True)
         ]
         read_profiles = [profiles.get(uid, {}) for _, uid, _ in items]
+        known = s.stages.mode == "llm"  # only an LLM is shown the live entries
         work = [
             PromotionWork(
                 profile,
                 [{"user_input": p[1], "agent_response": p[2], "timestamp": p[3]} for p in rows],
+                self._known(u.owner) if known else [],
+                self._known(s.assistant_slot(u.assistant_id)) if known else [],
             )
-            for profile, rows in zip(read_profiles, pages, strict=True)
-            if rows
+            for profile, rows, u in zip(read_profiles, pages, users, strict=True)
+            if rows and u is not None
         ]
         return _PromotionInput(items, users, pages, read_profiles, work, s.edits)
+
+    def _known(self, owner: int) -> list[tuple[int, str]]:
+        """The newest live entries of a ring (id, text), at most ``KNOWN_SHOWN``: what a fused
+        LLM promotion decides its facts against."""
+        ids = self._s.entry_of_ring[owner]
+        ids = np.sort(ids[ids >= 0])[-KNOWN_SHOWN:]
+        texts = self._s.views.knowledge
+        return [(int(e), texts[int(e)]) for e in ids if int(e) in texts]
 
     def _unanalysed(self, segment_ids: list[int]) -> dict[int, list[tuple]]:
         """(page id, user input, agent response, timestamp) of each segment's pages not yet
@@ -119,8 +134,19 @@ class LongTerm:
             if out is None or user is None:
                 continue
             uid, aid = user.user_id, user.assistant_id
-            facts += [("user", uid, f, out.mode) for f in out.user_facts]
-            facts += [("assistant", aid, f, out.mode) for f in out.assistant_facts]
+            rows = read.pages[i]
+            every = tuple(int(p[0]) for p in rows)
+            newest = max(float(p[3]) for p in rows)
+            picks = out.user_fact_pages
+            for j, f in enumerate(out.user_facts):
+                src = every if picks is None else (int(rows[picks[j]][0]),)
+                at = newest if picks is None else float(rows[picks[j]][3])
+                facts.append(
+                    Fact("user", uid, f, out.mode, src, uid, at, _nth(out.user_decisions, j))
+                )
+            for j, f in enumerate(out.assistant_facts):
+                decision = _nth(out.assistant_decisions, j)
+                facts.append(Fact("assistant", aid, f, out.mode, every, uid, newest, decision))
             of += [i] * (len(out.user_facts) + len(out.assistant_facts))
         return facts, np.asarray(of, np.int64)
 
@@ -181,6 +207,8 @@ class LongTerm:
                     )
                     new_profiles[uid] = profile
                 page_ids = [p[0] for p in read.pages[i]]
+                if out.profile_updates and s.memory.provenance:
+                    record(db, PROFILE, [(0, k, page_ids, uid) for k in out.profile_updates])
                 marks = ",".join("?" * len(page_ids))
                 db.execute(f"UPDATE pages SET analysed = 1 WHERE page_id IN ({marks})", page_ids)
                 self._reset_segment(db, uid, sid)
@@ -215,40 +243,29 @@ class LongTerm:
         )
 
     def push_knowledge(self, db: Any, facts: list[Fact], emb: np.ndarray) -> None:
-        """Write facts into their owners' rings, arena and store: each gets the ring's next
-        ``seq``; the entry it overwrites (``seq - capacity``) stops being live."""
-        s = self._s
-        cap = s.memory.knowledge_capacity
-        owners = np.array(
-            [s.users[o].owner if k == "user" else s.assistant_slot(o) for k, o, _, _ in facts],
-            np.int32,
-        )
-        heads = {int(o): s.arena.ring_head(int(o)) for o in owners}
-        ring = s.arena.push_knowledge(owners, emb)
-        s.grow_maps()
-        t = time.time()
-        for (kind, owner_id, text, mode), o, r, vec in zip(facts, owners, ring, emb, strict=True):
-            seq = heads[int(o)]
-            heads[int(o)] += 1
-            db.execute(
-                "UPDATE knowledge SET live = 0 WHERE owner_kind = ? AND owner_id = ? AND seq <= ?",
-                (kind, owner_id, seq - cap),
-            )
-            cur = db.execute(
-                "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, "
-                "mode, created) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING entry_id",
-                (kind, owner_id, seq, text, emb_blob(vec), mode, t),
-            )
-            entry_id = cur.fetchone()[0]
-            if s.entry_of_ring[o, r] >= 0:  # the FIFO dropped the entry that held this slot
-                s.views.drop_knowledge([int(s.entry_of_ring[o, r])])
-            s.entry_of_ring[o, r] = entry_id
-            s.views.put_knowledge(entry_id, text)
-            table = "users" if kind == "user" else "assistants"
-            key = "user_id" if kind == "user" else "assistant_id"
-            db.execute(
-                f"UPDATE {table} SET knowledge_head = ? WHERE {key} = ?", (seq + 1, owner_id)
-            )
+        """Write facts into their owners' rings, arena and store, each compared first with
+        the owner's live entries (:mod:`~memoryos_gpu.engine.conflicts`): the same fact again
+        strengthens its entry, a contradicting one supersedes it, the rest are added (each
+        gets the ring's next ``seq``; the entry it overwrites stops being live)."""
+        facts = [f if isinstance(f, Fact) else Fact(*f) for f in facts]
+        ring = KnowledgeRing(self._s, db)
+        order, decisions = ring.decide(facts, emb)
+        made: dict[int, int] = {}  # fact index -> the entry it made
+        for i in order:  # by time said: a target in the batch is made before it is named
+            fact, vec, d = facts[i], emb[i], decisions[i]
+            target = made.get(-d.target - 1) if d.target is not None and d.target < 0 else d.target
+            if d.action == "merge" and target is not None:
+                ring.strengthen(target, fact)
+            elif d.action == "outdated" and target is not None:
+                before = (
+                    made.get(-d.before - 1) if d.before is not None and d.before < 0 else d.before
+                )
+                made[i] = ring.add_outdated(fact, vec, i, target, before)
+            else:
+                made[i] = ring.add(fact, vec, i)
+                if d.action == "supersede" and target is not None:
+                    ring.supersede(target, made[i], fact)
+        ring.finish()
 
     def queue_promotions(self, user_id: str, segment_slot: int | None = None) -> None:
         """Queue a user's live segments (or one slot) for promotion, whatever their heat."""
@@ -273,10 +290,16 @@ class LongTerm:
         self._s.user(user_id)
         return dict(self._s.profiles.get(user_id, {}))
 
-    def knowledge(self, user_id: str) -> dict[str, list[dict[str, Any]]]:
-        """Live user knowledge and the user's assistant's knowledge, oldest first."""
+    def knowledge(self, user_id: str, history: bool = False) -> dict[str, list[dict[str, Any]]]:
+        """Live user knowledge and the user's assistant's knowledge, oldest first (``history``:
+        superseded and dropped entries too)."""
         u = self._s.user(user_id)
+        st = self._s.store
         return {
-            "user": self._s.store.owner_knowledge("user", user_id),
-            "assistant": self._s.store.owner_knowledge("assistant", u.assistant_id),
+            "user": st.owner_knowledge("user", user_id, live_only=not history),
+            "assistant": st.owner_knowledge("assistant", u.assistant_id, live_only=not history),
         }
+
+
+def _nth(decisions: list[tuple[str, int | None]] | None, j: int) -> tuple[str, int | None] | None:
+    return decisions[j] if decisions is not None and j < len(decisions) else None

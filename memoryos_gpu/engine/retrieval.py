@@ -25,6 +25,7 @@ import numpy as np
 from memoryos_gpu import ops
 from memoryos_gpu.lexical import query_terms
 from memoryos_gpu.ops.retrieval import RetrievalParams, credit_served, retrieve, to_host
+from memoryos_gpu.store import derivations
 from memoryos_gpu.types import Retrieval
 
 from .assembly import assemble
@@ -49,8 +50,11 @@ class RetrievalPipeline:
         top_segments: int | None = None,
         at: float | None = None,
         update_heat: bool = True,
+        sources: bool = False,
     ) -> list[Retrieval]:
-        """Many users' queries in one batched pass (see the module docstring)."""
+        """Many users' queries in one batched pass (see the module docstring); ``sources``:
+        each knowledge entry also says which pages it was derived from (one store query for
+        the whole batch, only when asked)."""
         t_start = time.perf_counter()
         s = self._s
         m = s.memory
@@ -107,6 +111,8 @@ class RetrievalPipeline:
                 (a_scores, _entries(s.entry_of_ring, a_owners, a_ring)),
             )
             s.counters["retrievals"] += n
+        if sources:
+            _add_sources(s, out)
         t = self.timing
         t["batches"] += 1
         t["queries"] += n
@@ -127,3 +133,11 @@ class RetrievalPipeline:
 def _entries(entry_of_ring: np.ndarray, owners: np.ndarray, ring: np.ndarray) -> np.ndarray:
     """Knowledge entry ids of ring positions ``[B, k]`` (-1 where the kernel found none)."""
     return np.where(ring >= 0, entry_of_ring[owners[:, None], np.maximum(ring, 0)], -1)
+
+
+def _add_sources(s: EngineState, out: list[Retrieval]) -> None:
+    """Fill ``sources`` of every returned knowledge entry, with one query for the batch."""
+    entries = [e for r in out for e in (*r.user_knowledge, *r.assistant_knowledge)]  # returned
+    found = derivations.sources(s.store, derivations.KNOWLEDGE, [e.entry_id for e in entries])
+    for e in entries:
+        e.sources = found.get(e.entry_id, [])

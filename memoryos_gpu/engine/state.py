@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -36,7 +36,21 @@ from memoryos_gpu.types import AddResult, PageInput, Retrieval
 
 DEFAULT_ASSISTANT = "default"
 
-Fact = tuple[str, str, str, str]  # (owner kind "user" | "assistant", owner id, text, mode)
+
+class Fact(NamedTuple):
+    """A fact a promotion found, on its way into its owner's ring. The first four fields are
+    what a plain 4-tuple carries (the shard engine's outbox passes those: no provenance)."""
+
+    kind: str  # owner kind, "user" | "assistant"
+    owner_id: str
+    text: str
+    mode: str
+    pages: tuple[int, ...] = ()  # the pages it was derived from
+    source_user: str | None = None  # whose pages those are
+    valid_from: float | None = None  # the newest of those pages' timestamps
+    decision: tuple[str, int | None] | None = None  # the LLM's (action, entry id), if any
+
+
 WorkItem = tuple[int, str, int]  # a pending row: (work id, user id, ref: page or segment id)
 
 

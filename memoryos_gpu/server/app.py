@@ -226,6 +226,32 @@ def create_app(
             raise ApiError(404, "not_found", f"user {user_id!r} has no knowledge entry {entry_id}")
         return row
 
+    async def _add_sources(results: list[Any]) -> None:
+        """Name the source pages of every knowledge entry the results return: one store query
+        per engine (shard), outside the retrieval batch, so only requests that ask pay."""
+        groups: dict[int, tuple[Any, list[Any]]] = {}
+        for r in results:
+            eng = service.engine_for(r.user_id)
+            entries = [*r.user_knowledge, *r.assistant_knowledge]
+            groups.setdefault(id(eng), (eng, []))[1].extend(entries)
+        for eng, entries in groups.values():
+            found = await service.call(eng.knowledge_sources, [e.entry_id for e in entries])
+            for e in entries:
+                e.sources = found.get(e.entry_id, [])
+
+    async def _readable_entry(scope: Scope, user_id: str, entry_id: int) -> dict[str, Any]:
+        """A user's own entry, or one of the user's assistant's (what the user is served)."""
+        uid = scope.user(user_id)
+        engine = service.engine_for(uid)
+        row = await service.call(engine.get_knowledge, entry_id) if storable_id(entry_id) else None
+        if row is not None and row["owner_kind"] == "assistant":
+            user = await service.call(engine.store.user_row, uid)
+            if user is not None and user["assistant_id"] == row["owner_id"]:
+                return row
+        if row is None or row["owner_kind"] != "user" or row["owner_id"] != uid:
+            raise ApiError(404, "not_found", f"user {user_id!r} has no knowledge entry {entry_id}")
+        return row
+
     # ------------------------------------------------------------------ probes
     @app.get(
         "/health",
@@ -288,6 +314,8 @@ def create_app(
         r = await service.retrieve(
             uid, body.query, top_pages=body.top_pages, top_segments=body.top_segments
         )
+        if body.sources:
+            await _add_sources([r])
         return json_response(_retrieval_out(scope, r))
 
     @app.post(
@@ -356,6 +384,7 @@ def create_app(
                 for u, q in zip(uids, body.queries, strict=True)
             )
         )
+        await _add_sources([r for r, q in zip(res, body.queries, strict=True) if q.sources])
         return json_response({"results": [_retrieval_out(scope, r) for r in res]})
 
     @app.post(
@@ -416,14 +445,33 @@ def create_app(
         tags=["users"],
         summary="User and assistant knowledge",
         description="Live user-knowledge entries and the user's assistant's knowledge, oldest "
-        "first.",
+        "first, each with the pages it was derived from (`sources`), its validity and strength; "
+        "`history=true` adds the superseded and dropped entries.",
         response_model=m.KnowledgeOut,
     )
-    async def knowledge(user_id: UserId, request: Request) -> Any:
+    async def knowledge(
+        user_id: UserId,
+        request: Request,
+        history: Annotated[bool, Query(description="Superseded and dropped entries too.")] = False,
+    ) -> Any:
         scope = tenancy(request)
         uid = scope.user(user_id)
-        kn = await service.call(service.engine_for(uid).knowledge, uid)
+        kn = await service.call(service.engine_for(uid).knowledge, uid, history=history)
         return json_response(scope.strip_ids({"user_id": user_id, **kn}))
+
+    @app.get(
+        "/v1/users/{user_id}/knowledge/{entry_id}",
+        tags=["users"],
+        summary="One knowledge entry",
+        description="One of the user's knowledge entries, or of the user's assistant's, live or "
+        "not: its text, the pages it was derived from (`sources`), validity "
+        "(`valid_from`, `valid_to`, `superseded_by`) and `strength`.",
+        response_model=m.KnowledgeEntryOut,
+    )
+    async def get_knowledge(entry_id: int, user_id: UserId, request: Request) -> Any:
+        scope = tenancy(request)
+        row = await _readable_entry(scope, user_id, entry_id)
+        return json_response(scope.strip_ids(row))
 
     @app.patch(
         "/v1/users/{user_id}/knowledge/{entry_id}",

@@ -97,6 +97,9 @@ class RetrieveIn(_Strict):
     query: str = Field(..., description="What to look for.")
     top_pages: int | None = Field(None, ge=1, le=100, description="MTM pages to return (k).")
     top_segments: int | None = Field(None, ge=1, le=50, description="Segments to open (m).")
+    sources: bool = Field(
+        False, description="Name the pages each returned knowledge entry was derived from."
+    )
 
 
 class UserQueryIn(RetrieveIn):
@@ -129,6 +132,9 @@ class Knowledge(BaseModel):
     entry_id: int
     text: str
     score: float | None = None
+    sources: list[int] | None = Field(
+        None, description="Page ids the entry was derived from (when asked for)."
+    )
 
 
 class RetrievalOut(BaseModel):
@@ -174,6 +180,27 @@ class KnowledgeOut(BaseModel):
     user_id: str
     user: list[dict[str, Any]] = Field(..., description="The user's knowledge, oldest first.")
     assistant: list[dict[str, Any]] = Field(..., description="The user's assistant's knowledge.")
+
+
+class KnowledgeEntryOut(BaseModel):
+    """One knowledge entry with its provenance and validity."""
+
+    entry_id: int
+    owner_kind: str
+    owner_id: str
+    seq: int
+    text: str
+    live: bool = Field(
+        ..., description="Retrieved and shown in prompts (not superseded or dropped)."
+    )
+    mode: str
+    created: float
+    strength: int = Field(..., description="Times the fact was said (duplicates merged).")
+    valid_from: float = Field(..., description="When it became true (its newest source page).")
+    valid_to: float | None = Field(None, description="When a newer fact superseded it.")
+    superseded_by: int | None = Field(None, description="The entry that superseded it.")
+    source_user: str | None = Field(None, description="Whose pages it was derived from.")
+    sources: list[int] = Field(..., description="Page ids it was derived from.")
 
 
 class KnowledgeUpdateIn(_Strict):

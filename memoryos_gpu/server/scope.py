@@ -115,7 +115,8 @@ class Scope:
             return {
                 k: (
                     self.strip(v)
-                    if k in ("user_id", "owner_id", "assistant_id", "agent_id", "source")
+                    if k
+                    in ("user_id", "owner_id", "assistant_id", "agent_id", "source", "source_user")
                     else self.strip_ids(v)
                 )
                 for k, v in data.items()

@@ -153,6 +153,27 @@ CREATE INDEX audit_user ON audit(user_id, event_id);
 #: versions, same rules; a callable step gets a :class:`PgConnection`). Add a step to both.
 MIGRATIONS: dict[int, Migration] = {
     1: "ALTER TABLE pages ADD COLUMN terms BYTEA",  # sqlite.MIGRATIONS[1]: page term rows
+    2: """
+CREATE TABLE provenance(
+  item_kind TEXT COLLATE "C" NOT NULL CHECK (item_kind IN ('knowledge', 'profile')),
+  item_id BIGINT NOT NULL,
+  item_key TEXT COLLATE "C" NOT NULL DEFAULT '',
+  page_id BIGINT NOT NULL,
+  user_id TEXT COLLATE "C" NOT NULL,
+  PRIMARY KEY (item_kind, item_id, item_key, page_id)
+);
+CREATE INDEX provenance_page ON provenance(page_id);
+CREATE INDEX provenance_user ON provenance(user_id, item_kind);
+ALTER TABLE knowledge ADD COLUMN valid_from DOUBLE PRECISION;
+ALTER TABLE knowledge ADD COLUMN valid_to DOUBLE PRECISION;
+ALTER TABLE knowledge ADD COLUMN superseded_by BIGINT;
+ALTER TABLE knowledge ADD COLUMN fact_key TEXT COLLATE "C";
+ALTER TABLE knowledge ADD COLUMN strength BIGINT NOT NULL DEFAULT 1;
+CREATE INDEX knowledge_superseded ON knowledge(superseded_by) WHERE superseded_by IS NOT NULL;
+CREATE INDEX knowledge_learned ON knowledge(source_user) WHERE owner_kind = 'assistant';
+UPDATE knowledge SET valid_from = created, source_user = CASE WHEN owner_kind = 'user' THEN
+  owner_id END
+""",  # sqlite.MIGRATIONS[2]: provenance, knowledge validity
 }
 
 #: The key column that stands for SQLite's ``rowid`` in tables whose INTEGER PRIMARY KEY is
@@ -556,8 +577,8 @@ class PostgresStore(SQLiteStore):
             )[0][0]
         )
 
-    def delete_user(self, user_id: str) -> bool:
-        """Remove every row held about the user, in one transaction.
+    def delete_user(self, user_id: str) -> Any:
+        """Remove every row held about the user, in one transaction (what SQLite's does).
 
         Unlike SQLite's ``secure_delete``, PostgreSQL keeps the old row versions on disk until
         VACUUM reuses their space (autovacuum, or ``VACUUM pages`` by an operator), and in its
@@ -566,6 +587,12 @@ class PostgresStore(SQLiteStore):
         """
         with self.transaction() as db:
             return self._delete_user_rows(db, user_id)
+
+    def begin_erasure(self) -> None:
+        """Nothing to switch on: see :meth:`delete_user` for what erasure means here."""
+
+    def checkpoint(self) -> None:
+        """Nothing to do: PostgreSQL's WAL and dead row versions are the server's (above)."""
 
 
 # ====================================================================== one writer per shard

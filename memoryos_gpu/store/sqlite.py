@@ -26,8 +26,15 @@ import numpy as np
 from pydantic import SecretStr
 
 from memoryos_gpu.errors import MemoryOSError
+from memoryos_gpu.store.derivations import (
+    KNOWLEDGE,
+    Forgotten,
+    forget_pages,
+    profile_sources,
+    sources,
+)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SYNCHRONOUS = "FULL"  # an acknowledged page survives power loss, not only a process crash
 
 
@@ -131,7 +138,17 @@ CREATE INDEX audit_user ON audit(user_id, event_id);
 
 # The tables every store at the current version has (checked on open).
 _REQUIRED_TABLES = frozenset(
-    {"meta", "assistants", "users", "segments", "pages", "knowledge", "pending", "audit"}
+    {
+        "meta",
+        "assistants",
+        "users",
+        "segments",
+        "pages",
+        "knowledge",
+        "pending",
+        "audit",
+        "provenance",
+    }
 )
 
 # Forward migrations: MIGRATIONS[v] upgrades a store at version v to v + 1. A value is either
@@ -146,6 +163,31 @@ MIGRATIONS: dict[int, Migration] = {
     # reopen loads the lexical index with the embeddings; rows of older pages are computed
     # from their text on the first open (MemoryEngine rebuild) and written back
     1: "ALTER TABLE pages ADD COLUMN terms BLOB",
+    # 2 -> 3: provenance (which pages each knowledge entry and profile value was derived
+    # from) and the validity of knowledge entries (a newer contradicting fact supersedes an
+    # older one; both are kept). Entries of older stores have no provenance rows: they start
+    # valid from when they were made (memoryos_gpu/store/derivations.py, docs/storage.md).
+    2: """
+CREATE TABLE provenance(
+  item_kind TEXT NOT NULL CHECK (item_kind IN ('knowledge', 'profile')),
+  item_id INTEGER NOT NULL,
+  item_key TEXT NOT NULL DEFAULT '',
+  page_id INTEGER NOT NULL,
+  user_id TEXT NOT NULL,
+  PRIMARY KEY (item_kind, item_id, item_key, page_id)
+) WITHOUT ROWID;
+CREATE INDEX provenance_page ON provenance(page_id);
+CREATE INDEX provenance_user ON provenance(user_id, item_kind);
+ALTER TABLE knowledge ADD COLUMN valid_from REAL;
+ALTER TABLE knowledge ADD COLUMN valid_to REAL;
+ALTER TABLE knowledge ADD COLUMN superseded_by INTEGER;
+ALTER TABLE knowledge ADD COLUMN fact_key TEXT;
+ALTER TABLE knowledge ADD COLUMN strength INTEGER NOT NULL DEFAULT 1;
+CREATE INDEX knowledge_superseded ON knowledge(superseded_by) WHERE superseded_by IS NOT NULL;
+CREATE INDEX knowledge_learned ON knowledge(source_user) WHERE owner_kind = 'assistant';
+UPDATE knowledge SET valid_from = created, source_user = CASE WHEN owner_kind = 'user' THEN
+  owner_id END
+""",
 }
 
 #: Rows fetched per round trip by the bulk loaders (bounds their transient memory).
@@ -803,26 +845,31 @@ class SQLiteStore:
         )
 
     # ------------------------------------------------------------------ knowledge
+    #: The columns of a knowledge entry's readable form (:func:`_knowledge_dict`).
+    _KNOWLEDGE_COLS = (
+        "entry_id, owner_kind, owner_id, seq, text, live, mode, created, strength, valid_from, "
+        "valid_to, superseded_by, source_user"
+    )
+
     def knowledge_rows(self, entry_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Readable entries by id, each with its ``sources`` (the page ids it was derived
+        from), validity (``valid_from``, ``valid_to``, ``superseded_by``) and ``strength``
+        (how many times it was said)."""
         out: dict[int, dict[str, Any]] = {}
         for chunk in _id_chunks(entry_ids):
             marks = ",".join("?" * len(chunk))
             for r in self.query(
-                "SELECT entry_id, owner_kind, owner_id, seq, text, live, mode, "
-                f"created FROM knowledge WHERE entry_id IN ({marks})",
+                f"SELECT {self._KNOWLEDGE_COLS} FROM knowledge WHERE entry_id IN ({marks})",
                 chunk,
             ):
-                out[r[0]] = {
-                    "entry_id": r[0],
-                    "owner_kind": r[1],
-                    "owner_id": r[2],
-                    "seq": r[3],
-                    "text": r[4],
-                    "live": bool(r[5]),
-                    "mode": r[6],
-                    "created": r[7],
-                }
-        return out
+                out[r[0]] = _knowledge_dict(r)
+        return self._with_sources(out)
+
+    def _with_sources(self, rows: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        found = sources(self, KNOWLEDGE, list(rows))
+        for eid, row in rows.items():
+            row["sources"] = found.get(eid, [])
+        return rows
 
     def knowledge_texts(self, entry_ids: Sequence[int]) -> dict[int, str]:
         """Text of each knowledge entry, by id (the engine caches these)."""
@@ -833,24 +880,18 @@ class SQLiteStore:
         return out
 
     def owner_knowledge(self, kind: str, owner_id: str, live_only: bool = True) -> list[dict]:
+        """An owner's entries in ring order (``live_only=False``: superseded and dropped ones
+        too, the history), each as :meth:`knowledge_rows` gives it."""
         rows = self.query(
-            "SELECT entry_id, seq, text, live, mode, created FROM knowledge WHERE "
-            "owner_kind = ? AND owner_id = ?"
+            f"SELECT {self._KNOWLEDGE_COLS} FROM knowledge WHERE owner_kind = ? AND owner_id = ?"
             + (" AND live = 1" if live_only else "")
             + " ORDER BY seq",
             (kind, owner_id),
         )
-        return [
-            {
-                "entry_id": r[0],
-                "seq": r[1],
-                "text": r[2],
-                "live": bool(r[3]),
-                "mode": r[4],
-                "created": r[5],
-            }
-            for r in rows
-        ]
+        out = self._with_sources({r[0]: _knowledge_dict(r) for r in rows})
+        for row in out.values():  # the owner is the caller's question: not repeated
+            del row["owner_kind"], row["owner_id"]
+        return list(out.values())
 
     # ------------------------------------------------------------------ audit
     def audit(
@@ -924,9 +965,21 @@ class SQLiteStore:
             "ORDER BY slot",
             (user_id,),
         )
+        segment_pages: dict[int, list[int]] = {}
+        chains: dict[int, dict[str, Any]] = {}
+        for pid, sid, chain, meta in self.query(
+            "SELECT page_id, segment_id, chain_id, meta FROM pages WHERE user_id = ? ORDER BY seq",
+            (user_id,),
+        ):
+            if sid is not None:
+                segment_pages.setdefault(sid, []).append(pid)
+            if chain is not None:
+                chains.setdefault(chain, {"chain_id": chain, "meta": meta, "sources": []})
+                chains[chain]["sources"].append(pid)
         return {
             "user": user,
             "pages": self.user_pages(user_id),
+            "chains": list(chains.values()),
             "segments": [
                 {
                     "segment_id": r[0],
@@ -938,16 +991,23 @@ class SQLiteStore:
                     "last_access": r[6],
                     "created": r[7],
                     "n_pages": r[8],
+                    "sources": segment_pages.get(r[0], []),
                 }
                 for r in segs
             ],
             "user_knowledge": self.owner_knowledge("user", user_id, live_only=False),
+            "profile_sources": profile_sources(self, user_id),
             "pending": self.count_pending(user_id),
             "history": self.history(user_id),
         }
 
-    def delete_user(self, user_id: str) -> bool:
-        """Remove every row held about the user (pages, segments, knowledge, pending, audit).
+    def delete_user(self, user_id: str) -> Forgotten | None:
+        """Remove every row held about the user (pages, segments, knowledge, pending, audit),
+        everything derived from the user's pages elsewhere (assistant knowledge: see
+        :func:`~memoryos_gpu.store.derivations.forget_pages`) and the saved keyword statistics
+        (they count the user's words; the next open refits them from the pages left). One
+        audit event records the deletion, without content. Returns what was forgotten beyond
+        the user's own rows (None: there was no such user).
 
         Deleted content is overwritten in the database file (``PRAGMA secure_delete``), and the
         write-ahead log is checkpointed and truncated afterwards so older copies of the user's
@@ -955,36 +1015,80 @@ class SQLiteStore:
         hold the log until it finishes).
         """
         with self._lock:
-            self._db.execute("PRAGMA secure_delete = ON")
+            self.begin_erasure()
             with self.transaction() as db:
                 removed = self._delete_user_rows(db, user_id)
-            if self.path != ":memory:" and not self._depth:
-                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            self.checkpoint()
             return removed
 
-    @staticmethod
-    def _delete_user_rows(db: Any, user_id: str) -> bool:
+    def begin_erasure(self) -> None:
+        """Deletions from now on overwrite the freed space (``PRAGMA secure_delete``), so the
+        deleted text does not stay in the database file (call before deleting content)."""
+        with self._lock:
+            self._db.execute("PRAGMA secure_delete = ON")
+
+    def checkpoint(self) -> None:
+        """Fold the write-ahead log into the file and truncate it (after a deletion, so the
+        deleted rows' old versions do not stay in the log); a no-op inside a transaction."""
+        if self.path != ":memory:" and not self._depth:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+    def _delete_user_rows(self, db: Any, user_id: str) -> Forgotten | None:
         """Delete every row about the user in the open transaction ``db`` (both dialects)."""
+        pages = [
+            r[0]
+            for r in db.execute(
+                "SELECT page_id FROM pages WHERE user_id = ?", (user_id,)
+            ).fetchall()
+        ]
+        forgotten = forget_pages(db, pages, drop_user=user_id)
+        # assistant entries learned from the user without provenance rows (written with
+        # MemoryConfig(provenance=False)) still name the user as their source
+        learned = [
+            int(r[0])
+            for r in db.execute(
+                "SELECT entry_id FROM knowledge WHERE owner_kind = 'assistant' AND source_user = ?",
+                (user_id,),
+            ).fetchall()
+        ]
+        db.execute(
+            "DELETE FROM knowledge WHERE owner_kind = 'assistant' AND source_user = ?", (user_id,)
+        )
+        forgotten.entries = sorted({*forgotten.entries, *learned})
         db.execute("DELETE FROM pending WHERE user_id = ?", (user_id,))
         db.execute("DELETE FROM pages WHERE user_id = ?", (user_id,))
         db.execute("DELETE FROM segments WHERE user_id = ?", (user_id,))
         db.execute("DELETE FROM knowledge WHERE owner_kind = 'user' AND owner_id = ?", (user_id,))
         db.execute("DELETE FROM audit WHERE user_id = ?", (user_id,))
+        db.execute("DELETE FROM meta WHERE key = 'keyword_extractor'")
         cur = db.execute("DELETE FROM users WHERE user_id = ?", (user_id,))
-        return cur.rowcount > 0
+        if cur.rowcount <= 0:
+            return None
+        self.audit(db, user_id, "delete", "user", None, {"pages": len(pages)})
+        return forgotten
 
     def rows_about(self, user_id: str) -> int:
-        """Rows anywhere in the store that name the user (0 after delete_user)."""
+        """Rows anywhere in the store that name the user or derive from the user's pages (0
+        after delete_user, whose one content-free audit event of the deletion is not counted)."""
         total = 0
         for table, col in (
             ("users", "user_id"),
             ("pages", "user_id"),
             ("segments", "user_id"),
             ("pending", "user_id"),
-            ("audit", "user_id"),
             ("knowledge", "owner_id"),
+            ("provenance", "user_id"),
         ):
             total += self.query(f"SELECT COUNT(*) FROM {table} WHERE {col} = ?", (user_id,))[0][0]
+        total += self.query(  # assistant entries learned from the user's pages
+            "SELECT COUNT(*) FROM knowledge WHERE owner_kind = 'assistant' AND source_user = ?",
+            (user_id,),
+        )[0][0]
+        total += self.query(
+            "SELECT COUNT(*) FROM audit WHERE user_id = ? AND NOT (action = 'delete' AND "
+            "item_kind = 'user')",
+            (user_id,),
+        )[0][0]
         return total
 
     def counts(self) -> dict[str, int]:
@@ -1016,6 +1120,24 @@ def _page_dict(r: tuple) -> dict[str, Any]:
         "mode": r[14],
         "source": r[15],
         "extra": _json_dict(r[16]),
+    }
+
+
+def _knowledge_dict(r: tuple) -> dict[str, Any]:
+    return {
+        "entry_id": r[0],
+        "owner_kind": r[1],
+        "owner_id": r[2],
+        "seq": r[3],
+        "text": r[4],
+        "live": bool(r[5]),
+        "mode": r[6],
+        "created": r[7],
+        "strength": r[8],
+        "valid_from": r[9] if r[9] is not None else r[7],
+        "valid_to": r[10],
+        "superseded_by": r[11],
+        "source_user": r[12],
     }
 
 

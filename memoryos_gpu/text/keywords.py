@@ -328,6 +328,19 @@ class KeywordExtractor:
             self.n_docs += 1
         return self
 
+    def remove(self, corpus_texts: Iterable[str]) -> KeywordExtractor:
+        """Take documents added before back out of the statistics (their pages were deleted):
+        a token no document holds any more is dropped, so the saved state does not keep it."""
+        for text in corpus_texts:
+            for tok in set(self._doc_tokens(text)):
+                left = self.df.get(tok, 0) - 1
+                if left > 0:
+                    self.df[tok] = left
+                else:
+                    self.df.pop(tok, None)
+            self.n_docs = max(0, self.n_docs - 1)
+        return self
+
     def idf(self, token: str) -> float:
         """Smoothed inverse document frequency of a normalised token."""
         return math.log((1.0 + self.n_docs) / (1.0 + self.df.get(token, 0))) + 1.0

@@ -1,0 +1,240 @@
+"""Duplicates and contradictions among long-term facts: what a new fact does to the live ones.
+
+Why: knowledge used to be an append-only FIFO, so "My dog Max comes along." said six times was
+six entries, and "I live in Seattle" and a later "I moved to Boston" both reached the prompt.
+Each new fact is now compared with the live entries of the same owner (the user's ring, or the
+assistant's) and gets one decision:
+
+- ``merge`` into an entry (the same fact again): the entry is strengthened (``strength`` + 1,
+  the new pages added to its provenance); no copy is made;
+- ``supersede`` an entry (same subject and attribute, another value): the new entry is added,
+  the old one stops being live and keeps its validity interval (``valid_to``,
+  ``superseded_by``), so retrieval and the prompt see the newer one and history shows both;
+- ``add``: a new entry;
+- ``outdated``: it was said before a value already known (a segment promoted late brings an
+  older statement): it is kept as history only, in its place on the attribute's timeline
+  (superseded by the later value, ending the one before it).
+
+Facts are decided in the order of their source pages' times, so "I live in Seattle" and "I
+moved to Boston" promoted in one batch, or in the wrong order, still leave Boston live.
+
+In LLM mode the promotion call decides (add / update / ignore against the entries it was
+shown, as O-Mem manages persona attributes); otherwise, and for facts the LLM gave no decision
+for, the deterministic rule here decides: a normalised (attribute, value) key read from the
+sentence (:func:`fact_key`), then embedding similarity (>= ``memory.fact_duplicate_cos`` with
+the owner's nearest live entry, one kernel call for the whole batch).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+
+#: Words that end a value ("I moved to Boston last month" -> "boston").
+_VALUE_END = (
+    r"(?=\s+(?:last|this|next|in|on|at|for|since|because|with|and|but|now|so|yesterday|today|"
+    r"recently|again|ago|for)\b|[.,;:!?]|$)"
+)
+_VALUE = r"(?P<v>[^.,;:!?]{1,60}?)" + _VALUE_END
+_SUBJ = r"(?:\bi\b|\bthe user\b|\bwe\b)"
+_PETS = r"dog|cat|puppy|kitten|parrot|hamster|rabbit|bunny|fish|turtle|horse|pet"
+
+# (attribute key, pattern); the first pattern that matches decides. Keys group the ways of
+# saying one attribute ("live in", "moved to", "relocated to" are all the residence).
+_RULES: list[tuple[str, re.Pattern[str]]] = [
+    (
+        "residence",
+        re.compile(
+            _SUBJ + r"(?:'m|'ve| am| have| has| just| now| recently|\s)*\s*"
+            r"(?:live|lives|living|reside|resides|moved|moves|relocated|settled|based)\s+"
+            r"(?:back\s+)?(?:in|to)\s+" + _VALUE,
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "residence",
+        re.compile(r"\b(?:my|the user's) (?:home|house|place) is in\s+" + _VALUE, re.IGNORECASE),
+    ),
+    (
+        "job",
+        re.compile(
+            _SUBJ + r"(?:'m| am| is| now| just| recently|\s)*\s*"
+            r"(?:work|works|working|started working|employed|hired)\s+as\s+(?:an?\s+)?" + _VALUE,
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "job",
+        re.compile(
+            r"\b(?:my|the user's) (?:job|profession|occupation|role) is(?: now)?\s+(?:an?\s+)?"
+            + _VALUE,
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "job",
+        re.compile(
+            _SUBJ + r"(?:'ve| have| has| just| recently|\s)*\s*"
+            r"(?:became|become|started a new job as|took a job as|got a job as)\s+(?:an?\s+)?"
+            + _VALUE,
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "employer",
+        re.compile(
+            _SUBJ
+            + r"(?:'m| am| is| now| just|\s)*\s*(?:work|works|working)\s+(?:at|for)\s+"
+            + _VALUE,
+            re.IGNORECASE,
+        ),
+    ),
+]
+# a pet's name is the capitalised word after "my dog" (the rest of the pattern ignores case)
+_PET_NAME = re.compile(
+    r"\b(?i:my|our|the user's) (?P<pet>(?i:" + _PETS + r"))(?i:'s name is| is called| is named|"
+    r" named| called|,)?\s+(?i:now\s+)?(?P<v>[A-Z][a-z]+)\b"
+)
+_RENAMED = re.compile(
+    r"\b(?i:renamed (?:my|our|the user's)) (?P<pet>(?i:" + _PETS + r"))\s+(?i:to\s+)?"
+    r"(?P<v>[A-Z][a-z]+)\b"
+)
+# "my X is Y" only for attributes that hold one value at a time ("my brother is tall" and "my
+# brother is a doctor" are two facts, "my favourite colour is green" replaces "... is blue")
+_GENERIC = re.compile(
+    r"\b(?:my|the user's) (?P<a>favou?rite [a-z]+(?: [a-z]+)?|name|age|birthday|email|phone "
+    r"number|address|height|weight|partner's name|wife's name|husband's name) is(?: now)?\s+"
+    + _VALUE,
+    re.IGNORECASE,
+)
+_PLAIN = re.compile(r"[^a-z0-9 ]+")
+
+
+def _norm(text: str) -> str:
+    return " ".join(_PLAIN.sub(" ", text.lower()).split())
+
+
+def fact_key(text: str) -> tuple[str, str] | None:
+    """The (attribute key, normalised value) a fact states, or None when it states no single
+    attribute the rule knows ("I moved to Boston." -> ("residence", "boston"); "My dog is
+    called Rex." -> ("dog.name", "rex"); "My favourite colour is blue" -> ("favourite colour",
+    "blue"); "my X is Y" counts only for attributes with one value at a time). Deterministic:
+    the same sentence always gives the same key."""
+    for pattern in (_RENAMED, _PET_NAME):
+        m = pattern.search(text)
+        if m:
+            return f"{m.group('pet').lower()}.name", m.group("v").lower()
+    for key, pattern in _RULES:
+        m = pattern.search(text)
+        if m and _norm(m.group("v")):
+            return key, _norm(m.group("v"))
+    m = _GENERIC.search(text)
+    if m and _norm(m.group("v")):
+        return _norm(m.group("a")), _norm(m.group("v"))
+    return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one new fact does: ``action`` is ``add``, ``merge``, ``supersede`` or
+    ``outdated``; ``target`` the entry merged into, superseded, or superseding it (an entry
+    id, or ``-(i + 1)`` for the i-th fact of the same batch that was added)."""
+
+    action: str
+    target: int | None = None
+    before: int | None = None  # outdated: the entry that held before it, which it now ends
+
+
+@dataclass
+class LiveEntry:
+    """An entry the rule compares against (live, or superseded history): its owner slot, its
+    (key, value) and since when it held."""
+
+    owner: int
+    key: tuple[str, str] | None
+    since: float = 0.0
+    live: bool = True
+
+
+def decide(
+    owners: list[int],
+    keys: list[tuple[str, str] | None],
+    times: list[float],
+    nearest: list[tuple[int, float]],
+    live: dict[int, LiveEntry],
+    same_batch: list[list[tuple[int, float]]],
+    threshold: float,
+) -> list[Decision]:
+    """The deterministic rule for a batch of facts, in order (the caller sorts them by time).
+
+    ``owners[i]``: fact i's owner slot; ``keys[i]``: its :func:`fact_key`; ``times[i]``: when
+    it was said; ``nearest[i]``:
+    (entry id, cosine) of the owner's most similar live entry (id < 0: none); ``live``: the
+    owners' live entries that have a key, plus the nearest ones; ``same_batch[i]``: (j,
+    cosine) for the earlier facts j < i of the same owner. A key decides first (same value:
+    merge; another value: supersede); otherwise a cosine >= ``threshold`` with an entry whose
+    key does not differ merges.
+    """
+    out: list[Decision] = []
+    # (owner, attribute) -> its timeline: [since, entry, value], oldest first (live + history)
+    lines: dict[tuple[int, str], list[tuple[float, int, str]]] = {}
+    for eid, e in live.items():
+        if e.key is not None:
+            lines.setdefault((e.owner, e.key[0]), []).append((e.since, eid, e.key[1]))
+    for line in lines.values():
+        line.sort()
+    added: dict[int, tuple[str, str] | None] = {}  # fact index -> its key, for facts added
+    for i, (owner, key) in enumerate(zip(owners, keys, strict=True)):
+        line = lines.setdefault((owner, key[0]), []) if key is not None else None
+        decision = _by_key(line, key, times[i]) or _by_similarity(
+            key, nearest[i], live, same_batch[i], added, threshold
+        )
+        out.append(decision)
+        if decision.action != "merge":
+            added[i] = key
+            if line is not None:
+                bisect.insort(line, (times[i], -(i + 1), key[1]))
+    return out
+
+
+def _by_key(
+    line: list[tuple[float, int, str]] | None, key: tuple[str, str] | None, at: float
+) -> Decision | None:
+    """The attribute's timeline decides: the value that held when the fact was said is the
+    same (merge), or it changed then (supersede the live one, or -- when a later value is
+    known already -- slot in as history: ``outdated``, superseded by that later value, and
+    ending the one before it)."""
+    if not line or key is None:
+        return None
+    at_pos = bisect.bisect_right(line, (at, float("inf"), ""))
+    held = line[at_pos - 1] if at_pos else None
+    if held is not None and held[2] == key[1]:
+        return Decision("merge", held[1])
+    if at_pos == len(line):
+        return Decision("supersede", line[-1][1])
+    return Decision("outdated", line[at_pos][1], held[1] if held is not None else None)
+
+
+def _by_similarity(
+    key: tuple[str, str] | None,
+    nearest: tuple[int, float],
+    live: dict[int, LiveEntry],
+    same_batch: list[tuple[int, float]],
+    added: dict[int, tuple[str, str] | None],
+    threshold: float,
+) -> Decision:
+    eid, cos = nearest  # always a live entry (the kernel reads the rings)
+    best: tuple[float, int] | None = None
+    if eid >= 0 and cos >= threshold and _compatible(key, live.get(eid, LiveEntry(-1, None)).key):
+        best = (cos, eid)
+    for j, c in same_batch:
+        fits = j in added and c >= threshold and _compatible(key, added[j])
+        if fits and (best is None or c > best[0]):
+            best = (c, -(j + 1))
+    return Decision("merge", best[1]) if best is not None else Decision("add")
+
+
+def _compatible(a: tuple[str, str] | None, b: tuple[str, str] | None) -> bool:
+    """Two facts may be one when neither states an attribute or both state the same value."""
+    return a is None or b is None or a == b

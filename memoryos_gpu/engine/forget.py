@@ -1,0 +1,231 @@
+"""Deleting a page so that nothing derived from it is left, and the memory side of deletions.
+
+What a page leaves behind besides its own row, and what happens to it here:
+
+- **knowledge entries and profile values** derived from it (provenance rows): removed, the
+  other pages they came from re-analysed (:func:`~memoryos_gpu.store.derivations.forget_pages`);
+- **its segment's summary, keywords and embedding**: re-derived from the segment's remaining
+  pages, replaying the rules that built them (the pages keep their own summary, keywords and
+  embedding); a segment left with no page is removed;
+- **the topic summaries and keywords of the pages after it in its chain** (LLM mode: their
+  prompts showed it as the previous page, or inside the thread summary): re-derived from each
+  page alone, extractively;
+- **its chain's meta** (on every page of the chain, and the user's ``chain_meta``): re-derived
+  from the chain's remaining pages by the extractive rule (the first page's first sentence; an
+  LLM's running summary may hold the deleted text and is not regenerated synchronously);
+- **the keyword statistics**: the in-memory extractor un-counts its text and the saved copy is
+  dropped (rewritten on close; a reopen before that refits from the pages); the per-user
+  vocabulary un-counts its term row;
+- **the audit log**: the deletion is recorded without content, and the content of the page's
+  earlier events (edits) is cleared.
+
+SQLite deletes with ``secure_delete`` and checkpoints the write-ahead log afterwards, so the
+text is not left in the database file or its log.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from memoryos_gpu import prompts
+from memoryos_gpu.lexical import terms_from_blobs
+from memoryos_gpu.stages import PageWork
+from memoryos_gpu.store.derivations import Forgotten, forget_pages
+from memoryos_gpu.store.sqlite import blob_matrix, emb_blob
+from memoryos_gpu.text.keywords import keyword_tokens
+
+from .mtm import _kw_blob, _merge_summary
+from .state import EngineState, UserState, keyword_rows
+
+
+class Forgetting:
+    """``delete_page`` and the memory side of what a deletion forgot."""
+
+    def __init__(self, state: EngineState) -> None:
+        self._s = state
+
+    def drop(self, forgotten: Forgotten | None) -> None:
+        """Take the entries and profile values a deletion removed out of the rings, views and
+        profiles (the store rows are gone already)."""
+        if forgotten is None:
+            return
+        s = self._s
+        if forgotten.entries:
+            where = np.argwhere(np.isin(s.entry_of_ring, forgotten.entries))
+            s.arena.delete_knowledge(where[:, 0], where[:, 1])
+            s.entry_of_ring[where[:, 0], where[:, 1]] = -1
+            s.views.drop_knowledge(forgotten.entries)
+        s.profiles.update(forgotten.profiles)
+
+    def delete_page(self, page_id: int) -> bool:
+        """Remove a page from every tier and everything derived from it (module docstring)."""
+        s = self._s
+        with s.lock:
+            found = s.store.query(
+                "SELECT user_id, segment_id, chain_id, user_input || ' ' || agent_response "
+                "FROM pages WHERE page_id = ?",
+                (int(page_id),),
+            )
+            if not found:
+                return False
+            uid, sid, chain, text = found[0]
+            user = s.users.get(uid)
+            old_terms = terms_from_blobs([s.store.page_terms([page_id]).get(page_id)])
+            s.store.begin_erasure()
+            with s.store.transaction() as db:
+                forgotten = forget_pages(db, [page_id])
+                touched = self._rederive_followers(db, page_id, chain)
+                self._unlink(db, user, page_id)
+                segs = [self._rederive_segment(db, sg) for sg in sorted({sid, *touched} - {None})]
+                metas = self._rederive_chain(db, user, chain) if chain is not None else None
+                db.execute(
+                    "UPDATE audit SET detail = '{}' WHERE item_kind = 'page' AND item_id = ?",
+                    (int(page_id),),
+                )
+                s.store.audit(db, uid, "delete", "page", page_id, {})
+                db.execute("DELETE FROM meta WHERE key = 'keyword_extractor'")
+            s.store.checkpoint()
+            s.edits += 1
+            # memory follows the committed store: arena row, term row and view go together
+            slots = np.flatnonzero(s.page_of_slot == page_id)
+            s.arena.delete_pages(slots)
+            s.page_of_slot[slots] = -1
+            s.views.drop_pages([page_id])
+            s.vocabulary.add([uid], old_terms, sign=-1)
+            s.extractor.remove([text])
+            for seg in segs if user is not None else ():
+                self._apply_segment(user, *seg)
+            if metas is not None:
+                s.views.set_meta(*metas)
+            self.drop(forgotten)
+            return True
+
+    def _unlink(self, db: Any, user: UserState | None, page_id: int) -> None:
+        """The page's row and pending work go; its chain neighbours are unlinked."""
+        db.execute("DELETE FROM pending WHERE kind = 'page' AND ref = ?", (page_id,))
+        db.execute("UPDATE pages SET next_page = NULL WHERE next_page = ?", (page_id,))
+        db.execute("UPDATE pages SET prev_page = NULL WHERE prev_page = ?", (page_id,))
+        db.execute("DELETE FROM pages WHERE page_id = ?", (page_id,))
+        if user is not None and page_id in user.stm:
+            user.stm.remove(page_id)
+        if user is not None and user.chain_tail == page_id:
+            user.chain_tail = user.chain_meta = None
+            db.execute(
+                "UPDATE users SET chain_tail = NULL, chain_meta = NULL WHERE user_id = ?",
+                (user.user_id,),
+            )
+
+    def _rederive_followers(self, db: Any, page_id: int, chain: int | None) -> set[int]:
+        """The pages after this one in its chain had it in their LLM prompts (as the previous
+        page, or inside the thread summary each prompt carries), so their topic summaries and
+        keywords may hold its text: they are re-derived from each page alone by the extractive
+        rule (their ``mode`` says so). Returns their segments (whose summaries are built from
+        theirs). The extractive mode reads neither: nothing to do there."""
+        s = self._s
+        if s.stages.mode == "extractive" or chain is None:
+            return set()
+        rows = db.execute(
+            "SELECT page_id, user_id, user_input, agent_response, timestamp, segment_id FROM "
+            "pages WHERE chain_id = ? AND seq > (SELECT seq FROM pages WHERE page_id = ?) "
+            "ORDER BY seq",
+            (chain, page_id),
+        ).fetchall()
+        if not rows:
+            return set()
+        fields = ("page_id", "user_id", "user_input", "agent_response", "timestamp")
+        blank = np.zeros(s.embedder.dim, np.float32)  # continuity is not asked: no previous page
+        work = [
+            PageWork(dict(zip(fields, r[:5], strict=True)), blank, None, None, None) for r in rows
+        ]
+        outs = s.stages.fallback.pages(work)
+        db.executemany(
+            "UPDATE pages SET summary = ?, keywords = ?, mode = 'extractive' WHERE page_id = ?",
+            [
+                (o.summary, json.dumps(keyword_tokens(o.keywords)), r[0])
+                for o, r in zip(outs, rows, strict=True)
+            ],
+        )
+        return {int(r[5]) for r in rows if r[5] is not None}
+
+    def _rederive_segment(
+        self, db: Any, sid: int
+    ) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+        """Rebuild a segment's summary, keywords and embedding from its remaining pages, in
+        their order, with the rules that built them (mtm.py); returns (segment id, embedding,
+        keyword row) for the arena, embedding None when the segment was left empty and
+        removed."""
+        s = self._s
+        rows = db.execute(
+            "SELECT summary, keywords, embedding, user_input FROM pages WHERE segment_id = ? "
+            "ORDER BY seg_pos",
+            (sid,),
+        ).fetchall()
+        if not rows:
+            db.execute("DELETE FROM pending WHERE kind = 'promote' AND ref = ?", (sid,))
+            db.execute("DELETE FROM segments WHERE segment_id = ?", (sid,))
+            return sid, None, None
+        if s.stages.mode == "extractive":
+            vecs = blob_matrix([r[2] for r in rows], s.embedder.dim)
+        else:
+            vecs = np.asarray(s.embedder.encode([r[0] or r[3] for r in rows]), np.float32)
+        emb = _unit(vecs[0])
+        for k, v in enumerate(vecs[1:], start=1):
+            emb = _unit(emb * k + _unit(v))
+        counts: dict[str, int] = {}
+        summary = ""
+        cap = s.memory.summary_chars
+        for r in rows:
+            for w in json.loads(r[1]) if r[1] else []:
+                counts[w] = counts.get(w, 0) + 1
+            summary = _merge_summary(summary, r[0] or "", cap) if summary else (r[0] or "")[:cap]
+        width = s.memory.keyword_width
+        ranked = sorted(counts, key=lambda w: -counts[w])  # stable: first seen wins ties
+        kw_row = keyword_rows([ranked[:width]], width)
+        db.execute(
+            "UPDATE segments SET summary = ?, keywords = ?, kw_ids = ?, embedding = ? "
+            "WHERE segment_id = ?",
+            (summary, json.dumps(counts), _kw_blob(kw_row), emb_blob(emb), sid),
+        )
+        return sid, emb, kw_row
+
+    def _apply_segment(
+        self, user: UserState, sid: int, emb: np.ndarray | None, kw_row: np.ndarray | None
+    ) -> None:
+        s = self._s
+        at = np.flatnonzero(s.segment_of[user.slot] == sid)
+        if not at.size:
+            return
+        if emb is None:
+            s.arena.free_segments(np.array([user.slot]), at[:1])
+            s.segment_of[user.slot, at[0]] = -1
+        else:
+            s.arena.write_segments([user.slot], at[:1], emb[None], kw_row)
+
+    def _rederive_chain(
+        self, db: Any, user: UserState | None, chain: int
+    ) -> tuple[list[int], str] | None:
+        """The chain's meta again, from its remaining pages (the extractive rule: the first
+        page's first sentence); the user's ``chain_meta`` too when its tail is on the chain.
+        Returns (pages, meta) for the views."""
+        rows = db.execute(
+            "SELECT page_id, user_input, agent_response, timestamp FROM pages "
+            "WHERE chain_id = ? ORDER BY seq",
+            (chain,),
+        ).fetchall()
+        if not rows:
+            return None
+        first = {"user_input": rows[0][1], "agent_response": rows[0][2], "timestamp": rows[0][3]}
+        meta = prompts.fallback_chain_meta(None, first)
+        db.execute("UPDATE pages SET meta = ? WHERE chain_id = ?", (meta, chain))
+        ids = [int(r[0]) for r in rows]
+        if user is not None and user.chain_tail in ids:
+            user.chain_meta = meta
+            db.execute("UPDATE users SET chain_meta = ? WHERE user_id = ?", (meta, user.user_id))
+        return ids, meta
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / max(1e-12, float(np.linalg.norm(v)))

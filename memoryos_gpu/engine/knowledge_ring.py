@@ -1,0 +1,277 @@
+"""One promotion transaction's writes to the knowledge rings: add, strengthen, supersede.
+
+:meth:`LongTerm.push_knowledge <memoryos_gpu.engine.lpm.LongTerm.push_knowledge>` decides what
+each fact does (:meth:`KnowledgeRing.decide`, the rule in :mod:`~memoryos_gpu.engine.conflicts`
+or the LLM's decisions) and calls :meth:`add`, :meth:`strengthen` and :meth:`supersede`; the
+store rows are written at once, in the open transaction, and the arena's ring rows, the
+provenance rows and the ring heads once per batch in :meth:`finish` (one arena push, one
+``executemany``), so the batch costs a few calls however many facts it holds.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from memoryos_gpu import ops
+from memoryos_gpu.store.derivations import KNOWLEDGE, record
+from memoryos_gpu.store.sqlite import emb_blob
+
+from .conflicts import Decision, LiveEntry, decide, fact_key
+from .state import EngineState, Fact, to_host
+
+
+class KnowledgeRing:
+    """The writes of one batch of facts (see the module docstring)."""
+
+    def __init__(self, state: EngineState, db: Any) -> None:
+        self._s = state
+        self._db = db
+        self._heads: dict[int, int] = {}  # owner slot -> next seq
+        self._pushed: list[tuple[int, int, np.ndarray, str]] = []  # (owner, entry, vec, text)
+        self._sources: list[tuple[int, str, tuple[int, ...], str]] = []
+        self._superseded: list[tuple[int, int]] = []  # (owner slot, entry)
+        self._owners: dict[tuple[str, str], int] = {}
+
+    # ---------------------------------------------------------------- deciding
+    def owner_slot(self, kind: str, owner_id: str) -> int:
+        key = (kind, owner_id)
+        if key not in self._owners:
+            s = self._s
+            self._owners[key] = (
+                s.users[owner_id].owner if kind == "user" else s.assistant_slot(owner_id)
+            )
+        return self._owners[key]
+
+    def decide(self, facts: list[Fact], emb: np.ndarray) -> tuple[list[int], list[Decision]]:
+        """The order to apply the facts in (by the time they were said) and each fact's
+        decision: the LLM's where it gave one (an update or ignore of an entry that is not
+        live in the fact owner's ring becomes an add), else the rule's."""
+        s = self._s
+        if not facts:
+            return [], []
+        now = time.time()
+        times = [f.valid_from if f.valid_from is not None else now for f in facts]
+        order = sorted(range(len(facts)), key=times.__getitem__)  # stable: batch order on ties
+        facts = [facts[i] for i in order]
+        emb = emb[order]
+        owners = [self.owner_slot(f.kind, f.owner_id) for f in facts]
+        scores, slots = ops.knowledge_topk(s.arena, emb, np.asarray(owners, np.int32), 1)
+        scores, slots = to_host(scores)[:, 0], to_host(slots)[:, 0]
+        nearest = [
+            (int(s.entry_of_ring[o, r]) if r >= 0 else -1, float(c))
+            for o, r, c in zip(owners, slots, scores, strict=True)
+        ]
+        keys = [fact_key(f.text) for f in facts]
+        rule = decide(
+            owners,
+            keys,
+            [times[i] for i in order],
+            nearest,
+            self._live_keyed(facts, [e for e, _ in nearest if e >= 0]),
+            _same_batch(owners, emb),
+            s.memory.fact_duplicate_cos,
+        )
+        # back to the batch's indices: targets -(j + 1) name the j-th fact of the batch
+        decided: list[Decision] = [Decision("add")] * len(order)
+        self._keys = [None] * len(order)
+        for pos, i in enumerate(order):
+            d = (
+                rule[pos]
+                if facts[pos].decision is None
+                else self._llm(facts[pos].decision, owners[pos])
+            )
+            if d.target is not None and d.target < 0:
+                d = Decision(d.action, -(order[-d.target - 1] + 1))
+            decided[i] = d
+            self._keys[i] = keys[pos]
+        return order, decided
+
+    def _llm(self, decision: tuple[str, int | None], owner: int) -> Decision:
+        action, target = decision
+        live = target is not None and bool((self._s.entry_of_ring[owner] == target).any())
+        if action == "update" and live:
+            return Decision("supersede", target)
+        if action == "ignore" and live:
+            return Decision("merge", target)
+        return Decision("add")
+
+    def _live_keyed(self, facts: list[Fact], nearest: list[int]) -> dict[int, LiveEntry]:
+        """The live entries with an attribute key of the facts' owners, and the nearest
+        entries (one query): what the rule compares against."""
+        near = sorted(set(nearest))
+        rows: list[tuple] = []
+        cols = "SELECT entry_id, owner_kind, owner_id, text, COALESCE(valid_from, created), live "
+        for kind in ("user", "assistant"):  # (owner_kind, owner_id): the knowledge_live index
+            owner_ids = sorted({f.owner_id for f in facts if f.kind == kind})
+            for i in range(0, len(owner_ids), 500):  # bounded IN lists, whatever the batch
+                chunk = owner_ids[i : i + 500]
+                rows += self._db.execute(
+                    f"{cols}FROM knowledge WHERE owner_kind = ? AND owner_id IN "
+                    f"({','.join('?' * len(chunk))}) AND fact_key IS NOT NULL AND "
+                    "(live = 1 OR superseded_by IS NOT NULL)",
+                    [kind, *chunk],
+                ).fetchall()
+        for i in range(0, len(near), 500):
+            chunk = near[i : i + 500]
+            rows += self._db.execute(
+                f"{cols}FROM knowledge WHERE live = 1 AND entry_id IN "
+                f"({','.join('?' * len(chunk))})",
+                chunk,
+            ).fetchall()
+        out: dict[int, LiveEntry] = {}
+        for eid, kind, owner_id, text, since, live in rows:
+            if kind == "user" and owner_id not in self._s.users:
+                continue
+            slot = self.owner_slot(kind, owner_id)
+            out[int(eid)] = LiveEntry(slot, fact_key(text), since, bool(live))
+        return out
+
+    # ---------------------------------------------------------------- writing
+    def add(self, fact: Fact, vec: np.ndarray, index: int) -> int:
+        """A new entry at its ring's next ``seq``; returns its id (the arena row follows in
+        :meth:`finish`)."""
+        s, db = self._s, self._db
+        o = self.owner_slot(fact.kind, fact.owner_id)
+        seq = self._heads.setdefault(o, s.arena.ring_head(o))
+        self._heads[o] = seq + 1
+        db.execute(
+            "UPDATE knowledge SET live = 0 WHERE owner_kind = ? AND owner_id = ? AND seq <= ?",
+            (fact.kind, fact.owner_id, seq - s.memory.knowledge_capacity),
+        )
+        key = self._keys[index]
+        t = time.time()
+        entry = db.execute(
+            "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, mode, created, "
+            "source_user, valid_from, fact_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "RETURNING entry_id",
+            (
+                fact.kind,
+                fact.owner_id,
+                seq,
+                fact.text,
+                emb_blob(vec),
+                fact.mode,
+                t,
+                fact.source_user,
+                fact.valid_from if fact.valid_from is not None else t,
+                key[0] if key else None,
+            ),
+        ).fetchone()[0]
+        self._pushed.append((o, int(entry), vec, fact.text))
+        self._source(int(entry), fact)
+        return int(entry)
+
+    def add_outdated(
+        self, fact: Fact, vec: np.ndarray, index: int, newer: int, before: int | None
+    ) -> int:
+        """A fact said before ``newer`` (a later value of its attribute): kept as history (not
+        live, superseded by ``newer``), ending ``before`` (the value that held until it
+        was said) when there is one; outside the ring (a negative ``seq``, so ring positions
+        stay the arena's)."""
+        db = self._db
+        low = db.execute(
+            "SELECT COALESCE(MIN(seq), 0) FROM knowledge WHERE owner_kind = ? AND owner_id = ? "
+            "AND seq < 0",
+            (fact.kind, fact.owner_id),
+        ).fetchone()[0]
+        until = db.execute(
+            "SELECT COALESCE(valid_from, created) FROM knowledge WHERE entry_id = ?", (int(newer),)
+        ).fetchone()[0]
+        key = self._keys[index]
+        t = time.time()
+        entry = db.execute(
+            "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, live, mode, "
+            "created, source_user, valid_from, valid_to, superseded_by, fact_key) "
+            "VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?) RETURNING entry_id",
+            (
+                fact.kind,
+                fact.owner_id,
+                int(low) - 1,
+                fact.text,
+                emb_blob(vec),
+                fact.mode,
+                t,
+                fact.source_user,
+                fact.valid_from if fact.valid_from is not None else t,
+                until,
+                int(newer),
+                key[0] if key else None,
+            ),
+        ).fetchone()[0]
+        self._source(int(entry), fact)
+        if before is not None:
+            db.execute(
+                "UPDATE knowledge SET valid_to = ?, superseded_by = ? WHERE entry_id = ?",
+                (fact.valid_from, int(entry), int(before)),
+            )
+        return int(entry)
+
+    def strengthen(self, entry: int, fact: Fact) -> None:
+        """The same fact again: the entry's ``strength`` grows and it gains the new sources."""
+        self._db.execute(
+            "UPDATE knowledge SET strength = strength + 1 WHERE entry_id = ?", (int(entry),)
+        )
+        self._source(int(entry), fact)
+
+    def supersede(self, old: int, new: int, fact: Fact) -> None:
+        """``new`` contradicts ``old``: ``old`` stops being live, valid until ``new`` began."""
+        at = fact.valid_from if fact.valid_from is not None else time.time()
+        self._db.execute(
+            "UPDATE knowledge SET live = 0, valid_to = ?, superseded_by = ? WHERE entry_id = ?",
+            (at, int(new), int(old)),
+        )
+        owner = fact.owner_id if fact.kind == "user" else f"assistant:{fact.owner_id}"
+        self._s.store.audit(self._db, owner, "supersede", "knowledge", int(old), {"by": int(new)})
+        self._superseded.append((self.owner_slot(fact.kind, fact.owner_id), int(old)))
+
+    def _source(self, entry: int, fact: Fact) -> None:
+        if fact.pages and self._s.memory.provenance:
+            self._sources.append((entry, "", fact.pages, fact.source_user or fact.owner_id))
+
+    def finish(self) -> None:
+        """The batch's arena ring rows (one push), provenance rows, ring heads, and the
+        superseded entries out of the rings."""
+        s, db = self._s, self._db
+        record(db, KNOWLEDGE, self._sources)
+        if self._pushed:
+            owners = np.array([p[0] for p in self._pushed], np.int32)
+            ring = s.arena.push_knowledge(owners, np.stack([p[2] for p in self._pushed]))
+            s.grow_maps()
+            for (o, entry, _, text), r in zip(self._pushed, ring, strict=True):
+                if s.entry_of_ring[o, r] >= 0:  # the FIFO dropped the entry that held this slot
+                    s.views.drop_knowledge([int(s.entry_of_ring[o, r])])
+                s.entry_of_ring[o, r] = entry
+                s.views.put_knowledge(entry, text)
+        for (kind, owner_id), o in self._owners.items():
+            if o in self._heads:
+                table, key = (
+                    ("users", "user_id") if kind == "user" else ("assistants", "assistant_id")
+                )
+                db.execute(
+                    f"UPDATE {table} SET knowledge_head = ? WHERE {key} = ?",
+                    (self._heads[o], owner_id),
+                )
+        for o, entry in self._superseded:
+            at = np.flatnonzero(s.entry_of_ring[o] == entry)
+            s.arena.delete_knowledge(np.full(at.size, o), at)
+            s.entry_of_ring[o, at] = -1
+            s.views.drop_knowledge([entry])
+
+
+def _same_batch(owners: list[int], emb: np.ndarray) -> list[list[tuple[int, float]]]:
+    """For each fact, (j, cosine) of the earlier facts of the same owner in the batch."""
+    out: list[list[tuple[int, float]]] = [[] for _ in owners]
+    groups: dict[int, list[int]] = {}
+    for i, o in enumerate(owners):
+        groups.setdefault(o, []).append(i)
+    unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    for idx in groups.values():
+        if len(idx) < 2:
+            continue
+        sims = unit[idx] @ unit[idx].T
+        for a in range(1, len(idx)):
+            out[idx[a]] = [(idx[b], float(sims[a, b])) for b in range(a)]
+    return out

@@ -1,0 +1,215 @@
+"""Provenance: which pages each derived item came from, and forgetting what deleted pages implied.
+
+Why a table of its own: deleting a page (or a user) must find everything derived from it --
+the knowledge entries (the user's and the assistant's, which every user of the assistant is
+served) and the profile values -- and nothing else. One ``provenance`` row per (item, source
+page), indexed by page, makes that one indexed lookup. Segments and chain metas need no rows:
+a segment's sources are the pages whose ``segment_id`` names it, a chain meta's the pages of
+its ``chain_id`` (the engine re-derives both from the pages left, ``engine/forget.py``).
+
+The rule when pages go (:func:`forget_pages`): an item derived from a deleted page is removed,
+whatever else it was derived from -- an LLM fact or a merged profile value may mix several
+pages, and nothing can say which words came from which -- and the other pages it came from are
+*re-analysed* (marked unanalysed, their segments queued for promotion), so the facts they
+support on their own are derived again by the next ``process_pending``. An entry that an
+affected entry superseded is treated the same way (its support comes back from its own pages,
+live again). Every statement here is the SQL both dialects run (the store's ``?`` style).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+KNOWLEDGE = "knowledge"
+PROFILE = "profile"
+
+
+@dataclass
+class Forgotten:
+    """What :func:`forget_pages` removed, for the engine to drop from its memory."""
+
+    entries: list[int] = field(default_factory=list)  # knowledge entries deleted
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)  # user -> new profile
+    reanalysed: list[int] = field(default_factory=list)  # pages marked for re-analysis
+
+
+def _chunks(ids: Iterable[int], size: int = 500) -> list[list[int]]:
+    ints = sorted({int(i) for i in ids})
+    return [ints[i : i + size] for i in range(0, len(ints), size)]
+
+
+def _marks(chunk: Sequence[Any]) -> str:
+    return ",".join("?" * len(chunk))
+
+
+def record(db: Any, kind: str, rows: Iterable[tuple[int, str, Sequence[int], str]]) -> None:
+    """Provenance rows ``(item id, item key, source page ids, source user)`` of one kind, in
+    the open transaction (one ``executemany``; rows already held are kept)."""
+    flat = [(kind, int(item), key, int(p), user) for item, key, pages, user in rows for p in pages]
+    if flat:
+        db.executemany(
+            "INSERT INTO provenance(item_kind, item_id, item_key, page_id, user_id) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            flat,
+        )
+
+
+def sources(store: Any, kind: str, item_ids: Sequence[int]) -> dict[int, list[int]]:
+    """Source page ids of items by id, ascending (items without provenance are left out)."""
+    out: dict[int, list[int]] = {}
+    for chunk in _chunks(item_ids):
+        for item, page in store.query(
+            "SELECT item_id, page_id FROM provenance WHERE item_kind = ? AND item_id IN "
+            f"({_marks(chunk)}) ORDER BY item_id, page_id",
+            [kind, *chunk],
+        ):
+            out.setdefault(int(item), []).append(int(page))
+    return out
+
+
+def profile_sources(store: Any, user_id: str) -> dict[str, list[int]]:
+    """Source page ids of each of a user's profile dimensions."""
+    out: dict[str, list[int]] = {}
+    for key, page in store.query(
+        "SELECT item_key, page_id FROM provenance WHERE item_kind = 'profile' AND user_id = ? "
+        "ORDER BY item_key, page_id",
+        (user_id,),
+    ):
+        out.setdefault(key, []).append(int(page))
+    return out
+
+
+def forget_pages(db: Any, page_ids: Sequence[int], *, drop_user: str | None = None) -> Forgotten:
+    """Remove, in the open transaction ``db``, every item derived from ``page_ids`` (still in
+    the store: call this before deleting them), and queue the re-analysis of the other pages
+    those items came from (see the module docstring). ``drop_user``: the pages are all of that
+    user's, being deleted with it: its own profile is not rewritten and its pages are not
+    re-analysed. The audit events of the removed entries lose their content."""
+    gone = {int(p) for p in page_ids}
+    out = Forgotten()
+    if not gone:
+        return out
+    entries, dims = _derived_from(db, gone)
+    support = _support(db, entries, dims) - gone
+    for chunk in _chunks(entries):
+        db.execute(
+            "DELETE FROM provenance WHERE item_kind = 'knowledge' AND item_id IN "
+            f"({_marks(chunk)})",
+            chunk,
+        )
+        db.execute(f"DELETE FROM knowledge WHERE entry_id IN ({_marks(chunk)})", chunk)
+        db.execute(
+            "UPDATE audit SET detail = '{}' WHERE item_kind = 'knowledge' AND item_id IN "
+            f"({_marks(chunk)})",
+            chunk,
+        )
+    for user, keys in dims.items():
+        db.executemany(
+            "DELETE FROM provenance WHERE item_kind = 'profile' AND item_id = 0 AND "
+            "item_key = ? AND user_id = ?",
+            [(k, user) for k in keys],
+        )
+        if user != drop_user:
+            out.profiles[user] = _drop_profile_keys(db, user, keys)
+    if drop_user is not None:
+        db.execute("DELETE FROM provenance WHERE user_id = ?", (drop_user,))
+    out.entries = sorted(entries)
+    out.reanalysed = _reanalyse(db, support, drop_user)
+    return out
+
+
+def _derived_from(db: Any, pages: set[int]) -> tuple[set[int], dict[str, set[str]]]:
+    """The knowledge entries and (by user) profile dimensions derived from the pages, one
+    lookup of the page index per chunk; plus, transitively, the entries those entries had
+    superseded."""
+    entries: set[int] = set()
+    dims: dict[str, set[str]] = {}
+    for chunk in _chunks(pages):
+        for kind, item, key, user in db.execute(
+            "SELECT item_kind, item_id, item_key, user_id FROM provenance WHERE page_id IN "
+            f"({_marks(chunk)})",
+            chunk,
+        ).fetchall():
+            if kind == KNOWLEDGE:
+                entries.add(int(item))
+            else:
+                dims.setdefault(user, set()).add(key)
+    frontier = set(entries)
+    while frontier:
+        older: set[int] = set()
+        for chunk in _chunks(frontier):
+            older.update(
+                int(r[0])
+                for r in db.execute(
+                    "SELECT entry_id FROM knowledge WHERE superseded_by IS NOT NULL AND "
+                    f"superseded_by IN ({_marks(chunk)})",
+                    chunk,
+                ).fetchall()
+            )
+        frontier = older - entries
+        entries |= frontier
+    return entries, dims
+
+
+def _support(db: Any, entries: set[int], dims: dict[str, set[str]]) -> set[int]:
+    """Every source page of the given entries and profile dimensions."""
+    pages: set[int] = set()
+    for chunk in _chunks(entries):
+        pages.update(
+            int(r[0])
+            for r in db.execute(
+                "SELECT page_id FROM provenance WHERE item_kind = 'knowledge' AND item_id IN "
+                f"({_marks(chunk)})",
+                chunk,
+            ).fetchall()
+        )
+    for user, keys in dims.items():
+        for key in keys:
+            pages.update(
+                int(r[0])
+                for r in db.execute(
+                    "SELECT page_id FROM provenance WHERE item_kind = 'profile' AND "
+                    "item_id = 0 AND item_key = ? AND user_id = ?",
+                    (key, user),
+                ).fetchall()
+            )
+    return pages
+
+
+def _drop_profile_keys(db: Any, user_id: str, keys: set[str]) -> dict[str, Any]:
+    row = db.execute("SELECT profile FROM users WHERE user_id = ?", (user_id,)).fetchone()
+    profile = json.loads(row[0]) if row else {}
+    for k in keys:
+        profile.pop(k, None)
+    db.execute(
+        "UPDATE users SET profile = ? WHERE user_id = ?",
+        (json.dumps(profile, ensure_ascii=False), user_id),
+    )
+    return profile
+
+
+def _reanalyse(db: Any, pages: set[int], drop_user: str | None) -> list[int]:
+    """Mark the pages unanalysed and queue their live segments for promotion; returns them."""
+    done: list[int] = []
+    now = time.time()
+    for chunk in _chunks(pages):
+        rows = db.execute(
+            f"SELECT page_id, user_id, segment_id FROM pages WHERE page_id IN ({_marks(chunk)})",
+            chunk,
+        ).fetchall()
+        rows = [r for r in rows if r[1] != drop_user]
+        if not rows:
+            continue
+        ids = [int(r[0]) for r in rows]
+        db.execute(f"UPDATE pages SET analysed = 0 WHERE page_id IN ({_marks(ids)})", ids)
+        db.executemany(
+            "INSERT INTO pending(user_id, kind, ref, created) VALUES (?, 'promote', ?, ?) "
+            "ON CONFLICT DO NOTHING",
+            sorted({(r[1], int(r[2]), now) for r in rows if r[2] is not None}),
+        )
+        done += ids
+    return sorted(done)

@@ -1,0 +1,193 @@
+"""Conflicts and duplicates among long-term facts (issue 17, item 3): the rule, the engine in
+extractive and LLM mode, and the scripted change-of-mind measurement."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memoryos_gpu.config import EngineConfig, LLMConfig, preset
+from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.engine.conflicts import fact_key
+from memoryos_gpu.llm.base import ChatRequest
+from memoryos_gpu.llm.scripted import ScriptedBackend
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("I live in Seattle.", ("residence", "seattle")),
+        ("I moved to Boston last month.", ("residence", "boston")),
+        ("The user lives in New York City.", ("residence", "new york city")),
+        ("I work as a nurse now.", ("job", "nurse")),
+        ("My job is software engineer.", ("job", "software engineer")),
+        ("I work at Google.", ("employer", "google")),
+        ("My dog is called Max.", ("dog.name", "max")),
+        ("My dog Max comes along.", ("dog.name", "max")),
+        ("We renamed our dog Rex.", ("dog.name", "rex")),
+        ("My favourite colour is green.", ("favourite colour", "green")),
+        ("My name is Sam.", ("name", "sam")),
+        ("My brother is a doctor.", None),  # one of many facts about him, not an attribute
+        ("My sister is Anna.", None),
+        ("I like long walks.", None),
+        ("Hello there!", None),
+    ],
+)
+def test_fact_key(text: str, key: tuple[str, str] | None) -> None:
+    assert fact_key(text) == key
+
+
+def engine(tmp: Path, llm: Any = None) -> MemoryEngine:
+    cfg = EngineConfig(
+        store=str(tmp / "store"),
+        embedder="hashing",
+        device="cpu",
+        memory=preset("paper", stm_capacity=1, tau=1e9),
+        llm=LLMConfig(mode="llm" if llm else "extractive", backend="scripted"),
+    )
+    return MemoryEngine(cfg, llm=llm)
+
+
+def say(e: MemoryEngine, user: str, lines: list[str], t: float) -> None:
+    for i, line in enumerate([*lines, "Bye."]):  # the last page stays in STM
+        e.add(user, line, "I see.", timestamp=t + 60 * i)
+    e.flush()
+    e.promote(user)
+    e.flush()
+
+
+def test_a_change_of_mind_supersedes_and_history_keeps_both(tmp_path: Path) -> None:
+    e = engine(tmp_path)
+    try:
+        say(e, "ann", ["I live in Seattle.", "My dog Max comes along."], 1.7e9)
+        say(e, "ann", ["I moved to Boston last month.", "My dog Max comes along."], 1.8e9)
+        live = [k["text"] for k in e.knowledge("ann")["user"]]
+        assert live.count("My dog Max comes along.") == 1  # said twice, held once
+        assert "I moved to Boston last month." in live and "I live in Seattle." not in live
+        hist = {k["text"]: k for k in e.knowledge("ann", history=True)["user"]}
+        old, new = hist["I live in Seattle."], hist["I moved to Boston last month."]
+        assert not old["live"] and old["superseded_by"] == new["entry_id"]
+        assert old["valid_to"] == new["valid_from"] == pytest.approx(1.8e9)
+        assert hist["My dog Max comes along."]["strength"] == 2
+        r = e.retrieve("ann", "Where do I live?")
+        said = [k.text for k in r.user_knowledge]
+        assert "I moved to Boston last month." in said and "I live in Seattle." not in said
+        assert ("supersede", old["entry_id"]) in {
+            (h["action"], h["item_id"]) for h in e.history("ann")
+        }
+    finally:
+        e.close()
+    e = engine(tmp_path)  # the arena's rings after a reopen: the same live entries
+    try:
+        r = e.retrieve("ann", "Where do I live?")
+        assert "I live in Seattle." not in [k.text for k in r.user_knowledge]
+    finally:
+        e.close()
+
+
+def test_an_older_statement_arriving_late_stays_history(tmp_path: Path) -> None:
+    e = engine(tmp_path)
+    try:
+        say(e, "bo", ["I work as a nurse now."], 1.9e9)
+        say(e, "bo", ["I work as a teacher."], 1.7e9)  # said earlier, promoted later
+        live = [k["text"] for k in e.knowledge("bo")["user"]]
+        assert live == ["I work as a nurse now."]
+        hist = {k["text"]: k for k in e.knowledge("bo", history=True)["user"]}
+        assert (
+            hist["I work as a teacher."]["superseded_by"]
+            == hist["I work as a nurse now."]["entry_id"]
+        )
+    finally:
+        e.close()
+
+
+def promotion_with_decisions(req: ChatRequest) -> Any:
+    """A scripted model that updates the known fact about where the user lives and ignores a
+    repeat of a known fact (reading the ids from the prompt it is given)."""
+    if req.stage == "page":
+        return {"continuous": False, "meta": "m", "summary": "s", "keywords": ["k"]}
+    if req.stage != "promotion":
+        return "ok"
+    text = req.messages[-1]["content"]
+    known = dict((t, int(i)) for i, t in re.findall(r"- \[(\d+)\] (.+)", text))
+    if "Boston" in text:
+        facts = [
+            {
+                "fact": "The user lives in Boston.",
+                "action": "update",
+                "entry": known.get("The user lives in Seattle.", 0),
+            },
+            {
+                "fact": "The user has a dog.",
+                "action": "ignore",
+                "entry": known.get("The user has a dog.", 0),
+            },
+        ]
+    else:
+        facts = [
+            {"fact": "The user lives in Seattle.", "action": "add"},
+            {"fact": "The user has a dog.", "action": "add"},
+        ]
+    return {"profile_updates": {}, "user_facts": facts, "assistant_facts": []}
+
+
+def test_llm_decisions_update_and_ignore(tmp_path: Path) -> None:
+    llm = ScriptedBackend(promotion_with_decisions)
+    e = engine(tmp_path, llm)
+    try:
+        say(e, "cy", ["I live in Seattle with my dog."], 1.7e9)
+        say(e, "cy", ["Now I am in Boston."], 1.8e9)
+        live = sorted(k["text"] for k in e.knowledge("cy")["user"])
+        assert live == ["The user has a dog.", "The user lives in Boston."]
+        hist = {k["text"]: k for k in e.knowledge("cy", history=True)["user"]}
+        assert (
+            hist["The user lives in Seattle."]["superseded_by"]
+            == hist["The user lives in Boston."]["entry_id"]
+        )
+        assert hist["The user has a dog."]["strength"] == 2
+        prompts = [r.messages[-1]["content"] for r in llm.requests if r.stage == "promotion"]
+        assert "KNOWN user facts:\n(none)" in prompts[0]
+        assert "The user lives in Seattle." in prompts[-1]  # the second call was shown it
+        e.respond("cy", "Where do I live?")  # the response prompt's facts: the newer one only
+        [answer] = [r.messages[-1]["content"] for r in llm.requests if r.stage == "response"]
+        facts = answer.split("## USER FACTS")[1].split("## ")[0]
+        assert "The user lives in Boston." in facts and "Seattle" not in facts
+    finally:
+        e.close()
+
+
+def test_conflicts_benchmark_quick(tmp_path: Path) -> None:
+    """The scripted change-of-mind set (benchmarks/conflicts.py): every change superseded, no
+    stale value live, every repeat merged, in order and with sessions arriving last first."""
+    out = tmp_path / "conflicts.json"
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "conflicts.py"),
+            "--users",
+            "6",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(out.read_text())["results"]
+    unseen = rows.pop("unseen phrasings")  # only similarity is left there: repeats still merge
+    assert unseen["duplicates_merged"] == 1.0 and unseen["copies_live"] == 0
+    for name, r in rows.items():
+        assert r["changes"] > 0 and r["repeats"] > 0, name
+        assert r["superseded_ok"] == 1.0 and r["stale_live"] == 0, name
+        assert r["current_ok"] == 1.0 and r["prompt_ok"] == 1.0, name
+        assert r["duplicates_merged"] == 1.0 and r["copies_live"] == 0, name
+    assert rows["reverse order"]["arrived_late"] > 0
