@@ -240,16 +240,18 @@ def _str_list(max_items: int) -> Schema:
 def _fact_list(max_items: int) -> Schema:
     """Facts with a decision against the known entries shown (O-Mem's add / update / ignore):
     ``entry`` names the known entry an update replaces or an ignored fact repeats."""
+    decided = _obj(
+        {
+            "fact": {"type": "string"},
+            "action": {"type": "string", "enum": list(FACT_ACTIONS)},
+            "entry": {"type": "integer"},
+        },
+        required=["fact", "action"],
+    )
+    # a bare string is an "add" (what models not shown known entries, and older prompts, answer)
     return {
         "type": "array",
-        "items": _obj(
-            {
-                "fact": {"type": "string"},
-                "action": {"type": "string", "enum": list(FACT_ACTIONS)},
-                "entry": {"type": "integer"},
-            },
-            required=["fact", "action"],
-        ),
+        "items": {"anyOf": [decided, {"type": "string"}]},
         "maxItems": max_items,
     }
 
