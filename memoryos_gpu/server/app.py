@@ -120,7 +120,11 @@ def create_app(
         finally:
             await service.close()
             metrics.close()
-            log.info("memoryos-gpu server: queues drained, derived work done, engine closed")
+            # a worker process only stops its HTTP side: its service says what its close did
+            done = getattr(
+                service, "closed_message", "queues drained, derived work done, engine closed"
+            )
+            log.info("memoryos-gpu server: %s", done)
 
     app = _fastapi(
         settings,

@@ -116,6 +116,9 @@ class RemoteService:
     """The HTTP app's service in a worker process: every engine request goes to the engine
     process. ``engine_pid``: returns the engine process's pid (0 while none runs)."""
 
+    #: what this worker's shutdown did (the engine process logs its own drain and close)
+    closed_message = "worker stopped; the engine process drains the queues and closes the store"
+
     def __init__(
         self,
         address: str,
