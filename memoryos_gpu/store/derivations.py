@@ -42,6 +42,15 @@ def _chunks(ids: Iterable[int], size: int = 500) -> list[list[int]]:
     return [ints[i : i + size] for i in range(0, len(ints), size)]
 
 
+def _ids_in(db: Any, select_in: str, ids: Iterable[int]) -> set[int]:
+    """The first column, as ints, of ``select_in (?, ?, ...)`` over ``ids`` in chunks."""
+    out: set[int] = set()
+    for chunk in _chunks(ids):
+        rows = db.execute(f"{select_in} ({_marks(chunk)})", chunk).fetchall()
+        out.update(int(r[0]) for r in rows)
+    return out
+
+
 def _marks(chunk: Sequence[Any]) -> str:
     return ",".join("?" * len(chunk))
 
@@ -140,16 +149,11 @@ def _derived_from(db: Any, pages: set[int]) -> tuple[set[int], dict[str, set[str
                 dims.setdefault(user, set()).add(key)
     frontier = set(entries)
     while frontier:
-        older: set[int] = set()
-        for chunk in _chunks(frontier):
-            older.update(
-                int(r[0])
-                for r in db.execute(
-                    "SELECT entry_id FROM knowledge WHERE superseded_by IS NOT NULL AND "
-                    f"superseded_by IN ({_marks(chunk)})",
-                    chunk,
-                ).fetchall()
-            )
+        older = _ids_in(
+            db,
+            "SELECT entry_id FROM knowledge WHERE superseded_by IS NOT NULL AND superseded_by IN",
+            frontier,
+        )
         frontier = older - entries
         entries |= frontier
     return entries, dims
@@ -157,16 +161,9 @@ def _derived_from(db: Any, pages: set[int]) -> tuple[set[int], dict[str, set[str
 
 def _support(db: Any, entries: set[int], dims: dict[str, set[str]]) -> set[int]:
     """Every source page of the given entries and profile dimensions."""
-    pages: set[int] = set()
-    for chunk in _chunks(entries):
-        pages.update(
-            int(r[0])
-            for r in db.execute(
-                "SELECT page_id FROM provenance WHERE item_kind = 'knowledge' AND item_id IN "
-                f"({_marks(chunk)})",
-                chunk,
-            ).fetchall()
-        )
+    pages = _ids_in(
+        db, "SELECT page_id FROM provenance WHERE item_kind = 'knowledge' AND item_id IN", entries
+    )
     for user, keys in dims.items():
         for key in keys:
             pages.update(
