@@ -446,6 +446,11 @@ class Arena:
         free = np.flatnonzero(self._h_seg_live[user] == 0)
         return int(free[0]) if free.size else NO_ID
 
+    def free_segment_slots(self, users: np.ndarray) -> np.ndarray:
+        """:meth:`free_segment_slot` of many users at once (-1 where all S slots are live)."""
+        free = self._h_seg_live[np.asarray(users, np.int32)] == 0
+        return np.where(free.any(axis=1), free.argmax(axis=1), NO_ID).astype(np.int32)
+
     def write_segments(
         self,
         users: np.ndarray,

@@ -967,6 +967,8 @@ def fallback_topic_summary(
         summary = _page_first_sentence(p, max_chars)
         if summary:
             break
+    if max_keywords <= 0:  # the summary alone (the extractive stage ranks keywords itself)
+        return TopicSummary(summary, [])
     ex = extractor if extractor is not None else KeywordExtractor()
     text = "\n".join(_page_text(p) for p in pages)
     return TopicSummary(summary, ex.extract(text, top_n=max_keywords))

@@ -17,6 +17,7 @@ Two modes share one interface so the engine never branches on it:
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 from collections import Counter
@@ -30,7 +31,6 @@ from memoryos_gpu import prompts
 from memoryos_gpu.llm.base import ChatRequest, LLMBackend
 from memoryos_gpu.text.keywords import (
     KeywordExtractor,
-    hash_keyword,
     topic_keywords,
     topic_weights,
 )
@@ -168,18 +168,17 @@ class ExtractiveStages:
         """Each page's keywords; with a vocabulary, one weighing for the whole batch."""
         texts = [f"{w.page['user_input'] or ''}\n{w.page['agent_response'] or ''}" for w in work]
         if self.vocabulary is None:
-            return [self.extractor.extract(t, top_n=self.page_keywords) for t in texts]
-        scores = [self.extractor.scores(t) for t in texts]  # insertion order = first occurrence
+            return self.extractor.extract_many(texts, top_n=self.page_keywords)
+        c = self.extractor.candidates(texts)  # first occurrence order, one native scan
         users = [str(w.page.get("user_id", "")) for w in work]
-        sizes = [len(sc) for sc in scores]
-        ids = np.fromiter((hash_keyword(t) for sc in scores for t in sc), np.int64, sum(sizes))
-        flat = np.fromiter((v for sc in scores for v in sc.values()), np.float64, sum(sizes))
+        sizes = np.diff(c.offsets)
         weights = topic_weights(
-            flat,
-            self.vocabulary.df(users, ids, sizes),
+            c.scores,
+            self.vocabulary.df(users, c.ids.astype(np.int64), sizes.tolist()),
             np.repeat(self.vocabulary.pages(users), sizes),
         )
-        return topic_keywords([list(sc) for sc in scores], weights, flat, self.page_keywords)
+        words = [c.words[a:b] for a, b in itertools.pairwise(c.offsets.tolist())]
+        return topic_keywords(words, weights, c.scores, self.page_keywords)
 
     def _page(self, w: PageWork, keywords: list[str]) -> PageOutcome:
         continuous = (

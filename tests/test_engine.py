@@ -982,18 +982,16 @@ def test_reopen_restores_every_tier(make_engine, kit, tmp_path):
 def test_a_failed_add_leaves_no_trace(make_engine, monkeypatch):
     eng = make_engine(stm_capacity=3, mode="extractive")
     eng.add("u", "p0", "r", timestamp=0.0)
-    real_audit, calls = eng.store.audit, []
+    real_audit = eng.store.audit_many
 
-    def failing_audit(db, *args, **kw):
-        calls.append(args)
-        if len(calls) == 2:
-            raise RuntimeError("disk I/O error")
-        return real_audit(db, *args, **kw)
+    def failing_audit(db, rows):  # the batch's last statement: everything before it is written
+        real_audit(db, rows)
+        raise RuntimeError("disk I/O error")
 
-    monkeypatch.setattr(eng.store, "audit", failing_audit)
+    monkeypatch.setattr(eng.store, "audit_many", failing_audit)
     with pytest.raises(RuntimeError):
         eng.add_many([PageInput("u", "p1", "r", 1.0), PageInput("u", "p2", "r", 2.0)])
-    monkeypatch.setattr(eng.store, "audit", real_audit)
+    monkeypatch.setattr(eng.store, "audit_many", real_audit)
     assert len(eng.export_user("u")["pages"]) == 1  # the store rolled back
     eng.add("u", "p3", "r", timestamp=3.0)
     r = eng.retrieve("u", "anything")

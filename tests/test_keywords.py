@@ -211,18 +211,6 @@ def test_pack_unpack_round_trip(rows, width):
             assert expected == set(hash_keywords(words).tolist())
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=80))
-def test_fast_tokens_equal_the_full_tokenizer(text: str) -> None:
-    """tokenize's hot path gives exactly the normalised tokens of the full tokenizer."""
-    from memoryos_gpu.text.keywords import _norm_tokens, _raw_tokens
-
-    assert _norm_tokens(text) == [n for n, _, _ in _raw_tokens(text)]
-    assert _norm_tokens("Caroline's dog don't O\u2019Neil Straße") == [
-        n for n, _, _ in _raw_tokens("Caroline's dog don't O\u2019Neil Straße")
-    ]
-
-
 # ------------------------------------------------------------------ topic keywords
 def test_topic_weights_zero_for_words_said_once_or_everywhere():
     # df: 1 (only this page), 2, 5, 10 of the user's 10 pages

@@ -236,7 +236,8 @@ def test_a_schema_2_store_migrates(backend: Backend, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"provenance"})
     st = backend.open(spec)
     assert st.schema_version == 2 and "provenance" not in st._table_names()
-    st.ensure_user("u", "default", 1.0)
+    with st.transaction() as db:
+        st.ensure_users(db, [("u", "default")], 1.0)
     with st.transaction() as db:
         db.execute(
             "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, mode, created) "

@@ -652,17 +652,16 @@ def test_surrogate_in_an_id_is_invalid_input(small_engine, field) -> None:
 
 
 def test_a_batch_is_one_transaction(small_engine, monkeypatch) -> None:
-    """A failure while writing the 3rd page of a batch leaves none of the batch in the store."""
+    """A failure at the batch's last statement (the pages, the STM overflow and the users'
+    clocks all written before it) leaves none of the batch in the store."""
     e = small_engine
-    real_audit, calls = e.store.audit, []
+    real_audit = e.store.audit_many
 
-    def failing_audit(*a, **k):
-        calls.append(1)
-        if len(calls) == 3:
-            raise sqlite3.OperationalError("disk I/O error")
-        return real_audit(*a, **k)
+    def failing_audit(db, rows):
+        real_audit(db, rows)
+        raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(e.store, "audit", failing_audit)
+    monkeypatch.setattr(e.store, "audit_many", failing_audit)
     before = table_dump(e.store)
     batch = [PageInput("alice", f"batch page {i}", "", 1.8e9 + i, source=f"b{i}") for i in range(4)]
     with pytest.raises(sqlite3.OperationalError):
@@ -678,16 +677,13 @@ def test_failed_batch_leaves_no_ghost_state(small_engine, monkeypatch) -> None:
     e = small_engine
     alice = e._users["alice"]
     stm_before, seq_before = list(alice.stm), alice.next_seq
-    calls = []
-    real_audit = e.store.audit
+    real_audit = e.store.audit_many
 
-    def failing_audit(*a, **k):  # the second page's write fails, as on a full disk
-        calls.append(1)
-        if len(calls) == 2:
-            raise sqlite3.OperationalError("database or disk is full")
-        return real_audit(*a, **k)
+    def failing_audit(db, rows):  # the batch's last write fails, as on a full disk
+        real_audit(db, rows)
+        raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(e.store, "audit", failing_audit)
+    monkeypatch.setattr(e.store, "audit_many", failing_audit)
     before = table_dump(e.store)
     with pytest.raises(sqlite3.OperationalError):
         e.add_many(
@@ -696,7 +692,7 @@ def test_failed_batch_leaves_no_ghost_state(small_engine, monkeypatch) -> None:
                 {"user_id": "alice", "user_input": "x", "timestamp": 1.8e9},
             ]
         )
-    monkeypatch.setattr(e.store, "audit", real_audit)
+    monkeypatch.setattr(e.store, "audit_many", real_audit)
     assert table_dump(e.store) == before  # the store itself is fine: one rolled-back batch
     assert (list(alice.stm), alice.next_seq) == (stm_before, seq_before)
     assert "carol" not in e.users()

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "memoryos/keywords.h"
 #include "memoryos/retrieval.h"
 #include "memoryos/terms.h"
 #include "retrieval_bindings.h"
@@ -55,6 +56,31 @@ py::tuple split_terms(const TermSplitter& splitter, py::str text, int64_t n_docs
   }
   return py::make_tuple(to_numpy(std::move(batch.offsets)), to_numpy(std::move(batch.ids)),
                         to_numpy(std::move(batch.tf)), to_numpy(std::move(batch.length)));
+}
+
+// ---- keyword candidates ---------------------------------------------------------------------
+py::tuple scan_keywords(const KeywordScanner& scanner, py::str text, int64_t n_docs) {
+  PyObject* s = text.ptr();
+  if (n_docs < 0) throw py::value_error("n_docs must be >= 0");
+  const int kind = PyUnicode_KIND(s);
+  const void* data = PyUnicode_DATA(s);
+  const auto length = static_cast<size_t>(PyUnicode_GET_LENGTH(s));
+  KeywordBatch batch;
+  {
+    py::gil_scoped_release release;  // `text` stays referenced by this frame
+    batch = scanner.scan(data, length, kind, n_docs);
+  }
+  py::list words(batch.word_ends.size());
+  int64_t start = 0;
+  for (size_t i = 0; i < batch.word_ends.size(); ++i) {
+    const int64_t end = batch.word_ends[i];
+    PyObject* w = PyUnicode_DecodeUTF8(batch.words.data() + start, end - start, "strict");
+    if (w == nullptr) throw py::error_already_set();
+    PyList_SET_ITEM(words.ptr(), static_cast<py::ssize_t>(i), w);  // steals the reference
+    start = end;
+  }
+  return py::make_tuple(to_numpy(std::move(batch.offsets)), to_numpy(std::move(batch.ids)),
+                        to_numpy(std::move(batch.tf)), to_numpy(std::move(batch.flags)), words);
 }
 
 int32_t term_id_of(const std::string& word) {
@@ -280,6 +306,20 @@ void register_retrieval(py::module_& m) {
            py::arg("timestamps") = py::none(), py::arg("max_terms") = 1 << 30,
            py::arg("sorted") = true,
            "-> (offsets int64 [n+1], ids int32, tf int32, length int32 [n]).");
+  py::class_<KeywordScanner>(m, "KeywordScanner",
+                             "Keyword candidates of U+0000-joined NFKC texts with their surface "
+                             "flags (memoryos/keywords.h has the rules).")
+      .def(py::init([](const std::vector<std::string>& stopwords,
+                       const std::vector<std::string>& date_words,
+                       const std::vector<std::string>& ambiguous_dates, int32_t min_len,
+                       bool fold_plurals) {
+             return KeywordScanner(stopwords, date_words, ambiguous_dates,
+                                   KeywordOptions{min_len, fold_plurals});
+           }),
+           py::arg("stopwords"), py::arg("date_words"), py::arg("ambiguous_dates"),
+           py::arg("min_len") = 2, py::arg("fold_plurals") = false)
+      .def("scan", &scan_keywords, py::arg("text"), py::arg("n_docs"),
+           "-> (offsets int64 [n+1], ids int32 (-1: not ASCII), tf int32, flags uint8, words).");
   m.def("term_id", &term_id_of, py::arg("word"),
         "31-bit BLAKE2b id of one normalised word (equals keywords.hash_keyword).");
   m.def("date_words", &date_words, py::arg("timestamp"),

@@ -1,6 +1,8 @@
 // memoryos-gpu: the native term splitter (see memoryos/terms.h for the rules).
 #include "memoryos/terms.h"
 
+#include "codepoints.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -11,7 +13,9 @@
 namespace memoryos {
 namespace {
 
-#include "memoryos/unicode_alnum.inc"
+using cp::is_alnum;
+using cp::is_apostrophe;
+using cp::put_utf8;
 
 // ---- BLAKE2b (RFC 7693), unkeyed, 8-byte digest ---------------------------------------------
 constexpr uint64_t kIV[8] = {0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
@@ -69,41 +73,6 @@ void compress(uint64_t* h, const uint8_t* block, uint64_t counter, bool last) {
     mix(v, 3, 4, 9, 14, m[s[14]], m[s[15]]);
   }
   for (int i = 0; i < 8; ++i) h[i] ^= v[i] ^ v[i + 8];
-}
-
-// ---- code points ----------------------------------------------------------------------------
-bool is_alnum(uint32_t c) {
-  if (c < 128) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-  }
-  // the last range starting at or below c, if c is inside it
-  size_t lo = 0, hi = sizeof(kAlnumRanges) / sizeof(kAlnumRanges[0]);
-  while (lo < hi) {
-    const size_t mid = (lo + hi) / 2;
-    if (kAlnumRanges[mid][0] <= c) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo > 0 && c < kAlnumRanges[lo - 1][1];
-}
-
-inline bool is_apostrophe(uint32_t c) { return c == 0x27 || c == 0x2019; }
-
-void put_utf8(uint32_t c, std::string* out) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
 }
 
 /// One document's terms: its token ids in text order, turned into (id, tf) rows at the end.

@@ -187,7 +187,7 @@ class Forgetting:
         db.execute(
             "UPDATE segments SET summary = ?, keywords = ?, kw_ids = ?, embedding = ? "
             "WHERE segment_id = ?",
-            (summary, json.dumps(counts), _kw_blob(kw_row), emb_blob(emb), sid),
+            (summary, json.dumps(counts), _kw_blob(kw_row[0]), emb_blob(emb), sid),
         )
         return sid, emb, kw_row
 

@@ -24,7 +24,7 @@ from memoryos_gpu import ops
 from memoryos_gpu.arena import NO_ID
 from memoryos_gpu.lexical import terms_from_blobs
 from memoryos_gpu.stages import PageOutcome, PageWork
-from memoryos_gpu.store.sqlite import blob_matrix, emb_blob
+from memoryos_gpu.store.sqlite import blob_matrix, emb_blob, select_in
 from memoryos_gpu.text.keywords import keyword_tokens
 
 from .heat import Heat
@@ -106,7 +106,8 @@ class Segments:
         s = self._s
         outcomes = s.stages.pages(read.work)
         for o in outcomes:  # LLM keywords may be phrases: one normalised token list, once
-            o.keywords = keyword_tokens(o.keywords)
+            if o.mode != "extractive":  # the extractor's are normalised unigrams already
+                o.keywords = keyword_tokens(o.keywords)
         summary_emb = self._summary_embeddings(outcomes, read.embs, [w.page for w in read.work])
         kw_rows = keyword_rows([o.keywords for o in outcomes], s.memory.keyword_width)
         return _RoundOutput(outcomes, summary_emb, kw_rows)
@@ -170,42 +171,39 @@ class Segments:
         summary_emb: np.ndarray,
         kw_rows: np.ndarray,
     ) -> None:
-        """Match the pages against their users' segments now, make room, and commit each
-        page's segment, chain link and pending-row delete in one transaction."""
+        """Match the pages against their users' segments now, make room, and commit the
+        round's segments, chain links and pending-row deletes in one transaction, each kind of
+        row with one statement for the whole round."""
         s = self._s
+        if len({u.slot for u in users}) < len(users):  # a user twice: its pages in turn
+            for part in _rounds_of_distinct_users(users):
+                self._apply(
+                    [items[i] for i in part],
+                    [users[i] for i in part],
+                    embs[part],
+                    [outcomes[i] for i in part],
+                    summary_emb[part],
+                    kw_rows[part],
+                )
+            return
         page_ids = [ref for _, _, ref in items]
         uslots = np.array([u.slot for u in users], np.int32)
         best_score, best_slot = ops.match_segments(s.arena, summary_emb, uslots, kw_rows)
         best_score, best_slot = to_host(best_score), to_host(best_slot)
         join = (best_slot >= 0) & (best_score >= s.memory.theta)
         self._make_room([u for u, j in zip(users, join, strict=True) if not j])
-        seg_info = self._segment_rows(
-            [
-                int(s.segment_of[u.slot, slot])
-                for u, slot, j in zip(users, best_slot, join, strict=True)
-                if j
-            ]
-        )
         stored = s.store.page_terms(page_ids)
         terms = terms_from_blobs([stored.get(p) for p in page_ids])
-        seg_slots = np.empty(len(items), np.int32)
-        metas: list[tuple[list[int], str]] = []  # (pages, chain meta) once committed
+        now = np.array([s.now(u) for u in users], np.float64)
+        round_ = _Round(users, uslots, outcomes, summary_emb, now)
         with s.store.transaction() as db:
-            for i, (work_id, _uid, pid) in enumerate(items):
-                seg_slots[i] = self._apply_page(
-                    db,
-                    users[i],
-                    pid,
-                    outcomes[i],
-                    summary_emb[i],
-                    int(best_slot[i]) if join[i] else None,
-                    seg_info,
-                    metas,
-                )
-                db.execute("DELETE FROM pending WHERE work_id = ?", (work_id,))
+            self._join_segments(db, round_, np.flatnonzero(join), best_slot)
+            self._open_segments(db, round_, np.flatnonzero(~join))
+            metas = self._link_pages(db, round_, page_ids)
+            db.executemany("DELETE FROM pending WHERE work_id = ?", [(w,) for w, _, _ in items])
             # the round's pages into their segments' blocks, in round order (each segment's
             # positions are the ones the store just gave them), and their term rows
-            pools = s.arena.append_pages(uslots, seg_slots, embs)
+            pools = s.arena.append_pages(uslots, round_.seg_slot, embs)
             s.map_pages(pools, np.asarray(page_ids, np.int64))
             s.arena.write_terms(pools, *astuple(terms))
             self._heat.refresh(db, users)
@@ -290,173 +288,207 @@ class Segments:
         s.counters["segments_evicted"] += 1
         return page_ids
 
-    # ---------------------------------------------------------------- applying a page
-    def _apply_page(
-        self,
-        db: Any,
-        user: UserState,
-        page_id: int,
-        out: PageOutcome,
-        summary_emb: np.ndarray,
-        join_slot: int | None,
-        seg_info: dict[int, dict[str, Any]],
-        metas: list[tuple[list[int], str]],
-    ) -> int:
-        """Put a page in a segment (``join_slot``, or a new one) and link it into the user's
-        dialogue chain. Returns the segment slot (the caller places the round's pages in
-        their blocks in one call); ``metas`` collects the chain meta updates."""
+    # ---------------------------------------------------------------- applying a round
+    def _join_segments(self, db: Any, r: _Round, idx: np.ndarray, slots: np.ndarray) -> None:
+        """Fold pages ``idx`` of the round into live segments (their ``slots``): the running
+        mean embedding, keyword counts and summary grow, L_interaction counts the page."""
+        if not idx.size:
+            return
         s = self._s
-        now = s.now(user)
-        if join_slot is not None:
-            slot = join_slot
-            sid, seg_pos = self._join_segment(db, user, slot, out, summary_emb, seg_info, now)
-        else:
-            slot, sid = self._open_segment(db, user, out, summary_emb, now)
-            seg_pos = 0
-        metas.append(self._link_page(db, user, page_id, out, sid, seg_pos))
-        return slot
-
-    def _join_segment(
-        self,
-        db: Any,
-        user: UserState,
-        slot: int,
-        out: PageOutcome,
-        summary_emb: np.ndarray,
-        seg_info: dict[int, dict[str, Any]],
-        now: float,
-    ) -> tuple[int, int]:
-        """Fold a page into a live segment; returns (segment id, the page's position in it).
-        ``seg_info`` is updated too: a later page of the round may join the same segment."""
-        s = self._s
-        sid = int(s.segment_of[user.slot, slot])
-        info = seg_info[sid]
-        n = info["n_pages"]
-        emb = info["embedding"] * n + summary_emb / max(1e-12, np.linalg.norm(summary_emb))
-        emb = emb / max(1e-12, float(np.linalg.norm(emb)))
-        kw_counts: dict[str, int] = dict(info["keywords"])
-        for w in out.keywords:
-            kw_counts[w] = kw_counts.get(w, 0) + 1
-        summary = _merge_summary(info["summary"], out.summary, s.memory.summary_chars)
-        l_inter = info["l_interaction"] + 1
-        last = max(info["last_access"], now)
-        kw_row = self._kw_matrix(kw_counts)
-        info.update(
-            embedding=emb,
-            keywords=kw_counts,
-            summary=summary,
-            n_pages=n + 1,
-            l_interaction=l_inter,
-            last_access=last,
-        )
-        db.execute(
+        slots = slots[idx].astype(np.int32)
+        sids = s.segment_of[r.uslots[idx], slots]
+        info = self._segment_rows(sids.tolist())
+        n = np.array([info[x]["n_pages"] for x in sids.tolist()], np.int64)
+        add = _unit_rows(r.summary_emb[idx])
+        emb = _unit_rows(np.stack([info[x]["embedding"] for x in sids.tolist()]) * n[:, None] + add)
+        counts, summaries, params = [], [], []
+        for i, sid in zip(idx.tolist(), sids.tolist(), strict=True):
+            row, out = info[sid], r.outcomes[i]
+            kw = dict(row["keywords"])
+            for w in out.keywords:
+                kw[w] = kw.get(w, 0) + 1
+            counts.append(kw)
+            summaries.append(_merge_summary(row["summary"], out.summary, s.memory.summary_chars))
+        l_inter = np.array([info[x]["l_interaction"] for x in sids.tolist()], np.int64) + 1
+        last = np.maximum([info[x]["last_access"] for x in sids.tolist()], r.now[idx])
+        kw_rows = self._kw_matrix(counts)
+        for j, sid in enumerate(sids.tolist()):
+            params.append(
+                (
+                    summaries[j],
+                    json.dumps(counts[j]),
+                    _kw_blob(kw_rows[j]),
+                    emb_blob(emb[j]),
+                    int(l_inter[j]),
+                    float(last[j]),
+                    int(n[j]) + 1,
+                    sid,
+                )
+            )
+        db.executemany(
             "UPDATE segments SET summary = ?, keywords = ?, kw_ids = ?, embedding = ?, "
             "l_interaction = ?, last_access = ?, n_pages = ? WHERE segment_id = ?",
-            (
-                summary,
-                json.dumps(kw_counts),
-                _kw_blob(kw_row),
-                emb_blob(emb),
-                l_inter,
-                last,
-                n + 1,
-                sid,
-            ),
+            params,
         )
         s.arena.write_segments(
-            [user.slot], [slot], emb[None], kw_row, l_interaction=[l_inter], last_access=[last]
+            r.uslots[idx], slots, emb, kw_rows, l_interaction=l_inter, last_access=last
         )
-        return sid, n
+        r.seg_slot[idx], r.segment_id[idx], r.seg_pos[idx] = slots, sids, n
 
-    def _open_segment(
-        self, db: Any, user: UserState, out: PageOutcome, summary_emb: np.ndarray, now: float
-    ) -> tuple[int, int]:
-        """A new segment from one page in the user's free slot; returns (slot, segment id)."""
+    def _open_segments(self, db: Any, r: _Round, idx: np.ndarray) -> None:
+        """A new segment for each of pages ``idx`` in its user's lowest free slot."""
+        if not idx.size:
+            return
         s = self._s
-        slot = s.arena.free_segment_slot(user.slot)
-        emb = summary_emb / max(1e-12, float(np.linalg.norm(summary_emb)))
-        kw_counts = {w: 1 for w in out.keywords}
-        kw_row = self._kw_matrix(kw_counts)
-        summary = out.summary[: s.memory.summary_chars]
-        cur = db.execute(
-            "INSERT INTO segments(user_id, slot, summary, keywords, kw_ids, embedding, "
-            "n_visit, l_interaction, last_access, created, n_pages) "
-            "VALUES (?, ?, ?, ?, ?, ?, 0, 1, ?, ?, 1) RETURNING segment_id",
+        slots = s.arena.free_segment_slots(r.uslots[idx])
+        emb = _unit_rows(r.summary_emb[idx])
+        counts = [{w: 1 for w in r.outcomes[i].keywords} for i in idx.tolist()]
+        kw_rows = self._kw_matrix(counts)
+        cap = s.memory.summary_chars
+        rows = [
             (
-                user.user_id,
-                slot,
-                summary,
-                json.dumps(kw_counts),
-                _kw_blob(kw_row),
-                emb_blob(emb),
-                now,
-                now,
-            ),
-        )
-        sid = cur.fetchone()[0]
-        s.segment_of[user.slot, slot] = sid
-        s.arena.write_segments(
-            [user.slot],
-            [slot],
-            emb[None],
-            kw_row,
-            n_visit=[0],
-            l_interaction=[1],
-            last_access=[now],
-        )
-        s.counters["segments_created"] += 1
-        return slot, sid
-
-    def _link_page(
-        self, db: Any, user: UserState, page_id: int, out: PageOutcome, sid: int, seg_pos: int
-    ) -> tuple[list[int], str]:
-        """The page's MTM row, and the dialogue chain: a continuous page links to the previous
-        evicted page and the chain's meta is regenerated on every page of it. Returns the
-        pages whose meta changed and the meta."""
-        s = self._s
-        prev = user.chain_tail if out.continuous else None
-        if prev is not None:
-            chain_id = s.store.query(
-                "SELECT COALESCE(chain_id, page_id) FROM pages WHERE page_id = ?", (prev,)
-            )[0][0]
-            db.execute("UPDATE pages SET next_page = ? WHERE page_id = ?", (page_id, prev))
-            changed = [
-                r[0]
-                for r in db.execute(
-                    "UPDATE pages SET meta = ? WHERE chain_id = ? RETURNING page_id",
-                    (out.meta, chain_id),
+                r.users[i].user_id,
+                int(slots[j]),
+                r.outcomes[i].summary[:cap],
+                json.dumps(counts[j]),
+                _kw_blob(kw_rows[j]),
+                emb_blob(emb[j]),
+                float(r.now[i]),
+                float(r.now[i]),
+            )
+            for j, i in enumerate(idx.tolist())
+        ]
+        sid_of: dict[tuple[str, int], int] = {}
+        for k in range(0, len(rows), 500):  # one statement per chunk, ids read back by key
+            chunk = rows[k : k + 500]
+            values = ",".join(["(?, ?, ?, ?, ?, ?, 0, 1, ?, ?, 1)"] * len(chunk))
+            sid_of.update(
+                ((u, sl), sid)
+                for sid, u, sl in db.execute(
+                    "INSERT INTO segments(user_id, slot, summary, keywords, kw_ids, embedding, "
+                    f"n_visit, l_interaction, last_access, created, n_pages) VALUES {values} "
+                    "RETURNING segment_id, user_id, slot",
+                    [v for row in chunk for v in row],
                 ).fetchall()
-            ]
-        else:
-            chain_id = page_id
-            changed = []
-        db.execute(
+            )
+        sids = np.array([sid_of[(row[0], row[1])] for row in rows], np.int64)
+        s.segment_of[r.uslots[idx], slots] = sids
+        s.arena.write_segments(
+            r.uslots[idx],
+            slots,
+            emb,
+            kw_rows,
+            n_visit=np.zeros(idx.size, np.int32),
+            l_interaction=np.ones(idx.size, np.int32),
+            last_access=r.now[idx],
+        )
+        s.counters["segments_created"] += int(idx.size)
+        r.seg_slot[idx], r.segment_id[idx], r.seg_pos[idx] = slots, sids, 0
+
+    def _link_pages(self, db: Any, r: _Round, page_ids: list[int]) -> list[tuple[list[int], str]]:
+        """The pages' MTM rows and the dialogue chain: a continuous page links to its user's
+        previous evicted page and the chain's meta is regenerated on every page of it.
+        Returns the pages whose meta changed, with the meta, per chain."""
+        prev = [
+            u.chain_tail if o.continuous else None for u, o in zip(r.users, r.outcomes, strict=True)
+        ]
+        linked = [i for i, p in enumerate(prev) if p is not None]
+        chain_of = dict(
+            select_in(
+                db,
+                "SELECT page_id, COALESCE(chain_id, page_id) FROM pages WHERE page_id IN",
+                [prev[i] for i in linked],
+            )
+        )
+        chains = [
+            chain_of[prev[i]] if prev[i] is not None else pid for i, pid in enumerate(page_ids)
+        ]
+        members: dict[int, list[int]] = {}
+        for pid, chain in select_in(
+            db, "SELECT page_id, chain_id FROM pages WHERE chain_id IN", [chains[i] for i in linked]
+        ):
+            members.setdefault(chain, []).append(pid)
+        db.executemany(
+            "UPDATE pages SET next_page = ? WHERE page_id = ?",
+            [(page_ids[i], prev[i]) for i in linked],
+        )
+        db.executemany(
+            "UPDATE pages SET meta = ? WHERE chain_id = ?",
+            [(r.outcomes[i].meta, chains[i]) for i in linked],
+        )
+        db.executemany(
             "UPDATE pages SET tier = 'mtm', segment_id = ?, seg_pos = ?, prev_page = ?, "
             "chain_id = ?, meta = ?, summary = ?, keywords = ?, mode = ? WHERE page_id = ?",
-            (
-                sid,
-                seg_pos,
-                prev,
-                chain_id,
-                out.meta,
-                out.summary,
-                json.dumps(out.keywords),
-                out.mode,
-                page_id,
-            ),
+            [
+                (
+                    int(r.segment_id[i]),
+                    int(r.seg_pos[i]),
+                    prev[i],
+                    chains[i],
+                    o.meta,
+                    o.summary,
+                    json.dumps(o.keywords),
+                    o.mode,
+                    pid,
+                )
+                for i, (pid, o) in enumerate(zip(page_ids, r.outcomes, strict=True))
+            ],
         )
-        user.chain_tail, user.chain_meta = page_id, out.meta
-        db.execute(
+        db.executemany(
             "UPDATE users SET chain_tail = ?, chain_meta = ? WHERE user_id = ?",
-            (page_id, out.meta, user.user_id),
+            [
+                (pid, o.meta, u.user_id)
+                for pid, o, u in zip(page_ids, r.outcomes, r.users, strict=True)
+            ],
         )
-        return [*changed, page_id], out.meta
+        for pid, o, u in zip(page_ids, r.outcomes, r.users, strict=True):
+            u.chain_tail, u.chain_meta = pid, o.meta
+        return [
+            ([*(members.get(chains[i], []) if prev[i] is not None else []), pid], o.meta)
+            for i, (pid, o) in enumerate(zip(page_ids, r.outcomes, strict=True))
+        ]
 
-    def _kw_matrix(self, counts: dict[str, int]) -> np.ndarray:
-        """A segment's keyword row: its most frequent keywords (first seen wins ties)."""
+    def _kw_matrix(self, counts: Sequence[dict[str, int]]) -> np.ndarray:
+        """Segments' keyword rows: each one's most frequent keywords (first seen wins ties)."""
         width = self._s.memory.keyword_width
-        ranked = sorted(counts, key=lambda w: -counts[w])  # stable: first seen wins ties
-        return keyword_rows([ranked[:width]], width)
+        ranked = [sorted(c, key=lambda w, c=c: -c[w])[:width] for c in counts]  # stable sort
+        return keyword_rows(ranked, width)
+
+
+@dataclass
+class _Round:
+    """The pages of a round being applied, by position: their users, outcomes, what each
+    contributes to its segment's embedding, and (filled in as it goes) the segment each joins
+    or opens and its position there."""
+
+    users: list[UserState]
+    uslots: np.ndarray
+    outcomes: list[PageOutcome]
+    summary_emb: np.ndarray
+    now: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.users)
+        self.seg_slot = np.full(n, -1, np.int32)
+        self.segment_id = np.full(n, -1, np.int64)
+        self.seg_pos = np.zeros(n, np.int64)
+
+
+def _rounds_of_distinct_users(users: Sequence[UserState]) -> list[np.ndarray]:
+    """Positions split into successive parts in which no user appears twice, each user's
+    pages in their order (part k holds every user's k-th page)."""
+    seen: dict[int, int] = {}
+    part = np.empty(len(users), np.int64)
+    for i, u in enumerate(users):
+        part[i] = seen.get(u.slot, 0)
+        seen[u.slot] = int(part[i]) + 1
+    return [np.flatnonzero(part == k) for k in range(int(part.max()) + 1)]
+
+
+def _unit_rows(m: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (a zero row stays zero)."""
+    norms = np.linalg.norm(m, axis=1, keepdims=True)
+    return m / np.maximum(norms, 1e-12)
 
 
 def _same_text(before: dict[str, Any] | None, now: dict[str, Any] | None) -> bool:
@@ -468,9 +500,8 @@ def _same_text(before: dict[str, Any] | None, now: dict[str, Any] | None) -> boo
     )
 
 
-def _kw_blob(kw_row: np.ndarray) -> bytes:
-    """The store's copy of a segment's hashed keyword ids (one ``[1, K]`` arena row, unpadded)."""
-    row = kw_row[0]
+def _kw_blob(row: np.ndarray) -> bytes:
+    """The store's copy of a segment's hashed keyword ids (its ``[K]`` arena row, unpadded)."""
     return np.ascontiguousarray(row[row >= 0], "<i4").tobytes()
 
 

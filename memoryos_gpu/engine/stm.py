@@ -124,62 +124,103 @@ class ShortTerm:
         blob_of: dict[int, bytes],
         new_users: list[UserState],
     ) -> list[AddResult]:
+        """One transaction, one statement per kind of row for the whole batch: new users, the
+        pages (ids read back by user and sequence number), the pages the STM overflow makes
+        pending, the users' clocks and the audit events."""
         s = self._s
-        seen_sources: dict[str, int] = {}
-        results: list[AddResult] = []
         now = time.time()
-        with s.store.transaction() as db:
-            for i, p in enumerate(items):
-                if p.source and (p.source in known or p.source in seen_sources):
-                    pid = known.get(p.source, seen_sources.get(p.source))
-                    results.append(AddResult(int(pid), p.user_id, duplicate=True))
-                    s.counters["duplicates_skipped"] += 1
-                    continue
-                user = s.users.get(p.user_id)
-                if user is None:
-                    aid = p.assistant_id or DEFAULT_ASSISTANT
-                    s.store.ensure_user(p.user_id, aid, now)
-                    user = s.new_user_state(p.user_id, aid)
-                    new_users.append(user)
-                cur = db.execute(
-                    "INSERT INTO pages(user_id, seq, user_input, agent_response, timestamp, tier, "
-                    "embedding, terms, source, extra, created) "
-                    "VALUES (?, ?, ?, ?, ?, 'stm', ?, ?, ?, ?, ?) RETURNING page_id",
-                    (
-                        p.user_id,
-                        user.next_seq,
-                        p.user_input,
-                        p.agent_response,
-                        p.timestamp,
-                        emb_blob(vec_of[i]),
-                        blob_of[i],
-                        p.source,
-                        json.dumps(p.meta, ensure_ascii=False),
-                        now,
-                    ),
+        fresh, dup_of = self._plan(items, known)
+        for i in fresh:  # in-memory state first: rolled back by accept() if the commit fails
+            p = items[i]
+            if p.user_id not in s.users:
+                new_users.append(s.new_user_state(p.user_id, p.assistant_id or DEFAULT_ASSISTANT))
+        rows = []
+        for i in fresh:
+            p, user = items[i], s.users[items[i].user_id]
+            rows.append(
+                (
+                    p.user_id,
+                    user.next_seq,
+                    p.user_input,
+                    p.agent_response,
+                    p.timestamp,
+                    emb_blob(vec_of[i]),
+                    blob_of[i],
+                    p.source,
+                    json.dumps(p.meta, ensure_ascii=False),
+                    now,
                 )
-                page_id = cur.fetchone()[0]
-                user.next_seq += 1
-                user.clock = max(user.clock, float(p.timestamp))
-                user.stm.append(page_id)
-                self._overflow(db, user, now)
-                db.execute(
-                    "UPDATE users SET clock = ?, next_seq = ? WHERE user_id = ?",
-                    (user.clock, user.next_seq, p.user_id),
-                )
-                s.store.audit(db, p.user_id, "add", "page", page_id)
-                if p.source:
-                    seen_sources[p.source] = page_id
-                results.append(AddResult(page_id, p.user_id))
-                s.counters["pages_added"] += 1
-        return results
-
-    def _overflow(self, db: Any, user: UserState, now: float) -> None:
-        """Pages pushed out of a full STM become pending derived work (same transaction)."""
-        while len(user.stm) > self._s.memory.stm_capacity:
-            old = user.stm.popleft()
-            db.execute("UPDATE pages SET tier = 'pending' WHERE page_id = ?", (old,))
-            db.execute(
-                "INSERT INTO pending(user_id, kind, ref, created) VALUES (?, 'page', ?, ?)",
-                (user.user_id, old, now),
             )
+            user.next_seq += 1
+            user.clock = max(user.clock, float(p.timestamp))
+        with s.store.transaction() as db:
+            s.store.ensure_users(db, [(u.user_id, u.assistant_id) for u in new_users], now)
+            page_of = self._insert_rows(db, rows)
+            ids = [page_of[(r[0], r[1])] for r in rows]
+            pending = self._push_stm([items[i].user_id for i in fresh], ids)
+            db.executemany(
+                "UPDATE pages SET tier = 'pending' WHERE page_id = ?", [(p,) for _, p in pending]
+            )
+            db.executemany(
+                "INSERT INTO pending(user_id, kind, ref, created) VALUES (?, 'page', ?, ?)",
+                [(u, p, now) for u, p in pending],
+            )
+            touched = [s.users[u] for u in dict.fromkeys(items[i].user_id for i in fresh)]
+            db.executemany(
+                "UPDATE users SET clock = ?, next_seq = ? WHERE user_id = ?",
+                [(u.clock, u.next_seq, u.user_id) for u in touched],
+            )
+            s.store.audit_many(
+                db, [(r[0], "add", "page", p) for r, p in zip(rows, ids, strict=True)]
+            )
+        s.counters["pages_added"] += len(ids)
+        s.counters["duplicates_skipped"] += len(dup_of)
+        id_of = dict(zip(fresh, ids, strict=True))
+        for i, ref in dup_of.items():
+            id_of[i] = ref if ref >= 0 else id_of[-1 - ref]
+        return [AddResult(id_of[i], p.user_id, duplicate=i in dup_of) for i, p in enumerate(items)]
+
+    def _plan(self, items: list[PageInput], known: dict[str, int]) -> tuple[list[int], dict]:
+        """Positions of the pages to insert, and of the duplicates (a ``source`` stored before
+        or earlier in the batch) with the page id they repeat (-1: earlier in the batch,
+        resolved by :meth:`_insert_pages`)."""
+        fresh: list[int] = []
+        dup_of: dict[int, int] = {}
+        first: dict[str, int] = {}
+        for i, p in enumerate(items):
+            if p.source and p.source in known:
+                dup_of[i] = known[p.source]
+            elif p.source and p.source in first:
+                dup_of[i] = -1 - first[p.source]  # resolved once the first one has its id
+            else:
+                fresh.append(i)
+                if p.source:
+                    first[p.source] = i
+        return fresh, dup_of
+
+    def _insert_rows(self, db: Any, rows: list[tuple]) -> dict[tuple[str, int], int]:
+        """INSERT the page rows, a chunk per statement; their ids by (user id, seq)."""
+        out: dict[tuple[str, int], int] = {}
+        for k in range(0, len(rows), 256):
+            chunk = rows[k : k + 256]
+            values = ",".join(["(?, ?, ?, ?, ?, 'stm', ?, ?, ?, ?, ?)"] * len(chunk))
+            cur = db.execute(
+                "INSERT INTO pages(user_id, seq, user_input, agent_response, timestamp, tier, "
+                f"embedding, terms, source, extra, created) VALUES {values} "
+                "RETURNING page_id, user_id, seq",
+                [v for row in chunk for v in row],
+            )
+            out.update(((u, int(q)), int(pid)) for pid, u, q in cur.fetchall())
+        return out
+
+    def _push_stm(self, user_ids: list[str], page_ids: list[int]) -> list[tuple[str, int]]:
+        """Append the pages to their users' STM, in order; returns the (user, page) pushed
+        out of a full STM, oldest first: they become pending derived work."""
+        cap = self._s.memory.stm_capacity
+        out: list[tuple[str, int]] = []
+        for uid, pid in zip(user_ids, page_ids, strict=True):
+            stm = self._s.users[uid].stm
+            stm.append(pid)
+            while len(stm) > cap:
+                out.append((uid, stm.popleft()))
+        return out

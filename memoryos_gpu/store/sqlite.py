@@ -492,20 +492,18 @@ class SQLiteStore:
             )
 
     # ------------------------------------------------------------------ users
-    def ensure_user(self, user_id: str, assistant_id: str, now: float) -> bool:
-        """Create the user (and its assistant) if new; returns True when created."""
-        with self.transaction() as db:
-            db.execute(
-                "INSERT INTO assistants(assistant_id, created) VALUES (?, ?) "
-                "ON CONFLICT DO NOTHING",
-                (assistant_id, now),
-            )
-            cur = db.execute(
-                "INSERT INTO users(user_id, assistant_id, created) VALUES (?, ?, ?) "
-                "ON CONFLICT DO NOTHING",
-                (user_id, assistant_id, now),
-            )
-            return cur.rowcount > 0
+    def ensure_users(self, db: Any, users: Sequence[tuple[str, str]], now: float) -> None:
+        """Create users ``(user id, assistant id)`` (and their assistants) that are new, in
+        the caller's transaction."""
+        db.executemany(
+            "INSERT INTO assistants(assistant_id, created) VALUES (?, ?) ON CONFLICT DO NOTHING",
+            [(a, now) for a in dict.fromkeys(a for _, a in users)],
+        )
+        db.executemany(
+            "INSERT INTO users(user_id, assistant_id, created) VALUES (?, ?, ?) "
+            "ON CONFLICT DO NOTHING",
+            [(u, a, now) for u, a in users],
+        )
 
     def user_row(self, user_id: str) -> dict[str, Any] | None:
         rows = self.query(
@@ -894,6 +892,17 @@ class SQLiteStore:
         return list(out.values())
 
     # ------------------------------------------------------------------ audit
+    def audit_many(
+        self, db: sqlite3.Connection, rows: Sequence[tuple[str, str, str, int | None]]
+    ) -> None:
+        """:meth:`audit` of many content-free events ``(user, action, kind, item id)``."""
+        now = time.time()
+        db.executemany(
+            "INSERT INTO audit(user_id, ts, action, item_kind, item_id, detail) "
+            "VALUES (?, ?, ?, ?, ?, '{}')",
+            [(u, now, a, k, i) for u, a, k, i in rows],
+        )
+
     def audit(
         self,
         db: sqlite3.Connection,
@@ -1143,6 +1152,15 @@ def _knowledge_dict(r: tuple) -> dict[str, Any]:
 
 def _json_dict(text: str | None) -> dict[str, Any]:
     return json.loads(text) if text and text != "{}" else {}  # most pages: no decode
+
+
+def select_in(db: Any, select: str, ids: Sequence[Any]) -> list[tuple]:
+    """The rows of ``select`` (ending in ``IN``) over ``ids``, one statement per chunk."""
+    rows: list[tuple] = []
+    for i in range(0, len(ids), 500):
+        chunk = list(ids[i : i + 500])
+        rows += db.execute(f"{select} ({','.join('?' * len(chunk))})", chunk).fetchall()
+    return rows
 
 
 def _id_chunks(ids: Sequence[int], size: int = 500) -> list[list[int]]:

@@ -40,6 +40,8 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -166,22 +168,6 @@ def normalize_word(word: str, *, fold_plurals: bool = False) -> str:
     return w
 
 
-def _raw_tokens(text: str) -> list[tuple[str, str, bool]]:
-    """(normalised token, surface form, sentence_initial) for every word."""
-    text = _nfkc(text or "")
-    out: list[tuple[str, str, bool]] = []
-    last_end = 0
-    for m in _WORD_RE.finditer(text):
-        gap = text[last_end : m.start()]
-        sentence_initial = last_end == 0 or bool(_SENT_END_RE.search(gap))
-        last_end = m.end()
-        surface = m.group(0)
-        norm = _strip_apostrophes(surface.casefold())
-        if norm:
-            out.append((norm, surface, sentence_initial))
-    return out
-
-
 def _norm_tokens(text: str) -> list[str]:
     """The normalised tokens of ``text`` without surface forms or sentence positions: the text
     is NFKC-normalised and case-folded as a whole, then split into words. The native splitter
@@ -250,17 +236,42 @@ def keyword_tokens(
     return out
 
 
-def _is_numberish(tok: str) -> bool:
-    return any(ch.isdigit() for ch in tok)
+#: Flag bits of the native scanner's candidates (``csrc/include/memoryos/keywords.h``).
+_F_PROPER, _F_CAPITAL_INITIAL, _F_DATE_WORD, _F_AMBIGUOUS_DATE = 1, 2, 4, 8
 
 
-def _is_capitalised(surface: str) -> bool:
-    return surface[:1].isupper()
+@functools.cache
+def _scanner(stopwords: frozenset[str], min_len: int, fold_plurals: bool) -> Any:
+    from memoryos_gpu import _C
+
+    return _C.KeywordScanner(
+        sorted(stopwords),
+        sorted(_MONTHS | _WEEKDAYS),
+        sorted(_AMBIGUOUS_DATE),
+        min_len,
+        fold_plurals,
+    )
 
 
-def _is_acronym(surface: str) -> bool:
-    letters = [c for c in surface if c.isalpha()]
-    return len(letters) >= 2 and all(c.isupper() for c in letters)
+def _nfkc_joined(texts: Sequence[str]) -> str:
+    """The batch NFKC-normalised and joined by U+0000 (the scanner's document separator; a
+    U+0000 inside a text is read as a space)."""
+    joined = "\x00".join(t or "" for t in texts)
+    if joined.count("\x00") != max(0, len(texts) - 1):
+        joined = "\x00".join((t or "").replace("\x00", " ") for t in texts)
+    return joined if joined.isascii() else unicodedata.normalize("NFKC", joined)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The candidate keywords of a batch of texts (CSR): text i's are
+    ``words[offsets[i]:offsets[i+1]]`` in order of first occurrence, with their
+    :func:`hash_keyword` ids and extractor scores."""
+
+    words: list[str]
+    offsets: np.ndarray  # int64 [n + 1]
+    ids: np.ndarray  # int32
+    scores: np.ndarray  # float64
 
 
 class KeywordExtractor:
@@ -305,14 +316,6 @@ class KeywordExtractor:
         self.n_docs = 0
 
     # ---------------------------------------------------------------- stats
-    def _doc_tokens(self, text: str) -> list[str]:
-        return tokenize(
-            text,
-            stopwords=self.stopwords,
-            fold_plurals=self.fold_plurals,
-            min_len=self.min_len,
-        )
-
     def fit(self, corpus_texts: Iterable[str]) -> KeywordExtractor:
         """Reset the document statistics and learn them from ``corpus_texts``."""
         self.df = Counter()
@@ -321,24 +324,21 @@ class KeywordExtractor:
 
     def update(self, corpus_texts: Iterable[str] | str) -> KeywordExtractor:
         """Add documents to the statistics (a single ``str`` is one document)."""
-        if isinstance(corpus_texts, str):
-            corpus_texts = [corpus_texts]
-        for text in corpus_texts:
-            self.df.update(set(self._doc_tokens(text)))
-            self.n_docs += 1
+        texts = [corpus_texts] if isinstance(corpus_texts, str) else list(corpus_texts)
+        self.df.update(self._scan(texts)[4])  # a document's candidates are distinct: C-level count
+        self.n_docs += len(texts)
         return self
 
     def remove(self, corpus_texts: Iterable[str]) -> KeywordExtractor:
         """Take documents added before back out of the statistics (their pages were deleted):
         a token no document holds any more is dropped, so the saved state does not keep it."""
-        for text in corpus_texts:
-            for tok in set(self._doc_tokens(text)):
-                left = self.df.get(tok, 0) - 1
-                if left > 0:
-                    self.df[tok] = left
-                else:
-                    self.df.pop(tok, None)
-            self.n_docs = max(0, self.n_docs - 1)
+        texts = list(corpus_texts)
+        words = self._scan(texts)[4]
+        self.df.subtract(words)
+        for tok in set(words):
+            if self.df[tok] <= 0:
+                del self.df[tok]
+        self.n_docs = max(0, self.n_docs - len(texts))
         return self
 
     def idf(self, token: str) -> float:
@@ -346,48 +346,54 @@ class KeywordExtractor:
         return math.log((1.0 + self.n_docs) / (1.0 + self.df.get(token, 0))) + 1.0
 
     # ------------------------------------------------------------ extraction
+    def _scan(self, texts: Sequence[str]) -> tuple:
+        """The native scanner's candidates of ``texts`` (``csrc/host/keywords.cpp``): offsets,
+        ids, tf, flags, words."""
+        scanner = _scanner(self.stopwords, self.min_len, self.fold_plurals)
+        return scanner.scan(_nfkc_joined(texts), len(texts))
+
+    def candidates(self, texts: Sequence[str]) -> Candidates:
+        """Every candidate keyword of each text with its ``tf * idf * boost`` score: one native
+        scan for the batch, the scores vectorised (the only per-word Python is the lookup of
+        each word's document frequency, done by C-level ``map``)."""
+        offsets, ids, tf, flags, words = self._scan(texts)
+        other = np.flatnonzero(ids < 0)  # non-ASCII words: the exact hash_keyword id
+        if other.size:
+            ids[other] = np.fromiter((hash_keyword(words[i]) for i in other), np.int32, other.size)
+        df = np.fromiter(map(self.df.get, words, repeat(0)), np.float64, len(words))
+        idf = np.log((1.0 + self.n_docs) / (1.0 + df)) + 1.0
+        proper = (flags & _F_PROPER) != 0
+        capital_initial = (flags & _F_CAPITAL_INITIAL) != 0
+        dated = ((flags & _F_DATE_WORD) != 0) & (
+            ((flags & _F_AMBIGUOUS_DATE) == 0) | proper | capital_initial
+        )
+        boost = np.where(proper, self.proper_noun_boost, 1.0) * np.where(
+            dated, self.number_boost, 1.0
+        )
+        return Candidates(words, offsets, ids, tf.astype(np.float64) * idf * boost)
+
     def scores(self, text: str) -> dict[str, float]:
-        """Score of every candidate keyword in ``text`` (unsorted)."""
-        tf: Counter[str] = Counter()
-        proper: set[str] = set()
-        capital_initial: set[str] = set()
-        for norm, surface, initial in _raw_tokens(text):
-            if norm in self.stopwords:
-                continue
-            if len(norm) < self.min_len and not norm.isdigit():
-                continue
-            tok = _fold_plural(norm) if self.fold_plurals else norm
-            tf[tok] += 1
-            if _is_acronym(surface) or (_is_capitalised(surface) and not initial):
-                proper.add(tok)
-            elif _is_capitalised(surface):
-                capital_initial.add(tok)
-        out: dict[str, float] = {}
-        for tok, count in tf.items():
-            boost = 1.0
-            if tok in proper:
-                boost *= self.proper_noun_boost
-            is_date = _is_numberish(tok) or tok in _WEEKDAYS or tok in _MONTHS
-            if is_date and (tok not in _AMBIGUOUS_DATE or tok in proper or tok in capital_initial):
-                boost *= self.number_boost
-            out[tok] = count * self.idf(tok) * boost
-        return out
+        """Score of every candidate keyword in ``text``, in order of first occurrence."""
+        c = self.candidates([text])
+        return dict(zip(c.words, c.scores.tolist(), strict=True))
 
     def extract(self, text: str, top_n: int = 8) -> list[str]:
         """Up to ``top_n`` normalised keywords of ``text``, best first."""
-        if top_n <= 0:
-            return []
-        sc = self.scores(text)
-        if not sc:
-            return []
-        order: dict[str, int] = {}
-        for tok in self._doc_tokens(text):
-            order.setdefault(tok, len(order))
-        ranked = sorted(sc, key=lambda t: (-sc[t], order.get(t, 1 << 30), t))
-        return ranked[:top_n]
+        return self.extract_many([text], top_n=top_n)[0]
 
     def extract_many(self, texts: Sequence[str], top_n: int = 8) -> list[list[str]]:
-        return [self.extract(t, top_n=top_n) for t in texts]
+        """Each text's best ``top_n`` keywords by score (ties: first occurrence), one sort for
+        the whole batch."""
+        c = self.candidates(texts)
+        sizes = np.diff(c.offsets)
+        group = np.repeat(np.arange(len(texts)), sizes)
+        position = np.arange(c.ids.size) - np.repeat(c.offsets[:-1], sizes)
+        order = np.lexsort((position, -c.scores, group))
+        rank = np.arange(order.size) - c.offsets[:-1][group[order]]
+        out: list[list[str]] = [[] for _ in texts]
+        for j in order[rank < max(0, top_n)].tolist():
+            out[group[j]].append(c.words[j])
+        return out
 
     # ---------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,235 @@
+// memoryos-gpu: keyword candidates of a batch (see memoryos/keywords.h for the rules).
+#include "memoryos/keywords.h"
+
+#include <stdexcept>
+#include <unordered_map>
+
+#include "codepoints.h"
+#include "memoryos/terms.h"
+
+namespace memoryos {
+namespace {
+
+using Word = std::vector<uint32_t>;
+
+/// Detects a sentence end in the gap between two words: a newline, or [.!?]+ ["')\]]* \s.
+class GapState {
+ public:
+  void reset() { state_ = 0, ended_ = false; }
+  bool ended() const { return ended_; }
+  void feed(uint32_t c) {
+    const bool stop = c == '.' || c == '!' || c == '?';
+    const bool closer = c == '"' || c == '\'' || c == ')' || c == ']';
+    if (c == '\n' || (state_ != 0 && cp::is_space(c))) ended_ = true;
+    if (stop) state_ = 1;
+    else if (closer && state_ != 0) state_ = 2;
+    else state_ = 0;
+  }
+
+ private:
+  int state_ = 0;  // 0: nothing pending, 1: after [.!?]+, 2: after closers that followed them
+  bool ended_ = false;
+};
+
+bool ends_with(const Word& w, const char* suffix) {
+  const size_t n = std::char_traits<char>::length(suffix);
+  if (w.size() < n) return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (w[w.size() - n + i] != static_cast<uint32_t>(suffix[i])) return false;
+  }
+  return true;
+}
+
+bool all_digits(const Word& w) {
+  for (uint32_t c : w) {
+    if (!cp::is_digit(c)) return false;
+  }
+  return !w.empty();
+}
+
+/// keywords._fold_plural on code points.
+void fold_plural(Word* w) {
+  if (w->size() <= 4 || w->back() != 's' || all_digits(*w)) return;
+  if (ends_with(*w, "ss") || ends_with(*w, "us") || ends_with(*w, "is")) return;
+  if (ends_with(*w, "ies") && w->size() > 5) {
+    w->resize(w->size() - 3);
+    w->push_back('y');
+  } else if (ends_with(*w, "ches") || ends_with(*w, "shes") || ends_with(*w, "xes") ||
+             ends_with(*w, "zes") || ends_with(*w, "sses")) {
+    w->resize(w->size() - 2);
+  } else {
+    w->pop_back();
+  }
+}
+
+/// casefold, U+2019 read as ', a trailing "'s" dropped, then every apostrophe dropped.
+void normalise(const Word& surface, Word* norm) {
+  norm->clear();
+  for (uint32_t c : surface) cp::casefold(c == 0x2019 ? 0x27 : c, norm);
+  if (norm->size() >= 2 && (*norm)[norm->size() - 2] == '\'' && norm->back() == 's') {
+    norm->resize(norm->size() - 2);
+  }
+  size_t k = 0;
+  for (uint32_t c : *norm) {
+    if (c != '\'') (*norm)[k++] = c;
+  }
+  norm->resize(k);
+}
+
+/// The surface's flags: an acronym, or capitalised (first code point upper case).
+void classify(const Word& surface, bool* acronym, bool* capitalised) {
+  int letters = 0;
+  bool all_upper = true;
+  for (uint32_t c : surface) {
+    if (cp::is_alpha(c)) {
+      ++letters;
+      all_upper = all_upper && cp::is_upper(c);
+    }
+  }
+  *acronym = letters >= 2 && all_upper;
+  *capitalised = !surface.empty() && cp::is_upper(surface[0]);
+}
+
+/// One document's candidates while it is scanned.
+struct DocCandidates {
+  std::unordered_map<std::string, size_t> index;  // word -> position in the lists below
+  std::vector<std::string> words;
+  std::vector<bool> ascii;
+  std::vector<int32_t> tf;
+  std::vector<uint8_t> flags;
+
+  void flush(KeywordBatch* out) {
+    for (size_t i = 0; i < words.size(); ++i) {
+      const std::string& w = words[i];
+      out->ids.push_back(ascii[i] ? term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size())
+                                  : -1);
+      out->tf.push_back(tf[i]);
+      out->flags.push_back(flags[i]);
+      out->words += w;
+      out->word_ends.push_back(static_cast<int64_t>(out->words.size()));
+    }
+    out->offsets.push_back(static_cast<int64_t>(out->ids.size()));
+    index.clear(), words.clear(), ascii.clear(), tf.clear(), flags.clear();
+  }
+};
+
+}  // namespace
+
+KeywordScanner::KeywordScanner(const std::vector<std::string>& stopwords,
+                               const std::vector<std::string>& date_words,
+                               const std::vector<std::string>& ambiguous_dates,
+                               const KeywordOptions& options)
+    : stopwords_(stopwords.begin(), stopwords.end()),
+      date_words_(date_words.begin(), date_words.end()),
+      ambiguous_(ambiguous_dates.begin(), ambiguous_dates.end()),
+      options_(options) {
+  if (options.min_len < 0) throw std::invalid_argument("min_len must be >= 0");
+}
+
+namespace {
+
+struct ScanContext {
+  const std::unordered_set<std::string>& stop;
+  const std::unordered_set<std::string>& dates;
+  const std::unordered_set<std::string>& ambiguous;
+  const KeywordOptions& opt;
+};
+
+/// Adds one word (its surface) to the document's candidates.
+void add_word(const ScanContext& ctx, const Word& surface, bool initial, Word* norm,
+              std::string* utf8, DocCandidates* doc) {
+  normalise(surface, norm);
+  if (norm->empty()) return;
+  utf8->clear();
+  for (uint32_t c : *norm) cp::put_utf8(c, utf8);
+  if (ctx.stop.count(*utf8)) return;
+  if (static_cast<int32_t>(norm->size()) < ctx.opt.min_len && !all_digits(*norm)) return;
+  if (ctx.opt.fold_plurals) {
+    fold_plural(norm);
+    utf8->clear();
+    for (uint32_t c : *norm) cp::put_utf8(c, utf8);
+  }
+  bool acronym, capitalised;
+  classify(surface, &acronym, &capitalised);
+  auto [it, fresh] = doc->index.emplace(*utf8, doc->words.size());
+  if (fresh) {
+    bool ascii = true, digit = false;
+    for (uint32_t c : *norm) ascii = ascii && c < 128, digit = digit || cp::is_digit(c);
+    uint8_t f = 0;
+    if (digit || ctx.dates.count(*utf8)) f |= kDateWord;
+    if (ctx.ambiguous.count(*utf8)) f |= kAmbiguousDate;
+    doc->words.push_back(*utf8);
+    doc->ascii.push_back(ascii);
+    doc->tf.push_back(0);
+    doc->flags.push_back(f);
+  }
+  const size_t k = it->second;
+  doc->tf[k] += 1;
+  if (acronym || (capitalised && !initial)) doc->flags[k] |= kProper;
+  else if (capitalised) doc->flags[k] |= kCapitalInitial;
+}
+
+template <typename Ch>
+int64_t scan_text(const Ch* s, size_t n, const ScanContext& ctx, KeywordBatch* out) {
+  DocCandidates doc;
+  GapState gap;
+  Word surface, norm;
+  std::string utf8;
+  bool first = true;  // the next word is its document's first
+  int64_t docs = 0;
+  size_t i = 0;
+  while (i < n) {
+    const auto c = static_cast<uint32_t>(s[i]);
+    if (c == 0) {
+      doc.flush(out);
+      ++docs, ++i, first = true;
+      gap.reset();
+      continue;
+    }
+    if (!cp::is_alnum(c)) {
+      gap.feed(c);
+      ++i;
+      continue;
+    }
+    surface.clear();
+    while (true) {
+      while (i < n && cp::is_alnum(static_cast<uint32_t>(s[i]))) surface.push_back(s[i++]);
+      if (i + 1 < n && cp::is_apostrophe(static_cast<uint32_t>(s[i])) &&
+          cp::is_alnum(static_cast<uint32_t>(s[i + 1]))) {
+        surface.push_back(s[i++]);
+        continue;
+      }
+      break;
+    }
+    add_word(ctx, surface, first || gap.ended(), &norm, &utf8, &doc);
+    first = false;
+    gap.reset();
+  }
+  doc.flush(out);
+  return docs + 1;
+}
+
+}  // namespace
+
+KeywordBatch KeywordScanner::scan(const void* text, size_t length, int kind,
+                                  int64_t n_docs) const {
+  KeywordBatch out;
+  out.offsets.reserve(static_cast<size_t>(n_docs) + 1);
+  out.offsets.push_back(0);
+  if (n_docs == 0) return out;
+  const ScanContext ctx{stopwords_, date_words_, ambiguous_, options_};
+  int64_t docs = 0;
+  switch (kind) {
+    case 1: docs = scan_text(static_cast<const uint8_t*>(text), length, ctx, &out); break;
+    case 2: docs = scan_text(static_cast<const uint16_t*>(text), length, ctx, &out); break;
+    case 4: docs = scan_text(static_cast<const uint32_t*>(text), length, ctx, &out); break;
+    default: throw std::invalid_argument("unknown string kind " + std::to_string(kind));
+  }
+  if (docs != n_docs) {
+    throw std::invalid_argument("the text holds " + std::to_string(docs) +
+                                " documents (U+0000-separated), expected " + std::to_string(n_docs));
+  }
+  return out;
+}
+
+}  // namespace memoryos

@@ -1,0 +1,69 @@
+// memoryos-gpu: keyword candidates of whole batches of texts, in native code.
+//
+// The extractive keyword stage scores every word of a page by tf * idf * boost, where the
+// boosts need each word's surface form (capitalised, an acronym, at a sentence start). Finding
+// the words, folding them and classifying their surfaces is one call per batch here instead of
+// a Python loop per word. The rules are those memoryos_gpu.text.keywords documents, with the
+// character classes and case folding of the Python that built the project (unicode_tables.inc):
+//
+//   - the caller passes NFKC-normalised texts (NOT case-folded) joined by U+0000;
+//   - a word is [^\W_]+(?:['\u2019][^\W_]+)* (alnum runs joined through inner apostrophes);
+//     its normalised form is its casefold with U+2019 read as ', a trailing "'s" dropped, then
+//     every apostrophe dropped; stopwords (tested on the normalised form) and words shorter
+//     than min_len code points (unless all digits) are skipped; fold_plurals applies the
+//     suffix rule of keywords._fold_plural;
+//   - a word is sentence-initial when it is a document's first, or the gap before it holds a
+//     newline or [.!?]+ ["')\]]* followed by whitespace;
+//   - flags, OR-ed over a candidate's occurrences: proper (an acronym -- two or more letters,
+//     all upper case -- or capitalised not at a sentence start), capitalised at a sentence
+//     start, a date word (holds a digit, or is in `date_words`), an ambiguous date word.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace memoryos {
+
+enum KeywordFlag : uint8_t {
+  kProper = 1,
+  kCapitalInitial = 2,
+  kDateWord = 4,
+  kAmbiguousDate = 8,
+};
+
+/// Distinct candidate words of each document, in order of first occurrence (CSR).
+struct KeywordBatch {
+  std::vector<int64_t> offsets;   ///< [n + 1]: document i's candidates [offsets[i], offsets[i+1])
+  std::vector<int32_t> ids;       ///< term_id of an ASCII word; -1 for others (hashed by Python)
+  std::vector<int32_t> tf;        ///< occurrences in the document
+  std::vector<uint8_t> flags;     ///< KeywordFlag bits
+  std::string words;              ///< the normalised words' UTF-8, back to back
+  std::vector<int64_t> word_ends;  ///< byte end of each word in `words`
+};
+
+struct KeywordOptions {
+  int32_t min_len = 2;
+  bool fold_plurals = false;
+};
+
+/// Finds keyword candidates. Holds the word lists; thread-safe once built.
+class KeywordScanner {
+ public:
+  KeywordScanner(const std::vector<std::string>& stopwords,
+                 const std::vector<std::string>& date_words,
+                 const std::vector<std::string>& ambiguous_dates, const KeywordOptions& options);
+
+  /// `text`: `n_docs` NFKC texts joined by U+0000, code units of one width (1, 2 or 4 bytes).
+  KeywordBatch scan(const void* text, size_t length, int kind, int64_t n_docs) const;
+
+  const KeywordOptions& options() const { return options_; }
+
+ private:
+  std::unordered_set<std::string> stopwords_, date_words_, ambiguous_;
+  KeywordOptions options_;
+};
+
+}  // namespace memoryos

@@ -1,0 +1,75 @@
+"""The keyword extractor's rules in plain Python, one word at a time with ``re`` and ``str``:
+the reference the native scanner (``csrc/host/keywords.cpp``) is checked against."""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections import Counter
+
+from memoryos_gpu.text.keywords import (
+    _AMBIGUOUS_DATE,
+    _MONTHS,
+    _WEEKDAYS,
+    STOPWORDS,
+    _fold_plural,
+    _strip_apostrophes,
+)
+
+WORD_RE = re.compile(r"[^\W_]+(?:['\u2019][^\W_]+)*", re.UNICODE)
+SENT_END_RE = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
+
+
+def raw_tokens(text: str) -> list[tuple[str, str, bool]]:
+    """(normalised token, surface form, sentence_initial) for every word of ``text``."""
+    text = unicodedata.normalize("NFKC", text or "")
+    out: list[tuple[str, str, bool]] = []
+    last_end = 0
+    for m in WORD_RE.finditer(text):
+        gap = text[last_end : m.start()]
+        sentence_initial = last_end == 0 or bool(SENT_END_RE.search(gap))
+        last_end = m.end()
+        norm = _strip_apostrophes(m.group(0).casefold())
+        if norm:
+            out.append((norm, m.group(0), sentence_initial))
+    return out
+
+
+def _is_acronym(surface: str) -> bool:
+    letters = [c for c in surface if c.isalpha()]
+    return len(letters) >= 2 and all(c.isupper() for c in letters)
+
+
+def scores(
+    text: str,
+    df: Counter[str],
+    n_docs: int,
+    *,
+    min_len: int = 2,
+    fold_plurals: bool = False,
+    proper_noun_boost: float = 2.0,
+    number_boost: float = 1.5,
+) -> dict[str, float]:
+    """``tf * idf * boost`` of every candidate word, in order of first occurrence."""
+    tf: Counter[str] = Counter()
+    proper: set[str] = set()
+    capital_initial: set[str] = set()
+    for norm, surface, initial in raw_tokens(text):
+        if norm in STOPWORDS or (len(norm) < min_len and not norm.isdigit()):
+            continue
+        tok = _fold_plural(norm) if fold_plurals else norm
+        tf[tok] += 1
+        if _is_acronym(surface) or (surface[:1].isupper() and not initial):
+            proper.add(tok)
+        elif surface[:1].isupper():
+            capital_initial.add(tok)
+    out = {}
+    for tok, count in tf.items():
+        boost = proper_noun_boost if tok in proper else 1.0
+        dated = any(ch.isdigit() for ch in tok) or tok in _WEEKDAYS or tok in _MONTHS
+        if dated and (tok not in _AMBIGUOUS_DATE or tok in proper or tok in capital_initial):
+            boost *= number_boost
+        idf = math.log((1.0 + n_docs) / (1.0 + df.get(tok, 0))) + 1.0
+        out[tok] = count * idf * boost
+    return out

@@ -1,0 +1,91 @@
+"""The native keyword scanner against the plain-Python rules (tests/keyword_reference.py) on
+random texts: words, apostrophes, sentence ends, capitals, digits, and the code points whose
+case folding or character class is unusual (folds to several code points, changes class)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from keyword_reference import raw_tokens, scores
+
+from memoryos_gpu.text.keywords import KeywordExtractor, _norm_tokens, hash_keyword
+
+# pieces that reach every rule: sentence ends with closers, apostrophes (inner, trailing,
+# possessive, U+2019), acronyms, capitalised words, ambiguous dates, digits of other scripts,
+# code points whose casefold expands (ß, İ, ǰ, ﬁ before NFKC) or changes class (U+0345)
+PIECES = [
+    "May", "may", "Sun", "MAY", "NASA", "Caroline's", "don't", "O\u2019Neil", "dogs'",
+    "Straße", "İstanbul", "ǰ", "ﬁne", "ΣΊΣΥΦΟΣ", "\u0345", "²", "٣٤", "7pm", "2023",
+    "a", "I", "x", "New-York", "snake_case", "cats", "stories", "boxes", "glasses",
+    ". ", "! ", "?) ", '." ', "...", ".x", "\n", "\t", " ", ", ", "\u00a0", "\u2028", "'",
+    "\u2019", "_", "é", "e\u0301", "Ⅻ", "ǅ", "ſt", "K", "K",
+]
+text_st = st.lists(st.sampled_from(PIECES) | st.text(max_size=4), max_size=30).map("".join)
+
+
+def _native_scores(ex: KeywordExtractor, text: str) -> dict[str, float]:
+    return ex.scores(text)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(text_st, min_size=1, max_size=4), st.booleans(), st.integers(0, 3))
+def test_native_candidates_equal_the_python_rules(texts, fold, min_len) -> None:
+    df = Counter({"may": 3, "nasa": 1, "caroline": 2})
+    ex = KeywordExtractor(fold_plurals=fold, min_len=min_len)
+    ex.df, ex.n_docs = Counter(df), 5
+    batch = ex.candidates(texts)
+    for i, text in enumerate(texts):
+        a, b = batch.offsets[i], batch.offsets[i + 1]
+        want = scores(text, df, 5, min_len=min_len, fold_plurals=fold)
+        assert batch.words[a:b] == list(want)  # same words, same first-occurrence order
+        np.testing.assert_allclose(batch.scores[a:b], list(want.values()), rtol=1e-12)
+        assert batch.ids[a:b].tolist() == [hash_keyword(w) for w in want]
+
+
+@settings(max_examples=200, deadline=None)
+@given(text_st)
+def test_update_counts_each_documents_distinct_candidates(text: str) -> None:
+    ex = KeywordExtractor().update([text, text])
+    want = scores(text, Counter(), 0)
+    assert ex.n_docs == 2 and dict(ex.df) == {w: 2 for w in want}
+    ex.remove([text])
+    assert ex.n_docs == 1 and dict(ex.df) == {w: 1 for w in want}
+    ex.remove([text])
+    assert ex.n_docs == 0 and not ex.df
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=80))
+def test_arbitrary_unicode_text(text: str) -> None:
+    """Any text: the scanner never fails and agrees with the reference."""
+    ex = KeywordExtractor()
+    assert list(ex.scores(text)) == list(scores(text, Counter(), 0))
+
+
+def test_tokenize_fast_path_equals_the_reference_on_plain_text() -> None:
+    text = "Caroline's dog don't O\u2019Neil Straße. NASA\nmay 7pm"
+    assert _norm_tokens(text) == [n for n, _, _ in raw_tokens(text)]
+
+
+def test_sentence_starts_and_separators() -> None:
+    ex = KeywordExtractor()
+    sc = ex.scores('Paris is big. "Paris" again!) Paris\nParis, said Paris')
+    # capitalised after ", " (not a sentence end) -> proper; the rest start sentences
+    assert sc["paris"] == pytest.approx(5 * 2.0)
+    assert ex.candidates(["a\x00b", "c"]).offsets.tolist() == [0, 0, 0]  # U+0000 -> a space
+    assert ex.candidates([]).offsets.tolist() == [0]
+
+
+def test_extract_many_is_extract_per_text() -> None:
+    ex = KeywordExtractor().update(["the cat sat", "a dog ran", "cats and dogs"])
+    texts = ["Max the dog ran to Boston on 7 May", "", "cat cat dog", "Sun sun SUN"]
+    assert ex.extract_many(texts, top_n=3) == [ex.extract(t, top_n=3) for t in texts]
+    for t in texts:
+        sc = scores(t, ex.df, ex.n_docs)
+        first = {w: i for i, w in enumerate(sc)}
+        assert ex.extract(t, top_n=3) == sorted(sc, key=lambda w: (-sc[w], first[w]))[:3]
+    assert ex.extract_many(texts, top_n=0) == [[], [], [], []]
