@@ -129,11 +129,6 @@ _FIRST_PERSON = re.compile(r"\b(i|i'm|i've|i'd|i'll|my|me|mine|we|our)\b", re.IG
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    denom = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(a @ b) / denom if denom > 0 else 0.0
-
-
 class ExtractiveStages:
     """LLM-free stages: a documented quality/cost trade-off for bulk ingestion.
 
@@ -162,7 +157,24 @@ class ExtractiveStages:
 
     def pages(self, work: Sequence[PageWork]) -> list[PageOutcome]:
         keywords = self._keywords(work)
-        return [self._page(w, k) for w, k in zip(work, keywords, strict=True)]
+        continuous = self._continuous(work)
+        return [
+            self._page(w, k, c) for w, k, c in zip(work, keywords, continuous.tolist(), strict=True)
+        ]
+
+    def _continuous(self, work: Sequence[PageWork]) -> np.ndarray:
+        """Whether each page continues its chain: cos(previous page, page) >= the threshold,
+        for the whole round in one matrix product (False without a previous page)."""
+        linked = [i for i, w in enumerate(work) if w.prev_embedding is not None]
+        out = np.zeros(len(work), bool)
+        if linked:
+            a = np.stack([work[i].prev_embedding for i in linked]).astype(np.float64)
+            b = np.stack([work[i].embedding for i in linked]).astype(np.float64)
+            denom = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+            dot = np.einsum("ij,ij->i", a, b)
+            cos = np.where(denom > 0, dot / np.where(denom > 0, denom, 1.0), 0.0)
+            out[linked] = cos >= self.continuity_threshold
+        return out
 
     def _keywords(self, work: Sequence[PageWork]) -> list[list[str]]:
         """Each page's keywords; with a vocabulary, one weighing for the whole batch."""
@@ -180,11 +192,7 @@ class ExtractiveStages:
         words = [c.words[a:b] for a, b in itertools.pairwise(c.offsets.tolist())]
         return topic_keywords(words, weights, c.scores, self.page_keywords)
 
-    def _page(self, w: PageWork, keywords: list[str]) -> PageOutcome:
-        continuous = (
-            w.prev_embedding is not None
-            and _cosine(w.prev_embedding, w.embedding) >= self.continuity_threshold
-        )
+    def _page(self, w: PageWork, keywords: list[str], continuous: bool) -> PageOutcome:
         summary = prompts.fallback_topic_summary([w.page], extractor=self.extractor, max_keywords=0)
         meta = (
             w.prev_meta

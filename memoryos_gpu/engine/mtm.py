@@ -175,17 +175,8 @@ class Segments:
         round's segments, chain links and pending-row deletes in one transaction, each kind of
         row with one statement for the whole round."""
         s = self._s
-        if len({u.slot for u in users}) < len(users):  # a user twice: its pages in turn
-            for part in _rounds_of_distinct_users(users):
-                self._apply(
-                    [items[i] for i in part],
-                    [users[i] for i in part],
-                    embs[part],
-                    [outcomes[i] for i in part],
-                    summary_emb[part],
-                    kw_rows[part],
-                )
-            return
+        if len({u.slot for u in users}) < len(users):  # the rounds' rule (pending_round)
+            raise RuntimeError("a round of pages holds at most one page per user")
         page_ids = [ref for _, _, ref in items]
         uslots = np.array([u.slot for u in users], np.int32)
         best_score, best_slot = ops.match_segments(s.arena, summary_emb, uslots, kw_rows)
@@ -472,17 +463,6 @@ class _Round:
         self.seg_slot = np.full(n, -1, np.int32)
         self.segment_id = np.full(n, -1, np.int64)
         self.seg_pos = np.zeros(n, np.int64)
-
-
-def _rounds_of_distinct_users(users: Sequence[UserState]) -> list[np.ndarray]:
-    """Positions split into successive parts in which no user appears twice, each user's
-    pages in their order (part k holds every user's k-th page)."""
-    seen: dict[int, int] = {}
-    part = np.empty(len(users), np.int64)
-    for i, u in enumerate(users):
-        part[i] = seen.get(u.slot, 0)
-        seen[u.slot] = int(part[i]) + 1
-    return [np.flatnonzero(part == k) for k in range(int(part.max()) + 1)]
 
 
 def _unit_rows(m: np.ndarray) -> np.ndarray:
