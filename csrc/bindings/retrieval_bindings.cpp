@@ -59,7 +59,8 @@ py::tuple split_terms(const TermSplitter& splitter, py::str text, int64_t n_docs
 }
 
 // ---- keyword candidates ---------------------------------------------------------------------
-py::tuple scan_keywords(const KeywordScanner& scanner, py::str text, int64_t n_docs) {
+py::tuple scan_keywords(const KeywordScanner& scanner, py::str text, int64_t n_docs,
+                        bool with_ids) {
   PyObject* s = text.ptr();
   if (n_docs < 0) throw py::value_error("n_docs must be >= 0");
   const int kind = PyUnicode_KIND(s);
@@ -68,7 +69,7 @@ py::tuple scan_keywords(const KeywordScanner& scanner, py::str text, int64_t n_d
   KeywordBatch batch;
   {
     py::gil_scoped_release release;  // `text` stays referenced by this frame
-    batch = scanner.scan(data, length, kind, n_docs);
+    batch = scanner.scan(data, length, kind, n_docs, with_ids);
   }
   py::list words(batch.word_ends.size());
   int64_t start = 0;
@@ -319,7 +320,9 @@ void register_retrieval(py::module_& m) {
            py::arg("stopwords"), py::arg("date_words"), py::arg("ambiguous_dates"),
            py::arg("min_len") = 2, py::arg("fold_plurals") = false)
       .def("scan", &scan_keywords, py::arg("text"), py::arg("n_docs"),
-           "-> (offsets int64 [n+1], ids int32 (-1: not ASCII), tf int32, flags uint8, words).");
+           py::arg("with_ids") = true,
+           "-> (offsets int64 [n+1], ids int32 (-1: not ASCII, or not asked for), tf int32, "
+           "flags uint8, words).");
   m.def("term_id", &term_id_of, py::arg("word"),
         "31-bit BLAKE2b id of one normalised word (equals keywords.hash_keyword).");
   m.def("date_words", &date_words, py::arg("timestamp"),

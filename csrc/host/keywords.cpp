@@ -98,11 +98,12 @@ struct DocCandidates {
   std::vector<int32_t> tf;
   std::vector<uint8_t> flags;
 
-  void flush(KeywordBatch* out) {
+  void flush(bool with_ids, KeywordBatch* out) {
     for (size_t i = 0; i < words.size(); ++i) {
       const std::string& w = words[i];
-      out->ids.push_back(ascii[i] ? term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size())
-                                  : -1);
+      out->ids.push_back(with_ids && ascii[i]
+                             ? term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size())
+                             : -1);
       out->tf.push_back(tf[i]);
       out->flags.push_back(flags[i]);
       out->words += w;
@@ -129,6 +130,7 @@ KeywordScanner::KeywordScanner(const std::vector<std::string>& stopwords,
 namespace {
 
 struct ScanContext {
+  bool with_ids;
   const std::unordered_set<std::string>& stop;
   const std::unordered_set<std::string>& dates;
   const std::unordered_set<std::string>& ambiguous;
@@ -181,7 +183,7 @@ int64_t scan_text(const Ch* s, size_t n, const ScanContext& ctx, KeywordBatch* o
   while (i < n) {
     const auto c = static_cast<uint32_t>(s[i]);
     if (c == 0) {
-      doc.flush(out);
+      doc.flush(ctx.with_ids, out);
       ++docs, ++i, first = true;
       gap.reset();
       continue;
@@ -205,19 +207,19 @@ int64_t scan_text(const Ch* s, size_t n, const ScanContext& ctx, KeywordBatch* o
     first = false;
     gap.reset();
   }
-  doc.flush(out);
+  doc.flush(ctx.with_ids, out);
   return docs + 1;
 }
 
 }  // namespace
 
-KeywordBatch KeywordScanner::scan(const void* text, size_t length, int kind,
-                                  int64_t n_docs) const {
+KeywordBatch KeywordScanner::scan(const void* text, size_t length, int kind, int64_t n_docs,
+                                  bool with_ids) const {
   KeywordBatch out;
   out.offsets.reserve(static_cast<size_t>(n_docs) + 1);
   out.offsets.push_back(0);
   if (n_docs == 0) return out;
-  const ScanContext ctx{stopwords_, date_words_, ambiguous_, options_};
+  const ScanContext ctx{with_ids, stopwords_, date_words_, ambiguous_, options_};
   int64_t docs = 0;
   switch (kind) {
     case 1: docs = scan_text(static_cast<const uint8_t*>(text), length, ctx, &out); break;

@@ -147,7 +147,7 @@ class ShortTerm:
                     emb_blob(vec_of[i]),
                     blob_of[i],
                     p.source,
-                    json.dumps(p.meta, ensure_ascii=False),
+                    json.dumps(p.meta, ensure_ascii=False) if p.meta else "{}",
                     now,
                 )
             )

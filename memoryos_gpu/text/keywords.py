@@ -346,17 +346,17 @@ class KeywordExtractor:
         return math.log((1.0 + self.n_docs) / (1.0 + self.df.get(token, 0))) + 1.0
 
     # ------------------------------------------------------------ extraction
-    def _scan(self, texts: Sequence[str]) -> tuple:
+    def _scan(self, texts: Sequence[str], *, with_ids: bool = False) -> tuple:
         """The native scanner's candidates of ``texts`` (``csrc/host/keywords.cpp``): offsets,
-        ids, tf, flags, words."""
+        ids (``with_ids``: of ASCII words), tf, flags, words."""
         scanner = _scanner(self.stopwords, self.min_len, self.fold_plurals)
-        return scanner.scan(_nfkc_joined(texts), len(texts))
+        return scanner.scan(_nfkc_joined(texts), len(texts), with_ids)
 
     def candidates(self, texts: Sequence[str]) -> Candidates:
         """Every candidate keyword of each text with its ``tf * idf * boost`` score: one native
         scan for the batch, the scores vectorised (the only per-word Python is the lookup of
         each word's document frequency, done by C-level ``map``)."""
-        offsets, ids, tf, flags, words = self._scan(texts)
+        offsets, ids, tf, flags, words = self._scan(texts, with_ids=True)
         other = np.flatnonzero(ids < 0)  # non-ASCII words: the exact hash_keyword id
         if other.size:
             ids[other] = np.fromiter((hash_keyword(words[i]) for i in other), np.int32, other.size)

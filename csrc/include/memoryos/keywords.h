@@ -57,7 +57,9 @@ class KeywordScanner {
                  const std::vector<std::string>& ambiguous_dates, const KeywordOptions& options);
 
   /// `text`: `n_docs` NFKC texts joined by U+0000, code units of one width (1, 2 or 4 bytes).
-  KeywordBatch scan(const void* text, size_t length, int kind, int64_t n_docs) const;
+  /// `with_ids` false leaves every id -1 (document frequencies need only the words).
+  KeywordBatch scan(const void* text, size_t length, int kind, int64_t n_docs,
+                    bool with_ids = true) const;
 
   const KeywordOptions& options() const { return options_; }
 
