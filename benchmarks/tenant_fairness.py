@@ -33,7 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_load import _free_port, _pct, _serve  # one server launcher for both benchmarks
+from serve_load import _free_port, _serve  # one server launcher for both benchmarks
+from serve_load_client import pct
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY_KEY, LIGHT_KEY = "heavy-key-0123456789", "light-key-0123456789"
@@ -69,9 +70,9 @@ def _summary(values: list[float]) -> dict[str, float]:
     ms = [v * 1000 for v in values]
     return {
         "n": len(ms),
-        "p50_ms": round(_pct(ms, 50), 2),
-        "p95_ms": round(_pct(ms, 95), 2),
-        "p99_ms": round(_pct(ms, 99), 2),
+        "p50_ms": round(pct(ms, 50), 2),
+        "p95_ms": round(pct(ms, 95), 2),
+        "p99_ms": round(pct(ms, 99), 2),
         "max_ms": round(max(ms), 2) if ms else float("nan"),
     }
 
