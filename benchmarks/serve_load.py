@@ -22,7 +22,9 @@ process, workers). The JSON's ``fair`` says whether other work on the box made t
 unfair (1-minute load average besides this benchmark over 0.75 per CPU).
 
 Reports throughput and p50/p95/p99 latency per operation, and the batched/unbatched throughput
-ratio, as a table and as JSON (``--out``). ``--quick`` is a small run for CI.
+ratio, as a table and as JSON (``--out``). ``--quick`` is a small run for CI. This file runs the
+scenarios (server subprocesses, modes, layouts, rounds); the simulated users are
+``serve_load_client.py``'s, the table, ratios and plot ``serve_load_report.py``'s.
 
     python benchmarks/serve_load.py                 # 100 and 1000 users
     python benchmarks/serve_load.py --users 100 --workers 0 1 2 --rounds 2 --plot W.png
@@ -36,8 +38,6 @@ import asyncio
 import json
 import os
 import platform
-import random
-import re
 import socket
 import subprocess
 import sys
@@ -47,58 +47,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from serve_load_client import ADMIN_KEY, KEY, load, preload
 from serve_load_report import fairness, mode_ratios, paired_ratios, plot, table
 
 ROOT = Path(__file__).resolve().parents[1]
-KEY = "bench-key-0123456789"
-HEADERS = {"Authorization": f"Bearer {KEY}"}
-ADMIN_KEY = "bench-admin-0123456789"  # reads the server-wide /v1/stats the run compares
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-TOPICS = [
-    "hiking",
-    "cooking",
-    "violin",
-    "football",
-    "gardening",
-    "astronomy",
-    "travel",
-    "chess",
-    "painting",
-    "running",
-    "photography",
-    "baking",
-]
-WORDS = [
-    "morning",
-    "weekend",
-    "friend",
-    "sister",
-    "Lisbon",
-    "Kyoto",
-    "recipe",
-    "concert",
-    "marathon",
-    "telescope",
-    "tomatoes",
-    "camera",
-    "museum",
-    "birthday",
-    "holiday",
-    "coffee",
-]
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _text(rng: random.Random, user: int) -> str:
-    return (
-        f"On my {rng.choice(WORDS)} I did some {rng.choice(TOPICS)} with my "
-        f"{rng.choice(WORDS)}; user {user} remembers the {rng.choice(WORDS)}"
-    )
 
 
 def _stat(pid: int | str) -> list[str] | None:
@@ -123,14 +81,6 @@ def _cpu_seconds(pid: int) -> float:
             total += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
         todo.extend(children.get(p, []))
     return total
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    i = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
-    return s[i]
 
 
 # ====================================================================== server subprocess
@@ -190,179 +140,6 @@ class Server:
                 self.proc.kill()
 
 
-# ====================================================================== load
-async def _pending(client: httpx.AsyncClient) -> float:
-    text = (await client.get("/metrics")).text
-    m = re.search(r"^memoryos_pending_derived (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
-
-
-async def _preload(client: httpx.AsyncClient, users: int, pages: int, seed: int) -> float:
-    rng = random.Random(seed)
-    t0 = time.perf_counter()
-    batch: list[dict[str, Any]] = []
-    for k in range(pages):
-        for u in range(users):
-            batch.append({"user_id": f"user{u}", "user_input": _text(rng, u), "timestamp": k})
-            if len(batch) == 500:
-                r = await client.post("/v1/pages", json={"pages": batch}, headers=HEADERS)
-                r.raise_for_status()
-                batch = []
-    if batch:
-        (await client.post("/v1/pages", json={"pages": batch}, headers=HEADERS)).raise_for_status()
-    deadline = time.monotonic() + 300
-    while await _pending(client) > 0 and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-    return time.perf_counter() - t0
-
-
-class RawClient:
-    """A minimal HTTP/1.1 keep-alive client on asyncio streams (one connection).
-
-    The load generator's own cost must stay well below the server's: on a 2-core box httpx
-    spends ~3 ms of CPU per request (and its shared pool slows further with many connections),
-    which would cap the measurement near 300 req/s whatever the server does. This client costs
-    ~0.3 ms. ``--client httpx`` uses one httpx.AsyncClient per simulated user instead.
-    """
-
-    def __init__(self, host: str, port: int, headers: dict[str, str]) -> None:
-        self.host, self.port = host, port
-        self._head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self._r: asyncio.StreamReader | None = None
-        self._w: asyncio.StreamWriter | None = None
-
-    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
-        data = json.dumps(body).encode() if body is not None else b""
-        head = (
-            f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n{self._head}"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-        ).encode()
-        if self._w is None:
-            self._r, self._w = await asyncio.open_connection(self.host, self.port)
-        assert self._r is not None
-        self._w.write(head + data)
-        await self._w.drain()
-        raw = await self._r.readuntil(b"\r\n\r\n")
-        lines = raw.split(b"\r\n")
-        status = int(lines[0].split()[1])
-        length, close = 0, False
-        for line in lines[1:]:
-            k, _, v = line.partition(b":")
-            k = k.strip().lower()
-            if k == b"content-length":
-                length = int(v)
-            elif k == b"connection" and v.strip().lower() == b"close":
-                close = True
-        payload = await self._r.readexactly(length)
-        if close:
-            await self.close()
-        return status, payload
-
-    async def close(self) -> None:
-        if self._w is not None:
-            self._w.close()
-            self._r = self._w = None
-
-
-class HttpxClient:
-    def __init__(self, base: str, headers: dict[str, str]) -> None:
-        self._c = httpx.AsyncClient(
-            base_url=base, headers=headers, limits=httpx.Limits(max_connections=1), timeout=120
-        )
-
-    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
-        r = await self._c.request(method, path, json=body)
-        return r.status_code, r.content
-
-    async def close(self) -> None:
-        await self._c.aclose()
-
-
-async def _load(
-    base: str,
-    *,
-    users: int,
-    requests: int,
-    time_limit: float,
-    write_frac: float,
-    think_ms: float,
-    seed: int,
-    client_kind: str = "raw",
-) -> dict[str, Any]:
-    lat: dict[str, list[float]] = {"retrieve": [], "write": []}
-    errors: dict[str, int] = {}
-    issued = 0
-    stop_at = time.monotonic() + time_limit
-    host, port = base.removeprefix("http://").split(":")
-    async with httpx.AsyncClient(base_url=base, headers=HEADERS, timeout=120) as control:
-        before = (await control.get("/v1/stats", headers=ADMIN)).json()["server"]["batching"]
-
-        async def user_loop(u: int) -> None:
-            nonlocal issued
-            rng = random.Random(seed * 100_003 + u)
-            client: RawClient | HttpxClient = (
-                RawClient(host, int(port), HEADERS)
-                if client_kind == "raw"
-                else HttpxClient(base, HEADERS)
-            )
-            await asyncio.sleep(rng.random() * 0.05)  # de-synchronise the start
-            try:
-                while issued < requests and time.monotonic() < stop_at:
-                    issued += 1
-                    write = rng.random() < write_frac
-                    t0 = time.perf_counter()
-                    try:
-                        if write:
-                            status, _ = await client.request(
-                                "POST",
-                                f"/v1/users/user{u}/pages",
-                                {"user_input": _text(rng, u), "agent_response": "ok"},
-                            )
-                        else:
-                            q = f"{rng.choice(TOPICS)} {rng.choice(WORDS)}"
-                            status, _ = await client.request(
-                                "POST", f"/v1/users/user{u}/retrieve", {"query": q}
-                            )
-                        ok, key = status in (200, 201), str(status)
-                    except (OSError, asyncio.IncompleteReadError, httpx.HTTPError) as exc:
-                        ok, key = False, type(exc).__name__
-                        await client.close()
-                    dt = time.perf_counter() - t0
-                    if ok:
-                        lat["write" if write else "retrieve"].append(dt)
-                    else:
-                        errors[key] = errors.get(key, 0) + 1
-                    if think_ms > 0:
-                        await asyncio.sleep(rng.expovariate(1000.0 / think_ms))
-            finally:
-                await client.close()
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(user_loop(u) for u in range(users)))
-        wall = time.perf_counter() - t0
-        after = (await control.get("/v1/stats", headers=ADMIN)).json()["server"]["batching"]
-    mean_batch = {}
-    for k in after:
-        nb = after[k]["batches"] - before[k]["batches"]
-        mean_batch[k] = round((after[k]["items"] - before[k]["items"]) / nb, 2) if nb else 0.0
-    done = len(lat["retrieve"]) + len(lat["write"])
-    out: dict[str, Any] = {
-        "requests_ok": done,
-        "errors": errors,
-        "wall_s": round(wall, 3),
-        "throughput_rps": round(done / wall, 1) if wall > 0 else 0.0,
-        "mean_batch": mean_batch,
-    }
-    for op, values in lat.items():
-        out[op] = {
-            "n": len(values),
-            "p50_ms": round(_pct(values, 50) * 1000, 2),
-            "p95_ms": round(_pct(values, 95) * 1000, 2),
-            "p99_ms": round(_pct(values, 99) * 1000, 2),
-        }
-    return out
-
-
 _UNBATCHED_REQUESTS = {
     "max_batch": 1,
     "write_max_batch": 1,
@@ -398,9 +175,9 @@ def run_scenario(
 
         async def go() -> dict[str, Any]:
             async with httpx.AsyncClient(base_url=server.base, timeout=300) as c:
-                pre = await _preload(c, users, args.preload_pages, args.seed)
+                pre = await preload(c, users, args.preload_pages, args.seed)
             cpu0 = _cpu_seconds(server.proc.pid)
-            res = await _load(
+            res = await load(
                 server.base,
                 users=users,
                 requests=args.requests,

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from memoryos_gpu.llm.jsonfix import strip_reasoning
 from memoryos_gpu.profile_dims import (
     dimensions_prompt_text,
     normalize_dimension_key,
@@ -688,17 +689,17 @@ def response(
 
 
 # =================================================================== parsing
-_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCE_RE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
 def extract_json(text: Any) -> Any | None:
     """Best-effort decode of model output: JSON values pass through; strings are
-    stripped of ``<think>`` blocks and code fences and decoded, falling back to
+    stripped of reasoning (:func:`~memoryos_gpu.llm.jsonfix.strip_reasoning`: ``<think>``
+    blocks, but not a tag inside a JSON string) and code fences and decoded, falling back to
     the outermost ``{...}`` span. Returns ``None`` when nothing decodes."""
     if not isinstance(text, str):
         return text
-    t = _THINK_RE.sub("", text).strip()
+    t = strip_reasoning(text).strip()
     m = _FENCE_RE.search(t)
     candidates = [m.group(1).strip()] if m else []
     candidates.append(t)
@@ -810,7 +811,7 @@ def parse_continuity(value: Any) -> bool | None:
     if isinstance(v, dict):
         return _parse_bool(v.get("continuous"))
     if isinstance(value, str) and v is None:
-        return _parse_bool(_THINK_RE.sub("", value).strip().strip(".\"'"))
+        return _parse_bool(strip_reasoning(value).strip().strip(".\"'"))
     return _parse_bool(v)
 
 

@@ -188,6 +188,13 @@ def test_parse_continuity():
     assert P.parse_continuity(None) is None
 
 
+def test_extract_json_keeps_a_reasoning_tag_inside_a_string():
+    """The parsers share jsonfix's reasoning stripping: a block outside strings is dropped,
+    a tag inside a string value is the value's text."""
+    text = '<think>draft {"meta": "no"}</think>{"meta": "typed <think>x</think> in chat"}'
+    assert P.extract_json(text) == {"meta": "typed <think>x</think> in chat"}
+
+
 def test_parse_meta_and_summary():
     assert P.parse_chain_meta({"meta": "  The user   got a dog. "}) == "The user got a dog."
     assert P.parse_chain_meta({"meta": "   "}) is None

@@ -11,7 +11,8 @@ and it keeps text a hand-written repairer lost, e.g. ``"She said "no" to it"``);
 specific to LLM output here is around it:
 
 1. reasoning is dropped: ``<think>...</think>`` blocks, an unclosed ``<think>`` tail, and
-   everything before a lone ``</think>`` (templates that open the block in the prompt);
+   everything before a lone ``</think>`` (templates that open the block in the prompt), but
+   never a tag inside a JSON string value (the scan keeps track of strings);
 2. candidates: the whole text, the inside of code fences, and each ``{`` / ``[`` start, the
    schema's top-level type first;
 3. per candidate, a strict decode of the value at its start, else ``json_repair.loads``
@@ -43,8 +44,9 @@ import jsonschema
 __all__ = ["extract_json_candidates", "parse_json_output", "strip_reasoning"]
 
 _FENCE_RE = re.compile(r"```[ \t]*(?:json5?|JSON|javascript|js)?[ \t]*\r?\n?(.*?)(?:```|\Z)", re.S)
-_THINK_RE = re.compile(r"<think>.*?(?:</think>|\Z)", re.S | re.I)
-_THINK_END = "</think>"
+_TAG_RE = re.compile(r"<(/?)think>", re.I)
+_END_RE = re.compile(r"</think>", re.I)
+_STRING_START, _STRING_END = frozenset("{[,:"), frozenset(["", ",", "}", "]", ":"])
 _MAX_STARTS = 16  # how many '{' / '[' positions to try in prose-heavy output
 _DECODER = json.JSONDecoder()
 
@@ -76,10 +78,54 @@ def parse_json_output(text: str | None, schema: dict | None = None) -> tuple[Any
 
 def strip_reasoning(text: str) -> str:
     """``text`` without reasoning: ``<think>`` blocks (an unclosed one runs to the end) and,
-    when a ``</think>`` has no opening tag (the chat template opened it), all before it."""
-    if _THINK_END in text.lower() and "<think>" not in text.lower():
-        text = text[text.lower().rindex(_THINK_END) + len(_THINK_END) :]
-    return _THINK_RE.sub("", text)
+    at a ``</think>`` with no opening tag (the chat template opened it), all before it.
+
+    A tag inside a JSON string value is content, not reasoning (``{"summary": "user typed
+    <think> in chat"}`` keeps its text), so the text is scanned with the JSON string state:
+    a string (``"..."``, or json-repair's ``'...'``) opens where a JSON string can, inside an
+    object or array after ``{ [ , :``, and ends at its quote only where a JSON string can end
+    (before ``, } ] :`` or the text's end), as json-repair reads an unescaped inner quote
+    (``"She said "no" to it"``). Quotes in prose around the JSON, an apostrophe in
+    ``[the user's facts]``, or anything inside a block open nothing."""
+    if not _TAG_RE.search(text):
+        return text
+    kept: list[str] = []
+    start = i = depth = 0
+    quote, prev = "", ""  # prev: the last non-space character outside strings
+    while i < len(text):
+        c = text[i]
+        if quote:  # inside a string: only its end (or an escape) matters
+            if c == quote and _after_space(text, i + 1) in _STRING_END:
+                quote, prev = "", c
+            i += 2 if c == "\\" else 1
+            continue
+        tag = _TAG_RE.match(text, i) if c == "<" else None
+        if tag and not tag.group(1):  # a block: dropped up to its end (or the text's)
+            kept.append(text[start:i])
+            end = _END_RE.search(text, tag.end())
+            i = start = end.end() if end else len(text)
+            continue
+        if tag:  # a lone closing tag: all before it was reasoning
+            kept, depth, prev = [], 0, ""
+            i = start = tag.end()
+            continue
+        if c in "\"'" and depth and prev in _STRING_START:
+            quote = c
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth = max(0, depth - 1)
+        prev = c if not c.isspace() else prev
+        i += 1
+    kept.append(text[start:])
+    return "".join(kept)
+
+
+def _after_space(text: str, i: int) -> str:
+    """The first non-space character at or after ``i`` ("" at the end of the text)."""
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return text[i : i + 1]
 
 
 def extract_json_candidates(text: str, prefer: str | None = None) -> list[str]:

@@ -11,6 +11,9 @@ submit raises :class:`Overloaded` at once instead of queueing without bound.
 
 :class:`FairBatcher` is the write queue's: one FIFO per tenant, served round robin in chunks,
 so one tenant's large requests do not hold up another tenant's small ones.
+
+Both hold only their queueing policy; the lifecycle (collector task, drain, admission checks,
+the executor call of ``fn`` and its counters) is their common base's, :class:`_Batcher`.
 """
 
 from __future__ import annotations
@@ -74,13 +77,13 @@ class _Entry:
 BatchFn = Callable[[list[Any]], Sequence[Any]]
 
 
-class MicroBatcher:
-    """Gather items into batches for ``fn`` (``fn(items) -> results``, one result or
-    ``Exception`` per item, run on ``executor``).
-
-    Items whose submitter went away before their batch ran are dropped (reads; the write
-    queue is a :class:`FairBatcher`, which runs every admitted item).
-    """
+class _Batcher:
+    """The lifecycle both batchers share: a collector task on the event loop (``start``), a
+    ``drain`` that refuses new items and finishes the admitted ones, the admission checks
+    (shutting down: :class:`Unavailable`; over ``limit`` admitted weight: :class:`Overloaded`)
+    and one call of ``fn`` on ``executor`` (a failure or a miscounted result becomes each
+    item's error; the counters and ``on_batch`` see every call). A subclass holds its queueing
+    policy: ``enqueue`` and the collector ``_run``."""
 
     def __init__(
         self,
@@ -102,12 +105,9 @@ class MicroBatcher:
         self.limit = limit
         self.retry_after = retry_after
         self._on_batch = on_batch
-        self._queue: deque[_Entry] = deque()
-        self._queued_weight = 0
-        self.admitted = 0  # queued + in the running batch
+        self.admitted = 0  # weight queued + in running batches
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
-        self._full: asyncio.Event | None = None
         self._closing = False
         self.batches = 0
         self.items = 0
@@ -115,26 +115,84 @@ class MicroBatcher:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self._wake = asyncio.Event()
-        self._full = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batch-{self.name}")
 
     async def drain(self) -> None:
         """Refuse new items, finish every admitted one, stop the collector."""
         self._closing = True
         if self._wake is not None:
-            self._wake.set()
-            self._full.set()  # type: ignore[union-attr]
+            self._wake_all()
         if self._task is not None:
             await self._task
+
+    def _wake_all(self) -> None:
+        """Wake the collector from whatever it waits on (``drain``: it has to see closing)."""
+        self._wake.set()  # type: ignore[union-attr]
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ admission
+    def _check_open(self) -> None:
+        if self._closing or self._task is None:
+            raise Unavailable("the server is shutting down", self.retry_after)
+
+    def _check_limit(self, weight: int) -> None:
+        """Past ``limit``: :class:`Overloaded` (503), unless the queue is empty (an item larger
+        than the limit alone is still served)."""
+        if self.admitted + weight > self.limit and self.admitted > 0:
+            raise Overloaded(self.name, self.retry_after)
+
+    # ------------------------------------------------------------------ one call of fn
+    async def _call(self, items: list[Any], weight: int) -> Sequence[Any]:
+        """``fn(items)`` on the executor: one result or ``Exception`` per item."""
+        t0 = time.perf_counter()
+        try:
+            results: Sequence[Any] = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._fn, items
+            )
+            if len(results) != len(items):  # a bug in fn: fail loudly, per item
+                raise RuntimeError(f"{self.name}: {len(results)} results for {len(items)}")
+        except Exception as exc:  # the batch function itself failed
+            log.exception("%s batch of %d failed", self.name, len(items))
+            results = [exc] * len(items)
+        self.batches += 1
+        self.items += weight
+        if self._on_batch is not None:
+            self._on_batch(weight, time.perf_counter() - t0)
+        return results
+
+
+class MicroBatcher(_Batcher):
+    """Gather items into batches for ``fn`` (``fn(items) -> results``, one result or
+    ``Exception`` per item, run on ``executor``).
+
+    Items whose submitter went away before their batch ran are dropped (reads; the write
+    queue is a :class:`FairBatcher`, which runs every admitted item).
+    """
+
+    def __init__(self, name: str, fn: BatchFn, **kw: Any) -> None:
+        """``kw``: :class:`_Batcher`'s (``executor``, ``max_batch``, ``max_wait_s``, ``limit``,
+        ``retry_after``, ``on_batch``)."""
+        super().__init__(name, fn, **kw)
+        self._queue: deque[_Entry] = deque()
+        self._queued_weight = 0
+        self._full: asyncio.Event | None = None  # set once max_batch weight is queued
+
+    def start(self) -> None:
+        self._full = asyncio.Event()
+        super().start()
+
+    def _wake_all(self) -> None:
+        super()._wake_all()
+        self._full.set()  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ submit
     def enqueue(self, item: Any, weight: int = 1) -> asyncio.Future:
         """Admit an item (or raise :class:`Overloaded` / :class:`Unavailable` at once); the
         returned future resolves when its batch ran."""
-        if self._closing or self._task is None:
-            raise Unavailable("the server is shutting down", self.retry_after)
-        if self.admitted + weight > self.limit and self.admitted > 0:
-            raise Overloaded(self.name, self.retry_after)
+        self._check_open()
+        self._check_limit(weight)
         fut = asyncio.get_running_loop().create_future()
         self._queue.append(_Entry(item, weight, fut, time.monotonic()))
         self._queued_weight += weight
@@ -149,7 +207,6 @@ class MicroBatcher:
 
     # ------------------------------------------------------------------ collector
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         assert self._wake is not None and self._full is not None
         while True:
             if not self._queue:
@@ -163,33 +220,10 @@ class MicroBatcher:
                 self._full.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._full.wait(), remaining)
-            batch: list[_Entry] = []
-            weight = 0
-            while self._queue and (not batch or weight + self._queue[0].weight <= self.max_batch):
-                e = self._queue.popleft()
-                self._queued_weight -= e.weight
-                if e.future.cancelled():
-                    self.admitted -= e.weight
-                    continue
-                batch.append(e)
-                weight += e.weight
+            batch = self._take()
             if not batch:
                 continue
-            t0 = time.perf_counter()
-            try:
-                results: Sequence[Any] = await loop.run_in_executor(
-                    self._executor, self._fn, [e.item for e in batch]
-                )
-                if len(results) != len(batch):  # a bug in fn: fail loudly, per item
-                    raise RuntimeError(f"{self.name}: {len(results)} results for {len(batch)}")
-            except Exception as exc:  # the batch function itself failed
-                log.exception("%s batch of %d failed", self.name, len(batch))
-                results = [exc] * len(batch)
-            dt = time.perf_counter() - t0
-            self.batches += 1
-            self.items += weight
-            if self._on_batch is not None:
-                self._on_batch(weight, dt)
+            results = await self._call([e.item for e in batch], sum(e.weight for e in batch))
             for e, r in zip(batch, results, strict=True):
                 self.admitted -= e.weight
                 if e.future.done():
@@ -198,6 +232,21 @@ class MicroBatcher:
                     e.future.set_exception(r)
                 else:
                     e.future.set_result(r)
+
+    def _take(self) -> list[_Entry]:
+        """The oldest entries within ``max_batch`` weight (at least one), less those whose
+        submitter went away."""
+        batch: list[_Entry] = []
+        weight = 0
+        while self._queue and (not batch or weight + self._queue[0].weight <= self.max_batch):
+            e = self._queue.popleft()
+            self._queued_weight -= e.weight
+            if e.future.cancelled():
+                self.admitted -= e.weight
+                continue
+            batch.append(e)
+            weight += e.weight
+        return batch
 
 
 # ====================================================================== fair (per tenant) queue
@@ -232,7 +281,7 @@ class _Chunk:
     t: float
 
 
-class FairBatcher:
+class FairBatcher(_Batcher):
     """Batches of ``fn`` served round robin over keys (tenants), on several lanes.
 
     Each key has its own FIFO of chunks (a large request is split by the caller into chunks:
@@ -253,68 +302,37 @@ class FairBatcher:
         name: str,
         fn: BatchFn,
         *,
-        executor: Executor,
         lanes: int,
-        max_batch: int,
         max_size: int,
-        max_wait_s: float,
-        limit: int,
         key_limit: int,
         key_size_limit: int,
-        retry_after: int = 1,
-        on_batch: Callable[[int, float], None] | None = None,
+        **kw: Any,
     ) -> None:
-        self.name = name
-        self._fn = fn
-        self._executor = executor
+        """``kw``: :class:`_Batcher`'s (``executor``, ``max_batch``, ``max_wait_s``, ``limit``,
+        ``retry_after``, ``on_batch``)."""
+        super().__init__(name, fn, **kw)
         self.lanes = lanes
-        self.max_batch = max_batch
         self.max_size = max_size
-        self.max_wait_s = max_wait_s
-        self.limit = limit
         self.key_limit = key_limit
         self.key_size_limit = key_size_limit
-        self.retry_after = retry_after
-        self._on_batch = on_batch
         self._queues: dict[str, deque[_Chunk]] = {}  # insertion order = round-robin order
         self._busy: set[str] = set()
         self._admitted: dict[str, list[int]] = {}  # key -> [weight, size] queued or running
-        self.admitted = 0
         self._running = 0
         self._tasks: set[asyncio.Task] = set()
-        self._task: asyncio.Task | None = None
-        self._wake: asyncio.Event | None = None
-        self._closing = False
-        self.batches = 0
-        self.items = 0
-
-    # ------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        self._wake = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batch-{self.name}")
-
-    async def drain(self) -> None:
-        """Refuse new items, finish every admitted one, stop the collector."""
-        self._closing = True
-        if self._wake is not None:
-            self._wake.set()
-        if self._task is not None:
-            await self._task
 
     # ------------------------------------------------------------------ submit
     def enqueue(self, key: str, chunks: Sequence[tuple[Any, int, int]]) -> asyncio.Future:
         """Admit one request's chunks ``(item, weight, size)`` under ``key`` (or raise
         :class:`Overloaded` / :class:`Unavailable` at once). The future resolves to the list
         of the chunks' results, or raises :class:`ChunkFailed` (or a lone chunk's error)."""
-        if self._closing or self._task is None:
-            raise Unavailable("the server is shutting down", self.retry_after)
+        self._check_open()
         weight = sum(c[1] for c in chunks)
         size = sum(c[2] for c in chunks)
         mine = self._admitted.setdefault(key, [0, 0])
         if mine[0] and (mine[0] + weight > self.key_limit or mine[1] + size > self.key_size_limit):
             raise Overloaded(f"{self.name} (this tenant's share)", self.retry_after, status=429)
-        if self.admitted + weight > self.limit and self.admitted > 0:
-            raise Overloaded(self.name, self.retry_after)
+        self._check_limit(weight)
         loop = asyncio.get_running_loop()
         group = _Group(loop.create_future(), len(chunks), [None] * len(chunks))
         now = time.monotonic()
@@ -385,21 +403,7 @@ class FairBatcher:
         return batch
 
     async def _execute(self, batch: list[_Chunk]) -> None:
-        loop = asyncio.get_running_loop()
-        t0 = time.perf_counter()
-        try:
-            results: Sequence[Any] = await loop.run_in_executor(
-                self._executor, self._fn, [c.item for c in batch]
-            )
-            if len(results) != len(batch):  # a bug in fn: fail loudly, per item
-                raise RuntimeError(f"{self.name}: {len(results)} results for {len(batch)}")
-        except Exception as exc:  # the batch function itself failed
-            log.exception("%s batch of %d failed", self.name, len(batch))
-            results = [exc] * len(batch)
-        self.batches += 1
-        self.items += sum(c.weight for c in batch)
-        if self._on_batch is not None:
-            self._on_batch(sum(c.weight for c in batch), time.perf_counter() - t0)
+        results = await self._call([c.item for c in batch], sum(c.weight for c in batch))
         for c, r in zip(batch, results, strict=True):
             self._settle(c, r)
         for key in {c.key for c in batch}:

@@ -213,18 +213,67 @@ def test_reasoning_is_dropped():
     assert strip_reasoning("a<THINK>x</THINK>b<think>y") == "ab"
 
 
+SUMMARY = {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "user typed <think> in chat",  # an opening tag: not a block running to the end
+        "closing </think> tag",  # a closing tag: not the end of a template-opened block
+        "both <think>x</think> inline",
+        'quoted "<think>" tag',
+    ],
+)
+def test_a_tag_inside_a_json_string_is_content(value):
+    text = json.dumps({"summary": value})
+    assert strip_reasoning(text) == text
+    assert parse_json_output(text, SUMMARY) == ({"summary": value}, False)
+    # real reasoning around it is still dropped, before and after the JSON
+    wrapped = f'<think>draft {{"summary": "no"}}</think>\n{text}\n<think>checked it'
+    assert parse_json_output(wrapped, SUMMARY) == ({"summary": value}, False)
+    assert parse_json_output(f'thinking [a user\'s "draft"]</think>{text}', SUMMARY)[0] == {
+        "summary": value
+    }
+
+
+def test_a_tag_in_strings_json_repair_reads():
+    """Single quotes, an unescaped inner quote, a string cut off: still a string to the scan."""
+    for text, value in [
+        ("{'summary': 'typed <think> here'}", "typed <think> here"),
+        ('{"summary": "She said "no" <think> to it"}', 'She said "no" <think> to it'),
+        ('{"summary": "cut off <think> mid', "cut off <think> mid"),
+        ('{"summary": "a \\" <think> b"}', 'a " <think> b'),
+    ]:
+        assert strip_reasoning(text) == text
+        assert parse_json_output(text, SUMMARY)[0] == {"summary": value}
+    # a tag between values, outside any string, is reasoning
+    assert strip_reasoning('{"summary": "s", <think>hm, "x"</think> "k": 1}') == (
+        '{"summary": "s",  "k": 1}'
+    )
+
+
 KEYS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
 # json-repair (0.64), in text it repairs, keeps the escape "\\f" as a backslash and an "f",
 # drops a "\\n" that ends a string and takes a string ending in a backslash, when the object is
 # cut off after it, for an escaped quote: control characters and backslashes are left out of the
-# round trip (the engine collapses whitespace in every stored text anyway). In an object cut off
-# at the end it may also take an escaped quote before a bracket for a string's end ('"[' came
-# back as '"["'): quotes are left out here too; the inner-quote cases the repair must keep
-# whole ('She said "no" to the offer') are tested explicitly above. "<" is left out as well: a
-# literal "<think>" is taken for a reasoning block wherever it stands (test_reasoning_is_dropped).
-TEXT = st.text(
-    alphabet=st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters='\\"<'),
-    max_size=12,
+# round trip (the engine collapses whitespace in every stored text anyway). Quotes are left out
+# too: json-repair 0.64.6 reads '{"_": ",{\\"",}' (the value ',{"' and a trailing comma) as
+# ',{\\"",}', backslash and trailing comma kept (this test found it with quotes allowed);
+# the inner-quote cases the repair must keep whole ('She said "no" to the offer') are tested
+# explicitly above. "<" and reasoning tags are in: a tag inside a string value is content
+# (test_a_tag_inside_a_json_string_is_content); 12,000 examples over 8 seeds passed.
+TEXT = st.one_of(
+    st.text(
+        alphabet=st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters='\\"'),
+        max_size=12,
+    ),
+    st.lists(  # random text seldom spells a tag: these do, next to JSON's own punctuation
+        st.sampled_from(
+            ["<think>", "</think>", "<THINK>", "<", ">", "think", " ", "a", "{", "]", ","]
+        ),
+        max_size=5,
+    ).map("".join),
 )
 SCALARS = st.one_of(
     TEXT,

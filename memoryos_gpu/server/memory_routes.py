@@ -1,0 +1,213 @@
+"""The memory routes: add pages (one, or a batch of many users'), retrieve (one user's query,
+or many users' in one request) and respond (chat with memory). Writes join the fair write
+queue, retrievals the retrieval micro-batch (:class:`~memoryos_gpu.server.service.MemoryService`);
+the two hottest routes also have a direct path that skips FastAPI's routing
+(:class:`~memoryos_gpu.server.edge.DirectRoute`, ``settings.direct_routes``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from memoryos_gpu.server import models as m
+from memoryos_gpu.server.edge import DirectRoute
+from memoryos_gpu.server.scope import (
+    ApiError,
+    Scope,
+    UserId,
+    check_count,
+    check_text,
+    dumps,
+    json_response,
+    tenancy,
+)
+from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.types import PageInput
+
+__all__ = ["add_memory_routes"]
+
+
+def add_memory_routes(
+    app: FastAPI,
+    service: Any,
+    settings: ServerSettings,
+    charge_pages: Callable[[Scope, int], None],
+) -> dict[str, DirectRoute]:
+    """Declare the write, retrieval and respond routes on ``app``; returns the direct paths of
+    the one-page write and the one-user retrieval (the edge serves them when
+    ``settings.direct_routes``)."""
+
+    def _page_input(scope: Scope, user_id: str, p: m.PageIn) -> PageInput:
+        check_text(settings, user_input=p.user_input, agent_response=p.agent_response)
+        try:
+            meta_size = len(dumps(p.meta))
+        except TypeError as exc:
+            raise ApiError(422, "invalid_input", f"meta is not JSON: {exc}") from None
+        if meta_size > settings.max_text_chars:
+            raise ApiError(
+                413,
+                "too_large",
+                f"meta is {meta_size} bytes of JSON; the limit is {settings.max_text_chars}",
+            )
+        return PageInput(
+            user_id=scope.user(user_id),
+            user_input=p.user_input,
+            agent_response=p.agent_response,
+            timestamp=p.timestamp,
+            assistant_id=scope.assistant(p.assistant_id),
+            source=scope.name(p.source),
+            meta=p.meta,
+        )
+
+    def _add_out(scope: Scope, results: list[Any]) -> list[dict[str, Any]]:
+        return [
+            {"page_id": r.page_id, "user_id": scope.strip(r.user_id), "duplicate": r.duplicate}
+            for r in results
+        ]
+
+    def _retrieval_out(scope: Scope, r: Any) -> dict[str, Any]:
+        # pages and knowledge entries stay dataclasses: _dumps serialises them natively
+        return {
+            "user_id": scope.strip(r.user_id),
+            "query": r.query,
+            "stm": r.stm,
+            "pages": r.pages,
+            "profile": r.profile,
+            "user_knowledge": r.user_knowledge,
+            "assistant_knowledge": r.assistant_knowledge,
+            "retrieval_tokens": r.retrieval_tokens,
+            "known_user": service.is_known(r.user_id),
+        }
+
+    async def _add_sources(results: list[Any]) -> None:
+        """Name the source pages of every knowledge entry the results return: one store query
+        per engine (shard), outside the retrieval batch, so only requests that ask pay."""
+        groups: dict[int, tuple[Any, list[Any]]] = {}
+        for r in results:
+            eng = service.engine_for(r.user_id)
+            entries = [*r.user_knowledge, *r.assistant_knowledge]
+            groups.setdefault(id(eng), (eng, []))[1].extend(entries)
+        for eng, entries in groups.values():
+            found = await service.call(eng.knowledge_sources, [e.entry_id for e in entries])
+            for e in entries:
+                e.sources = found.get(e.entry_id, [])
+
+    async def _add_page(scope: Scope, user_id: str, page: m.PageIn) -> Response:
+        item = _page_input(scope, user_id, page)
+        charge_pages(scope, 1)
+        results = await service.add_pages([item])
+        return json_response(_add_out(scope, results)[0], 201)
+
+    async def _retrieve(scope: Scope, user_id: str, body: m.RetrieveIn) -> Response:
+        check_text(settings, query=body.query)
+        uid = scope.user(user_id)
+        r = await service.retrieve(
+            uid, body.query, top_pages=body.top_pages, top_segments=body.top_segments
+        )
+        if body.sources:
+            await _add_sources([r])
+        return json_response(_retrieval_out(scope, r))
+
+    @app.post(
+        "/v1/users/{user_id}/pages",
+        tags=["memory"],
+        summary="Add a page",
+        description="Remember one exchange of the user. Answers after the page is committed "
+        "(batched with concurrent writes into one engine call; the user's pages keep their "
+        "order). Derived work (chain, mid-term placement, promotion) follows in the background; "
+        "`POST /v1/users/{user_id}/wait` waits for it.",
+        status_code=201,
+        response_model=m.AddResult,
+    )
+    async def add_page(page: m.PageIn, user_id: UserId, request: Request) -> Any:
+        return await _add_page(tenancy(request), user_id, page)
+
+    @app.post(
+        "/v1/pages",
+        tags=["memory"],
+        summary="Add pages (batch)",
+        description="Remember many exchanges, of one or many users, in one request. Pages are "
+        "applied in request order per user and committed before the answer.",
+        status_code=201,
+        response_model=m.AddResults,
+    )
+    async def add_pages(body: m.PagesIn, request: Request) -> Any:
+        scope = tenancy(request)
+        check_count(settings, len(body.pages), "pages")
+        items = [_page_input(scope, p.user_id, p) for p in body.pages]
+        charge_pages(scope, len(items))
+        results = await service.add_pages(items)
+        return json_response({"results": _add_out(scope, results)}, 201)
+
+    # ------------------------------------------------------------------ reads
+    @app.post(
+        "/v1/users/{user_id}/retrieve",
+        tags=["memory"],
+        summary="Retrieve memory for a query",
+        description="All of short-term memory, the top mid-term pages (segments by cosine + "
+        "keyword Jaccard, then pages by cosine), the profile and the top user / assistant "
+        "knowledge. Concurrent retrievals of all users share one engine call. A user with no "
+        "memory yet gets empty lists (`known_user: false`).",
+        response_model=m.RetrievalOut,
+    )
+    async def retrieve(body: m.RetrieveIn, user_id: UserId, request: Request) -> Any:
+        return await _retrieve(tenancy(request), user_id, body)
+
+    @app.post(
+        "/v1/retrieve",
+        tags=["memory"],
+        summary="Retrieve memory for many users (batch)",
+        description="Several users' queries in one request; answers in request order.",
+        response_model=m.RetrievalsOut,
+    )
+    async def retrieve_many(body: m.RetrieveManyIn, request: Request) -> Any:
+        scope = tenancy(request)
+        check_count(settings, len(body.queries), "queries")
+        for q in body.queries:
+            check_text(settings, query=q.query)
+        uids = [scope.user(q.user_id) for q in body.queries]
+        res = await asyncio.gather(
+            *(
+                service.retrieve(u, q.query, top_pages=q.top_pages, top_segments=q.top_segments)
+                for u, q in zip(uids, body.queries, strict=True)
+            )
+        )
+        await _add_sources([r for r, q in zip(res, body.queries, strict=True) if q.sources])
+        return json_response({"results": [_retrieval_out(scope, r) for r in res]})
+
+    @app.post(
+        "/v1/users/{user_id}/respond",
+        tags=["memory"],
+        summary="Chat with memory",
+        description="Retrieve, prompt the LLM with the memory, answer, and remember the exchange. "
+        "Needs an engine in LLM mode: 501 `llm_unavailable` otherwise. 404 for a user with no "
+        "memory yet.",
+        response_model=m.RespondOut,
+        responses={501: {"model": m.ErrorOut, "description": "The server runs without an LLM."}},
+    )
+    async def respond(body: m.RespondIn, user_id: UserId, request: Request) -> Any:
+        scope = tenancy(request)
+        check_text(settings, query=body.query)
+        uid = scope.user(user_id)
+        r = await service.respond(uid, body.query, timestamp=body.timestamp)
+        return json_response(
+            {
+                "user_id": user_id,
+                "query": r.query,
+                "text": r.text,
+                "page_id": r.page_id,
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.completion_tokens,
+                "error": r.error,
+                "retrieval": _retrieval_out(scope, r.retrieval),
+            }
+        )
+
+    return {
+        "pages": DirectRoute("/v1/users/{user_id}/pages", m.PageIn, _add_page),
+        "retrieve": DirectRoute("/v1/users/{user_id}/retrieve", m.RetrieveIn, _retrieve),
+    }
