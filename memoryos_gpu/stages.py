@@ -31,9 +31,8 @@ from memoryos_gpu import prompts
 from memoryos_gpu.llm.base import ChatRequest, LLMBackend
 from memoryos_gpu.text.keywords import (
     KeywordExtractor,
-    topic_keywords,
-    topic_weights,
 )
+from memoryos_gpu.text.topics import topic_keywords, topic_weights
 from memoryos_gpu.text.vocabulary import UserVocabulary
 
 
@@ -133,7 +132,7 @@ class ExtractiveStages:
     """LLM-free stages: a documented quality/cost trade-off for bulk ingestion.
 
     ``vocabulary`` (each user's document frequencies) makes a page's keywords the words that tie
-    it to the user's other pages (:func:`~memoryos_gpu.text.keywords.topic_weights`); without
+    it to the user's other pages (:func:`~memoryos_gpu.text.topics.topic_weights`); without
     one, a page keeps its own most distinctive words, which pages on one topic rarely share.
     """
 

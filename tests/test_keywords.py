@@ -25,11 +25,10 @@ from memoryos_gpu.text.keywords import (
     normalize_word,
     pack_keywords,
     tokenize,
-    topic_keywords,
-    topic_weights,
     unpack_keywords,
     yake_available,
 )
+from memoryos_gpu.text.topics import topic_keywords, topic_weights
 
 WORDS = ["caroline", "melanie", "paris", "2023", "lgbtq", "painting", "über", "東京", "x"]
 

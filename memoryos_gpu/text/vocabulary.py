@@ -5,7 +5,7 @@ share keywords. An LLM names the topic ("running", "knee injury"); the extractiv
 take each page's most distinctive words instead (names, numbers, words said once), so pages on
 one topic shared none and every page opened its own segment. A word can only tie a page to
 its topic if the user says it in other pages too, so extractive keywords are chosen against
-this table (:func:`memoryos_gpu.text.keywords.topic_weights`).
+this table (:func:`memoryos_gpu.text.topics.topic_weights`).
 
 Layout: sorted runs of ``int64`` keys, one per (user, term) -- the user's index here in the
 high 32 bits, the term id of :func:`~memoryos_gpu.text.keywords.hash_keyword` in the low ones
