@@ -78,6 +78,11 @@ async def pending_derived(client: httpx.AsyncClient) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+#: Pages per preload request: small enough that one request stays well inside the client's
+#: timeout even unbatched on a loaded box (500 took over 300 s there once).
+PRELOAD_BATCH = 100
+
+
 async def preload(client: httpx.AsyncClient, users: int, pages: int, seed: int) -> float:
     rng = random.Random(seed)
     t0 = time.perf_counter()
@@ -85,7 +90,7 @@ async def preload(client: httpx.AsyncClient, users: int, pages: int, seed: int) 
     for k in range(pages):
         for u in range(users):
             batch.append({"user_id": f"user{u}", "user_input": _text(rng, u), "timestamp": k})
-            if len(batch) == 500:
+            if len(batch) == PRELOAD_BATCH:
                 r = await client.post("/v1/pages", json={"pages": batch}, headers=HEADERS)
                 r.raise_for_status()
                 batch = []
