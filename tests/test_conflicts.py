@@ -66,9 +66,9 @@ def test_fact_key(text: str, key: tuple[str, str] | None) -> None:
     assert fact_key(text) == key
 
 
-def engine(tmp: Path, llm: Any = None) -> MemoryEngine:
+def engine(tmp: Path, llm: Any = None, store: str | None = None) -> MemoryEngine:
     cfg = EngineConfig(
-        store=str(tmp / "store"),
+        store=store or str(tmp / "store"),
         embedder="hashing",
         device="cpu",
         memory=preset("paper", stm_capacity=1, tau=1e9),
@@ -133,6 +133,73 @@ def test_similar_but_different_facts_supersede_nothing(tmp_path: Path) -> None:
         live = {k["text"] for k in entries if k["live"]}
         assert set(own) <= live and set(others) <= live
         assert all(k["superseded_by"] is None for k in entries)
+    finally:
+        e.close()
+
+
+def test_deleting_the_newer_value_makes_the_older_one_live_again(
+    tmp_path: Path, backend: Any
+) -> None:
+    """delete_knowledge of an entry that superseded another: the older one is the current value
+    again (live, validity open, in the ring: retrieval sees it), history says so, and it stays
+    so after a reopen; deleting an entry in the middle of a timeline relinks it."""
+    spec = backend.spec("unsupersede")
+    e = engine(tmp_path, store=spec)
+    try:
+        say(e, "el", ["I live in Seattle."], 1.7e9)
+        say(e, "el", ["I moved to Denver."], 1.8e9)
+        say(e, "el", ["I moved to Boston."], 1.9e9)
+        hist = {k["text"]: k for k in e.knowledge("el", history=True)["user"]}
+        sea, den, bos = (
+            hist[t] for t in ("I live in Seattle.", "I moved to Denver.", "I moved to Boston.")
+        )
+        assert sea["superseded_by"] == den["entry_id"] and den["superseded_by"] == bos["entry_id"]
+        assert e.delete_knowledge(den["entry_id"])  # the middle: Seattle now ends at Boston
+        hist = {k["text"]: k for k in e.knowledge("el", history=True)["user"]}
+        assert hist["I live in Seattle."]["superseded_by"] == bos["entry_id"]
+        assert hist["I live in Seattle."]["valid_to"] == pytest.approx(1.9e9)
+        assert [k["text"] for k in e.knowledge("el")["user"]] == ["I moved to Boston."]
+        assert e.delete_knowledge(bos["entry_id"])  # the live one: Seattle is live again
+        live = e.knowledge("el")["user"]
+        assert [k["text"] for k in live] == ["I live in Seattle."]
+        assert live[0]["valid_to"] is None and live[0]["superseded_by"] is None
+        r = e.retrieve("el", "Where do I live?")
+        assert [k.text for k in r.user_knowledge] == ["I live in Seattle."]
+        events = {(h["action"], h["item_id"]) for h in e.history("el")}
+        assert ("restore", sea["entry_id"]) in events
+        say(e, "el", ["I relocated to Austin."], 2.0e9)  # the timeline goes on from Seattle
+        hist = {k["text"]: k for k in e.knowledge("el", history=True)["user"]}
+        assert (
+            hist["I live in Seattle."]["superseded_by"]
+            == hist["I relocated to Austin."]["entry_id"]
+        )
+        assert "I moved to Denver." not in hist
+        e.delete_knowledge(hist["I relocated to Austin."]["entry_id"])
+    finally:
+        e.close()
+    e = engine(tmp_path, store=spec)  # the arena's ring after a reopen holds it too
+    try:
+        r = e.retrieve("el", "Where do I live?")
+        assert [k.text for k in r.user_knowledge] == ["I live in Seattle."]
+        assert [k["text"] for k in e.knowledge("el")["user"]] == ["I live in Seattle."]
+    finally:
+        e.close()
+
+
+def test_a_late_statement_restored_takes_a_new_ring_position(tmp_path: Path) -> None:
+    """An older statement that arrived late (history outside the ring) becomes live at the
+    ring's head when the value that superseded it is deleted."""
+    e = engine(tmp_path)
+    try:
+        say(e, "fa", ["I work as a nurse now."], 1.9e9)
+        say(e, "fa", ["I work as a teacher."], 1.7e9)  # said earlier, promoted later
+        hist = {k["text"]: k for k in e.knowledge("fa", history=True)["user"]}
+        assert hist["I work as a teacher."]["seq"] < 0
+        assert e.delete_knowledge(hist["I work as a nurse now."]["entry_id"])
+        live = e.knowledge("fa")["user"]
+        assert [k["text"] for k in live] == ["I work as a teacher."] and live[0]["seq"] >= 0
+        r = e.retrieve("fa", "What is my job?")
+        assert [k.text for k in r.user_knowledge] == ["I work as a teacher."]
     finally:
         e.close()
 

@@ -20,6 +20,7 @@ from memoryos_gpu.store.sqlite import emb_blob
 
 from .forget import Forgetting
 from .heat import Heat
+from .knowledge_ring import put_back, unsupersede
 from .page_text import page_terms_of, page_text
 from .state import EngineState
 from .validation import InvalidInputError, _clean_text
@@ -132,6 +133,8 @@ class Items:
             return s.store.knowledge_rows([entry_id])[entry_id]
 
     def delete_knowledge(self, entry_id: int) -> bool:
+        """Delete an entry (its text out of the audit too); the entry it superseded, if any, is
+        live again (``knowledge_ring.unsupersede``)."""
         s = self._s
         with s.lock:
             rows = s.store.knowledge_rows([entry_id])
@@ -139,6 +142,7 @@ class Items:
                 return False
             s.store.begin_erasure()
             with s.store.transaction() as db:
+                restored = unsupersede(s, db, rows[entry_id])
                 db.execute("DELETE FROM knowledge WHERE entry_id = ?", (entry_id,))
                 db.execute(
                     "DELETE FROM provenance WHERE item_kind = 'knowledge' AND item_id = ?",
@@ -156,6 +160,7 @@ class Items:
                 s.arena.delete_knowledge(where[:, 0], where[:, 1])
                 s.entry_of_ring[where[:, 0], where[:, 1]] = -1
             s.views.drop_knowledge([entry_id])
+            put_back(s, restored)
             return True
 
     # ---------------------------------------------------------------- users
