@@ -50,7 +50,10 @@ class Items:
     def update_page(
         self, page_id: int, *, user_input: str | None = None, agent_response: str | None = None
     ) -> dict[str, Any]:
-        """Edit a page's text; its embedding (and its arena row, when in MTM) follow."""
+        """Edit a page's text; its embedding (and its arena row, when in MTM) follow, and what
+        was derived from its old text is re-derived (``Forgetting.rederive_edited``: its facts
+        and profile values go and the page is re-analysed, so the next ``process_pending``
+        brings back what the new text says)."""
         s = self._s
         with s.lock:
             row = self.get_page(page_id)
@@ -89,14 +92,18 @@ class Items:
                     page_id,
                     {"before": {k: row[k] for k in new}, "after": new},
                 )
+                redone = self._forget.rederive_edited(db, page_id)
             s.edits += 1  # a derived round that read this page re-checks it
             s.vocabulary.add([row["user_id"]], old_terms, sign=-1)
             s.vocabulary.add([row["user_id"]], terms)
             s.views.edit_page(page_id, new["user_input"], new["agent_response"])
+            s.extractor.remove([f"{row['user_input']} {row['agent_response']}"])
+            s.extractor.update([f"{new['user_input']} {new['agent_response']}"])
             slots = np.flatnonzero(s.page_of_slot == page_id)
             if slots.size:
                 s.arena.write_page_embeddings(slots, vec[None])
                 s.arena.write_terms(slots, *astuple(terms))
+            self._forget.apply(s.users.get(row["user_id"]), redone)
             return self.get_page(page_id)
 
     def delete_page(self, page_id: int) -> bool:

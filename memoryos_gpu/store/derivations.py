@@ -13,7 +13,9 @@ pages, and nothing can say which words came from which -- and the other pages it
 *re-analysed* (marked unanalysed, their segments queued for promotion), so the facts they
 support on their own are derived again by the next ``process_pending``. An entry that an
 affected entry superseded is treated the same way (its support comes back from its own pages,
-live again). Every statement here is the SQL both dialects run (the store's ``?`` style).
+live again). Editing a page's text (``update_page``) is the same with the page kept: it is
+re-analysed too, so what its new text says comes back. Every statement here is the SQL both
+dialects run (the store's ``?`` style).
 """
 
 from __future__ import annotations
@@ -92,18 +94,23 @@ def profile_sources(store: Any, user_id: str) -> dict[str, list[int]]:
     return out
 
 
-def forget_pages(db: Any, page_ids: Sequence[int], *, drop_user: str | None = None) -> Forgotten:
+def forget_pages(
+    db: Any, page_ids: Sequence[int], *, drop_user: str | None = None, edited: bool = False
+) -> Forgotten:
     """Remove, in the open transaction ``db``, every item derived from ``page_ids`` (still in
     the store: call this before deleting them), and queue the re-analysis of the other pages
     those items came from (see the module docstring). ``drop_user``: the pages are all of that
     user's, being deleted with it: its own profile is not rewritten and its pages are not
-    re-analysed. The audit events of the removed entries lose their content."""
+    re-analysed. ``edited``: the pages stay, with new text (``update_page``): what their old
+    text implied goes the same way, and they are re-analysed with the others. The audit events
+    of the removed entries lose their content."""
     gone = {int(p) for p in page_ids}
     out = Forgotten()
     if not gone:
         return out
     entries, dims = _derived_from(db, gone)
-    support = _support(db, entries, dims) - gone
+    support = _support(db, entries, dims)
+    support = support | gone if edited else support - gone
     for chunk in _chunks(entries):
         db.execute(
             "DELETE FROM provenance WHERE item_kind = 'knowledge' AND item_id IN "
