@@ -247,10 +247,38 @@ def test_a_schema_2_store_migrates(backend: Backend, monkeypatch: pytest.MonkeyP
     monkeypatch.undo()
     st = backend.open(spec)
     try:
-        assert st.schema_version == 3 and st.check_integrity() == []
+        assert st.schema_version == sq.SCHEMA_VERSION and st.check_integrity() == []
         [row] = st.owner_knowledge("user", "u")
         assert row["text"] == "The user skis." and row["valid_from"] == 5.0
         assert row["source_user"] == "u" and row["sources"] == [] and row["strength"] == 1
+    finally:
+        st.close()
+
+
+def test_a_schema_3_store_migrates_provenance_keyed_by_user(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 -> 4: provenance rows are kept, and one page id of two users (two shards' files
+    number their pages alike) is two sources of the same item."""
+    import memoryos_gpu.store.sqlite as sq
+
+    spec = backend.spec("v3")
+    monkeypatch.setattr(sq, "SCHEMA_VERSION", 3)
+    st = backend.open(spec)
+    row = "INSERT INTO provenance(item_kind, item_id, item_key, page_id, user_id) VALUES "
+    with st.transaction() as db:
+        db.execute(row + "('knowledge', 1, '', 7, 'ann')")
+        db.execute(row + "('knowledge', 1, '', 7, 'bo') ON CONFLICT DO NOTHING")
+    assert st.query("SELECT COUNT(*) FROM provenance")[0][0] == 1  # the old key: one row
+    st.close()
+    monkeypatch.undo()
+    st = backend.open(spec)
+    try:
+        assert st.schema_version == 4 and st.check_integrity() == []
+        with st.transaction() as db:
+            db.execute(row + "('knowledge', 1, '', 7, 'bo')")
+        got = st.query("SELECT user_id FROM provenance WHERE page_id = 7 ORDER BY user_id")
+        assert [r[0] for r in got] == ["ann", "bo"]
     finally:
         st.close()
 
