@@ -21,6 +21,10 @@ What a page leaves behind besides its own row, and what happens to it here:
 
 SQLite deletes with ``secure_delete`` and checkpoints the write-ahead log afterwards, so the
 text is not left in the database file or its log.
+
+Editing a page's text (:meth:`Forgetting.rederive_edited`, from ``update_page``) runs the same
+re-derivation with the page kept: what its old text implied goes, and the page is re-analysed
+with the other pages behind it, so what its new text says is derived again.
 """
 
 from __future__ import annotations

@@ -315,11 +315,14 @@ def unsupersede(state: EngineState, db: Any, gone: dict[str, Any]) -> Restored |
     ).fetchall()
     if not older:
         return None
-    if gone["superseded_by"] is not None or not gone["live"]:
+    if gone["superseded_by"] is not None:
         db.execute(
             "UPDATE knowledge SET superseded_by = ?, valid_to = ? WHERE superseded_by = ?",
             (gone["superseded_by"], gone["valid_to"], eid),
         )
+        return None
+    if not gone["live"]:  # their validity still ended when it began
+        db.execute("UPDATE knowledge SET superseded_by = NULL WHERE superseded_by = ?", (eid,))
         return None
     (back, seq, blob, text), rest = older[0], older[1:]
     kind, owner_id = gone["owner_kind"], gone["owner_id"]

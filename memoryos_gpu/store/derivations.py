@@ -14,8 +14,13 @@ pages, and nothing can say which words came from which -- and the other pages it
 support on their own are derived again by the next ``process_pending``. An entry that an
 affected entry superseded is treated the same way (its support comes back from its own pages,
 live again). Editing a page's text (``update_page``) is the same with the page kept: it is
-re-analysed too, so what its new text says comes back. Every statement here is the SQL both
-dialects run (the store's ``?`` style).
+re-analysed too, so what its new text says comes back.
+
+A source page is named by its id *and* its user: under per-shard stores an assistant's owner
+shard records the pages of users on other shards, numbered by their own files
+(:func:`forget_learned` removes what a user's pages taught there, ``distributed/
+sharded_forget.py``). Every statement here is the SQL both dialects run (the store's ``?``
+style).
 """
 
 from __future__ import annotations
