@@ -40,7 +40,7 @@ def echo(req: ChatRequest) -> Any:
     return "ok"
 
 
-def sharded(store: str) -> ShardedEngine:
+def sharded(store: str, responder: Any = echo) -> ShardedEngine:
     cfg = EngineConfig(
         store=store,
         embedder="hashing",
@@ -48,7 +48,7 @@ def sharded(store: str) -> ShardedEngine:
         memory=preset("paper", stm_capacity=2, mtm_capacity=8, tau=100.0),
         llm=LLMConfig(mode="llm", backend="scripted"),
     )
-    return ShardedEngine(cfg, shards=2, llm=ScriptedBackend(echo))
+    return ShardedEngine(cfg, shards=2, llm=ScriptedBackend(responder))
 
 
 def users() -> tuple[str, str, str]:
@@ -184,3 +184,37 @@ def test_cli_delete_on_a_sharded_directory_forgets_on_every_shard(tmp_path: Path
         for user in (beside, home):
             assert "zqclisecret" not in served(e, user), user
         assert "zqclisecret" not in json.dumps([x.extractor.to_dict() for x in e.engines])
+
+
+def moves(req: ChatRequest) -> Any:
+    """Assistant facts that state an attribute: the city named in the new pages."""
+    text = req.messages[-1]["content"].split("New pages:")[-1]
+    if req.stage == "page":
+        return {"continuous": True, "meta": "m", "summary": "s", "keywords": []}
+    if req.stage == "promotion":
+        city = "Boston" if "Boston" in text else "Seattle"
+        return {
+            "profile_updates": {},
+            "user_facts": [],
+            "assistant_facts": [f"The user lives in {city}."],
+        }
+    return "ok"
+
+
+def test_a_fact_the_owner_superseded_leaves_every_replica(tmp_path: Path) -> None:
+    """The owner's conflict rule supersedes an assistant entry: the replicas stop serving it
+    too (kept there as history, not live)."""
+    _, beside, home = users()
+    e = sharded(str(tmp_path / "store"), moves)
+    try:
+        talk(e, beside, ["I live in Seattle.", "I swim.", "I read.", "I cook."], 1.7e9)
+        talk(e, home, ["I moved to Boston.", "I sail.", "I fish.", "I sing."], 1.8e9)
+        for user in (beside, home):
+            live = [k["text"] for k in e.knowledge(user)["assistant"]]
+            assert live == ["The user lives in Boston."], user
+            r = e.retrieve_many([(user, "where does the user live")], update_heat=False)[0]
+            assert [k.text for k in r.assistant_knowledge] == ["The user lives in Boston."]
+        away = e.knowledge(beside, history=True)["assistant"]
+        assert [k["text"] for k in away if not k["live"]] == ["The user lives in Seattle."]
+    finally:
+        e.close()

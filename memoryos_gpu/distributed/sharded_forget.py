@@ -57,11 +57,14 @@ def forget_learned_from(e: ShardEngine, user_id: str) -> Learned:
         return {"entries": gone.assistant, "elsewhere": gone.elsewhere}
 
 
-def drop_assistant_entries(e: ShardEngine, entries: Sequence[tuple[str, int]]) -> int:
+def drop_assistant_entries(
+    e: ShardEngine, entries: Sequence[tuple[str, int]], *, superseded: bool = False
+) -> int:
     """Step 2 on one shard: its replica rows of the owners' removed entries (by assistant and
     ring ``seq``, the numbering every copy shares) out of the store and the arena; returns
-    how many. A shared store holds one row per entry, already removed by its owner: the
-    shard re-reads every assistant ring it holds."""
+    how many. ``superseded``: the owner superseded them instead, the rows stay as history (not
+    live). A shared store holds one row per entry, already changed by its owner: the shard
+    re-reads every assistant ring it holds."""
     with e._lock:
         if e.shared_store:
             e._reload_assistants(sorted(e._state.assistant_owner))
@@ -75,8 +78,9 @@ def drop_assistant_entries(e: ShardEngine, entries: Sequence[tuple[str, int]]) -
                     (aid, int(seq)),
                 ).fetchall()
                 ids += [int(r[0]) for r in found]
+            change = "UPDATE knowledge SET live = 0" if superseded else "DELETE FROM knowledge"
             for eid in ids:
-                db.execute("DELETE FROM knowledge WHERE entry_id = ?", (eid,))
+                db.execute(f"{change} WHERE entry_id = ?", (eid,))
         Forgetting(e._state).drop(Forgotten(entries=ids))
         return len(ids)
 

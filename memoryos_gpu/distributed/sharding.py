@@ -481,7 +481,7 @@ class ShardEngine(MemoryEngine):
             gone = [(e.assistant_id, e.seq) for e in entries if not e.live]
             self._write_replica([e for e in entries if e.live])
             if gone:
-                sharded_forget.drop_assistant_entries(self, gone)
+                sharded_forget.drop_assistant_entries(self, gone, superseded=True)
 
     def _ensure_assistants(self, db: Any, assistant_ids: Iterable[str]) -> None:
         now = time.time()
