@@ -607,10 +607,7 @@ def create_app(
         "/v1/users/{user_id}/pages/{page_id}",
         tags=["pages"],
         summary="Edit a page",
-        description=(
-            "Replace a page's user input and/or agent response; its embedding follows, and the "
-            "facts and profile values derived from its old text are re-derived from the new."
-        ),
+        description="Replace a page's user input and/or agent response; its embedding follows.",
     )
     async def update_page(
         body: m.PageUpdateIn, page_id: int, user_id: UserId, request: Request
