@@ -16,9 +16,16 @@ the final value and how many times each value was said. Measured from the store 
   another live entry of the same user (0 = none);
 - ``prompt_ok``: a retrieval about the attribute returns the final value and not an old one.
 
-A third variant states the changes in phrasings the attribute rule has no pattern for ("These
-days my home base is Denver."): only embedding similarity is left to it, and the table shows
-what that catches (the limit of the extractive rule, not a target).
+Three more variants state every change in other phrasings:
+
+- ``added phrasings``: ones the attribute rule was broadened with ("I relocated to Denver.",
+  "I'm now working as a nurse.", "We named our dog Rex."): in-sample, it shows the patterns
+  work end to end, not how well they generalise;
+- ``unseen phrasings`` and ``unseen phrasings 2``: two held-out sets the rule is not written
+  against ("These days my home base is Denver."; the second set was written down before the
+  rule was broadened, and the rule was not changed after seeing its score). Where the rule has
+  no pattern only embedding similarity is left, and the rows show what that catches: the limit
+  of the extractive rule, not a target.
 
 Usage:
   python benchmarks/conflicts.py                 # 60 users, prints the table
@@ -56,11 +63,27 @@ SAY = {
     "job": ["I work as a {v}.", "I work as a {v} now.", "My job is {v}."],
     "dog.name": ["My dog is called {v}.", "My dog {v} comes along.", "We renamed our dog {v}."],
 }
-# phrasings the attribute rule has no pattern for: the changes are then seen by similarity only
-UNSEEN = {
-    "residence": "These days my home base is {v}.",
-    "job": "Nowadays I earn my living as a {v}.",
-    "dog.name": "Our dog answers to {v} now.",
+# phrasings each change is stated in, by variant (None: one of SAY's, at random)
+CHANGES: dict[str, dict[str, str] | None] = {
+    "known": None,
+    # what the rule was broadened with (engine/conflicts.py): in-sample
+    "added": {
+        "residence": "I relocated to {v}.",
+        "job": "I'm now working as a {v}.",
+        "dog.name": "We named our dog {v}.",
+    },
+    # held out: the rule is not written against these (only similarity may catch them)
+    "unseen": {
+        "residence": "These days my home base is {v}.",
+        "job": "Nowadays I earn my living as a {v}.",
+        "dog.name": "Our dog answers to {v} now.",
+    },
+    # held out too, written down before the rule was broadened and not tuned on afterwards
+    "unseen 2": {
+        "residence": "Home for me is {v} these days.",
+        "job": "These days I'm employed as a {v}.",
+        "dog.name": "Everyone calls our dog {v} now.",
+    },
 }
 FIRST = {
     "residence": "I live in {v}.",
@@ -73,26 +96,28 @@ Said = list[tuple[str, str, str]]  # (attribute, value, line) of each factual st
 
 
 def script(
-    rng: random.Random, sessions: int = 3, unseen: bool = False
+    rng: random.Random, sessions: int = 3, changes: str = "known"
 ) -> tuple[list[list[str]], dict[str, list[str]], Said]:
     """One user's sessions (lists of user lines), per attribute the values in order, and
-    every factual statement. ``unseen``: the changes use phrasings the rule does not know."""
+    every factual statement. ``changes``: the :data:`CHANGES` variant the changes are said
+    in (a repeat says the same line again, except with the known phrasings)."""
+    fixed = CHANGES[changes]
     values = {
         "residence": rng.sample(CITIES, 3),
         "job": rng.sample(JOBS, 3),
         "dog.name": rng.sample(PETS, 3),
     }
-    changes = {a: rng.randint(1, 2) for a in values}  # how many times each attribute changes
-    history = {a: v[: changes[a] + 1] for a, v in values.items()}
+    counts = {a: rng.randint(1, 2) for a in values}  # how many times each attribute changes
+    history = {a: v[: counts[a] + 1] for a, v in values.items()}
     out: list[list[str]] = [[] for _ in range(sessions)]
     said: Said = []
     for attr, vals in history.items():
         for k, v in enumerate(vals):  # value k is said in session k, then maybe repeated
-            change = UNSEEN[attr] if unseen else rng.choice(SAY[attr][1:])
+            change = fixed[attr] if fixed else rng.choice(SAY[attr][1:])
             line = FIRST[attr] if k == 0 else change
             lines = [line]
             if rng.random() < 0.6:  # the same fact again, later in the same session
-                lines.append(line if unseen else SAY[attr][1 if attr == "dog.name" else 0])
+                lines.append(line if fixed else SAY[attr][1 if attr == "dog.name" else 0])
             for text in lines:
                 out[min(k, sessions - 1)].append(text.format(v=v))
                 said.append((attr, v, text.format(v=v)))
@@ -102,12 +127,13 @@ def script(
     return out, history, said
 
 
-def run(users: int, reverse: bool, unseen: bool = False, seed: int = 7) -> dict[str, Any]:
-    """Ingest the scripted users (sessions in order, or last first) and score."""
+def run(users: int, reverse: bool, changes: str = "known", seed: int = 7) -> dict[str, Any]:
+    """Ingest the scripted users (sessions in order, or last first; changes said in the
+    ``changes`` phrasings) and score."""
     from memoryos_gpu import EngineConfig, MemoryEngine, preset
 
     rng = random.Random(seed)
-    scripts = {f"u{i:03d}": script(rng, unseen=unseen) for i in range(users)}
+    scripts = {f"u{i:03d}": script(rng, changes=changes) for i in range(users)}
     with tempfile.TemporaryDirectory() as tmp:
         cfg = EngineConfig(
             store=str(Path(tmp) / "store"),
@@ -202,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = {
         "in order": run(users, reverse=False),
         "reverse order": run(users, reverse=True),
-        "unseen phrasings": run(users, reverse=False, unseen=True),
+        "added phrasings": run(users, reverse=False, changes="added"),
+        "unseen phrasings": run(users, reverse=False, changes="unseen"),
+        "unseen phrasings 2": run(users, reverse=False, changes="unseen 2"),
     }
     cols = [
         "superseded_ok",
@@ -218,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         "arrived_late",
         "seconds",
     ]
-    print(f"{'sessions':<18}" + "".join(f"{c[:13]:>14}" for c in cols))
+    print(f"{'sessions':<20}" + "".join(f"{c[:13]:>14}" for c in cols))
     for name, r in rows.items():
-        print(f"{name:<18}" + "".join(f"{r[c]!s:>14}" for c in cols))
+        print(f"{name:<20}" + "".join(f"{r[c]!s:>14}" for c in cols))
     out = {
         "benchmark": "conflicts",
         "date": time.strftime("%Y-%m-%d"),

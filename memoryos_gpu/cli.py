@@ -1198,6 +1198,27 @@ def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any
         click.echo(text)
 
 
+def _forget_on_other_shards(store: str, user_id: str, texts: list[str]) -> None:
+    """A sharded store directory: the assistant facts the user's pages taught, held by the
+    assistants' owner shards and copied to every shard, go from every shard's store too, and
+    the other shards' saved keyword statistics un-count the user's ``texts``
+    (``distributed/sharded_forget.py``)."""
+    from memoryos_gpu.distributed.sharded_forget import forget_in_stores
+    from memoryos_gpu.distributed.sharding import ShardMap
+
+    dirs = None if is_url(store) or store_file(store).exists() else shard_dirs(store)
+    if not dirs:
+        return
+    stores = []
+    try:
+        for d in dirs:
+            stores.append(_open_store(str(d), writer=True))
+        forget_in_stores(stores, ShardMap(len(dirs)), user_id, texts)
+    finally:
+        for st in stores:
+            st.close()
+
+
 @cli.command()
 @click.option("--user", "user_id", required=True)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -1207,20 +1228,30 @@ def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any
 def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
     """Delete every row held about a user (pages, segments, knowledge, pending work, audit) and
     what was derived from the user's pages (the assistant's facts learned from them, the saved
-    keyword statistics); the audit keeps the deletion, without content. Refused while another
-    process writes the store (a server: delete through its HTTP API)."""
+    keyword statistics; on a sharded store directory, on every shard); the audit keeps the
+    deletion, without content. Refused while another process writes the store (a server:
+    delete through its HTTP API)."""
     o = _options(ctx, kwargs)
-    st = _open_store(user_store(resolve_store(o), user_id), writer=True)
+    store = resolve_store(o)
+    st = _open_store(user_store(store, user_id), writer=True)
     try:
         rows = st.rows_about(user_id)
         if st.user_row(user_id) is None and not rows:
             raise CLIError(f"unknown user {user_id!r}")
         if not yes:
             click.confirm(f"delete user {user_id!r} ({rows:,} rows)?", abort=True, err=True)
+        texts = [
+            t
+            for (t,) in st.query(
+                "SELECT user_input || ' ' || agent_response FROM pages WHERE user_id = ?",
+                (user_id,),
+            )
+        ]
         st.delete_user(user_id)
         left = st.rows_about(user_id)
     finally:
         st.close()
+    _forget_on_other_shards(store, user_id, texts)
     click.echo(
         f"deleted user {user_id}: {rows:,} rows removed" + (f" ({left} left!)" if left else "")
     )

@@ -561,11 +561,17 @@ class _GatedShard:
         self.gate = asyncio.Event()
         self.status = _Remote(self._status)
         self.delete_user = _Remote(self._delete)
+        self.call = _Remote(self._call)  # the other shards' side of a delete: nothing held
 
     async def _status(self) -> dict[str, Any]:
         snapshot = sorted(self.users)
         await self.gate.wait()
         return {"shard": 0, "users": snapshot, "pending": 0, "derived_runs": 0, "batching": {}}
+
+    async def _call(self, name: str, args: tuple, kw: dict) -> Any:
+        if name == "forget_learned_from":
+            return {"entries": [], "elsewhere": []}
+        return {"n_docs": 0, "df": {}} if name == "user_keyword_delta" else 0
 
     async def _delete(self, user_id: str) -> bool:
         found = user_id in self.users

@@ -248,10 +248,38 @@ def test_a_schema_2_store_migrates(backend: Backend, monkeypatch: pytest.MonkeyP
     monkeypatch.undo()
     st = backend.open(spec)
     try:
-        assert st.schema_version == 3 and st.check_integrity() == []
+        assert st.schema_version == sq.SCHEMA_VERSION and st.check_integrity() == []
         [row] = st.owner_knowledge("user", "u")
         assert row["text"] == "The user skis." and row["valid_from"] == 5.0
         assert row["source_user"] == "u" and row["sources"] == [] and row["strength"] == 1
+    finally:
+        st.close()
+
+
+def test_a_schema_3_store_migrates_provenance_keyed_by_user(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 -> 4: provenance rows are kept, and one page id of two users (two shards' files
+    number their pages alike) is two sources of the same item."""
+    import memoryos_gpu.store.sqlite as sq
+
+    spec = backend.spec("v3")
+    monkeypatch.setattr(sq, "SCHEMA_VERSION", 3)
+    st = backend.open(spec)
+    row = "INSERT INTO provenance(item_kind, item_id, item_key, page_id, user_id) VALUES "
+    with st.transaction() as db:
+        db.execute(row + "('knowledge', 1, '', 7, 'ann')")
+        db.execute(row + "('knowledge', 1, '', 7, 'bo') ON CONFLICT DO NOTHING")
+    assert st.query("SELECT COUNT(*) FROM provenance")[0][0] == 1  # the old key: one row
+    st.close()
+    monkeypatch.undo()
+    st = backend.open(spec)
+    try:
+        assert st.schema_version == 4 and st.check_integrity() == []
+        with st.transaction() as db:
+            db.execute(row + "('knowledge', 1, '', 7, 'bo')")
+        got = st.query("SELECT user_id FROM provenance WHERE page_id = 7 ORDER BY user_id")
+        assert [r[0] for r in got] == ["ann", "bo"]
     finally:
         st.close()
 
@@ -304,3 +332,85 @@ def test_a_shared_fact_outlives_one_of_its_users(backend: Backend) -> None:
         assert again["source_user"] == "keep"
     finally:
         e.close()
+
+
+def served_facts(e: MemoryEngine, user: str, query: str) -> str:
+    """What a user is served of facts and profile: live knowledge (theirs and the assistant's),
+    the profile, and a retrieval's knowledge."""
+    r = e.retrieve_many([(user, query)], update_heat=False)[0]
+    said = [k.text for k in (*r.user_knowledge, *r.assistant_knowledge)]
+    return json.dumps([e.knowledge(user), e.profile(user), said])
+
+
+def test_editing_a_page_rederives_what_it_implied(backend: Backend) -> None:
+    """LLM mode: the facts and profile value its old text implied are no longer served (to
+    the user, or to another user of the assistant); those of its new text are, after the
+    re-analysis; its segment summary holds the new text, not the old."""
+    e = open_engine(backend.spec("edit-llm"))
+    try:
+        ids = talk(e, "alice", ["I like tea.", "I met zqoldmarker today.", "I read.", "I cook."])
+        talk(e, "bob", ["I fish.", "I sail.", "I knit.", "I sing."])
+        edited = ids[1]
+        assert e.get_page(edited)["analysed"]
+        assert "zqoldmarker" in served_facts(e, "alice", "who did I meet")
+        assert "zqoldmarker" in served_facts(e, "bob", "who did they meet")
+        e.update_page(edited, user_input="I met zqnewmarker today.")
+        e.flush()  # the re-analysis of the page and of the pages behind the same facts
+        for user in ("alice", "bob"):
+            got = served_facts(e, user, "who did I meet")
+            assert "zqoldmarker" not in got and "zqnewmarker" in got, user
+        segments = json.dumps(e.export_user("alice")["segments"])
+        assert "zqoldmarker" not in segments and "zqnewmarker" in segments
+        assert e.get_page(edited)["analysed"]
+    finally:
+        e.close()
+
+
+def test_editing_a_page_rederives_an_extractive_fact(backend: Backend) -> None:
+    e = open_engine(backend.spec("edit-extractive"), mode="extractive")
+    try:
+        ids = talk(e, "cy", ["I live in Seattle.", "I paint on Mondays.", "I bake.", "I swim."])
+        assert "I live in Seattle." in [k["text"] for k in e.knowledge("cy")["user"]]
+        e.update_page(ids[0], user_input="I live in Denver.")
+        e.flush()
+        texts = [k["text"] for k in e.knowledge("cy", history=True)["user"]]
+        assert "I live in Denver." in texts and "I live in Seattle." not in texts
+        assert "I paint on Mondays." in texts  # the other pages' facts are untouched
+        [denver] = [k for k in e.knowledge("cy")["user"] if k["text"] == "I live in Denver."]
+        assert denver["sources"] == [ids[0]]
+        said = [k.text for k in e.retrieve("cy", "Where do I live?").user_knowledge]
+        assert "I live in Denver." in said and "I live in Seattle." not in said
+    finally:
+        e.close()
+
+
+def test_http_page_edit_rederives_its_facts() -> None:
+    """PATCH of a page's text: after /wait the fact from its old text is gone, the new one is
+    served (the server's derived-work thread runs the re-analysis)."""
+    from served import HA, hashing, serve
+
+    with serve(hashing()) as c:
+        lines = ["I keep bees on the roof.", "I play the cello.", "I grow tomatoes."] * 5
+        pages = [
+            c.post(
+                "/v1/users/alice/pages",
+                json={"user_input": line, "timestamp": 100.0 + i},
+                headers=HA,
+            ).json()["page_id"]
+            for i, line in enumerate(lines)
+        ]
+        c.post("/v1/users/alice/wait", headers=HA)
+        entries = c.get("/v1/users/alice/knowledge", headers=HA).json()["user"]
+        [bees] = [k for k in entries if "bees" in k["text"]]
+        for p in bees["sources"]:
+            r = c.patch(
+                f"/v1/users/alice/pages/{p}",
+                json={"user_input": "I breed zqnewsnails in the cellar."},
+                headers=HA,
+            )
+            assert r.status_code == 200, r.text
+        assert set(bees["sources"]) <= set(pages)
+        assert c.post("/v1/users/alice/wait", headers=HA).json()["done"]
+        texts = [k["text"] for k in c.get("/v1/users/alice/knowledge", headers=HA).json()["user"]]
+        assert not any("bees" in t for t in texts)
+        assert any("zqnewsnails" in t for t in texts)

@@ -145,10 +145,10 @@ class ShardIngestActor:
         self.engine.release()
         return self.engine.process_pending()
 
-    def take_assistant_facts(self) -> list[tuple[str, str, str]]:
+    def take_assistant_facts(self) -> list[Any]:
         return self.engine.take_assistant_facts()
 
-    def append_assistant_facts(self, facts: list[tuple[str, str, str]]) -> list[AssistantEntry]:
+    def append_assistant_facts(self, facts: list[Any]) -> list[AssistantEntry]:
         return self.engine.append_assistant_facts(facts)
 
     def replicate_assistant_entries(self, entries: list[AssistantEntry]) -> None:

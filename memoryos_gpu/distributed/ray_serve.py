@@ -40,6 +40,7 @@ from memoryos_gpu.distributed.ray_common import (
     shard_resources,
     unbox,
 )
+from memoryos_gpu.distributed.sharded_forget import delete_everywhere_async
 from memoryos_gpu.distributed.sharding import (
     ShardMap,
     exchange_keywords,
@@ -305,12 +306,13 @@ class RouterService:
             written = await self._route_facts(facts)
         return {"keyword_docs": docs, "assistant_facts": written}
 
-    async def _route_facts(self, facts: list[tuple[str, str, str]]) -> int:
-        """The owner numbers and commits an assistant's facts, then every other shard copies
-        the numbered entries (the sharding module's rule)."""
-        by_owner: dict[int, list[tuple[str, str, str]]] = {}
+    async def _route_facts(self, facts: list[Any]) -> int:
+        """The owner numbers and commits an assistant's facts (``Fact``s, with their
+        provenance), then every other shard copies the numbered entries (the sharding
+        module's rule)."""
+        by_owner: dict[int, list[Any]] = {}
         for f in facts:
-            by_owner.setdefault(self.shard_map.assistant_owner(f[0]), []).append(f)
+            by_owner.setdefault(self.shard_map.assistant_owner(f[1]), []).append(f)
         written = 0
         for owner, owned in sorted(by_owner.items()):
             entries = unbox(
@@ -468,8 +470,17 @@ class RouterService:
         }
 
     async def delete_user(self, user_id: str) -> bool:
+        """The user's shard deletes the user; every shard forgets what the user's pages taught
+        the assistants (``sharded_forget.py``)."""
         self.check_ready()
-        deleted = unbox(await self._handle(user_id).delete_user.remote(user_id))
+
+        async def call(shard: int, name: str, args: tuple) -> Any:
+            return unbox(await self.handles[shard].call.remote(name, args, {}))
+
+        async def delete() -> Any:
+            return unbox(await self._handle(user_id).delete_user.remote(user_id))
+
+        deleted = await delete_everywhere_async(call, delete, self.shard_map, user_id)
         self._mark([user_id], False)
         return bool(deleted)
 

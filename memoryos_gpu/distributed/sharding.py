@@ -22,7 +22,9 @@ shared PostgreSQL store: re-read from the owner's rows). Retrievals and response
 assistant knowledge locally, with no cross-shard call on the request path, and every shard sees
 the same entries once the router has synced. Facts still in an outbox when a shard dies are
 lost: they are derived data (the pages they came from are committed and are re-promoted only if
-they were never marked analysed).
+they were never marked analysed). A fact travels with its provenance (source user, page ids),
+so deleting a user reaches what its pages taught the assistants on every shard
+(``sharded_forget.py``).
 
 **Keyword statistics.** The keyword extractor's document frequencies (its IDF) are corpus-wide
 in one engine. Shards exchange the frequencies of the pages they accepted
@@ -47,11 +49,14 @@ import numpy as np
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine import InvalidInputError, MemoryEngine, clean_queries
+from memoryos_gpu.engine.state import Fact
 from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.ingest import shard_of
 from memoryos_gpu.store import open_store
 from memoryos_gpu.text.keywords import KeywordExtractor
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
+
+from . import sharded_forget
 
 __all__ = [
     "SHARDS_FILE",
@@ -250,13 +255,16 @@ class OwnedStore:
 # ============================================================================ the shard engine
 @dataclass(frozen=True)
 class AssistantEntry:
-    """An assistant-knowledge entry as numbered by its owner shard (``seq``: ring position)."""
+    """An assistant-knowledge entry as numbered by its owner shard (``seq``: ring position);
+    ``live`` False: the owner superseded it (replicas drop their copy)."""
 
     assistant_id: str
     seq: int
     text: str
     mode: str
     embedding: np.ndarray
+    source_user: str | None = None
+    live: bool = True
 
 
 class ShardEngine(MemoryEngine):
@@ -290,7 +298,7 @@ class ShardEngine(MemoryEngine):
         if not 0 <= self.shard_index < self.shard_count:
             raise ValueError(f"shard {shard} of {count}: need 0 <= shard < count")
         self._hold_pending = hold_pending
-        self._outbox: list[tuple[str, str, str]] = []  # (assistant_id, text, mode)
+        self._outbox: list[Fact] = []  # assistant facts for their owner shard
         self._kw_texts: list[str] = []  # accepted since the last keyword exchange
         self._kw_lock = threading.Lock()
         super().__init__(config, **kw)
@@ -385,40 +393,82 @@ class ShardEngine(MemoryEngine):
         return int(self.store.query("SELECT COALESCE(MAX(page_id), 0) FROM pages")[0][0])
 
     # ------------------------------------------------------------------ assistant knowledge
-    def _push_knowledge(
-        self, db: Any, facts: list[tuple[str, str, str, str]], emb: np.ndarray
-    ) -> None:
+    def _push_knowledge(self, db: Any, facts: list[Fact], emb: np.ndarray) -> None:
         """User facts go to the ring as usual; assistant facts wait in the outbox for the
-        owner shard (module doc: one writer per assistant)."""
-        keep = [i for i, f in enumerate(facts) if f[0] == "user"]
-        self._outbox.extend((f[1], f[2], f[3]) for f in facts if f[0] != "user")
+        owner shard (module doc: one writer per assistant), with their provenance (source
+        user, page ids, time). An LLM decision names an entry of this shard's replica, not
+        the owner's: the owner's rule decides instead."""
+        keep = [i for i, f in enumerate(facts) if f.kind == "user"]
+        self._outbox.extend(Fact(*f[:7]) for f in facts if f.kind != "user")
         if keep:
             super()._push_knowledge(db, [facts[i] for i in keep], emb[keep])
 
-    def take_assistant_facts(self) -> list[tuple[str, str, str]]:
-        """The assistant facts found since the last call: ``(assistant_id, text, mode)``."""
+    def take_assistant_facts(self) -> list[Fact]:
+        """The assistant facts found since the last call (``Fact``: owner id = assistant)."""
         with self._lock:
             out, self._outbox = self._outbox, []
         return out
 
-    def append_assistant_facts(self, facts: Sequence[tuple[str, str, str]]) -> list[AssistantEntry]:
-        """Owner side: number and commit facts of assistants this shard owns."""
+    def append_assistant_facts(self, facts: Sequence[Fact]) -> list[AssistantEntry]:
+        """Owner side: commit facts of assistants this shard owns (provenance recorded as in
+        one engine; the conflict rule may merge or supersede), and answer what changed in the
+        rings for the replicas: the entries added, and those superseded (``live`` False)."""
+        facts = [Fact(*f) for f in facts]  # over Ray: plain tuples are accepted too
         if not facts:
             return []
         with self._lock:
-            emb = self.embedder.encode([f[1] for f in facts])
-            heads: dict[str, int] = {}
-            entries = []
-            for (aid, text, mode), vec in zip(facts, emb, strict=True):
-                if aid not in heads:
-                    heads[aid] = self.arena.ring_head(self._assistant_slot(aid))
-                entries.append(AssistantEntry(aid, heads[aid], text, mode, np.asarray(vec)))
-                heads[aid] += 1
+            emb = self.embedder.encode([f.text for f in facts])
             with self.store.transaction() as db:
-                self._ensure_assistants(db, heads)
+                self._ensure_assistants(db, {f.owner_id for f in facts})
+                mark = db.execute("SELECT COALESCE(MAX(entry_id), 0) FROM knowledge").fetchone()
                 # the engine's own ring write, not this class's outbox: this shard is the owner
-                super()._push_knowledge(db, [("assistant", f[0], f[1], f[2]) for f in facts], emb)
-            return entries
+                super()._push_knowledge(db, facts, emb)
+                return self._ring_changes(db, int(mark[0]), {f.owner_id for f in facts})
+
+    def _ring_changes(self, db: Any, mark: int, assistants: set[str]) -> list[AssistantEntry]:
+        """The assistants' ring entries added after entry ``mark`` and those they superseded."""
+        from memoryos_gpu.store.sqlite import blob_matrix
+
+        ids = sorted(assistants)
+        rows = db.execute(
+            "SELECT owner_id, seq, text, mode, embedding, source_user, live FROM knowledge "
+            f"WHERE owner_kind = 'assistant' AND owner_id IN ({','.join('?' * len(ids))}) AND "
+            "seq >= 0 AND (entry_id > ? OR (live = 0 AND superseded_by > ?)) ORDER BY seq",
+            (*ids, mark, mark),
+        ).fetchall()
+        vecs = blob_matrix([r[4] for r in rows], self.embedder.dim)
+        return [
+            AssistantEntry(r[0], int(r[1]), r[2], r[3], v, r[5], bool(r[6]))
+            for r, v in zip(rows, vecs, strict=True)
+        ]
+
+    def delete_user(self, user_id: str) -> bool:
+        """The engine's delete, and the user's facts still in the outbox go too (they were
+        not routed to their owner yet)."""
+        with self._lock:
+            self._outbox = [f for f in self._outbox if f.source_user != user_id]
+            return super().delete_user(user_id)
+
+    def forget_learned_from(self, user_id: str) -> dict[str, list]:
+        """The assistant entries this shard owns learned from the user's pages go
+        (``sharded_forget.py``, step 1)."""
+        return sharded_forget.forget_learned_from(self, user_id)
+
+    def drop_assistant_entries(self, entries: Sequence[tuple[str, int]]) -> int:
+        """Replicas of entries their owner removed go (``sharded_forget.py``, step 2)."""
+        return sharded_forget.drop_assistant_entries(self, entries)
+
+    def user_keyword_delta(self, user_id: str) -> dict[str, Any]:
+        """Keyword frequencies of the user's pages (``sharded_forget.py``, step 3)."""
+        return sharded_forget.user_keyword_delta(self, user_id)
+
+    def forget_keyword_delta(self, delta: dict[str, Any]) -> None:
+        """Un-count a deleted user's keyword frequencies (``sharded_forget.py``, step 3)."""
+        sharded_forget.forget_keyword_delta(self, delta)
+
+    def reanalyse_pages(self, pages: Sequence[tuple[int, str]]) -> list[int]:
+        """Pages behind a fact another shard removed (``sharded_forget.py``, step 4)."""
+        return sharded_forget.reanalyse_pages(self, pages)
 
     def replicate_assistant_entries(self, entries: Sequence[AssistantEntry]) -> None:
         """Replica side: hold the owner's numbered entries (same ring positions)."""
@@ -427,8 +477,11 @@ class ShardEngine(MemoryEngine):
         with self._lock:
             if self.shared_store:
                 self._reload_assistants(sorted({e.assistant_id for e in entries}))
-            else:
-                self._write_replica(entries)
+                return
+            gone = [(e.assistant_id, e.seq) for e in entries if not e.live]
+            self._write_replica([e for e in entries if e.live])
+            if gone:
+                sharded_forget.drop_assistant_entries(self, gone, superseded=True)
 
     def _ensure_assistants(self, db: Any, assistant_ids: Iterable[str]) -> None:
         now = time.time()
@@ -453,8 +506,16 @@ class ShardEngine(MemoryEngine):
                 )
                 cur = db.execute(
                     "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, mode, "
-                    "created) VALUES ('assistant', ?, ?, ?, ?, ?, ?)",
-                    (e.assistant_id, e.seq, e.text, _emb_blob(e.embedding), e.mode, t),
+                    "created, source_user) VALUES ('assistant', ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        e.assistant_id,
+                        e.seq,
+                        e.text,
+                        _emb_blob(e.embedding),
+                        e.mode,
+                        t,
+                        e.source_user,
+                    ),
                 )
                 head = max(self.arena.ring_head(slot), e.seq + 1)
                 db.execute(
@@ -471,7 +532,8 @@ class ShardEngine(MemoryEngine):
                 self._views.put_knowledge(cur.lastrowid, e.text)
 
     def _reload_assistants(self, assistant_ids: Sequence[str]) -> None:
-        """Shared store: re-read assistants' live entries (written by their owner shard)."""
+        """Shared store: re-read assistants' live entries (written by their owner shard); the
+        ring positions of entries no longer live there are cleared."""
         from memoryos_gpu.store.sqlite import blob_matrix
 
         cap = self.memory.knowledge_capacity
@@ -485,6 +547,11 @@ class ShardEngine(MemoryEngine):
             head = self.store.query(
                 "SELECT knowledge_head FROM assistants WHERE assistant_id = ?", (aid,)
             )
+            self._grow_maps()
+            held = np.flatnonzero(self._entry_of_ring[slot] >= 0)
+            self.arena.delete_knowledge(np.full(held.size, slot, np.int32), held)
+            self._views.drop_knowledge(int(e) for e in self._entry_of_ring[slot, held])
+            self._entry_of_ring[slot, held] = -1
             if not rows:
                 continue
             ring = np.array([r[1] % cap for r in rows], np.int32)
@@ -494,8 +561,6 @@ class ShardEngine(MemoryEngine):
                 blob_matrix([r[2] for r in rows], self.embedder.dim),
             )
             self.arena.set_ring_head(slot, int(head[0][0]) if head else rows[-1][1] + 1)
-            self._grow_maps()
-            self._views.drop_knowledge(int(e) for e in self._entry_of_ring[slot] if e >= 0)
             self._entry_of_ring[slot, ring] = [r[0] for r in rows]
             self._views.knowledge.update((r[0], r[3]) for r in rows)
 
@@ -545,17 +610,17 @@ def exchange_keywords(
 
 
 def route_assistant_facts(
-    facts: Sequence[tuple[str, str, str]],
+    facts: Sequence[Fact],
     shard_map: ShardMap,
-    append: Callable[[int, list[tuple[str, str, str]]], list[AssistantEntry]],
+    append: Callable[[int, list[Fact]], list[AssistantEntry]],
     replicate: Callable[[int, list[AssistantEntry]], None],
 ) -> int:
     """Send facts to their assistant's owner shard, then its numbered entries to every other
     shard (the module doc's rule). ``append(shard, facts)`` / ``replicate(shard, entries)`` do
     the calls (in process, or on Ray actors). Returns the entries written."""
-    by_owner: dict[int, list[tuple[str, str, str]]] = {}
+    by_owner: dict[int, list[Fact]] = {}
     for f in facts:
-        by_owner.setdefault(shard_map.assistant_owner(f[0]), []).append(f)
+        by_owner.setdefault(shard_map.assistant_owner(f[1]), []).append(f)
     written = 0
     for owner, owned in sorted(by_owner.items()):
         entries = append(owner, owned)
@@ -748,8 +813,14 @@ class ShardedEngine:
         return self.engine_for(user_id).export_user(user_id)
 
     def delete_user(self, user_id: str) -> bool:
+        """The user's rows on its shard, and what its pages taught the assistants on every
+        shard (``sharded_forget.py``)."""
         with self._lock:
-            return self.engine_for(user_id).delete_user(user_id)
+            return sharded_forget.delete_everywhere(
+                lambda j, name, args: getattr(self.engines[j], name)(*args),
+                self.shard_map,
+                user_id,
+            )
 
     def promote(self, user_id: str, segment_slot: int | None = None) -> int:
         with self._lock:

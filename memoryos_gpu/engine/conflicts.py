@@ -34,72 +34,143 @@ from dataclasses import dataclass
 #: Words that end a value ("I moved to Boston last month" -> "boston").
 _VALUE_END = (
     r"(?=\s+(?:last|this|next|in|on|at|for|since|because|with|and|but|now|so|yesterday|today|"
-    r"recently|again|ago|for)\b|[.,;:!?]|$)"
+    r"recently|again|ago|these|nowadays|anymore|permanently)\b|[.,;:!?]|$)"
 )
 _VALUE = r"(?P<v>[^.,;:!?]{1,60}?)" + _VALUE_END
-_SUBJ = r"(?:\bi\b|\bthe user\b|\bwe\b)"
 _PETS = r"dog|cat|puppy|kitten|parrot|hamster|rabbit|bunny|fish|turtle|horse|pet"
 
-# (attribute key, pattern); the first pattern that matches decides. Keys group the ways of
-# saying one attribute ("live in", "moved to", "relocated to" are all the residence).
+# The attribute rule as data. Two sentence shapes state an attribute of the speaker:
+#
+# - the speaker as subject, then a verb phrase: "I (have|'m|now|just ...) <phrase> <value>";
+#   only the speaker ("I", "we": a household, "the user": an LLM's third person) counts, so
+#   "my sister lives in Boston" states nothing about where the user lives;
+# - the speaker's possession: "my|our|the user's <phrase> <value>".
+#
+# Each attribute lists its phrases in both shapes; a key groups the ways of saying one attribute
+# ("live in", "moved to", "relocated to" are all the residence). Phrases are chosen for what they
+# mean (they state the current value of a single-valued attribute), not to fit a test set: the
+# benchmark's held-out phrasings (benchmarks/conflicts.py) are deliberately absent. Left out on
+# purpose: future and hypothetical forms ("want to move to"), the past ("used to live in"),
+# negation ("don't live in": the aux list has no "not"), indefinite pets ("we got a cat called
+# Luna" may be a second cat, not a new name).
+_SPEAKER = r"\b(?:i|we|the user)"
+_AUX = (
+    r"(?:'m|'ve|'re|\s+(?:am|are|is|have|has|had|just|now|recently|finally|officially|"
+    r"currently|also|then|since|eventually|actually))*"
+)
+#: attributes whose value may follow an article ("I work as a nurse"); elsewhere an article
+#: means no name ("I moved to a new flat", "I got a job at a startup" give no value)
+_ARTICLE_BEFORE = {"job"}
+
+#: attribute -> verb phrases after the speaker, " | " between them (the value follows)
+SUBJECT_PHRASES: dict[str, str] = {
+    "residence": (
+        "live in | lives in | living in | reside in | resides in | residing in | moved to | "
+        "moved back to | moved over to | moved house to | moves to | relocated to | "
+        "relocated back to | settled in | settled down in | based in | made the move to"
+    ),
+    "job": (
+        "work as | works as | working as | started working as | started work as | "
+        "employed as | hired as | got hired as | got a job as | took a job as | "
+        "started a new job as | started a job as | got a new job as | became | become | "
+        "retrained as | qualified as"
+    ),
+    "employer": (
+        "work at | work for | works at | works for | working at | working for | employed at | "
+        "employed by | hired by | got hired by | got hired at | got a job at | "
+        "got a job with | got a new job at | took a job at | took a job with | "
+        "started working at | started working for | started a new job at"
+    ),
+}
+
+#: attribute -> (nouns after "my" / "our" / "the user's", the word between "is" and the value)
+POSSESSION_PHRASES: dict[str, tuple[tuple[str, ...], str]] = {
+    "residence": (("home", "house", "place", "flat", "apartment"), "in"),
+    "job": (("job", "profession", "occupation", "role", "job title", "day job"), ""),
+    "employer": (("employer", "workplace"), ""),
+}
+
+#: values that name no place, job or employer ("I moved to a new flat", "I work for myself
+#: and ..." stay unkeyed: they say something else than the attribute's value)
+_NOT_A_VALUE = re.compile(
+    r"^(?:a|an|my|our|his|her|their|this|that|some|home|here|there|myself|at|for|with)\b"
+)
+
+# A pet's name is the capitalised word (the rest of the pattern ignores case): the connectors
+# between "my dog" and its name, and the sentences that give a pet a name.
+PET_NAME_CONNECTORS = (
+    "'s name is | 's name is now | is called | is named | is now called | is now named | "
+    "named | called | goes by | ,"
+)
+PET_NAMING_VERBS = "renamed | named | call | called"
+
+
+def _phrases(items: str | tuple[str, ...]) -> str:
+    """One alternation of literal phrases (a tuple, or one string with " | " between them),
+    longest first (so "moved back to" beats "moved to")."""
+    listed = items.split(" | ") if isinstance(items, str) else items
+    return "|".join(
+        re.escape(p).replace(r"\ ", r"\s+") for p in sorted(listed, key=len, reverse=True)
+    )
+
+
+def _article(key: str) -> str:
+    return r"(?:an?\s+)?" if key in _ARTICLE_BEFORE else ""
+
+
+def _subject_rule(key: str, phrases: str) -> re.Pattern[str]:
+    return re.compile(
+        _SPEAKER + _AUX + r"\s+(?:" + _phrases(phrases) + r")\s+" + _article(key) + _VALUE,
+        re.IGNORECASE,
+    )
+
+
+def _possession_rule(key: str, nouns: tuple[str, ...], linker: str) -> re.Pattern[str]:
+    link = rf"\s+{linker}" if linker else ""
+    return re.compile(
+        r"\b(?:my|our|the user's)\s+(?:"
+        + _phrases(nouns)
+        + r")(?:\s+is|'s)(?:\s+now)?"
+        + link
+        + r"\s+"
+        + _article(key)
+        + _VALUE,
+        re.IGNORECASE,
+    )
+
+
+# (attribute key, pattern), built from the tables; the first pattern that matches decides
 _RULES: list[tuple[str, re.Pattern[str]]] = [
-    (
-        "residence",
-        re.compile(
-            _SUBJ + r"(?:'m|'ve| am| have| has| just| now| recently|\s)*\s*"
-            r"(?:live|lives|living|reside|resides|moved|moves|relocated|settled|based)\s+"
-            r"(?:back\s+)?(?:in|to)\s+" + _VALUE,
-            re.IGNORECASE,
-        ),
+    *((k, _subject_rule(k, v)) for k, v in SUBJECT_PHRASES.items()),
+    *((k, _possession_rule(k, *v)) for k, v in POSSESSION_PHRASES.items()),
+]
+_OWNER = r"(?i:my|our|the user's)"
+_PET = r"(?P<pet>(?i:" + _PETS + r"))"
+_NAME = r"(?P<v>[A-Z][a-z]+)\b"
+_PET_RULES = [
+    # "renamed our dog Rex", "we named our cat Luna", "we call our dog Max"
+    re.compile(
+        r"\b(?i:"
+        + _phrases(PET_NAMING_VERBS)
+        + r")\s+"
+        + _OWNER
+        + r"\s+"
+        + _PET
+        + r"\s+(?i:to\s+)?"
+        + _NAME
     ),
-    (
-        "residence",
-        re.compile(r"\b(?:my|the user's) (?:home|house|place) is in\s+" + _VALUE, re.IGNORECASE),
-    ),
-    (
-        "job",
-        re.compile(
-            _SUBJ + r"(?:'m| am| is| now| just| recently|\s)*\s*"
-            r"(?:work|works|working|started working|employed|hired)\s+as\s+(?:an?\s+)?" + _VALUE,
-            re.IGNORECASE,
-        ),
-    ),
-    (
-        "job",
-        re.compile(
-            r"\b(?:my|the user's) (?:job|profession|occupation|role) is(?: now)?\s+(?:an?\s+)?"
-            + _VALUE,
-            re.IGNORECASE,
-        ),
-    ),
-    (
-        "job",
-        re.compile(
-            _SUBJ + r"(?:'ve| have| has| just| recently|\s)*\s*"
-            r"(?:became|become|started a new job as|took a job as|got a job as)\s+(?:an?\s+)?"
-            + _VALUE,
-            re.IGNORECASE,
-        ),
-    ),
-    (
-        "employer",
-        re.compile(
-            _SUBJ
-            + r"(?:'m| am| is| now| just|\s)*\s*(?:work|works|working)\s+(?:at|for)\s+"
-            + _VALUE,
-            re.IGNORECASE,
-        ),
+    # "my dog is called Max", "my cat's name is Luna", "my dog Max comes along"
+    re.compile(
+        r"\b"
+        + _OWNER
+        + r"\s+(?i:new\s+)?"
+        + _PET
+        + r"(?i:\s*(?:"
+        + _phrases(PET_NAME_CONNECTORS)
+        + r"))?\s+(?i:now\s+)?"
+        + _NAME
     ),
 ]
-# a pet's name is the capitalised word after "my dog" (the rest of the pattern ignores case)
-_PET_NAME = re.compile(
-    r"\b(?i:my|our|the user's) (?P<pet>(?i:" + _PETS + r"))(?i:'s name is| is called| is named|"
-    r" named| called|,)?\s+(?i:now\s+)?(?P<v>[A-Z][a-z]+)\b"
-)
-_RENAMED = re.compile(
-    r"\b(?i:renamed (?:my|our|the user's)) (?P<pet>(?i:" + _PETS + r"))\s+(?i:to\s+)?"
-    r"(?P<v>[A-Z][a-z]+)\b"
-)
 # "my X is Y" only for attributes that hold one value at a time ("my brother is tall" and "my
 # brother is a doctor" are two facts, "my favourite colour is green" replaces "... is blue")
 _GENERIC = re.compile(
@@ -121,14 +192,15 @@ def fact_key(text: str) -> tuple[str, str] | None:
     called Rex." -> ("dog.name", "rex"); "My favourite colour is blue" -> ("favourite colour",
     "blue"); "my X is Y" counts only for attributes with one value at a time). Deterministic:
     the same sentence always gives the same key."""
-    for pattern in (_RENAMED, _PET_NAME):
+    for pattern in _PET_RULES:
         m = pattern.search(text)
         if m:
             return f"{m.group('pet').lower()}.name", m.group("v").lower()
     for key, pattern in _RULES:
         m = pattern.search(text)
-        if m and _norm(m.group("v")):
-            return key, _norm(m.group("v"))
+        value = _norm(m.group("v")) if m else ""
+        if value and not _NOT_A_VALUE.match(value):
+            return key, value
     m = _GENERIC.search(text)
     if m and _norm(m.group("v")):
         return _norm(m.group("a")), _norm(m.group("v"))

@@ -21,11 +21,16 @@ What a page leaves behind besides its own row, and what happens to it here:
 
 SQLite deletes with ``secure_delete`` and checkpoints the write-ahead log afterwards, so the
 text is not left in the database file or its log.
+
+Editing a page's text (:meth:`Forgetting.rederive_edited`, from ``update_page``) runs the same
+re-derivation with the page kept: what its old text implied goes, and the page is re-analysed
+with the other pages behind it, so what its new text says is derived again.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,6 +44,17 @@ from memoryos_gpu.text.keywords import keyword_tokens
 
 from .mtm import _kw_blob, _merge_summary
 from .state import EngineState, UserState, keyword_rows
+
+
+@dataclass
+class Rederived:
+    """What a page change re-derived in its transaction, for the memory side once committed:
+    what was forgotten, the segments re-derived ((id, embedding or None, keyword row)) and the
+    chain meta ((pages, meta) or None)."""
+
+    forgotten: Forgotten
+    segments: list[tuple[int, np.ndarray | None, np.ndarray | None]]
+    metas: tuple[list[int], str] | None
 
 
 class Forgetting:
@@ -79,14 +95,12 @@ class Forgetting:
                 forgotten = forget_pages(db, [page_id])
                 touched = self._rederive_followers(db, page_id, chain)
                 self._unlink(db, user, page_id)
-                segs = [self._rederive_segment(db, sg) for sg in sorted({sid, *touched} - {None})]
-                metas = self._rederive_chain(db, user, chain) if chain is not None else None
+                redone = self._rederive_around(db, user, {sid, *touched}, chain, forgotten)
                 db.execute(
                     "UPDATE audit SET detail = '{}' WHERE item_kind = 'page' AND item_id = ?",
                     (int(page_id),),
                 )
                 s.store.audit(db, uid, "delete", "page", page_id, {})
-                db.execute("DELETE FROM meta WHERE key = 'keyword_extractor'")
             s.store.checkpoint()
             s.edits += 1
             # memory follows the committed store: arena row, term row and view go together
@@ -96,12 +110,48 @@ class Forgetting:
             s.views.drop_pages([page_id])
             s.vocabulary.add([uid], old_terms, sign=-1)
             s.extractor.remove([text])
-            for seg in segs if user is not None else ():
-                self._apply_segment(user, *seg)
-            if metas is not None:
-                s.views.set_meta(*metas)
-            self.drop(forgotten)
+            self.apply(user, redone)
             return True
+
+    def rederive_edited(self, db: Any, page_id: int) -> Rederived:
+        """In ``update_page``'s transaction, once the page's new text is written: what its old
+        text implied goes as for a deleted page (its facts and profile values; the other pages
+        behind them and the page itself re-analysed, so the next ``process_pending`` derives
+        what its new text says), and its own topic summary and keywords, its followers' (LLM
+        mode), its segment's and its chain's meta are re-derived from the text now held.
+        :meth:`apply` the result once committed."""
+        uid, sid, chain = db.execute(
+            "SELECT user_id, segment_id, chain_id FROM pages WHERE page_id = ?", (int(page_id),)
+        ).fetchone()
+        forgotten = forget_pages(db, [page_id], edited=True)
+        touched = self._rederive_followers(db, page_id, chain, include_self=True)
+        user = self._s.users.get(uid)
+        return self._rederive_around(db, user, {sid, *touched}, chain, forgotten)
+
+    def _rederive_around(
+        self,
+        db: Any,
+        user: UserState | None,
+        segments: set[int | None],
+        chain: int | None,
+        forgotten: Forgotten,
+    ) -> Rederived:
+        """The segments and the chain meta a page change touched, again from the pages held;
+        the saved keyword statistics are dropped (rewritten on close)."""
+        segs = [self._rederive_segment(db, sg) for sg in sorted(segments - {None})]
+        metas = self._rederive_chain(db, user, chain) if chain is not None else None
+        db.execute("DELETE FROM meta WHERE key = 'keyword_extractor'")
+        return Rederived(forgotten, segs, metas)
+
+    def apply(self, user: UserState | None, redone: Rederived) -> None:
+        """The memory side of a committed :meth:`_rederive_around`: segment rows in the
+        arena, chain metas in the views, forgotten entries and profile values out."""
+        s = self._s
+        for seg in redone.segments if user is not None else ():
+            self._apply_segment(user, *seg)
+        if redone.metas is not None:
+            s.views.set_meta(*redone.metas)
+        self.drop(redone.forgotten)
 
     def _unlink(self, db: Any, user: UserState | None, page_id: int) -> None:
         """The page's row and pending work go; its chain neighbours are unlinked."""
@@ -118,21 +168,34 @@ class Forgetting:
                 (user.user_id,),
             )
 
-    def _rederive_followers(self, db: Any, page_id: int, chain: int | None) -> set[int]:
+    def _rederive_followers(
+        self, db: Any, page_id: int, chain: int | None, *, include_self: bool = False
+    ) -> set[int]:
         """The pages after this one in its chain had it in their LLM prompts (as the previous
         page, or inside the thread summary each prompt carries), so their topic summaries and
         keywords may hold its text: they are re-derived from each page alone by the extractive
         rule (their ``mode`` says so). Returns their segments (whose summaries are built from
-        theirs). The extractive mode reads neither: nothing to do there."""
+        theirs). The extractive mode reads neither: nothing to do there. ``include_self``: the
+        page was edited, its own summary and keywords (either mode) are re-derived too, unless
+        its page work is still pending (it will read the new text)."""
         s = self._s
-        if s.stages.mode == "extractive" or chain is None:
-            return set()
-        rows = db.execute(
-            "SELECT page_id, user_id, user_input, agent_response, timestamp, segment_id FROM "
-            "pages WHERE chain_id = ? AND seq > (SELECT seq FROM pages WHERE page_id = ?) "
-            "ORDER BY seq",
-            (chain, page_id),
-        ).fetchall()
+        cols = (
+            "SELECT page_id, user_id, user_input, agent_response, timestamp, segment_id FROM pages"
+        )
+        rows = []
+        if (
+            include_self
+            and not db.execute(
+                "SELECT 1 FROM pending WHERE kind = 'page' AND ref = ?", (page_id,)
+            ).fetchall()
+        ):
+            rows += db.execute(f"{cols} WHERE page_id = ?", (page_id,)).fetchall()
+        if s.stages.mode != "extractive" and chain is not None:
+            rows += db.execute(
+                f"{cols} WHERE chain_id = ? AND seq > (SELECT seq FROM pages WHERE page_id = ?) "
+                "ORDER BY seq",
+                (chain, page_id),
+            ).fetchall()
         if not rows:
             return set()
         fields = ("page_id", "user_id", "user_input", "agent_response", "timestamp")
@@ -140,7 +203,8 @@ class Forgetting:
         work = [
             PageWork(dict(zip(fields, r[:5], strict=True)), blank, None, None, None) for r in rows
         ]
-        outs = s.stages.fallback.pages(work)
+        rule = s.stages if s.stages.mode == "extractive" else s.stages.fallback
+        outs = rule.pages(work)
         db.executemany(
             "UPDATE pages SET summary = ?, keywords = ?, mode = 'extractive' WHERE page_id = ?",
             [

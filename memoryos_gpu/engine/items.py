@@ -20,6 +20,7 @@ from memoryos_gpu.store.sqlite import emb_blob
 
 from .forget import Forgetting
 from .heat import Heat
+from .knowledge_ring import put_back, unsupersede
 from .page_text import page_terms_of, page_text
 from .state import EngineState
 from .validation import InvalidInputError, _clean_text
@@ -49,7 +50,10 @@ class Items:
     def update_page(
         self, page_id: int, *, user_input: str | None = None, agent_response: str | None = None
     ) -> dict[str, Any]:
-        """Edit a page's text; its embedding (and its arena row, when in MTM) follow."""
+        """Edit a page's text; its embedding (and its arena row, when in MTM) follow, and what
+        was derived from its old text is re-derived (``Forgetting.rederive_edited``: its facts
+        and profile values go and the page is re-analysed, so the next ``process_pending``
+        brings back what the new text says)."""
         s = self._s
         with s.lock:
             row = self.get_page(page_id)
@@ -88,14 +92,18 @@ class Items:
                     page_id,
                     {"before": {k: row[k] for k in new}, "after": new},
                 )
+                redone = self._forget.rederive_edited(db, page_id)
             s.edits += 1  # a derived round that read this page re-checks it
             s.vocabulary.add([row["user_id"]], old_terms, sign=-1)
             s.vocabulary.add([row["user_id"]], terms)
             s.views.edit_page(page_id, new["user_input"], new["agent_response"])
+            s.extractor.remove([f"{row['user_input']} {row['agent_response']}"])
+            s.extractor.update([f"{new['user_input']} {new['agent_response']}"])
             slots = np.flatnonzero(s.page_of_slot == page_id)
             if slots.size:
                 s.arena.write_page_embeddings(slots, vec[None])
                 s.arena.write_terms(slots, *astuple(terms))
+            self._forget.apply(s.users.get(row["user_id"]), redone)
             return self.get_page(page_id)
 
     def delete_page(self, page_id: int) -> bool:
@@ -132,6 +140,8 @@ class Items:
             return s.store.knowledge_rows([entry_id])[entry_id]
 
     def delete_knowledge(self, entry_id: int) -> bool:
+        """Delete an entry (its text out of the audit too); the entry it superseded, if any, is
+        live again (``knowledge_ring.unsupersede``)."""
         s = self._s
         with s.lock:
             rows = s.store.knowledge_rows([entry_id])
@@ -139,6 +149,7 @@ class Items:
                 return False
             s.store.begin_erasure()
             with s.store.transaction() as db:
+                restored = unsupersede(s, db, rows[entry_id])
                 db.execute("DELETE FROM knowledge WHERE entry_id = ?", (entry_id,))
                 db.execute(
                     "DELETE FROM provenance WHERE item_kind = 'knowledge' AND item_id = ?",
@@ -156,6 +167,7 @@ class Items:
                 s.arena.delete_knowledge(where[:, 0], where[:, 1])
                 s.entry_of_ring[where[:, 0], where[:, 1]] = -1
             s.views.drop_knowledge([entry_id])
+            put_back(s, restored)
             return True
 
     # ---------------------------------------------------------------- users

@@ -6,18 +6,22 @@ or the LLM's decisions) and calls :meth:`add`, :meth:`strengthen` and :meth:`sup
 store rows are written at once, in the open transaction, and the arena's ring rows, the
 provenance rows and the ring heads once per batch in :meth:`finish` (one arena push, one
 ``executemany``), so the batch costs a few calls however many facts it holds.
+
+:func:`unsupersede` and :func:`put_back` undo a supersession when the newer entry is deleted by
+hand (``delete_knowledge``): the value it replaced is the attribute's current value again.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from memoryos_gpu import ops
 from memoryos_gpu.store.derivations import KNOWLEDGE, record
-from memoryos_gpu.store.sqlite import emb_blob
+from memoryos_gpu.store.sqlite import blob_matrix, emb_blob
 
 from .conflicts import Decision, LiveEntry, decide, fact_key
 from .state import EngineState, Fact, to_host
@@ -275,3 +279,88 @@ def _same_batch(owners: list[int], emb: np.ndarray) -> list[list[tuple[int, floa
         for a in range(1, len(idx)):
             out[idx[a]] = [(idx[b], float(sims[a, b])) for b in range(a)]
     return out
+
+
+@dataclass(frozen=True)
+class Restored:
+    """An entry live again after the one that superseded it was deleted by hand: where it goes
+    in its owner's ring (``head``: the ring's write position afterwards)."""
+
+    entry: int
+    owner: int
+    ring: int
+    head: int
+    text: str
+    vec: np.ndarray
+
+
+def unsupersede(state: EngineState, db: Any, gone: dict[str, Any]) -> Restored | None:
+    """The entries a deleted entry ``gone`` (a ``knowledge_rows`` row) had superseded, in the
+    open transaction: the attribute's timeline closes over the gap.
+
+    - ``gone`` was itself superseded: they are superseded by its successor now (valid until it
+      began);
+    - ``gone`` was live: the newest of them (by ``valid_from``) is live again -- ``valid_to``
+      and ``superseded_by`` cleared, back in its ring slot when the FIFO still holds that
+      position, else at the ring's head like a new entry (a late-arrived statement has no
+      position) -- and the others are superseded by it; an audit event ``restore`` says so;
+    - ``gone`` had left the ring by the FIFO: they only lose the link to it.
+
+    Returns the entry to put back into the arena after the commit (:func:`put_back`)."""
+    eid = int(gone["entry_id"])
+    older = db.execute(
+        "SELECT entry_id, seq, embedding, text FROM knowledge WHERE superseded_by = ? "
+        "ORDER BY COALESCE(valid_from, created) DESC, entry_id DESC",
+        (eid,),
+    ).fetchall()
+    if not older:
+        return None
+    if gone["superseded_by"] is not None:
+        db.execute(
+            "UPDATE knowledge SET superseded_by = ?, valid_to = ? WHERE superseded_by = ?",
+            (gone["superseded_by"], gone["valid_to"], eid),
+        )
+        return None
+    if not gone["live"]:  # their validity still ended when it began
+        db.execute("UPDATE knowledge SET superseded_by = NULL WHERE superseded_by = ?", (eid,))
+        return None
+    (back, seq, blob, text), rest = older[0], older[1:]
+    kind, owner_id = gone["owner_kind"], gone["owner_id"]
+    o = state.users[owner_id].owner if kind == "user" else state.assistant_slot(owner_id)
+    cap, head = state.memory.knowledge_capacity, state.arena.ring_head(o)
+    if not (seq >= 0 and seq > head - cap and state.entry_of_ring[o, seq % cap] < 0):
+        seq, head = head, head + 1  # a new position at the head, as an add would take
+        db.execute(
+            "UPDATE knowledge SET live = 0 WHERE owner_kind = ? AND owner_id = ? AND seq <= ?",
+            (kind, owner_id, seq - cap),
+        )
+        table, key = ("users", "user_id") if kind == "user" else ("assistants", "assistant_id")
+        db.execute(f"UPDATE {table} SET knowledge_head = ? WHERE {key} = ?", (head, owner_id))
+    db.execute(
+        "UPDATE knowledge SET live = 1, seq = ?, valid_to = NULL, superseded_by = NULL "
+        "WHERE entry_id = ?",
+        (seq, int(back)),
+    )
+    db.executemany(
+        "UPDATE knowledge SET superseded_by = ? WHERE entry_id = ?",
+        [(int(back), int(r[0])) for r in rest],
+    )
+    owner = owner_id if kind == "user" else f"assistant:{owner_id}"
+    state.store.audit(db, owner, "restore", "knowledge", int(back), {"after_delete": eid})
+    vec = blob_matrix([blob], state.embedder.dim)[0]
+    return Restored(int(back), o, seq % cap, head, text, vec)
+
+
+def put_back(state: EngineState, restored: Restored | None) -> None:
+    """The arena side of :func:`unsupersede`, once committed: the entry in its ring slot (the
+    entry the FIFO dropped from that slot, if any, out of the views)."""
+    if restored is None:
+        return
+    s, r = state, restored
+    s.arena.write_knowledge([r.owner], [r.ring], r.vec[None])
+    s.arena.set_ring_head(r.owner, max(r.head, s.arena.ring_head(r.owner)))
+    dropped = int(s.entry_of_ring[r.owner, r.ring])
+    if dropped >= 0:
+        s.views.drop_knowledge([dropped])
+    s.entry_of_ring[r.owner, r.ring] = r.entry
+    s.views.put_knowledge(r.entry, r.text)

@@ -13,14 +13,21 @@ pages, and nothing can say which words came from which -- and the other pages it
 *re-analysed* (marked unanalysed, their segments queued for promotion), so the facts they
 support on their own are derived again by the next ``process_pending``. An entry that an
 affected entry superseded is treated the same way (its support comes back from its own pages,
-live again). Every statement here is the SQL both dialects run (the store's ``?`` style).
+live again). Editing a page's text (``update_page``) is the same with the page kept: it is
+re-analysed too, so what its new text says comes back.
+
+A source page is named by its id *and* its user: under per-shard stores an assistant's owner
+shard records the pages of users on other shards, numbered by their own files
+(:func:`forget_learned` removes what a user's pages taught there, ``distributed/
+sharded_forget.py``). Every statement here is the SQL both dialects run (the store's ``?``
+style).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +42,8 @@ class Forgotten:
     entries: list[int] = field(default_factory=list)  # knowledge entries deleted
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)  # user -> new profile
     reanalysed: list[int] = field(default_factory=list)  # pages marked for re-analysis
+    elsewhere: list[tuple[int, str]] = field(default_factory=list)  # (page, user) not held here
+    assistant: list[tuple[str, int]] = field(default_factory=list)  # (assistant, seq) removed
 
 
 def _chunks(ids: Iterable[int], size: int = 500) -> list[list[int]]:
@@ -92,19 +101,69 @@ def profile_sources(store: Any, user_id: str) -> dict[str, list[int]]:
     return out
 
 
-def forget_pages(db: Any, page_ids: Sequence[int], *, drop_user: str | None = None) -> Forgotten:
+Page = tuple[int, str]  # (page id, its user): a page named across shards' stores
+
+
+def forget_pages(
+    db: Any, page_ids: Sequence[int], *, drop_user: str | None = None, edited: bool = False
+) -> Forgotten:
     """Remove, in the open transaction ``db``, every item derived from ``page_ids`` (still in
     the store: call this before deleting them), and queue the re-analysis of the other pages
     those items came from (see the module docstring). ``drop_user``: the pages are all of that
     user's, being deleted with it: its own profile is not rewritten and its pages are not
-    re-analysed. The audit events of the removed entries lose their content."""
-    gone = {int(p) for p in page_ids}
-    out = Forgotten()
+    re-analysed. ``edited``: the pages stay, with new text (``update_page``): what their old
+    text implied goes the same way, and they are re-analysed with the others. The audit events
+    of the removed entries lose their content."""
+    gone = _pages_in(db, page_ids)
     if not gone:
-        return out
+        return Forgotten()
     entries, dims = _derived_from(db, gone)
-    support = _support(db, entries, dims) - gone
+    support = _support(db, entries, dims)
+    support = support | gone if edited else support - gone
+    return _remove(db, entries, dims, support, drop_user, purge=drop_user is not None)
+
+
+def forget_learned(db: Any, user_id: str, owns: Callable[[str], bool]) -> Forgotten:
+    """Remove the assistant entries this store holds that were learned from ``user_id``'s
+    pages (a provenance row of the user, or the user as ``source_user``) for the assistants
+    ``owns`` accepts, and the entries they had superseded; queue the re-analysis of the other
+    users' pages behind them (those this store does not hold are left in ``elsewhere``).
+    Why not :func:`forget_pages`: under per-shard stores an assistant's owner shard holds the
+    facts (their provenance names the user's pages) but not the pages, which are on the user's
+    shard."""
+    rows = db.execute(
+        "SELECT entry_id, owner_id FROM knowledge WHERE owner_kind = 'assistant' AND "
+        "(source_user = ? OR entry_id IN (SELECT item_id FROM provenance WHERE "
+        "item_kind = 'knowledge' AND user_id = ?))",
+        (user_id, user_id),
+    ).fetchall()
+    entries = _with_superseded(db, {int(eid) for eid, aid in rows if owns(aid)})
+    support = {p for p in _support(db, entries, {}) if p[1] != user_id}
+    return _remove(db, entries, {}, support, user_id, purge=False)
+
+
+def _remove(
+    db: Any,
+    entries: set[int],
+    dims: dict[str, set[str]],
+    support: set[Page],
+    drop_user: str | None,
+    *,
+    purge: bool,
+) -> Forgotten:
+    """Delete the entries and profile dimensions (their provenance, their audit content) and
+    re-analyse the support pages (not ``drop_user``'s); ``purge``: every provenance row of
+    ``drop_user`` goes too (its pages are being deleted)."""
+    out = Forgotten()
     for chunk in _chunks(entries):
+        out.assistant += [
+            (str(r[0]), int(r[1]))
+            for r in db.execute(
+                "SELECT owner_id, seq FROM knowledge WHERE owner_kind = 'assistant' AND "
+                f"entry_id IN ({_marks(chunk)})",
+                chunk,
+            ).fetchall()
+        ]
         db.execute(
             "DELETE FROM provenance WHERE item_kind = 'knowledge' AND item_id IN "
             f"({_marks(chunk)})",
@@ -124,29 +183,49 @@ def forget_pages(db: Any, page_ids: Sequence[int], *, drop_user: str | None = No
         )
         if user != drop_user:
             out.profiles[user] = _drop_profile_keys(db, user, keys)
-    if drop_user is not None:
+    if purge:
         db.execute("DELETE FROM provenance WHERE user_id = ?", (drop_user,))
     out.entries = sorted(entries)
-    out.reanalysed = _reanalyse(db, support, drop_user)
+    out.reanalysed, out.elsewhere = _reanalyse(db, support, drop_user)
     return out
 
 
-def _derived_from(db: Any, pages: set[int]) -> tuple[set[int], dict[str, set[str]]]:
+def _pages_in(db: Any, page_ids: Iterable[int]) -> set[Page]:
+    out: set[Page] = set()
+    for chunk in _chunks(page_ids):
+        rows = db.execute(
+            f"SELECT page_id, user_id FROM pages WHERE page_id IN ({_marks(chunk)})", chunk
+        ).fetchall()
+        out.update((int(p), str(u)) for p, u in rows)
+    return out
+
+
+def _derived_from(db: Any, pages: set[Page]) -> tuple[set[int], dict[str, set[str]]]:
     """The knowledge entries and (by user) profile dimensions derived from the pages, one
-    lookup of the page index per chunk; plus, transitively, the entries those entries had
-    superseded."""
+    lookup of the page index per chunk (a row counts when it names the page's user too:
+    under per-shard stores another shard's page may have the same id); plus, transitively,
+    the entries those entries had superseded."""
     entries: set[int] = set()
     dims: dict[str, set[str]] = {}
-    for chunk in _chunks(pages):
-        for kind, item, key, user in db.execute(
-            "SELECT item_kind, item_id, item_key, user_id FROM provenance WHERE page_id IN "
-            f"({_marks(chunk)})",
+    users = dict(pages)
+    for chunk in _chunks(users):
+        for kind, item, key, user, page in db.execute(
+            "SELECT item_kind, item_id, item_key, user_id, page_id FROM provenance WHERE "
+            f"page_id IN ({_marks(chunk)})",
             chunk,
         ).fetchall():
+            if users.get(int(page)) != user:
+                continue
             if kind == KNOWLEDGE:
                 entries.add(int(item))
             else:
                 dims.setdefault(user, set()).add(key)
+    return _with_superseded(db, entries), dims
+
+
+def _with_superseded(db: Any, entries: set[int]) -> set[int]:
+    """The entries and, transitively, those they had superseded."""
+    entries = set(entries)
     frontier = set(entries)
     while frontier:
         older = _ids_in(
@@ -156,18 +235,23 @@ def _derived_from(db: Any, pages: set[int]) -> tuple[set[int], dict[str, set[str
         )
         frontier = older - entries
         entries |= frontier
-    return entries, dims
+    return entries
 
 
-def _support(db: Any, entries: set[int], dims: dict[str, set[str]]) -> set[int]:
-    """Every source page of the given entries and profile dimensions."""
-    pages = _ids_in(
-        db, "SELECT page_id FROM provenance WHERE item_kind = 'knowledge' AND item_id IN", entries
-    )
+def _support(db: Any, entries: set[int], dims: dict[str, set[str]]) -> set[Page]:
+    """Every source page (with its user) of the given entries and profile dimensions."""
+    pages: set[Page] = set()
+    for chunk in _chunks(entries):
+        rows = db.execute(
+            "SELECT page_id, user_id FROM provenance WHERE item_kind = 'knowledge' AND "
+            f"item_id IN ({_marks(chunk)})",
+            chunk,
+        ).fetchall()
+        pages.update((int(p), str(u)) for p, u in rows)
     for user, keys in dims.items():
         for key in keys:
             pages.update(
-                int(r[0])
+                (int(r[0]), user)
                 for r in db.execute(
                     "SELECT page_id FROM provenance WHERE item_kind = 'profile' AND "
                     "item_id = 0 AND item_key = ? AND user_id = ?",
@@ -189,18 +273,22 @@ def _drop_profile_keys(db: Any, user_id: str, keys: set[str]) -> dict[str, Any]:
     return profile
 
 
-def _reanalyse(db: Any, pages: set[int], drop_user: str | None) -> list[int]:
-    """Mark the pages unanalysed and queue their live segments for promotion; returns them."""
+def _reanalyse(db: Any, pages: set[Page], drop_user: str | None) -> tuple[list[int], list[Page]]:
+    """Mark the pages unanalysed and queue their live segments for promotion; returns them,
+    and the pages this store does not hold (another shard's: its engine re-analyses them)."""
     done: list[int] = []
+    found: set[Page] = set()
     now = time.time()
-    for chunk in _chunks(pages):
+    wanted = {p for p in pages if p[1] != drop_user}
+    for chunk in _chunks(p for p, _ in wanted):
         rows = db.execute(
             f"SELECT page_id, user_id, segment_id FROM pages WHERE page_id IN ({_marks(chunk)})",
             chunk,
         ).fetchall()
-        rows = [r for r in rows if r[1] != drop_user]
+        rows = [r for r in rows if (int(r[0]), r[1]) in wanted]
         if not rows:
             continue
+        found.update((int(r[0]), r[1]) for r in rows)
         ids = [int(r[0]) for r in rows]
         db.execute(f"UPDATE pages SET analysed = 0 WHERE page_id IN ({_marks(ids)})", ids)
         db.executemany(
@@ -209,4 +297,10 @@ def _reanalyse(db: Any, pages: set[int], drop_user: str | None) -> list[int]:
             sorted({(r[1], int(r[2]), now) for r in rows if r[2] is not None}),
         )
         done += ids
-    return sorted(done)
+    return sorted(done), sorted(wanted - found)
+
+
+def reanalyse(db: Any, pages: Iterable[Page]) -> list[int]:
+    """Re-analyse the pages this store holds (another shard's forgetting found them behind a
+    removed fact): marked unanalysed, their segments queued for promotion."""
+    return _reanalyse(db, {(int(p), str(u)) for p, u in pages}, None)[0]

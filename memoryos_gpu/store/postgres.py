@@ -174,6 +174,10 @@ CREATE INDEX knowledge_learned ON knowledge(source_user) WHERE owner_kind = 'ass
 UPDATE knowledge SET valid_from = created, source_user = CASE WHEN owner_kind = 'user' THEN
   owner_id END
 """,  # sqlite.MIGRATIONS[2]: provenance, knowledge validity
+    3: """
+ALTER TABLE provenance DROP CONSTRAINT provenance_pkey;
+ALTER TABLE provenance ADD PRIMARY KEY (item_kind, item_id, item_key, page_id, user_id)
+""",  # sqlite.MIGRATIONS[3]: a provenance row is keyed by its page's user too
 }
 
 #: The key column that stands for SQLite's ``rowid`` in tables whose INTEGER PRIMARY KEY is

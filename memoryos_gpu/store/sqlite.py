@@ -34,7 +34,7 @@ from memoryos_gpu.store.derivations import (
     sources,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SYNCHRONOUS = "FULL"  # an acknowledged page survives power loss, not only a process crash
 
 
@@ -187,6 +187,24 @@ CREATE INDEX knowledge_superseded ON knowledge(superseded_by) WHERE superseded_b
 CREATE INDEX knowledge_learned ON knowledge(source_user) WHERE owner_kind = 'assistant';
 UPDATE knowledge SET valid_from = created, source_user = CASE WHEN owner_kind = 'user' THEN
   owner_id END
+""",
+    # 3 -> 4: a provenance row is keyed by its page's user too. Under per-shard stores an
+    # assistant's owner shard records the pages of users on other shards, whose ids are
+    # numbered by their own files: page 7 of one shard and page 7 of another are two sources.
+    3: """
+CREATE TABLE provenance_v4(
+  item_kind TEXT NOT NULL CHECK (item_kind IN ('knowledge', 'profile')),
+  item_id INTEGER NOT NULL,
+  item_key TEXT NOT NULL DEFAULT '',
+  page_id INTEGER NOT NULL,
+  user_id TEXT NOT NULL,
+  PRIMARY KEY (item_kind, item_id, item_key, page_id, user_id)
+) WITHOUT ROWID;
+INSERT INTO provenance_v4 SELECT item_kind, item_id, item_key, page_id, user_id FROM provenance;
+DROP TABLE provenance;
+ALTER TABLE provenance_v4 RENAME TO provenance;
+CREATE INDEX provenance_page ON provenance(page_id);
+CREATE INDEX provenance_user ON provenance(user_id, item_kind)
 """,
 }
 

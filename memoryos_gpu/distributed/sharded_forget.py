@@ -1,0 +1,218 @@
+"""Deleting a user under sharding: what the user's pages taught the shared assistants goes too.
+
+Why a step of its own: a user's pages, profile and own facts live on the user's shard, but the
+facts those pages taught an assistant are written by the assistant's *owner* shard and copied to
+every other shard (``sharding.py``, "one writer, read replicas everywhere"). Each such fact
+travels to its owner with its provenance (the source user and page ids, ``Fact`` in the
+shard's outbox), so the owner records it like a single engine does; deleting the user must
+then reach every shard:
+
+1. every shard removes the assistant entries *it owns* learned from the user's pages, and the
+   entries they had superseded (``ShardEngine.forget_learned_from``:
+   :func:`~memoryos_gpu.store.derivations.forget_learned`); it answers their (assistant, seq)
+   and the other users' pages behind them that it does not hold;
+2. every shard drops its replicas of those entries (``drop_assistant_entries``; a store shared
+   by every shard re-reads its assistants' rings instead);
+3. the user's shard deletes the user (``delete_user``: the user's rows, and its outbox's facts
+   from the user, which were not routed yet), and every other shard takes the document
+   frequencies of the user's pages, which the keyword exchange gave it, out of its keyword
+   statistics and their saved copy (``user_keyword_delta`` / ``forget_keyword_delta``);
+4. the other pages behind a removed fact are re-analysed on their users' shards
+   (``reanalyse_pages``), so what they support on their own comes back at their next round.
+
+Steps 1 and 2 go first so that no shard serves a fact of the user after the delete returns.
+:func:`delete_everywhere` runs the steps through a ``call(shard, method, args)`` function, the
+same way in process (:class:`~memoryos_gpu.distributed.sharding.ShardedEngine`) and, awaited,
+on Ray Serve replicas (``ray_serve.RouterService.delete_user``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from memoryos_gpu.engine.forget import Forgetting
+from memoryos_gpu.store.derivations import Forgotten, forget_learned, reanalyse
+from memoryos_gpu.text.keywords import KeywordExtractor
+
+if TYPE_CHECKING:
+    from .sharding import ShardEngine, ShardMap
+
+_EXTRACTOR_KEY = "keyword_extractor"  # a shard's saved keyword statistics (meta)
+Learned = dict[str, list[tuple[Any, Any]]]  # {"entries": [(aid, seq)], "elsewhere": [(p, u)]}
+
+
+# ---------------------------------------------------------------------------- one shard's side
+def forget_learned_from(e: ShardEngine, user_id: str) -> Learned:
+    """Step 1 on one shard (see the module docstring)."""
+    with e._lock:
+        e.store.begin_erasure()
+        with e.store.transaction() as db:
+            gone = forget_learned(
+                db, user_id, lambda aid: e.shard_map.assistant_owner(aid) == e.shard_index
+            )
+        e.store.checkpoint()
+        Forgetting(e._state).drop(gone)
+        return {"entries": gone.assistant, "elsewhere": gone.elsewhere}
+
+
+def drop_assistant_entries(
+    e: ShardEngine, entries: Sequence[tuple[str, int]], *, superseded: bool = False
+) -> int:
+    """Step 2 on one shard: its replica rows of the owners' removed entries (by assistant and
+    ring ``seq``, the numbering every copy shares) out of the store and the arena; returns
+    how many. ``superseded``: the owner superseded them instead, the rows stay as history (not
+    live). A shared store holds one row per entry, already changed by its owner: the shard
+    re-reads every assistant ring it holds."""
+    with e._lock:
+        if e.shared_store:
+            e._reload_assistants(sorted(e._state.assistant_owner))
+            return 0
+        ids: list[int] = []
+        with e.store.transaction() as db:
+            for aid, seq in entries:
+                found = db.execute(
+                    "SELECT entry_id FROM knowledge WHERE owner_kind = 'assistant' AND "
+                    "owner_id = ? AND seq = ?",
+                    (aid, int(seq)),
+                ).fetchall()
+                ids += [int(r[0]) for r in found]
+            change = "UPDATE knowledge SET live = 0" if superseded else "DELETE FROM knowledge"
+            for eid in ids:
+                db.execute(f"{change} WHERE entry_id = ?", (eid,))
+        Forgetting(e._state).drop(Forgotten(entries=ids))
+        return len(ids)
+
+
+def user_keyword_delta(e: ShardEngine, user_id: str) -> dict[str, Any]:
+    """Step 3, the user's shard: the document frequencies of the user's pages (what the
+    keyword exchange gave the other shards), read before the delete."""
+    rows = e.store.query(
+        "SELECT user_input || ' ' || agent_response FROM pages WHERE user_id = ?", (user_id,)
+    )
+    scratch = e._scratch_extractor().update(t for (t,) in rows)
+    return {"n_docs": scratch.n_docs, "df": dict(scratch.df)}
+
+
+def forget_keyword_delta(e: ShardEngine, delta: dict[str, Any]) -> None:
+    """Step 3, every other shard: un-count those frequencies (a word no document holds any
+    more is dropped) and rewrite the saved copy at once, so it does not keep them."""
+    with e._lock:
+        df = e.extractor.df
+        for tok, n in delta["df"].items():
+            left = df.get(tok, 0) - int(n)
+            if left > 0:
+                df[tok] = left
+            else:
+                df.pop(tok, None)
+        e.extractor.n_docs = max(0, e.extractor.n_docs - int(delta["n_docs"]))
+        e._derived.save_extractor()
+
+
+def reanalyse_pages(e: ShardEngine, pages: Sequence[tuple[int, str]]) -> list[int]:
+    """Step 4 on one shard: the pages it holds are marked unanalysed and their segments queued
+    for promotion (the next ``process_pending`` derives their facts again)."""
+    with e._lock, e.store.transaction() as db:
+        return reanalyse(db, pages)
+
+
+# ---------------------------------------------------------------------------- the router's side
+def removed_entries(learned: Sequence[Learned]) -> list[tuple[str, int]]:
+    return sorted({(str(a), int(s)) for part in learned for a, s in part["entries"]})
+
+
+def reanalysis_by_shard(
+    learned: Sequence[Learned], shard_map: ShardMap, user_id: str
+) -> dict[int, list[tuple[int, str]]]:
+    """The pages behind removed facts, grouped by the shard of their user."""
+    out: dict[int, list[tuple[int, str]]] = {}
+    for part in learned:
+        for page, user in part["elsewhere"]:
+            if user != user_id:
+                out.setdefault(shard_map.shard(user), []).append((int(page), str(user)))
+    return out
+
+
+def delete_everywhere(
+    call: Callable[[int, str, tuple], Any], shard_map: ShardMap, user_id: str
+) -> bool:
+    """The module docstring's steps, in process: ``call(shard, method, args)`` runs a
+    :class:`ShardEngine` method on that shard."""
+    shards = range(shard_map.count)
+    learned = [call(j, "forget_learned_from", (user_id,)) for j in shards]
+    removed = removed_entries(learned)
+    for j in shards:
+        call(j, "drop_assistant_entries", (removed,))
+    home = shard_map.shard(user_id)
+    words = call(home, "user_keyword_delta", (user_id,))
+    deleted = bool(call(home, "delete_user", (user_id,)))
+    for j in shards:
+        if j != home and words["n_docs"]:
+            call(j, "forget_keyword_delta", (words,))
+    for j, pages in sorted(reanalysis_by_shard(learned, shard_map, user_id).items()):
+        call(j, "reanalyse_pages", (pages,))
+    return deleted
+
+
+async def delete_everywhere_async(
+    call: Callable[[int, str, tuple], Awaitable[Any]],
+    delete: Callable[[], Awaitable[Any]],
+    shard_map: ShardMap,
+    user_id: str,
+) -> bool:
+    """:func:`delete_everywhere` over awaited calls (Ray Serve); ``delete()`` is step 3 (the
+    user's shard's own delete, which waits for the user's queued writes)."""
+    import asyncio
+
+    shards = range(shard_map.count)
+    learned = await asyncio.gather(*(call(j, "forget_learned_from", (user_id,)) for j in shards))
+    removed = removed_entries(learned)
+    await asyncio.gather(*(call(j, "drop_assistant_entries", (removed,)) for j in shards))
+    home = shard_map.shard(user_id)
+    words = await call(home, "user_keyword_delta", (user_id,))
+    deleted = bool(await delete())
+    if words["n_docs"]:
+        others = [j for j in shards if j != home]
+        await asyncio.gather(*(call(j, "forget_keyword_delta", (words,)) for j in others))
+    plan = reanalysis_by_shard(learned, shard_map, user_id)
+    await asyncio.gather(*(call(j, "reanalyse_pages", (p,)) for j, p in sorted(plan.items())))
+    return deleted
+
+
+def forget_in_stores(
+    stores: Sequence[Any], shard_map: ShardMap, user_id: str, texts: Sequence[str]
+) -> int:
+    """The steps through the shards' stores alone (``memoryos-gpu delete`` on a sharded store
+    directory, no engine open; the caller deletes the user on its shard, having read the
+    ``texts`` of its pages first): the assistant facts go from every store, the other users'
+    pages behind them are re-analysed, and every other shard's saved keyword statistics
+    un-count the texts. The engines read the rows left when they open. Returns the assistant
+    entries removed."""
+    learned: list[Learned] = []
+    for j, st in enumerate(stores):
+        st.begin_erasure()
+        with st.transaction() as db:
+            gone = forget_learned(db, user_id, lambda aid, j=j: shard_map.assistant_owner(aid) == j)
+        learned.append({"entries": gone.assistant, "elsewhere": gone.elsewhere})
+    removed = removed_entries(learned)
+    home = shard_map.shard(user_id)
+    for j, st in enumerate(stores):
+        with st.transaction() as db:
+            db.executemany(
+                "DELETE FROM knowledge WHERE owner_kind = 'assistant' AND owner_id = ? AND seq = ?",
+                removed,
+            )
+        saved = st.get_meta(_EXTRACTOR_KEY) if j != home else None
+        if saved:
+            state = json.loads(saved)
+            ex = KeywordExtractor.from_dict(state).remove(texts)
+            watermark = (
+                {"page_watermark": state["page_watermark"]} if "page_watermark" in state else {}
+            )
+            st.set_meta(_EXTRACTOR_KEY, json.dumps({**ex.to_dict(), **watermark}))
+        st.checkpoint()
+    for j, pages in sorted(reanalysis_by_shard(learned, shard_map, user_id).items()):
+        with stores[j].transaction() as db:
+            reanalyse(db, pages)
+    return len(removed)

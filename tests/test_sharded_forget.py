@@ -1,0 +1,220 @@
+"""Deleting a user under sharding (issue 17): the assistant facts the user's pages taught,
+written by the assistant's owner shard and copied to every shard, go everywhere, and a fact
+another user's pages supported too comes back from that user's pages (re-analysed on their own
+shard). In process (ShardedEngine: the same ShardEngine methods the Ray Serve router calls, see
+``sharded_forget.py``), SQLite (one file per shard) and PostgreSQL (one shared database) when
+``MEMORYOS_GPU_TEST_PG_URL`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_distributed import BACKENDS, store_for
+
+from memoryos_gpu.config import EngineConfig, LLMConfig, preset
+from memoryos_gpu.distributed.sharding import ShardedEngine, ShardMap
+from memoryos_gpu.llm.base import ChatRequest
+from memoryos_gpu.llm.scripted import ScriptedBackend
+
+MARK = re.compile(r"zq[a-z]{6,}")
+ASSISTANT = "asst"
+
+
+def echo(req: ChatRequest) -> Any:
+    """Every derived item names the marker words of the new pages it was derived from."""
+    text = req.messages[-1]["content"].split("New pages:")[-1]
+    said = " ".join(sorted(set(MARK.findall(text)))) or "plain"
+    if req.stage == "page":
+        return {"continuous": True, "meta": "m", "summary": f"topic {said}", "keywords": []}
+    if req.stage == "promotion":
+        return {
+            "profile_updates": {},
+            "user_facts": [f"The user said {said}."],
+            "assistant_facts": [f"The assistant heard {said}."],
+        }
+    return "ok"
+
+
+def sharded(store: str, responder: Any = echo) -> ShardedEngine:
+    cfg = EngineConfig(
+        store=store,
+        embedder="hashing",
+        device="cpu",
+        memory=preset("paper", stm_capacity=2, mtm_capacity=8, tau=100.0),
+        llm=LLMConfig(mode="llm", backend="scripted"),
+    )
+    return ShardedEngine(cfg, shards=2, llm=ScriptedBackend(responder))
+
+
+def users() -> tuple[str, str, str]:
+    """The deleted user on a shard that does not own the assistant, a user beside it, and a
+    user on the owner shard."""
+    m = ShardMap(2)
+    owner = m.assistant_owner(ASSISTANT)
+    names = [f"u{i}" for i in range(40)]
+    away = [u for u in names if m.shard(u) != owner]
+    home = [u for u in names if m.shard(u) == owner]
+    return away[0], away[1], home[0]
+
+
+def talk(e: ShardedEngine, user: str, lines: list[str], t0: float) -> list[int]:
+    rows = [
+        {
+            "user_id": user,
+            "user_input": line,
+            "agent_response": "I see.",
+            "timestamp": t0 + 60 * i,
+            "assistant_id": ASSISTANT,
+        }
+        for i, line in enumerate(lines)
+    ]
+    ids = [r.page_id for r in e.add_many(rows)]
+    e.flush()
+    e.promote(user)
+    e.flush()
+    return ids
+
+
+def served(e: ShardedEngine, user: str) -> str:
+    r = e.retrieve_many([(user, "what did the assistant hear")], update_heat=False)[0]
+    return json.dumps([e.knowledge(user, history=True), [k.text for k in r.assistant_knowledge]])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sharded_delete_user_forgets_assistant_facts_everywhere(backend, tmp_path: Path) -> None:
+    victim, beside, home = users()
+    store = store_for(backend, tmp_path)
+    e = sharded(store)
+    try:
+        talk(e, beside, ["I like tea.", "I swim.", "I read.", "I cook."], 1.7e9)
+        talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
+        talk(e, victim, [f"I keep a zqshardsecret {i} note." for i in range(4)], 1.8e9)
+        talk(e, victim, ["I walk.", "I paint.", "I bake.", "I row."], 1.9e9)  # "plain" again
+        for user in (beside, home):  # both shards' rings hold the victim's facts
+            assert "zqshardsecret" in served(e, user), user
+        [plain] = [k for k in e.knowledge(home)["assistant"] if "plain" in k["text"]]
+        assert plain["strength"] >= 2  # the victim's pages and the others' say it
+        assert e.delete_user(victim)
+        for user in (beside, home):
+            assert "zqshardsecret" not in served(e, user), user
+            assert not [k for k in e.knowledge(user)["assistant"] if "plain" in k["text"]]
+        e.flush()  # the other users' pages behind the removed fact, re-analysed on their shards
+        for user in (beside, home):
+            again = [k for k in e.knowledge(user)["assistant"] if "plain" in k["text"]]
+            assert len(again) == 1 and again[0]["source_user"] != victim, user
+        # said again by both others: the pages of the user beside the victim (not on the
+        # owner's shard) were re-analysed on their own shard too
+        [owned] = [k for k in e.knowledge(home)["assistant"] if "plain" in k["text"]]
+        assert owned["strength"] == 2 and owned["source_user"] in (beside, home)
+    finally:
+        e.close()
+    if backend == "sqlite":  # no shard file or log holds the deleted user's word
+        files = [f for f in Path(store).rglob("*") if f.is_file()]
+        assert files and not [f for f in files if b"zqshardsecret" in f.read_bytes()]
+    with sharded(store) as again:  # the rings after a reopen: the same
+        for user in (beside, home):
+            assert "zqshardsecret" not in served(again, user), user
+
+
+class _Remote:
+    """``handle.method.remote(...)`` of a Ray Serve handle, as a coroutine."""
+
+    def __init__(self, fn: Any) -> None:
+        async def remote(*args: Any) -> Any:
+            return fn(*args)
+
+        self.remote = remote
+
+
+class _ShardHandle:
+    """A Serve shard replica's handle over an in-process ShardEngine: the calls the router's
+    delete makes (``call`` of an engine method by name, ``delete_user``)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.call = _Remote(lambda name, args, kw: getattr(engine, name)(*args, **kw))
+        self.delete_user = _Remote(engine.delete_user)
+
+
+def test_serve_router_delete_forgets_on_every_shard(tmp_path: Path) -> None:
+    """The Ray Serve router's delete runs the same steps, awaited, on the shard replicas."""
+    import asyncio
+
+    from memoryos_gpu.distributed.ray_serve import RouterService
+
+    victim, beside, home = users()
+    e = sharded(str(tmp_path / "store"))
+    try:
+        talk(e, beside, ["I like tea.", "I swim.", "I read.", "I cook."], 1.7e9)
+        talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
+        talk(e, victim, [f"I keep a zqservesecret {i} note." for i in range(4)], 1.8e9)
+        assert all("zqservesecret" in served(e, u) for u in (beside, home))
+        router = RouterService([_ShardHandle(x) for x in e.engines], e.engines[0].config)
+        router.state = "ready"
+        assert asyncio.run(router.delete_user(victim)) is True
+        for user in (beside, home):
+            assert "zqservesecret" not in served(e, user), user
+        assert not e.engines[e.shard_map.shard(victim)].has_user(victim)
+    finally:
+        e.close()
+
+
+def test_cli_delete_on_a_sharded_directory_forgets_on_every_shard(tmp_path: Path) -> None:
+    """``memoryos-gpu delete`` through the stores alone: the same, with no engine open."""
+    from click.testing import CliRunner
+
+    from memoryos_gpu.cli import cli
+
+    victim, beside, home = users()
+    store = str(tmp_path / "store")
+    with sharded(store) as e:
+        talk(e, beside, ["I like tea.", "I swim.", "I read.", "I cook."], 1.7e9)
+        talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
+        talk(e, victim, [f"I keep a zqclisecret {i} note." for i in range(4)], 1.8e9)
+        assert all("zqclisecret" in served(e, u) for u in (beside, home))
+    res = CliRunner().invoke(cli, ["delete", "--store", store, "--user", victim, "--yes"])
+    assert res.exit_code == 0, res.output
+    files = [f for f in Path(store).rglob("*") if f.is_file()]
+    assert files and not [f for f in files if b"zqclisecret" in f.read_bytes()]
+    with sharded(store) as e:
+        for user in (beside, home):
+            assert "zqclisecret" not in served(e, user), user
+        assert "zqclisecret" not in json.dumps([x.extractor.to_dict() for x in e.engines])
+
+
+def moves(req: ChatRequest) -> Any:
+    """Assistant facts that state an attribute: the city named in the new pages."""
+    text = req.messages[-1]["content"].split("New pages:")[-1]
+    if req.stage == "page":
+        return {"continuous": True, "meta": "m", "summary": "s", "keywords": []}
+    if req.stage == "promotion":
+        city = "Boston" if "Boston" in text else "Seattle"
+        return {
+            "profile_updates": {},
+            "user_facts": [],
+            "assistant_facts": [f"The user lives in {city}."],
+        }
+    return "ok"
+
+
+def test_a_fact_the_owner_superseded_leaves_every_replica(tmp_path: Path) -> None:
+    """The owner's conflict rule supersedes an assistant entry: the replicas stop serving it
+    too (kept there as history, not live)."""
+    _, beside, home = users()
+    e = sharded(str(tmp_path / "store"), moves)
+    try:
+        talk(e, beside, ["I live in Seattle.", "I swim.", "I read.", "I cook."], 1.7e9)
+        talk(e, home, ["I moved to Boston.", "I sail.", "I fish.", "I sing."], 1.8e9)
+        for user in (beside, home):
+            live = [k["text"] for k in e.knowledge(user)["assistant"]]
+            assert live == ["The user lives in Boston."], user
+            r = e.retrieve_many([(user, "where does the user live")], update_heat=False)[0]
+            assert [k.text for k in r.assistant_knowledge] == ["The user lives in Boston."]
+        away = e.knowledge(beside, history=True)["assistant"]
+        assert [k["text"] for k in away if not k["live"]] == ["The user lives in Seattle."]
+    finally:
+        e.close()
