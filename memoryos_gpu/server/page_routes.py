@@ -80,7 +80,10 @@ def add_page_routes(
         "/v1/users/{user_id}/pages/{page_id}",
         tags=["pages"],
         summary="Edit a page",
-        description="Replace a page's user input and/or agent response; its embedding follows.",
+        description=(
+            "Replace a page's user input and/or agent response; its embedding follows, and the "
+            "facts and profile values derived from its old text are re-derived from the new."
+        ),
     )
     async def update_page(
         body: m.PageUpdateIn, page_id: int, user_id: UserId, request: Request
