@@ -182,8 +182,8 @@ class ShortTerm:
 
     def _plan(self, items: list[PageInput], known: dict[str, int]) -> tuple[list[int], dict]:
         """Positions of the pages to insert, and of the duplicates (a ``source`` stored before
-        or earlier in the batch) with the page id they repeat (-1: earlier in the batch,
-        resolved by :meth:`_insert_pages`)."""
+        or earlier in the batch) with the page id they repeat; ``-1 - j`` names the batch's
+        page ``j`` (its id is known once inserted: :meth:`_insert_pages` resolves it)."""
         fresh: list[int] = []
         dup_of: dict[int, int] = {}
         first: dict[str, int] = {}
