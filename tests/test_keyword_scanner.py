@@ -134,3 +134,43 @@ def test_extract_many_is_extract_per_text() -> None:
         first = {w: i for i, w in enumerate(sc)}
         assert ex.extract(t, top_n=3) == sorted(sc, key=lambda w: (-sc[w], first[w]))[:3]
     assert ex.extract_many(texts, top_n=0) == [[], [], [], []]
+
+
+def _table_version() -> str:
+    from pathlib import Path
+
+    inc = Path(__file__).resolve().parents[1] / "csrc/include/memoryos/unicode_tables.inc"
+    return inc.read_text().split('MOS_UNICODE_VERSION "')[1].split('"')[0]
+
+
+def _every_char(test) -> list[str]:
+    return [chr(c) for c in range(1, 0x110000) if not 0xD800 <= c < 0xE000 and test(chr(c))]
+
+
+def test_case_folding_and_classes_are_this_pythons_for_every_code_point() -> None:
+    """The generated tables (scripts/gen_unicode_table.py) against this Python's str methods,
+    code point by code point: the folded word, the digit test (a date word), the upper-case
+    test (capitalised, not at a sentence start: proper) and the whitespace test (a sentence
+    end needs it after the full stop)."""
+    import unicodedata
+
+    if _table_version() != unicodedata.unidata_version:
+        pytest.skip(f"tables are Unicode {_table_version()}, Python {unicodedata.unidata_version}")
+    ex = KeywordExtractor(stopwords=())
+    alnum = _every_char(lambda c: c.isalnum() and unicodedata.normalize("NFKC", c) == c)
+    # "q<c>q" is one word: its normalised form is the casefold, a date word iff a digit
+    _, _, _, flags, words = ex._scan([f"q{c}q" for c in alnum])
+    assert words == [f"q{c}q".casefold() for c in alnum]
+    assert ((flags & 4) != 0).tolist() == [any(x.isdigit() for x in w) for w in words]
+    # "zz <c>bc": the second word is proper iff capitalised (its first code point upper case)
+    alpha = [c for c in alnum if c.isalpha()]
+    offsets, _, _, flags, words = ex._scan([f"zz {c}bc" for c in alpha])
+    assert np.diff(offsets).tolist() == [2] * len(alpha)
+    assert ((flags[1::2] & 1) != 0).tolist() == [c.isupper() for c in alpha]
+    # "zz.<c>Bcd": "Bcd" starts a sentence iff c is whitespace (else it is a proper noun)
+    gaps = _every_char(
+        lambda c: not c.isalnum() and c not in "'\u2019" and unicodedata.normalize("NFKC", c) == c
+    )
+    offsets, _, _, flags, _ = ex._scan([f"zz.{c}Bcd" for c in gaps])
+    assert np.diff(offsets).tolist() == [2] * len(gaps)
+    assert ((flags[1::2] & 2) != 0).tolist() == [c.isspace() for c in gaps]

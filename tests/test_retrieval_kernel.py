@@ -328,7 +328,7 @@ def test_unicode_table_matches_this_python() -> None:
 
     from memoryos_gpu.lexical import _splitter
 
-    inc = Path(__file__).resolve().parents[1] / "csrc/include/memoryos/unicode_alnum.inc"
+    inc = Path(__file__).resolve().parents[1] / "csrc/include/memoryos/unicode_tables.inc"
     version = inc.read_text().split('MOS_UNICODE_VERSION "')[1].split('"')[0]
     if version != unicodedata.unidata_version:
         pytest.skip(f"table is Unicode {version}, this Python has {unicodedata.unidata_version}")
