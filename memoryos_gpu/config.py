@@ -191,7 +191,12 @@ class EngineConfig(BaseModel):
     embedding_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="transformers: precision (auto = fp16 on CUDA, fp32 on CPU)."
     )
-    embedding_batch_size: int = Field(64, ge=1, description="Texts per forward pass / request.")
+    embedding_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Texts per forward pass / request; None = the backend's default (64; "
+        "onnx: 16, which suits CPU caches).",
+    )
     auto_process: bool = Field(
         True, description="Run derived work (chain, MTM, promotion) inside add/add_many."
     )

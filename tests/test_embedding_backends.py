@@ -198,6 +198,51 @@ def test_onnx_export_is_cached(onnx_embedder, monkeypatch):
     np.testing.assert_allclose(again.encode(TEXTS[:3]), onnx_embedder.encode(TEXTS[:3]), atol=1e-6)
 
 
+@pytest.mark.slow
+def test_onnx_graph_is_fused_then_quantized(onnx_embedder):
+    onnx = pytest.importorskip("onnx")
+    graph = onnx.load(str(onnx_embedder.onnx_path), load_external_data=False).graph
+    ops = {n.op_type for n in graph.node}
+    # MiniLM's 6 attention blocks and its embeddings fused, then quantized; no fp32 product
+    assert sum(n.op_type == "QAttention" for n in graph.node) == 6
+    assert {"QEmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu"} <= ops
+    assert not ops & {"MatMul", "Attention", "Softmax", "Gather"}
+
+
+@pytest.mark.slow
+def test_onnx_export_refuses_a_graph_that_strays_and_caches_nothing(monkeypatch, tmp_path):
+    pytest.importorskip("onnxruntime")
+    from memoryos_gpu.embed import OnnxEmbedder, onnx
+
+    monkeypatch.setattr(onnx, "_INT8_MIN_COS", 1.01)  # no int8 graph can pass
+    with pytest.raises(EmbeddingError, match=r"int8 model of .* cosine"):
+        OnnxEmbedder(cache_dir=tmp_path)
+    assert not list(tmp_path.rglob("*.onnx"))  # neither the result nor a temporary left
+
+
+def test_onnx_cache_key_follows_the_recipe(monkeypatch):
+    pytest.importorskip("onnxruntime")
+    from memoryos_gpu.embed import onnx
+    from memoryos_gpu.embed.folder import bundled_minilm_path, read_folder
+
+    spec = read_folder(bundled_minilm_path().resolve(), None, None, None)
+    key = onnx._cache_key(spec)
+    assert onnx._cache_key(spec) == key
+    monkeypatch.setattr(onnx, "_RECIPE", onnx._RECIPE + "-changed")
+    assert onnx._cache_key(spec) != key
+
+
+@pytest.mark.slow
+def test_batch_size_defaults_per_backend(onnx_embedder, monkeypatch):
+    from memoryos_gpu.embed import onnx
+
+    monkeypatch.setenv(onnx.ENV_CACHE, str(onnx_embedder.onnx_path.parents[2]))  # warm cache
+    assert make_embedder(EngineConfig(embedder="onnx")).batch_size == onnx.DEFAULT_BATCH_SIZE
+    assert make_embedder(EngineConfig(embedder="transformers")).batch_size == 64
+    cfg = EngineConfig(embedder="onnx", embedding_batch_size=5)
+    assert make_embedder(cfg).batch_size == 5
+
+
 def test_onnx_backend_refuses_gpu_and_dtype():
     pytest.importorskip("onnxruntime")
     from memoryos_gpu.embed import OnnxEmbedder

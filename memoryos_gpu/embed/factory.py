@@ -15,6 +15,8 @@ EMBEDDER_KINDS = ("transformers", "onnx", "openai", "hashing")  # EngineConfig.e
 def make_embedder(config: Any) -> Any:
     """Build the embedder of ``config`` (an :class:`~memoryos_gpu.config.EngineConfig`)."""
     kind = config.embedder
+    size = config.embedding_batch_size  # None: the backend's own default
+    batch = {} if size is None else {"batch_size": size}
     if kind == "hashing":
         from memoryos_gpu.embed.hashing import HashingEmbedder
 
@@ -31,18 +33,18 @@ def make_embedder(config: Any) -> Any:
             config.embedding_model,
             config.embedding_base_url,
             api_key=config.embedding_api_key,
-            batch_size=config.embedding_batch_size,
+            **batch,
         )
     if kind == "onnx":
         from memoryos_gpu.embed.onnx import OnnxEmbedder
 
-        return OnnxEmbedder(config.embedding_model, batch_size=config.embedding_batch_size)
+        return OnnxEmbedder(config.embedding_model, **batch)
     if kind == "transformers":
         from memoryos_gpu.embed.local import Embedder
 
         return Embedder(
             config.embedding_model,
             dtype=config.embedding_dtype,
-            batch_size=config.embedding_batch_size,
+            **batch,
         )
     raise ValueError(f"unknown embedder {kind!r}; choose one of {EMBEDDER_KINDS}")
