@@ -169,6 +169,34 @@ def test_sharded_delete_page_forgets_what_it_taught_everywhere(backend, tmp_path
             assert "zqkeepword" in served(again, user), user
 
 
+def test_a_deleted_pages_unrouted_facts_never_reach_the_owner(tmp_path: Path) -> None:
+    """A fact of the page still in its shard's outbox (found by a round, not routed yet) goes
+    with the page; the other pages it came from are re-analysed, so what they say still
+    arrives."""
+    victim, _, home = users()
+    e = sharded(str(tmp_path / "store"))
+    try:
+        talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
+        lines = ["I keep a zqboxsecret note.", "I like zqboxkeep.", "I walk.", "I bake."]
+        rows = [
+            {"user_id": victim, "user_input": t, "timestamp": 1.8e9 + i, "assistant_id": ASSISTANT}
+            for i, t in enumerate(lines)
+        ]
+        page = e.add_many(rows)[0].page_id
+        e.flush()
+        shard = e.engine_for(victim)
+        assert shard.promote(victim) >= 1  # the shard's own round: the fact waits in its outbox
+        assert any("zqboxsecret" in f.text for f in shard._outbox)
+        assert e.delete_page(page, user_id=victim)
+        assert not shard._outbox
+        e.flush()
+        for user in (victim, home):
+            assert "zqboxsecret" not in served(e, user), user
+            assert "The assistant heard zqboxkeep." in assistant_texts(e, user), user
+    finally:
+        e.close()
+
+
 def test_sharded_update_page_rederives_on_every_shard(tmp_path: Path) -> None:
     """An edited page: the fact of its old text leaves every shard at once, the fact of its
     new text is served everywhere after the next round; every shard's keyword statistics

@@ -23,8 +23,8 @@ assistant knowledge locally, with no cross-shard call on the request path, and e
 the same entries once the router has synced. Facts still in an outbox when a shard dies are
 lost: they are derived data (the pages they came from are committed and are re-promoted only if
 they were never marked analysed). A fact travels with its provenance (source user, page ids),
-so deleting a user reaches what its pages taught the assistants on every shard
-(``sharded_forget.py``).
+so deleting a user, or deleting or editing one of its pages, reaches what those pages taught
+the assistants on every shard (``sharded_forget.py``).
 
 **Keyword statistics.** The keyword extractor's document frequencies (its IDF) are corpus-wide
 in one engine. Shards exchange the frequencies of the pages they accepted
@@ -681,7 +681,8 @@ class ShardedEngine:
     ``add_many`` commits the batch on every shard, exchanges keyword statistics, and only then
     runs the derived work (when ``config.auto_process``), so derived results equal one
     engine's; afterwards it routes assistant facts (see the module doc). Calls that name a page
-    or knowledge entry by id go through :meth:`engine_for` (ids are per shard store).
+    or knowledge entry by id go through :meth:`engine_for` (ids are per shard store), except
+    :meth:`delete_page` and :meth:`update_page`, which take the user and reach every shard.
 
     ``shards``: how many; ``config.store``: a directory (one SQLite store per shard, the
     ``ingest --workers`` layout), a PostgreSQL URL (shared) or ``:memory:``.
