@@ -191,8 +191,8 @@ class _Namespace:
 class _AcrossShards(_Remote):
     """A page change the router runs over every shard itself (``sharded_forget.py``)."""
 
-    def __init__(self, router: RouterService, fn: Callable[..., Awaitable[Any]]) -> None:
-        super().__init__(router, getattr(fn, "__name__", "page change"), None)
+    def __init__(self, router: RouterService, name: str, fn: Callable[..., Awaitable[Any]]) -> None:
+        super().__init__(router, name, None)
         self._fn = fn
 
     async def acall(self, *args: Any, **kw: Any) -> Any:
@@ -206,8 +206,12 @@ class _ShardEngineProxy(_Namespace):
     def __init__(self, router: RouterService, shard: int, user_id: str) -> None:
         super().__init__(router, "", shard)
         self.store = _Namespace(router, "store.", shard)
-        self.delete_page = _AcrossShards(router, partial(router.delete_page, user_id))
-        self.update_page = _AcrossShards(router, partial(router.update_page, user_id))
+        self.delete_page = _AcrossShards(
+            router, "delete_page", partial(router.delete_page, user_id)
+        )
+        self.update_page = _AcrossShards(
+            router, "update_page", partial(router.update_page, user_id)
+        )
 
 
 class _RouterEngine:
