@@ -495,6 +495,12 @@ def test_serve_app_answers_the_http_api_with_auth(ray_local, tmp_path):
             admin = {"Authorization": "Bearer key-admin-333"}
             stats = c.get("/v1/stats", headers=admin).json()
             assert stats["engine"]["shard_count"] == 2 and stats["users"] == len(users)
+            url = f"/v1/users/{u0}/pages/{page_id}"  # page changes: the router, every shard
+            edited = c.patch(url, json={"user_input": "I sail in Oslo now."}, headers=a)
+            assert edited.status_code == 200, edited.text
+            assert edited.json()["user_input"] == "I sail in Oslo now."
+            assert c.delete(url, headers=a).json() == {"deleted": True}
+            assert c.get(url, headers=a).status_code == 404
             assert c.delete(f"/v1/users/{u0}", headers=a).json() == {"deleted": True}
             assert c.get(f"/v1/users/{u0}/history", headers=a).status_code == 404
     finally:

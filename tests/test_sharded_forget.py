@@ -1,9 +1,9 @@
-"""Deleting a user under sharding (issue 17): the assistant facts the user's pages taught,
-written by the assistant's owner shard and copied to every shard, go everywhere, and a fact
-another user's pages supported too comes back from that user's pages (re-analysed on their own
-shard). In process (ShardedEngine: the same ShardEngine methods the Ray Serve router calls, see
-``sharded_forget.py``), SQLite (one file per shard) and PostgreSQL (one shared database) when
-``MEMORYOS_GPU_TEST_PG_URL`` is set.
+"""Deleting a user, or deleting or editing one of its pages, under sharding (issue 17): the
+assistant facts those pages taught, written by the assistant's owner shard and copied to every
+shard, go everywhere, and a fact other pages supported too comes back from those pages
+(re-analysed on their own shard). In process (ShardedEngine: the same ShardEngine methods the
+Ray Serve router calls, see ``sharded_forget.py``), SQLite (one file per shard) and
+PostgreSQL (one shared database) when ``MEMORYOS_GPU_TEST_PG_URL`` is set.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from test_distributed import BACKENDS, store_for
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.distributed.sharding import ShardedEngine, ShardMap
+from memoryos_gpu.engine import InvalidInputError
 from memoryos_gpu.llm.base import ChatRequest
 from memoryos_gpu.llm.scripted import ScriptedBackend
 
@@ -121,6 +122,110 @@ def test_sharded_delete_user_forgets_assistant_facts_everywhere(backend, tmp_pat
             assert "zqshardsecret" not in served(again, user), user
 
 
+def assistant_texts(e: ShardedEngine, user: str) -> list[str]:
+    return sorted(k["text"] for k in e.knowledge(user)["assistant"])
+
+
+def keyword_marks(e: ShardedEngine) -> list[list[str]]:
+    """The marker words each shard's keyword statistics count."""
+    return [sorted(MARK.findall(" ".join(x.extractor.df))) for x in e.engines]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sharded_delete_page_forgets_what_it_taught_everywhere(backend, tmp_path: Path) -> None:
+    """One page of a user on a shard that does not own the assistant: the assistant fact it
+    taught leaves the owner and every replica; what the user's other pages of that fact say
+    comes back from them (re-analysed on their shard); other facts stay."""
+    victim, beside, home = users()
+    store = store_for(backend, tmp_path)
+    e = sharded(store)
+    try:
+        talk(e, beside, ["I like tea.", "I swim.", "I read.", "I cook."], 1.7e9)
+        talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
+        lines = ["I keep a zqpagesecret note.", "I like zqkeepword.", "I walk.", "I bake."]
+        page, *_ = talk(e, victim, lines, 1.8e9)
+        both = "The assistant heard zqkeepword zqpagesecret."
+        for user in (victim, beside, home):
+            assert both in assistant_texts(e, user), user
+        assert e.delete_page(page, user_id=beside) is False  # ids are per user's shard
+        assert e.delete_page(page, user_id=victim) is True
+        for user in (victim, beside, home):
+            assert "zqpagesecret" not in served(e, user), user
+            assert assistant_texts(e, user) == ["The assistant heard plain."], user
+        assert keyword_marks(e) == [["zqkeepword"]] * 2  # every shard un-counted the page
+        e.flush()  # the victim's other pages behind the removed fact, re-analysed
+        for user in (victim, beside, home):
+            texts = assistant_texts(e, user)
+            assert texts == ["The assistant heard plain.", "The assistant heard zqkeepword."]
+        assert e.delete_page(page, user_id=victim) is False
+    finally:
+        e.close()
+    if backend == "sqlite":  # no shard file or log holds the deleted page's word
+        files = [f for f in Path(store).rglob("*") if f.is_file()]
+        assert files and not [f for f in files if b"zqpagesecret" in f.read_bytes()]
+    with sharded(store) as again:
+        for user in (victim, beside, home):
+            assert "zqpagesecret" not in served(again, user), user
+            assert "zqkeepword" in served(again, user), user
+
+
+def test_a_deleted_pages_unrouted_facts_never_reach_the_owner(tmp_path: Path) -> None:
+    """A fact of the page still in its shard's outbox (found by a round, not routed yet) goes
+    with the page; the other pages it came from are re-analysed, so what they say still
+    arrives."""
+    victim, _, home = users()
+    e = sharded(str(tmp_path / "store"))
+    try:
+        talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
+        lines = ["I keep a zqboxsecret note.", "I like zqboxkeep.", "I walk.", "I bake."]
+        rows = [
+            {"user_id": victim, "user_input": t, "timestamp": 1.8e9 + i, "assistant_id": ASSISTANT}
+            for i, t in enumerate(lines)
+        ]
+        page = e.add_many(rows)[0].page_id
+        e.flush()
+        shard = e.engine_for(victim)
+        assert shard.promote(victim) >= 1  # the shard's own round: the fact waits in its outbox
+        assert any("zqboxsecret" in f.text for f in shard._outbox)
+        assert e.delete_page(page, user_id=victim)
+        assert not shard._outbox
+        e.flush()
+        for user in (victim, home):
+            assert "zqboxsecret" not in served(e, user), user
+            assert "The assistant heard zqboxkeep." in assistant_texts(e, user), user
+    finally:
+        e.close()
+
+
+def test_sharded_update_page_rederives_on_every_shard(tmp_path: Path) -> None:
+    """An edited page: the fact of its old text leaves every shard at once, the fact of its
+    new text is served everywhere after the next round; every shard's keyword statistics
+    count the new text instead of the old. Bad text is refused before anything goes."""
+    victim, beside, home = users()
+    e = sharded(str(tmp_path / "store"))
+    try:
+        talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
+        page, *_ = talk(e, victim, ["I like zqoldword.", "I walk.", "I bake.", "I row."], 1.8e9)
+        assert all("zqoldword" in served(e, u) for u in (victim, home))
+        with pytest.raises(InvalidInputError):
+            e.update_page(page, user_id=victim, user_input=7)  # type: ignore[arg-type]
+        with pytest.raises(KeyError):
+            e.update_page(page, user_id=beside, user_input="I like zqnewword.")
+        assert all("zqoldword" in served(e, u) for u in (victim, home))
+        row = e.update_page(page, user_id=victim, user_input="I like zqnewword.")
+        assert row["user_input"] == "I like zqnewword." and not row["analysed"]
+        for user in (victim, home):
+            assert "zqoldword" not in json.dumps(assistant_texts(e, user)), user
+        assert keyword_marks(e) == [["zqnewword"]] * 2
+        e.flush()
+        for user in (victim, home):
+            assert "The assistant heard zqnewword." in assistant_texts(e, user), user
+            r = e.retrieve_many([(user, "what did the assistant hear")], update_heat=False)[0]
+            assert "The assistant heard zqnewword." in [k.text for k in r.assistant_knowledge]
+    finally:
+        e.close()
+
+
 class _Remote:
     """``handle.method.remote(...)`` of a Ray Serve handle, as a coroutine."""
 
@@ -133,7 +238,7 @@ class _Remote:
 
 class _ShardHandle:
     """A Serve shard replica's handle over an in-process ShardEngine: the calls the router's
-    delete makes (``call`` of an engine method by name, ``delete_user``)."""
+    deletes and edits make (``call`` of an engine method by name, ``delete_user``)."""
 
     def __init__(self, engine: Any) -> None:
         self.call = _Remote(lambda name, args, kw: getattr(engine, name)(*args, **kw))
@@ -159,6 +264,36 @@ def test_serve_router_delete_forgets_on_every_shard(tmp_path: Path) -> None:
         for user in (beside, home):
             assert "zqservesecret" not in served(e, user), user
         assert not e.engines[e.shard_map.shard(victim)].has_user(victim)
+    finally:
+        e.close()
+
+
+def test_serve_router_page_changes_reach_every_shard(tmp_path: Path) -> None:
+    """The HTTP page routes' calls on the router (``service.call(service.engine_for(user)
+    .delete_page / .update_page, ...)``) run the same steps over the shard replicas."""
+    import asyncio
+
+    from memoryos_gpu.distributed.ray_serve import RouterService
+
+    victim, beside, home = users()
+    e = sharded(str(tmp_path / "store"))
+    try:
+        talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
+        lines = ["I keep a zqroutesecret note.", "I like zqroutenew.", "I walk.", "I row."]
+        gone, edited, *_ = talk(e, victim, lines, 1.8e9)
+        router = RouterService([_ShardHandle(x) for x in e.engines], e.engines[0].config)
+        router.state = "ready"
+        shard = router.engine_for(victim)
+        assert asyncio.run(router.call(shard.delete_page, gone)) is True
+        assert asyncio.run(router.call(router.engine_for(beside).delete_page, gone)) is False
+        for user in (victim, home):
+            assert "zqroutesecret" not in served(e, user), user
+        row = asyncio.run(router.call(shard.update_page, edited, user_input="I like zqroutetwo."))
+        assert row["user_input"] == "I like zqroutetwo."
+        for user in (victim, home):
+            assert "zqroutenew" not in served(e, user), user
+        e.flush()
+        assert all("zqroutetwo" in served(e, u) for u in (victim, home))
     finally:
         e.close()
 

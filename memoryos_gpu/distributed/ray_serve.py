@@ -28,7 +28,8 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from memoryos_gpu.distributed.ray_common import (
     shard_resources,
     unbox,
 )
-from memoryos_gpu.distributed.sharded_forget import delete_everywhere_async
+from memoryos_gpu.distributed.sharded_forget import check_edit, forget_everywhere_async
 from memoryos_gpu.distributed.sharding import (
     ShardMap,
     exchange_keywords,
@@ -187,12 +188,30 @@ class _Namespace:
         return _Remote(self._router, f"{self._prefix}{name}", self._shard)
 
 
-class _ShardEngineProxy(_Namespace):
-    """What the HTTP routes call as ``service.engine_for(uid)``: the user's shard engine."""
+class _AcrossShards(_Remote):
+    """A page change the router runs over every shard itself (``sharded_forget.py``)."""
 
-    def __init__(self, router: RouterService, shard: int) -> None:
+    def __init__(self, router: RouterService, name: str, fn: Callable[..., Awaitable[Any]]) -> None:
+        super().__init__(router, name, None)
+        self._fn = fn
+
+    async def acall(self, *args: Any, **kw: Any) -> Any:
+        return await self._fn(*args, **kw)
+
+
+class _ShardEngineProxy(_Namespace):
+    """What the HTTP routes call as ``service.engine_for(uid)``: the user's shard engine;
+    deleting or editing a page goes through the router (it reaches every shard)."""
+
+    def __init__(self, router: RouterService, shard: int, user_id: str) -> None:
         super().__init__(router, "", shard)
         self.store = _Namespace(router, "store.", shard)
+        self.delete_page = _AcrossShards(
+            router, "delete_page", partial(router.delete_page, user_id)
+        )
+        self.update_page = _AcrossShards(
+            router, "update_page", partial(router.update_page, user_id)
+        )
 
 
 class _RouterEngine:
@@ -387,7 +406,7 @@ class RouterService:
         return self.config.llm.mode == "llm"
 
     def engine_for(self, user_id: str) -> _ShardEngineProxy:
-        return _ShardEngineProxy(self, self.shard_map.shard(user_id))
+        return _ShardEngineProxy(self, self.shard_map.shard(user_id), user_id)
 
     def _handle(self, user_id: str) -> Any:
         return self.handles[self.shard_map.shard(user_id)]
@@ -474,15 +493,58 @@ class RouterService:
         the assistants (``sharded_forget.py``)."""
         self.check_ready()
 
-        async def call(shard: int, name: str, args: tuple) -> Any:
-            return unbox(await self.handles[shard].call.remote(name, args, {}))
-
         async def delete() -> Any:
             return unbox(await self._handle(user_id).delete_user.remote(user_id))
 
-        deleted = await delete_everywhere_async(call, delete, self.shard_map, user_id)
+        deleted = await forget_everywhere_async(self._on_shard, delete, self.shard_map, user_id)
         self._mark([user_id], False)
         return bool(deleted)
+
+    async def delete_page(self, user_id: str, page_id: int) -> bool:
+        """The page goes on the user's shard, and what it taught the assistants on every
+        shard (``sharded_forget.py``); False when the user has no such page."""
+        self.check_ready()
+        home = self.shard_map.shard(user_id)
+        row = await self._on_shard(home, "get_page", (page_id,))
+        if row is None or row["user_id"] != user_id:
+            return False
+
+        async def delete() -> Any:
+            return await self._on_shard(home, "delete_page", (page_id,))
+
+        done = await forget_everywhere_async(
+            self._on_shard, delete, self.shard_map, user_id, [page_id]
+        )
+        return bool(done)
+
+    async def update_page(
+        self,
+        user_id: str,
+        page_id: int,
+        *,
+        user_input: str | None = None,
+        agent_response: str | None = None,
+    ) -> dict[str, Any]:
+        """The page's edit on the user's shard; what its old text taught goes on every shard
+        as for :meth:`delete_page`, the page is re-analysed (``sharded_forget.py``)."""
+        self.check_ready()
+        check_edit(user_input, agent_response)
+        home = self.shard_map.shard(user_id)
+        row = await self._on_shard(home, "get_page", (page_id,))
+        if row is None or row["user_id"] != user_id:
+            raise KeyError(f"user {user_id!r} has no page {page_id}")
+        text = {"user_input": user_input, "agent_response": agent_response}
+
+        async def edit() -> Any:
+            return unbox(await self.handles[home].call.remote("update_page", (page_id,), text))
+
+        return await forget_everywhere_async(
+            self._on_shard, edit, self.shard_map, user_id, [page_id]
+        )
+
+    async def _on_shard(self, shard: int, name: str, args: tuple) -> Any:
+        """A shard engine's method by name (``sharded_forget``'s ``call``)."""
+        return unbox(await self.handles[shard].call.remote(name, args, {}))
 
     async def wait_for_user(self, user_id: str, timeout: float = 10.0) -> dict[str, Any]:
         self.check_ready()

@@ -1,29 +1,35 @@
-"""Deleting a user under sharding: what the user's pages taught the shared assistants goes too.
+"""Deleting a user or a page under sharding: what the pages taught the shared assistants goes too.
 
 Why a step of its own: a user's pages, profile and own facts live on the user's shard, but the
 facts those pages taught an assistant are written by the assistant's *owner* shard and copied to
 every other shard (``sharding.py``, "one writer, read replicas everywhere"). Each such fact
 travels to its owner with its provenance (the source user and page ids, ``Fact`` in the
-shard's outbox), so the owner records it like a single engine does; deleting the user must
-then reach every shard:
+shard's outbox), so the owner records it like a single engine does; deleting the user, or
+deleting or editing one of its pages, must then reach every shard. The same steps serve both,
+for "the user's pages" (every page: ``pages`` None) or "these pages of the user":
 
-1. every shard removes the assistant entries *it owns* learned from the user's pages, and the
+1. every shard removes the assistant entries *it owns* learned from those pages, and the
    entries they had superseded (``ShardEngine.forget_learned_from``:
    :func:`~memoryos_gpu.store.derivations.forget_learned`); it answers their (assistant, seq)
-   and the other users' pages behind them that it does not hold;
+   and the other pages behind them that it does not hold;
 2. every shard drops its replicas of those entries (``drop_assistant_entries``; a store shared
    by every shard re-reads its assistants' rings instead);
-3. the user's shard deletes the user (``delete_user``: the user's rows, and its outbox's facts
-   from the user, which were not routed yet), and every other shard takes the document
-   frequencies of the user's pages, which the keyword exchange gave it, out of its keyword
-   statistics and their saved copy (``user_keyword_delta`` / ``forget_keyword_delta``);
+3. the user's shard makes the change itself (``delete_user``, ``delete_page`` or
+   ``update_page``, each of which also drops its outbox's facts of those pages, not routed
+   yet), and every other shard takes the document frequencies of the pages' old text, which
+   the keyword exchange gave it, out of its keyword statistics and their saved copy, and adds
+   those of their new text (an edit) (``user_keyword_delta`` / ``forget_keyword_delta`` /
+   ``apply_keyword_delta``);
 4. the other pages behind a removed fact are re-analysed on their users' shards
-   (``reanalyse_pages``), so what they support on their own comes back at their next round.
+   (``reanalyse_pages``), so what they support on their own comes back at their next round
+   (an edited page is re-analysed by its own ``update_page``, so what its new text says is
+   derived again).
 
-Steps 1 and 2 go first so that no shard serves a fact of the user after the delete returns.
-:func:`delete_everywhere` runs the steps through a ``call(shard, method, args)`` function, the
-same way in process (:class:`~memoryos_gpu.distributed.sharding.ShardedEngine`) and, awaited,
-on Ray Serve replicas (``ray_serve.RouterService.delete_user``).
+Steps 1 and 2 go first so that no shard serves a fact of those pages after the change returns
+(and because step 1 reads provenance rows the user's shard deletes). :func:`forget_everywhere`
+runs the steps through a ``call(shard, method, args)`` function, the same way in process
+(:class:`~memoryos_gpu.distributed.sharding.ShardedEngine`) and, awaited, on Ray Serve replicas
+(``ray_serve.RouterService``: :func:`forget_everywhere_async`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from memoryos_gpu.engine.forget import Forgetting
+from memoryos_gpu.engine.validation import _clean_text
 from memoryos_gpu.store.derivations import Forgotten, forget_learned, reanalyse
 from memoryos_gpu.text.keywords import KeywordExtractor
 
@@ -44,13 +51,15 @@ Learned = dict[str, list[tuple[Any, Any]]]  # {"entries": [(aid, seq)], "elsewhe
 
 
 # ---------------------------------------------------------------------------- one shard's side
-def forget_learned_from(e: ShardEngine, user_id: str) -> Learned:
+def forget_learned_from(
+    e: ShardEngine, user_id: str, pages: Sequence[int] | None = None
+) -> Learned:
     """Step 1 on one shard (see the module docstring)."""
     with e._lock:
         e.store.begin_erasure()
         with e.store.transaction() as db:
             gone = forget_learned(
-                db, user_id, lambda aid: e.shard_map.assistant_owner(aid) == e.shard_index
+                db, user_id, lambda aid: e.shard_map.assistant_owner(aid) == e.shard_index, pages
             )
         e.store.checkpoint()
         Forgetting(e._state).drop(gone)
@@ -85,12 +94,18 @@ def drop_assistant_entries(
         return len(ids)
 
 
-def user_keyword_delta(e: ShardEngine, user_id: str) -> dict[str, Any]:
-    """Step 3, the user's shard: the document frequencies of the user's pages (what the
-    keyword exchange gave the other shards), read before the delete."""
-    rows = e.store.query(
-        "SELECT user_input || ' ' || agent_response FROM pages WHERE user_id = ?", (user_id,)
-    )
+def user_keyword_delta(
+    e: ShardEngine, user_id: str, pages: Sequence[int] | None = None
+) -> dict[str, Any]:
+    """Step 3, the user's shard: the document frequencies of the user's pages (``pages``:
+    those of them) as held now (what the keyword exchange gave the other shards), read before
+    the change and again after it (an edit's new text; nothing once deleted)."""
+    sql = "SELECT user_input || ' ' || agent_response FROM pages WHERE user_id = ?"
+    if pages is None:
+        rows = e.store.query(sql, (user_id,))
+    else:
+        ids = sorted({int(p) for p in pages})
+        rows = e.store.query(f"{sql} AND page_id IN ({','.join('?' * len(ids))})", (user_id, *ids))
     scratch = e._scratch_extractor().update(t for (t,) in rows)
     return {"n_docs": scratch.n_docs, "df": dict(scratch.df)}
 
@@ -123,61 +138,80 @@ def removed_entries(learned: Sequence[Learned]) -> list[tuple[str, int]]:
 
 
 def reanalysis_by_shard(
-    learned: Sequence[Learned], shard_map: ShardMap, user_id: str
+    learned: Sequence[Learned], shard_map: ShardMap
 ) -> dict[int, list[tuple[int, str]]]:
-    """The pages behind removed facts, grouped by the shard of their user."""
+    """The pages behind removed facts, grouped by the shard of their user (step 1 left out
+    the pages being changed)."""
     out: dict[int, list[tuple[int, str]]] = {}
     for part in learned:
         for page, user in part["elsewhere"]:
-            if user != user_id:
-                out.setdefault(shard_map.shard(user), []).append((int(page), str(user)))
+            out.setdefault(shard_map.shard(user), []).append((int(page), str(user)))
     return out
 
 
-def delete_everywhere(
-    call: Callable[[int, str, tuple], Any], shard_map: ShardMap, user_id: str
-) -> bool:
+def check_edit(user_input: str | None, agent_response: str | None) -> None:
+    """An edit's text, checked before step 1 forgets anything (a refused edit loses nothing)."""
+    for text, what in ((user_input, "user_input"), (agent_response, "agent_response")):
+        if text is not None:
+            _clean_text(text, what)
+
+
+def forget_everywhere(
+    call: Callable[[int, str, tuple], Any],
+    change: Callable[[], Any],
+    shard_map: ShardMap,
+    user_id: str,
+    pages: Sequence[int] | None = None,
+) -> Any:
     """The module docstring's steps, in process: ``call(shard, method, args)`` runs a
-    :class:`ShardEngine` method on that shard."""
+    :class:`ShardEngine` method on that shard, ``change()`` is the user's shard's own change
+    (step 3); returns what it returned."""
     shards = range(shard_map.count)
-    learned = [call(j, "forget_learned_from", (user_id,)) for j in shards]
+    learned = [call(j, "forget_learned_from", (user_id, pages)) for j in shards]
     removed = removed_entries(learned)
     for j in shards:
         call(j, "drop_assistant_entries", (removed,))
     home = shard_map.shard(user_id)
-    words = call(home, "user_keyword_delta", (user_id,))
-    deleted = bool(call(home, "delete_user", (user_id,)))
+    old = call(home, "user_keyword_delta", (user_id, pages))
+    result = change()
+    new = call(home, "user_keyword_delta", (user_id, pages))
     for j in shards:
-        if j != home and words["n_docs"]:
-            call(j, "forget_keyword_delta", (words,))
-    for j, pages in sorted(reanalysis_by_shard(learned, shard_map, user_id).items()):
-        call(j, "reanalyse_pages", (pages,))
-    return deleted
+        if j != home and old["n_docs"]:
+            call(j, "forget_keyword_delta", (old,))
+        if j != home and new["n_docs"]:
+            call(j, "apply_keyword_delta", (new,))
+    for j, again in sorted(reanalysis_by_shard(learned, shard_map).items()):
+        call(j, "reanalyse_pages", (again,))
+    return result
 
 
-async def delete_everywhere_async(
+async def forget_everywhere_async(
     call: Callable[[int, str, tuple], Awaitable[Any]],
-    delete: Callable[[], Awaitable[Any]],
+    change: Callable[[], Awaitable[Any]],
     shard_map: ShardMap,
     user_id: str,
-) -> bool:
-    """:func:`delete_everywhere` over awaited calls (Ray Serve); ``delete()`` is step 3 (the
-    user's shard's own delete, which waits for the user's queued writes)."""
+    pages: Sequence[int] | None = None,
+) -> Any:
+    """:func:`forget_everywhere` over awaited calls (Ray Serve), the shards of a step at once."""
     import asyncio
 
     shards = range(shard_map.count)
-    learned = await asyncio.gather(*(call(j, "forget_learned_from", (user_id,)) for j in shards))
+    learned = await asyncio.gather(
+        *(call(j, "forget_learned_from", (user_id, pages)) for j in shards)
+    )
     removed = removed_entries(learned)
     await asyncio.gather(*(call(j, "drop_assistant_entries", (removed,)) for j in shards))
     home = shard_map.shard(user_id)
-    words = await call(home, "user_keyword_delta", (user_id,))
-    deleted = bool(await delete())
-    if words["n_docs"]:
-        others = [j for j in shards if j != home]
-        await asyncio.gather(*(call(j, "forget_keyword_delta", (words,)) for j in others))
-    plan = reanalysis_by_shard(learned, shard_map, user_id)
+    old = await call(home, "user_keyword_delta", (user_id, pages))
+    result = await change()
+    new = await call(home, "user_keyword_delta", (user_id, pages))
+    others = [j for j in shards if j != home]
+    for name, delta in (("forget_keyword_delta", old), ("apply_keyword_delta", new)):
+        if delta["n_docs"]:
+            await asyncio.gather(*(call(j, name, (delta,)) for j in others))
+    plan = reanalysis_by_shard(learned, shard_map)
     await asyncio.gather(*(call(j, "reanalyse_pages", (p,)) for j, p in sorted(plan.items())))
-    return deleted
+    return result
 
 
 def forget_in_stores(
@@ -212,7 +246,7 @@ def forget_in_stores(
             )
             st.set_meta(_EXTRACTOR_KEY, json.dumps({**ex.to_dict(), **watermark}))
         st.checkpoint()
-    for j, pages in sorted(reanalysis_by_shard(learned, shard_map, user_id).items()):
+    for j, pages in sorted(reanalysis_by_shard(learned, shard_map).items()):
         with stores[j].transaction() as db:
             reanalyse(db, pages)
     return len(removed)

@@ -23,8 +23,8 @@ assistant knowledge locally, with no cross-shard call on the request path, and e
 the same entries once the router has synced. Facts still in an outbox when a shard dies are
 lost: they are derived data (the pages they came from are committed and are re-promoted only if
 they were never marked analysed). A fact travels with its provenance (source user, page ids),
-so deleting a user reaches what its pages taught the assistants on every shard
-(``sharded_forget.py``).
+so deleting a user, or deleting or editing one of its pages, reaches what those pages taught
+the assistants on every shard (``sharded_forget.py``).
 
 **Keyword statistics.** The keyword extractor's document frequencies (its IDF) are corpus-wide
 in one engine. Shards exchange the frequencies of the pages they accepted
@@ -449,18 +449,54 @@ class ShardEngine(MemoryEngine):
             self._outbox = [f for f in self._outbox if f.source_user != user_id]
             return super().delete_user(user_id)
 
-    def forget_learned_from(self, user_id: str) -> dict[str, list]:
-        """The assistant entries this shard owns learned from the user's pages go
-        (``sharded_forget.py``, step 1)."""
-        return sharded_forget.forget_learned_from(self, user_id)
+    def delete_page(self, page_id: int) -> bool:
+        """The engine's delete; the page's facts still in the outbox go too (their other
+        pages are re-analysed)."""
+        with self._lock:
+            self._drop_outbox_of(page_id)
+            return super().delete_page(page_id)
+
+    def update_page(
+        self, page_id: int, *, user_input: str | None = None, agent_response: str | None = None
+    ) -> dict[str, Any]:
+        """The engine's edit; the facts of the page's old text still in the outbox go too."""
+        sharded_forget.check_edit(user_input, agent_response)
+        with self._lock:
+            self._drop_outbox_of(page_id)
+            return super().update_page(
+                page_id, user_input=user_input, agent_response=agent_response
+            )
+
+    def _drop_outbox_of(self, page_id: int) -> None:
+        """Outbox facts derived from the page (not routed to their owner yet) go, as the
+        owner's entries would; the other pages they came from are re-analysed."""
+        row = self.get_page(page_id)
+        if row is None:
+            return
+        uid = row["user_id"]
+        hit = [f for f in self._outbox if f.source_user == uid and int(page_id) in f.pages]
+        if not hit:
+            return
+        self._outbox = [f for f in self._outbox if f not in hit]
+        again = {(int(p), uid) for f in hit for p in f.pages if int(p) != int(page_id)}
+        sharded_forget.reanalyse_pages(self, sorted(again))
+
+    def forget_learned_from(
+        self, user_id: str, pages: Sequence[int] | None = None
+    ) -> dict[str, list]:
+        """The assistant entries this shard owns learned from the user's pages (``pages``:
+        those of them) go (``sharded_forget.py``, step 1)."""
+        return sharded_forget.forget_learned_from(self, user_id, pages)
 
     def drop_assistant_entries(self, entries: Sequence[tuple[str, int]]) -> int:
         """Replicas of entries their owner removed go (``sharded_forget.py``, step 2)."""
         return sharded_forget.drop_assistant_entries(self, entries)
 
-    def user_keyword_delta(self, user_id: str) -> dict[str, Any]:
+    def user_keyword_delta(
+        self, user_id: str, pages: Sequence[int] | None = None
+    ) -> dict[str, Any]:
         """Keyword frequencies of the user's pages (``sharded_forget.py``, step 3)."""
-        return sharded_forget.user_keyword_delta(self, user_id)
+        return sharded_forget.user_keyword_delta(self, user_id, pages)
 
     def forget_keyword_delta(self, delta: dict[str, Any]) -> None:
         """Un-count a deleted user's keyword frequencies (``sharded_forget.py``, step 3)."""
@@ -576,6 +612,12 @@ class ShardEngine(MemoryEngine):
             }
 
 
+def _holds(engine: MemoryEngine, user_id: str, page_id: int) -> bool:
+    """Whether the shard's store holds a page ``page_id`` of ``user_id``."""
+    row = engine.get_page(page_id)
+    return row is not None and row["user_id"] == user_id
+
+
 def _delta_of(scratch: KeywordExtractor) -> dict[str, Any]:
     return {"n_docs": scratch.n_docs, "df": dict(scratch.df)}
 
@@ -639,7 +681,8 @@ class ShardedEngine:
     ``add_many`` commits the batch on every shard, exchanges keyword statistics, and only then
     runs the derived work (when ``config.auto_process``), so derived results equal one
     engine's; afterwards it routes assistant facts (see the module doc). Calls that name a page
-    or knowledge entry by id go through :meth:`engine_for` (ids are per shard store).
+    or knowledge entry by id go through :meth:`engine_for` (ids are per shard store), except
+    :meth:`delete_page` and :meth:`update_page`, which take the user and reach every shard.
 
     ``shards``: how many; ``config.store``: a directory (one SQLite store per shard, the
     ``ingest --workers`` layout), a PostgreSQL URL (shared) or ``:memory:``.
@@ -816,11 +859,61 @@ class ShardedEngine:
         """The user's rows on its shard, and what its pages taught the assistants on every
         shard (``sharded_forget.py``)."""
         with self._lock:
-            return sharded_forget.delete_everywhere(
-                lambda j, name, args: getattr(self.engines[j], name)(*args),
+            home = self.engine_for(user_id)
+            return bool(
+                sharded_forget.forget_everywhere(
+                    self._call, lambda: home.delete_user(user_id), self.shard_map, user_id
+                )
+            )
+
+    def delete_page(self, page_id: int, *, user_id: str) -> bool:
+        """Remove one of the user's pages (ids are per shard: the user names the shard) and
+        what it taught: on its shard as one engine does, and the assistant facts it taught on
+        every shard (``sharded_forget.py``). False when the user has no such page."""
+        with self._lock:
+            home = self.engine_for(user_id)
+            if not _holds(home, user_id, page_id):
+                return False
+            return bool(
+                sharded_forget.forget_everywhere(
+                    self._call,
+                    lambda: home.delete_page(page_id),
+                    self.shard_map,
+                    user_id,
+                    [page_id],
+                )
+            )
+
+    def update_page(
+        self,
+        page_id: int,
+        *,
+        user_id: str,
+        user_input: str | None = None,
+        agent_response: str | None = None,
+    ) -> dict[str, Any]:
+        """Edit one of the user's pages: what its old text taught goes on every shard as for
+        :meth:`delete_page`, and the page is re-analysed on its shard (the next
+        ``process_pending`` derives what the new text says). KeyError when the user has no
+        such page; bad text is refused before anything is forgotten."""
+        sharded_forget.check_edit(user_input, agent_response)
+        with self._lock:
+            home = self.engine_for(user_id)
+            if not _holds(home, user_id, page_id):
+                raise KeyError(f"user {user_id!r} has no page {page_id}")
+            return sharded_forget.forget_everywhere(
+                self._call,
+                lambda: home.update_page(
+                    page_id, user_input=user_input, agent_response=agent_response
+                ),
                 self.shard_map,
                 user_id,
+                [page_id],
             )
+
+    def _call(self, shard: int, name: str, args: tuple) -> Any:
+        """``call`` of ``sharded_forget``'s steps: a shard engine's method by name."""
+        return getattr(self.engines[shard], name)(*args)
 
     def promote(self, user_id: str, segment_slot: int | None = None) -> int:
         with self._lock:

@@ -123,23 +123,42 @@ def forget_pages(
     return _remove(db, entries, dims, support, drop_user, purge=drop_user is not None)
 
 
-def forget_learned(db: Any, user_id: str, owns: Callable[[str], bool]) -> Forgotten:
+def forget_learned(
+    db: Any, user_id: str, owns: Callable[[str], bool], pages: Sequence[int] | None = None
+) -> Forgotten:
     """Remove the assistant entries this store holds that were learned from ``user_id``'s
     pages (a provenance row of the user, or the user as ``source_user``) for the assistants
     ``owns`` accepts, and the entries they had superseded; queue the re-analysis of the other
-    users' pages behind them (those this store does not hold are left in ``elsewhere``).
+    pages behind them (those this store does not hold are left in ``elsewhere``).
+    ``pages``: only what those pages of the user taught (a page deleted or edited: its other
+    pages behind a removed fact are re-analysed too, the named pages are left to the user's
+    own shard); None: every page of the user (the user is deleted).
     Why not :func:`forget_pages`: under per-shard stores an assistant's owner shard holds the
     facts (their provenance names the user's pages) but not the pages, which are on the user's
     shard."""
-    rows = db.execute(
-        "SELECT entry_id, owner_id FROM knowledge WHERE owner_kind = 'assistant' AND "
-        "(source_user = ? OR entry_id IN (SELECT item_id FROM provenance WHERE "
-        "item_kind = 'knowledge' AND user_id = ?))",
-        (user_id, user_id),
-    ).fetchall()
+    if pages is None:
+        rows = db.execute(
+            "SELECT entry_id, owner_id FROM knowledge WHERE owner_kind = 'assistant' AND "
+            "(source_user = ? OR entry_id IN (SELECT item_id FROM provenance WHERE "
+            "item_kind = 'knowledge' AND user_id = ?))",
+            (user_id, user_id),
+        ).fetchall()
+    else:
+        rows = []
+        for chunk in _chunks(pages):
+            rows += db.execute(
+                "SELECT entry_id, owner_id FROM knowledge WHERE owner_kind = 'assistant' AND "
+                "entry_id IN (SELECT item_id FROM provenance WHERE item_kind = 'knowledge' AND "
+                f"user_id = ? AND page_id IN ({_marks(chunk)}))",
+                [user_id, *chunk],
+            ).fetchall()
     entries = _with_superseded(db, {int(eid) for eid, aid in rows if owns(aid)})
-    support = {p for p in _support(db, entries, {}) if p[1] != user_id}
-    return _remove(db, entries, {}, support, user_id, purge=False)
+    support = _support(db, entries, {})
+    if pages is None:
+        support = {p for p in support if p[1] != user_id}
+    else:
+        support -= {(int(p), user_id) for p in pages}
+    return _remove(db, entries, {}, support, user_id if pages is None else None, purge=False)
 
 
 def _remove(
