@@ -353,3 +353,72 @@ def test_a_fact_the_owner_superseded_leaves_every_replica(tmp_path: Path) -> Non
         assert [k["text"] for k in away if not k["live"]] == ["The user lives in Seattle."]
     finally:
         e.close()
+
+
+class _GatedHandle(_ShardHandle):
+    """A shard handle whose owner-side commit of assistant facts waits for ``gate``: a sync
+    with facts in flight, held open while a deletion arrives."""
+
+    def __init__(self, engine: Any, gate: Any) -> None:
+        super().__init__(engine)
+        plain = self.call.remote
+
+        async def call(name: str, args: tuple, kw: dict) -> Any:
+            if name == "append_assistant_facts":
+                await gate.wait()
+            return await plain(name, args, kw)
+
+        self.call.remote = call
+
+        async def take_sync() -> Any:
+            return {"delta": engine.take_keyword_delta(), "facts": engine.take_assistant_facts()}
+
+        self.take_sync = _Remote(lambda: None)
+        self.take_sync.remote = take_sync
+
+
+def test_a_deletion_waits_for_the_facts_a_sync_has_in_flight(tmp_path: Path) -> None:
+    """The router's sync has taken a user's assistant fact from its shard's outbox and the
+    owner has not committed it yet when the user is deleted: the deletion waits for it to land
+    (the router's exchange lock) and then removes it, so it is not served afterwards."""
+    import asyncio
+
+    from memoryos_gpu.distributed.ray_serve import RouterService
+
+    victim, _beside, home = users()
+    e = sharded(str(tmp_path / "store"))
+    try:
+        talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
+        shard = e.engines[e.shard_map.shard(victim)]
+        shard.add_many(
+            [
+                {
+                    "user_id": victim,
+                    "user_input": f"I keep a zqflightsecret {i} note.",
+                    "timestamp": 1.8e9 + 60 * i,
+                    "assistant_id": ASSISTANT,
+                }
+                for i in range(4)
+            ]
+        )
+        shard.process_pending()
+        shard.promote(victim)
+        shard.process_pending()  # the fact waits in the shard's outbox, not synced
+
+        async def scenario() -> None:
+            gate = asyncio.Event()
+            router = RouterService([_GatedHandle(x, gate) for x in e.engines], e.engines[0].config)
+            router.state = "ready"
+            sync = asyncio.create_task(router.sync())
+            await asyncio.sleep(0.05)  # the outboxes are taken; the owner's commit waits
+            delete = asyncio.create_task(router.delete_user(victim))
+            await asyncio.sleep(0.05)
+            gate.set()
+            await sync
+            assert await delete is True
+
+        asyncio.run(scenario())
+        assert "zqflightsecret" not in served(e, home)
+        assert "zqflightsecret" not in json.dumps(assistant_texts(e, home))
+    finally:
+        e.close()

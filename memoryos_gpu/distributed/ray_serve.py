@@ -263,6 +263,13 @@ class RouterService:
         self._derived_runs = 0
         self._task: asyncio.Task | None = None
         self._loading: asyncio.Task | None = None
+        # held by a sync (facts taken from the outboxes until the owners committed them) and by
+        # a deletion or edit across shards: a fact in flight never lands after its pages went
+        self._exchange: asyncio.Lock | None = None
+
+    def _exchange_lock(self) -> asyncio.Lock:
+        self._exchange = self._exchange or asyncio.Lock()  # made in the running loop
+        return self._exchange
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, *, wait: bool = True) -> None:
@@ -307,7 +314,13 @@ class RouterService:
                 log.warning("shard sync failed; retrying", exc_info=True)
 
     async def sync(self) -> dict[str, int]:
-        """Keyword statistics to every shard, assistant facts to owners and replicas."""
+        """Keyword statistics to every shard, assistant facts to owners and replicas (under
+        the exchange lock: a deletion waits for the facts in flight to land, then removes
+        them)."""
+        async with self._exchange_lock():
+            return await self._sync()
+
+    async def _sync(self) -> dict[str, int]:
         parts = [unbox(p) for p in await self._all("take_sync")]
         pending: list[Any] = []
         docs = exchange_keywords(
@@ -496,7 +509,8 @@ class RouterService:
         async def delete() -> Any:
             return unbox(await self._handle(user_id).delete_user.remote(user_id))
 
-        deleted = await forget_everywhere_async(self._on_shard, delete, self.shard_map, user_id)
+        async with self._exchange_lock():
+            deleted = await forget_everywhere_async(self._on_shard, delete, self.shard_map, user_id)
         self._mark([user_id], False)
         return bool(deleted)
 
@@ -512,9 +526,10 @@ class RouterService:
         async def delete() -> Any:
             return await self._on_shard(home, "delete_page", (page_id,))
 
-        done = await forget_everywhere_async(
-            self._on_shard, delete, self.shard_map, user_id, [page_id]
-        )
+        async with self._exchange_lock():
+            done = await forget_everywhere_async(
+                self._on_shard, delete, self.shard_map, user_id, [page_id]
+            )
         return bool(done)
 
     async def update_page(
@@ -538,9 +553,10 @@ class RouterService:
         async def edit() -> Any:
             return unbox(await self.handles[home].call.remote("update_page", (page_id,), text))
 
-        return await forget_everywhere_async(
-            self._on_shard, edit, self.shard_map, user_id, [page_id]
-        )
+        async with self._exchange_lock():
+            return await forget_everywhere_async(
+                self._on_shard, edit, self.shard_map, user_id, [page_id]
+            )
 
     async def _on_shard(self, shard: int, name: str, args: tuple) -> Any:
         """A shard engine's method by name (``sharded_forget``'s ``call``)."""
