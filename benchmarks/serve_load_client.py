@@ -117,8 +117,15 @@ class RawClient:
         self._r: asyncio.StreamReader | None = None
         self._w: asyncio.StreamWriter | None = None
 
-    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
-        data = json.dumps(body).encode() if body is not None else b""
+    async def request(
+        self, method: str, path: str, body: Any = None, *, close: bool = False
+    ) -> tuple[int, bytes]:
+        """One request; ``body`` is JSON-encoded unless it is bytes already (a prepared
+        payload); ``close`` ends the connection after the answer."""
+        if isinstance(body, bytes):
+            data = body
+        else:
+            data = json.dumps(body).encode() if body is not None else b""
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n{self._head}"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
@@ -131,7 +138,7 @@ class RawClient:
         raw = await self._r.readuntil(b"\r\n\r\n")
         lines = raw.split(b"\r\n")
         status = int(lines[0].split()[1])
-        length, close = 0, False
+        length = 0
         for line in lines[1:]:
             k, _, v = line.partition(b":")
             k = k.strip().lower()

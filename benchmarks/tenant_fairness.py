@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serve_load import _free_port, _serve  # one server launcher for both benchmarks
-from serve_load_client import pct
+from serve_load_client import RawClient, pct
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY_KEY, LIGHT_KEY = "heavy-key-0123456789", "light-key-0123456789"
@@ -123,7 +123,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
             try:
-                status, _ = await Client(self.port, "").request("GET", "/ready", close=True)
+                status, _ = await client(self.port, "").request("GET", "/ready", close=True)
                 if status == 200:
                     return
             except OSError:
@@ -140,53 +140,17 @@ class Server:
                 self.proc.kill()
 
 
-class Client:
-    """A minimal HTTP/1.1 keep-alive client on asyncio streams (one connection, ~0.3 ms of CPU
-    a request: httpx's ~3 ms would load the 2-core box it measures)."""
-
-    def __init__(self, port: int, key: str) -> None:
-        self.port = port
-        self._auth = f"Authorization: Bearer {key}\r\n" if key else ""
-        self._r: asyncio.StreamReader | None = None
-        self._w: asyncio.StreamWriter | None = None
-
-    async def request(
-        self, method: str, path: str, body: bytes = b"", *, close: bool = False
-    ) -> tuple[int, bytes]:
-        head = (
-            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{self._auth}"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        if self._w is None:
-            self._r, self._w = await asyncio.open_connection("127.0.0.1", self.port)
-        assert self._r is not None
-        self._w.write(head + body)
-        await self._w.drain()
-        raw = await self._r.readuntil(b"\r\n\r\n")
-        lines = raw.split(b"\r\n")
-        status, length = int(lines[0].split()[1]), 0
-        for line in lines[1:]:
-            k, _, v = line.partition(b":")
-            if k.strip().lower() == b"content-length":
-                length = int(v)
-        payload = await self._r.readexactly(length)
-        if close:
-            await self.close()
-        return status, payload
-
-    async def close(self) -> None:
-        if self._w is not None:
-            self._w.close()
-            self._r = self._w = None
+def client(port: int, key: str) -> RawClient:
+    """One keep-alive connection to the server, as ``key``'s tenant (``""``: no key)."""
+    return RawClient("127.0.0.1", port, {"Authorization": f"Bearer {key}"} if key else {})
 
 
-# ====================================================================== the load
 async def light_writes(
     port: int, n: int, think_s: float, inflight: list[int] | None, seed: int
 ) -> dict[str, Any]:
     """``n`` one-page writes of the light tenant; with ``inflight``, only those that started
     and ended while a heavy request was in flight count (the others are reported apart)."""
-    client, rng = Client(port, LIGHT_KEY), random.Random(seed)
+    conn, rng = client(port, LIGHT_KEY), random.Random(seed)
     loaded: list[float] = []
     outside: list[float] = []
     statuses: dict[str, int] = {}
@@ -197,7 +161,7 @@ async def light_writes(
                 {"user_input": f"light page {i}: {rng.choice(WORDS)} {rng.choice(WORDS)}"}
             ).encode()
             t0 = time.perf_counter()
-            status, _ = await client.request("POST", f"/v1/users/l{i % 8}/pages", body)
+            status, _ = await conn.request("POST", f"/v1/users/l{i % 8}/pages", body)
             dt = time.perf_counter() - t0
             statuses[str(status)] = statuses.get(str(status), 0) + 1
             if status == 201:
@@ -205,7 +169,7 @@ async def light_writes(
                 (loaded if during else outside).append(dt)
             await asyncio.sleep(think_s * (0.5 + rng.random()))
     finally:
-        await client.close()
+        await conn.close()
     return {"latency": _summary(loaded), "outside_heavy": len(outside), "statuses": statuses}
 
 
@@ -220,7 +184,7 @@ async def heavy_load(
 
     async def loop(c: int) -> None:
         nonlocal pages
-        client = Client(port, HEAVY_KEY)
+        conn = client(port, HEAVY_KEY)
         k = c
         try:
             while not stop.is_set():
@@ -229,7 +193,7 @@ async def heavy_load(
                 inflight[0] += 1
                 t0 = time.perf_counter()
                 try:
-                    status, payload = await client.request("POST", "/v1/pages", body)
+                    status, payload = await conn.request("POST", "/v1/pages", body)
                 finally:
                     inflight[0] -= 1
                 statuses[str(status)] = statuses.get(str(status), 0) + 1
@@ -241,7 +205,7 @@ async def heavy_load(
                 else:
                     raise RuntimeError(f"heavy request answered {status}: {payload[:300]!r}")
         finally:
-            await client.close()
+            await conn.close()
 
     t0 = time.perf_counter()
     await asyncio.gather(*(loop(c) for c in range(clients)))
