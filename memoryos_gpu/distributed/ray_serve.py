@@ -509,8 +509,7 @@ class RouterService:
         async def delete() -> Any:
             return unbox(await self._handle(user_id).delete_user.remote(user_id))
 
-        async with self._exchange_lock():
-            deleted = await forget_everywhere_async(self._on_shard, delete, self.shard_map, user_id)
+        deleted = await self._forget(delete, user_id)
         self._mark([user_id], False)
         return bool(deleted)
 
@@ -526,11 +525,7 @@ class RouterService:
         async def delete() -> Any:
             return await self._on_shard(home, "delete_page", (page_id,))
 
-        async with self._exchange_lock():
-            done = await forget_everywhere_async(
-                self._on_shard, delete, self.shard_map, user_id, [page_id]
-            )
-        return bool(done)
+        return bool(await self._forget(delete, user_id, [page_id]))
 
     async def update_page(
         self,
@@ -553,9 +548,16 @@ class RouterService:
         async def edit() -> Any:
             return unbox(await self.handles[home].call.remote("update_page", (page_id,), text))
 
+        return await self._forget(edit, user_id, [page_id])
+
+    async def _forget(
+        self, change: Callable[[], Awaitable[Any]], user_id: str, pages: list[int] | None = None
+    ) -> Any:
+        """``change`` on the user's shard with what the pages taught forgotten on every shard
+        (``sharded_forget.py``), under the exchange lock: no sync has facts in flight."""
         async with self._exchange_lock():
             return await forget_everywhere_async(
-                self._on_shard, edit, self.shard_map, user_id, [page_id]
+                self._on_shard, change, self.shard_map, user_id, pages
             )
 
     async def _on_shard(self, shard: int, name: str, args: tuple) -> Any:
