@@ -35,6 +35,17 @@ _RESERVE_FACTOR = 64  # address space a lazy host array reserves, in multiples o
 _RESERVE_MIN = 4 << 30  # ... and at least this many bytes (nothing is backed until written)
 
 
+# the [users, slots] arrays of per-segment scalars, and the value of an empty slot
+_SEGMENT_SCALARS = (
+    ("seg_live", 0),
+    ("n_visit", 0),
+    ("l_interaction", 0),
+    ("last_access", 0.0),
+    ("heat", 0.0),
+    ("seg_npages", 0),
+)
+
+
 def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """A zeroed host array whose memory the OS provides page by page as rows are first written,
     in an address-space reservation that lets it grow along its first axis without a copy.
@@ -115,7 +126,11 @@ class ArenaConfig:
     """Shape of the arena. Defaults follow the paper (200 segments, 100 knowledge entries)."""
 
     dim: int = 384
-    segment_slots: int = 200
+    segment_slots: int = 200  # segments a user may hold (the paper's MTM capacity)
+    # segment slots each user has room for at first; the arena widens by doubling up to
+    # segment_slots when a user needs more (rows of [users, slots, ...] cost memory for every
+    # user: 200 slots at 100,000 users is 15 GB of fp16 segment rows on a GPU)
+    initial_segment_slots: int = 8
     keyword_width: int = 32
     # pages per block; None: 1 on the host (a wide block table costs nothing there, see
     # Arena.__init__, and a one-page segment, the common case without an LLM, wastes no
@@ -131,7 +146,8 @@ class ArenaConfig:
     def __post_init__(self) -> None:
         if self.block_size is None:
             object.__setattr__(self, "block_size", 4 if self.device.startswith("cuda") else 1)
-        for name in ("dim", "segment_slots", "keyword_width", "block_size", "knowledge_capacity"):
+        names = ("dim", "segment_slots", "initial_segment_slots", "keyword_width")
+        for name in (*names, "block_size", "knowledge_capacity"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ArenaConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -277,7 +293,8 @@ class Arena:
         c = self.config
         self._b = _Backend(c.device, c.gpu_dtype)
         b = self._b
-        users, s, k = max(1, c.initial_users), c.segment_slots, c.keyword_width
+        users, k = max(1, c.initial_users), c.keyword_width
+        s = min(c.segment_slots, c.initial_segment_slots)
         # --- segments, [U, S, ...] (device) ---
         self.seg_emb = b.empty_emb((users, s, c.dim))
         # rows of dead slots are never read: on the host they stay unwritten (zero, not resident)
@@ -329,6 +346,11 @@ class Arena:
     @property
     def owner_capacity(self) -> int:
         return int(self.owner_live.shape[0])
+
+    @property
+    def segment_width(self) -> int:
+        """Segment slots every user has room for now (<= ``config.segment_slots``)."""
+        return int(self._h_seg_live.shape[1])
 
     @property
     def num_blocks(self) -> int:
@@ -441,15 +463,17 @@ class Arena:
     def live_segments(self, user: int) -> np.ndarray:
         return np.flatnonzero(self._h_seg_live[user]).astype(np.int32)
 
-    def free_segment_slot(self, user: int) -> int:
-        """Lowest free segment slot of ``user``, or -1 when all S slots are live."""
-        free = np.flatnonzero(self._h_seg_live[user] == 0)
-        return int(free[0]) if free.size else NO_ID
-
     def free_segment_slots(self, users: np.ndarray) -> np.ndarray:
-        """:meth:`free_segment_slot` of many users at once (-1 where all S slots are live)."""
+        """Each user's lowest free segment slot, or -1 where the user holds ``segment_slots``
+        live segments (a slot may be past the current width: writing it widens the arena)."""
         free = self._h_seg_live[np.asarray(users, np.int32)] == 0
-        return np.where(free.any(axis=1), free.argmax(axis=1), NO_ID).astype(np.int32)
+        full = NO_ID if self.segment_width >= self.config.segment_slots else self.segment_width
+        return np.where(free.any(axis=1), free.argmax(axis=1), full).astype(np.int32)
+
+    def _check_slots(self, slots: np.ndarray) -> None:
+        """Segment slots a caller names must be held by the arena's current width."""
+        if slots.size and ((slots < 0) | (slots >= self.segment_width)).any():
+            raise ArenaError("segment slot out of range")
 
     def write_segments(
         self,
@@ -473,6 +497,8 @@ class Arena:
         keywords = normalize_keyword_rows(keywords)
         if ((slots < 0) | (slots >= self.config.segment_slots)).any():
             raise ArenaError("segment slot out of range")
+        if n and int(slots.max()) >= self.segment_width:
+            self._grow_width(int(slots.max()) + 1)
         idx = (users, slots)
         self._write(self.seg_emb, idx, emb, emb_array=True)
         self._write(self.seg_kw, idx, keywords)
@@ -496,6 +522,7 @@ class Arena:
     ) -> None:
         """Overwrite heat statistics of live segments (e.g. reset L_interaction after promotion)."""
         idx = (np.asarray(users, np.int32), np.asarray(slots, np.int32))
+        self._check_slots(idx[1])
         if n_visit is not None:
             self._write(self.n_visit, idx, np.asarray(n_visit, np.int32))
         if l_interaction is not None:
@@ -508,6 +535,7 @@ class Arena:
         users, slots = np.asarray(users, np.int32), np.asarray(slots, np.int32)
         if users.size == 0:
             return
+        self._check_slots(slots)
         idx = (users, slots)
         blocks = self._h_table[idx]
         have = self._allocated_columns(self._h_npages[idx])
@@ -541,7 +569,8 @@ class Arena:
         if n == 0:
             return np.zeros(0, dtype=np.int32)
         self.check_users(users)
-        key = users.astype(np.int64) * self.config.segment_slots + slots
+        self._check_slots(slots)
+        key = users.astype(np.int64) * self.segment_width + slots
         # rank of each page among the batch's pages of the same segment (batch order kept)
         order = np.argsort(key, kind="stable")
         sorted_key = key[order]
@@ -569,11 +598,12 @@ class Arena:
         if users.size == 0:
             return np.zeros(0, dtype=np.int32)
         self.check_users(users)
+        self._check_slots(slots)
         if not self._h_seg_live[users, slots].all():
             raise ArenaError("place_pages: target segment slot is not live")
         if (positions < 0).any():
             raise ArenaError("place_pages: negative page position")
-        bs, nslots = self.config.block_size, self.config.segment_slots
+        bs, nslots = self.config.block_size, self.segment_width
         key = users.astype(np.int64) * nslots + slots
         col = positions // bs
         if col.max() >= self._h_table.shape[2]:
@@ -680,11 +710,13 @@ class Arena:
             return np.zeros(0, dtype=np.int32)
         self.check_owners(owners)
         cap = self.config.knowledge_capacity
-        ring = np.empty(n, dtype=np.int32)
-        for i in range(n):
-            o = int(owners[i])
-            ring[i] = self._ring_head[o] % cap
-            self._ring_head[o] += 1
+        # each entry's rank among the batch's entries of its owner (batch order kept)
+        order = np.argsort(owners, kind="stable")
+        first = np.r_[True, owners[order][1:] != owners[order][:-1]]
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n) - np.flatnonzero(first)[np.cumsum(first) - 1]
+        ring = ((self._ring_head[owners] + rank) % cap).astype(np.int32)
+        np.add.at(self._ring_head, owners, 1)
         # if one batch wraps a ring, only the last write per slot survives (FIFO semantics)
         self._write(self.kn_emb, (owners, ring), emb, emb_array=True)
         self._write(self.kn_live, (owners, ring), 1)
@@ -779,20 +811,26 @@ class Arena:
         # segment embeddings: only live segments' rows are copied (see lazy_zeros)
         self.seg_emb = b.grow(self.seg_emb, new_users, 0.0, live=self._h_seg_live)
         self.seg_kw = b.grow(self.seg_kw, new_users, b.dead_kw, live=self._h_seg_live)
-        for name, fill in (
-            ("seg_live", 0),
-            ("n_visit", 0),
-            ("l_interaction", 0),
-            ("last_access", 0.0),
-            ("heat", 0.0),
-            ("seg_npages", 0),
-        ):
+        for name, fill in _SEGMENT_SCALARS:
             setattr(self, name, b.grow(getattr(self, name), new_users, fill))
         table_fill = NO_ID if self.on_cuda else 0  # host: lazily zero (see __init__)
         self.block_table = b.grow(self.block_table, new_users, table_fill, live=self._h_seg_live)
         self.user_live = np.concatenate(
             [self.user_live, np.zeros(new_users - self.user_live.size, np.uint8)]
         )
+        self._regrow_mirrors()
+
+    def _grow_width(self, needed: int) -> None:
+        """Room for ``needed`` segment slots per user: doubling, at most ``segment_slots``.
+        Only live segments' rows are copied (on the host the rest stay unwritten)."""
+        width = min(self.config.segment_slots, max(needed, 2 * self.segment_width))
+        b, live = self._b, self._h_seg_live
+        self.seg_emb = b.grow(self.seg_emb, width, 0.0, axis=1, live=live)
+        self.seg_kw = b.grow(self.seg_kw, width, b.dead_kw, axis=1, live=live)
+        for name, fill in _SEGMENT_SCALARS:
+            setattr(self, name, b.grow(getattr(self, name), width, fill, axis=1))
+        table_fill = NO_ID if self.on_cuda else 0  # host: lazily zero (see __init__)
+        self.block_table = b.grow(self.block_table, width, table_fill, axis=1, live=live)
         self._regrow_mirrors()
 
     def _grow_table(self, width: int) -> None:
@@ -831,11 +869,10 @@ class Arena:
                 self.block_table,
             )
             return
-        u = self.user_capacity
-        pad = u - self._h_seg_live.shape[0]
-        s = self.config.segment_slots
-        self._h_seg_live = np.concatenate([self._h_seg_live, np.zeros((pad, s), np.uint8)])
-        self._h_npages = np.concatenate([self._h_npages, np.zeros((pad, s), np.int32)])
-        self._h_table = np.concatenate(
-            [self._h_table, np.full((pad, s, self._h_table.shape[2]), NO_ID, np.int32)]
-        )
+        u, s = self.seg_live.shape  # the device arrays' shape: more users, wider, or both
+        old_u, old_s = self._h_seg_live.shape
+        live, npages = np.zeros((u, s), np.uint8), np.zeros((u, s), np.int32)
+        table = np.full((u, s, self._h_table.shape[2]), NO_ID, np.int32)
+        live[:old_u, :old_s], npages[:old_u, :old_s] = self._h_seg_live, self._h_npages
+        table[:old_u, :old_s] = self._h_table
+        self._h_seg_live, self._h_npages, self._h_table = live, npages, table

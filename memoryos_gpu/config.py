@@ -172,6 +172,13 @@ class EngineConfig(BaseModel):
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the arena lives.")
     gpu_dtype: Literal["float16", "bfloat16"] = "float16"
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        description="Threads of the CPU kernels' OpenMP teams, process-wide (ops.set_cpu_threads)"
+        "; None = OpenMP's default (every core, or OMP_NUM_THREADS). Set it when other busy "
+        "processes share the cores: `serve --workers N` gives the engine what the workers leave.",
+    )
     embedder: Literal["transformers", "onnx", "openai", "hashing"] = Field(
         "transformers",
         description="Embedding backend (docs/embeddings.md): 'transformers' = a local model "

@@ -27,6 +27,7 @@ class PageView(NamedTuple):
     timestamp: float
     meta: str | None  # the chain's meta summary
     extra: ReadOnlyDict  # the page's own metadata, shared by every retrieval of the page
+    tokens: int  # what the page adds to a prompt (approx_tokens of its texts), counted once
 
 
 def approx_tokens(*texts: str | None) -> int:
@@ -39,7 +40,8 @@ def page_view(
 ) -> PageView:
     if not isinstance(extra, ReadOnlyDict):
         extra = ReadOnlyDict(extra) if extra else _EMPTY
-    return PageView(user_input, agent_response, timestamp, meta, extra)
+    tokens = approx_tokens(user_input, agent_response, meta)
+    return PageView(user_input, agent_response, timestamp, meta, extra, tokens)
 
 
 class PageViews:

@@ -527,6 +527,28 @@ def test_eviction_at_the_201st_segment(make_engine, kit, eviction, cold_slot):
     assert [h["item_id"] for h in history] == [victim["segment_id"]]
 
 
+def test_the_arena_widens_for_more_segments_and_a_reopen_restores_the_width(
+    make_engine, kit, tmp_path
+):
+    """Segment rows start 8 slots wide per user and double as a user needs more; a reopen
+    places the stored slots, so retrieval and each segment's slot are as before."""
+    store = str(tmp_path / "wide.sqlite3")
+    eng = make_engine(store=store, stm_capacity=1, tau=1e9)
+    assert eng.arena.segment_width == 8
+    add_pages(eng, "u", [f"topic {i}" for i in range(21)])  # 20 leave STM, 20 segments
+    slots = {sid: st["slot"] for sid, st in segment_stats(eng, "u").items()}
+    assert sorted(slots.values()) == list(range(20))
+    assert eng.arena.segment_width == 32  # 8 -> 16 -> 32
+    want = [p.page_id for p in eng.retrieve("u", "User: topic 17 Assistant: r topic 17").pages]
+    assert want
+    eng.close()
+    again = make_engine(store=store, stm_capacity=1, tau=1e9)
+    assert again.arena.segment_width >= 20
+    assert {sid: st["slot"] for sid, st in segment_stats(again, "u").items()} == slots
+    got = [p.page_id for p in again.retrieve("u", "User: topic 17 Assistant: r topic 17").pages]
+    assert got == want
+
+
 # ---------------------------------------------------------------------------- LPM FIFO
 
 
@@ -820,6 +842,31 @@ def test_wall_clock_uses_time_time(make_engine, kit, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- item control
+
+
+def test_one_promotion_that_wraps_the_ring_keeps_its_newest_facts(make_engine, kit, tmp_path):
+    """Ten facts into a ring of four in one batch: the last four are live, in the arena and in
+    what retrievals show; the six before them are history only, also after a reopen."""
+
+    made = []
+
+    def promotion(_req):  # new facts each time (a repeated fact would strengthen its entry)
+        made.extend(f"wrapped fact {len(made) + i}" for i in range(10))
+        return {"user_facts": made[-10:], "assistant_facts": []}
+
+    store = str(tmp_path / "s.sqlite3")
+    memory = dict(stm_capacity=1, tau=1.5, knowledge_capacity=4, knowledge_top_k=10)
+    eng = make_engine(store=store, script=kit.Script(promotion=promotion), **memory)
+    add_pages(eng, "u", ["p0", "p1"])  # p0 leaves STM, opens a segment, is promoted
+    assert len(made) == 10
+    want = made[-4:]
+    assert [e["text"] for e in eng.knowledge("u")["user"]] == want
+    assert [e["text"] for e in eng.export_user("u")["user_knowledge"]][:6] == made[:6]
+    shown = {e.text for e in eng.retrieve("u", "wrapped fact").user_knowledge}
+    assert shown == set(want)
+    eng.close()
+    again = make_engine(store=store, script=kit.Script(promotion=promotion), **memory)
+    assert {e.text for e in again.retrieve("u", "wrapped fact").user_knowledge} == set(want)
 
 
 def test_get_update_delete_page_and_knowledge_with_history(make_engine, kit):

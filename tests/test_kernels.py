@@ -550,3 +550,24 @@ def test_lazy_zeros_is_a_writable_zeroed_array() -> None:
         assert a.shape == shape and a.dtype == np.float32 and not a.any()
         a[-1] = 1.5
         assert a.flags.writeable and a.flags.c_contiguous and a.sum() == 1.5 * np.prod(shape[1:])
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    batches=st.lists(st.lists(st.integers(0, 3), max_size=12), min_size=1, max_size=4),
+    capacity=st.integers(1, 5),
+)
+def test_push_knowledge_takes_each_owners_next_ring_positions(batches, capacity) -> None:
+    """Ring positions of a batch: per owner, the next positions in batch order, wrapping at
+    the capacity; the heads carry over to the next batch (checked against one-by-one)."""
+    arena = Arena(ArenaConfig(dim=2, knowledge_capacity=capacity, initial_owners=1))
+    arena.add_owners(4)
+    heads = [0] * 4
+    for batch in batches:
+        want = []
+        for o in batch:
+            want.append(heads[o] % capacity)
+            heads[o] += 1
+        got = arena.push_knowledge(np.array(batch, np.int32), np.ones((len(batch), 2)))
+        assert got.tolist() == want
+    assert [arena.ring_head(o) for o in range(4)] == heads

@@ -46,6 +46,9 @@ def _backend(name: str):
 BACKENDS = [_backend("cpu"), _backend("cuda")]
 TOL = {"cpu": 2e-4, "cuda": 5e-2}  # fused scores are z-scores: fp32 CPU, fp16 storage on GPU
 VOCAB = 12  # a small vocabulary makes shared terms (and BM25 ties) common
+# BM25 term ids (31-bit hashes, -1 pads): several alike modulo 64, so the CPU's 64-bit term
+# filter lets page terms through that are no query term
+TERM_IDS = np.array([0, 1, 2, 64, 65, 128, 63, 127, 2**31 - 1, 2**31 - 65, 7, 71], np.int32)
 
 
 @dataclass
@@ -98,15 +101,16 @@ def worlds(draw, device: str = "cpu") -> World:
         counts = rng.integers(0, 5, n_pages)
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         ids = np.concatenate(
-            [np.sort(rng.choice(VOCAB, c, replace=False)) for c in counts] or [np.zeros(0)]
+            [np.sort(TERM_IDS[rng.choice(VOCAB, c, replace=False)]) for c in counts]
+            or [np.zeros(0)]
         ).astype(np.int32)
         tf = rng.integers(1, 4, ids.size).astype(np.int32)
         length = np.add.reduceat(np.r_[tf, 0], offsets[:-1]) if ids.size else np.zeros(n_pages)
         length = np.where(counts > 0, length, 0) + rng.integers(0, 3, n_pages)
         arena.write_terms(pool, offsets, ids, tf, length.astype(np.int32))
         arena.delete_pages(pool[rng.random(n_pages) < 0.15])
-    b = draw(st.integers(0, 6))
-    q_terms = [list(rng.permutation(VOCAB)[: int(rng.integers(0, 6))]) for _ in range(b)]
+    b = draw(st.one_of(st.integers(0, 6), st.just(40)))  # 40: past the CPU's parallel threshold
+    q_terms = [list(TERM_IDS[rng.permutation(VOCAB)[: int(rng.integers(0, 6))]]) for _ in range(b)]
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in q_terms])]).astype(np.int64)
     ids = np.array([t for ts in q_terms for t in ts], np.int32)
     params = RetrievalParams(
@@ -156,6 +160,29 @@ def test_retrieve_matches_reference(backend, data) -> None:
     got = retrieve(w.arena, w.q_emb, w.q_user, w.terms, w.k, w.params)
     full = retrieve_ref(w.arena, w.q_emb, w.q_user, w.terms, 10_000, w.params)
     assert_ranked(full, got, TOL[backend])
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_one_thread_and_a_team_give_the_same_results(data) -> None:
+    w = data.draw(worlds("cpu"))
+    default = ops.build_info()["cpu_threads"]
+    try:
+        ops.set_cpu_threads(1)
+        assert ops.build_info()["cpu_threads"] == 1
+        one = retrieve(w.arena, w.q_emb, w.q_user, w.terms, w.k, w.params)
+        ops.set_cpu_threads(4)  # more threads than this machine's cores is allowed
+        team = retrieve(w.arena, w.q_emb, w.q_user, w.terms, w.k, w.params)
+    finally:
+        ops.set_cpu_threads(None)
+    assert ops.build_info()["cpu_threads"] == default
+    for x, y in zip(one, team, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_cpu_threads_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="cpu_threads"):
+        ops.set_cpu_threads(0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

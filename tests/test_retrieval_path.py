@@ -147,3 +147,26 @@ def test_queries_are_validated_on_the_fast_path(make_engine, kit):
             eng.retrieve_many([bad])
     stats = eng.stats()
     assert stats["retrieval"]["queries"] == 3 and stats["views"]["store_reads"] == 0
+
+
+def test_cpu_threads_in_the_config_limits_the_kernels_team():
+    from memoryos_gpu import MemoryEngine, ops
+    from memoryos_gpu.config import EngineConfig, LLMConfig
+    from memoryos_gpu.server.workers import available_cpus, engine_config
+
+    default = ops.build_info()["cpu_threads"]
+    cfg = EngineConfig(embedder="hashing", llm=LLMConfig(mode="extractive"), cpu_threads=1)
+    try:
+        with MemoryEngine(cfg) as eng:
+            assert ops.build_info()["cpu_threads"] == 1
+            eng.add("u", "hello there", "hi")
+            assert eng.retrieve("u", "hello").stm
+    finally:
+        ops.set_cpu_threads(None)
+    assert ops.build_info()["cpu_threads"] == default
+    # serve --workers N: the engine process gets the cores the workers leave, at least one
+    assert engine_config(EngineConfig(), 1).cpu_threads == max(1, available_cpus() - 1)
+    assert engine_config(EngineConfig(), 64).cpu_threads == 1
+    assert engine_config(EngineConfig(cpu_threads=3), 1).cpu_threads == 3
+    with pytest.raises(ValueError):
+        EngineConfig(cpu_threads=0)

@@ -7,13 +7,11 @@
 #include <cmath>
 #include <string>
 
+#include "../cpu/threads.h"
+#include "assembly_bindings.h"
 #include "memoryos/kernels.h"
 #include "retrieval_bindings.h"
 #include "tensor_arg.h"
-
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 
 namespace memoryos {
 namespace {
@@ -227,7 +225,7 @@ py::dict build_info() {
   info["cpu"] = true;
 #if defined(_OPENMP)
   info["openmp"] = true;
-  info["cpu_threads"] = omp_get_max_threads();
+  info["cpu_threads"] = cpu::team_size();
 #else
   info["openmp"] = false;
   info["cpu_threads"] = 1;
@@ -273,9 +271,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("kn_live"), py::arg("out_scores"), py::arg("out_ids"), py::arg("stream") = 0,
         "Top-k knowledge entries by cosine inside each query owner's ring buffer.");
   m.def("build_info", &build_info, "What was compiled and what is usable now.");
+  m.def("set_cpu_threads", &cpu::set_team_limit, py::arg("n"),
+        "Limit the CPU kernels' OpenMP teams to n threads (n <= 0: OpenMP's default).");
   m.def("_cpu_cosines_per_isa", &cpu_cosines_per_isa_py, py::arg("q"), py::arg("rows"),
         py::arg("out"),
         "Self-check: cosines by the baseline and (where available) the AVX2 build of the CPU "
         "inner loops into out[0] and out[1]; returns the number of builds that ran.");
   register_retrieval(m);
+  register_assembly(m);
 }

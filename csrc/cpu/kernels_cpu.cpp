@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "memoryos/kernels.h"
+#include "threads.h"
 #include "vector_math.h"
 
 namespace memoryos {
@@ -119,7 +120,7 @@ void knowledge_one_query(const QueryBatch& q, const KnowledgeView& kn, TopK out,
 /// each thread owns one Scratch.
 template <typename Body>
 void for_each_query(const QueryBatch& q, Body body) {
-#pragma omp parallel if (q.size >= kParallelMin)
+#pragma omp parallel num_threads(cpu::team_size()) if (q.size >= kParallelMin)
   {
     Scratch scratch{std::vector<float>(q.dim > 0 ? q.dim : 1),
                     std::vector<int32_t>(q.kw_width > 0 ? q.kw_width : 1)};
@@ -176,7 +177,7 @@ void apply_hits_cpu(const HitList& hits, HeatState state) {
 }
 
 void recompute_heat_cpu(const HeatRecompute& req, HeatState state, const HeatParams& params) {
-#pragma omp parallel for schedule(static) if (req.size >= kParallelMin)
+#pragma omp parallel for num_threads(cpu::team_size()) schedule(static) if (req.size >= kParallelMin)
   for (int64_t r = 0; r < req.size; ++r) {
     const int64_t u = req.user[r];
     const bool valid = u >= 0 && u < state.num_users;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "memoryos/retrieval.h"
+#include "threads.h"
 #include "vector_math.h"
 
 namespace memoryos {
@@ -41,11 +42,21 @@ void moments(const std::vector<Candidate>& cand, Get get, float* mean, float* st
   *stddev = hi > lo ? static_cast<float>(std::sqrt(sq / static_cast<double>(cand.size()))) : 0.f;
 }
 
+/// A query term found in a page: which term (its index in the query) and how often.
+struct Match {
+  int32_t term;
+  int32_t tf;
+};
+
 /// Per-thread scratch, reused across the queries a thread runs.
 struct Scratch {
   std::vector<float> query;  // the query scaled for overflow-safe cosines (cpu::prepare_query)
   std::vector<int32_t> query_kw;
   std::vector<int32_t> df;
+  std::vector<int32_t> q_sorted;     // the query's term ids, ascending ...
+  std::vector<int32_t> q_index;      // ... and each one's index in the query
+  std::vector<Match> matches;        // the query terms each page holds, page after page ...
+  std::vector<int32_t> match_start;  // ... page i's from match_start[i] (pages in visit order)
   std::vector<float> seg_score;
   std::vector<int32_t> seg_id;
   std::vector<uint8_t> chosen;
@@ -91,32 +102,67 @@ int top_segments(const cpu::PreparedQuery& pq, const int32_t* kq, int nk, const 
   return len;
 }
 
-/// Document frequency of each query term over the user's pages, plus N and the mean length.
+/// The query's terms sorted (with their query indices) and a 64-bit filter of them: a page
+/// term whose bit is clear is no query term, so most of a page's terms cost one test.
+uint64_t prepare_terms(const int32_t* qt, int nq, Scratch& sc) {
+  sc.q_index.resize(nq);
+  for (int t = 0; t < nq; ++t) sc.q_index[t] = t;
+  std::sort(sc.q_index.begin(), sc.q_index.end(), [qt](int32_t a, int32_t b) {
+    return qt[a] < qt[b];
+  });
+  sc.q_sorted.resize(nq);
+  uint64_t filter = 0;
+  for (int t = 0; t < nq; ++t) {
+    sc.q_sorted[t] = qt[sc.q_index[t]];
+    filter |= uint64_t{1} << (static_cast<uint32_t>(sc.q_sorted[t]) & 63u);
+  }
+  return filter;
+}
+
+/// One pass over the user's pages: which query terms each page holds (kept for bm25 in the
+/// query's term order, as the formula sums them), each term's document frequency, N and the
+/// mean length.
 void lexical_stats(const int32_t* qt, int nq, const SegmentView& seg, const PageView& pages,
                    const LexicalView& lex, int64_t u, Scratch& sc, int32_t* n_docs,
                    float* avg_len) {
+  const uint64_t filter = prepare_terms(qt, nq, sc);
   sc.df.assign(nq, 0);
+  sc.matches.clear();
+  sc.match_start.clear();
   int64_t total = 0;
   int32_t n = 0;
   for_each_page(seg, pages, u, [&](int32_t slot, int32_t) {
     ++n;
     total += lex.length[slot];
-    const int32_t* row = lex.terms + lex.start[slot];
-    for (int t = 0; t < nq; ++t) sc.df[t] += find_term(row, lex.count[slot], qt[t]) >= 0;
+    const size_t first = sc.matches.size();
+    sc.match_start.push_back(static_cast<int32_t>(first));
+    const int64_t start = lex.start[slot];
+    const int32_t* row = lex.terms + start;
+    for (int32_t j = 0; j < lex.count[slot]; ++j) {
+      const int32_t id = row[j];
+      if (!((filter >> (static_cast<uint32_t>(id) & 63u)) & 1u)) continue;
+      const int32_t at = find_term(sc.q_sorted.data(), nq, id);
+      if (at < 0) continue;
+      const int32_t t = sc.q_index[at];
+      ++sc.df[t];
+      sc.matches.push_back({t, lex.tf[start + j]});
+    }
+    std::sort(sc.matches.begin() + first, sc.matches.end(),
+              [](const Match& a, const Match& b) { return a.term < b.term; });
   });
+  sc.match_start.push_back(static_cast<int32_t>(sc.matches.size()));
   *n_docs = n;
   *avg_len = n > 0 && total > 0 ? static_cast<float>(static_cast<double>(total) / n) : 1.f;
 }
 
-inline float bm25(const int32_t* qt, int nq, const LexicalView& lex, int32_t slot,
-                  const Scratch& sc, int32_t n_docs, float avg_len, const RetrievalParams& p) {
-  const int32_t* row = lex.terms + lex.start[slot];
+/// BM25 of the page visited `ordinal`-th by lexical_stats, from the matches it recorded.
+inline float bm25(int32_t ordinal, const LexicalView& lex, int32_t slot, const Scratch& sc,
+                  int32_t n_docs, float avg_len, const RetrievalParams& p) {
   float score = 0.f;
-  for (int t = 0; t < nq; ++t) {
-    const int32_t at = find_term(row, lex.count[slot], qt[t]);
-    if (at < 0) continue;
-    score += bm25_term(bm25_idf(n_docs, sc.df[t]), lex.tf[lex.start[slot] + at],
-                       lex.length[slot], avg_len, p.bm25_k1, p.bm25_b);
+  for (int32_t i = sc.match_start[ordinal]; i < sc.match_start[ordinal + 1]; ++i) {
+    const Match& m = sc.matches[i];
+    score += bm25_term(bm25_idf(n_docs, sc.df[m.term]), m.tf, lex.length[slot], avg_len,
+                       p.bm25_k1, p.bm25_b);
   }
   return score;
 }
@@ -153,8 +199,9 @@ void retrieve_one(const QueryBatch& q, const QueryTerms& terms, const SegmentVie
 
   const float* emb = f32(pages.emb);
   sc.cand.clear();
+  int32_t ordinal = 0;  // pages come in lexical_stats' order
   for_each_page(seg, pages, u, [&](int32_t slot, int32_t s) {
-    const float lx = lexical ? bm25(qt, nq, lex, slot, sc, n_docs, avg_len, p) : 0.f;
+    const float lx = lexical ? bm25(ordinal++, lex, slot, sc, n_docs, avg_len, p) : 0.f;
     if (!sc.chosen[s] && !(lx > 0.f)) return;
     const float cos = cpu::cosine(pq, emb + static_cast<int64_t>(slot) * d, d);
     if (cos != cos) return;  // a stored row with NaN (outside the contract): never a candidate
@@ -187,7 +234,7 @@ void retrieve_one(const QueryBatch& q, const QueryTerms& terms, const SegmentVie
 void retrieve_cpu(const QueryBatch& q, const QueryTerms& terms, const SegmentView& seg,
                   const PageView& pages, const LexicalView& lex, const RetrievalParams& params,
                   RetrievalOut out) {
-#pragma omp parallel if (q.size >= kParallelMin)
+#pragma omp parallel num_threads(cpu::team_size()) if (q.size >= kParallelMin)
   {
     Scratch sc;
 #pragma omp for schedule(dynamic, 8)

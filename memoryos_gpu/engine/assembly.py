@@ -2,16 +2,20 @@
 
 The kernels leave ``[B, k]`` arrays of page ids, knowledge entry ids and scores; this module
 makes one Python object per *returned* page or entry (never per candidate), with the texts from
-the in-memory views (:mod:`memoryos_gpu.page_views`), and counts the prompt tokens from the
-texts' lengths instead of building the prompt text. A page a view does not hold (never
+the in-memory views (:mod:`memoryos_gpu.page_views`) by reference, and counts the prompt tokens
+from the texts' lengths instead of building the prompt text. The objects are built natively,
+one call per batch (``csrc/bindings/assembly_bindings.cpp``: in Python each object cost
+0.5-0.9 us, most of a query's host time); ``tests/assembly_reference.py`` is the same rule in
+Python, which the tests hold it to. A page a view does not hold (never
 expected: every writer keeps the views current) is read from the store and counted in
 ``stats()["views"]["store_reads"]``, so a test can assert there were none.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -49,41 +53,21 @@ def _assemble(
     user_knowledge: Hits,
     assistant_knowledge: Hits,
 ) -> list[Retrieval]:
-    views = s.views.pages
-    texts = s.views.knowledge
-    profiles = s.profiles
-    p_scores, p_ids = pages[0].tolist(), pages[1].tolist()
-    uk_scores, uk_ids = user_knowledge[0].tolist(), user_knowledge[1].tolist()
-    ak_scores, ak_ids = assistant_knowledge[0].tolist(), assistant_knowledge[1].tolist()
-    out = []
-    total = 0
-    paused = gc.isenabled()  # ~30 objects a query, none cyclic: no collection can free any
+    paused = gc.isenabled()  # ~20 objects a query, none cyclic: no collection can free any
     if paused:
         gc.disable()
     try:
-        for i, ((uid, query), user) in enumerate(zip(cleaned, users, strict=True)):
-            mtm = _pages(views, p_ids[i], p_scores[i], "mtm")
-            stm = _pages(views, user.stm, None, "stm")
-            uk = [
-                KnowledgeEntry(e, texts[e], sc)
-                for e, sc in zip(uk_ids[i], uk_scores[i], strict=True)
-                if e >= 0
-            ]
-            ak = [
-                KnowledgeEntry(e, texts[e], sc)
-                for e, sc in zip(ak_ids[i], ak_scores[i], strict=True)
-                if e >= 0
-            ]
-            profile = profiles.get(uid)
-            profile = dict(profile) if profile else {}
-            # prompt tokens from the objects just made (in cache), ~4 characters per token
-            tokens = sum([_page_tokens(p) for p in mtm]) + sum([_page_tokens(p) for p in stm])
-            if uk or ak or profile:
-                tokens += sum([(len(e.text) + 3) // 4 for e in uk])
-                tokens += sum([(len(e.text) + 3) // 4 for e in ak])
-                tokens += sum([approx_tokens(k, v) for k, v in profile.items()])
-            total += tokens
-            out.append(Retrieval(uid, query, stm, mtm, profile, uk, ak, tokens))
+        out, total = _assembler().batch(
+            cleaned if isinstance(cleaned, list) else list(cleaned),
+            users if isinstance(users, list) else list(users),
+            s.views.pages,
+            s.views.knowledge,
+            *_hits(pages),
+            *_hits(user_knowledge),
+            *_hits(assistant_knowledge),
+            s.profiles,
+            _profile_tokens,
+        )
     finally:
         if paused:
             gc.enable()
@@ -91,37 +75,23 @@ def _assemble(
     return out
 
 
-def _pages(
-    views: dict[int, Any], page_ids: Iterable[int], scores: list[float] | None, tier: str
-) -> list[RetrievedPage]:
-    """The returned pages of one query (ids < 0 are padding and end the list).
+@functools.cache
+def _assembler() -> Any:
+    """The native builder (``memoryos_gpu._C.Assembler``): it fills the slots of these three
+    classes directly, one call per batch."""
+    from memoryos_gpu import _C
 
-    Made with ``object.__new__`` and one store per field instead of the dataclass's
-    ``__init__``: the same object (RetrievedPage has no ``__post_init__``), at half the cost,
-    which is most of what a retrieval costs the host (0.3 instead of 0.6 us a page, measured).
-    ``extra`` is the view's read-only dict, shared."""
-    new = object.__new__
-    out = []
-    append = out.append
-    for j, pid in enumerate(page_ids):
-        if pid < 0:
-            break
-        user_input, agent_response, timestamp, meta, extra = views[pid]
-        p = new(RetrievedPage)
-        p.page_id = pid
-        p.user_input = user_input
-        p.agent_response = agent_response
-        p.timestamp = timestamp
-        p.tier = tier
-        p.score = None if scores is None else scores[j]
-        p.meta = meta
-        p.extra = extra
-        append(p)
-    return out
+    return _C.Assembler(RetrievedPage, KnowledgeEntry, Retrieval, "mtm", "stm")
 
 
-def _page_tokens(p: RetrievedPage) -> int:
-    return (len(p.user_input) + len(p.agent_response) + len(p.meta or "") + 3) // 4
+def _hits(hits: Hits) -> tuple[np.ndarray, np.ndarray]:
+    """(ids int64, scores float32), C-contiguous, as the builder reads them."""
+    scores, ids = hits
+    return np.ascontiguousarray(ids, np.int64), np.ascontiguousarray(scores, np.float32)
+
+
+def _profile_tokens(profile: dict[str, Any]) -> int:
+    return sum([approx_tokens(k, v) for k, v in profile.items()])
 
 
 def _read_missing(

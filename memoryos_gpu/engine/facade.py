@@ -103,6 +103,8 @@ class MemoryEngine:
         """Build the parts on the open ``store`` and load it (the rest of construction)."""
         m = self.config.memory
         store.check_embedding_model(embedder.model_id, embedder.dim)
+        if self.config.cpu_threads is not None:
+            ops.set_cpu_threads(self.config.cpu_threads)
         arena = Arena(
             ArenaConfig(
                 dim=embedder.dim,

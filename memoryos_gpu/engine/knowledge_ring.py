@@ -2,10 +2,13 @@
 
 :meth:`LongTerm.push_knowledge <memoryos_gpu.engine.lpm.LongTerm.push_knowledge>` decides what
 each fact does (:meth:`KnowledgeRing.decide`, the rule in :mod:`~memoryos_gpu.engine.conflicts`
-or the LLM's decisions) and calls :meth:`add`, :meth:`strengthen` and :meth:`supersede`; the
-store rows are written at once, in the open transaction, and the arena's ring rows, the
-provenance rows and the ring heads once per batch in :meth:`finish` (one arena push, one
-``executemany``), so the batch costs a few calls however many facts it holds.
+or the LLM's decisions) and calls :meth:`add_all`, :meth:`strengthen`, :meth:`supersede` and
+:meth:`add_outdated`; the new entries are inserted together (:meth:`add_all`: a multi-row
+``INSERT ... RETURNING`` per 256), the rarer strengthen / supersede / outdated rows one by one,
+in the open transaction;
+the arena's ring rows, the provenance rows and the ring heads once per batch in
+:meth:`finish` (one arena push, one ``executemany``), so a batch of plain additions costs a
+few statements however many facts it holds.
 
 :func:`unsupersede` and :func:`put_back` undo a supersession when the newer entry is deleted by
 hand (``delete_knowledge``): the value it replaced is the attribute's current value again.
@@ -21,7 +24,7 @@ import numpy as np
 
 from memoryos_gpu import ops
 from memoryos_gpu.store.derivations import KNOWLEDGE, record
-from memoryos_gpu.store.sqlite import blob_matrix, emb_blob
+from memoryos_gpu.store.sqlite import blob_matrix, emb_blob, insert_returning
 
 from .conflicts import Decision, LiveEntry, decide, fact_key
 from .state import EngineState, Fact, to_host
@@ -134,39 +137,49 @@ class KnowledgeRing:
         return out
 
     # ---------------------------------------------------------------- writing
-    def add(self, fact: Fact, vec: np.ndarray, index: int) -> int:
-        """A new entry at its ring's next ``seq``; returns its id (the arena row follows in
-        :meth:`finish`)."""
+    def add_all(self, adds: list[tuple[int, Fact, np.ndarray]]) -> dict[int, int]:
+        """New entries, each at its ring's next ``seq`` (in the order given), in a few
+        statements for the batch; returns each fact index's entry id (the arena rows follow
+        in :meth:`finish`). The entries a ring's new ``seq``s push past its capacity stop
+        being live."""
         s, db = self._s, self._db
-        o = self.owner_slot(fact.kind, fact.owner_id)
-        seq = self._heads.setdefault(o, s.arena.ring_head(o))
-        self._heads[o] = seq + 1
-        db.execute(
-            "UPDATE knowledge SET live = 0 WHERE owner_kind = ? AND owner_id = ? AND seq <= ?",
-            (fact.kind, fact.owner_id, seq - s.memory.knowledge_capacity),
-        )
-        key = self._keys[index]
         t = time.time()
-        entry = db.execute(
+        rows, tops, owners = [], {}, []
+        for index, fact, vec in adds:
+            o = self.owner_slot(fact.kind, fact.owner_id)
+            owners.append(o)
+            seq = self._heads.setdefault(o, s.arena.ring_head(o))
+            self._heads[o] = seq + 1
+            tops[(fact.kind, fact.owner_id)] = seq
+            key = self._keys[index]
+            valid_from = fact.valid_from if fact.valid_from is not None else t
+            rows.append(
+                (
+                    *(fact.kind, fact.owner_id, seq, fact.text, emb_blob(vec), fact.mode, t),
+                    *(fact.source_user, valid_from, key[0] if key else None),
+                )
+            )
+        made_rows = insert_returning(
+            db,
             "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, mode, created, "
-            "source_user, valid_from, fact_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "RETURNING entry_id",
-            (
-                fact.kind,
-                fact.owner_id,
-                seq,
-                fact.text,
-                emb_blob(vec),
-                fact.mode,
-                t,
-                fact.source_user,
-                fact.valid_from if fact.valid_from is not None else t,
-                key[0] if key else None,
-            ),
-        ).fetchone()[0]
-        self._pushed.append((o, int(entry), vec, fact.text))
-        self._source(int(entry), fact)
-        return int(entry)
+            "source_user, valid_from, fact_key)",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+            "entry_id, owner_kind, owner_id, seq",
+        )
+        ids = {(kind, o, int(q)): int(e) for e, kind, o, q in made_rows}
+        cap = s.memory.knowledge_capacity
+        db.executemany(
+            "UPDATE knowledge SET live = 0 WHERE owner_kind = ? AND owner_id = ? AND seq <= ?",
+            [(kind, o, top - cap) for (kind, o), top in tops.items()],
+        )
+        made = {}
+        for (index, fact, vec), row, o in zip(adds, rows, owners, strict=True):
+            entry = ids[row[:3]]
+            made[index] = entry
+            self._pushed.append((o, entry, vec, fact.text))
+            self._source(entry, fact)
+        return made
 
     def add_outdated(
         self, fact: Fact, vec: np.ndarray, index: int, newer: int, before: int | None
@@ -241,14 +254,23 @@ class KnowledgeRing:
         s, db = self._s, self._db
         record(db, KNOWLEDGE, self._sources)
         if self._pushed:
-            owners = np.array([p[0] for p in self._pushed], np.int32)
-            ring = s.arena.push_knowledge(owners, np.stack([p[2] for p in self._pushed]))
+            owners, entries, vecs, texts = zip(*self._pushed, strict=True)
+            owners = np.array(owners, np.int32)
+            ring = s.arena.push_knowledge(owners, np.stack(vecs))
             s.grow_maps()
-            for (o, entry, _, text), r in zip(self._pushed, ring, strict=True):
-                if s.entry_of_ring[o, r] >= 0:  # the FIFO dropped the entry that held this slot
-                    s.views.drop_knowledge([int(s.entry_of_ring[o, r])])
-                s.entry_of_ring[o, r] = entry
-                s.views.put_knowledge(entry, text)
+            # the FIFO drops what held each slot: entries from before the batch, and the
+            # batch's own when it wrapped a ring (the last write of a slot stays)
+            slot = owners.astype(np.int64) * s.entry_of_ring.shape[1] + ring
+            last = np.unique(slot[::-1], return_index=True)[1]
+            keep = np.zeros(slot.size, bool)
+            keep[slot.size - 1 - last] = True
+            before = s.entry_of_ring[owners[keep], ring[keep]]
+            dropped = [*before[before >= 0].tolist(), *np.asarray(entries)[~keep].tolist()]
+            s.views.drop_knowledge(dropped)
+            s.entry_of_ring[owners[keep], ring[keep]] = np.asarray(entries)[keep]
+            s.views.knowledge.update(
+                (e, t) for e, t, k in zip(entries, texts, keep.tolist(), strict=True) if k
+            )
         for (kind, owner_id), o in self._owners.items():
             if o in self._heads:
                 table, key = (

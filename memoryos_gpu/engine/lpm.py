@@ -251,20 +251,31 @@ class LongTerm:
         ring = KnowledgeRing(self._s, db)
         order, decisions = ring.decide(facts, emb)
         made: dict[int, int] = {}  # fact index -> the entry it made
-        for i in order:  # by time said: a target in the batch is made before it is named
-            fact, vec, d = facts[i], emb[i], decisions[i]
-            target = made.get(-d.target - 1) if d.target is not None and d.target < 0 else d.target
-            if d.action == "merge" and target is not None:
-                ring.strengthen(target, fact)
-            elif d.action == "outdated" and target is not None:
-                before = (
-                    made.get(-d.before - 1) if d.before is not None and d.before < 0 else d.before
-                )
-                made[i] = ring.add_outdated(fact, vec, i, target, before)
-            else:
-                made[i] = ring.add(fact, vec, i)
-                if d.action == "supersede" and target is not None:
-                    ring.supersede(target, made[i], fact)
+
+        def target(t: int | None) -> int | None:  # -(j + 1) names the j-th fact's entry
+            return made.get(-t - 1) if t is not None and t < 0 else t
+
+        # what each fact does, in the order said (a target in the batch is made before it is
+        # named; one that made nothing, a merged fact, cannot be a target: the fact is added)
+        kinds: dict[int, str] = {}
+        will_make: set[int] = set()
+        for i in order:
+            t = decisions[i].target
+            named = t is not None and (t >= 0 or -t - 1 in will_make)
+            kinds[i] = decisions[i].action if named and decisions[i].action in _NAMING else "add"
+            if kinds[i] != "merge":
+                will_make.add(i)
+        # the additions first, together (each takes its ring's next seq), then the rest in the
+        # same order: every entry a decision names exists by then
+        made.update(ring.add_all([(i, facts[i], emb[i]) for i in order if kinds[i] == "add"]))
+        for i in order:
+            fact, d = facts[i], decisions[i]
+            if kinds[i] == "merge":
+                ring.strengthen(target(d.target), fact)
+            elif kinds[i] == "outdated":
+                made[i] = ring.add_outdated(fact, emb[i], i, target(d.target), target(d.before))
+            elif d.action == "supersede" and target(d.target) is not None:
+                ring.supersede(target(d.target), made[i], fact)
         ring.finish()
 
     def queue_promotions(self, user_id: str, segment_slot: int | None = None) -> None:
@@ -299,6 +310,11 @@ class LongTerm:
             "user": st.owner_knowledge("user", user_id, live_only=not history),
             "assistant": st.owner_knowledge("assistant", u.assistant_id, live_only=not history),
         }
+
+
+# the decisions that name an existing entry and take no ring position (an outdated fact is
+# stored as history, outside the ring)
+_NAMING = ("merge", "outdated")
 
 
 def _nth(decisions: list[tuple[str, int | None]] | None, j: int) -> tuple[str, int | None] | None:

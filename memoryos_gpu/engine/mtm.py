@@ -24,7 +24,7 @@ from memoryos_gpu import ops
 from memoryos_gpu.arena import NO_ID
 from memoryos_gpu.lexical import terms_from_blobs
 from memoryos_gpu.stages import PageOutcome, PageWork
-from memoryos_gpu.store.sqlite import blob_matrix, emb_blob, select_in
+from memoryos_gpu.store.sqlite import blob_matrix, emb_blob, insert_returning, select_in
 from memoryos_gpu.text.keywords import keyword_tokens
 
 from .heat import Heat
@@ -246,10 +246,12 @@ class Segments:
     def _make_room(self, users: Sequence[UserState]) -> None:
         """Users about to open a segment with every slot live lose their lowest-heat one."""
         s = self._s
-        full = [u for u in users if s.arena.free_segment_slot(u.slot) == NO_ID]
-        if not full:
+        slots = np.fromiter((u.slot for u in users), np.int32, len(users))
+        full_at = np.flatnonzero(s.arena.free_segment_slots(slots) == NO_ID)
+        if not full_at.size:
             return
-        slots = np.array([u.slot for u in full], np.int32)
+        full = [users[i] for i in full_at.tolist()]
+        slots = slots[full_at]
         now = np.array([s.now(u) for u in full])
         _, victims = ops.recompute_heat(
             s.arena, slots, now, s.memory.heat_params(), np.ones(len(full), np.uint8)
@@ -349,21 +351,16 @@ class Segments:
             )
             for j, i in enumerate(idx.tolist())
         ]
-        sid_of: dict[tuple[str, int], int] = {}
-        for k in range(0, len(rows), 500):  # one statement per chunk, ids read back by key
-            chunk = rows[k : k + 500]
-            values = ",".join(["(?, ?, ?, ?, ?, ?, 0, 1, ?, ?, 1)"] * len(chunk))
-            sid_of.update(
-                ((u, sl), sid)
-                for sid, u, sl in db.execute(
-                    "INSERT INTO segments(user_id, slot, summary, keywords, kw_ids, embedding, "
-                    f"n_visit, l_interaction, last_access, created, n_pages) VALUES {values} "
-                    "RETURNING segment_id, user_id, slot",
-                    [v for row in chunk for v in row],
-                ).fetchall()
-            )
+        made = insert_returning(
+            db,
+            "INSERT INTO segments(user_id, slot, summary, keywords, kw_ids, embedding, "
+            "n_visit, l_interaction, last_access, created, n_pages)",
+            "(?, ?, ?, ?, ?, ?, 0, 1, ?, ?, 1)",
+            rows,
+            "segment_id, user_id, slot",
+        )
+        sid_of = {(u, sl): sid for sid, u, sl in made}  # ids read back by key
         sids = np.array([sid_of[(row[0], row[1])] for row in rows], np.int64)
-        s.segment_of[r.uslots[idx], slots] = sids
         s.arena.write_segments(
             r.uslots[idx],
             slots,
@@ -373,6 +370,8 @@ class Segments:
             l_interaction=np.ones(idx.size, np.int32),
             last_access=r.now[idx],
         )
+        s.grow_maps()  # the arena may have widened for these slots
+        s.segment_of[r.uslots[idx], slots] = sids
         s.counters["segments_created"] += int(idx.size)
         r.seg_slot[idx], r.segment_id[idx], r.seg_pos[idx] = slots, sids, 0
 

@@ -94,6 +94,7 @@ class Rebuild:
                 last_access=c["last_access"],
             )
             s.arena.size_segments(us, c["slot"], c["n_pages"])
+            s.grow_maps()  # the arena may have widened for the stored slots
             s.segment_of[us, c["slot"]] = c["segment_id"]
             ids.append(c["segment_id"])
             uslots.append(us)

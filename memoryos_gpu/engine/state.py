@@ -132,7 +132,7 @@ class EngineState:
         self.user_of_slot: dict[int, str] = {}  # arena user slot -> user id
         self.assistant_owner: dict[str, int] = {}
         self.page_of_slot = np.full(arena.page_live.shape[0], -1, np.int64)
-        self.segment_of = np.full((arena.user_capacity, m.mtm_capacity), -1, np.int64)
+        self.segment_of = np.full((arena.user_capacity, arena.segment_width), -1, np.int64)
         self.entry_of_ring = np.full((arena.owner_capacity, m.knowledge_capacity), -1, np.int64)
         self.counters = {
             "pages_added": 0,
@@ -156,11 +156,10 @@ class EngineState:
         if self.page_of_slot.size < a.page_live.shape[0]:
             extra = a.page_live.shape[0] - self.page_of_slot.size
             self.page_of_slot = np.concatenate([self.page_of_slot, np.full(extra, -1, np.int64)])
-        if self.segment_of.shape[0] < a.user_capacity:
-            extra = a.user_capacity - self.segment_of.shape[0]
-            self.segment_of = np.concatenate(
-                [self.segment_of, np.full((extra, m.mtm_capacity), -1, np.int64)]
-            )
+        if self.segment_of.shape != (a.user_capacity, a.segment_width):  # more users or wider
+            grown = np.full((a.user_capacity, a.segment_width), -1, np.int64)
+            grown[: self.segment_of.shape[0], : self.segment_of.shape[1]] = self.segment_of
+            self.segment_of = grown
         if self.entry_of_ring.shape[0] < a.owner_capacity:
             extra = a.owner_capacity - self.entry_of_ring.shape[0]
             self.entry_of_ring = np.concatenate(

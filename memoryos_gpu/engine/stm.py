@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
-from memoryos_gpu.store.sqlite import emb_blob
+from memoryos_gpu.store.sqlite import emb_blob, insert_returning
 from memoryos_gpu.types import AddResult, PageInput
 
 from .page_text import page_terms_of, page_text
@@ -200,18 +200,15 @@ class ShortTerm:
 
     def _insert_rows(self, db: Any, rows: list[tuple]) -> dict[tuple[str, int], int]:
         """INSERT the page rows, a chunk per statement; their ids by (user id, seq)."""
-        out: dict[tuple[str, int], int] = {}
-        for k in range(0, len(rows), 256):
-            chunk = rows[k : k + 256]
-            values = ",".join(["(?, ?, ?, ?, ?, 'stm', ?, ?, ?, ?, ?)"] * len(chunk))
-            cur = db.execute(
-                "INSERT INTO pages(user_id, seq, user_input, agent_response, timestamp, tier, "
-                f"embedding, terms, source, extra, created) VALUES {values} "
-                "RETURNING page_id, user_id, seq",
-                [v for row in chunk for v in row],
-            )
-            out.update(((u, int(q)), int(pid)) for pid, u, q in cur.fetchall())
-        return out
+        made = insert_returning(
+            db,
+            "INSERT INTO pages(user_id, seq, user_input, agent_response, timestamp, tier, "
+            "embedding, terms, source, extra, created)",
+            "(?, ?, ?, ?, ?, 'stm', ?, ?, ?, ?, ?)",
+            rows,
+            "page_id, user_id, seq",
+        )
+        return {(u, int(q)): int(pid) for pid, u, q in made}
 
     def _push_stm(self, user_ids: list[str], page_ids: list[int]) -> list[tuple[str, int]]:
         """Append the pages to their users' STM, in order; returns the (user, page) pushed

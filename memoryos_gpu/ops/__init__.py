@@ -32,6 +32,7 @@ __all__ = [
     "recompute_heat",
     "score_segments",
     "select_pages",
+    "set_cpu_threads",
 ]
 
 
@@ -49,13 +50,30 @@ def _native() -> Any:
 def build_info() -> dict[str, Any]:
     """What was compiled and what is usable now.
 
-    Keys: ``cpu`` (always True), ``openmp``, ``cpu_threads``, ``cuda_compiled``,
+    Keys: ``cpu`` (always True), ``openmp``, ``cpu_threads`` (the CPU kernels' team size now:
+    :func:`set_cpu_threads`), ``cuda_compiled``,
     ``cuda_device_count``, ``cuda_usable`` (compiled and a device present), ``cuda_archs``,
     ``version``.
     """
     info = dict(_native().build_info())
     info["cuda_usable"] = bool(info["cuda_compiled"] and info["cuda_device_count"] > 0)
     return info
+
+
+def set_cpu_threads(n: int | None) -> None:
+    """Limit the CPU kernels to ``n`` OpenMP threads (None: OpenMP's default, every core or
+    ``OMP_NUM_THREADS``). Process-wide: it applies to kernels called from any thread.
+
+    Why: a team as wide as the machine only pays when the kernels have the cores to
+    themselves. Beside other busy processes (HTTP workers, an embedder, another engine) a team
+    member the scheduler parked holds the whole batch for a time slice; on two cores with one
+    of them busy, a retrieval batch's kernels took 5-10x longer with two threads than with one.
+    ``EngineConfig.cpu_threads`` sets it when an engine opens; ``serve --workers N`` gives the
+    engine process the cores the workers leave.
+    """
+    if n is not None and int(n) < 1:
+        raise ValueError(f"cpu_threads must be >= 1 or None, got {n}")
+    _native().set_cpu_threads(0 if n is None else int(n))
 
 
 # ---------------------------------------------------------------------- input normalisation
@@ -234,7 +252,7 @@ def select_pages(
         q, users_d = _query_args(arena, q_emb, users)
     else:
         ch = _host_int(chosen, "chosen", b, ndim=2)
-        if ((ch < -1) | (ch >= arena.config.segment_slots)).any():
+        if ((ch < -1) | (ch >= arena.segment_width)).any():
             raise ArenaError("chosen holds a segment slot out of range")
         q, users_d, ch = _query_args(arena, q_emb, users, ch)
     scores, ids = _alloc_topk(arena, b, k)
@@ -265,7 +283,7 @@ def apply_hits(arena: Arena, hit_user: Any, hit_slot: Any, now: Any) -> None:
     hs = _host_int(hit_slot, "hit_slot", hu.shape[0])
     hn = _writable(np.broadcast_to(np.asarray(now, np.float64), hu.shape))
     arena.check_users(hu)
-    if ((hs < 0) | (hs >= arena.config.segment_slots)).any():
+    if ((hs < 0) | (hs >= arena.segment_width)).any():
         raise ArenaError("hit_slot out of range")
     if not np.isfinite(hn).all():
         raise ArenaError("now must be finite")
@@ -303,7 +321,7 @@ def recompute_heat(
         if need_evict is None
         else _writable(np.broadcast_to(np.asarray(need_evict, np.uint8), us.shape))
     )
-    n, s = us.shape[0], arena.config.segment_slots
+    n, s = us.shape[0], arena.segment_width
     us_d, nw_d, ne_d = _to_arena(arena, us, nw, ne)
     promote, evict, packed = _heat_outputs(arena, n, s)
     _native().recompute_heat(

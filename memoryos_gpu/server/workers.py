@@ -42,7 +42,14 @@ from typing import Any
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.server.settings import ServerSettings
 
-__all__ = ["Supervisor", "available_cpus", "default_workers", "run_workers", "serve_worker"]
+__all__ = [
+    "Supervisor",
+    "available_cpus",
+    "default_workers",
+    "engine_config",
+    "run_workers",
+    "serve_worker",
+]
 
 log = logging.getLogger("memoryos_gpu.server")
 QUICK_DEATH_S = 5.0  # a process that dies sooner than this after starting is restarted slowly
@@ -61,6 +68,15 @@ def default_workers(engines: int = 1) -> int:
     """The CLI's default: the cores available, minus one per engine process (0 on a one-core
     box: the single-process server)."""
     return max(0, available_cpus() - engines)
+
+
+def engine_config(config: EngineConfig, workers: int) -> EngineConfig:
+    """The engine process's config: unless ``cpu_threads`` is set, its CPU kernels get the
+    cores the ``workers`` HTTP processes leave (at least one), not a team as wide as the
+    machine whose members the workers would keep parking (ops.set_cpu_threads)."""
+    if config.cpu_threads is not None:
+        return config
+    return config.model_copy(update={"cpu_threads": max(1, available_cpus() - workers)})
 
 
 def _listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
@@ -137,7 +153,7 @@ class Supervisor:
         self.address = f"ipc://{self.dir / 'engine.sock'}"
         self.engine_pid = self.ctx.RawValue("i", 0)  # no lock: a killed reader holds none
         self.engine_spec = {
-            "config": config.model_dump(mode="json"),
+            "config": engine_config(config, workers).model_dump(mode="json"),
             "settings": settings.model_dump(),
             "address": self.address,
             "log_level": log_level,

@@ -1181,6 +1181,22 @@ def select_in(db: Any, select: str, ids: Sequence[Any]) -> list[tuple]:
     return rows
 
 
+def insert_returning(
+    db: Any, insert: str, row: str, rows: Sequence[tuple], returning: str, per: int = 256
+) -> list[tuple]:
+    """Insert ``rows`` with a multi-row ``{insert} VALUES {row}, ... RETURNING {returning}``,
+    one statement per ``per`` rows (SQLite's and PostgreSQL's parameter limits); every
+    returned row. Their order is not relied on: callers key them by a unique column set."""
+    out: list[tuple] = []
+    for k in range(0, len(rows), per):
+        chunk = rows[k : k + per]
+        out += db.execute(
+            f"{insert} VALUES {','.join([row] * len(chunk))} RETURNING {returning}",
+            [v for r in chunk for v in r],
+        ).fetchall()
+    return out
+
+
 def _id_chunks(ids: Sequence[int], size: int = 500) -> list[list[int]]:
     """Ids as ints, in chunks small enough for one ``IN (...)`` list."""
     ints = [int(i) for i in ids]

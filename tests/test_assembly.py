@@ -1,0 +1,164 @@
+"""The native builder of a retrieval batch's objects against the Python rule
+(tests/assembly_reference.py): same objects, same token counts, texts by reference, clear errors,
+no references leaked."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections import deque
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memoryos_gpu.engine.assembly import _assembler, _hits, _profile_tokens
+from memoryos_gpu.page_views import page_view
+from tests.assembly_reference import assemble_reference
+
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+
+
+@st.composite
+def batches(draw):
+    n_pages = draw(st.integers(0, 12))
+    views = {
+        pid: page_view(
+            draw(TEXT),
+            draw(TEXT),
+            draw(st.floats(0, 1e9)),
+            draw(st.one_of(st.none(), TEXT)),
+            draw(st.dictionaries(st.sampled_from("ab"), TEXT, max_size=2)),
+        )
+        for pid in range(100, 100 + n_pages)
+    }
+    n_entries = draw(st.integers(0, 8))
+    texts = {eid: draw(TEXT) for eid in range(5_000, 5_000 + n_entries)}
+    b = draw(st.integers(0, 6))
+    k = draw(st.integers(1, 5))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+
+    def page_rows() -> np.ndarray:  # live ids first, -1 padding at the end of a row
+        ids = np.full((b, k), -1, np.int64)
+        for i in range(b):
+            m = int(rng.integers(0, min(k, n_pages) + 1))
+            ids[i, :m] = rng.choice(list(views) or [0], m, replace=False) if m else []
+        return ids
+
+    def entry_rows(width: int) -> np.ndarray:  # padding anywhere
+        pool = np.array([*texts, -1, -1], np.int64)
+        return rng.choice(pool, (b, width)) if texts else np.full((b, width), -1, np.int64)
+
+    def scores(shape) -> np.ndarray:
+        return rng.normal(size=shape).astype(np.float32)
+
+    users = [
+        SimpleNamespace(stm=deque(rng.choice(list(views), int(rng.integers(0, 4))).tolist()))
+        if views
+        else SimpleNamespace(stm=deque())
+        for _ in range(b)
+    ]
+    uids = [draw(st.sampled_from(["u1", "u2", "x"])) for _ in range(b)]
+    profiles = {"u1": {"city": "Oslo", "pet": "cat"}, "u2": {}}
+    p, uk, ak = page_rows(), entry_rows(k), entry_rows(draw(st.integers(0, 4)))
+    cleaned = [(u, f"query {i}") for i, u in enumerate(uids)]
+    return (
+        cleaned,
+        users,
+        views,
+        texts,
+        (scores(p.shape), p),
+        (scores(uk.shape), uk),
+        (
+            scores(ak.shape),
+            ak,
+        ),
+        profiles,
+    )
+
+
+def native(cleaned, users, views, texts, pages, uk, ak, profiles):
+    return _assembler().batch(
+        cleaned,
+        users,
+        views,
+        texts,
+        *_hits(pages),
+        *_hits(uk),
+        *_hits(ak),
+        profiles,
+        _profile_tokens,
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=batches())
+def test_native_assembly_equals_the_python_rule(batch) -> None:
+    got, got_tokens = native(*batch)
+    want, want_tokens = assemble_reference(*batch)
+    assert got == want and got_tokens == want_tokens
+    views = batch[2]
+    for r in got:
+        for p in (*r.pages, *r.stm):
+            assert p.user_input is views[p.page_id].user_input  # by reference, not copied
+            assert p.extra is views[p.page_id].extra
+        assert all(e.sources is None for e in (*r.user_knowledge, *r.assistant_knowledge))
+        r.profile["new"] = "x"  # each retrieval owns its profile copy
+    assert "new" not in batch[7].get("u1", {})
+
+
+def test_a_missing_view_or_text_raises_key_error_naming_it() -> None:
+    views = {1: page_view("a", "b", 0.0, None, {})}
+    one, none = np.zeros((1, 1), np.float32), np.array([[-1]])
+    user = [SimpleNamespace(stm=deque([1]))]
+
+    def batch(pages, user_knowledge):
+        return native([("u", "q")], user, views, {}, pages, user_knowledge, (one, none), {})
+
+    with pytest.raises(KeyError, match="7"):
+        batch((one, np.array([[7]])), (one, none))
+    with pytest.raises(KeyError, match="9"):
+        batch((one, np.array([[1]])), (one, np.array([[9]])))
+    with pytest.raises(ValueError, match="int64"):  # int32 ids: the engine passes int64
+        _assembler().batch(
+            [("u", "q")],
+            user,
+            views,
+            {},
+            np.array([[1]], np.int32),
+            one,
+            *_hits((one, none)),
+            *_hits((one, none)),
+            {},
+            _profile_tokens,
+        )
+
+
+def test_a_class_that_is_not_a_slots_class_is_refused() -> None:
+    import dataclasses
+
+    from memoryos_gpu import _C
+    from memoryos_gpu.types import KnowledgeEntry, Retrieval, RetrievedPage
+
+    fields = [(f.name, f.type) for f in dataclasses.fields(RetrievedPage)]
+    loose = dataclasses.make_dataclass("Loose", fields)  # the same fields, but in a __dict__
+    for cls in (loose, type("Empty", (), {})):
+        with pytest.raises(TypeError, match="slot"):
+            _C.Assembler(cls, KnowledgeEntry, Retrieval, "mtm", "stm")
+
+
+def test_no_reference_is_leaked() -> None:
+    text = "".join(["leak check ", "text"])  # a fresh object, counted alone
+    views = {1: page_view(text, text, 0.0, text, {})}
+    texts = {2: text}
+    ids, e_ids = np.array([[1]]), np.array([[2]])
+    sc = np.zeros((1, 1), np.float32)
+    users = [SimpleNamespace(stm=deque([1]))]
+    before = sys.getrefcount(text)
+    for _ in range(1_000):
+        out, _ = native([("u", "q")], users, views, texts, (sc, ids), (sc, e_ids), (sc, e_ids), {})
+        del out
+    gc.collect()
+    assert sys.getrefcount(text) == before
