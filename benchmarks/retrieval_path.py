@@ -17,7 +17,7 @@ says where the rest goes. Peak RSS is the process's (``ru_maxrss``, monotone: ru
 queries/s against the embedder's own on the same questions.
 
 Usage: python benchmarks/retrieval_path.py [--users 1000 10000 100000] [--embedder hashing]
-       [--batch 256] [--queries 4096] [--quick] [--json OUT] [--plot OUT.png]
+       [--batch 256] [--queries 4096] [--store DIR] [--quick] [--json OUT] [--plot OUT.png]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from memoryos_gpu.eval.locomo import default_locomo_path
 
 # cProfile rows are grouped by where the function lives
 PROFILE_GROUPS = [
-    ("embedding", ("embedding.py",)),
+    ("embedding", ("memoryos_gpu/embed/",)),
     ("kernels (native)", ("memoryos_gpu._C", "retrieve' of", "knowledge_topk' of")),
     ("query terms", ("lexical.py",)),
     ("heat write-behind", ("heat.py",)),
@@ -118,16 +118,28 @@ def embedder_only(embedder: Any, queries: list, batch: int) -> float:
     return len(queries) / (time.perf_counter() - t0)
 
 
+def ingest(engine: MemoryEngine, corpus, users: int, args) -> float | None:
+    """Ingest the synthetic users (pages/s), or None when the store already holds them."""
+    if engine.stats()["users"] >= users:
+        return None  # a --store kept from an earlier run of this size
+    pages = iter_pages(corpus, users, args.pages_per_user)  # generated as ingested
+    t0 = time.perf_counter()
+    while batch := list(itertools.islice(pages, args.ingest_batch)):
+        engine.add_many(batch)
+    return users * args.pages_per_user / (time.perf_counter() - t0)
+
+
 def run_size(users: int, corpus, questions, embedder, args) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="retrieval-path-"))
+    kept = args.store is not None
+    workdir = args.store / f"{users}x{args.pages_per_user}" if kept else None
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="retrieval-path-"))
     rng = random.Random(users)
     try:
         engine = open_engine(workdir, embedder)
-        pages = iter_pages(corpus, users, args.pages_per_user)  # generated as ingested
-        t0 = time.perf_counter()
-        while batch := list(itertools.islice(pages, args.ingest_batch)):
-            engine.add_many(batch)
-        ingest_s = time.perf_counter() - t0
+        ingest_pages_per_s = ingest(engine, corpus, users, args)
         warm_q = [(f"u{rng.randrange(users)}", rng.choice(questions)) for _ in range(args.queries)]
         engine.retrieve_many(warm_q[: args.batch])  # first batch: allocations, caches
         warm = run_batches(engine, warm_q, args.batch)
@@ -145,7 +157,7 @@ def run_size(users: int, corpus, questions, embedder, args) -> dict[str, Any]:
         row: dict[str, Any] = {
             "users": users,
             "pages": users * args.pages_per_user,
-            "ingest_pages_per_s": users * args.pages_per_user / ingest_s,
+            "ingest_pages_per_s": ingest_pages_per_s,
             "reopen_s": reopen_s,
             "warm": warm,
             "cold": cold,
@@ -159,7 +171,8 @@ def run_size(users: int, corpus, questions, embedder, args) -> dict[str, Any]:
         engine.close()
         return row
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -214,6 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", type=int, default=4096)
     p.add_argument("--ingest-batch", type=int, default=2048)
     p.add_argument("--data", type=Path, default=default_locomo_path())
+    p.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        help="keep each size's store under this folder and reuse it on the next run "
+        "(ingestion is then not re-measured: 100,000 users take most of an hour to ingest)",
+    )
     p.add_argument("--quick", action="store_true", help="100 users, 512 queries: seconds")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
