@@ -321,6 +321,18 @@ def test_query_terms_keep_first_occurrence_order_and_cap() -> None:
     assert long.offsets[1] == 256 and long.ids[0] == hash_keyword("w0")
 
 
+def test_term_ids_stay_right_when_the_word_cache_fills_and_clears() -> None:
+    """The splitter keeps each thread's hashed words (131,072 at most, then starts over): a
+    batch with more distinct words than that, split twice, gives BLAKE2b ids every time."""
+    words = [f"w{i}" for i in range(140_000)]
+    texts = [" ".join(words[i : i + 1000]) for i in range(0, len(words), 1000)]
+    for _ in range(2):
+        t = page_terms(texts, None)
+        for i in (0, 69, 130, 139):  # before, around and after the clear
+            want = sorted(hash_keyword(w) for w in words[i * 1000 : (i + 1) * 1000])
+            assert t.row(i)[0].tolist() == want
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=300))
 def test_term_id_is_blake2b(word) -> None:

@@ -101,9 +101,7 @@ struct DocCandidates {
   void flush(bool with_ids, KeywordBatch* out) {
     for (size_t i = 0; i < words.size(); ++i) {
       const std::string& w = words[i];
-      out->ids.push_back(with_ids && ascii[i]
-                             ? term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size())
-                             : -1);
+      out->ids.push_back(with_ids && ascii[i] ? cached_term_id(w) : -1);
       out->tf.push_back(tf[i]);
       out->flags.push_back(flags[i]);
       out->words += w;

@@ -171,6 +171,23 @@ TermSplitter::TermSplitter(const std::vector<std::string>& stopwords)
     : stopwords_(stopwords.begin(), stopwords.end()) {}
 
 namespace {
+constexpr size_t kMaxCachedWords = size_t{1} << 17;  // ~10 MB a thread at most
+}  // namespace
+
+// Why a cache: a batch of queries (or pages) mostly repeats words earlier batches had, and
+// BLAKE2b costs ~0.3 us a word, most of a query's split. Per thread, because the splitters run
+// without the GIL; cleared when full (a vocabulary of chat text is a few 10^4 words).
+int32_t cached_term_id(const std::string& w) {
+  thread_local std::unordered_map<std::string, int32_t> cache;
+  auto it = cache.find(w);
+  if (it != cache.end()) return it->second;
+  if (cache.size() >= kMaxCachedWords) cache.clear();
+  const int32_t id = term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size());
+  cache.emplace(w, id);
+  return id;
+}
+
+namespace {
 
 template <typename Ch>
 void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
@@ -179,19 +196,9 @@ void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
   DocTerms doc;
   std::string word;
   int64_t docs_done = 0;
-  // words repeat (a batch of chat pages has a few thousand distinct words in ~10^5 tokens), and
-  // a lookup costs a fraction of one BLAKE2b; stopwords map to -1
-  std::unordered_map<std::string, int32_t> ids;
-  ids.reserve(4096);
   auto emit = [&](const std::string& w) {
-    if (w.empty()) return;
-    auto it = ids.find(w);
-    if (it == ids.end()) {
-      const int32_t id =
-          stop.count(w) ? -1 : term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size());
-      it = ids.emplace(w, id).first;
-    }
-    if (it->second >= 0) doc.tokens.push_back(it->second);
+    if (w.empty() || stop.count(w)) return;
+    doc.tokens.push_back(cached_term_id(w));
   };
   auto end_doc = [&]() {
     if (timestamps != nullptr && docs_done < n_docs) {

@@ -28,6 +28,10 @@ namespace memoryos {
 /// 31-bit id of one normalised word (its UTF-8 bytes): BLAKE2b-64, little-endian, & 0x7fffffff.
 int32_t term_id(const uint8_t* utf8, size_t n);
 
+/// term_id of a word's UTF-8, from the calling thread's cache of the words it hashed before
+/// (bounded; the id is a pure function of the word, so every caller shares it).
+int32_t cached_term_id(const std::string& utf8);
+
 /// Terms of a batch of documents in CSR form.
 struct TermBatch {
   std::vector<int64_t> offsets;  ///< [n + 1]: document i's terms are [offsets[i], offsets[i+1])
