@@ -1,5 +1,5 @@
 """The native builder of a retrieval batch's objects against the Python rule
-(tests/assembly_reference.py): same objects, same token counts, texts by reference, clear errors,
+(tests/assembly_reference.py): same objects, same token counts, metadata shared, clear errors,
 no references leaked."""
 
 from __future__ import annotations
@@ -15,8 +15,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memoryos_gpu.engine.assembly import _assembler, _hits, _profile_tokens
-from memoryos_gpu.page_views import page_view
+from memoryos_gpu.page_views import KnowledgeTexts, PageTable, PageView, approx_tokens
+from memoryos_gpu.types import ReadOnlyDict
 from tests.assembly_reference import assemble_reference
+
+
+def page_view(user_input, agent_response, timestamp, meta, extra) -> PageView:
+    """A page's view as the model of the tables holds it."""
+    tokens = approx_tokens(user_input, agent_response, meta)
+    return PageView(user_input, agent_response, timestamp, meta, ReadOnlyDict(extra), tokens)
+
+
+def tables(views: dict, texts: dict) -> tuple[PageTable, KnowledgeTexts]:
+    """The native tables holding the model's pages and entries."""
+    pages, knowledge = PageTable(), KnowledgeTexts()
+    for pid, v in views.items():
+        pages.put(pid, v.user_input, v.agent_response, v.timestamp, v.meta, v.extra)
+    knowledge.update(texts)
+    return pages, knowledge
+
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
 
@@ -80,11 +97,13 @@ def batches(draw):
 
 
 def native(cleaned, users, views, texts, pages, uk, ak, profiles):
+    """The native builder on tables made from the model ``views`` and ``texts``."""
+    page_table, knowledge = tables(views, texts)
     return _assembler().batch(
         cleaned,
         users,
-        views,
-        texts,
+        page_table.table,
+        knowledge.table,
         *_hits(pages),
         *_hits(uk),
         *_hits(ak),
@@ -102,8 +121,7 @@ def test_native_assembly_equals_the_python_rule(batch) -> None:
     views = batch[2]
     for r in got:
         for p in (*r.pages, *r.stm):
-            assert p.user_input is views[p.page_id].user_input  # by reference, not copied
-            assert p.extra is views[p.page_id].extra
+            assert p.extra is views[p.page_id].extra  # the metadata is shared, not copied
         assert all(e.sources is None for e in (*r.user_knowledge, *r.assistant_knowledge))
         r.profile["new"] = "x"  # each retrieval owns its profile copy
     assert "new" not in batch[7].get("u1", {})
@@ -125,8 +143,8 @@ def test_a_missing_view_or_text_raises_key_error_naming_it() -> None:
         _assembler().batch(
             [("u", "q")],
             user,
-            views,
-            {},
+            tables(views, {})[0].table,
+            KnowledgeTexts().table,
             np.array([[1]], np.int32),
             one,
             *_hits((one, none)),
@@ -150,15 +168,27 @@ def test_a_class_that_is_not_a_slots_class_is_refused() -> None:
 
 
 def test_no_reference_is_leaked() -> None:
-    text = "".join(["leak check ", "text"])  # a fresh object, counted alone
-    views = {1: page_view(text, text, 0.0, text, {})}
-    texts = {2: text}
+    """The shared metadata, the query's strings and the STM's page ids end where they began,
+    after many batches and after the tables are gone."""
+    text = "".join(["leak check ", "text"])  # fresh objects, counted alone
+    uid, query, stm_id = "".join(["u", "1"]), "".join(["q", "1"]), 10**12
+    extra = ReadOnlyDict({"k": text})
+    before = [sys.getrefcount(o) for o in (extra, uid, query, stm_id)]
+    pages, knowledge = PageTable(), KnowledgeTexts()
+    pages.put(1, text, text, 0.0, text, extra)
+    pages.put(stm_id, text, text, 0.0, None, extra)
+    knowledge.update({2: text})
     ids, e_ids = np.array([[1]]), np.array([[2]])
     sc = np.zeros((1, 1), np.float32)
-    users = [SimpleNamespace(stm=deque([1]))]
-    before = sys.getrefcount(text)
+    users = [SimpleNamespace(stm=deque([stm_id]))]
+    hits = (*_hits((sc, ids)), *_hits((sc, e_ids)), *_hits((sc, e_ids)))
     for _ in range(1_000):
-        out, _ = native([("u", "q")], users, views, texts, (sc, ids), (sc, e_ids), (sc, e_ids), {})
+        out, _ = _assembler().batch(
+            [(uid, query)], users, pages.table, knowledge.table, *hits, {}, _profile_tokens
+        )
+        assert out[0].pages[0].extra is extra and out[0].stm[0].page_id is stm_id
         del out
     gc.collect()
-    assert sys.getrefcount(text) == before
+    del pages
+    users.clear()
+    assert [sys.getrefcount(o) for o in (extra, uid, query, stm_id)] == before

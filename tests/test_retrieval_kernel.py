@@ -321,10 +321,11 @@ def test_query_terms_keep_first_occurrence_order_and_cap() -> None:
     assert long.offsets[1] == 256 and long.ids[0] == hash_keyword("w0")
 
 
-def test_term_ids_stay_right_when_the_word_cache_fills_and_clears() -> None:
-    """The splitter keeps each thread's hashed words (131,072 at most, then starts over): a
-    batch with more distinct words than that, split twice, gives BLAKE2b ids every time."""
-    words = [f"w{i}" for i in range(140_000)]
+def test_term_ids_stay_right_when_words_share_a_cache_entry() -> None:
+    """The splitter keeps each thread's hashed words in a direct-mapped cache of 32,768
+    entries: 140,000 distinct words (most entries taken by several), split twice, and words
+    too long for an entry, give BLAKE2b ids every time."""
+    words = [f"w{i}" for i in range(139_000)] + [f"long{'x' * 30}{i}" for i in range(1000)]
     texts = [" ".join(words[i : i + 1000]) for i in range(0, len(words), 1000)]
     for _ in range(2):
         t = page_terms(texts, None)

@@ -4,13 +4,15 @@
 // with ~20 RetrievedPage / KnowledgeEntry objects in it. Built in Python that was ~0.5-0.9 us
 // an object (an allocation and eight attribute stores through the interpreter): most of a
 // query's host time once the kernels and BM25 are native. Here the same objects are made by
-// the type's own allocator and their slots filled directly, with the texts taken from the
-// in-memory views by reference (nothing is copied), and the loop over the batch is C++.
+// the type's own allocator and their slots filled directly, with the texts copied out of the
+// in-memory tables (text_table.h) into fresh str objects, and the loop over the batch is C++.
 //
 // The classes are the package's slots dataclasses (memoryos_gpu.types); SlotLayout reads the
 // offsets of their member descriptors once and refuses a class whose fields are not plain
 // object slots, so a change to those classes fails loudly at import, not with corrupt objects.
 #include "assembly_bindings.h"
+
+#include "text_table.h"
 
 #include <Python.h>
 #include <structmember.h>
@@ -78,12 +80,14 @@ py::buffer_info checked(const py::array& a, int64_t rows, const char* what) {
   return a.request();
 }
 
-/// One returned page or knowledge entry, as the first pass finds it: its id (a new reference,
-/// handed on to the object built for it), the view or text it comes from (borrowed from the
-/// views) and its score (unused for STM pages, which have none).
+/// One returned page or knowledge entry: its id as a Python int (a new reference, handed on
+/// to the object built for it) and as a key, the block and metadata its record holds (pass 2)
+/// and its score (unused for STM pages, which have none).
 struct Ref {
   PyObject* id;
-  PyObject* src;
+  int64_t key;
+  const TextTable::Block* block;
+  PyObject* extra;
   float score;
 };
 
@@ -100,21 +104,23 @@ struct Refs {
   }
 };
 
-/// Ask for the cache line holding an object's header (its reference count and type).
-inline void prefetch(const PyObject* o) {
+/// Ask for the cache lines of a record's block (its header and the start of its texts).
+inline void prefetch_block(const TextTable::Block* b) {
 #if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(o, 1);  // for writing: the reference count will change
+  __builtin_prefetch(b);
+  __builtin_prefetch(reinterpret_cast<const char*>(b) + 64);
 #endif
 }
 
 /// The batch assembler: pages, entries and Retrieval objects for every query.
 ///
-/// Three passes over the batch, because the views are spread over the heap: a batch's ~1,300
-/// pages of 20,000 users touch ~6,000 objects (each view's tuple, texts, timestamp, metadata)
-/// that are mostly not in cache, and building the objects in one pass waited for each miss
-/// in turn (14 us a query at 1,000 users against 3 us on a cached batch). Pass 1 looks every
-/// returned page and entry up and asks for its view; pass 2 asks for the objects each view
-/// holds; pass 3 builds, by then mostly from cache, with the misses overlapped.
+/// Three passes over the batch, because the records are spread over memory: a batch of 64
+/// queries of 1,000-10,000 users returns ~1,300 pages and entries that are mostly not in
+/// cache, and building them one after another waited for each miss in turn. Pass 1 takes
+/// each query's ids (and its profile) and asks for the table slot of every id; pass 2 finds
+/// the records and asks for their blocks; pass 3 builds the objects, by then from cache. The
+/// tables are not changed in between: the caller holds the engine lock, and no Python code
+/// runs after pass 1 but allocation (the engine disables the garbage collector meanwhile).
 class Assembler {
  public:
   Assembler(py::type page_cls, py::type entry_cls, py::type retrieval_cls, py::str mtm,
@@ -128,9 +134,10 @@ class Assembler {
         stm_(stm),
         stm_attr_("stm") {}
 
-  py::tuple batch(py::list cleaned, py::list users, py::dict views, py::dict texts, py::array p_ids,
-                  py::array p_scores, py::array uk_ids, py::array uk_scores, py::array ak_ids,
-                  py::array ak_scores, py::dict profiles, py::object profile_tokens) const {
+  py::tuple batch(py::list cleaned, py::list users, const TextTable& views,
+                  const TextTable& texts, py::array p_ids, py::array p_scores, py::array uk_ids,
+                  py::array uk_scores, py::array ak_ids, py::array ak_scores, py::dict profiles,
+                  py::object profile_tokens) const {
     const int64_t b = static_cast<int64_t>(py::len(cleaned));
     if (static_cast<int64_t>(py::len(users)) != b) throw py::value_error("users must have B items");
     Hits pages{checked<int64_t>(p_ids, b, "page ids"), checked<float>(p_scores, b, "page scores")};
@@ -143,51 +150,53 @@ class Assembler {
         throw py::value_error("ids and scores must have the same shape");
       }
     }
+    // pass 1: ids (tables' slots asked for) and profiles
+    Refs refs;
+    refs.refs.reserve(static_cast<size_t>(b) * 24);
+    refs.start.reserve(static_cast<size_t>(4 * b + 1));
+    std::vector<py::object> profile(static_cast<size_t>(b));
+    std::vector<int64_t> tokens(static_cast<size_t>(b), 0);
     for (int64_t i = 0; i < b; ++i) {
       PyObject* pair = PyList_GET_ITEM(cleaned.ptr(), i);
       if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
         throw py::value_error("cleaned must hold (user_id, query) tuples");
       }
-    }
-    Refs refs;
-    refs.refs.reserve(static_cast<size_t>(b) * 24);
-    refs.start.reserve(static_cast<size_t>(4 * b + 1));
-    for (int64_t i = 0; i < b; ++i) {
-      find_pages(views.ptr(), pages, i, refs);
-      find_stm(views.ptr(), PyList_GET_ITEM(users.ptr(), i), refs);
-      find_entries(texts.ptr(), uk, i, refs);
-      find_entries(texts.ptr(), ak, i, refs);
+      take_hits(views, pages, i, true, refs);
+      take_stm(views, PyList_GET_ITEM(users.ptr(), i), refs);
+      take_hits(texts, uk, i, false, refs);
+      take_hits(texts, ak, i, false, refs);
+      profile[i] = copy_profile(profiles.ptr(), PyTuple_GET_ITEM(pair, 0));
+      if (PyDict_GET_SIZE(profile[i].ptr()) > 0) {
+        tokens[i] = profile_tokens(profile[i]).cast<int64_t>();
+      }
     }
     refs.start.push_back(refs.refs.size());
-    prefetch_view_fields(refs, b);
+    // pass 2: the records (their blocks asked for)
+    for (int64_t i = 0; i < b; ++i) {
+      const size_t* at = &refs.start[static_cast<size_t>(4 * i)];
+      find(views, refs, at[0], at[2]);
+      find(texts, refs, at[2], at[4]);
+    }
+    // pass 3: the objects
     py::list out(b);
     int64_t total = 0;
     for (int64_t i = 0; i < b; ++i) {
       PyObject* pair = PyList_GET_ITEM(cleaned.ptr(), i);
       const size_t* at = &refs.start[static_cast<size_t>(4 * i)];
-      int64_t tokens = 0;
-      py::object mtm = build_pages(refs, at[0], at[1], mtm_.ptr(), true, &tokens);
-      py::object stm_pages = build_pages(refs, at[1], at[2], stm_.ptr(), false, &tokens);
-      py::object u_entries = build_entries(refs, at[2], at[3], &tokens);
-      py::object a_entries = build_entries(refs, at[3], at[4], &tokens);
-      PyObject* uid = PyTuple_GET_ITEM(pair, 0);
-      PyObject* found = PyDict_GetItemWithError(profiles.ptr(), uid);  // borrowed
-      if (found == nullptr && PyErr_Occurred()) throw py::error_already_set();
-      py::object profile = py::reinterpret_steal<py::object>(
-          found != nullptr && PyDict_Check(found) && PyDict_GET_SIZE(found) > 0
-              ? PyDict_Copy(found)
-              : PyDict_New());
-      if (!profile) throw py::error_already_set();
-      if (PyDict_GET_SIZE(profile.ptr()) > 0) tokens += profile_tokens(profile).cast<int64_t>();
-      total += tokens;
-      PyObject* values[8] = {Py_NewRef(uid),
+      int64_t n = tokens[i];
+      py::object mtm = build_pages(refs, at[0], at[1], mtm_.ptr(), true, &n);
+      py::object stm_pages = build_pages(refs, at[1], at[2], stm_.ptr(), false, &n);
+      py::object u_entries = build_entries(refs, at[2], at[3], &n);
+      py::object a_entries = build_entries(refs, at[3], at[4], &n);
+      total += n;
+      PyObject* values[8] = {Py_NewRef(PyTuple_GET_ITEM(pair, 0)),
                              Py_NewRef(PyTuple_GET_ITEM(pair, 1)),
                              stm_pages.release().ptr(),
                              mtm.release().ptr(),
-                             profile.release().ptr(),
+                             profile[i].release().ptr(),
                              u_entries.release().ptr(),
                              a_entries.release().ptr(),
-                             PyLong_FromLongLong(tokens)};
+                             PyLong_FromLongLong(n)};
       if (values[7] == nullptr) {
         for (PyObject* v : values) Py_XDECREF(v);
         throw py::error_already_set();
@@ -212,66 +221,68 @@ class Assembler {
     int64_t k() const { return ids.shape[1]; }
   };
 
-  /// `key`'s value in `dict` (borrowed), prefetched; KeyError naming the key when it is
-  /// missing (the Python side then reads the batch's missing views from the store and
-  /// assembles again).
-  static PyObject* lookup(PyObject* dict, PyObject* key) {
-    PyObject* found = PyDict_GetItemWithError(dict, key);  // borrowed
-    if (found == nullptr) {
-      if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
-      throw py::error_already_set();
-    }
-    prefetch(found);
-    return found;
+  /// A copy of the user's profile (each Retrieval owns its own), or a new empty dict.
+  static py::object copy_profile(PyObject* profiles, PyObject* uid) {
+    PyObject* found = PyDict_GetItemWithError(profiles, uid);  // borrowed
+    if (found == nullptr && PyErr_Occurred()) throw py::error_already_set();
+    PyObject* copy = found != nullptr && PyDict_Check(found) && PyDict_GET_SIZE(found) > 0
+                         ? PyDict_Copy(found)
+                         : PyDict_New();
+    if (copy == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(copy);
   }
 
-  /// Pass 1, query i's MTM pages: ids < 0 are padding and end the row.
-  static void find_pages(PyObject* views, const Hits& h, int64_t i, Refs& refs) {
-    refs.start.push_back(refs.refs.size());
-    const int64_t* ids = h.id_row(i);
-    const float* scores = h.score_row(i);
-    for (int64_t j = 0; j < h.k() && ids[j] >= 0; ++j) {
-      refs.refs.push_back({PyLong_FromLongLong(ids[j]), nullptr, scores[j]});
-      if (refs.refs.back().id == nullptr) throw py::error_already_set();
-      refs.refs.back().src = lookup(views, refs.refs.back().id);
-    }
-  }
-
-  /// Pass 1, the STM pages of `user` (its `stm`: page ids, oldest first, any iterable).
-  void find_stm(PyObject* views, PyObject* user, Refs& refs) const {
-    refs.start.push_back(refs.refs.size());
-    py::object ids = py::reinterpret_borrow<py::object>(user).attr(stm_attr_);
-    for (py::handle pid : ids) {
-      refs.refs.push_back({Py_NewRef(pid.ptr()), nullptr, 0.f});
-      refs.refs.back().src = lookup(views, pid.ptr());
-    }
-  }
-
-  /// Pass 1, query i's knowledge entries of one list: ids < 0 are padding (skipped).
-  static void find_entries(PyObject* texts, const Hits& h, int64_t i, Refs& refs) {
+  /// Pass 1, one row of query i's hits. Ids < 0 are padding: for pages (`ordered`) they end
+  /// the row, for knowledge entries they may be anywhere (skipped).
+  static void take_hits(const TextTable& table, const Hits& h, int64_t i, bool ordered,
+                        Refs& refs) {
     refs.start.push_back(refs.refs.size());
     const int64_t* ids = h.id_row(i);
     const float* scores = h.score_row(i);
     for (int64_t j = 0; j < h.k(); ++j) {
-      if (ids[j] < 0) continue;
-      refs.refs.push_back({PyLong_FromLongLong(ids[j]), nullptr, scores[j]});
-      if (refs.refs.back().id == nullptr) throw py::error_already_set();
-      PyObject* text = lookup(texts, refs.refs.back().id);
-      if (!PyUnicode_Check(text)) throw py::type_error("a knowledge text must be a str");
-      refs.refs.back().src = text;
+      if (ids[j] < 0) {
+        if (ordered) break;
+        continue;
+      }
+      PyObject* id = PyLong_FromLongLong(ids[j]);
+      if (id == nullptr) throw py::error_already_set();
+      refs.refs.push_back({id, ids[j], nullptr, nullptr, scores[j]});
+      table.prefetch(ids[j]);
     }
   }
 
-  /// Pass 2: ask for every object the found views hold (pass 3 takes a reference to each).
-  static void prefetch_view_fields(const Refs& refs, int64_t b) {
-    for (int64_t i = 0; i < b; ++i) {
-      const size_t* at = &refs.start[static_cast<size_t>(4 * i)];
-      for (size_t r = at[0]; r < at[2]; ++r) {  // MTM and STM pages
-        PyObject* view = refs.refs[r].src;
-        if (!PyTuple_Check(view) || PyTuple_GET_SIZE(view) != 6) continue;  // refused in pass 3
-        for (Py_ssize_t f = 0; f < 5; ++f) prefetch(PyTuple_GET_ITEM(view, f));
-      }
+  /// Pass 1, the STM pages of `user` (its `stm`: page ids, oldest first, any iterable).
+  void take_stm(const TextTable& views, PyObject* user, Refs& refs) const {
+    refs.start.push_back(refs.refs.size());
+    py::object ids = py::reinterpret_borrow<py::object>(user).attr(stm_attr_);
+    for (py::handle pid : ids) {
+      const int64_t key = PyLong_AsLongLong(pid.ptr());
+      if (key == -1 && PyErr_Occurred()) throw py::error_already_set();
+      refs.refs.push_back({Py_NewRef(pid.ptr()), key, nullptr, nullptr, 0.f});
+      views.prefetch(key);
     }
+  }
+
+  /// Pass 2: the records of refs [from, to); KeyError naming an id the table lacks (the
+  /// Python side then reads the batch's missing records from the store and assembles again).
+  static void find(const TextTable& table, Refs& refs, size_t from, size_t to) {
+    for (size_t r = from; r < to; ++r) {
+      const TextTable::Slot* s = table.find(refs.refs[r].key);
+      if (s == nullptr) {
+        PyErr_SetObject(PyExc_KeyError, refs.refs[r].id);
+        throw py::error_already_set();
+      }
+      refs.refs[r].block = s->block;
+      refs.refs[r].extra = s->extra;
+      prefetch_block(s->block);
+    }
+  }
+
+  /// A text of a block as a new str, or throw.
+  static PyObject* text(const TextTable::Block* b, int i) {
+    PyObject* t = TextTable::text(b, i);
+    if (t == nullptr) throw py::error_already_set();
+    return t;
   }
 
   /// Pass 3: the RetrievedPage objects of refs [from, to) (``scored``: MTM pages; STM pages'
@@ -281,21 +292,21 @@ class Assembler {
     py::list out(static_cast<Py_ssize_t>(to - from));
     for (size_t r = from; r < to; ++r) {
       Ref& ref = refs.refs[r];
-      PyObject* view = ref.src;
-      if (!PyTuple_Check(view) || PyTuple_GET_SIZE(view) != 6) {
-        throw py::type_error("a page view must be a PageView of 6 fields");
+      const TextTable::Block* b = ref.block;
+      *tokens += b->tokens;
+      PyObject* values[8] = {nullptr};
+      values[1] = TextTable::text(b, 0);
+      values[2] = TextTable::text(b, 1);
+      values[3] = PyFloat_FromDouble(b->timestamp);
+      values[5] = scored ? PyFloat_FromDouble(ref.score) : Py_NewRef(Py_None);
+      values[6] = TextTable::text(b, 2);
+      if (!values[1] || !values[2] || !values[3] || !values[5] || !values[6]) {
+        for (PyObject* v : values) Py_XDECREF(v);
+        throw py::error_already_set();
       }
-      *tokens += PyLong_AsLongLong(PyTuple_GET_ITEM(view, 5));
-      PyObject* score = scored ? PyFloat_FromDouble(ref.score) : Py_NewRef(Py_None);
-      if (score == nullptr) throw py::error_already_set();
-      PyObject* values[8] = {std::exchange(ref.id, nullptr),
-                             Py_NewRef(PyTuple_GET_ITEM(view, 0)),
-                             Py_NewRef(PyTuple_GET_ITEM(view, 1)),
-                             Py_NewRef(PyTuple_GET_ITEM(view, 2)),
-                             Py_NewRef(tier),
-                             score,
-                             Py_NewRef(PyTuple_GET_ITEM(view, 3)),
-                             Py_NewRef(PyTuple_GET_ITEM(view, 4))};
+      values[0] = std::exchange(ref.id, nullptr);
+      values[4] = Py_NewRef(tier);
+      values[7] = Py_NewRef(ref.extra != nullptr ? ref.extra : Py_None);
       PyObject* p = page_.make(values);
       if (p == nullptr) throw py::error_already_set();
       PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(r - from), p);
@@ -308,11 +319,15 @@ class Assembler {
     py::list out(static_cast<Py_ssize_t>(to - from));
     for (size_t r = from; r < to; ++r) {
       Ref& ref = refs.refs[r];
-      *tokens += (PyUnicode_GET_LENGTH(ref.src) + 3) / 4;
-      PyObject* score = PyFloat_FromDouble(ref.score);
-      if (score == nullptr) throw py::error_already_set();
-      PyObject* values[4] = {std::exchange(ref.id, nullptr), Py_NewRef(ref.src), score,
-                             Py_NewRef(Py_None)};
+      *tokens += ref.block->tokens;
+      PyObject* values[4] = {nullptr, TextTable::text(ref.block, 0),
+                             PyFloat_FromDouble(ref.score), nullptr};
+      if (!values[1] || !values[2]) {
+        for (PyObject* v : values) Py_XDECREF(v);
+        throw py::error_already_set();
+      }
+      values[0] = std::exchange(ref.id, nullptr);
+      values[3] = Py_NewRef(Py_None);
       PyObject* e = entry_.make(values);
       if (e == nullptr) throw py::error_already_set();
       PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(r - from), e);

@@ -12,6 +12,7 @@
 #include "memoryos/kernels.h"
 #include "retrieval_bindings.h"
 #include "tensor_arg.h"
+#include "text_table.h"
 
 namespace memoryos {
 namespace {
@@ -278,5 +279,6 @@ PYBIND11_MODULE(_C, m) {
         "Self-check: cosines by the baseline and (where available) the AVX2 build of the CPU "
         "inner loops into out[0] and out[1]; returns the number of builds that ran.");
   register_retrieval(m);
+  register_text_table(m);
   register_assembly(m);
 }

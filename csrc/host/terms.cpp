@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
-#include <unordered_map>
 
 namespace memoryos {
 namespace {
@@ -171,20 +170,42 @@ TermSplitter::TermSplitter(const std::vector<std::string>& stopwords)
     : stopwords_(stopwords.begin(), stopwords.end()) {}
 
 namespace {
-constexpr size_t kMaxCachedWords = size_t{1} << 17;  // ~10 MB a thread at most
+
+/// One entry of the word cache: a word of at most 26 bytes and its id.
+struct CachedWord {
+  int32_t id;
+  uint8_t size;  // 0: empty (an empty word is never looked up)
+  char bytes[27];
+};
+static_assert(sizeof(CachedWord) == 32, "two entries a cache line");
+
+constexpr size_t kCacheBits = 15;  // 32,768 entries: 1 MB a thread
+
+/// FNV-1a of the word: only picks the cache entry (the entry holds the word, so a collision
+/// costs a recomputation, never a wrong id).
+inline size_t cache_index(const std::string& w) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (char c : w) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
+  return static_cast<size_t>((h ^ (h >> 29)) & ((size_t{1} << kCacheBits) - 1));
+}
+
 }  // namespace
 
 // Why a cache: a batch of queries (or pages) mostly repeats words earlier batches had, and
-// BLAKE2b costs ~0.3 us a word, most of a query's split. Per thread, because the splitters run
-// without the GIL; cleared when full (a vocabulary of chat text is a few 10^4 words).
+// BLAKE2b costs ~0.3 us a word, most of a query's split. Direct-mapped, exact (an entry holds
+// its word) and bounded, so a lookup is one cache line; per thread, because the splitters run
+// without the GIL. Longer words are always hashed (they are rare in chat text).
 int32_t cached_term_id(const std::string& w) {
-  thread_local std::unordered_map<std::string, int32_t> cache;
-  auto it = cache.find(w);
-  if (it != cache.end()) return it->second;
-  if (cache.size() >= kMaxCachedWords) cache.clear();
-  const int32_t id = term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size());
-  cache.emplace(w, id);
-  return id;
+  thread_local std::vector<CachedWord> cache(size_t{1} << kCacheBits, CachedWord{0, 0, {}});
+  if (w.empty() || w.size() > sizeof(CachedWord::bytes)) {
+    return term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size());
+  }
+  CachedWord& e = cache[cache_index(w)];
+  if (e.size == w.size() && std::memcmp(e.bytes, w.data(), w.size()) == 0) return e.id;
+  e.id = term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size());
+  e.size = static_cast<uint8_t>(w.size());
+  std::memcpy(e.bytes, w.data(), w.size());
+  return e.id;
 }
 
 namespace {

@@ -1,8 +1,9 @@
 """Turning a retrieval batch's arrays into the :class:`~memoryos_gpu.types.Retrieval` objects.
 
 The kernels leave ``[B, k]`` arrays of page ids, knowledge entry ids and scores; this module
-makes one Python object per *returned* page or entry (never per candidate), with the texts from
-the in-memory views (:mod:`memoryos_gpu.page_views`) by reference, and counts the prompt tokens
+makes one Python object per *returned* page or entry (never per candidate), with the texts
+copied out of the in-memory views' native tables (:mod:`memoryos_gpu.page_views`), and counts
+the prompt tokens
 from the texts' lengths instead of building the prompt text. The objects are built natively,
 one call per batch (``csrc/bindings/assembly_bindings.cpp``: in Python each object cost
 0.5-0.9 us, most of a query's host time); ``tests/assembly_reference.py`` is the same rule in
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from memoryos_gpu.page_views import approx_tokens, page_view
+from memoryos_gpu.page_views import approx_tokens
 from memoryos_gpu.types import KnowledgeEntry, Retrieval, RetrievedPage
 
 from .state import EngineState, UserState
@@ -60,8 +61,8 @@ def _assemble(
         out, total = _assembler().batch(
             cleaned if isinstance(cleaned, list) else list(cleaned),
             users if isinstance(users, list) else list(users),
-            s.views.pages,
-            s.views.knowledge,
+            s.views.pages.table,
+            s.views.knowledge.table,
             *_hits(pages),
             *_hits(user_knowledge),
             *_hits(assistant_knowledge),
@@ -105,7 +106,7 @@ def _read_missing(
     need = [p for p in page_ids.ravel().tolist() if p >= 0 and p not in views]
     need += [p for u in users for p in u.stm if p not in views]
     for pid, v in s.store.page_views(need).items():
-        views[pid] = page_view(v.user_input, v.agent_response, v.timestamp, v.meta, v.extra)
+        views.put(pid, v.user_input, v.agent_response, v.timestamp, v.meta, v.extra)
     entries = [e for ids in entry_ids for e in ids.ravel().tolist() if e >= 0 and e not in texts]
     texts.update(s.store.knowledge_texts(entries))
     s.views.store_reads += len(need) + len(entries)

@@ -1,0 +1,254 @@
+// memoryos-gpu: TextTable (see text_table.h).
+#include "text_table.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+namespace memoryos {
+namespace {
+
+namespace py = pybind11;
+
+constexpr size_t kInitialSlots = 1024;
+
+size_t header_bytes() { return (sizeof(TextTable::Block) + 3) & ~size_t{3}; }
+
+/// A text argument: str or None (anything else is refused before the table changes).
+void check_text(PyObject* t, const char* what) {
+  if (t != Py_None && !PyUnicode_Check(t)) {
+    throw py::type_error(std::string(what) + " must be a str or None");
+  }
+  if (t != Py_None && PyUnicode_READY(t) < 0) throw py::error_already_set();
+}
+
+}  // namespace
+
+const uint8_t* TextTable::Block::data(int i) const {
+  const auto* p = reinterpret_cast<const uint8_t*>(this) + header_bytes();
+  for (int j = 0; j < i; ++j) p += static_cast<size_t>(length[j]) * kind[j];
+  return p;
+}
+
+TextTable::TextTable() : slots_(kInitialSlots, Slot{0, nullptr, nullptr}) {
+  mask_ = kInitialSlots - 1;
+  shift_ = 64 - __builtin_ctzll(kInitialSlots);
+}
+
+TextTable::~TextTable() {
+  for (Slot& s : slots_) {
+    if (s.block != nullptr) release(s);
+  }
+}
+
+size_t TextTable::home(int64_t id) const {
+  // Fibonacci hashing: consecutive ids (pages are numbered in order) spread over the table
+  return static_cast<size_t>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ULL) >> shift_);
+}
+
+size_t TextTable::locate(int64_t id) const {
+  size_t i = home(id);
+  while (slots_[i].block != nullptr && slots_[i].id != id) i = (i + 1) & mask_;
+  return i;
+}
+
+void TextTable::prefetch(int64_t id) const {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(&slots_[home(id)]);
+#endif
+}
+
+const TextTable::Slot* TextTable::find(int64_t id) const {
+  const Slot& s = slots_[locate(id)];
+  return s.block != nullptr ? &s : nullptr;
+}
+
+void TextTable::release(Slot& slot) {
+  const Block* b = slot.block;
+  size_t bytes = header_bytes();
+  for (int i = 0; i < kTexts; ++i) bytes += static_cast<size_t>(b->length[i]) * b->kind[i];
+  block_bytes_ -= bytes;
+  std::free(slot.block);
+  Py_XDECREF(slot.extra);
+  slot = Slot{0, nullptr, nullptr};
+}
+
+void TextTable::grow() {
+  std::vector<Slot> old(slots_.size() * 2, Slot{0, nullptr, nullptr});
+  old.swap(slots_);
+  mask_ = slots_.size() - 1;
+  shift_ -= 1;
+  for (const Slot& s : old) {
+    if (s.block != nullptr) slots_[locate(s.id)] = s;
+  }
+}
+
+void TextTable::put(int64_t id, PyObject* const texts[kTexts], double timestamp,
+                    PyObject* extra) {
+  size_t bytes = header_bytes();
+  for (int i = 0; i < kTexts; ++i) {
+    check_text(texts[i], "a text");
+    if (texts[i] != Py_None) {
+      bytes += static_cast<size_t>(PyUnicode_GET_LENGTH(texts[i])) * PyUnicode_KIND(texts[i]);
+    }
+  }
+  size_t at = locate(id);
+  if (slots_[at].block == nullptr && (count_ + 1) * 4 > slots_.size() * 3) {
+    grow();  // load factor <= 0.75
+    at = locate(id);
+  }
+  auto* b = static_cast<Block*>(std::malloc(bytes));
+  if (b == nullptr) throw std::bad_alloc();
+  b->timestamp = timestamp;
+  int64_t chars = 0;
+  auto* out = reinterpret_cast<uint8_t*>(b) + header_bytes();
+  for (int i = 0; i < kTexts; ++i) {
+    PyObject* t = texts[i];
+    if (t == Py_None) {
+      b->length[i] = 0, b->kind[i] = 0, b->ascii[i] = 0;
+      continue;
+    }
+    const Py_ssize_t n = PyUnicode_GET_LENGTH(t);
+    b->length[i] = static_cast<uint32_t>(n);
+    b->kind[i] = static_cast<uint8_t>(PyUnicode_KIND(t));
+    b->ascii[i] = PyUnicode_IS_ASCII(t) ? 1 : 0;
+    std::memcpy(out, PyUnicode_DATA(t), static_cast<size_t>(n) * b->kind[i]);
+    out += static_cast<size_t>(n) * b->kind[i];
+    chars += n;
+  }
+  b->tokens = (chars + 3) / 4;
+  Slot& s = slots_[at];
+  if (s.block != nullptr) {
+    release(s);
+  } else {
+    ++count_;
+  }
+  block_bytes_ += bytes;
+  Py_XINCREF(extra);
+  s = Slot{id, b, extra};
+}
+
+bool TextTable::erase(int64_t id) {
+  size_t i = locate(id);
+  if (slots_[i].block == nullptr) return false;
+  release(slots_[i]);
+  --count_;
+  // backward-shift deletion: later entries of the run move up unless they sit at or after
+  // their home position, so every probe still ends at the first empty slot
+  for (size_t j = (i + 1) & mask_; slots_[j].block != nullptr; j = (j + 1) & mask_) {
+    const size_t h = home(slots_[j].id);
+    const bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+    if (!stays) {
+      slots_[i] = slots_[j];
+      slots_[j] = Slot{0, nullptr, nullptr};
+      i = j;
+    }
+  }
+  return true;
+}
+
+bool TextTable::set_text(int64_t id, int i, PyObject* text) {
+  const Slot* s = find(id);
+  if (s == nullptr) return false;
+  PyObject* texts[kTexts];
+  py::object held[kTexts];
+  for (int j = 0; j < kTexts; ++j) {
+    if (j == i) {
+      texts[j] = text;
+      continue;
+    }
+    held[j] = py::reinterpret_steal<py::object>(TextTable::text(s->block, j));
+    if (!held[j]) throw py::error_already_set();
+    texts[j] = held[j].ptr();
+  }
+  py::object extra = py::reinterpret_borrow<py::object>(s->extra);  // kept across put
+  put(id, texts, s->block->timestamp, extra.ptr());
+  return true;
+}
+
+PyObject* TextTable::text(const Block* b, int i) {
+  if (b->kind[i] == 0) return Py_NewRef(Py_None);
+  const Py_UCS4 maxchar = b->ascii[i] ? 127 : b->kind[i] == 1 ? 255 : b->kind[i] == 2 ? 0xFFFF : 0x10FFFF;
+  PyObject* s = PyUnicode_New(b->length[i], maxchar);
+  if (s == nullptr) return nullptr;
+  std::memcpy(PyUnicode_DATA(s), b->data(i), static_cast<size_t>(b->length[i]) * b->kind[i]);
+  return s;
+}
+
+namespace {
+
+/// (text 0, text 1, timestamp, text 2, extra, tokens): what page_views.PageView holds.
+py::object record(const TextTable::Slot& s) {
+  py::object t[TextTable::kTexts];
+  for (int i = 0; i < TextTable::kTexts; ++i) {
+    t[i] = py::reinterpret_steal<py::object>(TextTable::text(s.block, i));
+    if (!t[i]) throw py::error_already_set();
+  }
+  py::object extra = s.extra != nullptr ? py::reinterpret_borrow<py::object>(s.extra) : py::none();
+  return py::make_tuple(t[0], t[1], s.block->timestamp, t[2], extra, s.block->tokens);
+}
+
+void put_py(TextTable& table, int64_t id, py::handle t0, py::handle t1, double ts, py::handle t2,
+            py::handle extra) {
+  PyObject* texts[TextTable::kTexts] = {t0.ptr(), t1.ptr(), t2.ptr()};
+  table.put(id, texts, ts, extra.is_none() ? nullptr : extra.ptr());
+}
+
+}  // namespace
+
+void register_text_table(py::module_& m) {
+  py::class_<TextTable>(m, "TextTable",
+                        "Records by int64 id: three texts (str or None), a timestamp, a token "
+                        "count and one shared object (memoryos_gpu.page_views).")
+      .def(py::init<>())
+      .def("put", &put_py, py::arg("id"), py::arg("text0"), py::arg("text1"),
+           py::arg("timestamp"), py::arg("text2"), py::arg("extra"),
+           "Insert or replace a record (texts: str or None; extra: None for none).")
+      .def(
+          "put_many",
+          [](TextTable& t, py::sequence ids, py::sequence t0, py::sequence t1, py::sequence ts,
+             py::sequence t2, py::sequence extra) {
+            const size_t n = ids.size();
+            if (t0.size() != n || t1.size() != n || ts.size() != n || t2.size() != n ||
+                extra.size() != n) {
+              throw py::value_error("put_many: every sequence must have one item per id");
+            }
+            for (size_t i = 0; i < n; ++i) {
+              put_py(t, ids[i].cast<int64_t>(), t0[i], t1[i], ts[i].cast<double>(), t2[i],
+                     extra[i]);
+            }
+          },
+          py::arg("ids"), py::arg("text0"), py::arg("text1"), py::arg("timestamps"),
+          py::arg("text2"), py::arg("extras"), "put() of many records.")
+      .def(
+          "get",
+          [](const TextTable& t, int64_t id) -> py::object {
+            const TextTable::Slot* s = t.find(id);
+            return s == nullptr ? py::none() : record(*s);
+          },
+          py::arg("id"), "(text0, text1, timestamp, text2, extra, tokens), or None.")
+      .def(
+          "text",
+          [](const TextTable& t, int64_t id) -> py::object {
+            const TextTable::Slot* s = t.find(id);
+            if (s == nullptr) throw py::key_error(std::to_string(id));
+            return py::reinterpret_steal<py::object>(TextTable::text(s->block, 0));
+          },
+          py::arg("id"), "text0 of a record (KeyError when there is none).")
+      .def("pop", &TextTable::erase, py::arg("id"), "Remove a record; False when there was none.")
+      .def(
+          "set_text",
+          [](TextTable& t, int64_t id, int i, py::handle text) {
+            if (i < 0 || i >= TextTable::kTexts) throw py::index_error("text index 0-2");
+            check_text(text.ptr(), "text");
+            return t.set_text(id, i, text.ptr());
+          },
+          py::arg("id"), py::arg("index"), py::arg("text"),
+          "Replace one text of a record; False when there is no record.")
+      .def("__contains__", [](const TextTable& t, int64_t id) { return t.find(id) != nullptr; })
+      .def("__len__", &TextTable::size)
+      .def("nbytes", &TextTable::nbytes, "Bytes held (slots and texts).");
+}
+
+}  // namespace memoryos

@@ -1,0 +1,85 @@
+// memoryos-gpu: the in-memory texts of live pages and knowledge entries, by id
+// (memoryos_gpu.page_views keeps one table of pages and one of knowledge texts).
+//
+// Why native: a retrieval batch returns ~20 pages and entries a query, of users spread over
+// the whole store. Held as Python objects (a dict of tuples of str) every returned page cost a
+// chain of cache misses (the dict's index, its entry, the key, the tuple, each text), which at
+// 1,000-10,000 users made building the results the largest part of a query's host time. Here a
+// record is one slot of an open-addressing table (ids hash straight to their slot) and one
+// block holding its texts, so a batch can ask for all of them before it reads any (see
+// Assembler), and the texts become fresh str objects with one copy each.
+#pragma once
+
+#include <Python.h>
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace memoryos {
+
+/// A table of records by int64 id: up to three texts (each may be None), a timestamp, a
+/// token count ((characters of the texts + 3) / 4, as page_views.approx_tokens) and one shared
+/// Python object (a page's read-only metadata). Not thread-safe: callers hold the GIL.
+class TextTable {
+ public:
+  static constexpr int kTexts = 3;
+
+  /// A record's texts and scalars; its code units follow it in the same allocation.
+  struct Block {
+    double timestamp;
+    int64_t tokens;
+    uint32_t length[kTexts];  // code points
+    uint8_t kind[kTexts];     // 0: None, else the CPython kind (1, 2 or 4 bytes a code point)
+    uint8_t ascii[kTexts];    // a kind-1 text of ASCII only
+    const uint8_t* data(int i) const;
+  };
+
+  /// One slot of the table: empty while block is null.
+  struct Slot {
+    int64_t id;
+    Block* block;
+    PyObject* extra;  // owned reference, or null
+  };
+
+  TextTable();
+  ~TextTable();
+  TextTable(const TextTable&) = delete;
+  TextTable& operator=(const TextTable&) = delete;
+
+  /// Insert or replace `id`'s record. texts: str or None; extra: any object, or null.
+  void put(int64_t id, PyObject* const texts[kTexts], double timestamp, PyObject* extra);
+  /// The record of `id`, or null.
+  const Slot* find(int64_t id) const;
+  /// Remove `id`'s record; false when there was none.
+  bool erase(int64_t id);
+  /// Replace text `i` of `id`'s record, keeping the rest; false when there is no record.
+  bool set_text(int64_t id, int i, PyObject* text);
+
+  /// Ask for the cache line where `id`'s probe starts (before find()).
+  void prefetch(int64_t id) const;
+  /// Text `i` of a record as a new str (a new reference to None when it has none); null with
+  /// a Python error set when allocation fails.
+  static PyObject* text(const Block* block, int i);
+
+  size_t size() const { return count_; }
+  /// Bytes held: the slots and every record's block.
+  size_t nbytes() const { return slots_.size() * sizeof(Slot) + block_bytes_; }
+
+ private:
+  size_t home(int64_t id) const;
+  size_t locate(int64_t id) const;  // the slot holding id, or the empty slot that ends its probe
+  void grow();
+  void release(Slot& slot);
+
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+  int shift_ = 64;
+  size_t count_ = 0;
+  size_t block_bytes_ = 0;
+};
+
+void register_text_table(pybind11::module_& m);
+
+}  // namespace memoryos

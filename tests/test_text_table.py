@@ -1,0 +1,128 @@
+"""The native table of page and knowledge texts (memoryos_gpu._C.TextTable, page_views.py)
+against a dict: the same records after any sequence of puts, removals and text changes (the
+table grows, probes collide and removals shift records back), every kind of str, and no
+reference kept to a removed record's metadata."""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memoryos_gpu import _C
+from memoryos_gpu.page_views import KnowledgeTexts, PageTable, PageView, approx_tokens
+from memoryos_gpu.types import ReadOnlyDict
+
+# ASCII, Latin-1, BMP and astral code points: the four ways CPython stores a str
+TEXTS = st.one_of(
+    st.none(),
+    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40),
+    st.text(st.sampled_from("aé€😀\x00"), max_size=10),
+)
+
+
+def record(t0, t1, ts, t2, extra) -> tuple:
+    return (t0, t1, ts, t2, extra, approx_tokens(t0, t1, t2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    t0=TEXTS,
+    t1=TEXTS,
+    t2=TEXTS,
+    ts=st.floats(allow_nan=False),
+    pid=st.integers(-(2**63), 2**63 - 1),
+)
+def test_a_record_comes_back_as_it_went_in(t0, t1, t2, ts, pid) -> None:
+    table = _C.TextTable()
+    extra = ReadOnlyDict({"speaker": "x"})
+    table.put(pid, t0, t1, ts, t2, extra)
+    got = table.get(pid)
+    assert got == record(t0, t1, ts, t2, extra)
+    assert got[4] is extra
+    for i, t in enumerate((t0, t1)):
+        if t is not None:  # the same canonical str: equal, same length, same hash
+            assert type(got[i]) is str and hash(got[i]) == hash(t) and len(got[i]) == len(t)
+    assert pid in table and len(table) == 1 and table.get(pid ^ 1) is None
+
+
+def test_many_puts_removals_and_edits_match_a_dict() -> None:
+    rng = np.random.default_rng(7)
+    ids = np.concatenate([np.arange(3000), [-5, 2**40, -(2**62), 2**63 - 1]]).astype(np.int64)
+    table, model = _C.TextTable(), {}
+    extras = [ReadOnlyDict({"k": str(i)}) for i in range(4)]
+    for step in range(30_000):
+        pid = int(rng.choice(ids))
+        op = rng.random()
+        if op < 0.5:
+            rec = (
+                f"in {step}",
+                f"out {pid}",
+                float(step),
+                None if step % 3 else "meta",
+                extras[step % 4],
+            )
+            table.put(pid, *rec)
+            model[pid] = record(*rec)
+        elif op < 0.85:
+            assert table.pop(pid) == (pid in model)
+            model.pop(pid, None)
+        else:
+            text = f"edited {step}"
+            assert table.set_text(pid, 2, text) == (pid in model)
+            if pid in model:
+                t0, t1, ts, _, extra, _ = model[pid]
+                model[pid] = record(t0, t1, ts, text, extra)
+        if step % 5_000 == 0 or step == 29_999:
+            assert len(table) == len(model)
+            for i in ids.tolist():
+                assert table.get(i) == model.get(i)
+    assert len(model) > 1024  # the table grew past its first size
+
+
+def test_bad_texts_are_refused_and_leave_the_record() -> None:
+    table = _C.TextTable()
+    table.put(1, "a", "b", 0.0, None, None)
+    with pytest.raises(TypeError, match="str or None"):
+        table.put(1, b"bytes", "b", 0.0, None, None)
+    with pytest.raises(TypeError, match="str or None"):
+        table.set_text(1, 0, 5)
+    with pytest.raises(IndexError):
+        table.set_text(1, 3, "x")
+    assert table.get(1) == ("a", "b", 0.0, None, None, 1)
+
+
+def test_metadata_is_released_with_its_record() -> None:
+    extra = ReadOnlyDict({"k": "v"})
+    before = sys.getrefcount(extra)
+    table = _C.TextTable()
+    for pid in range(2000):  # growth moves records, never their references
+        table.put(pid, "a", "b", 0.0, None, extra)
+    table.put(0, "a", "b", 0.0, None, ReadOnlyDict())  # replaced
+    table.set_text(1, 2, "m")  # rewritten, metadata kept
+    assert sys.getrefcount(extra) == before + 1999
+    for pid in range(1000):
+        table.pop(pid)
+    assert sys.getrefcount(extra) == before + 1000
+    del table
+    gc.collect()
+    assert sys.getrefcount(extra) == before
+
+
+def test_the_python_views_speak_page_views_and_dicts() -> None:
+    pages, knowledge = PageTable(), KnowledgeTexts()
+    pages.put(np.int64(3), "hi", "there", 5, "meta", {"speaker": "a"})
+    assert pages[3] == PageView("hi", "there", 5.0, "meta", {"speaker": "a"}, 3)
+    assert isinstance(pages[3].extra, ReadOnlyDict) and np.int64(3) in pages and "3" not in pages
+    knowledge.update({1: "one"})
+    knowledge.update([(2, "two")])
+    assert knowledge[1] == "one" and knowledge.get(3) is None and len(knowledge) == 2
+    assert knowledge.pop(2) == "two" and knowledge.pop(2, "gone") == "gone"
+    with pytest.raises(KeyError):
+        knowledge[2]
+    with pytest.raises(KeyError):
+        pages[4]
