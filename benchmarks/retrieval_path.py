@@ -13,11 +13,16 @@ total, the embedding (the embedder's share of the same batches), the **memory-sy
 (total minus embedding), and the **kernels' time** (the native calls: fused retrieval, both
 knowledge top-k, heat credit); their ratio is the target (<= 3x). A cProfile of warm batches
 says where the rest goes. Peak RSS is the process's (``ru_maxrss``, monotone: run a size alone,
-``--users 100000``, to read its own peak). ``--embedder minilm`` also reports end-to-end
+``--users 100000``, to read its own peak). Sizes above ``--baseline`` (1,000 users) are also
+compared with it in the same minutes: the baseline's engine stays open and answers a warm batch
+after each of the larger size's, and each row reports ``over_baseline``, the larger size's
+memory-system time per query over the baseline's (the 1.5x target), measured alternately. A
+full garbage collection is counted too (``gc_us``). ``--embedder minilm`` also reports end-to-end
 queries/s against the embedder's own on the same questions.
 
 Usage: python benchmarks/retrieval_path.py [--users 1000 10000 100000] [--embedder hashing]
-       [--batch 256] [--queries 4096] [--store DIR] [--quick] [--json OUT] [--plot OUT.png]
+       [--batch 256] [--queries 4096] [--store DIR] [--baseline 1000] [--quick] [--json OUT]
+       [--plot OUT.png]
 """
 
 from __future__ import annotations
@@ -63,23 +68,101 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def huge_pages_mb() -> float | None:
+    """The process's memory in transparent huge pages now (Linux), or None."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return kb / 1024.0
+
+
 def open_engine(store: Path, embedder: Any) -> MemoryEngine:
     cfg = EngineConfig(store=str(store / "memory.sqlite3"), memory=preset("paper"))
     return MemoryEngine(cfg, embedder=embedder)
 
 
-def run_batches(engine: MemoryEngine, queries: list[tuple[str, str]], batch: int) -> dict:
-    """Retrieve ``queries`` in batches; the per-query split from the engine's counters."""
+class GcMeter:
+    """Seconds and count of the garbage collector's full (oldest generation) collections while
+    active: one pass over every tracked object of the process, which a store of 100,000 users
+    makes long enough to show in a per-query cost."""
+
+    def __init__(self) -> None:
+        self.seconds, self.full, self._t0 = 0.0, 0, 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._t0
+        self.full += info["generation"] == 2
+
+    def __enter__(self) -> GcMeter:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+class Baseline:
+    """The baseline size's engine (``--baseline`` users, its own store), kept open beside a
+    larger size's: it answers warm batches of random users between the larger engine's, so
+    the per-query ratio of the two is measured alternately, not in runs minutes apart on a
+    machine whose speed varies (here the same hashing embedder's time per query varied by
+    1.8x between runs)."""
+
+    def __init__(self, engine: MemoryEngine, users: int, questions: list[str], batch: int):
+        self.engine, self._batch = engine, batch
+        rng = random.Random(-users)
+        self._queries = itertools.cycle(
+            [(f"u{rng.randrange(users)}", rng.choice(questions)) for _ in range(64 * batch)]
+        )
+        self.batch()  # first batch: allocations, caches
+
+    def batch(self) -> None:
+        self.engine.retrieve_many([next(self._queries) for _ in range(self._batch)])
+
+    def counters(self) -> dict[str, float]:
+        return dict(self.engine.stats()["retrieval"])
+
+    def memsys_us_since(self, before: dict[str, float]) -> float:
+        now = self.counters()
+        n = max(now["queries"] - before["queries"], 1)
+        memsys = (now["total_s"] - before["total_s"]) - (now["embed_s"] - before["embed_s"])
+        return memsys / n * 1e6
+
+
+def run_batches(
+    engine: MemoryEngine,
+    queries: list[tuple[str, str]],
+    batch: int,
+    baseline: Baseline | None = None,
+) -> dict:
+    """Retrieve ``queries`` in batches; the per-query split from the engine's counters. With
+    a ``baseline``, each batch is followed by one of the baseline's warm batches, and the row
+    gets its memory-system time over the baseline's, measured alternately."""
     before = dict(engine.stats()["retrieval"])
-    t0 = time.perf_counter()
-    for i in range(0, len(queries), batch):
-        engine.retrieve_many(queries[i : i + batch])
-    wall = time.perf_counter() - t0
+    base_before = baseline.counters() if baseline is not None else None
+    wall = 0.0
+    with GcMeter() as collected:
+        for i in range(0, len(queries), batch):
+            t0 = time.perf_counter()
+            engine.retrieve_many(queries[i : i + batch])
+            wall += time.perf_counter() - t0
+            if baseline is not None:
+                baseline.batch()
     after = engine.stats()["retrieval"]
     d = {k: after[k] - before[k] for k in ("queries", "total_s", "embed_s", "kernel_s")}
     n = max(d["queries"], 1)
     memsys = d["total_s"] - d["embed_s"]
+    extra = {}
+    if baseline is not None:
+        base_us = baseline.memsys_us_since(base_before)
+        extra = {"baseline_memsys_us": base_us, "over_baseline": memsys / n * 1e6 / base_us}
     return {
+        **extra,
         "queries": d["queries"],
         "queries_per_s": len(queries) / wall,
         "total_us": d["total_s"] / n * 1e6,
@@ -87,6 +170,9 @@ def run_batches(engine: MemoryEngine, queries: list[tuple[str, str]], batch: int
         "memsys_us": memsys / n * 1e6,
         "kernel_us": d["kernel_s"] / n * 1e6,
         "memsys_over_kernels": memsys / d["kernel_s"] if d["kernel_s"] > 0 else None,
+        "gc_us": collected.seconds / n * 1e6,  # inside the total
+        "gc_full_collections": collected.full,
+        "huge_pages_mb": huge_pages_mb(),  # the page pool's embeddings ask for them
     }
 
 
@@ -129,20 +215,35 @@ def ingest(engine: MemoryEngine, corpus, users: int, args) -> float | None:
     return users * args.pages_per_user / (time.perf_counter() - t0)
 
 
-def run_size(users: int, corpus, questions, embedder, args) -> dict[str, Any]:
+def size_dir(users: int, args) -> Path:
+    """The store folder of a size: under ``--store`` (kept), else a temporary one."""
+    if args.store is None:
+        return Path(tempfile.mkdtemp(prefix="retrieval-path-"))
+    workdir = args.store / f"{users}x{args.pages_per_user}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
+def open_baseline(corpus, questions, embedder, args) -> tuple[Baseline, Path]:
+    """The ``--baseline`` size's engine, ingested first when its store is new."""
+    workdir = size_dir(args.baseline, args)
+    engine = open_engine(workdir, embedder)
+    ingest(engine, corpus, args.baseline, args)
+    return Baseline(engine, args.baseline, questions, args.batch), workdir
+
+
+def run_size(
+    users: int, corpus, questions, embedder, args, baseline: Baseline | None = None
+) -> dict[str, Any]:
     kept = args.store is not None
-    workdir = args.store / f"{users}x{args.pages_per_user}" if kept else None
-    if workdir is not None:
-        workdir.mkdir(parents=True, exist_ok=True)
-    else:
-        workdir = Path(tempfile.mkdtemp(prefix="retrieval-path-"))
+    workdir = size_dir(users, args)
     rng = random.Random(users)
     try:
         engine = open_engine(workdir, embedder)
         ingest_pages_per_s = ingest(engine, corpus, users, args)
         warm_q = [(f"u{rng.randrange(users)}", rng.choice(questions)) for _ in range(args.queries)]
         engine.retrieve_many(warm_q[: args.batch])  # first batch: allocations, caches
-        warm = run_batches(engine, warm_q, args.batch)
+        warm = run_batches(engine, warm_q, args.batch, baseline)
         prof = profile_rows(engine, warm_q[: 4 * args.batch], args.batch)
         arena_bytes = engine.arena.nbytes()
         engine.close()
@@ -153,7 +254,7 @@ def run_size(users: int, corpus, questions, embedder, args) -> dict[str, Any]:
         reopen_s = time.perf_counter() - t0
         order = rng.sample(range(users), min(users, args.queries))
         cold_q = [(f"u{u}", rng.choice(questions)) for u in order]
-        cold = run_batches(engine, cold_q, args.batch)
+        cold = run_batches(engine, cold_q, args.batch, baseline)
         row: dict[str, Any] = {
             "users": users,
             "pages": users * args.pages_per_user,
@@ -178,7 +279,8 @@ def run_size(users: int, corpus, questions, embedder, args) -> dict[str, Any]:
 def print_table(rows: list[dict[str, Any]]) -> None:
     head = (
         f"{'users':>7} {'mode':>5} {'q/s':>7} {'total us':>9} {'embed us':>9} "
-        f"{'memsys us':>9} {'kernel us':>9} {'memsys/k':>8} {'RSS MB':>7}"
+        f"{'memsys us':>9} {'kernel us':>9} {'memsys/k':>8} {'gc us':>6} {'/ base':>6} "
+        f"{'RSS MB':>7}"
     )
     print(head)
     print("-" * len(head))
@@ -189,11 +291,16 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             print(
                 f"{r['users']:>7} {mode:>5} {m['queries_per_s']:>7.0f} {m['total_us']:>9.1f} "
                 f"{m['embed_us']:>9.1f} {m['memsys_us']:>9.1f} {m['kernel_us']:>9.1f} "
-                f"{'-' if ratio is None else f'{ratio:.2f}':>8} {r['peak_rss_mb']:>7.0f}"
+                f"{'-' if ratio is None else f'{ratio:.2f}':>8} {m['gc_us']:>6.1f} "
+                f"{fmt_ratio(m.get('over_baseline')):>6} {r['peak_rss_mb']:>7.0f}"
             )
     for r in rows:
         shares = ", ".join(f"{p['where']} {p['share']:.0%}" for p in r["profile_warm"][:6])
         print(f"profile {r['users']} users (warm, own time): {shares}")
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def plot(rows: list[dict[str, Any]], out: Path) -> None:
@@ -234,18 +341,30 @@ def main(argv: list[str] | None = None) -> int:
         help="keep each size's store under this folder and reuse it on the next run "
         "(ingestion is then not re-measured: 100,000 users take most of an hour to ingest)",
     )
+    p.add_argument(
+        "--baseline",
+        type=int,
+        default=1000,
+        help="users of the size the larger ones are compared with: its engine stays open and "
+        "answers a warm batch after each of theirs (0: no comparison)",
+    )
     p.add_argument("--quick", action="store_true", help="100 users, 512 queries: seconds")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
     args = p.parse_args(argv)
     if args.quick:
-        args.users, args.queries, args.batch = [100], 512, 128
+        args.users, args.queries, args.batch, args.baseline = [30, 100], 512, 128, 30
     corpus, questions = load_corpus(args.data)
     embedder = make_embedder(args.embedder)
     embedder.encode(["warm-up"] * 2)
     rows = []
+    baseline, base_dir = None, None
     for users in sorted(set(args.users)):
-        rows.append(run_size(users, corpus, questions, embedder, args))
+        if args.baseline and users > args.baseline and baseline is None:
+            # opened once the baseline size's own run (if any) has closed its store
+            baseline, base_dir = open_baseline(corpus, questions, embedder, args)
+        alternate = baseline if users > args.baseline else None
+        rows.append(run_size(users, corpus, questions, embedder, args, alternate))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         report = {
             "benchmark": "retrieval_path",
@@ -259,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(report, indent=2))
+    if baseline is not None:
+        baseline.engine.close()
+        if args.store is None:
+            shutil.rmtree(base_dir, ignore_errors=True)
     print_table(rows)
     if args.plot:
         plot(rows, args.plot)

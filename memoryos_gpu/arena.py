@@ -46,7 +46,7 @@ _SEGMENT_SCALARS = (
 )
 
 
-def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+def lazy_zeros(shape: tuple[int, ...], dtype: Any, huge: bool = False) -> np.ndarray:
     """A zeroed host array whose memory the OS provides page by page as rows are first written,
     in an address-space reservation that lets it grow along its first axis without a copy.
 
@@ -61,6 +61,10 @@ def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     lengthens it inside that reservation: growing copies nothing and never holds the old and
     the new array at once (growth was the peak of resident memory: +60 % at 20,000 users).
     Small arrays get ``np.zeros``.
+
+    ``huge``: transparent huge pages after all, for an array written densely from its first row
+    whose rows are read at random: the page pool's embeddings (2 GB at 100,000 users, where a
+    4 KB page per candidate row is a TLB miss besides the cache miss; docs/storage.md).
     """
     dt = np.dtype(dtype)
     count = int(np.prod(shape, dtype=np.int64))
@@ -70,21 +74,27 @@ def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     from memoryos_gpu import _C
 
     try:
-        buf = _C.LazyBuffer(max(nbytes * _RESERVE_FACTOR, _RESERVE_MIN))
+        buf = _C.LazyBuffer(max(nbytes * _RESERVE_FACTOR, _RESERVE_MIN), huge)
     except RuntimeError:  # an address-space limit (ulimit -v): reserve what is needed
-        buf = _C.LazyBuffer(nbytes)
+        buf = _C.LazyBuffer(nbytes, huge)
     return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+
+
+def _lazy_buffer(array: np.ndarray) -> Any:
+    """The :class:`LazyBuffer` under ``array`` (None when it has none)."""
+    from memoryos_gpu import _C
+
+    buf: Any = array
+    while buf is not None and not isinstance(buf, _C.LazyBuffer):
+        buf = buf.obj if isinstance(buf, memoryview) else getattr(buf, "base", None)
+    return buf
 
 
 def grow_in_place(array: np.ndarray, rows: int) -> np.ndarray | None:
     """``array`` lengthened to ``rows`` along axis 0 inside its :func:`lazy_zeros` reservation
     (the same memory: existing rows stay where they are, new rows are zero), or None when the
     array has no reservation or it is too small."""
-    from memoryos_gpu import _C
-
-    buf: Any = array
-    while buf is not None and not isinstance(buf, _C.LazyBuffer):
-        buf = buf.obj if isinstance(buf, memoryview) else getattr(buf, "base", None)
+    buf = _lazy_buffer(array)
     if buf is None or not array.flags.c_contiguous:
         return None
     start = np.frombuffer(buf, dtype=np.uint8, count=1).ctypes.data
@@ -185,10 +195,12 @@ class _Backend:
             return lazy_zeros(shape, dtype)
         return np.full(shape, value, dtype=dtype)
 
-    def empty_emb(self, shape: tuple[int, ...]) -> Any:
+    def empty_emb(self, shape: tuple[int, ...], dense: bool = False) -> Any:
+        """Zeroed embedding rows; ``dense``: written from the first row on (host: huge pages,
+        see :func:`lazy_zeros`)."""
         if self.on_cuda:
             return self.torch.zeros(shape, dtype=self.emb_dtype, device=self.device)
-        return lazy_zeros(shape, np.float32)
+        return lazy_zeros(shape, np.float32, huge=dense)
 
     def to_device(self, array: np.ndarray, emb: bool = False) -> Any:
         if not self.on_cuda:
@@ -205,13 +217,20 @@ class _Backend:
         return t.cpu().numpy()
 
     def grow(
-        self, array: Any, new_len: int, fill: Any, axis: int = 0, live: np.ndarray | None = None
+        self,
+        array: Any,
+        new_len: int,
+        fill: Any,
+        axis: int = 0,
+        live: np.ndarray | None = None,
+        dense: bool = False,
     ) -> Any:
         """Return ``array`` extended along ``axis`` to ``new_len``, old contents kept.
 
         ``live`` (the shape of ``array``'s leading dimensions): on the CPU, with a zero fill,
         only those rows are kept, so growing never touches the memory of empty rows (on CUDA
-        it is ignored: the device copy is one kernel either way).
+        it is ignored: the device copy is one kernel either way). ``dense``: a new host
+        allocation asks for huge pages (:func:`lazy_zeros`).
         """
         shape = list(array.shape)
         extra = new_len - shape[axis]
@@ -230,7 +249,7 @@ class _Backend:
         elif fill == 0 and axis == 0 and (same := grow_in_place(array, new_len)) is not None:
             return same  # the reservation had room: nothing copied
         elif fill == 0:
-            out = lazy_zeros(tuple(shape), array.dtype)
+            out = lazy_zeros(tuple(shape), array.dtype, huge=dense)
             if live is not None:
                 rows = np.nonzero(live)
                 out[rows] = array[rows]
@@ -318,7 +337,7 @@ class Arena:
         )
         # --- page pool, [NP, ...] (device) ---
         blocks = max(1, c.initial_blocks)
-        self.page_emb = b.empty_emb((blocks * c.block_size, c.dim))
+        self.page_emb = b.empty_emb((blocks * c.block_size, c.dim), dense=True)
         self.page_live = b.full((blocks * c.block_size,), 0, np.uint8)
         self.lexical = LexicalRows(b, blocks * c.block_size)  # BM25 term rows per pool slot
         # --- knowledge rings, [O, R, ...] (device) ---
@@ -849,7 +868,9 @@ class Arena:
     def _grow_blocks(self, new_blocks: int) -> None:
         old = self.num_blocks
         bs = self.config.block_size
-        self.page_emb = self._b.grow(self.page_emb, new_blocks * bs, 0.0, live=self.page_live)
+        self.page_emb = self._b.grow(
+            self.page_emb, new_blocks * bs, 0.0, live=self.page_live, dense=True
+        )
         self.page_live = self._b.grow(self.page_live, new_blocks * bs, 0)
         self.lexical.grow_slots(new_blocks * bs)
         self._free_blocks.extend(range(new_blocks - 1, old - 1, -1))

@@ -552,6 +552,26 @@ def test_lazy_zeros_is_a_writable_zeroed_array() -> None:
         assert a.flags.writeable and a.flags.c_contiguous and a.sum() == 1.5 * np.prod(shape[1:])
 
 
+def test_the_page_pool_asks_for_huge_pages_and_keeps_them_when_it_grows() -> None:
+    """Only the page pool's embeddings (written densely, read at random) are mapped with
+    transparent huge pages; sparse arrays (segments, knowledge rings) are not, and a grown
+    pool keeps its mapping's advice, in place or copied to a larger reservation."""
+    from memoryos_gpu.arena import _lazy_buffer, lazy_zeros
+
+    assert _lazy_buffer(lazy_zeros((1024, 1024), np.float32, huge=True)).huge
+    assert not _lazy_buffer(lazy_zeros((1024, 1024), np.float32)).huge
+    arena = Arena(ArenaConfig(dim=256, initial_users=800, initial_owners=800, initial_blocks=8192))
+    assert _lazy_buffer(arena.page_emb).huge
+    assert not _lazy_buffer(arena.seg_emb).huge and not _lazy_buffer(arena.kn_emb).huge
+    for rows in (16_384, 600_000):  # inside the reservation, then past it (a copy)
+        grown = arena._b.grow(arena.page_emb, rows, 0.0, live=np.ones(8192, np.uint8), dense=True)
+        assert grown.shape == (rows, 256) and _lazy_buffer(grown).huge
+    small = Arena(ArenaConfig(dim=8, initial_blocks=4))  # a pool too small to map lazily ...
+    assert _lazy_buffer(small.page_emb) is None
+    small.reserve(users=1, owners=1, blocks=200_000)  # ... is mapped with huge pages once grown
+    assert _lazy_buffer(small.page_emb).huge
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     batches=st.lists(st.lists(st.integers(0, 3), max_size=12), min_size=1, max_size=4),
