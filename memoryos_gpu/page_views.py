@@ -78,6 +78,9 @@ class PageTable:
         meta: str | None,
         extra: dict[str, Any],
     ) -> None:
+        """A page's view, new or replacing one. ``extra`` may be a :class:`ReadOnlyDict`
+        already (the caller's shared copy of metadata several pages carry: see
+        :meth:`PageViews.shared_extra`)."""
         self.table.put(
             int(page_id), user_input, agent_response, float(timestamp), meta, _frozen(extra)
         )
@@ -144,19 +147,6 @@ class PageViews:
         self.knowledge = KnowledgeTexts()
         self.store_reads = 0  # rows a retrieval had to read from the store (expected: none)
 
-    def put_page(
-        self,
-        page_id: int,
-        user_input: str,
-        agent_response: str,
-        timestamp: float,
-        meta: str | None,
-        extra: dict[str, Any],
-    ) -> None:
-        """A new page's view. ``extra`` may be a :class:`ReadOnlyDict` already (the caller's
-        shared copy of metadata several pages carry: see :meth:`shared_extra`)."""
-        self.pages.put(page_id, user_input, agent_response, timestamp, meta, extra)
-
     def put_views(self, items: Iterable[tuple[int, str, Any]]) -> None:
         """Load ``(page_id, user_id, store view)`` rows (a reopen streams them in chunks; the
         store gives equal metadata of one chunk as one dict, and it stays one here)."""
@@ -199,9 +189,6 @@ class PageViews:
         if previous is not None and previous == extra:
             return previous
         return ReadOnlyDict(extra)
-
-    def put_knowledge(self, entry_id: int, text: str) -> None:
-        self.knowledge[entry_id] = text
 
     def drop_knowledge(self, entry_ids: Iterable[int]) -> None:
         pop = self.knowledge.table.pop

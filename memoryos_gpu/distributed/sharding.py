@@ -565,7 +565,7 @@ class ShardEngine(MemoryEngine):
                 if old >= 0:
                     self._views.drop_knowledge([old])
                 self._entry_of_ring[slot, e.seq % cap] = cur.lastrowid
-                self._views.put_knowledge(cur.lastrowid, e.text)
+                self._views.knowledge[cur.lastrowid] = e.text
 
     def _reload_assistants(self, assistant_ids: Sequence[str]) -> None:
         """Shared store: re-read assistants' live entries (written by their owner shard); the

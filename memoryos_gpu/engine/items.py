@@ -136,7 +136,7 @@ class Items:
             where = np.argwhere(s.entry_of_ring == entry_id)
             if where.size:
                 s.arena.write_knowledge(where[:, 0], where[:, 1], vec[None])
-                s.views.put_knowledge(entry_id, text)
+                s.views.knowledge[entry_id] = text
             return s.store.knowledge_rows([entry_id])[entry_id]
 
     def delete_knowledge(self, entry_id: int) -> bool:

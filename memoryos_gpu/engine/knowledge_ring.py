@@ -385,4 +385,4 @@ def put_back(state: EngineState, restored: Restored | None) -> None:
     if dropped >= 0:
         s.views.drop_knowledge([dropped])
     s.entry_of_ring[r.owner, r.ring] = r.entry
-    s.views.put_knowledge(r.entry, r.text)
+    s.views.knowledge[r.entry] = r.text

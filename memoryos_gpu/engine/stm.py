@@ -103,7 +103,7 @@ class ShortTerm:
             if not r.duplicate:
                 user = s.users[p.user_id]
                 user.extra = s.views.shared_extra(p.meta, user.extra)
-                s.views.put_page(
+                s.views.pages.put(
                     r.page_id, p.user_input, p.agent_response, p.timestamp, None, user.extra
                 )
         self._hooks._learn_keywords(
