@@ -146,7 +146,11 @@ class ArenaConfig:
     # Arena.__init__, and a one-page segment, the common case without an LLM, wastes no
     # slot), 4 on a GPU (the device block table is dense: U x S x ceil(pages / 4) entries)
     block_size: int | None = None
-    knowledge_capacity: int = 100
+    knowledge_capacity: int = 100  # live entries a ring holds (the paper's LPM capacity)
+    # ring positions each owner has room for at first; the rings widen by doubling up to
+    # knowledge_capacity when an owner's ring needs more ([owners, R, d] rows cost memory for
+    # every owner: 100 fp16 rows of 384 dimensions are 77 KB an owner on a GPU)
+    initial_knowledge_slots: int = 8
     device: str = "cpu"  # "cpu" or "cuda[:N]"
     gpu_dtype: str = "float16"  # "float16" or "bfloat16" (CPU always stores float32)
     initial_users: int = 16
@@ -157,7 +161,7 @@ class ArenaConfig:
         if self.block_size is None:
             object.__setattr__(self, "block_size", 4 if self.device.startswith("cuda") else 1)
         names = ("dim", "segment_slots", "initial_segment_slots", "keyword_width")
-        for name in (*names, "block_size", "knowledge_capacity"):
+        for name in (*names, "block_size", "knowledge_capacity", "initial_knowledge_slots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ArenaConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -342,8 +346,9 @@ class Arena:
         self.lexical = LexicalRows(b, blocks * c.block_size)  # BM25 term rows per pool slot
         # --- knowledge rings, [O, R, ...] (device) ---
         owners = max(1, c.initial_owners)
-        self.kn_emb = b.empty_emb((owners, c.knowledge_capacity, c.dim))
-        self.kn_live = b.full((owners, c.knowledge_capacity), 0, np.uint8)
+        ring = min(c.knowledge_capacity, c.initial_knowledge_slots)
+        self.kn_emb = b.empty_emb((owners, ring, c.dim))
+        self.kn_live = b.full((owners, ring), 0, np.uint8)
         # --- host-side structure (mirrors on GPU, the arrays themselves on CPU) ---
         self.user_live = np.zeros(users, dtype=np.uint8)
         self._h_seg_live = self._host_alias(self.seg_live)
@@ -365,6 +370,11 @@ class Arena:
     @property
     def owner_capacity(self) -> int:
         return int(self.owner_live.shape[0])
+
+    @property
+    def knowledge_width(self) -> int:
+        """Ring positions every owner has room for now (<= ``config.knowledge_capacity``)."""
+        return int(self.kn_live.shape[1])
 
     @property
     def segment_width(self) -> int:
@@ -736,6 +746,7 @@ class Arena:
         rank[order] = np.arange(n) - np.flatnonzero(first)[np.cumsum(first) - 1]
         ring = ((self._ring_head[owners] + rank) % cap).astype(np.int32)
         np.add.at(self._ring_head, owners, 1)
+        self._fit_rings(ring)
         # if one batch wraps a ring, only the last write per slot survives (FIFO semantics)
         self._write(self.kn_emb, (owners, ring), emb, emb_array=True)
         self._write(self.kn_live, (owners, ring), 1)
@@ -755,13 +766,28 @@ class Arena:
         emb = self._check_emb(emb, owners.size)
         if owners.size:
             self.check_owners(owners)
+            if ((ring_slots < 0) | (ring_slots >= self.config.knowledge_capacity)).any():
+                raise ArenaError("ring slot out of range")
+            self._fit_rings(ring_slots)
             self._write(self.kn_emb, (owners, ring_slots), emb, emb_array=True)
             self._write(self.kn_live, (owners, ring_slots), 1)
 
     def delete_knowledge(self, owners: np.ndarray, ring_slots: np.ndarray) -> None:
         owners, ring_slots = np.asarray(owners, np.int32), np.asarray(ring_slots, np.int32)
-        if owners.size:
-            self._write(self.kn_live, (owners, ring_slots), 0)
+        held = ring_slots < self.knowledge_width  # a position past the width holds nothing
+        if held.any():
+            self._write(self.kn_live, (owners[held], ring_slots[held]), 0)
+
+    def _fit_rings(self, ring_slots: np.ndarray) -> None:
+        """Widen every ring (doubling, at most the capacity) when a position needs it. Only
+        live entries' rows are copied (on the host the rest stay unwritten)."""
+        if not ring_slots.size or int(ring_slots.max()) < self.knowledge_width:
+            return
+        cap, width = self.config.knowledge_capacity, self.knowledge_width
+        width = min(cap, max(int(ring_slots.max()) + 1, 2 * width))
+        live = None if self.on_cuda else self.kn_live  # (a device copy is one kernel anyway)
+        self.kn_emb = self._b.grow(self.kn_emb, width, 0.0, axis=1, live=live)
+        self.kn_live = self._b.grow(self.kn_live, width, 0, axis=1)
 
     # ------------------------------------------------------------------ heat read-back
     def pull_heat(self, users: np.ndarray) -> dict[str, np.ndarray]:

@@ -869,6 +869,31 @@ def test_one_promotion_that_wraps_the_ring_keeps_its_newest_facts(make_engine, k
     assert {e.text for e in again.retrieve("u", "wrapped fact").user_knowledge} == set(want)
 
 
+def test_knowledge_rings_widen_for_more_entries_and_a_reopen_restores_them(
+    make_engine, kit, tmp_path
+):
+    """Rings start 8 positions wide per owner and double as an owner needs more: 10 facts (a
+    promotion's most) in a ring of capacity 20 widen it to 16, and every fact stays
+    retrievable, also after a reopen (which places the stored positions)."""
+    topics = "apples boats cellos dunes ember ferns glass harbor islands jazz"
+    facts = [f"widening fact about {t}" for t in topics.split()]  # 10, none a repeat
+
+    def promotion(_req):
+        return {"user_facts": facts, "assistant_facts": []}
+
+    store = str(tmp_path / "s.sqlite3")
+    memory = dict(stm_capacity=1, tau=1.5, knowledge_capacity=20, knowledge_top_k=20)
+    eng = make_engine(store=store, script=kit.Script(promotion=promotion), **memory)
+    assert eng.arena.knowledge_width == 8
+    add_pages(eng, "u", ["p0", "p1"])  # p0 leaves STM, opens a segment, is promoted
+    assert eng.arena.knowledge_width == 16
+    assert {e.text for e in eng.retrieve("u", "widening fact").user_knowledge} == set(facts)
+    eng.close()
+    again = make_engine(store=store, script=kit.Script(promotion=promotion), **memory)
+    assert 10 <= again.arena.knowledge_width <= 20
+    assert {e.text for e in again.retrieve("u", "widening fact").user_knowledge} == set(facts)
+
+
 def test_get_update_delete_page_and_knowledge_with_history(make_engine, kit):
     emb = kit.TableEmbedder()
     eng = make_engine(

@@ -575,19 +575,36 @@ def test_the_page_pool_asks_for_huge_pages_and_keeps_them_when_it_grows() -> Non
 @settings(max_examples=50, deadline=None)
 @given(
     batches=st.lists(st.lists(st.integers(0, 3), max_size=12), min_size=1, max_size=4),
-    capacity=st.integers(1, 5),
+    capacity=st.integers(1, 9),
+    initial=st.integers(1, 4),
 )
-def test_push_knowledge_takes_each_owners_next_ring_positions(batches, capacity) -> None:
+def test_push_knowledge_takes_each_owners_next_ring_positions(batches, capacity, initial) -> None:
     """Ring positions of a batch: per owner, the next positions in batch order, wrapping at
-    the capacity; the heads carry over to the next batch (checked against one-by-one)."""
-    arena = Arena(ArenaConfig(dim=2, knowledge_capacity=capacity, initial_owners=1))
+    the capacity; the heads carry over to the next batch (checked against one-by-one). The
+    rings start ``initial`` positions wide and widen as positions need, never past the
+    capacity, keeping every entry's row."""
+    arena = Arena(
+        ArenaConfig(
+            dim=2, knowledge_capacity=capacity, initial_owners=1, initial_knowledge_slots=initial
+        )
+    )
     arena.add_owners(4)
     heads = [0] * 4
-    for batch in batches:
+    rows = {}  # (owner, position) -> the value its row must hold
+    for step, batch in enumerate(batches):
         want = []
         for o in batch:
             want.append(heads[o] % capacity)
             heads[o] += 1
-        got = arena.push_knowledge(np.array(batch, np.int32), np.ones((len(batch), 2)))
+        emb = np.full((len(batch), 2), step + 1.0) + np.arange(len(batch))[:, None]
+        got = arena.push_knowledge(np.array(batch, np.int32), emb)
         assert got.tolist() == want
+        rows.update({(o, r): emb[i] for i, (o, r) in enumerate(zip(batch, want, strict=True))})
     assert [arena.ring_head(o) for o in range(4)] == heads
+    needed = max([r + 1 for _, r in rows] or [0])
+    assert min(initial, capacity) <= arena.knowledge_width <= capacity
+    assert arena.knowledge_width >= needed
+    live = arena.host("kn_live")
+    assert {(int(o), int(r)) for o, r in zip(*np.nonzero(live), strict=True)} == set(rows)
+    for (o, r), value in rows.items():
+        np.testing.assert_array_equal(arena.host("kn_emb")[o, r], value)
