@@ -137,6 +137,28 @@ def test_similar_but_different_facts_supersede_nothing(tmp_path: Path) -> None:
         e.close()
 
 
+def test_an_entry_edited_into_an_attribute_is_superseded_by_a_later_value(
+    tmp_path: Path,
+) -> None:
+    """The rule finds an owner's entries by the attribute stored with each: an entry edited
+    by hand (a taste -> "I live in Lisbon.") states a residence from then on, and the next
+    residence said supersedes it; the attributes no new fact states are not read."""
+    e = engine(tmp_path)
+    try:
+        tea_text = "I love drinking green tea every morning."
+        say(e, "ed", [tea_text, "My dog is called Max."], 1.7e9)
+        tea = next(k for k in e.knowledge("ed")["user"] if k["text"] == tea_text)
+        e.update_knowledge(tea["entry_id"], "I live in Lisbon.")
+        say(e, "ed", ["I moved to Porto."], 1.8e9)
+        hist = {k["text"]: k for k in e.knowledge("ed", history=True)["user"]}
+        porto = hist["I moved to Porto."]
+        assert not hist["I live in Lisbon."]["live"]
+        assert hist["I live in Lisbon."]["superseded_by"] == porto["entry_id"]
+        assert hist["My dog is called Max."]["live"]  # another attribute: untouched
+    finally:
+        e.close()
+
+
 def test_deleting_the_newer_value_makes_the_older_one_live_again(
     tmp_path: Path, backend: Any
 ) -> None:

@@ -18,6 +18,7 @@ from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
 from memoryos_gpu.store.sqlite import emb_blob
 
+from .conflicts import fact_key
 from .forget import Forgetting
 from .heat import Heat
 from .knowledge_ring import put_back, unsupersede
@@ -120,10 +121,11 @@ class Items:
                 raise KeyError(f"no knowledge entry {entry_id}")
             row, text = rows[entry_id], _clean_text(text, "text")
             vec = s.embedder.encode([text])[0]
+            key = fact_key(text)  # the attribute the conflict rule finds the entry by
             with s.store.transaction() as db:
                 db.execute(
-                    "UPDATE knowledge SET text = ?, embedding = ? WHERE entry_id = ?",
-                    (text, emb_blob(vec), entry_id),
+                    "UPDATE knowledge SET text = ?, embedding = ?, fact_key = ? WHERE entry_id = ?",
+                    (text, emb_blob(vec), key[0] if key else None, entry_id),
                 )
                 s.store.audit(
                     db,
