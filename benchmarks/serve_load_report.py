@@ -13,7 +13,7 @@ def table(
     head = (
         f"{'users':>6} {'think':>6} {'workers':>7} {'mode':>18} {'req/s':>8} {'ret p50':>8} "
         f"{'ret p95':>8} {'ret p99':>8} {'wr p50':>8} {'wr p95':>8} {'wr p99':>8} "
-        f"{'batch r/w':>10} {'cpu ms/req':>10} {'errors':>7}"
+        f"{'batch r/w':>10} {'cpu ms/req':>10} {'client ms':>9} {'errors':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in results:
@@ -26,6 +26,7 @@ def table(
             f"{r['write']['p99_ms']:>8.1f} "
             f"{mb.get('retrieve', 0):>4.1f}/{mb.get('write', 0):<5.1f} "
             f"{r.get('server_cpu_ms_per_request', 0):>10.2f} "
+            f"{r.get('client_cpu_ms_per_request', 0):>9.2f} "
             f"{sum(r['errors'].values()):>7}"
         )
     lines.append("")
@@ -37,7 +38,8 @@ def table(
         "latencies in ms; req/s counts successful requests; think = mean think time (ms) of "
         "each simulated user between requests (0: closed loop at saturation); workers 0 = the "
         "single-process server, N = N HTTP workers + 1 engine process; cpu ms/req = server CPU "
-        "(user+sys, whole process tree) per answered request"
+        "(user+sys, whole process tree) per answered request; client ms = the load generator's "
+        "own CPU per request (it shares the box)"
     )
     lines.append(
         "1-min load average after each run: "
