@@ -193,11 +193,9 @@ class ExtractiveStages:
 
     def _page(self, w: PageWork, keywords: list[str], continuous: bool) -> PageOutcome:
         summary = prompts.fallback_topic_summary([w.page], extractor=self.extractor, max_keywords=0)
-        meta = (
-            w.prev_meta
-            if (continuous and w.prev_meta)
-            else prompts.fallback_chain_meta(None, w.page)
-        )
+        # a new chain's meta is fallback_chain_meta(None, page): for one page, the same first
+        # sentence as its summary (computed once)
+        meta = w.prev_meta if (continuous and w.prev_meta) else summary.summary
         return PageOutcome(continuous, meta or "", summary.summary, keywords, self.mode)
 
     def promotions(self, work: Sequence[PromotionWork]) -> list[PromotionOutcome]:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import jsonschema
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from memoryos_gpu import prompts as P
@@ -354,3 +356,43 @@ def test_fallbacks_well_formed():
         },
         P.SCHEMAS["fused_page"],
     )
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.text(st.sampled_from("ab .!?\n\u3002"), max_size=60),
+            st.text(st.sampled_from("cd .!?\n"), max_size=60),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_extractive_page_outcomes_are_the_fallbacks(pages: list[tuple[str, str, bool]]) -> None:
+    """The extractive stage's summary and a new chain's meta are the prompt fallbacks of the
+    page (the stage computes the shared first sentence once); a continuing page keeps the
+    chain's meta."""
+    import numpy as np
+
+    from memoryos_gpu.stages import ExtractiveStages, PageWork
+    from memoryos_gpu.text.keywords import KeywordExtractor
+
+    stages = ExtractiveStages(KeywordExtractor(), continuity_threshold=0.5)
+    v = np.ones(4, np.float32)
+    work = [
+        PageWork(
+            {"user_input": ui, "agent_response": ar, "timestamp": 1.0, "user_id": "u"},
+            v,
+            {"user_input": "before", "agent_response": "", "timestamp": 0.0} if linked else None,
+            v if linked else None,
+            "the thread so far" if linked else None,
+        )
+        for ui, ar, linked in pages
+    ]
+    for w, out in zip(work, stages.pages(work), strict=True):
+        first = P.fallback_topic_summary([w.page], max_keywords=0).summary
+        assert out.summary == first
+        assert out.continuous == (w.prev_page is not None)
+        want = w.prev_meta if out.continuous else P.fallback_chain_meta(None, w.page)
+        assert out.meta == want

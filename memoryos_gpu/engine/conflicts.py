@@ -28,6 +28,7 @@ the owner's nearest live entry, one kernel call for the whole batch).
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from dataclasses import dataclass
 
@@ -186,6 +187,7 @@ def _norm(text: str) -> str:
     return " ".join(_PLAIN.sub(" ", text.lower()).split())
 
 
+@functools.lru_cache(maxsize=1 << 16)  # pure; the rule re-keys the entries it compares with
 def fact_key(text: str) -> tuple[str, str] | None:
     """The (attribute key, normalised value) a fact states, or None when it states no single
     attribute the rule knows ("I moved to Boston." -> ("residence", "boston"); "My dog is

@@ -190,32 +190,24 @@ class LongTerm:
         segment reset, facts, pending-row deletes); returns how many left the queue."""
         s = self._s
         queued, current = self._current(read)
-        new_profiles: dict[str, dict[str, Any]] = {}
         taken = np.flatnonzero(current).tolist()
+        done = [i for i in taken if outcomes[i] is not None]
         with s.store.transaction() as db:
-            for i in taken:
-                work_id, uid, sid = read.items[i]
-                db.execute("DELETE FROM pending WHERE work_id = ?", (work_id,))
-                out = outcomes[i]
-                if out is None:
-                    continue
-                if out.profile_updates:  # on top of this batch's earlier updates of the user
-                    profile = {**new_profiles.get(uid, read.profiles[i]), **out.profile_updates}
-                    db.execute(
-                        "UPDATE users SET profile = ? WHERE user_id = ?",
-                        (json.dumps(profile, ensure_ascii=False), uid),
-                    )
-                    new_profiles[uid] = profile
-                page_ids = [p[0] for p in read.pages[i]]
-                if out.profile_updates and s.memory.provenance:
-                    record(db, PROFILE, [(0, k, page_ids, uid) for k in out.profile_updates])
-                marks = ",".join("?" * len(page_ids))
-                db.execute(f"UPDATE pages SET analysed = 1 WHERE page_id IN ({marks})", page_ids)
-                self._reset_segment(db, uid, sid)
-                s.store.audit(
-                    db, uid, "promote", "segment", sid, {"pages": len(page_ids), "mode": out.mode}
-                )
-                s.counters["promotions"] += 1
+            db.executemany(
+                "DELETE FROM pending WHERE work_id = ?", [(read.items[i][0],) for i in taken]
+            )
+            new_profiles = self._merge_profiles(db, read, outcomes, done)
+            db.executemany(
+                "UPDATE pages SET analysed = 1 WHERE page_id = ?",
+                [(p[0],) for i in done for p in read.pages[i]],
+            )
+            self._reset_segments(db, [read.items[i] for i in done])
+            s.store.audit_many(
+                db,
+                [(read.items[i][1], "promote", "segment", read.items[i][2]) for i in done],
+                [{"pages": len(read.pages[i]), "mode": outcomes[i].mode} for i in done],
+            )
+            s.counters["promotions"] += len(done)
             keep = current[fact_of]
             if keep.any():
                 self._hooks._push_knowledge(
@@ -225,21 +217,54 @@ class LongTerm:
         s.profiles.update(new_profiles)  # committed: retrievals show the new profiles
         return int((~queued).sum() + current.sum())
 
-    def _reset_segment(self, db: Any, user_id: str, segment_id: int) -> None:
-        """A promoted segment's pages are analysed: ``L_interaction`` (and, when
-        ``reset_visits_on_promotion``, ``N_visit``) back to 0, in the arena and the store."""
+    def _merge_profiles(
+        self,
+        db: Any,
+        read: _PromotionInput,
+        outcomes: list[PromotionOutcome | None],
+        done: list[int],
+    ) -> dict[str, dict[str, Any]]:
+        """Write the profile updates of promotions ``done`` (in order: a user's later
+        promotion of the batch updates on top of its earlier one) with their provenance;
+        returns the users' new profiles."""
         s = self._s
-        user = s.users[user_id]
-        slot = int(np.flatnonzero(s.segment_of[user.slot] == segment_id)[0])
-        reset = {"l_interaction": [0]}
-        if s.memory.reset_visits_on_promotion:
-            reset["n_visit"] = [0]
-        s.arena.set_segment_stats([user.slot], [slot], **reset)
-        db.execute(
+        new_profiles: dict[str, dict[str, Any]] = {}
+        for i in done:
+            out, uid = outcomes[i], read.items[i][1]
+            if not out.profile_updates:
+                continue
+            profile = {**new_profiles.get(uid, read.profiles[i]), **out.profile_updates}
+            db.execute(
+                "UPDATE users SET profile = ? WHERE user_id = ?",
+                (json.dumps(profile, ensure_ascii=False), uid),
+            )
+            new_profiles[uid] = profile
+            if s.memory.provenance:
+                page_ids = [p[0] for p in read.pages[i]]
+                record(db, PROFILE, [(0, k, page_ids, uid) for k in out.profile_updates])
+        return new_profiles
+
+    def _reset_segments(self, db: Any, items: list[WorkItem]) -> None:
+        """Promoted segments' pages are analysed: ``L_interaction`` (and, when
+        ``reset_visits_on_promotion``, ``N_visit``) back to 0, in the arena and the store."""
+        if not items:
+            return
+        s = self._s
+        uslots, slots = [], []
+        for _, uid, sid in items:
+            u = s.users[uid]
+            uslots.append(u.slot)
+            slots.append(int(np.flatnonzero(s.segment_of[u.slot] == sid)[0]))
+        zeros = np.zeros(len(items), np.int32)
+        visits = s.memory.reset_visits_on_promotion
+        s.arena.set_segment_stats(
+            uslots, slots, l_interaction=zeros, **({"n_visit": zeros} if visits else {})
+        )
+        db.executemany(
             "UPDATE segments SET l_interaction = 0"
-            + (", n_visit = 0" if s.memory.reset_visits_on_promotion else "")
+            + (", n_visit = 0" if visits else "")
             + " WHERE segment_id = ?",
-            (segment_id,),
+            [(sid,) for _, _, sid in items],
         )
 
     def push_knowledge(self, db: Any, facts: list[Fact], emb: np.ndarray) -> None:

@@ -81,7 +81,7 @@ class Segments:
         them counted when their pending row went with them."""
         s = self._s
         d = s.embedder.dim
-        rows = s.store.page_rows([ref for _, _, ref in items])
+        rows = self._work_rows([(ref, uid) for _, uid, ref in items])
         known = [it for it in items if it[1] in s.users and it[2] in rows]
         gone = 0
         if len(known) < len(items):
@@ -92,13 +92,40 @@ class Segments:
         users = [s.users[uid] for _, uid, _ in known]
         tails = [(u.chain_tail, u.chain_meta) for u in users]
         prev_ids = [p for p, _ in tails if p is not None]
-        prev_rows = s.store.page_rows(prev_ids)
+        prev_rows = self._work_rows(
+            [(p, u.user_id) for u, (p, _) in zip(users, tails, strict=True) if p is not None]
+        )
         prev_embs = dict(zip(prev_ids, s.store.page_embeddings(prev_ids, d), strict=True))
         work = [
             PageWork(rows[pid], embs[i], prev_rows.get(prev), prev_embs.get(prev), meta)
             for i, (pid, (prev, meta)) in enumerate(zip(page_ids, tails, strict=True))
         ]
         return _RoundInput(known, users, tails, embs, work, s.edits), gone
+
+    def _work_rows(self, pages: list[tuple[int, str]]) -> dict[int, dict[str, Any]]:
+        """What the stages read of pages ``(page id, user id)``, by page id: from the views,
+        which hold every page in STM, pending or in MTM (no SQL, no JSON to decode); a page
+        not there (a chain tail evicted meanwhile) from the store; a deleted one is absent."""
+        get = self._s.views.pages.table.get
+        out: dict[int, dict[str, Any]] = {}
+        missing: list[int] = []
+        for pid, uid in pages:
+            v = get(int(pid))
+            if v is None:
+                missing.append(pid)
+                continue
+            out[pid] = {
+                "page_id": pid,
+                "user_id": uid,
+                "user_input": v[0],
+                "agent_response": v[1],
+                "timestamp": v[2],
+                "meta": v[3],
+                "extra": v[4],
+            }
+        if missing:
+            out.update(self._s.store.page_rows(missing))
+        return out
 
     def _run_stages(self, read: _RoundInput) -> _RoundOutput:
         """The round's stages, without the engine lock: they read only what ``read`` holds

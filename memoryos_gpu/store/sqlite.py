@@ -911,14 +911,28 @@ class SQLiteStore:
 
     # ------------------------------------------------------------------ audit
     def audit_many(
-        self, db: sqlite3.Connection, rows: Sequence[tuple[str, str, str, int | None]]
+        self,
+        db: sqlite3.Connection,
+        rows: Sequence[tuple[str, str, str, int | None]],
+        details: Sequence[dict[str, Any]] | None = None,
     ) -> None:
-        """:meth:`audit` of many content-free events ``(user, action, kind, item id)``."""
+        """:meth:`audit` of many events ``(user, action, kind, item id)`` in one statement,
+        content-free or with ``details`` (one per row)."""
         now = time.time()
+        if details is None:
+            db.executemany(
+                "INSERT INTO audit(user_id, ts, action, item_kind, item_id, detail) "
+                "VALUES (?, ?, ?, ?, ?, '{}')",
+                [(u, now, a, k, i) for u, a, k, i in rows],
+            )
+            return
         db.executemany(
             "INSERT INTO audit(user_id, ts, action, item_kind, item_id, detail) "
-            "VALUES (?, ?, ?, ?, ?, '{}')",
-            [(u, now, a, k, i) for u, a, k, i in rows],
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (u, now, a, k, i, json.dumps(d, ensure_ascii=False))
+                for (u, a, k, i), d in zip(rows, details, strict=True)
+            ],
         )
 
     def audit(
