@@ -232,6 +232,38 @@ def test_knowledge_topk_matches_reference(backend, spec, k):
     assert_topk(want, got, TOL[backend])
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=specs(), k=st.integers(1, 9), m=st.integers(1, 4))
+def test_a_team_gives_the_results_of_one_thread(spec, k, m):
+    """The CPU kernels split a batch over an OpenMP team only when it holds enough work
+    (``ops.set_cpu_team_work``); forced onto a team, a batch (the spec's queries repeated past
+    16) gives exactly the one-thread results, query by query."""
+    if not spec.queries.shape[0]:
+        return
+    arena, _ = build(spec, "cpu")
+    reps = -(-20 // spec.queries.shape[0])
+    q, users = np.tile(spec.queries, (reps, 1)), np.tile(spec.q_user, reps)
+    kw = np.tile(spec.q_kw, (reps, 1))
+
+    def run() -> list[np.ndarray]:
+        seg = ops.score_segments(arena, q, users, kw, m)
+        pages = ops.select_pages(arena, q, users, np.asarray(seg[1]), k, float("-inf"))
+        know = ops.knowledge_topk(arena, q, users, k)
+        return [np.asarray(x) for x in (*seg, *pages, *know)]
+
+    try:
+        ops.set_cpu_threads(1)
+        one = run()
+        ops.set_cpu_threads(4)
+        ops.set_cpu_team_work(0)
+        team = run()
+    finally:
+        ops.set_cpu_threads(None)
+        ops.set_cpu_team_work(None)
+    for x, y in zip(one, team, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @COMMON
 @given(
@@ -243,7 +275,8 @@ def test_knowledge_topk_matches_reference(backend, spec, k):
 )
 def test_heat_matches_reference(backend, spec, data, by_visits, mu, tau):
     arena, _ = build(spec, backend)
-    n_users, slots = spec.live.shape
+    n_users = spec.live.shape[0]
+    slots = arena.segment_width  # rows widen as segments are written: hits past them are refused
     hits_u = np.array(data.draw(st.lists(st.integers(0, n_users - 1), max_size=10)), np.int32)
     hits_s = np.array(
         data.draw(st.lists(st.integers(0, slots - 1), min_size=hits_u.size, max_size=hits_u.size)),

@@ -109,7 +109,7 @@ def worlds(draw, device: str = "cpu") -> World:
         length = np.where(counts > 0, length, 0) + rng.integers(0, 3, n_pages)
         arena.write_terms(pool, offsets, ids, tf, length.astype(np.int32))
         arena.delete_pages(pool[rng.random(n_pages) < 0.15])
-    b = draw(st.one_of(st.integers(0, 6), st.just(40)))  # 40: past the CPU's parallel threshold
+    b = draw(st.one_of(st.integers(0, 6), st.just(40)))  # 40: a team's size (with team work 0)
     q_terms = [list(TERM_IDS[rng.permutation(VOCAB)[: int(rng.integers(0, 6))]]) for _ in range(b)]
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in q_terms])]).astype(np.int64)
     ids = np.array([t for ts in q_terms for t in ts], np.int32)
@@ -172,12 +172,20 @@ def test_one_thread_and_a_team_give_the_same_results(data) -> None:
         assert ops.build_info()["cpu_threads"] == 1
         one = retrieve(w.arena, w.q_emb, w.q_user, w.terms, w.k, w.params)
         ops.set_cpu_threads(4)  # more threads than this machine's cores is allowed
+        ops.set_cpu_team_work(0)  # a team from 16 queries, whatever their work
         team = retrieve(w.arena, w.q_emb, w.q_user, w.terms, w.k, w.params)
     finally:
         ops.set_cpu_threads(None)
+        ops.set_cpu_team_work(None)
     assert ops.build_info()["cpu_threads"] == default
     for x, y in zip(one, team, strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_team_work_is_a_setting_that_results_ignore() -> None:
+    assert ops.build_info()["cpu_team_work"] == 1_500_000
+    with pytest.raises(ValueError, match="team work"):
+        ops.set_cpu_team_work(-1)
 
 
 def test_cpu_threads_must_be_positive() -> None:

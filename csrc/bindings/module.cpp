@@ -231,6 +231,7 @@ py::dict build_info() {
   info["openmp"] = false;
   info["cpu_threads"] = 1;
 #endif
+  info["cpu_team_work"] = cpu::team_work();
   info["cuda_compiled"] = cuda_compiled();
   info["cuda_device_count"] = cuda_compiled() ? cuda_device_count() : 0;
   info["cuda_sync_launches"] = cuda_sync_launches();
@@ -274,6 +275,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &build_info, "What was compiled and what is usable now.");
   m.def("set_cpu_threads", &cpu::set_team_limit, py::arg("n"),
         "Limit the CPU kernels' OpenMP teams to n threads (n <= 0: OpenMP's default).");
+  m.def("set_cpu_team_work", &cpu::set_team_work, py::arg("n"),
+        "Multiply-adds a batch needs before a CPU kernel wakes a team (n < 0: the default).");
   m.def("_cpu_cosines_per_isa", &cpu_cosines_per_isa_py, py::arg("q"), py::arg("rows"),
         py::arg("out"),
         "Self-check: cosines by the baseline and (where available) the AVX2 build of the CPU "

@@ -14,10 +14,9 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Below this many queries (or users) the loop runs on the calling thread: waking an OpenMP team
-// costs more than the work, and on an oversubscribed machine a sleeping team can take a whole
-// scheduler time slice (~10 ms measured here) to start.
-constexpr int64_t kParallelMin = 16;
+// A loop runs on the calling thread unless its batch holds enough work (cpu::worth_a_team):
+// waking an OpenMP team costs more than small work, and on an oversubscribed machine a sleeping
+// team can take a whole scheduler time slice (~10 ms measured here) to start.
 
 /// The CPU path stores fp32 only (the bindings reject other dtypes before we get here).
 inline const float* emb_f32(const void* base) { return static_cast<const float*>(base); }
@@ -116,11 +115,11 @@ void knowledge_one_query(const QueryBatch& q, const KnowledgeView& kn, TopK out,
   }
 }
 
-/// Runs body(b, scratch) for every query, on an OpenMP team when the batch is large enough;
-/// each thread owns one Scratch.
+/// Runs body(b, scratch) for every query, on an OpenMP team when the batch holds enough work
+/// (`per_query` multiply-adds a query, see cpu::worth_a_team); each thread owns one Scratch.
 template <typename Body>
-void for_each_query(const QueryBatch& q, Body body) {
-#pragma omp parallel num_threads(cpu::team_size()) if (q.size >= kParallelMin)
+void for_each_query(const QueryBatch& q, long long per_query, Body body) {
+#pragma omp parallel num_threads(cpu::team_size()) if (cpu::worth_a_team(q.size, per_query))
   {
     Scratch scratch{std::vector<float>(q.dim > 0 ? q.dim : 1),
                     std::vector<int32_t>(q.kw_width > 0 ? q.kw_width : 1)};
@@ -154,12 +153,16 @@ __attribute__((target("avx2"))) void cosines_avx2(const float* q, const float* r
 
 void score_segments_cpu(const QueryBatch& q, const SegmentView& seg, float keyword_weight,
                         TopK out) {
-  for_each_query(q, [&](int64_t b, Scratch& s) { score_one_query(q, seg, keyword_weight, out, b, s); });
+  const long long work = static_cast<long long>(seg.slots) * q.dim;
+  for_each_query(q, work, [&](int64_t b, Scratch& s) {
+    score_one_query(q, seg, keyword_weight, out, b, s);
+  });
 }
 
 void select_pages_cpu(const QueryBatch& q, const int32_t* chosen, int32_t chosen_width,
                       const PageView& pages, float min_score, TopK out) {
-  for_each_query(q, [&](int64_t b, Scratch& s) {
+  const long long work = static_cast<long long>(chosen_width) * pages.block_size * q.dim;
+  for_each_query(q, work, [&](int64_t b, Scratch& s) {
     select_one_query(q, chosen, chosen_width, pages, min_score, out, b, s);
   });
 }
@@ -177,7 +180,9 @@ void apply_hits_cpu(const HitList& hits, HeatState state) {
 }
 
 void recompute_heat_cpu(const HeatRecompute& req, HeatState state, const HeatParams& params) {
-#pragma omp parallel for num_threads(cpu::team_size()) schedule(static) if (req.size >= kParallelMin)
+  // a row walks its user's slots: a few dozen operations each (the heat's exp among them)
+#pragma omp parallel for num_threads(cpu::team_size()) schedule(static) \
+    if (cpu::worth_a_team(req.size, 32LL * state.slots))
   for (int64_t r = 0; r < req.size; ++r) {
     const int64_t u = req.user[r];
     const bool valid = u >= 0 && u < state.num_users;
@@ -205,7 +210,8 @@ void recompute_heat_cpu(const HeatRecompute& req, HeatState state, const HeatPar
 }
 
 void knowledge_topk_cpu(const QueryBatch& q, const KnowledgeView& kn, TopK out) {
-  for_each_query(q, [&](int64_t b, Scratch& s) { knowledge_one_query(q, kn, out, b, s); });
+  const long long work = static_cast<long long>(kn.capacity) * q.dim;
+  for_each_query(q, work, [&](int64_t b, Scratch& s) { knowledge_one_query(q, kn, out, b, s); });
 }
 
 }  // namespace memoryos

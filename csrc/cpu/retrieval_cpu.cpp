@@ -13,7 +13,6 @@ namespace memoryos {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int64_t kParallelMin = 16;  // as kernels_cpu.cpp: below this a team costs more
 
 /// A page that made one of the two lists, with both of its scores.
 struct Candidate {
@@ -234,7 +233,14 @@ void retrieve_one(const QueryBatch& q, const QueryTerms& terms, const SegmentVie
 void retrieve_cpu(const QueryBatch& q, const QueryTerms& terms, const SegmentView& seg,
                   const PageView& pages, const LexicalView& lex, const RetrievalParams& params,
                   RetrievalOut out) {
-#pragma omp parallel num_threads(cpu::team_size()) if (q.size >= kParallelMin)
+  // a query scores its user's segments and the pages of its top segments (dense; the table's
+  // width is its largest segment's, so at most 16 pages a segment are counted), and the lexical
+  // scan of its user's pages costs about as much again
+  const long long per_segment =
+      std::min<long long>(static_cast<long long>(pages.table_width) * pages.block_size, 16);
+  const long long work =
+      (static_cast<long long>(seg.slots) + 2LL * params.top_segments * per_segment) * q.dim;
+#pragma omp parallel num_threads(cpu::team_size()) if (cpu::worth_a_team(q.size, work))
   {
     Scratch sc;
 #pragma omp for schedule(dynamic, 8)

@@ -11,6 +11,7 @@ namespace memoryos {
 namespace cpu {
 namespace {
 std::atomic<int> g_limit{0};  // 0: OpenMP's default
+std::atomic<long long> g_work{kTeamWork};
 }  // namespace
 
 int team_size() {
@@ -23,6 +24,10 @@ int team_size() {
 }
 
 void set_team_limit(int n) { g_limit.store(n > 0 ? n : 0, std::memory_order_relaxed); }
+
+long long team_work() { return g_work.load(std::memory_order_relaxed); }
+
+void set_team_work(long long n) { g_work.store(n >= 0 ? n : kTeamWork, std::memory_order_relaxed); }
 
 }  // namespace cpu
 }  // namespace memoryos

@@ -18,5 +18,25 @@ int team_size();
 /// Limit every later team to n threads (n <= 0: back to OpenMP's default).
 void set_team_limit(int n);
 
+/// Multiply-adds a batch must hold before a team pays off. Waking a sleeping team
+/// (OMP_WAIT_POLICY=PASSIVE, which serving needs) cost 70-100 us on the 2-core VM: a knowledge
+/// top-k of 64 queries over 16-entry rings (0.4 M) took 83 us alone and 148 us on two threads,
+/// and the retrieval path of 64 queries at 1,000 users ran 27 % faster (median) with it alone;
+/// from 256 queries (1.6 M) two threads were as fast or faster inside a whole retrieval.
+constexpr long long kTeamWork = 1'500'000;
+
+/// The work a batch must hold for a team: kTeamWork unless set_team_work changed it.
+long long team_work();
+
+/// Set the work threshold (n < 0: back to kTeamWork; 0: a team from 16 queries, whatever the
+/// work; the tests use it to run the team path on small inputs).
+void set_team_work(long long n);
+
+/// Whether a batch of `queries`, each ~`work_per_query` multiply-adds, runs on a team: at
+/// least 16 queries (one schedule chunk per thread) and team_work() in all.
+inline bool worth_a_team(long long queries, long long work_per_query) {
+  return queries >= 16 && queries * work_per_query >= team_work();
+}
+
 }  // namespace cpu
 }  // namespace memoryos

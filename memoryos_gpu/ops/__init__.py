@@ -32,6 +32,7 @@ __all__ = [
     "recompute_heat",
     "score_segments",
     "select_pages",
+    "set_cpu_team_work",
     "set_cpu_threads",
 ]
 
@@ -51,7 +52,7 @@ def build_info() -> dict[str, Any]:
     """What was compiled and what is usable now.
 
     Keys: ``cpu`` (always True), ``openmp``, ``cpu_threads`` (the CPU kernels' team size now:
-    :func:`set_cpu_threads`), ``cuda_compiled``,
+    :func:`set_cpu_threads`), ``cpu_team_work`` (:func:`set_cpu_team_work`), ``cuda_compiled``,
     ``cuda_device_count``, ``cuda_usable`` (compiled and a device present), ``cuda_archs``,
     ``version``.
     """
@@ -74,6 +75,20 @@ def set_cpu_threads(n: int | None) -> None:
     if n is not None and int(n) < 1:
         raise ValueError(f"cpu_threads must be >= 1 or None, got {n}")
     _native().set_cpu_threads(0 if n is None else int(n))
+
+
+def set_cpu_team_work(n: int | None) -> None:
+    """Multiply-adds a batch must hold before a CPU kernel runs it on an OpenMP team (None: the
+    default, ~0.5 ms of one core's work; 0: a team from 16 queries whatever their work).
+
+    Why a threshold: waking a sleeping team costs more than a small batch's work (70-100 us
+    on a 2-core VM under ``OMP_WAIT_POLICY=PASSIVE``, against ~80 us for a knowledge top-k of
+    64 queries), so small batches run on the calling thread. Results do not depend on it; the
+    tests set 0 to run the team path on small inputs.
+    """
+    if n is not None and int(n) < 0:
+        raise ValueError(f"team work must be >= 0 or None, got {n}")
+    _native().set_cpu_team_work(-1 if n is None else int(n))
 
 
 # ---------------------------------------------------------------------- input normalisation
