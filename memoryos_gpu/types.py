@@ -38,6 +38,11 @@ class ReadOnlyDict(dict):
     __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _refuse
     __ior__ = _refuse
 
+    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
+        # rebuilt from a plain copy: pickle's default for a dict subclass sets the items one by
+        # one, which this class refuses (a retrieval sent to an HTTP worker could not arrive)
+        return (ReadOnlyDict, (dict(self),))
+
 
 @dataclass(slots=True)  # slots: a retrieval makes ~17 of these per query
 class RetrievedPage:

@@ -94,3 +94,17 @@ def test_retrievals_show_the_store_and_never_read_it(seed: int, kit, tmp_path) -
         assert again.stats()["views"]["store_reads"] == 0
     finally:
         again.close()
+
+
+def test_read_only_extra_survives_pickling_read_only() -> None:
+    """A retrieval crosses the channel to the HTTP workers pickled: a page's read-only
+    metadata arrives equal and still read-only."""
+    import pickle
+
+    from memoryos_gpu.types import ReadOnlyDict, RetrievedPage
+
+    page = RetrievedPage(1, "hi", "", 0.0, "stm", extra=ReadOnlyDict({"speaker_a": "Ann"}))
+    back = pickle.loads(pickle.dumps(page, protocol=pickle.HIGHEST_PROTOCOL))
+    assert back == page and type(back.extra) is ReadOnlyDict
+    with pytest.raises(TypeError, match="read-only"):
+        back.extra["speaker_a"] = "Bob"

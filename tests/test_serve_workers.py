@@ -118,12 +118,16 @@ def _alive(pid: int) -> bool:
 # ============================================================================ the routes
 def test_routes_answer_as_in_one_process(server: Supervised) -> None:
     with httpx.Client(base_url=server.base, headers=HA, timeout=30) as c:
-        r = c.post("/v1/users/ann/pages", json={"user_input": "I play the violin in Lisbon"})
+        page = {"user_input": "I play the violin in Lisbon", "meta": {"speaker_a": "Ann"}}
+        r = c.post("/v1/users/ann/pages", json=page)
         assert r.status_code == 201, r.text
         page_id = r.json()["page_id"]
-        got = c.post("/v1/users/ann/retrieve", json={"query": "violin"}).json()
+        r = c.post("/v1/users/ann/retrieve", json={"query": "violin"})
+        assert r.status_code == 200, r.text  # the page's metadata crosses the engine's channel
+        got = r.json()
         assert got["known_user"] is True
         assert [p["page_id"] for p in got["stm"]] == [page_id]
+        assert got["stm"][0]["extra"] == {"speaker_a": "Ann"}
         assert c.post("/v1/users/ann/wait").json()["done"] is True
         assert c.get(f"/v1/users/ann/pages/{page_id}").json()["user_input"].startswith("I play")
         assert "ann" in c.get("/v1/users").json()["users"]
