@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memoryos_gpu.embed import (
     Embedder,
@@ -239,6 +241,44 @@ def test_thread_setting_respected(monkeypatch):
 
 
 # ---------------------------------------------------------- hashing double
+def _hashing_one_by_one(h: HashingEmbedder, text: str) -> np.ndarray:
+    """The hashing embedder's rule, one feature at a time into the text's row (its earlier
+    implementation): the batched ``encode`` must give exactly this."""
+    from memoryos_gpu.embed.hashing import _feature_slot
+    from memoryos_gpu.text.keywords import tokenize
+
+    v = np.zeros(h.dim, dtype=np.float64)
+    for tok in tokenize(text) or ["\x00empty"]:
+        i, s = _feature_slot(h.seed, h.dim, "w:" + tok)
+        v[i] += s
+        if h.trigram_weight and len(tok) > 2:
+            padded = f"<{tok}>"
+            for j in range(len(padded) - 2):
+                i, s = _feature_slot(h.seed, h.dim, "c:" + padded[j : j + 3])
+                v[i] += s * h.trigram_weight
+    norm = np.linalg.norm(v)
+    if norm == 0.0:
+        i, s = _feature_slot(h.seed, h.dim, "\x00empty")
+        v[i] = s
+        norm = 1.0
+    return (v / norm).astype(np.float32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    texts=st.lists(st.text(st.sampled_from("ab cd ef\u00e9 I'm x\n.,"), max_size=40), max_size=6),
+    dim=st.sampled_from([1, 3, 64]),
+    trigram_weight=st.sampled_from([0.0, 0.5, 0.3]),
+)
+def test_hashing_batch_equals_one_feature_at_a_time(texts, dim, trigram_weight) -> None:
+    """Bit for bit, whatever the weights (0.3 makes the sums inexact: order matters)."""
+    h = HashingEmbedder(dim=dim, trigram_weight=trigram_weight)
+    got = h.encode(texts)
+    assert got.shape == (len(texts), dim)
+    for row, text in zip(got, texts, strict=True):
+        np.testing.assert_array_equal(row, _hashing_one_by_one(h, text))
+
+
 def test_hashing_embedder():
     h = HashingEmbedder(dim=64)
     assert isinstance(h, EmbedderProtocol) and h.dim == 64

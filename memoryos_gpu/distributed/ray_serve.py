@@ -48,6 +48,7 @@ from memoryos_gpu.distributed.sharding import (
     prepare_layout,
     shard_store,
 )
+from memoryos_gpu.server.scope import retrieval_body
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -464,6 +465,18 @@ class RouterService:
         )
         self._mark([user_id], known)
         return r
+
+    async def retrieve_body(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        top_pages: int | None = None,
+        top_segments: int | None = None,
+    ) -> bytes:
+        """:meth:`retrieve` as its route's JSON less ``user_id`` (``scope.retrieval_body``)."""
+        r = await self.retrieve(user_id, query, top_pages=top_pages, top_segments=top_segments)
+        return retrieval_body(r, self.is_known(user_id))
 
     async def respond(
         self, user_id: str, query: str, *, timestamp: float | str | None = None

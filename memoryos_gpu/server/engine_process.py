@@ -31,6 +31,7 @@ import zmq.asyncio
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.distributed.ray_common import BoxedError
 from memoryos_gpu.server.ipc import HWM, dump, load
+from memoryos_gpu.server.scope import retrieval_body
 from memoryos_gpu.server.service import MemoryService
 from memoryos_gpu.server.settings import ServerSettings
 
@@ -126,6 +127,9 @@ class EngineServer:
         while True:
             ident, payload = await self.sock.recv_multipart(copy=True)
             for request in load(payload):
+                if request[1] == "retrieve_body":  # the hot path: no task of its own
+                    self._retrieve_body(ident, request[0], *request[2])
+                    continue
                 task = loop.create_task(self.answer(ident, *request))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
@@ -134,6 +138,7 @@ class EngineServer:
         """Wait for the answers still being computed (after the queues were drained)."""
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.sleep(0)  # the drained retrievals' callbacks
         self._flush()
 
     async def answer(
@@ -146,6 +151,38 @@ class EngineServer:
             out = (rid, True, await handler(*args, **kw))
         except Exception as exc:
             out = (rid, False, BoxedError.of(exc))
+        self._post(ident, out)
+
+    def _retrieve_body(
+        self,
+        ident: bytes,
+        rid: int,
+        user_id: str,
+        query: str,
+        top_pages: int | None,
+        top_segments: int | None,
+    ) -> None:
+        """A worker's retrieval, answered as its route's JSON (``scope.retrieval_body``) from
+        the callback of the batch it joins: a retrieval is most of what the workers send, and a
+        task, a pickled ``Retrieval`` (~170 objects) and its unpickling in the worker cost
+        more than the engine's own work for it."""
+        try:
+            fut = self.service.enqueue_retrieval(user_id, query, top_pages, top_segments)
+        except Exception as exc:
+            self._post(ident, (rid, False, BoxedError.of(exc)))
+            return
+        fut.add_done_callback(lambda f: self._body_done(ident, rid, user_id, f))
+
+    def _body_done(self, ident: bytes, rid: int, user_id: str, fut: asyncio.Future) -> None:
+        try:
+            known = self.service.is_known(user_id)
+            out = (rid, True, (retrieval_body(fut.result(), known), known))
+        except (Exception, asyncio.CancelledError) as exc:
+            out = (rid, False, BoxedError.of(exc))
+        self._post(ident, out)
+
+    def _post(self, ident: bytes, out: tuple[int, bool, Any]) -> None:
+        """Queue an answer for its worker; the loop's next iteration sends them all."""
         box = self.outbox.setdefault(ident, [])
         box.append(out)
         if len(self.outbox) == 1 and len(box) == 1:

@@ -24,6 +24,7 @@ from memoryos_gpu.server.scope import (
     dumps,
     json_response,
     tenancy,
+    with_user_id,
 )
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import PageInput
@@ -105,11 +106,15 @@ def add_memory_routes(
     async def _retrieve(scope: Scope, user_id: str, body: m.RetrieveIn) -> Response:
         check_text(settings, query=body.query)
         uid = scope.user(user_id)
+        if not body.sources:  # the JSON comes made (under --workers, by the engine process)
+            raw = await service.retrieve_body(
+                uid, body.query, top_pages=body.top_pages, top_segments=body.top_segments
+            )
+            return Response(with_user_id(scope.strip(uid), raw), media_type="application/json")
         r = await service.retrieve(
             uid, body.query, top_pages=body.top_pages, top_segments=body.top_segments
         )
-        if body.sources:
-            await _add_sources([r])
+        await _add_sources([r])
         return json_response(_retrieval_out(scope, r))
 
     @app.post(

@@ -300,6 +300,22 @@ class RemoteService:
         self._mark([user_id], known)
         return r
 
+    async def retrieve_body(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        top_pages: int | None = None,
+        top_segments: int | None = None,
+    ) -> bytes:
+        """The retrieval as its route's JSON, made in the engine process (the hot path)."""
+        self.check_ready()
+        body, known = await self.client.request(
+            "retrieve_body", user_id, query, top_pages, top_segments
+        )
+        self._mark([user_id], known)
+        return body
+
     async def respond(
         self, user_id: str, query: str, *, timestamp: float | str | None = None
     ) -> Response:

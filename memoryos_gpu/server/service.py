@@ -40,6 +40,7 @@ from memoryos_gpu.server.batching import (
     Unavailable,
     check_state,
 )
+from memoryos_gpu.server.scope import retrieval_body
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -458,8 +459,27 @@ class MemoryService:
     ) -> Retrieval:
         """One query; joins the current retrieval micro-batch. An unknown user (no memory yet)
         gets an empty retrieval."""
+        return await self.enqueue_retrieval(user_id, query, top_pages, top_segments)
+
+    def enqueue_retrieval(
+        self, user_id: str, query: str, top_pages: int | None, top_segments: int | None
+    ) -> asyncio.Future:
+        """:meth:`retrieve` as a future of the batch it joins (no coroutine: the engine process
+        of ``serve --workers`` answers its workers' retrievals from the future's callback)."""
         self.check_ready()
-        return await self._batchers["retrieve"].submit((user_id, query, top_pages, top_segments))
+        return self._batchers["retrieve"].enqueue((user_id, query, top_pages, top_segments))
+
+    async def retrieve_body(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        top_pages: int | None = None,
+        top_segments: int | None = None,
+    ) -> bytes:
+        """:meth:`retrieve` as its HTTP route's JSON less ``user_id`` (``scope.retrieval_body``)."""
+        r = await self.retrieve(user_id, query, top_pages=top_pages, top_segments=top_segments)
+        return retrieval_body(r, self.is_known(user_id))
 
     def _run_retrievals(self, items: list[tuple[str, str, int | None, int | None]]) -> list[Any]:
         out: list[Any] = [None] * len(items)
