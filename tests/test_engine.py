@@ -330,6 +330,30 @@ def test_heat_formula_values(make_engine, kit):
         assert arena_stat(eng, "last_access", "u", sid) == row["last_access"]
 
 
+def test_a_join_keeps_a_visit_credited_while_its_round_ran(make_engine, kit):
+    """A retrieval that credits a segment while a derived round's stages run (without the
+    engine lock) is not rolled back when the round's page joins that segment: the join takes
+    the heat statistics from the arena, where the store's wait for the write-behind."""
+    emb = kit.TableEmbedder(table={"sum p1": unit(0), "sum p2": unit(0), "query a": unit(0)})
+    eng = make_engine(stm_capacity=1, tau=1e9, embedder=emb, relevance_floor=-1.0)
+    p1, p2 = add_pages(eng, "u", ["p1", "p2"], t0=10.0, step=10.0)
+    seg_a = page(eng, p1)["segment_id"]
+    run_stages = eng.stages.pages
+
+    def during(work):
+        eng.retrieve("u", "query a", top_segments=1, at=500.0)
+        return run_stages(work)
+
+    eng.stages.pages = during
+    eng.add("u", "p3", "r", timestamp=30.0)  # p2 leaves STM and joins segment A
+    assert page(eng, p2)["segment_id"] == seg_a
+    assert arena_stat(eng, "last_access", "u", seg_a) == 500.0
+    assert arena_stat(eng, "l_interaction", "u", seg_a) == 2
+    eng.flush()  # the write-behind takes the arena's values to the store
+    row = segment_stats(eng, "u")[seg_a]
+    assert (row["last_access"], row["n_visit"], row["l_interaction"]) == (500.0, 1, 2)
+
+
 def test_retrieval_counts_a_visit_and_refreshes_recency(make_engine, kit):
     emb = kit.TableEmbedder(
         table={"sum p1": unit(0), "sum p2": unit(1), "query a": unit(0), "query b": unit(1)}

@@ -246,14 +246,14 @@ class Segments:
         )
 
     def _segment_rows(self, segment_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        """Current summary, keywords, embedding and statistics of segments (one query)."""
+        """Current summary, keyword counts, embedding and page count of segments (one query)."""
         ids = sorted(set(segment_ids))
         if not ids:
             return {}
         marks = ",".join("?" * len(ids))
         rows = self._s.store.query(
-            "SELECT segment_id, summary, keywords, embedding, n_pages, l_interaction, "
-            f"last_access FROM segments WHERE segment_id IN ({marks})",
+            "SELECT segment_id, summary, keywords, embedding, n_pages "
+            f"FROM segments WHERE segment_id IN ({marks})",
             ids,
         )
         emb = blob_matrix([r[3] for r in rows], self._s.embedder.dim)
@@ -263,8 +263,6 @@ class Segments:
                 "keywords": json.loads(r[2]),
                 "embedding": e,
                 "n_pages": r[4],
-                "l_interaction": r[5],
-                "last_access": r[6],
             }
             for r, e in zip(rows, emb, strict=True)
         }
@@ -329,8 +327,13 @@ class Segments:
                 kw[w] = kw.get(w, 0) + 1
             counts.append(kw)
             summaries.append(_merge_summary(row["summary"], out.summary, s.memory.summary_chars))
-        l_inter = np.array([info[x]["l_interaction"] for x in sids.tolist()], np.int64) + 1
-        last = np.maximum([info[x]["last_access"] for x in sids.tolist()], r.now[idx])
+        # the heat statistics from the arena, not the store: the store's last_access waits for
+        # the heat write-behind, and a retrieval that credited the segment while this round's
+        # stages ran must not be rolled back by the join
+        heat = s.arena.pull_heat(r.uslots[idx])
+        at = (np.arange(idx.size), slots)
+        l_inter = heat["l_interaction"][at].astype(np.int64) + 1
+        last = np.maximum(heat["last_access"][at], r.now[idx])
         kw_rows = self._kw_matrix(counts)
         for j, sid in enumerate(sids.tolist()):
             params.append(
