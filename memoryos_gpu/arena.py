@@ -783,10 +783,9 @@ class Arena:
         live entries' rows are copied (on the host the rest stay unwritten)."""
         if not ring_slots.size or int(ring_slots.max()) < self.knowledge_width:
             return
-        cap, width = self.config.knowledge_capacity, self.knowledge_width
-        width = min(cap, max(int(ring_slots.max()) + 1, 2 * width))
-        live = None if self.on_cuda else self.kn_live  # (a device copy is one kernel anyway)
-        self.kn_emb = self._b.grow(self.kn_emb, width, 0.0, axis=1, live=live)
+        needed = int(ring_slots.max()) + 1
+        width = min(self.config.knowledge_capacity, grown_capacity(self.knowledge_width, needed))
+        self.kn_emb = self._b.grow(self.kn_emb, width, 0.0, axis=1, live=self.kn_live)
         self.kn_live = self._b.grow(self.kn_live, width, 0, axis=1)
 
     # ------------------------------------------------------------------ heat read-back
@@ -868,7 +867,7 @@ class Arena:
     def _grow_width(self, needed: int) -> None:
         """Room for ``needed`` segment slots per user: doubling, at most ``segment_slots``.
         Only live segments' rows are copied (on the host the rest stay unwritten)."""
-        width = min(self.config.segment_slots, max(needed, 2 * self.segment_width))
+        width = min(self.config.segment_slots, grown_capacity(self.segment_width, needed))
         b, live = self._b, self._h_seg_live
         self.seg_emb = b.grow(self.seg_emb, width, 0.0, axis=1, live=live)
         self.seg_kw = b.grow(self.seg_kw, width, b.dead_kw, axis=1, live=live)

@@ -48,7 +48,7 @@ from memoryos_gpu.distributed.sharding import (
     prepare_layout,
     shard_store,
 )
-from memoryos_gpu.server.scope import retrieval_body
+from memoryos_gpu.server.scope import RetrievalBodies
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -230,7 +230,7 @@ class _RouterEngine:
         return self._router.known_users()
 
 
-class RouterService:
+class RouterService(RetrievalBodies):
     """The :class:`~memoryos_gpu.server.service.MemoryService` interface of the HTTP app, over
     shard replicas: each call goes to its user's shard. Users, queue statistics and pending
     counts that the app reads synchronously are cached and refreshed by the sync loop (and by
@@ -465,18 +465,6 @@ class RouterService:
         )
         self._mark([user_id], known)
         return r
-
-    async def retrieve_body(
-        self,
-        user_id: str,
-        query: str,
-        *,
-        top_pages: int | None = None,
-        top_segments: int | None = None,
-    ) -> bytes:
-        """:meth:`retrieve` as its route's JSON less ``user_id`` (``scope.retrieval_body``)."""
-        r = await self.retrieve(user_id, query, top_pages=top_pages, top_segments=top_segments)
-        return retrieval_body(r, self.is_known(user_id))
 
     async def respond(
         self, user_id: str, query: str, *, timestamp: float | str | None = None

@@ -250,11 +250,9 @@ class LongTerm:
         if not items:
             return
         s = self._s
-        uslots, slots = [], []
-        for _, uid, sid in items:
-            u = s.users[uid]
-            uslots.append(u.slot)
-            slots.append(int(np.flatnonzero(s.segment_of[u.slot] == sid)[0]))
+        uslots = np.fromiter((s.users[uid].slot for _, uid, _ in items), np.int32, len(items))
+        sids = np.fromiter((sid for _, _, sid in items), np.int64, len(items))
+        slots = np.argmax(s.segment_of[uslots] == sids[:, None], axis=1)  # each is live there
         zeros = np.zeros(len(items), np.int32)
         visits = s.memory.reset_visits_on_promotion
         s.arena.set_segment_stats(

@@ -23,6 +23,7 @@ from memoryos_gpu.server.scope import (
     check_text,
     dumps,
     json_response,
+    retrieval_fields,
     tenancy,
     with_user_id,
 )
@@ -71,17 +72,9 @@ def add_memory_routes(
         ]
 
     def _retrieval_out(scope: Scope, r: Any) -> dict[str, Any]:
-        # pages and knowledge entries stay dataclasses: _dumps serialises them natively
         return {
             "user_id": scope.strip(r.user_id),
-            "query": r.query,
-            "stm": r.stm,
-            "pages": r.pages,
-            "profile": r.profile,
-            "user_knowledge": r.user_knowledge,
-            "assistant_knowledge": r.assistant_knowledge,
-            "retrieval_tokens": r.retrieval_tokens,
-            "known_user": service.is_known(r.user_id),
+            **retrieval_fields(r, service.is_known(r.user_id)),
         }
 
     async def _add_sources(results: list[Any]) -> None:

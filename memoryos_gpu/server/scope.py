@@ -38,23 +38,43 @@ except ImportError:  # pragma: no cover
         return json.dumps(data, ensure_ascii=False, default=_default).encode()
 
 
+def retrieval_fields(r: Any, known: bool) -> dict[str, Any]:
+    """A retrieval's JSON fields but ``user_id`` (which a route writes in the caller's tenant
+    form); pages and knowledge entries stay dataclasses: :func:`dumps` serialises them."""
+    return {
+        "query": r.query,
+        "stm": r.stm,
+        "pages": r.pages,
+        "profile": r.profile,
+        "user_knowledge": r.user_knowledge,
+        "assistant_knowledge": r.assistant_knowledge,
+        "retrieval_tokens": r.retrieval_tokens,
+        "known_user": known,
+    }
+
+
 def retrieval_body(r: Any, known: bool) -> bytes:
     """A retrieval as the JSON object its HTTP route answers, less ``user_id`` (the route puts
-    it first, in the caller's tenant form: :func:`with_user_id`). Made where the retrieval is:
-    under ``serve --workers`` the engine process sends these bytes, not the objects, so neither
-    side pickles ~170 objects a query and the worker writes no JSON for it."""
-    return dumps(
-        {
-            "query": r.query,
-            "stm": r.stm,
-            "pages": r.pages,
-            "profile": r.profile,
-            "user_knowledge": r.user_knowledge,
-            "assistant_knowledge": r.assistant_knowledge,
-            "retrieval_tokens": r.retrieval_tokens,
-            "known_user": known,
-        }
-    )
+    it first: :func:`with_user_id`). Made where the retrieval is: under ``serve --workers``
+    the engine process sends these bytes, not the objects, so neither side pickles ~170
+    objects a query and the worker writes no JSON for it."""
+    return dumps(retrieval_fields(r, known))
+
+
+class RetrievalBodies:
+    """``retrieve_body`` for a service whose retrievals are objects in this process (the
+    single-process service, the Ray Serve router): its ``retrieve``, then the JSON."""
+
+    async def retrieve_body(
+        self: Any,
+        user_id: str,
+        query: str,
+        *,
+        top_pages: int | None = None,
+        top_segments: int | None = None,
+    ) -> bytes:
+        r = await self.retrieve(user_id, query, top_pages=top_pages, top_segments=top_segments)
+        return retrieval_body(r, self.is_known(user_id))
 
 
 def with_user_id(user_id: str, body: bytes) -> bytes:

@@ -40,7 +40,7 @@ from memoryos_gpu.server.batching import (
     Unavailable,
     check_state,
 )
-from memoryos_gpu.server.scope import retrieval_body
+from memoryos_gpu.server.scope import RetrievalBodies
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -138,7 +138,7 @@ def _empty_retrieval(user_id: str, query: str) -> Retrieval:
     return Retrieval(user_id, query, [], [], {}, [], [])
 
 
-class MemoryService:
+class MemoryService(RetrievalBodies):
     """An engine behind micro-batched queues and a derived-work thread.
 
     ``source`` is an :class:`EngineConfig` (the engine is built in a thread by :meth:`start`, so
@@ -468,18 +468,6 @@ class MemoryService:
         of ``serve --workers`` answers its workers' retrievals from the future's callback)."""
         self.check_ready()
         return self._batchers["retrieve"].enqueue((user_id, query, top_pages, top_segments))
-
-    async def retrieve_body(
-        self,
-        user_id: str,
-        query: str,
-        *,
-        top_pages: int | None = None,
-        top_segments: int | None = None,
-    ) -> bytes:
-        """:meth:`retrieve` as its HTTP route's JSON less ``user_id`` (``scope.retrieval_body``)."""
-        r = await self.retrieve(user_id, query, top_pages=top_pages, top_segments=top_segments)
-        return retrieval_body(r, self.is_known(user_id))
 
     def _run_retrievals(self, items: list[tuple[str, str, int | None, int | None]]) -> list[Any]:
         out: list[Any] = [None] * len(items)
