@@ -793,9 +793,11 @@ class RoundSpyEngine(MemoryEngine):
         self.calls: list[int | None] = []
         self.rounds: list[int] = []
 
-    def process_pending(self, max_batch: int | None = None) -> dict[str, int]:
+    def process_pending(
+        self, max_batch: int | None = None, max_rounds: int | None = None
+    ) -> dict[str, int]:
         self.calls.append(max_batch)
-        return super().process_pending(max_batch)
+        return super().process_pending(max_batch, max_rounds)
 
     def _process_pages(self, items: list[tuple[int, str, int]]) -> int:
         self.rounds.append(len(items))

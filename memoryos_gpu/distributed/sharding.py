@@ -341,8 +341,7 @@ class ShardEngine(MemoryEngine):
         """Commit pages like ``add_many`` (one transaction, acknowledged once it returns), but
         run no derived work."""
         items = [self.validate_page(p) for p in pages]
-        with self._lock:
-            return self._accept(items)
+        return self._accept_durably(items)
 
     def _learn_keywords(self, texts: list[str]) -> None:
         """The engine's hook for the texts its keyword statistics learn on acceptance: kept

@@ -66,8 +66,11 @@ class DerivedWork:
                     self._holder = None
                     self._idle.notify_all()
 
-    def process_pending(self, max_batch: int | None = None) -> dict[str, int]:
-        """Run every pending derived item (chain, MTM, promotion) to completion.
+    def process_pending(
+        self, max_batch: int | None = None, max_rounds: int | None = None
+    ) -> dict[str, int]:
+        """Run every pending derived item (chain, MTM, promotion) to completion, or at most
+        ``max_rounds`` page rounds (and the promotions they queue).
 
         Work goes in rounds: each round takes the oldest pending page of each user that has
         one (so a user's pages keep their order), at most ``max_batch`` (default
@@ -81,19 +84,28 @@ class DerivedWork:
         deleted meanwhile). A round in which every item's inputs changed while its stages ran
         ends the call (they stay pending for the next one), so a caller never spins against
         concurrent edits. Call it without holding the engine lock, or the stages run under it.
+
+        ``max_rounds`` is for a scheduler that gathers work between rounds (the server's
+        derived-work thread): pages that arrive while a round runs wait for the next call,
+        instead of forming a train of small rounds, each paying a round's fixed cost (its
+        statements, its commit) under the engine lock.
         """
         s = self._s
         limit = s.config.derived_max_batch if max_batch is None else max_batch
         if limit < 1:
             raise InvalidInputError("max_batch must be >= 1")
+        if max_rounds is not None and max_rounds < 1:
+            raise InvalidInputError("max_rounds must be >= 1")
         done = {"pages": 0, "promotions": 0}
-        while True:  # one lease per round: other callers (promote, close) get in between
+        rounds = 0
+        while max_rounds is None or rounds < max_rounds:  # one lease per round
             with self.lease():
                 with s.lock:
                     round_items = s.store.pending_round("page", limit)
                 if not round_items:
                     break
                 taken = self._hooks._process_pages(round_items)
+                rounds += 1
                 done["pages"] += taken
                 done["promotions"] += self._hooks._process_promotions()
             if not taken:

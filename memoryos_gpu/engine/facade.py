@@ -196,9 +196,12 @@ class MemoryEngine:
         (a shard engine also keeps them for its exchange with the other shards)."""
         self.extractor.update(texts)
 
-    def process_pending(self, max_batch: int | None = None) -> dict[str, int]:
-        """Run every pending derived item (chain, MTM, promotion) to completion, after writing
-        the heat retrievals credited (which queues the promotions they earned).
+    def process_pending(
+        self, max_batch: int | None = None, max_rounds: int | None = None
+    ) -> dict[str, int]:
+        """Run every pending derived item (chain, MTM, promotion) to completion (or at most
+        ``max_rounds`` page rounds), after writing the heat retrievals credited (which queues
+        the promotions they earned).
 
         Rounds of at most ``max_batch`` (default ``config.derived_max_batch``) pages, one per
         user, so each user's pages keep their order; safe at any time and after a crash (see
@@ -206,7 +209,7 @@ class MemoryEngine:
         work through it, so a subclass that holds derived work back holds it there too.
         """
         self._heat.write_behind()
-        return self._derived.process_pending(max_batch)
+        return self._derived.process_pending(max_batch, max_rounds)
 
     def _process_pages(self, items: list[WorkItem]) -> int:
         """Hook: apply one derived round of pages to MTM (segments, chain, heat); returns the
@@ -253,10 +256,20 @@ class MemoryEngine:
         """
         items = [self.validate_page(p) for p in pages]
         prepared = self._stm.prepare(items)  # embedding: outside the lock, others go on
-        with self._lock:
-            results = self._accept(items, prepared)
+        results = self._accept_durably(items, prepared)
         if self.config.auto_process:  # outside the lock: its stages run without it
             self.process_pending()
+        return results
+
+    def _accept_durably(
+        self, items: list[PageInput], prepared: Prepared | None = None
+    ) -> list[AddResult]:
+        """Commit the pages under the engine lock, then wait for the disk without it: the
+        flush (about as long as the rest of the commit) no longer holds up the retrievals and
+        derived work that wait for the lock. The pages are acknowledged after both."""
+        with self._lock:
+            results = self._accept(items, prepared)
+        self.store.sync()
         return results
 
     def validate_page(self, p: PageInput | dict[str, Any]) -> PageInput:

@@ -85,7 +85,7 @@ class Heat:
             # their values were read, and a writer never waits for the engine lock
             self._writer.acquire()
         try:
-            with s.store.transaction() as db:
+            with s.store.transaction("none") as db:  # heat: lost at most
                 db.executemany(
                     "UPDATE segments SET n_visit = ?, last_access = ? WHERE segment_id = ?", stats
                 )

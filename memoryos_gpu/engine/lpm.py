@@ -192,7 +192,7 @@ class LongTerm:
         queued, current = self._current(read)
         taken = np.flatnonzero(current).tolist()
         done = [i for i in taken if outcomes[i] is not None]
-        with s.store.transaction() as db:
+        with s.store.transaction("none") as db:  # redone from pending if lost
             db.executemany(
                 "DELETE FROM pending WHERE work_id = ?", [(read.items[i][0],) for i in taken]
             )

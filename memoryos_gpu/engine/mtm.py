@@ -214,7 +214,7 @@ class Segments:
         terms = terms_from_blobs([stored.get(p) for p in page_ids])
         now = np.array([s.now(u) for u in users], np.float64)
         round_ = _Round(users, uslots, outcomes, summary_emb, now)
-        with s.store.transaction() as db:
+        with s.store.transaction("none") as db:  # redone from pending if lost
             self._join_segments(db, round_, np.flatnonzero(join), best_slot)
             self._open_segments(db, round_, np.flatnonzero(~join))
             metas = self._link_pages(db, round_, page_ids)
@@ -282,7 +282,7 @@ class Segments:
             s.arena, slots, now, s.memory.heat_params(), np.ones(len(full), np.uint8)
         )
         evicted: list[int] = []
-        with s.store.transaction() as db:
+        with s.store.transaction("none") as db:
             for u, v in zip(full, victims, strict=True):
                 evicted += self._evict_segment(db, u, int(v))
         s.views.drop_pages(evicted)  # pages out of MTM are not retrieved any more

@@ -77,7 +77,9 @@ class EngineHooks(Protocol):
     subclass (:class:`~memoryos_gpu.distributed.ShardEngine`, a test's spy) sees every call.
     """
 
-    def process_pending(self, max_batch: int | None = None) -> dict[str, int]: ...
+    def process_pending(
+        self, max_batch: int | None = None, max_rounds: int | None = None
+    ) -> dict[str, int]: ...
 
     def _process_pages(self, items: list[WorkItem]) -> int: ...
 

@@ -153,7 +153,7 @@ class ShortTerm:
             )
             user.next_seq += 1
             user.clock = max(user.clock, float(p.timestamp))
-        with s.store.transaction() as db:
+        with s.store.transaction("deferred") as db:  # the caller syncs: see add_many
             s.store.ensure_users(db, [(u.user_id, u.assistant_id) for u in new_users], now)
             page_of = self._insert_rows(db, rows)
             ids = [page_of[(r[0], r[1])] for r in rows]

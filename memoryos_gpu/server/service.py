@@ -581,10 +581,14 @@ class MemoryService(RetrievalBodies):
 
     # ================================================================== derived work thread
     def _derived_loop(self) -> None:
-        """The derived-work scheduler: when pages are pending, wait until
-        ``derived_max_batch`` pages are waiting, a reader waits on /wait, or the first page has
-        waited ``derived_max_wait_ms``; then run them in rounds of at most
-        ``derived_max_batch`` pages (per-user order kept by the engine)."""
+        """The derived-work scheduler: while work is pending, wait until
+        ``derived_max_batch`` items are pending, a reader waits on /wait, or
+        ``derived_max_wait_ms`` passed; then run one round of at most ``derived_max_batch``
+        pages (per-user order kept by the engine) and the promotions it queued, and gather
+        again. Gathering before every round, not only the first of a backlog, is what keeps
+        rounds large under a steady stream of writes: run back to back, rounds would carry the
+        few pages that came during the previous one, each paying a round's fixed cost under
+        the engine lock that retrievals and writes wait for."""
         _limit_native_threads(self._native_threads)
         max_wait = self.settings.derived_max_wait_ms / 1000
         while not self._derived_stop.is_set():
@@ -596,19 +600,23 @@ class MemoryService(RetrievalBodies):
                 # the heat retrievals credited, written behind (it queues the promotions they
                 # earned, so it runs first); retrievals themselves write nothing
                 self.engine.write_behind()
-                if self.engine.pending_count() == 0:
+                pending = self.engine.pending_count()
+                if pending == 0:
                     continue
-                if max_wait and self._derived_backlog < self._derived_max_batch:
-                    self._derived_urgent.wait(max_wait)  # gather company for the first page
+                full = self._derived_max_batch
+                if max_wait and max(pending, self._derived_backlog) < full:
+                    self._derived_urgent.wait(max_wait)  # gather company for the round
                 self._derived_urgent.clear()
                 self._derived_backlog = 0
                 t0 = time.perf_counter()
-                done = self.engine.process_pending(max_batch=self._derived_max_batch)
+                done = self.engine.process_pending(max_batch=full, max_rounds=1)
                 dt = time.perf_counter() - t0
                 self._derived_runs += 1
+                n = sum(done.values()) if isinstance(done, dict) else 0
                 if self.metrics is not None:
-                    n = sum(done.values()) if isinstance(done, dict) else 0
                     self.metrics.observe_batch("derived", "process_pending", n, dt)
+                if n:
+                    self._derived_wake.set()  # the rest, and what came meanwhile, gather next
             except Exception:
                 log.exception("derived work failed; it stays pending and is retried")
                 self._derived_stop.wait(1.0)

@@ -57,9 +57,9 @@ class ServerSettings(BaseModel):
     derived_max_wait_ms: float = Field(
         200.0,
         ge=0,
-        description="How long the first pending page waits for company before its derived-work "
-        "round runs, so work coalesces into rounds of many users (per-page cost halves from 4 "
-        "to 16+ pages a round); cut short when derived_max_batch pages wait or a reader waits "
+        description="How long pending pages wait for company before each derived-work round "
+        "runs, so work coalesces into rounds of many users (per-page cost halves from 4 to 16+ "
+        "pages a round); cut short when derived_max_batch items are pending or a reader waits "
         "on /wait. 0 = run at once.",
     )
     derived_max_batch: int | None = Field(

@@ -122,11 +122,21 @@ def _apply_key(db: Any, dbapi: ModuleType, path: str, key: SecretStr) -> None:
         ) from None
 
 
-def connect(path: str, key: SecretStr | None, **kwargs: Any) -> tuple[Any, ModuleType]:
+def connect(
+    path: str, key: SecretStr | None, *, reopen: bool = False, **kwargs: Any
+) -> tuple[Any, ModuleType]:
     """Open ``path`` (``kwargs`` as for :func:`sqlite3.connect`) under ``key`` (None: a plain
     store through the standard ``sqlite3``). Returns the connection and its DB-API module, whose
-    exception classes the caller catches. Raises StoreError for a key that does not fit."""
-    state = "missing" if path == ":memory:" else file_state(path)
+    exception classes the caller catches. Raises StoreError for a key that does not fit.
+
+    ``reopen``: another connection of this process has the store open already; the file's
+    header is then not read, because closing any descriptor of the file drops every POSIX lock
+    the process holds on it, the open connection's included (another process would then take
+    the file for unused and delete its write-ahead log)."""
+    if reopen:
+        state = "encrypted" if key is not None else "plain"
+    else:
+        state = "missing" if path == ":memory:" else file_state(path)
     if key is None:
         if state == "encrypted":
             raise StoreError(

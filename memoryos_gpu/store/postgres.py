@@ -39,7 +39,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from memoryos_gpu.store import sqlite as _sqlite
-from memoryos_gpu.store.sqlite import Migration, SQLiteStore, StoreError
+from memoryos_gpu.store.sqlite import Durability, Migration, SQLiteStore, StoreError
 
 try:
     import psycopg
@@ -457,9 +457,14 @@ class PostgresStore(SQLiteStore):
             ) from None
 
     @contextmanager
-    def transaction(self) -> Iterator[PgConnection]:  # type: ignore[override]
+    def transaction(  # type: ignore[override]
+        self, durability: Durability = "commit"
+    ) -> Iterator[PgConnection]:
         """One write transaction on one connection (re-entrant: a nested call runs in a
-        savepoint, so an exception inside it undoes only its own work before propagating)."""
+        savepoint, so an exception inside it undoes only its own work before propagating).
+        ``durability`` as for SQLite: ``"none"`` commits without waiting for the server's log
+        flush (``synchronous_commit = off``, this transaction only); ``"deferred"`` is a
+        synced commit here (the flush is the server's: nothing to wait for afterwards)."""
         with self._lock:
             if self._depth:
                 tx = self._tx
@@ -481,6 +486,8 @@ class PostgresStore(SQLiteStore):
             conn = self._getconn()
             try:
                 conn.execute("BEGIN")
+                if durability == "none":
+                    conn.execute("SET LOCAL synchronous_commit TO OFF")
                 tx = PgConnection(conn)
                 self._tx, self._tx_owner, self._depth = tx, threading.get_ident(), 1
                 try:
@@ -597,6 +604,9 @@ class PostgresStore(SQLiteStore):
 
     def checkpoint(self) -> None:
         """Nothing to do: PostgreSQL's WAL and dead row versions are the server's (above)."""
+
+    def sync(self) -> None:
+        """Nothing to wait for: a ``"deferred"`` transaction was a synced commit here."""
 
 
 # ====================================================================== one writer per shard

@@ -14,13 +14,14 @@ in ``meta``; keyword ids as int32 blobs (the arena's hashed ids) beside the read
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from pydantic import SecretStr
@@ -33,9 +34,12 @@ from memoryos_gpu.store.derivations import (
     profile_sources,
     sources,
 )
+from memoryos_gpu.store.wal import BACKSTOP_PAGES, WalCheckpointer
 
 SCHEMA_VERSION = 4
 SYNCHRONOUS = "FULL"  # an acknowledged page survives power loss, not only a process crash
+#: When a transaction's commit reaches the disk: see :meth:`SQLiteStore.transaction`.
+Durability = Literal["commit", "deferred", "none"]
 
 
 class StoreError(MemoryOSError, RuntimeError):
@@ -319,9 +323,17 @@ class SQLiteStore:
             raise StoreError(f"cannot open store {self.path}: {exc}") from exc
         self._lock = threading.RLock()
         self._depth = 0
+        self._checkpointer: WalCheckpointer | None = None
+        self._wal_fd: int | None = None  # the log, for sync()
         try:
             self._configure()
             self._migrate()
+            if self._writer is not None:  # the writer's commits leave checkpoints to a thread
+                db, _ = connect(
+                    self.path, secret, reopen=True, check_same_thread=False, isolation_level=None
+                )
+                self._checkpointer = WalCheckpointer(db, self.path + "-wal")
+                self._db.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
         except StoreError:
             self._db.close()
             self._release_writer()
@@ -418,9 +430,17 @@ class SQLiteStore:
         return int(self.get_meta("schema_version", "0"))
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self, durability: Durability = "commit") -> Iterator[sqlite3.Connection]:
         """One write transaction (re-entrant: a nested call runs in a savepoint of the outer one,
-        so an exception inside it undoes only its own work before propagating)."""
+        so an exception inside it undoes only its own work before propagating).
+
+        ``durability`` (of the outermost call): ``"commit"``, the commit returns once it is on
+        disk; ``"deferred"``, it returns before, and :meth:`sync` waits for the disk (the
+        engine commits accepted pages under its lock and waits for the disk after releasing
+        it, before acknowledging them); ``"none"``, for work that can be redone (derived work,
+        whose pending rows go in the same transaction; retrieval heat): a power loss can undo
+        it, consistently, a crash of the process cannot. Either way the next synced commit
+        syncs the log, and with it every commit before."""
         with self._lock:
             if self._depth:
                 name = f"sp{self._depth}"
@@ -437,6 +457,8 @@ class SQLiteStore:
                 finally:
                     self._depth -= 1
                 return
+            if durability != "commit":
+                self._db.execute("PRAGMA synchronous = NORMAL")
             self._db.execute("BEGIN IMMEDIATE")
             self._depth = 1
             try:
@@ -450,6 +472,19 @@ class SQLiteStore:
                 raise
             finally:
                 self._depth = 0
+                if durability != "commit":
+                    self._db.execute(f"PRAGMA synchronous = {SYNCHRONOUS}")
+
+    def sync(self) -> None:
+        """Wait until every commit so far is on disk (see :meth:`transaction`): an fsync of the
+        write-ahead log, where SQLite's own synced commit would have made it, but without this
+        store's lock, so other threads go on committing meanwhile (and concurrent callers
+        share one flush)."""
+        if self._wal_fd is None:
+            if self.path == ":memory:":
+                return
+            self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
+        os.fsync(self._wal_fd)
 
     @contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
@@ -474,6 +509,10 @@ class SQLiteStore:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                if self._checkpointer is not None:
+                    self._checkpointer.close()
+                if self._wal_fd is not None:
+                    os.close(self._wal_fd)
                 self._db.close()
                 self._release_writer()
 
