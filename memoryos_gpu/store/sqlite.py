@@ -476,15 +476,15 @@ class SQLiteStore:
                     self._db.execute(f"PRAGMA synchronous = {SYNCHRONOUS}")
 
     def sync(self) -> None:
-        """Wait until every commit so far is on disk (see :meth:`transaction`): an fsync of the
-        write-ahead log, where SQLite's own synced commit would have made it, but without this
+        """Wait until every commit so far is on disk (see :meth:`transaction`): an fdatasync of
+        the write-ahead log, as SQLite's own synced commit would have made it, but without this
         store's lock, so other threads go on committing meanwhile (and concurrent callers
         share one flush)."""
         if self._wal_fd is None:
             if self.path == ":memory:":
                 return
             self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
-        os.fsync(self._wal_fd)
+        os.fdatasync(self._wal_fd)  # what SQLite calls for its own log syncs
 
     @contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
