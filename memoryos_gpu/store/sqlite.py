@@ -328,12 +328,6 @@ class SQLiteStore:
         try:
             self._configure()
             self._migrate()
-            if self._writer is not None:  # the writer's commits leave checkpoints to a thread
-                db, _ = connect(
-                    self.path, secret, reopen=True, check_same_thread=False, isolation_level=None
-                )
-                self._checkpointer = WalCheckpointer(db, self.path + "-wal")
-                self._db.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
         except StoreError:
             self._db.close()
             self._release_writer()
@@ -342,6 +336,16 @@ class SQLiteStore:
             self._db.close()
             self._release_writer()
             raise StoreError(f"{self.path} is not a usable memoryos-gpu store: {exc}") from exc
+        if self._writer is not None:  # the writer's commits leave checkpoints to a thread
+            try:
+                db, _ = connect(
+                    self.path, secret, reopen=True, check_same_thread=False, isolation_level=None
+                )
+                self._checkpointer = WalCheckpointer(db, self.path + "-wal")
+                self._db.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
+            except BaseException:
+                self.close()
+                raise
 
     def _release_writer(self) -> None:
         if self._writer is not None:
