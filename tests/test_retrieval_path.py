@@ -118,7 +118,7 @@ def test_a_failed_write_behind_keeps_its_marks(make_engine, kit, monkeypatch):
     eng, _ = _engine(make_engine, kit)
     eng.retrieve("u", "query a")
 
-    def broken():
+    def broken(*_args: object) -> None:  # any durability
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(eng.store, "transaction", broken)
