@@ -271,6 +271,14 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
+def ingest(engine: MemoryEngine, pages: list[PageInput], batch: int) -> float:
+    """Ingest ``pages`` in ``add_many`` calls of ``batch`` pages; returns the seconds taken."""
+    t0 = time.perf_counter()
+    for i in range(0, len(pages), batch):
+        engine.add_many(pages[i : i + batch])
+    return time.perf_counter() - t0
+
+
 def run_engine(
     embedder: EmbedMeter,
     pages: list[PageInput],
@@ -290,10 +298,9 @@ def run_engine(
     engine = MemoryEngine(cfg, embedder=embedder)
     try:
         embedder.seconds = 0.0
-        t0, c0 = time.perf_counter(), time.process_time()
-        for i in range(0, len(pages), args.ingest_batch):
-            engine.add_many(pages[i : i + args.ingest_batch])
-        ingest_s, ingest_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        c0 = time.process_time()
+        ingest_s = ingest(engine, pages, args.ingest_batch)
+        ingest_cpu_s = time.process_time() - c0
         ingest_embed_s = embedder.seconds
         heat = not args.no_heat
         engine.retrieve_many(queries[:2], update_heat=heat)  # warm-up, untimed
@@ -363,10 +370,7 @@ def embedder_alone(kind: str, pages: list[PageInput], args) -> dict:
         cfg = EngineConfig(store=":memory:", memory=preset("paper"))
         engine = MemoryEngine(cfg, embedder=meter)
         try:
-            t0 = time.perf_counter()
-            for i in range(0, len(pages), args.ingest_batch):
-                engine.add_many(pages[i : i + args.ingest_batch])
-            engine_s = time.perf_counter() - t0
+            engine_s = ingest(engine, pages, args.ingest_batch)
         finally:
             engine.close()
         fresh = make_embedder(kind)
@@ -396,11 +400,9 @@ def provenance_cost(embedder: EmbedMeter, pages: list[PageInput], queries: list,
         memory = preset("paper", provenance=on)
         engine = MemoryEngine(EngineConfig(store=":memory:", memory=memory), embedder=embedder)
         try:
-            t0 = time.perf_counter()
-            for i in range(0, len(pages), args.ingest_batch):
-                engine.add_many(pages[i : i + args.ingest_batch])
+            pages_per_s = len(pages) / ingest(engine, pages, args.ingest_batch)
             key = f"ingest_pages_per_s_{'with' if on else 'without'}"
-            out[key] = max(out.get(key, 0.0), len(pages) / (time.perf_counter() - t0))
+            out[key] = max(out.get(key, 0.0), pages_per_s)
             out["knowledge_entries"] = engine.stats()["store"]["knowledge_live"]
             if not on:
                 continue
