@@ -16,6 +16,10 @@ alone, so the native assembler asks for a whole batch's records before it reads 
 copies each text into a fresh str. It also takes less memory: ~130 bytes per page besides
 the texts (their CPython code units) instead of ~340 (200,000 pages of ~130 characters: 263
 against 471 bytes a page of RSS; ``stats()["views"]["bytes"]``).
+
+A page's dialogue-chain meta summary is a record of its own, by chain id, which the page's
+record links to: a chain's meta changes each time the chain grows, and kept on every page it
+cost a rewrite of every page of the chain per page added (O(n^2) over a long conversation).
 """
 
 from __future__ import annotations
@@ -64,10 +68,12 @@ def _frozen(extra: dict[str, Any]) -> ReadOnlyDict:
 
 
 class PageTable:
-    """The views of live pages by page id (a native table; :class:`PageView` out)."""
+    """The views of live pages by page id (a native table; :class:`PageView` out) and the
+    meta summaries of their chains by chain id (a second table, which pages link to)."""
 
     def __init__(self) -> None:
         self.table = _table()
+        self.chains = _table()
 
     def put(
         self,
@@ -75,19 +81,30 @@ class PageTable:
         user_input: str,
         agent_response: str,
         timestamp: float,
-        meta: str | None,
         extra: dict[str, Any],
+        chain_id: int | None = None,
     ) -> None:
         """A page's view, new or replacing one. ``extra`` may be a :class:`ReadOnlyDict`
         already (the caller's shared copy of metadata several pages carry: see
-        :meth:`PageViews.shared_extra`)."""
+        :meth:`PageViews.shared_extra`); ``chain_id``: the chain it is on (None: none yet)."""
         self.table.put(
-            int(page_id), user_input, agent_response, float(timestamp), meta, _frozen(extra)
+            int(page_id),
+            user_input,
+            agent_response,
+            float(timestamp),
+            _frozen(extra),
+            -1 if chain_id is None else int(chain_id),
         )
 
     def get(self, page_id: int) -> PageView | None:
         v = self.table.get(int(page_id))
-        return None if v is None else PageView(*v)
+        if v is None:
+            return None
+        ui, ar, ts, extra, link, chars = v
+        chain = self.chains.get(link) if link >= 0 else None
+        meta = None if chain is None else chain[0]
+        tokens = (chars + (chain[5] if chain is not None else 0) + 3) // 4
+        return PageView(ui, ar, ts, meta, extra, tokens)
 
     def __getitem__(self, page_id: int) -> PageView:
         v = self.get(page_id)
@@ -113,7 +130,7 @@ class KnowledgeTexts:
         self.table = _table()
 
     def __setitem__(self, entry_id: int, text: str) -> None:
-        self.table.put(int(entry_id), text, None, 0.0, None, None)
+        self.table.put(int(entry_id), text, None, 0.0, None)
 
     def __getitem__(self, entry_id: int) -> str:
         return self.table.text(int(entry_id))
@@ -149,9 +166,11 @@ class PageViews:
 
     def put_views(self, items: Iterable[tuple[int, str, Any]]) -> None:
         """Load ``(page_id, user_id, store view)`` rows (a reopen streams them in chunks; the
-        store gives equal metadata of one chunk as one dict, and it stays one here)."""
+        store gives equal metadata of one chunk as one dict, and it stays one here) and the
+        meta of the chains they are on."""
         frozen: dict[int, ReadOnlyDict] = {}
-        ids, inputs, responses, stamps, metas, extras = [], [], [], [], [], []
+        ids, inputs, responses, stamps, extras, links = [], [], [], [], [], []
+        chains = self.pages.chains
         for pid, _uid, v in items:
             extra = frozen.get(id(v.extra))
             if extra is None:
@@ -160,25 +179,46 @@ class PageViews:
             inputs.append(v.user_input)
             responses.append(v.agent_response)
             stamps.append(float(v.timestamp))
-            metas.append(v.meta)
             extras.append(extra)
-        self.pages.table.put_many(ids, inputs, responses, stamps, metas, extras)
+            if v.chain_id is None:
+                links.append(-1)
+                continue
+            links.append(v.chain_id)
+            if v.chain_id not in chains:
+                self.set_chain(v.chain_id, v.meta)
+        self.pages.table.put_many(ids, inputs, responses, stamps, extras, links)
 
-    def set_meta(self, page_ids: Iterable[int], meta: str | None) -> None:
-        """A chain's meta summary was rewritten for these pages."""
-        table = self.pages.table
-        for pid in page_ids:
-            table.set_text(int(pid), 2, meta)
+    def set_chain(self, chain_id: int, meta: str | None) -> None:
+        """A chain's meta summary, new or rewritten: every page linked to it shows it."""
+        self.pages.chains.put(int(chain_id), meta, None, 0.0, None)
+
+    def link(self, page_id: int, chain_id: int, meta: str | None) -> None:
+        """Page ``page_id`` joined chain ``chain_id``, whose meta is now ``meta``."""
+        self.pages.table.set_link(int(page_id), int(chain_id))
+        self.set_chain(chain_id, meta)
 
     def edit_page(self, page_id: int, user_input: str, agent_response: str) -> None:
         table = self.pages.table
         if table.set_text(int(page_id), 0, user_input):
             table.set_text(int(page_id), 1, agent_response)
 
-    def drop_pages(self, page_ids: Iterable[int]) -> None:
-        pop = self.pages.table.pop
+    def drop_pages(self, page_ids: Iterable[int]) -> set[int]:
+        """Drop the pages' views; returns the chains they were on (whose records the caller
+        drops with :meth:`drop_chains` once no live page is on them)."""
+        table = self.pages.table
+        chains: set[int] = set()
         for pid in page_ids:
-            pop(int(pid))
+            link = table.link(int(pid))
+            if link is not None:
+                if link >= 0:
+                    chains.add(link)
+                table.pop(int(pid))
+        return chains
+
+    def drop_chains(self, chain_ids: Iterable[int]) -> None:
+        pop = self.pages.chains.pop
+        for chain in chain_ids:
+            pop(int(chain))
 
     @staticmethod
     def shared_extra(extra: dict[str, Any], previous: ReadOnlyDict | None) -> ReadOnlyDict:
@@ -198,9 +238,12 @@ class PageViews:
     def stats(self) -> dict[str, int]:
         return {
             "pages": len(self.pages),
+            "chains": len(self.pages.chains),
             "knowledge": len(self.knowledge),
             "store_reads": self.store_reads,
-            "bytes": self.pages.table.nbytes() + self.knowledge.table.nbytes(),
+            "bytes": sum(
+                t.nbytes() for t in (self.pages.table, self.pages.chains, self.knowledge.table)
+            ),
         }
 
 

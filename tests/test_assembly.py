@@ -27,10 +27,18 @@ def page_view(user_input, agent_response, timestamp, meta, extra) -> PageView:
 
 
 def tables(views: dict, texts: dict) -> tuple[PageTable, KnowledgeTexts]:
-    """The native tables holding the model's pages and entries."""
+    """The native tables holding the model's pages and entries: pages of equal meta on one
+    chain record; of those without, every other one linked to a chain the table lacks (it
+    shows no meta either)."""
     pages, knowledge = PageTable(), KnowledgeTexts()
+    chain_of: dict[str, int] = {}
     for pid, v in views.items():
-        pages.put(pid, v.user_input, v.agent_response, v.timestamp, v.meta, v.extra)
+        if v.meta is None:
+            chain = -1 if pid % 2 else 10**9 + pid
+        else:
+            chain = chain_of.setdefault(v.meta, len(chain_of))
+            pages.chains.put(chain, v.meta, None, 0.0, None)
+        pages.put(pid, v.user_input, v.agent_response, v.timestamp, v.extra, chain)
     knowledge.update(texts)
     return pages, knowledge
 
@@ -46,7 +54,7 @@ def batches(draw):
             draw(TEXT),
             draw(TEXT),
             draw(st.floats(0, 1e9)),
-            draw(st.one_of(st.none(), TEXT)),
+            draw(st.one_of(st.none(), st.sampled_from(["", "chain one", "chain é"]), TEXT)),
             draw(st.dictionaries(st.sampled_from("ab"), TEXT, max_size=2)),
         )
         for pid in range(100, 100 + n_pages)
@@ -103,6 +111,7 @@ def native(cleaned, users, views, texts, pages, uk, ak, profiles):
         cleaned,
         users,
         page_table.table,
+        page_table.chains,
         knowledge.table,
         *_hits(pages),
         *_hits(uk),
@@ -144,6 +153,7 @@ def test_a_missing_view_or_text_raises_key_error_naming_it() -> None:
             [("u", "q")],
             user,
             tables(views, {})[0].table,
+            tables(views, {})[0].chains,
             KnowledgeTexts().table,
             np.array([[1]], np.int32),
             one,
@@ -175,8 +185,9 @@ def test_no_reference_is_leaked() -> None:
     extra = ReadOnlyDict({"k": text})
     before = [sys.getrefcount(o) for o in (extra, uid, query, stm_id)]
     pages, knowledge = PageTable(), KnowledgeTexts()
-    pages.put(1, text, text, 0.0, text, extra)
-    pages.put(stm_id, text, text, 0.0, None, extra)
+    pages.chains.put(3, text, None, 0.0, None)
+    pages.put(1, text, text, 0.0, extra, 3)
+    pages.put(stm_id, text, text, 0.0, extra)
     knowledge.update({2: text})
     ids, e_ids = np.array([[1]]), np.array([[2]])
     sc = np.zeros((1, 1), np.float32)
@@ -184,9 +195,17 @@ def test_no_reference_is_leaked() -> None:
     hits = (*_hits((sc, ids)), *_hits((sc, e_ids)), *_hits((sc, e_ids)))
     for _ in range(1_000):
         out, _ = _assembler().batch(
-            [(uid, query)], users, pages.table, knowledge.table, *hits, {}, _profile_tokens
+            [(uid, query)],
+            users,
+            pages.table,
+            pages.chains,
+            knowledge.table,
+            *hits,
+            {},
+            _profile_tokens,
         )
         assert out[0].pages[0].extra is extra and out[0].stm[0].page_id is stm_id
+        assert out[0].pages[0].meta == text and out[0].stm[0].meta is None
         del out
     gc.collect()
     del pages

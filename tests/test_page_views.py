@@ -85,6 +85,9 @@ def test_retrievals_show_the_store_and_never_read_it(seed: int, kit, tmp_path) -
     stats = eng.stats()
     assert stats["counters"]["promotions"] > 0 and stats["views"]["knowledge"] > 0
     assert stats["views"]["store_reads"] == 0
+    # a chain's meta is held once, while a page of the chain is in MTM (none left behind)
+    in_mtm = eng.store.query("SELECT DISTINCT chain_id FROM pages WHERE tier = 'mtm'")
+    assert stats["views"]["chains"] == len(in_mtm) > 0
     live = [(v, f"{v} p1") for v in users if pages[v]]
     before = [r.to_dict() for r in eng.retrieve_many(live, update_heat=False)]
     eng.close()

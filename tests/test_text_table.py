@@ -1,6 +1,6 @@
 """The native table of page and knowledge texts (memoryos_gpu._C.TextTable, page_views.py)
-against a dict: the same records after any sequence of puts, removals and text changes (the
-table grows, probes collide and removals shift records back), every kind of str, and no
+against a dict: the same records after any sequence of puts, removals, text and link changes
+(the table grows, probes collide and removals shift records back), every kind of str, and no
 reference kept to a removed record's metadata."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memoryos_gpu import _C
-from memoryos_gpu.page_views import KnowledgeTexts, PageTable, PageView, approx_tokens
+from memoryos_gpu.page_views import KnowledgeTexts, PageTable, PageView
 from memoryos_gpu.types import ReadOnlyDict
 
 # ASCII, Latin-1, BMP and astral code points: the four ways CPython stores a str
@@ -25,25 +25,25 @@ TEXTS = st.one_of(
 )
 
 
-def record(t0, t1, ts, t2, extra) -> tuple:
-    return (t0, t1, ts, t2, extra, approx_tokens(t0, t1, t2))
+def record(t0, t1, ts, extra, link) -> tuple:
+    return (t0, t1, ts, extra, link, sum(len(t) for t in (t0, t1) if t))
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     t0=TEXTS,
     t1=TEXTS,
-    t2=TEXTS,
     ts=st.floats(allow_nan=False),
     pid=st.integers(-(2**63), 2**63 - 1),
+    link=st.integers(-1, 2**63 - 1),
 )
-def test_a_record_comes_back_as_it_went_in(t0, t1, t2, ts, pid) -> None:
+def test_a_record_comes_back_as_it_went_in(t0, t1, ts, pid, link) -> None:
     table = _C.TextTable()
     extra = ReadOnlyDict({"speaker": "x"})
-    table.put(pid, t0, t1, ts, t2, extra)
+    table.put(pid, t0, t1, ts, extra, link)
     got = table.get(pid)
-    assert got == record(t0, t1, ts, t2, extra)
-    assert got[4] is extra
+    assert got == record(t0, t1, ts, extra, link)
+    assert got[3] is extra and table.link(pid) == link and table.link(pid ^ 1) is None
     for i, t in enumerate((t0, t1)):
         if t is not None:  # the same canonical str: equal, same length, same hash
             assert type(got[i]) is str and hash(got[i]) == hash(t) and len(got[i]) == len(t)
@@ -61,22 +61,27 @@ def test_many_puts_removals_and_edits_match_a_dict() -> None:
         if op < 0.5:
             rec = (
                 f"in {step}",
-                f"out {pid}",
+                None if step % 3 else f"out {pid}",
                 float(step),
-                None if step % 3 else "meta",
                 extras[step % 4],
+                step % 7 - 1,
             )
             table.put(pid, *rec)
             model[pid] = record(*rec)
-        elif op < 0.85:
+        elif op < 0.8:
             assert table.pop(pid) == (pid in model)
             model.pop(pid, None)
-        else:
+        elif op < 0.9:
             text = f"edited {step}"
-            assert table.set_text(pid, 2, text) == (pid in model)
+            assert table.set_text(pid, step % 2, text) == (pid in model)
             if pid in model:
-                t0, t1, ts, _, extra, _ = model[pid]
-                model[pid] = record(t0, t1, ts, text, extra)
+                texts = list(model[pid][:2])
+                texts[step % 2] = text
+                model[pid] = record(*texts, *model[pid][2:5])
+        else:
+            assert table.set_link(pid, step) == (pid in model)
+            if pid in model:
+                model[pid] = record(*model[pid][:4], step)
         if step % 5_000 == 0 or step == 29_999:
             assert len(table) == len(model)
             for i in ids.tolist():
@@ -86,14 +91,14 @@ def test_many_puts_removals_and_edits_match_a_dict() -> None:
 
 def test_bad_texts_are_refused_and_leave_the_record() -> None:
     table = _C.TextTable()
-    table.put(1, "a", "b", 0.0, None, None)
+    table.put(1, "a", "b", 0.0, None)
     with pytest.raises(TypeError, match="str or None"):
-        table.put(1, b"bytes", "b", 0.0, None, None)
+        table.put(1, b"bytes", "b", 0.0, None)
     with pytest.raises(TypeError, match="str or None"):
         table.set_text(1, 0, 5)
     with pytest.raises(IndexError):
-        table.set_text(1, 3, "x")
-    assert table.get(1) == ("a", "b", 0.0, None, None, 1)
+        table.set_text(1, 2, "x")
+    assert table.get(1) == ("a", "b", 0.0, None, -1, 2)
 
 
 def test_metadata_is_released_with_its_record() -> None:
@@ -101,9 +106,10 @@ def test_metadata_is_released_with_its_record() -> None:
     before = sys.getrefcount(extra)
     table = _C.TextTable()
     for pid in range(2000):  # growth moves records, never their references
-        table.put(pid, "a", "b", 0.0, None, extra)
-    table.put(0, "a", "b", 0.0, None, ReadOnlyDict())  # replaced
-    table.set_text(1, 2, "m")  # rewritten, metadata kept
+        table.put(pid, "a", "b", 0.0, extra)
+    table.put(0, "a", "b", 0.0, ReadOnlyDict())  # replaced
+    table.set_text(1, 1, "m")  # rewritten, metadata kept
+    table.set_link(2, 5)  # relinked in place
     assert sys.getrefcount(extra) == before + 1999
     for pid in range(1000):
         table.pop(pid)
@@ -115,7 +121,9 @@ def test_metadata_is_released_with_its_record() -> None:
 
 def test_the_python_views_speak_page_views_and_dicts() -> None:
     pages, knowledge = PageTable(), KnowledgeTexts()
-    pages.put(np.int64(3), "hi", "there", 5, "meta", {"speaker": "a"})
+    pages.put(np.int64(3), "hi", "there", 5, {"speaker": "a"}, chain_id=np.int64(8))
+    assert pages[3] == PageView("hi", "there", 5.0, None, {"speaker": "a"}, 2)  # no chain yet
+    pages.chains.put(8, "meta", None, 0.0, None)
     assert pages[3] == PageView("hi", "there", 5.0, "meta", {"speaker": "a"}, 3)
     assert isinstance(pages[3].extra, ReadOnlyDict) and np.int64(3) in pages and "3" not in pages
     knowledge.update({1: "one"})

@@ -81,14 +81,16 @@ py::buffer_info checked(const py::array& a, int64_t rows, const char* what) {
 }
 
 /// One returned page or knowledge entry: its id as a Python int (a new reference, handed on
-/// to the object built for it) and as a key, the block and metadata its record holds (pass 2)
-/// and its score (unused for STM pages, which have none).
+/// to the object built for it) and as a key, the block and metadata its record holds and the
+/// block of its page's chain, if any (pass 2), and its score (unused for STM pages, which have
+/// none).
 struct Ref {
   PyObject* id;
   int64_t key;
   const TextTable::Block* block;
   PyObject* extra;
   float score;
+  const TextTable::Block* chain;
 };
 
 /// The refs of a batch: query i's MTM pages, STM pages, user and assistant entries are the
@@ -135,7 +137,7 @@ class Assembler {
         stm_attr_("stm") {}
 
   py::tuple batch(py::list cleaned, py::list users, const TextTable& views,
-                  const TextTable& texts, py::array p_ids, py::array p_scores, py::array uk_ids,
+                  const TextTable& chains, const TextTable& texts, py::array p_ids, py::array p_scores, py::array uk_ids,
                   py::array uk_scores, py::array ak_ids, py::array ak_scores, py::dict profiles,
                   py::object profile_tokens) const {
     const int64_t b = static_cast<int64_t>(py::len(cleaned));
@@ -174,8 +176,8 @@ class Assembler {
     // pass 2: the records (their blocks asked for)
     for (int64_t i = 0; i < b; ++i) {
       const size_t* at = &refs.start[static_cast<size_t>(4 * i)];
-      find(views, refs, at[0], at[2]);
-      find(texts, refs, at[2], at[4]);
+      find(views, &chains, refs, at[0], at[2]);
+      find(texts, nullptr, refs, at[2], at[4]);
     }
     // pass 3: the objects
     py::list out(b);
@@ -246,7 +248,7 @@ class Assembler {
       }
       PyObject* id = PyLong_FromLongLong(ids[j]);
       if (id == nullptr) throw py::error_already_set();
-      refs.refs.push_back({id, ids[j], nullptr, nullptr, scores[j]});
+      refs.refs.push_back({id, ids[j], nullptr, nullptr, scores[j], nullptr});
       table.prefetch(ids[j]);
     }
   }
@@ -258,14 +260,17 @@ class Assembler {
     for (py::handle pid : ids) {
       const int64_t key = PyLong_AsLongLong(pid.ptr());
       if (key == -1 && PyErr_Occurred()) throw py::error_already_set();
-      refs.refs.push_back({Py_NewRef(pid.ptr()), key, nullptr, nullptr, 0.f});
+      refs.refs.push_back({Py_NewRef(pid.ptr()), key, nullptr, nullptr, 0.f, nullptr});
       views.prefetch(key);
     }
   }
 
-  /// Pass 2: the records of refs [from, to); KeyError naming an id the table lacks (the
-  /// Python side then reads the batch's missing records from the store and assembles again).
-  static void find(const TextTable& table, Refs& refs, size_t from, size_t to) {
+  /// Pass 2: the records of refs [from, to) and, with `chains`, the chain records they link
+  /// to (a link the chain table lacks shows no meta); KeyError naming an id the table lacks
+  /// (the Python side then reads the batch's missing records from the store and assembles
+  /// again).
+  static void find(const TextTable& table, const TextTable* chains, Refs& refs, size_t from,
+                   size_t to) {
     for (size_t r = from; r < to; ++r) {
       const TextTable::Slot* s = table.find(refs.refs[r].key);
       if (s == nullptr) {
@@ -275,6 +280,13 @@ class Assembler {
       refs.refs[r].block = s->block;
       refs.refs[r].extra = s->extra;
       prefetch_block(s->block);
+      if (chains != nullptr && s->block->link >= 0) {
+        const TextTable::Slot* c = chains->find(s->block->link);
+        if (c != nullptr) {
+          refs.refs[r].chain = c->block;
+          prefetch_block(c->block);
+        }
+      }
     }
   }
 
@@ -293,13 +305,14 @@ class Assembler {
     for (size_t r = from; r < to; ++r) {
       Ref& ref = refs.refs[r];
       const TextTable::Block* b = ref.block;
-      *tokens += b->tokens;
+      const TextTable::Block* chain = ref.chain;
+      *tokens += (b->chars + (chain != nullptr ? chain->chars : 0) + 3) / 4;
       PyObject* values[8] = {nullptr};
       values[1] = TextTable::text(b, 0);
       values[2] = TextTable::text(b, 1);
       values[3] = PyFloat_FromDouble(b->timestamp);
       values[5] = scored ? PyFloat_FromDouble(ref.score) : Py_NewRef(Py_None);
-      values[6] = TextTable::text(b, 2);
+      values[6] = chain != nullptr ? TextTable::text(chain, 0) : Py_NewRef(Py_None);
       if (!values[1] || !values[2] || !values[3] || !values[5] || !values[6]) {
         for (PyObject* v : values) Py_XDECREF(v);
         throw py::error_already_set();
@@ -319,7 +332,7 @@ class Assembler {
     py::list out(static_cast<Py_ssize_t>(to - from));
     for (size_t r = from; r < to; ++r) {
       Ref& ref = refs.refs[r];
-      *tokens += ref.block->tokens;
+      *tokens += (ref.block->chars + 3) / 4;
       PyObject* values[4] = {nullptr, TextTable::text(ref.block, 0),
                              PyFloat_FromDouble(ref.score), nullptr};
       if (!values[1] || !values[2]) {
@@ -348,7 +361,7 @@ void register_assembly(py::module_& m) {
       .def(py::init<py::type, py::type, py::type, py::str, py::str>(), py::arg("page_cls"),
            py::arg("entry_cls"), py::arg("retrieval_cls"), py::arg("mtm"), py::arg("stm"))
       .def("batch", &Assembler::batch, py::arg("cleaned"), py::arg("users"), py::arg("views"),
-           py::arg("texts"), py::arg("p_ids"), py::arg("p_scores"), py::arg("uk_ids"),
+           py::arg("chains"), py::arg("texts"), py::arg("p_ids"), py::arg("p_scores"), py::arg("uk_ids"),
            py::arg("uk_scores"), py::arg("ak_ids"), py::arg("ak_scores"), py::arg("profiles"),
            py::arg("profile_tokens"),
            "(list of Retrieval, total prompt tokens) of a batch; KeyError names a page or "

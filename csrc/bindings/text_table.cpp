@@ -85,7 +85,7 @@ void TextTable::grow() {
 }
 
 void TextTable::put(int64_t id, PyObject* const texts[kTexts], double timestamp,
-                    PyObject* extra) {
+                    PyObject* extra, int64_t link) {
   size_t bytes = header_bytes();
   for (int i = 0; i < kTexts; ++i) {
     check_text(texts[i], "a text");
@@ -101,6 +101,7 @@ void TextTable::put(int64_t id, PyObject* const texts[kTexts], double timestamp,
   auto* b = static_cast<Block*>(std::malloc(bytes));
   if (b == nullptr) throw std::bad_alloc();
   b->timestamp = timestamp;
+  b->link = link;
   int64_t chars = 0;
   auto* out = reinterpret_cast<uint8_t*>(b) + header_bytes();
   for (int i = 0; i < kTexts; ++i) {
@@ -117,7 +118,7 @@ void TextTable::put(int64_t id, PyObject* const texts[kTexts], double timestamp,
     out += static_cast<size_t>(n) * b->kind[i];
     chars += n;
   }
-  b->tokens = (chars + 3) / 4;
+  b->chars = chars;
   Slot& s = slots_[at];
   if (s.block != nullptr) {
     release(s);
@@ -163,7 +164,14 @@ bool TextTable::set_text(int64_t id, int i, PyObject* text) {
     texts[j] = held[j].ptr();
   }
   py::object extra = py::reinterpret_borrow<py::object>(s->extra);  // kept across put
-  put(id, texts, s->block->timestamp, extra.ptr());
+  put(id, texts, s->block->timestamp, extra.ptr(), s->block->link);
+  return true;
+}
+
+bool TextTable::set_link(int64_t id, int64_t link) {
+  const Slot* s = find(id);
+  if (s == nullptr) return false;
+  s->block->link = link;
   return true;
 }
 
@@ -178,7 +186,7 @@ PyObject* TextTable::text(const Block* b, int i) {
 
 namespace {
 
-/// (text 0, text 1, timestamp, text 2, extra, tokens): what page_views.PageView holds.
+/// (text 0, text 1, timestamp, extra, link, characters of the texts).
 py::object record(const TextTable::Slot& s) {
   py::object t[TextTable::kTexts];
   for (int i = 0; i < TextTable::kTexts; ++i) {
@@ -186,48 +194,49 @@ py::object record(const TextTable::Slot& s) {
     if (!t[i]) throw py::error_already_set();
   }
   py::object extra = s.extra != nullptr ? py::reinterpret_borrow<py::object>(s.extra) : py::none();
-  return py::make_tuple(t[0], t[1], s.block->timestamp, t[2], extra, s.block->tokens);
+  return py::make_tuple(t[0], t[1], s.block->timestamp, extra, s.block->link, s.block->chars);
 }
 
-void put_py(TextTable& table, int64_t id, py::handle t0, py::handle t1, double ts, py::handle t2,
-            py::handle extra) {
-  PyObject* texts[TextTable::kTexts] = {t0.ptr(), t1.ptr(), t2.ptr()};
-  table.put(id, texts, ts, extra.is_none() ? nullptr : extra.ptr());
+void put_py(TextTable& table, int64_t id, py::handle t0, py::handle t1, double ts,
+            py::handle extra, int64_t link) {
+  PyObject* texts[TextTable::kTexts] = {t0.ptr(), t1.ptr()};
+  table.put(id, texts, ts, extra.is_none() ? nullptr : extra.ptr(), link);
 }
 
 }  // namespace
 
 void register_text_table(py::module_& m) {
   py::class_<TextTable>(m, "TextTable",
-                        "Records by int64 id: three texts (str or None), a timestamp, a token "
-                        "count and one shared object (memoryos_gpu.page_views).")
+                        "Records by int64 id: two texts (str or None), a timestamp, a link (an "
+                        "id in another table, -1: none), their characters and one shared "
+                        "object (memoryos_gpu.page_views).")
       .def(py::init<>())
       .def("put", &put_py, py::arg("id"), py::arg("text0"), py::arg("text1"),
-           py::arg("timestamp"), py::arg("text2"), py::arg("extra"),
+           py::arg("timestamp"), py::arg("extra"), py::arg("link") = -1,
            "Insert or replace a record (texts: str or None; extra: None for none).")
       .def(
           "put_many",
           [](TextTable& t, py::sequence ids, py::sequence t0, py::sequence t1, py::sequence ts,
-             py::sequence t2, py::sequence extra) {
+             py::sequence extra, py::sequence links) {
             const size_t n = ids.size();
-            if (t0.size() != n || t1.size() != n || ts.size() != n || t2.size() != n ||
-                extra.size() != n) {
+            if (t0.size() != n || t1.size() != n || ts.size() != n || extra.size() != n ||
+                links.size() != n) {
               throw py::value_error("put_many: every sequence must have one item per id");
             }
             for (size_t i = 0; i < n; ++i) {
-              put_py(t, ids[i].cast<int64_t>(), t0[i], t1[i], ts[i].cast<double>(), t2[i],
-                     extra[i]);
+              put_py(t, ids[i].cast<int64_t>(), t0[i], t1[i], ts[i].cast<double>(), extra[i],
+                     links[i].cast<int64_t>());
             }
           },
           py::arg("ids"), py::arg("text0"), py::arg("text1"), py::arg("timestamps"),
-          py::arg("text2"), py::arg("extras"), "put() of many records.")
+          py::arg("extras"), py::arg("links"), "put() of many records.")
       .def(
           "get",
           [](const TextTable& t, int64_t id) -> py::object {
             const TextTable::Slot* s = t.find(id);
             return s == nullptr ? py::none() : record(*s);
           },
-          py::arg("id"), "(text0, text1, timestamp, text2, extra, tokens), or None.")
+          py::arg("id"), "(text0, text1, timestamp, extra, link, characters), or None.")
       .def(
           "text",
           [](const TextTable& t, int64_t id) -> py::object {
@@ -240,12 +249,22 @@ void register_text_table(py::module_& m) {
       .def(
           "set_text",
           [](TextTable& t, int64_t id, int i, py::handle text) {
-            if (i < 0 || i >= TextTable::kTexts) throw py::index_error("text index 0-2");
+            if (i < 0 || i >= TextTable::kTexts) throw py::index_error("text index 0-1");
             check_text(text.ptr(), "text");
             return t.set_text(id, i, text.ptr());
           },
           py::arg("id"), py::arg("index"), py::arg("text"),
           "Replace one text of a record; False when there is no record.")
+      .def(
+          "link",
+          [](const TextTable& t, int64_t id) -> py::object {
+            const TextTable::Slot* s = t.find(id);
+            if (s == nullptr) return py::none();
+            return py::int_(s->block->link);
+          },
+          py::arg("id"), "The link of a record (-1: none), or None when there is no record.")
+      .def("set_link", &TextTable::set_link, py::arg("id"), py::arg("link"),
+           "Replace the link of a record; False when there is no record.")
       .def("__contains__", [](const TextTable& t, int64_t id) { return t.find(id) != nullptr; })
       .def("__len__", &TextTable::size)
       .def("nbytes", &TextTable::nbytes, "Bytes held (slots and texts).");

@@ -19,17 +19,20 @@
 
 namespace memoryos {
 
-/// A table of records by int64 id: up to three texts (each may be None), a timestamp, a
-/// token count ((characters of the texts + 3) / 4, as page_views.approx_tokens) and one shared
+/// A table of records by int64 id: two texts (each may be None), a timestamp, a link (the id
+/// of a record in another table, -1 for none: a page's dialogue chain, whose meta summary is
+/// kept once per chain so a growing chain rewrites one record, not one per page), the
+/// characters of the texts (page_views.approx_tokens counts tokens from them) and one shared
 /// Python object (a page's read-only metadata). Not thread-safe: callers hold the GIL.
 class TextTable {
  public:
-  static constexpr int kTexts = 3;
+  static constexpr int kTexts = 2;
 
   /// A record's texts and scalars; its code units follow it in the same allocation.
   struct Block {
     double timestamp;
-    int64_t tokens;
+    int64_t link;
+    int64_t chars;            // code points of both texts
     uint32_t length[kTexts];  // code points
     uint8_t kind[kTexts];     // 0: None, else the CPython kind (1, 2 or 4 bytes a code point)
     uint8_t ascii[kTexts];    // a kind-1 text of ASCII only
@@ -49,13 +52,16 @@ class TextTable {
   TextTable& operator=(const TextTable&) = delete;
 
   /// Insert or replace `id`'s record. texts: str or None; extra: any object, or null.
-  void put(int64_t id, PyObject* const texts[kTexts], double timestamp, PyObject* extra);
+  void put(int64_t id, PyObject* const texts[kTexts], double timestamp, PyObject* extra,
+           int64_t link);
   /// The record of `id`, or null.
   const Slot* find(int64_t id) const;
   /// Remove `id`'s record; false when there was none.
   bool erase(int64_t id);
   /// Replace text `i` of `id`'s record, keeping the rest; false when there is no record.
   bool set_text(int64_t id, int i, PyObject* text);
+  /// Replace the link of `id`'s record in place; false when there is no record.
+  bool set_link(int64_t id, int64_t link);
 
   /// Ask for the cache line where `id`'s probe starts (before find()).
   void prefetch(int64_t id) const;

@@ -62,6 +62,7 @@ def _assemble(
             cleaned if isinstance(cleaned, list) else list(cleaned),
             users if isinstance(users, list) else list(users),
             s.views.pages.table,
+            s.views.pages.chains,
             s.views.knowledge.table,
             *_hits(pages),
             *_hits(user_knowledge),
@@ -105,8 +106,7 @@ def _read_missing(
     views, texts = s.views.pages, s.views.knowledge
     need = [p for p in page_ids.ravel().tolist() if p >= 0 and p not in views]
     need += [p for u in users for p in u.stm if p not in views]
-    for pid, v in s.store.page_views(need).items():
-        views.put(pid, v.user_input, v.agent_response, v.timestamp, v.meta, v.extra)
+    s.views.put_views((pid, "", v) for pid, v in s.store.page_views(need).items())
     entries = [e for ids in entry_ids for e in ids.ravel().tolist() if e >= 0 and e not in texts]
     texts.update(s.store.knowledge_texts(entries))
     s.views.store_reads += len(need) + len(entries)

@@ -10,9 +10,10 @@ What a page leaves behind besides its own row, and what happens to it here:
 - **the topic summaries and keywords of the pages after it in its chain** (LLM mode: their
   prompts showed it as the previous page, or inside the thread summary): re-derived from each
   page alone, extractively;
-- **its chain's meta** (on every page of the chain, and the user's ``chain_meta``): re-derived
-  from the chain's remaining pages by the extractive rule (the first page's first sentence; an
-  LLM's running summary may hold the deleted text and is not regenerated synchronously);
+- **its chain's meta** (the chain's row, and the user's ``chain_meta``): re-derived from the
+  chain's remaining pages by the extractive rule (the first page's first sentence; an LLM's
+  running summary may hold the deleted text and is not regenerated synchronously); a chain
+  left with no page is removed;
 - **the keyword statistics**: the in-memory extractor un-counts its text and the saved copy is
   dropped (rewritten on close; a reopen before that refits from the pages); the per-user
   vocabulary un-counts its term row;
@@ -50,11 +51,11 @@ from .state import EngineState, UserState, keyword_rows
 class Rederived:
     """What a page change re-derived in its transaction, for the memory side once committed:
     what was forgotten, the segments re-derived ((id, embedding or None, keyword row)) and the
-    chain meta ((pages, meta) or None)."""
+    chain's meta ((chain id, meta, or None when the chain was left with no page), or None)."""
 
     forgotten: Forgotten
     segments: list[tuple[int, np.ndarray | None, np.ndarray | None]]
-    metas: tuple[list[int], str] | None
+    chain: tuple[int, str | None] | None
 
 
 class Forgetting:
@@ -107,10 +108,11 @@ class Forgetting:
             slots = np.flatnonzero(s.page_of_slot == page_id)
             s.arena.delete_pages(slots)
             s.page_of_slot[slots] = -1
-            s.views.drop_pages([page_id])
+            chains = s.views.drop_pages([page_id])
             s.vocabulary.add([uid], old_terms, sign=-1)
             s.extractor.remove([text])
             self.apply(user, redone)
+            s.views.drop_chains(chains - s.store.live_chains(chains))
             return True
 
     def rederive_edited(self, db: Any, page_id: int) -> Rederived:
@@ -139,9 +141,9 @@ class Forgetting:
         """The segments and the chain meta a page change touched, again from the pages held;
         the saved keyword statistics are dropped (rewritten on close)."""
         segs = [self._rederive_segment(db, sg) for sg in sorted(segments - {None})]
-        metas = self._rederive_chain(db, user, chain) if chain is not None else None
+        meta = self._rederive_chain(db, user, chain) if chain is not None else None
         db.execute("DELETE FROM meta WHERE key = 'keyword_extractor'")
-        return Rederived(forgotten, segs, metas)
+        return Rederived(forgotten, segs, None if chain is None else (chain, meta))
 
     def apply(self, user: UserState | None, redone: Rederived) -> None:
         """The memory side of a committed :meth:`_rederive_around`: segment rows in the
@@ -149,8 +151,12 @@ class Forgetting:
         s = self._s
         for seg in redone.segments if user is not None else ():
             self._apply_segment(user, *seg)
-        if redone.metas is not None:
-            s.views.set_meta(*redone.metas)
+        if redone.chain is not None:
+            chain, meta = redone.chain
+            if meta is None:
+                s.views.drop_chains([chain])
+            elif chain in s.views.pages.chains:  # held while a page of it is in MTM
+                s.views.set_chain(chain, meta)
         self.drop(redone.forgotten)
 
     def _unlink(self, db: Any, user: UserState | None, page_id: int) -> None:
@@ -268,27 +274,28 @@ class Forgetting:
         else:
             s.arena.write_segments([user.slot], at[:1], emb[None], kw_row)
 
-    def _rederive_chain(
-        self, db: Any, user: UserState | None, chain: int
-    ) -> tuple[list[int], str] | None:
+    def _rederive_chain(self, db: Any, user: UserState | None, chain: int) -> str | None:
         """The chain's meta again, from its remaining pages (the extractive rule: the first
-        page's first sentence); the user's ``chain_meta`` too when its tail is on the chain.
-        Returns (pages, meta) for the views."""
-        rows = db.execute(
-            "SELECT page_id, user_input, agent_response, timestamp FROM pages "
-            "WHERE chain_id = ? ORDER BY seq",
+        page's first sentence), or None when none is left (its row goes); the user's
+        ``chain_meta`` too when its tail is on the chain."""
+        first = db.execute(
+            "SELECT user_input, agent_response, timestamp FROM pages WHERE chain_id = ? "
+            "ORDER BY seq LIMIT 1",
             (chain,),
-        ).fetchall()
-        if not rows:
+        ).fetchone()
+        if first is None:
+            db.execute("DELETE FROM chains WHERE chain_id = ?", (chain,))
             return None
-        first = {"user_input": rows[0][1], "agent_response": rows[0][2], "timestamp": rows[0][3]}
-        meta = prompts.fallback_chain_meta(None, first)
-        db.execute("UPDATE pages SET meta = ? WHERE chain_id = ?", (meta, chain))
-        ids = [int(r[0]) for r in rows]
-        if user is not None and user.chain_tail in ids:
+        fields = ("user_input", "agent_response", "timestamp")
+        meta = prompts.fallback_chain_meta(None, dict(zip(fields, first, strict=True)))
+        db.execute("UPDATE chains SET meta = ? WHERE chain_id = ?", (meta, chain))
+        if user is None or user.chain_tail is None:
+            return meta
+        on_chain = "SELECT 1 FROM pages WHERE page_id = ? AND chain_id = ?"
+        if db.execute(on_chain, (user.chain_tail, chain)).fetchone():
             user.chain_meta = meta
             db.execute("UPDATE users SET chain_meta = ? WHERE user_id = ?", (meta, user.user_id))
-        return ids, meta
+        return meta
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

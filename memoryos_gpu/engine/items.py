@@ -201,7 +201,7 @@ class Items:
             )
             user = s.users.get(user_id)
             s.edits += 1
-            s.views.drop_pages(p for p, _ in pages)
+            s.views.drop_chains(s.views.drop_pages(p for p, _ in pages))  # all the user's
             s.profiles.pop(user_id, None)
             s.vocabulary.forget(user_id)
             if user is not None:

@@ -106,11 +106,11 @@ class Segments:
         """What the stages read of pages ``(page id, user id)``, by page id: from the views,
         which hold every page in STM, pending or in MTM (no SQL, no JSON to decode); a page
         not there (a chain tail evicted meanwhile) from the store; a deleted one is absent."""
-        get = self._s.views.pages.table.get
+        get = self._s.views.pages.get
         out: dict[int, dict[str, Any]] = {}
         missing: list[int] = []
         for pid, uid in pages:
-            v = get(int(pid))
+            v = get(pid)
             if v is None:
                 missing.append(pid)
                 continue
@@ -217,7 +217,7 @@ class Segments:
         with s.store.transaction("none") as db:  # redone from pending if lost
             self._join_segments(db, round_, np.flatnonzero(join), best_slot)
             self._open_segments(db, round_, np.flatnonzero(~join))
-            metas = self._link_pages(db, round_, page_ids)
+            chains = self._link_pages(db, round_, page_ids)
             db.executemany("DELETE FROM pending WHERE work_id = ?", [(w,) for w, _, _ in items])
             # the round's pages into their segments' blocks, in round order (each segment's
             # positions are the ones the store just gave them), and their term rows
@@ -225,8 +225,8 @@ class Segments:
             s.map_pages(pools, np.asarray(page_ids, np.int64))
             s.arena.write_terms(pools, *astuple(terms))
             self._heat.refresh(db, users)
-        for page_ids_, meta in metas:
-            s.views.set_meta(page_ids_, meta)
+        for pid, chain, o in zip(page_ids, chains, outcomes, strict=True):
+            s.views.link(pid, chain, o.meta)
 
     def _summary_embeddings(
         self, outcomes: Sequence[PageOutcome], page_emb: np.ndarray, rows: Sequence[dict]
@@ -285,7 +285,8 @@ class Segments:
         with s.store.transaction("none") as db:
             for u, v in zip(full, victims, strict=True):
                 evicted += self._evict_segment(db, u, int(v))
-        s.views.drop_pages(evicted)  # pages out of MTM are not retrieved any more
+        chains = s.views.drop_pages(evicted)  # pages out of MTM are not retrieved any more
+        s.views.drop_chains(chains - s.store.live_chains(chains))
 
     def _evict_segment(self, db: Any, user: UserState, slot: int) -> list[int]:
         """Free a segment's arena rows, blocks and term rows; its pages leave MTM (tier
@@ -405,10 +406,11 @@ class Segments:
         s.counters["segments_created"] += int(idx.size)
         r.seg_slot[idx], r.segment_id[idx], r.seg_pos[idx] = slots, sids, 0
 
-    def _link_pages(self, db: Any, r: _Round, page_ids: list[int]) -> list[tuple[list[int], str]]:
+    def _link_pages(self, db: Any, r: _Round, page_ids: list[int]) -> list[int]:
         """The pages' MTM rows and the dialogue chain: a continuous page links to its user's
-        previous evicted page and the chain's meta is regenerated on every page of it.
-        Returns the pages whose meta changed, with the meta, per chain."""
+        previous evicted page and joins its chain, whose meta (one row per chain, however long
+        it grows) is regenerated; any other page starts a chain of its own. Returns each
+        page's chain id."""
         prev = [
             u.chain_tail if o.continuous else None for u, o in zip(r.users, r.outcomes, strict=True)
         ]
@@ -423,29 +425,27 @@ class Segments:
         chains = [
             chain_of[prev[i]] if prev[i] is not None else pid for i, pid in enumerate(page_ids)
         ]
-        members: dict[int, list[int]] = {}
-        for pid, chain in select_in(
-            db, "SELECT page_id, chain_id FROM pages WHERE chain_id IN", [chains[i] for i in linked]
-        ):
-            members.setdefault(chain, []).append(pid)
         db.executemany(
             "UPDATE pages SET next_page = ? WHERE page_id = ?",
             [(page_ids[i], prev[i]) for i in linked],
         )
         db.executemany(
-            "UPDATE pages SET meta = ? WHERE chain_id = ?",
-            [(r.outcomes[i].meta, chains[i]) for i in linked],
+            "INSERT INTO chains(chain_id, user_id, meta) VALUES (?, ?, ?) "
+            "ON CONFLICT(chain_id) DO UPDATE SET meta = excluded.meta",
+            [
+                (chain, u.user_id, o.meta)
+                for chain, u, o in zip(chains, r.users, r.outcomes, strict=True)
+            ],
         )
         db.executemany(
             "UPDATE pages SET tier = 'mtm', segment_id = ?, seg_pos = ?, prev_page = ?, "
-            "chain_id = ?, meta = ?, summary = ?, keywords = ?, mode = ? WHERE page_id = ?",
+            "chain_id = ?, summary = ?, keywords = ?, mode = ? WHERE page_id = ?",
             [
                 (
                     int(r.segment_id[i]),
                     int(r.seg_pos[i]),
                     prev[i],
                     chains[i],
-                    o.meta,
                     o.summary,
                     json.dumps(o.keywords),
                     o.mode,
@@ -463,10 +463,7 @@ class Segments:
         )
         for pid, o, u in zip(page_ids, r.outcomes, r.users, strict=True):
             u.chain_tail, u.chain_meta = pid, o.meta
-        return [
-            ([*(members.get(chains[i], []) if prev[i] is not None else []), pid], o.meta)
-            for i, (pid, o) in enumerate(zip(page_ids, r.outcomes, strict=True))
-        ]
+        return chains
 
     def _kw_matrix(self, counts: Sequence[dict[str, int]]) -> np.ndarray:
         """Segments' keyword rows: each one's most frequent keywords (first seen wins ties)."""

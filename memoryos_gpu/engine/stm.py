@@ -104,7 +104,7 @@ class ShortTerm:
                 user = s.users[p.user_id]
                 user.extra = s.views.shared_extra(p.meta, user.extra)
                 s.views.pages.put(
-                    r.page_id, p.user_input, p.agent_response, p.timestamp, None, user.extra
+                    r.page_id, p.user_input, p.agent_response, p.timestamp, user.extra
                 )
         self._hooks._learn_keywords(
             [f"{items[i].user_input} {items[i].agent_response}" for i in fresh]

@@ -178,6 +178,18 @@ UPDATE knowledge SET valid_from = created, source_user = CASE WHEN owner_kind = 
 ALTER TABLE provenance DROP CONSTRAINT provenance_pkey;
 ALTER TABLE provenance ADD PRIMARY KEY (item_kind, item_id, item_key, page_id, user_id)
 """,  # sqlite.MIGRATIONS[3]: a provenance row is keyed by its page's user too
+    4: """
+CREATE TABLE chains(
+  chain_id BIGINT PRIMARY KEY,
+  user_id TEXT COLLATE "C" NOT NULL REFERENCES users(user_id) ON DELETE CASCADE,
+  meta TEXT
+);
+CREATE INDEX chains_user ON chains(user_id);
+INSERT INTO chains(chain_id, user_id, meta)
+  SELECT DISTINCT ON (chain_id) chain_id, user_id, meta FROM pages WHERE chain_id IS NOT NULL
+  ORDER BY chain_id, seq DESC;
+ALTER TABLE pages DROP COLUMN meta
+""",  # sqlite.MIGRATIONS[4]: a chain's meta once, in its own row
 }
 
 #: The key column that stands for SQLite's ``rowid`` in tables whose INTEGER PRIMARY KEY is

@@ -36,7 +36,7 @@ from memoryos_gpu.store.derivations import (
 )
 from memoryos_gpu.store.wal import BACKSTOP_PAGES, WalCheckpointer
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SYNCHRONOUS = "FULL"  # an acknowledged page survives power loss, not only a process crash
 #: When a transaction's commit reaches the disk: see :meth:`SQLiteStore.transaction`.
 Durability = Literal["commit", "deferred", "none"]
@@ -152,6 +152,7 @@ _REQUIRED_TABLES = frozenset(
         "pending",
         "audit",
         "provenance",
+        "chains",
     }
 )
 
@@ -210,10 +211,40 @@ ALTER TABLE provenance_v4 RENAME TO provenance;
 CREATE INDEX provenance_page ON provenance(page_id);
 CREATE INDEX provenance_user ON provenance(user_id, item_kind)
 """,
+    # 4 -> 5: a dialogue chain's meta summary is kept once, in its own row, instead of on
+    # every page of the chain: it changes each time the chain grows, and rewriting it on
+    # every page cost O(chain length) a page (O(n^2) over a long conversation). A chain's id
+    # stays the id of its first page; its meta is the one its latest page carried.
+    4: """
+CREATE TABLE chains(
+  chain_id INTEGER PRIMARY KEY,
+  user_id TEXT NOT NULL REFERENCES users(user_id) ON DELETE CASCADE,
+  meta TEXT
+);
+CREATE INDEX chains_user ON chains(user_id);
+INSERT INTO chains(chain_id, user_id, meta) SELECT chain_id, user_id, meta FROM (
+  SELECT chain_id, user_id, meta, MAX(seq) FROM pages WHERE chain_id IS NOT NULL
+  GROUP BY chain_id
+);
+ALTER TABLE pages DROP COLUMN meta
+""",
 }
 
 #: Rows fetched per round trip by the bulk loaders (bounds their transient memory).
 LOAD_CHUNK = 65536
+
+#: A page's readable columns in ``_page_dict``'s order (its chain's meta among them): pages
+#: ``p`` joined to their chains ``c``; a query adds its WHERE on ``p``.
+_PAGE_SELECT = (
+    "SELECT p.page_id, p.user_id, p.seq, p.user_input, p.agent_response, p.timestamp, p.tier, "
+    "p.segment_id, p.prev_page, p.next_page, c.meta, p.summary, p.keywords, p.analysed, "
+    "p.mode, p.source, p.extra FROM pages p LEFT JOIN chains c ON c.chain_id = p.chain_id"
+)
+#: What a retrieval shows of a page (:class:`PageView`'s fields after the page id).
+_VIEW_SELECT = (
+    "SELECT p.page_id, p.user_id, p.user_input, p.agent_response, p.timestamp, p.chain_id, "
+    "c.meta, p.extra FROM pages p LEFT JOIN chains c ON c.chain_id = p.chain_id"
+)
 
 
 def emb_blob(v: np.ndarray) -> bytes:
@@ -629,12 +660,7 @@ class SQLiteStore:
         out: dict[int, dict[str, Any]] = {}
         for chunk in _id_chunks(page_ids):
             marks = ",".join("?" * len(chunk))
-            for r in self.query(
-                "SELECT page_id, user_id, seq, user_input, agent_response, timestamp, tier, "
-                "segment_id, prev_page, next_page, meta, summary, keywords, analysed, mode, "
-                f"source, extra FROM pages WHERE page_id IN ({marks})",
-                chunk,
-            ):
+            for r in self.query(f"{_PAGE_SELECT} WHERE p.page_id IN ({marks})", chunk):
                 out[r[0]] = _page_dict(r)
         return out
 
@@ -643,32 +669,40 @@ class SQLiteStore:
         out: dict[int, PageView] = {}
         for chunk in _id_chunks(page_ids):
             for r in self.query(
-                "SELECT page_id, user_input, agent_response, timestamp, meta, extra FROM pages "
-                f"WHERE page_id IN ({','.join('?' * len(chunk))})",
-                chunk,
+                f"{_VIEW_SELECT} WHERE p.page_id IN ({','.join('?' * len(chunk))})", chunk
             ):
-                out[r[0]] = PageView(r[1], r[2], r[3], r[4], _json_dict(r[5]))
+                out[r[0]] = PageView(r[2], r[3], r[4], r[5], r[6], _json_dict(r[7]))
+        return out
+
+    def live_chains(self, chain_ids: Iterable[int]) -> set[int]:
+        """Those of ``chain_ids`` with a page still in MTM (the engine keeps their meta in
+        memory)."""
+        out: set[int] = set()
+        for chunk in _id_chunks(sorted(chain_ids)):
+            marks = ",".join("?" * len(chunk))
+            out.update(
+                r[0]
+                for r in self.query(
+                    "SELECT DISTINCT chain_id FROM pages WHERE tier = 'mtm' AND chain_id IN "
+                    f"({marks})",
+                    chunk,
+                )
+            )
         return out
 
     def user_pages(self, user_id: str, tier: str | None = None) -> list[dict[str, Any]]:
-        sql = (
-            "SELECT page_id, user_id, seq, user_input, agent_response, timestamp, tier, "
-            "segment_id, prev_page, next_page, meta, summary, keywords, analysed, mode, source, "
-            "extra FROM pages WHERE user_id = ?"
-        )
+        sql = f"{_PAGE_SELECT} WHERE p.user_id = ?"
         params: list[Any] = [user_id]
         if tier is not None:
-            sql += " AND tier = ?"
+            sql += " AND p.tier = ?"
             params.append(tier)
-        return [_page_dict(r) for r in self.query(sql + " ORDER BY seq", params)]
+        return [_page_dict(r) for r in self.query(sql + " ORDER BY p.seq", params)]
 
     def page_window(self, user_id: str, offset: int, limit: int) -> tuple[list[dict], int]:
         """One page of a user's pages, oldest first, and how many the user has: a listing
         that stays stable while pages are added (new ones come last)."""
         rows = self.query(
-            "SELECT page_id, user_id, seq, user_input, agent_response, timestamp, tier, "
-            "segment_id, prev_page, next_page, meta, summary, keywords, analysed, mode, source, "
-            "extra FROM pages WHERE user_id = ? ORDER BY seq LIMIT ? OFFSET ?",
+            f"{_PAGE_SELECT} WHERE p.user_id = ? ORDER BY p.seq LIMIT ? OFFSET ?",
             (user_id, int(limit), int(offset)),
         )
         total = self.query("SELECT COUNT(*) FROM pages WHERE user_id = ?", (user_id,))[0][0]
@@ -848,18 +882,15 @@ class SQLiteStore:
         chunks of ``(page_id, user_id, view)``: the engine holds these in memory, so
         assembling a retrieval reads no row."""
         with self._snapshot() as db:
-            cur = db.execute(
-                "SELECT page_id, user_id, user_input, agent_response, timestamp, meta, extra "
-                "FROM pages WHERE tier != 'evicted' ORDER BY page_id"
-            )
+            cur = db.execute(f"{_VIEW_SELECT} WHERE p.tier != 'evicted' ORDER BY p.page_id")
             while rows := cur.fetchmany(LOAD_CHUNK):
                 extras: dict[str, dict[str, Any]] = {}  # one dict per distinct text, per chunk
                 out = []
                 for r in rows:
-                    extra = extras.get(r[6])
+                    extra = extras.get(r[7])
                     if extra is None:
-                        extra = extras[r[6]] = _json_dict(r[6])
-                    out.append((r[0], r[1], PageView(r[2], r[3], r[4], r[5], extra)))
+                        extra = extras[r[7]] = _json_dict(r[7])
+                    out.append((r[0], r[1], PageView(r[2], r[3], r[4], r[5], r[6], extra)))
                 yield out
 
     def pages_without_terms(self) -> list[tuple[int, str, str, str, float, dict[str, Any]]]:
@@ -1052,7 +1083,8 @@ class SQLiteStore:
         segment_pages: dict[int, list[int]] = {}
         chains: dict[int, dict[str, Any]] = {}
         for pid, sid, chain, meta in self.query(
-            "SELECT page_id, segment_id, chain_id, meta FROM pages WHERE user_id = ? ORDER BY seq",
+            "SELECT p.page_id, p.segment_id, p.chain_id, c.meta FROM pages p LEFT JOIN chains c "
+            "ON c.chain_id = p.chain_id WHERE p.user_id = ? ORDER BY p.seq",
             (user_id,),
         ):
             if sid is not None:
@@ -1141,6 +1173,7 @@ class SQLiteStore:
         forgotten.entries = sorted({*forgotten.entries, *learned})
         db.execute("DELETE FROM pending WHERE user_id = ?", (user_id,))
         db.execute("DELETE FROM pages WHERE user_id = ?", (user_id,))
+        db.execute("DELETE FROM chains WHERE user_id = ?", (user_id,))
         db.execute("DELETE FROM segments WHERE user_id = ?", (user_id,))
         db.execute("DELETE FROM knowledge WHERE owner_kind = 'user' AND owner_id = ?", (user_id,))
         db.execute("DELETE FROM audit WHERE user_id = ?", (user_id,))
@@ -1266,5 +1299,6 @@ class PageView(NamedTuple):
     user_input: str
     agent_response: str
     timestamp: float
-    meta: str | None
+    chain_id: int | None  # the dialogue chain the page is on (MTM pages)
+    meta: str | None  # that chain's meta summary
     extra: dict[str, Any]
