@@ -185,6 +185,7 @@ CREATE TABLE chains(
   meta TEXT
 );
 CREATE INDEX chains_user ON chains(user_id);
+CREATE INDEX pages_unanalysed ON pages(segment_id, seg_pos) WHERE analysed = 0;
 INSERT INTO chains(chain_id, user_id, meta)
   SELECT DISTINCT ON (chain_id) chain_id, user_id, meta FROM pages WHERE chain_id IS NOT NULL
   ORDER BY chain_id, seq DESC;

@@ -214,7 +214,8 @@ CREATE INDEX provenance_user ON provenance(user_id, item_kind)
     # 4 -> 5: a dialogue chain's meta summary is kept once, in its own row, instead of on
     # every page of the chain: it changes each time the chain grows, and rewriting it on
     # every page cost O(chain length) a page (O(n^2) over a long conversation). A chain's id
-    # stays the id of its first page; its meta is the one its latest page carried.
+    # stays the id of its first page; its meta is the one its latest page carried. And the
+    # pages a promotion analyses are found without reading the segment's analysed ones.
     4: """
 CREATE TABLE chains(
   chain_id INTEGER PRIMARY KEY,
@@ -222,6 +223,7 @@ CREATE TABLE chains(
   meta TEXT
 );
 CREATE INDEX chains_user ON chains(user_id);
+CREATE INDEX pages_unanalysed ON pages(segment_id, seg_pos) WHERE analysed = 0;
 INSERT INTO chains(chain_id, user_id, meta) SELECT chain_id, user_id, meta FROM (
   SELECT chain_id, user_id, meta, MAX(seq) FROM pages WHERE chain_id IS NOT NULL
   GROUP BY chain_id
