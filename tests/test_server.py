@@ -487,7 +487,7 @@ def test_direct_routes_answer_like_fastapi() -> None:
     statuses = [a[0] for a in answers[True]]
     assert statuses[:4] == [201, 201, 201, 201] and 422 in statuses and 413 in statuses
     assert answers[True][2][1]["duplicate"] is True
-    assert labels[True] == labels[False]
+    assert labels[True] == labels[False], set(labels[True]) ^ set(labels[False])  # (once flaky)
     assert any("/v1/users/{user_id}/retrieve" in label for label in labels[True])
 
 

@@ -152,13 +152,14 @@ class KnowledgeRing:
         being live."""
         s, db = self._s, self._db
         t = time.time()
-        rows, tops, owners = [], {}, []
+        rows, spans, owners = [], {}, []  # spans: (owner kind, id) -> (first, last) new seq
         for index, fact, vec in adds:
             o = self.owner_slot(fact.kind, fact.owner_id)
             owners.append(o)
             seq = self._heads.setdefault(o, s.arena.ring_head(o))
             self._heads[o] = seq + 1
-            tops[(fact.kind, fact.owner_id)] = seq
+            key = (fact.kind, fact.owner_id)
+            spans[key] = (spans.get(key, (seq, seq))[0], seq)
             key = self._keys[index]
             valid_from = fact.valid_from if fact.valid_from is not None else t
             rows.append(
@@ -176,10 +177,13 @@ class KnowledgeRing:
             "entry_id, owner_kind, owner_id, seq",
         )
         ids = {(kind, o, int(q)): int(e) for e, kind, o, q in made_rows}
+        # the new seqs first..last push seqs first - cap..last - cap out of the ring (the
+        # older ones went before): a range of the unique index, not the owner's whole history
         cap = s.memory.knowledge_capacity
         db.executemany(
-            "UPDATE knowledge SET live = 0 WHERE owner_kind = ? AND owner_id = ? AND seq <= ?",
-            [(kind, o, top - cap) for (kind, o), top in tops.items()],
+            "UPDATE knowledge SET live = 0 WHERE owner_kind = ? AND owner_id = ? AND seq >= ? "
+            "AND seq <= ? AND live = 1",
+            [(kind, o, first - cap, last - cap) for (kind, o), (first, last) in spans.items()],
         )
         made = {}
         for (index, fact, vec), row, o in zip(adds, rows, owners, strict=True):
@@ -361,8 +365,8 @@ def unsupersede(state: EngineState, db: Any, gone: dict[str, Any]) -> Restored |
     if not (seq >= 0 and seq > head - cap and state.entry_of_ring[o, seq % cap] < 0):
         seq, head = head, head + 1  # a new position at the head, as an add would take
         db.execute(
-            "UPDATE knowledge SET live = 0 WHERE owner_kind = ? AND owner_id = ? AND seq <= ?",
-            (kind, owner_id, seq - cap),
+            "UPDATE knowledge SET live = 0 WHERE owner_kind = ? AND owner_id = ? AND seq = ?",
+            (kind, owner_id, seq - cap),  # the one position the new head pushes out
         )
         table, key = ("users", "user_id") if kind == "user" else ("assistants", "assistant_id")
         db.execute(f"UPDATE {table} SET knowledge_head = ? WHERE {key} = ?", (head, owner_id))
