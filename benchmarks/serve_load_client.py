@@ -236,6 +236,7 @@ async def load(
         await asyncio.gather(*(user_loop(u) for u in range(users)))
         wall = time.perf_counter() - t0
         after = (await control.get("/v1/stats", headers=ADMIN)).json()["server"]["batching"]
+        backlog = await pending_derived(control)
     mean_batch = {}
     for k in after:
         nb = after[k]["batches"] - before[k]["batches"]
@@ -247,6 +248,9 @@ async def load(
         "wall_s": round(wall, 3),
         "throughput_rps": round(done / wall, 1) if wall > 0 else 0.0,
         "mean_batch": mean_batch,
+        # derived work still owed when the load stops: a server that put it off would look
+        # faster than one that keeps up (a steady state keeps this to about one round)
+        "derived_backlog_after": int(backlog),
     }
     for op, values in lat.items():
         out[op] = {

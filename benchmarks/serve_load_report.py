@@ -46,6 +46,13 @@ def table(
         + ", ".join(str(r.get("loadavg_1m_after")) for r in results)
         + f" (on {os.cpu_count()} CPUs)"
     )
+    lines.append(
+        "derived work still pending after each run (pages and promotions; writes per run "
+        "in brackets): "
+        + ", ".join(
+            f"{r.get('derived_backlog_after')} ({r.get('write', {}).get('n')})" for r in results
+        )
+    )
     return "\n".join(lines)
 
 
