@@ -137,9 +137,9 @@ class Assembler {
         stm_attr_("stm") {}
 
   py::tuple batch(py::list cleaned, py::list users, const TextTable& views,
-                  const TextTable& chains, const TextTable& texts, py::array p_ids, py::array p_scores, py::array uk_ids,
-                  py::array uk_scores, py::array ak_ids, py::array ak_scores, py::dict profiles,
-                  py::object profile_tokens) const {
+                  const TextTable& chains, const TextTable& texts, py::array p_ids,
+                  py::array p_scores, py::array uk_ids, py::array uk_scores, py::array ak_ids,
+                  py::array ak_scores, py::dict profiles, py::object profile_tokens) const {
     const int64_t b = static_cast<int64_t>(py::len(cleaned));
     if (static_cast<int64_t>(py::len(users)) != b) throw py::value_error("users must have B items");
     Hits pages{checked<int64_t>(p_ids, b, "page ids"), checked<float>(p_scores, b, "page scores")};
@@ -361,9 +361,9 @@ void register_assembly(py::module_& m) {
       .def(py::init<py::type, py::type, py::type, py::str, py::str>(), py::arg("page_cls"),
            py::arg("entry_cls"), py::arg("retrieval_cls"), py::arg("mtm"), py::arg("stm"))
       .def("batch", &Assembler::batch, py::arg("cleaned"), py::arg("users"), py::arg("views"),
-           py::arg("chains"), py::arg("texts"), py::arg("p_ids"), py::arg("p_scores"), py::arg("uk_ids"),
-           py::arg("uk_scores"), py::arg("ak_ids"), py::arg("ak_scores"), py::arg("profiles"),
-           py::arg("profile_tokens"),
+           py::arg("chains"), py::arg("texts"), py::arg("p_ids"), py::arg("p_scores"),
+           py::arg("uk_ids"), py::arg("uk_scores"), py::arg("ak_ids"), py::arg("ak_scores"),
+           py::arg("profiles"), py::arg("profile_tokens"),
            "(list of Retrieval, total prompt tokens) of a batch; KeyError names a page or "
            "entry the views lack.");
 }

@@ -158,8 +158,8 @@ class KnowledgeRing:
             owners.append(o)
             seq = self._heads.setdefault(o, s.arena.ring_head(o))
             self._heads[o] = seq + 1
-            key = (fact.kind, fact.owner_id)
-            spans[key] = (spans.get(key, (seq, seq))[0], seq)
+            owner = (fact.kind, fact.owner_id)
+            spans[owner] = (spans.get(owner, (seq, seq))[0], seq)
             key = self._keys[index]
             valid_from = fact.valid_from if fact.valid_from is not None else t
             rows.append(
