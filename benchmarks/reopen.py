@@ -190,10 +190,15 @@ def build_store(
         )
         db.executemany(
             "INSERT INTO pages(page_id, user_id, seq, user_input, agent_response, timestamp, "
-            "tier, segment_id, seg_pos, chain_id, meta, summary, keywords, analysed, mode, "
+            "tier, segment_id, seg_pos, chain_id, summary, keywords, analysed, mode, "
             "embedding, source, extra, created, terms) VALUES (?, ?, ?, ?, ?, ?, 'mtm', ?, 0, "
-            "?, ?, ?, ?, ?, 'extractive', ?, ?, '{}', ?, ?)",
-            [(*r, t) for r, t in zip(rows_p, terms, strict=True)],
+            "?, ?, ?, ?, 'extractive', ?, ?, '{}', ?, ?)",
+            [(*r[:8], *r[9:], t) for r, t in zip(rows_p, terms, strict=True)],
+        )
+        # each page a chain of its own, whose meta is one row (schema 5)
+        db.executemany(
+            "INSERT INTO chains(chain_id, user_id, meta) VALUES (?, ?, ?)",
+            [(r[7], r[1], r[8]) for r in rows_p],
         )
         del rows_s, rows_p, seg_emb, page_emb
         if stm_pages:
