@@ -117,7 +117,7 @@ def build_store(
         db.execute("BEGIN")
         db.executemany(
             "INSERT INTO users(user_id, assistant_id, created, clock, next_seq, chain_tail, "
-            "chain_meta, profile, knowledge_head) VALUES (?, ?, ?, ?, ?, ?, ?, '{}', ?)",
+            "profile, knowledge_head) VALUES (?, ?, ?, ?, ?, ?, '{}', ?)",
             [
                 (
                     f"user-{u:05d}",
@@ -126,7 +126,6 @@ def build_store(
                     t0 + (segments + stm_pages) * 60.0,
                     segments + stm_pages,
                     u * segments + segments if segments else None,
-                    f"thread of user {u}",
                     user_knowledge,
                 )
                 for u in range(lo, hi)

@@ -105,6 +105,7 @@ def test_a_schema_4_store_keeps_each_chains_newest_meta(
     ]
     with st.transaction() as db:
         st.ensure_users(db, [("u", "default")], 1.0)
+        db.execute("UPDATE users SET chain_tail = 3, chain_meta = 'newest meta'")
         db.executemany(
             "INSERT INTO pages(page_id, user_id, seq, user_input, agent_response, timestamp, "
             "tier, chain_id, meta, embedding, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
@@ -121,5 +122,9 @@ def test_a_schema_4_store_keeps_each_chains_newest_meta(
         assert [got[p]["meta"] for p in range(1, 6)] == [*["newest meta"] * 3, "alone", None]
         with pytest.raises(Exception, match="meta"):  # the column is gone
             st.query("SELECT meta FROM pages")
+        # the user's chain meta is read from its tail's chain, no longer kept as a copy
+        assert st.user_row("u")["chain_meta"] == "newest meta"
+        with pytest.raises(Exception, match="chain_meta"):
+            st.query("SELECT chain_meta FROM users")
     finally:
         st.close()

@@ -10,10 +10,10 @@ What a page leaves behind besides its own row, and what happens to it here:
 - **the topic summaries and keywords of the pages after it in its chain** (LLM mode: their
   prompts showed it as the previous page, or inside the thread summary): re-derived from each
   page alone, extractively;
-- **its chain's meta** (the chain's row, and the user's ``chain_meta``): re-derived from the
-  chain's remaining pages by the extractive rule (the first page's first sentence; an LLM's
-  running summary may hold the deleted text and is not regenerated synchronously); a chain
-  left with no page is removed;
+- **its chain's meta** (the chain's row, which the user's ``chain_meta`` is read from):
+  re-derived from the chain's remaining pages by the extractive rule (the first page's first
+  sentence; an LLM's running summary may hold the deleted text and is not regenerated
+  synchronously); a chain left with no page is removed;
 - **the keyword statistics**: the in-memory extractor un-counts its text and the saved copy is
   dropped (rewritten on close; a reopen before that refits from the pages); the per-user
   vocabulary un-counts its term row;
@@ -169,10 +169,7 @@ class Forgetting:
             user.stm.remove(page_id)
         if user is not None and user.chain_tail == page_id:
             user.chain_tail = user.chain_meta = None
-            db.execute(
-                "UPDATE users SET chain_tail = NULL, chain_meta = NULL WHERE user_id = ?",
-                (user.user_id,),
-            )
+            db.execute("UPDATE users SET chain_tail = NULL WHERE user_id = ?", (user.user_id,))
 
     def _rederive_followers(
         self, db: Any, page_id: int, chain: int | None, *, include_self: bool = False
@@ -277,7 +274,7 @@ class Forgetting:
     def _rederive_chain(self, db: Any, user: UserState | None, chain: int) -> str | None:
         """The chain's meta again, from its remaining pages (the extractive rule: the first
         page's first sentence), or None when none is left (its row goes); the user's
-        ``chain_meta`` too when its tail is on the chain."""
+        in-memory ``chain_meta`` too when its tail is on the chain."""
         first = db.execute(
             "SELECT user_input, agent_response, timestamp FROM pages WHERE chain_id = ? "
             "ORDER BY seq LIMIT 1",
@@ -294,7 +291,6 @@ class Forgetting:
         on_chain = "SELECT 1 FROM pages WHERE page_id = ? AND chain_id = ?"
         if db.execute(on_chain, (user.chain_tail, chain)).fetchone():
             user.chain_meta = meta
-            db.execute("UPDATE users SET chain_meta = ? WHERE user_id = ?", (meta, user.user_id))
         return meta
 
 

@@ -455,11 +455,8 @@ class Segments:
             ],
         )
         db.executemany(
-            "UPDATE users SET chain_tail = ?, chain_meta = ? WHERE user_id = ?",
-            [
-                (pid, o.meta, u.user_id)
-                for pid, o, u in zip(page_ids, r.outcomes, r.users, strict=True)
-            ],
+            "UPDATE users SET chain_tail = ? WHERE user_id = ?",
+            [(pid, u.user_id) for pid, u in zip(page_ids, r.users, strict=True)],
         )
         for pid, o, u in zip(page_ids, r.outcomes, r.users, strict=True):
             u.chain_tail, u.chain_meta = pid, o.meta

@@ -189,7 +189,8 @@ CREATE INDEX pages_unanalysed ON pages(segment_id, seg_pos) WHERE analysed = 0;
 INSERT INTO chains(chain_id, user_id, meta)
   SELECT DISTINCT ON (chain_id) chain_id, user_id, meta FROM pages WHERE chain_id IS NOT NULL
   ORDER BY chain_id, seq DESC;
-ALTER TABLE pages DROP COLUMN meta
+ALTER TABLE pages DROP COLUMN meta;
+ALTER TABLE users DROP COLUMN chain_meta
 """,  # sqlite.MIGRATIONS[4]: a chain's meta once, in its own row
 }
 

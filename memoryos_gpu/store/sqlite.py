@@ -214,7 +214,8 @@ CREATE INDEX provenance_user ON provenance(user_id, item_kind)
     # 4 -> 5: a dialogue chain's meta summary is kept once, in its own row, instead of on
     # every page of the chain: it changes each time the chain grows, and rewriting it on
     # every page cost O(chain length) a page (O(n^2) over a long conversation). A chain's id
-    # stays the id of its first page; its meta is the one its latest page carried. And the
+    # stays the id of its first page; its meta is the one its latest page carried. A user's
+    # current chain meta is its tail's chain's (users.chain_meta, a copy, goes). And the
     # pages a promotion analyses are found without reading the segment's analysed ones.
     4: """
 CREATE TABLE chains(
@@ -228,7 +229,8 @@ INSERT INTO chains(chain_id, user_id, meta) SELECT chain_id, user_id, meta FROM 
   SELECT chain_id, user_id, meta, MAX(seq) FROM pages WHERE chain_id IS NOT NULL
   GROUP BY chain_id
 );
-ALTER TABLE pages DROP COLUMN meta
+ALTER TABLE pages DROP COLUMN meta;
+ALTER TABLE users DROP COLUMN chain_meta
 """,
 }
 
@@ -241,6 +243,13 @@ _PAGE_SELECT = (
     "SELECT p.page_id, p.user_id, p.seq, p.user_input, p.agent_response, p.timestamp, p.tier, "
     "p.segment_id, p.prev_page, p.next_page, c.meta, p.summary, p.keywords, p.analysed, "
     "p.mode, p.source, p.extra FROM pages p LEFT JOIN chains c ON c.chain_id = p.chain_id"
+)
+#: Users joined to their chain tail ``p`` and its chain ``c``: a user's current chain meta is
+#: ``c.meta`` (the meta of the chain its tail is on), with ``_USER_COLS`` before it.
+_USER_COLS = "users.user_id, users.assistant_id, users.clock, users.next_seq, users.chain_tail"
+_USER_FROM = (
+    "FROM users LEFT JOIN pages p ON p.page_id = users.chain_tail "
+    "LEFT JOIN chains c ON c.chain_id = p.chain_id"
 )
 #: What a retrieval shows of a page (:class:`PageView`'s fields after the page id).
 _VIEW_SELECT = (
@@ -601,8 +610,8 @@ class SQLiteStore:
 
     def user_row(self, user_id: str) -> dict[str, Any] | None:
         rows = self.query(
-            "SELECT user_id, assistant_id, clock, next_seq, chain_tail, chain_meta, "
-            "profile, knowledge_head FROM users WHERE user_id = ?",
+            f"SELECT {_USER_COLS}, c.meta, users.profile, users.knowledge_head {_USER_FROM} "
+            "WHERE users.user_id = ?",
             (user_id,),
         )
         if not rows:
@@ -636,8 +645,8 @@ class SQLiteStore:
 
     def all_users(self) -> list[tuple]:
         return self.query(
-            "SELECT user_id, assistant_id, clock, next_seq, chain_tail, chain_meta, "
-            "knowledge_head FROM users ORDER BY rowid"
+            f"SELECT {_USER_COLS}, c.meta, users.knowledge_head {_USER_FROM} "
+            "ORDER BY users.rowid"
         )
 
     def all_assistants(self) -> list[tuple]:
