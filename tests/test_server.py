@@ -491,6 +491,49 @@ def test_direct_routes_answer_like_fastapi() -> None:
     assert any("/v1/users/{user_id}/retrieve" in label for label in labels[True])
 
 
+def test_a_request_is_in_the_metrics_before_its_answer_goes_out() -> None:
+    """The HTTP metrics record a request as its answer's last body message is sent, not after:
+    a client that reads an answer and then scrapes /metrics finds the request there. (Observed
+    after the send, a scrape could overtake the observation: the label lists compared in
+    test_direct_routes_answer_like_fastapi then differed at random.)"""
+
+    def refusals() -> float:  # requests answered 401 so far
+        return sum(
+            sample.value
+            for family in metrics.http.collect()
+            for sample in family.samples
+            if sample.name.endswith("_count") and sample.labels["status"] == "401"
+        )
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(msg: dict) -> None:
+        if msg["type"] == "http.response.body" and not msg.get("more_body", False):
+            at_last_body.append(refusals())
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/users/u/retrieve",
+        "raw_path": b"/v1/users/u/retrieve",
+        "query_string": b"",
+        "headers": [(b"content-length", b"0")],  # no API key: refused by the edge (401)
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+        "scheme": "http",
+        "http_version": "1.1",
+        "root_path": "",
+    }
+    at_last_body: list[float] = []
+    with serve(hashing()) as c:
+        metrics = c.app.state.metrics
+        before = refusals()
+        asyncio.run(c.app(scope, receive, send))
+        assert at_last_body == [before + 1]
+        assert refusals() == before + 1  # once, not again when the request ends
+
+
 # ====================================================================== batching, ordering
 class SlowEngine(MemoryEngine):
     """An engine whose batch calls take a while (to fill queues deterministically)."""

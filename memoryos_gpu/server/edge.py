@@ -234,7 +234,6 @@ class Edge:
         scope: dict,
         receive: Any,
         send: Any,
-        t0: float,
         status: int,
         code: str,
         detail: str,
@@ -243,7 +242,6 @@ class Edge:
         reason = _REFUSAL_REASONS[status]
         self.metrics.rejected.labels(reason).inc()
         await error_response(status, code, detail, headers)(scope, receive, send)
-        self._observe(scope, status, t0)
 
     def _authenticate(self, scope: dict, headers: Any, length: int | None) -> Scope | Refusal:
         """The caller's scope, or why not: no or unknown key (401; 429 once an address has
@@ -288,23 +286,28 @@ class Edge:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        t0 = time.perf_counter()
-        status = 500
+        send = _ObservedSend(self.metrics, scope, send)
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            send.finish()  # an answer that never went out (an exception, a disconnect)
+
+    async def _serve(self, scope: dict, receive: Any, send: _ObservedSend) -> None:
         headers = scope.get("headers", ())
         bad = _malformed(scope, headers, self.settings.max_header_bytes)
         if bad is not None:
-            await self._refuse(scope, receive, send, t0, *bad)
+            await self._refuse(scope, receive, send, *bad)
             return
         length = _content_length(headers)
         if length is not None and length > self.limit:
             detail = f"the request body exceeds {self.limit} bytes"
-            await self._refuse(scope, receive, send, t0, 413, "too_large", detail)
+            await self._refuse(scope, receive, send, 413, "too_large", detail)
             return
         charge = None
         if scope["path"].startswith("/v1/"):
             auth = self._authenticate(scope, headers, length)
             if isinstance(auth, tuple):
-                await self._refuse(scope, receive, send, t0, *auth)
+                await self._refuse(scope, receive, send, *auth)
                 return
             scope.setdefault("state", {})[TENANCY] = auth
             if length is None and self.keyring is not None:
@@ -312,20 +315,9 @@ class Edge:
             if self.direct is not None and scope["method"] == "POST":
                 hit = _direct_match(self.direct, scope["path"])
                 if hit is not None:
-                    await self._serve_direct(*hit, auth, scope, receive, send, t0, charge)
+                    await self._serve_direct(*hit, auth, scope, receive, send, charge)
                     return
-        limited_receive = self._limited(receive, charge)
-
-        async def tracking_send(msg: dict) -> None:
-            nonlocal status
-            if msg["type"] == "http.response.start":
-                status = msg["status"]
-            await send(msg)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        finally:
-            self._observe(scope, status, t0)
+        await self.app(scope, self._limited(receive, charge), send)
 
     async def _serve_direct(
         self,
@@ -335,28 +327,22 @@ class Edge:
         scope: dict,
         receive: Any,
         send: Any,
-        t0: float,
         charge: str | None = None,
     ) -> None:
         scope["route"] = route  # as FastAPI sets it: the metrics label is route.path
-        status = 500  # an exception no handler maps goes on to Starlette's 500 answer
         try:
-            try:
-                body = await self._read_body(self._limited(receive, charge))
-                content_type = next(
-                    (v.decode("latin-1") for k, v in scope["headers"] if k == b"content-type"),
-                    None,
-                )
-                response = await route.handler(tenancy, user_id, route.parse(body, content_type))
-            except Exception as exc:
-                mapped = self.errors(exc, tenancy)
-                if mapped is None:
-                    raise
-                response = mapped
-            await response(scope, receive, send)
-            status = response.status_code
-        finally:
-            self._observe(scope, status, t0)
+            body = await self._read_body(self._limited(receive, charge))
+            content_type = next(
+                (v.decode("latin-1") for k, v in scope["headers"] if k == b"content-type"),
+                None,
+            )
+            response = await route.handler(tenancy, user_id, route.parse(body, content_type))
+        except Exception as exc:
+            mapped = self.errors(exc, tenancy)
+            if mapped is None:
+                raise  # on to Starlette's 500 answer (observed as 500 by _ObservedSend)
+            response = mapped
+        await response(scope, receive, send)
 
     def _limited(self, receive: Any, charge: str | None = None) -> Callable[[], Awaitable[dict]]:
         """``receive`` that raises :class:`_BodyTooLarge` once the body passes the limit (a
@@ -390,9 +376,36 @@ class Edge:
             if not msg.get("more_body", False):
                 return b"".join(chunks)
 
-    def _observe(self, scope: dict, status: int, t0: float) -> None:
-        route = scope.get("route")
+
+class _ObservedSend:
+    """A request's ``send`` that records it in the HTTP metrics (method, route template,
+    status, latency) as its answer's last body message goes out, before handing that message
+    on: a client that reads an answer and then scrapes ``/metrics`` finds the request there.
+    (Observed after the send, a scrape could overtake it: the label lists of two identical
+    request scripts then differed at random.)"""
+
+    __slots__ = ("_done", "_metrics", "_scope", "_send", "_status", "_t0")
+
+    def __init__(self, metrics: ServerMetrics, scope: dict, send: Any) -> None:
+        self._metrics, self._scope, self._send = metrics, scope, send
+        self._t0 = time.perf_counter()
+        self._status = 500  # no answer sent: Starlette's 500 goes out past this middleware
+        self._done = False
+
+    async def __call__(self, msg: dict) -> None:
+        if msg["type"] == "http.response.start":
+            self._status = msg["status"]
+        elif msg["type"] == "http.response.body" and not msg.get("more_body", False):
+            self.finish()
+        await self._send(msg)
+
+    def finish(self) -> None:
+        """Record the request (once): at its last body message, or when it ends without one."""
+        if self._done:
+            return
+        self._done = True
+        route = self._scope.get("route")
         path = getattr(route, "path", None) or "unmatched"
-        self.metrics.http.labels(scope.get("method", ""), path, str(status)).observe(
-            time.perf_counter() - t0
+        self._metrics.http.labels(self._scope.get("method", ""), path, str(self._status)).observe(
+            time.perf_counter() - self._t0
         )

@@ -645,8 +645,7 @@ class SQLiteStore:
 
     def all_users(self) -> list[tuple]:
         return self.query(
-            f"SELECT {_USER_COLS}, c.meta, users.knowledge_head {_USER_FROM} "
-            "ORDER BY users.rowid"
+            f"SELECT {_USER_COLS}, c.meta, users.knowledge_head {_USER_FROM} ORDER BY users.rowid"
         )
 
     def all_assistants(self) -> list[tuple]:
