@@ -1,0 +1,189 @@
+"""Cost over a user's history: a few users with long conversations, not many users with short ones.
+
+The other benchmarks give each user 20 pages and vary the number of users. A deployment also
+meets the other axis: an assistant used for months by one person, or a bulk load of a few long
+chat logs. This one keeps ``--users`` users (default 4) and grows each one's history to
+``--pages`` pages (LoCoMo pages, consecutive from a random offset, cycled; hashing embedder,
+extractive mode, in-memory store, ``add_many`` in batches of ``--batch`` pages interleaving the
+users). At each checkpoint of pages per user it reports:
+
+- **ingest mem us/page**: the memory system's own time per page accepted since the previous
+  checkpoint (total minus embedding; derived work included: ``auto_process``);
+- **retrieve mem us/query**: batched retrieval (``--queries`` LoCoMo questions in batches of 64,
+  random users, heat left as it is) minus the embedding, and the kernels' share of it;
+- the users' MTM pages and segments, and the largest segment's pages.
+
+Why it matters: derived work goes in rounds of one page per user (a user's pages depend on each
+other: chain, segment), so with few users each round's fixed cost falls on one page or a few;
+and retrieval scores BM25 over every MTM page of the user, so its cost follows the size of MTM,
+which segments of unbounded size let grow with the history.
+
+Usage: python benchmarks/history.py [--users 4] [--pages 2000] [--checkpoints 20 100 500 2000]
+       [--quick] [--json OUT] [--plot OUT.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np
+from throughput import DATA, EmbedMeter, hardware, load_corpus, make_embedder, make_pages
+
+from memoryos_gpu.config import EngineConfig, preset
+from memoryos_gpu.engine import MemoryEngine
+
+
+def mtm_shape(engine: MemoryEngine) -> dict[str, float]:
+    """MTM pages and segments per user, and the largest segment's pages (one query)."""
+    rows = engine.store.query("SELECT user_id, n_pages FROM segments")
+    users = max(1, len({r[0] for r in rows}))
+    pages = [int(r[1]) for r in rows]
+    return {
+        "mtm_pages_per_user": sum(pages) / users,
+        "segments_per_user": len(rows) / users,
+        "largest_segment_pages": max(pages, default=0),
+    }
+
+
+def retrieval_cost(
+    engine: MemoryEngine, meter: EmbedMeter, queries: list[tuple[str, str]]
+) -> dict[str, float]:
+    """Memory-system and kernel time per query of batched retrieval (batches of 64)."""
+    timing = engine.stats()["retrieval"]
+    k0 = timing["kernel_s"]
+    meter.seconds = 0.0
+    t0 = time.perf_counter()
+    for i in range(0, len(queries), 64):
+        engine.retrieve_many(queries[i : i + 64], update_heat=False)
+    total = time.perf_counter() - t0
+    kernels = engine.stats()["retrieval"]["kernel_s"] - k0
+    n = len(queries)
+    return {
+        "retrieve_mem_us_per_query": (total - meter.seconds) / n * 1e6,
+        "retrieve_kernel_us_per_query": kernels / n * 1e6,
+    }
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    corpus, questions = load_corpus(DATA)
+    rng = np.random.default_rng(1)
+    queries = [
+        (f"u{rng.integers(args.users)}", questions[rng.integers(len(questions))])
+        for _ in range(args.queries)
+    ]
+    meter = EmbedMeter(make_embedder("hashing"))
+    engine = MemoryEngine(EngineConfig(store=":memory:", memory=preset("paper")), embedder=meter)
+    rows: list[dict[str, Any]] = []
+    done = 0  # pages per user ingested so far
+    try:
+        for point in sorted(set(args.checkpoints)):
+            # pages per user done+1 .. point, interleaved (the same stream as one long run)
+            pages = make_pages(corpus, args.users, point)[done * args.users :]
+            meter.seconds = 0.0
+            t0 = time.perf_counter()
+            for i in range(0, len(pages), args.batch):
+                engine.add_many(pages[i : i + args.batch])
+            total = time.perf_counter() - t0
+            row = {
+                "pages_per_user": point,
+                "ingest_mem_us_per_page": (total - meter.seconds) / len(pages) * 1e6,
+                **retrieval_cost(engine, meter, queries),
+                **mtm_shape(engine),
+            }
+            rows.append(row)
+            print_row(row)
+            done = point
+    finally:
+        engine.close()
+    return rows
+
+
+def print_header() -> None:
+    print(
+        f"{'pages/user':>10} | {'ingest mem us/page':>18} | {'retrieve mem us/q':>17} | "
+        f"{'kernels us/q':>12} | {'MTM pages/user':>14} | {'segments/user':>13} | "
+        f"{'largest segment':>15}"
+    )
+
+
+def print_row(r: dict[str, Any]) -> None:
+    print(
+        f"{r['pages_per_user']:>10,} | {r['ingest_mem_us_per_page']:>18,.0f} | "
+        f"{r['retrieve_mem_us_per_query']:>17,.1f} | {r['retrieve_kernel_us_per_query']:>12,.1f} | "
+        f"{r['mtm_pages_per_user']:>14,.0f} | {r['segments_per_user']:>13,.1f} | "
+        f"{r['largest_segment_pages']:>15,}",
+        flush=True,
+    )
+
+
+def plot(rows: list[dict[str, Any]], out: Path, users: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [r["pages_per_user"] for r in rows]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    ax[0].plot(x, [r["ingest_mem_us_per_page"] for r in rows], "o-")
+    ax[0].set(
+        xscale="log",
+        xlabel="pages per user",
+        ylabel="us per page",
+        title="ingestion: memory-system time",
+    )
+    ax[1].plot(x, [r["retrieve_mem_us_per_query"] for r in rows], "o-", label="memory system")
+    ax[1].plot(x, [r["retrieve_kernel_us_per_query"] for r in rows], "s--", label="kernels")
+    ax[1].set(
+        xscale="log",
+        yscale="log",
+        xlabel="pages per user",
+        ylabel="us per query",
+        title="retrieval (batches of 64)",
+    )
+    ax[1].legend()
+    fig.suptitle(f"{users} users, hashing embedder, extractive mode")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--users", type=int, default=4)
+    p.add_argument("--checkpoints", type=int, nargs="+", default=[20, 100, 500, 2000])
+    p.add_argument("--batch", type=int, default=100, help="pages per add_many call")
+    p.add_argument("--queries", type=int, default=1024)
+    p.add_argument("--quick", action="store_true", help="2 users, checkpoints 20 and 100")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--plot", type=Path)
+    args = p.parse_args(argv)
+    if args.users < 1 or min(args.checkpoints) < 1 or args.batch < 1 or args.queries < 1:
+        p.error("--users, --checkpoints, --batch and --queries must be >= 1")
+    if args.quick:
+        args.users, args.checkpoints, args.queries = 2, [20, 100], 256
+    print_header()
+    rows = run(args)
+    if args.json:
+        report = {
+            "benchmark": "history",
+            "date": time.strftime("%Y-%m-%d"),
+            "args": {k: v for k, v in vars(args).items() if k not in ("json", "plot")},
+            "hardware": hardware(),
+            "results": rows,
+        }
+        args.json.write_text(json.dumps(report, indent=1, default=str))
+    if args.plot:
+        plot(rows, args.plot, args.users)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
