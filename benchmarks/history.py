@@ -2,10 +2,10 @@
 
 The other benchmarks give each user 20 pages and vary the number of users. A deployment also
 meets the other axis: an assistant used for months by one person, or a bulk load of a few long
-chat logs. This one keeps ``--users`` users (default 4) and grows each one's history to
-``--pages`` pages (LoCoMo pages, consecutive from a random offset, cycled; hashing embedder,
-extractive mode, in-memory store, ``add_many`` in batches of ``--batch`` pages interleaving the
-users). At each checkpoint of pages per user it reports:
+chat logs. This one keeps ``--users`` users (default 4) and grows each one's history to the
+last of ``--checkpoints`` pages (LoCoMo pages, consecutive from a random offset, cycled;
+hashing embedder, extractive mode, in-memory store, ``add_many`` in batches of ``--batch``
+pages interleaving the users). At each checkpoint of pages per user it reports:
 
 - **ingest mem us/page**: the memory system's own time per page accepted since the previous
   checkpoint (total minus embedding; derived work included: ``auto_process``);
@@ -18,7 +18,7 @@ other: chain, segment), so with few users each round's fixed cost falls on one p
 and retrieval scores BM25 over every MTM page of the user, so its cost follows the size of MTM,
 which segments of unbounded size let grow with the history.
 
-Usage: python benchmarks/history.py [--users 4] [--pages 2000] [--checkpoints 20 100 500 2000]
+Usage: python benchmarks/history.py [--users 4] [--checkpoints 20 100 500 2000] [--batch 100]
        [--quick] [--json OUT] [--plot OUT.png]
 """
 
