@@ -167,13 +167,19 @@ def plot(rows: list[dict[str, Any]], out: Path, users: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--users", type=int, default=4)
-    p.add_argument("--checkpoints", type=int, nargs="+", default=[20, 100, 500, 2000])
+    p.add_argument("--users", type=int, default=4, help="users (their pages interleave)")
+    p.add_argument(
+        "--checkpoints",
+        type=int,
+        nargs="+",
+        default=[20, 100, 500, 2000],
+        help="pages per user at which to measure",
+    )
     p.add_argument("--batch", type=int, default=100, help="pages per add_many call")
-    p.add_argument("--queries", type=int, default=1024)
+    p.add_argument("--queries", type=int, default=1024, help="questions per checkpoint")
     p.add_argument("--quick", action="store_true", help="2 users, checkpoints 20 and 100")
-    p.add_argument("--json", type=Path)
-    p.add_argument("--plot", type=Path)
+    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--plot", type=Path, help="write the two curves here (PNG)")
     args = p.parse_args(argv)
     if args.users < 1 or min(args.checkpoints) < 1 or args.batch < 1 or args.queries < 1:
         p.error("--users, --checkpoints, --batch and --queries must be >= 1")
