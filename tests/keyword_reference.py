@@ -22,8 +22,10 @@ SENT_END_RE = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
 
 
 def raw_tokens(text: str) -> list[tuple[str, str, bool]]:
-    """(normalised token, surface form, sentence_initial) for every word of ``text``."""
-    text = unicodedata.normalize("NFKC", text or "")
+    """(normalised token, surface form, sentence_initial) for every word of ``text``. A U+0000
+    in a text is read as a space, as the extractor documents (the native scanner's batches
+    join their texts with it): "May...\x00À" starts a sentence at "À"."""
+    text = unicodedata.normalize("NFKC", (text or "").replace("\x00", " "))
     out: list[tuple[str, str, bool]] = []
     last_end = 0
     for m in WORD_RE.finditer(text):

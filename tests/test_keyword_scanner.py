@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from keyword_reference import raw_tokens, scores
 
@@ -78,6 +78,7 @@ def _native_scores(ex: KeywordExtractor, text: str) -> dict[str, float]:
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(text_st, min_size=1, max_size=4), st.booleans(), st.integers(0, 3))
+@example(["May...\x00À"], False, 0)  # a U+0000 in a text reads as a space (found by hypothesis)
 def test_native_candidates_equal_the_python_rules(texts, fold, min_len) -> None:
     df = Counter({"may": 3, "nasa": 1, "caroline": 2})
     ex = KeywordExtractor(fold_plurals=fold, min_len=min_len)
