@@ -35,8 +35,16 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np
-from throughput import DATA, EmbedMeter, hardware, load_corpus, make_embedder, make_pages
+from throughput import (
+    DATA,
+    EmbedMeter,
+    hardware,
+    ingest,
+    load_corpus,
+    make_embedder,
+    make_pages,
+    make_queries,
+)
 
 from memoryos_gpu.config import EngineConfig, preset
 from memoryos_gpu.engine import MemoryEngine
@@ -84,11 +92,7 @@ def warm_up(corpus: list, questions: list[str], meter: EmbedMeter) -> None:
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     corpus, questions = load_corpus(DATA)
-    rng = np.random.default_rng(1)
-    queries = [
-        (f"u{rng.integers(args.users)}", questions[rng.integers(len(questions))])
-        for _ in range(args.queries)
-    ]
+    queries = make_queries(questions, args.users, args.queries)
     meter = EmbedMeter(make_embedder("hashing"))
     warm_up(corpus, questions, meter)
     engine = MemoryEngine(EngineConfig(store=":memory:", memory=preset("paper")), embedder=meter)
@@ -99,10 +103,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             # pages per user done+1 .. point, interleaved (the same stream as one long run)
             pages = make_pages(corpus, args.users, point)[done * args.users :]
             meter.seconds = 0.0
-            t0 = time.perf_counter()
-            for i in range(0, len(pages), args.batch):
-                engine.add_many(pages[i : i + args.batch])
-            total = time.perf_counter() - t0
+            total = ingest(engine, pages, args.batch)
             row = {
                 "pages_per_user": point,
                 "ingest_mem_us_per_page": (total - meter.seconds) / len(pages) * 1e6,
