@@ -65,6 +65,14 @@ class MemoryConfig(BaseModel):
         "paper's dense-only pipeline (no BM25). The default is the weight leave-one-"
         "conversation-out chose on LoCoMo dev (benchmarks/README.md).",
     )
+    lexical_candidates: int = Field(
+        100,
+        ge=0,
+        description="Length of the BM25 list: a page outside the top segments is a candidate "
+        "when its BM25 is among the user's this-many best (ties kept); 0 = every page that "
+        "holds a query term. Bounds a query's cosines over a long history, where a name "
+        "matches most pages; 100 is ten times the default top_pages.",
+    )
     embed_dates: bool = Field(
         True, description="Embed a page with its date written out (helps temporal questions)."
     )

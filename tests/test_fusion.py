@@ -149,3 +149,12 @@ def test_engine_scores_are_the_fused_standardised_scores(make_engine, kit, weigh
     want = fuse_union(np.array(COS), np.array(_bm25()), weight)
     assert dict(zip(order, scores, strict=True)) == pytest.approx(dict(enumerate(want)), abs=1e-4)
     assert order == sorted(range(6), key=lambda i: -want[i])
+
+
+@pytest.mark.parametrize("cap, want", [(0, {4, 5}), (1, {5}), (2, {4, 5})])
+def test_lexical_candidates_bounds_the_bm25_list(make_engine, kit, cap, want):
+    """``lexical_candidates`` reaches the pass: with no page close enough for the dense path
+    (floor 1.0), the pages returned are the BM25 list, the best ``cap`` of the two matches."""
+    eng = _pages_engine(make_engine, kit, relevance_floor=1.0, lexical_candidates=cap)
+    order, _ = _ranked(eng, QUERY)
+    assert set(order) == want

@@ -45,6 +45,9 @@ def _backend(name: str):
 
 BACKENDS = [_backend("cpu"), _backend("cuda")]
 TOL = {"cpu": 2e-4, "cuda": 5e-2}  # fused scores are z-scores: fp32 CPU, fp16 storage on GPU
+# ... plus this times the query's conditioning (retrieval_reference.conditioning): fp32 moments
+# of close scores (the best few BM25 scores of a short list) lose digits to cancellation
+ROUNDING = {"cpu": 1e-5, "cuda": 2e-3}
 VOCAB = 12  # a small vocabulary makes shared terms (and BM25 ties) common
 # BM25 term ids (31-bit hashes, -1 pads): several alike modulo 64, so the CPU's 64-bit term
 # filter lets page terms through that are no query term
@@ -119,6 +122,7 @@ def worlds(draw, device: str = "cpu") -> World:
         jaccard_terms=draw(st.integers(0, 6)),
         dense_floor=draw(st.sampled_from([-math.inf, 0.0, 0.1, 0.5])),
         lexical_weight=draw(st.sampled_from([0.0, 0.67, 1.0, 3.0])),
+        lexical_candidates=draw(st.sampled_from([0, 1, 2, 5])),  # 1, 2: most users' lists cut
     )
     return World(
         arena,
@@ -130,10 +134,10 @@ def worlds(draw, device: str = "cpu") -> World:
     )
 
 
-def assert_ranked(full, got, tol: float) -> None:
+def assert_ranked(full, got, tol: np.ndarray) -> None:
     """``full``: the reference ranking of every candidate. The kernel's top k must have the same
-    padding, and at each position a page whose reference score is within ``tol`` of the
-    reference's score there (the same page, or one of a near-tie that fp32 may order either
+    padding, and at each position a page whose reference score is within ``tol`` (per query) of
+    the reference's score there (the same page, or one of a near-tie that fp32 may order either
     way), each page once."""
     gs, gp, gg = (np.asarray(x.cpu() if hasattr(x, "cpu") else x) for x in got)
     k = gs.shape[1]
@@ -141,14 +145,14 @@ def assert_ranked(full, got, tol: float) -> None:
     np.testing.assert_array_equal(gp == -1, wp == -1)
     np.testing.assert_array_equal(np.isinf(gs), np.isinf(ws))
     fin = np.isfinite(ws)
-    np.testing.assert_allclose(gs[fin], ws[fin], atol=tol, rtol=0)
+    assert (np.abs(gs[fin] - ws[fin]) <= np.broadcast_to(tol[:, None], ws.shape)[fin]).all()
     for r in range(gs.shape[0]):
         score_of = dict(zip(full[1][r].tolist(), full[0][r].tolist(), strict=True))
         seg_of = dict(zip(full[1][r].tolist(), full[2][r].tolist(), strict=True))
         row = [p for p in gp[r].tolist() if p >= 0]
         assert len(set(row)) == len(row)
         for c, p in enumerate(row):
-            assert p in score_of and abs(score_of[p] - ws[r, c]) <= tol, (r, c, gp[r], wp[r])
+            assert p in score_of and abs(score_of[p] - ws[r, c]) <= tol[r], (r, c, gp[r], wp[r])
             assert gg[r, c] == seg_of[p]
 
 
@@ -158,8 +162,9 @@ def assert_ranked(full, got, tol: float) -> None:
 def test_retrieve_matches_reference(backend, data) -> None:
     w = data.draw(worlds(backend))
     got = retrieve(w.arena, w.q_emb, w.q_user, w.terms, w.k, w.params)
-    full = retrieve_ref(w.arena, w.q_emb, w.q_user, w.terms, 10_000, w.params)
-    assert_ranked(full, got, TOL[backend])
+    cond = np.zeros(w.q_user.size)
+    full = retrieve_ref(w.arena, w.q_emb, w.q_user, w.terms, 10_000, w.params, cond)
+    assert_ranked(full, got, TOL[backend] + ROUNDING[backend] * cond)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -250,6 +255,30 @@ def test_near_equal_bm25_scores_do_not_outvote_a_clear_cosine() -> None:
     assert int(slots[0, 0]) == int(pool[0])
 
 
+@pytest.mark.parametrize(
+    "cap, listed", [(0, {1, 2, 3, 4, 5}), (1, {3, 4}), (2, {3, 4}), (3, {2, 3, 4})]
+)
+def test_the_lexical_list_keeps_the_best_bm25_pages_and_their_ties(cap, listed) -> None:
+    """A long history where a common word matches most pages must not make every page a
+    candidate: with ``lexical_candidates`` = L only the L best BM25 pages join the top
+    segments' pages, and pages tied at the L-th score stay together (tf 3, 3: both or none)."""
+    n = 6
+    arena = Arena(ArenaConfig(dim=2, segment_slots=n, keyword_width=1, initial_users=1))
+    arena.add_users(1)
+    angle = np.linspace(0.0, 1.2, n)  # page 0 alone in the best segment; the rest further off
+    emb = np.stack([np.cos(angle), np.sin(angle)], 1).astype(np.float32)
+    arena.write_segments([0] * n, range(n), emb, np.full((n, 1), -1))
+    pool = arena.append_pages([0] * n, range(n), emb)
+    tf = np.array([1, 2, 3, 3, 1])  # pages 1..5 hold term 7, equally long
+    arena.write_terms(pool[1:], np.arange(6), np.full(5, 7), tf, np.full(5, 4))
+    q = np.array([[1.0, 0.0]], np.float32)
+    terms = QueryTerms(np.array([0, 1]), np.array([7], np.int32))
+    params = RetrievalParams(top_segments=1, lexical_candidates=cap, dense_floor=0.0)
+    _, slots, _ = retrieve(arena, q, [0], terms, n, params)
+    got = {int(x) for x in slots[0] if x >= 0}
+    assert got == {int(pool[0])} | {int(pool[i]) for i in listed}
+
+
 def test_users_without_pages_and_k_above_the_candidates_are_padded() -> None:
     arena = Arena(ArenaConfig(dim=2, segment_slots=2, keyword_width=1, initial_users=2))
     arena.add_users(2)
@@ -286,6 +315,7 @@ def test_users_without_pages_and_k_above_the_candidates_are_padded() -> None:
         ),
         (lambda a, t: RetrievalParams(top_segments=0), ArenaError),
         (lambda a, t: RetrievalParams(lexical_weight=-1.0), ArenaError),
+        (lambda a, t: RetrievalParams(lexical_candidates=-1), ArenaError),
         (lambda a, t: RetrievalParams(dense_floor=math.nan), ArenaError),
     ],
 )

@@ -154,8 +154,8 @@ void retrieve(py::object q_emb, py::object q_user, py::object term_offsets, py::
               int32_t block_size, py::object lex_start, py::object lex_count,
               py::object lex_length, py::object lex_terms, py::object lex_tf,
               int32_t top_segments, float keyword_weight, int32_t jaccard_terms,
-              float dense_floor, float lexical_weight, float bm25_k1, float bm25_b,
-              py::object out_score, py::object out_page, py::object out_segment,
+              float dense_floor, float lexical_weight, int32_t lexical_candidates,
+              float bm25_k1, float bm25_b, py::object out_score, py::object out_page, py::object out_segment,
               py::object scratch, int64_t stream) {
   auto qe = tensor_arg(q_emb, "q_emb", stream), qu = tensor_arg(q_user, "q_user", stream),
        to = tensor_arg(term_offsets, "term_offsets", stream),
@@ -205,6 +205,7 @@ void retrieve(py::object q_emb, py::object q_user, py::object term_offsets, py::
   if (os.dim(1) < 1) throw py::value_error("top_pages must be >= 1");
   if (top_segments < 1) throw py::value_error("top_segments must be >= 1");
   if (jaccard_terms < 0) throw py::value_error("jaccard_terms must be >= 0");
+  if (lexical_candidates < 0) throw py::value_error("lexical_candidates must be >= 0");
   if (block_size < 1) throw py::value_error("block_size must be >= 1");
   if (!std::isfinite(keyword_weight) || !std::isfinite(lexical_weight) || lexical_weight < 0.f ||
       std::isnan(dense_floor) || !(bm25_k1 >= 0.f) || !(bm25_b >= 0.f && bm25_b <= 1.f)) {
@@ -234,7 +235,7 @@ void retrieve(py::object q_emb, py::object q_user, py::object term_offsets, py::
   LexicalView lex{ls.ptr<int64_t>(), lc.ptr<int32_t>(), ll.ptr<int32_t>(), lt.ptr<int32_t>(),
                   lf.ptr<int32_t>(), lt.dim(0)};
   RetrievalParams params{top_segments, keyword_weight, jaccard_terms, dense_floor,
-                         lexical_weight, bm25_k1, bm25_b};
+                         lexical_weight, lexical_candidates, bm25_k1, bm25_b};
   RetrievalOut out{os.ptr<float>(), op.ptr<int32_t>(), og.ptr<int32_t>(),
                    static_cast<int32_t>(os.dim(1))};
   float* scratch_ptr = nullptr;
@@ -346,7 +347,8 @@ void register_retrieval(py::module_& m) {
         py::arg("block_table"), py::arg("block_size"), py::arg("lex_start"),
         py::arg("lex_count"), py::arg("lex_length"), py::arg("lex_terms"), py::arg("lex_tf"),
         py::arg("top_segments"), py::arg("keyword_weight"), py::arg("jaccard_terms"),
-        py::arg("dense_floor"), py::arg("lexical_weight"), py::arg("bm25_k1"),
+        py::arg("dense_floor"), py::arg("lexical_weight"), py::arg("lexical_candidates"),
+        py::arg("bm25_k1"),
         py::arg("bm25_b"), py::arg("out_score"), py::arg("out_page"), py::arg("out_segment"),
         py::arg("scratch") = py::none(), py::arg("stream") = 0,
         "The fused retrieval pass: segments, dense and BM25 candidates, fusion, top-k pages.");

@@ -11,9 +11,10 @@
 //   2. segment scores (one warp per live segment: dot + norm over d, Jaccard on lane 0) -> top m
 //      by m rounds of a warp arg-max (m is small);
 //   3. BM25 statistics: N, total length and each query term's df over the user's live pages;
-//   4. BM25 of every live page -> scratch;
-//   5. cosines of the candidates (chosen segments' pages, pages matching a query term; one warp
-//      per page) -> scratch; both signals' moments over the candidates -> fused scores;
+//   4. BM25 of every live page -> scratch; the lexical list's floor (bisection on the bits of
+//      the L-th highest score);
+//   5. cosines of the candidates (chosen segments' pages, the lexical list; one warp per page)
+//      -> scratch; both signals' moments over the candidates -> fused scores;
 //   6. top k by k rounds of a block arg-max under ranks_before (exactly the CPU's order).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -194,14 +195,35 @@ __device__ float bm25_of(const LexicalView& lex, int64_t slot, const Shared& sh,
                          const RetrievalParams& p) {
   const int32_t* row = lex.terms + lex.start[slot];
   const int32_t n = lex.count[slot];
-  float score = 0.f;
+  int64_t sum = 0;
   for (int t = 0; t < sh.nq; ++t) {
     const int32_t at = find_term(row, n, sh.q_terms[t]);
     if (at < 0) continue;
-    score += bm25_term(bm25_idf(sh.n_docs, sh.df[t]), lex.tf[lex.start[slot] + at],
-                       lex.length[slot], avg_len, p.bm25_k1, p.bm25_b);
+    sum += bm25_fixed(bm25_term(bm25_idf(sh.n_docs, sh.df[t]), lex.tf[lex.start[slot] + at],
+                                lex.length[slot], avg_len, p.bm25_k1, p.bm25_b));
   }
-  return score;
+  return bm25_from_fixed(sum);
+}
+
+/// The lowest BM25 that makes the lexical list (retrieval.h: lexical_floor), block-uniform: 0
+/// when at most `cap` pages match (or cap is 0), else the cap-th highest score less the tie
+/// slack. The cap-th highest is the largest t with #(score >= t) >= cap; positive floats order
+/// as their bit patterns, so t is found by bisection on the bits: 31 block counts.
+__device__ float lexical_list_floor(const float* lexs, int32_t total, int32_t cap, Shared& sh) {
+  if (cap <= 0) return 0.f;
+  auto at_least = [&](float t) {
+    float c = 0.f;
+    for (int32_t f = threadIdx.x; f < total; f += kThreads) c += lexs[f] > 0.f && lexs[f] >= t;
+    return block_sum(c, sh);  // exact: counts stay far below 2^24
+  };
+  if (at_least(0.f) <= static_cast<float>(cap)) return 0.f;
+  uint32_t lo = 1u, hi = 0x7f800000u;  // #(>= lo) >= cap > #(>= hi): the smallest subnormal, inf
+  while (hi - lo > 1u) {
+    const uint32_t mid = lo + (hi - lo) / 2u;
+    if (at_least(__uint_as_float(mid)) >= static_cast<float>(cap)) lo = mid;
+    else hi = mid;
+  }
+  return lexical_floor(__uint_as_float(lo));
 }
 
 template <typename T>
@@ -362,17 +384,20 @@ retrieve_kernel(QueryBatch q, QueryTerms terms, SegmentView seg, PageView pages,
     lexs[f] = slot < 0 ? -1.f : (lexical ? bm25_of(lex, slot, sh, avg_len, p) : 0.f);
   }
   __syncthreads();
-  // 5. cosines of the candidates' pages (chosen segments, or a query term), one warp per page;
-  //    a page that is no candidate gets NaN
+  const float lex_floor =
+      lexical ? lexical_list_floor(lexs, total, p.lexical_candidates, sh) : 0.f;
+  // 5. cosines of the candidates' pages (chosen segments, or the lexical list), one warp per
+  //    page; a page that is no candidate gets NaN
   for (int32_t f = warp; f < total; f += kWarps) {
     int32_t s, i;
     locate(prefix, seg.slots, f, &s, &i);
     const float lx = lexs[f];
+    const bool listed = lx > 0.f && lx >= lex_floor;
     float cos = NAN;
-    if (lx >= 0.f && (is_chosen[s] || lx > 0.f)) {
+    if (lx >= 0.f && (is_chosen[s] || listed)) {
       const int64_t slot = page_slot(pages, u * seg.slots + s, i);
       const float c = cosine_warp(qs, q_norm, page_emb + slot * q.dim, q.dim);
-      if (c == c && (lx > 0.f || c >= p.dense_floor)) cos = c;  // NaN: never a candidate
+      if (c == c && (listed || c >= p.dense_floor)) cos = c;  // NaN: never a candidate
     }
     if (lane == 0) coss[f] = cos;
   }

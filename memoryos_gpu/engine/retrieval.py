@@ -79,6 +79,7 @@ class RetrievalPipeline:
             jaccard_terms=m.page_keywords,
             dense_floor=m.relevance_floor,
             lexical_weight=m.lexical_weight,
+            lexical_candidates=m.lexical_candidates,
         )
         with s.lock:
             users = s.users_of([u for u, _ in cleaned])

@@ -38,14 +38,15 @@ class RetrievalParams:
     jaccard_terms: int = 8
     dense_floor: float = 0.1
     lexical_weight: float = 1.0
+    lexical_candidates: int = 0
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
 
     def __post_init__(self) -> None:
         if self.top_segments < 1:
             raise ArenaError("top_segments must be >= 1")
-        if self.jaccard_terms < 0:
-            raise ArenaError("jaccard_terms must be >= 0")
+        if self.jaccard_terms < 0 or self.lexical_candidates < 0:
+            raise ArenaError("jaccard_terms and lexical_candidates must be >= 0")
         if not (np.isfinite(self.keyword_weight) and np.isfinite(self.lexical_weight)):
             raise ArenaError("keyword_weight and lexical_weight must be finite")
         if self.lexical_weight < 0 or np.isnan(self.dense_floor):
@@ -150,6 +151,7 @@ def retrieve(
         params.jaccard_terms,
         float(params.dense_floor),
         float(params.lexical_weight),
+        int(params.lexical_candidates),
         float(params.bm25_k1),
         float(params.bm25_b),
         *out,

@@ -42,14 +42,25 @@ def bm25_scores(
     df = {t: sum(t in s for s in sets) for t in terms}
     out = []
     for s, (_, _, length) in zip(sets, rows, strict=True):
-        score = 0.0
+        fixed = 0  # the terms' sum in fixed point, 2^-32 steps (order-free: retrieval.h)
         for t in terms:
             if t in s:
                 idf = math.log(1.0 + (n - df[t] + 0.5) / (df[t] + 0.5))
                 tf = s[t]
-                score += idf * tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * length / avg))
-        out.append(score)
+                term = idf * tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * length / avg))
+                fixed += math.floor(term * 2.0**32 + 0.5)
+        out.append(fixed / 2.0**32)
     return out
+
+
+def lexical_floor(scores: list[float], cap: int) -> float:
+    """The lowest BM25 that makes the lexical list: every positive score when at most ``cap``
+    pages match (or ``cap`` is 0), else the ``cap``-th highest less a relative 1e-5 (pages that
+    tie in exact arithmetic stay together however their sums were rounded)."""
+    positive = sorted((x for x in scores if x > 0), reverse=True)
+    if cap == 0 or len(positive) <= cap:
+        return 0.0
+    return positive[cap - 1] * (1.0 - 1e-5)
 
 
 def standardized(x: np.ndarray) -> np.ndarray:
@@ -68,9 +79,32 @@ def fuse_union(cosine: np.ndarray, lexical: np.ndarray, lexical_weight: float) -
     return standardized(cosine) + lexical_weight * standardized(lexical)
 
 
+def conditioning(cosine: np.ndarray, lexical: np.ndarray, lexical_weight: float) -> float:
+    """How many times a relative rounding error of the inputs the fused scores can move: for
+    each standardised signal, its weight times max|x| / std(x) (0 without fusion, or for a flat
+    signal). Candidates whose scores are close together against their size (the best few BM25
+    scores, say) are ill-conditioned: fp32 kernels agree with this float64 reference only to
+    about 1e-7 times this."""
+    if lexical_weight <= 0:
+        return 0.0
+    out = 0.0
+    for x, weight in ((np.asarray(cosine, np.float64), 1.0), (np.asarray(lexical), lexical_weight)):
+        if x.size and x.max() != x.min():
+            out += weight * float(np.abs(x).max() / x.std())
+    return out
+
+
 def retrieve_ref(
-    arena: Arena, q_emb, q_user, terms: QueryTerms, k: int, p: RetrievalParams
+    arena: Arena,
+    q_emb,
+    q_user,
+    terms: QueryTerms,
+    k: int,
+    p: RetrievalParams,
+    cond: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pass for each query in turn; ``cond`` (float [B]), when given, receives each query's
+    :func:`conditioning`."""
     seg_emb, seg_kw, seg_live = arena.host("seg_emb"), arena.host("seg_kw"), arena.host("seg_live")
     page_emb = arena.host("page_emb")
     q_emb = np.asarray(q_emb, np.float32)
@@ -94,20 +128,22 @@ def retrieve_ref(
             if lexical
             else [0.0] * len(walk)
         )
+        floor = lexical_floor(lex, p.lexical_candidates)
         cand = []  # (slot, segment, cosine, bm25)
         for (slot, s), lx in zip(walk, lex, strict=True):
-            if s not in chosen and not lx > 0:
+            listed = lx > 0 and lx >= floor
+            if s not in chosen and not listed:
                 continue
             cos = cosine_ref(q, page_emb[slot])
-            if lx > 0 or cos >= p.dense_floor:
+            if listed or cos >= p.dense_floor:
                 cand.append((slot, s, cos, lx))
         if not cand:
             continue
-        fused = fuse_union(
-            np.array([c[2] for c in cand]),
-            np.array([c[3] for c in cand]),
-            p.lexical_weight if lexical else 0.0,
-        )
+        signals = np.array([c[2] for c in cand]), np.array([c[3] for c in cand])
+        weight = p.lexical_weight if lexical else 0.0
+        fused = fuse_union(*signals, weight)
+        if cond is not None:
+            cond[b] = conditioning(*signals, weight)
         order = sorted(range(len(cand)), key=lambda i: (-fused[i], cand[i][0]))[:k]
         for j, i in enumerate(order):
             scores[b, j], pages[b, j], segs[b, j] = fused[i], cand[i][0], cand[i][1]

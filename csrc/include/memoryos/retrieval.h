@@ -3,7 +3,10 @@
 //   1. segment score F = cos(e_s, q) + w * Jaccard(K_s, K_q) over the live segments -> top m;
 //   2. dense candidates: the pages of those m segments with cosine >= the relevance floor;
 //   3. lexical candidates: the user's MTM pages that contain a query term, scored by BM25 with
-//      the user's own document frequencies (computed here from the pages' term rows);
+//      the user's own document frequencies (computed here from the pages' term rows); with
+//      lexical_candidates = L > 0 only the L best of them (ties kept: lexical_floor), so that a
+//      long history, where a name or a common word matches most pages, does not cost a cosine
+//      for every page;
 //   4. fusion over the union of both candidate sets: every candidate gets both its cosine and its
 //      BM25 (0 when no query term matches), each signal is standardised over the union
 //      ((x - mean) / std; a signal equal on every candidate contributes 0), and the weighted
@@ -50,6 +53,7 @@ struct RetrievalParams {
   int32_t jaccard_terms;   ///< K_q = the first this-many query terms
   float dense_floor;       ///< a page of a chosen segment is a candidate when its cosine >= this
   float lexical_weight;    ///< weight of the BM25 list against the dense list's 1; 0 = no BM25
+  int32_t lexical_candidates;  ///< the BM25 list's length L (lexical_floor); 0 = every match
   float bm25_k1;
   float bm25_b;
 };
@@ -86,6 +90,26 @@ MOS_HD float bm25_term(float idf, int32_t tf, int32_t doc_len, float avg_len, fl
   const float t = static_cast<float>(tf);
   return idf * t * (k1 + 1.f) / (t + k1 * (1.f - b + b * static_cast<float>(doc_len) / avg_len));
 }
+
+/// A page's BM25 is the sum of its matching terms' contributions taken in fixed point (steps of
+/// 2^-32, int64): integer addition is associative, so two pages whose contributions are the same
+/// in another order get the same bits. A float sum could differ in its last bit, and
+/// standardising a list of such ties (all candidates equal but for rounding) would blow that
+/// residue up to a full spread of +-1.
+MOS_HD int64_t bm25_fixed(float contribution) {
+  return static_cast<int64_t>(contribution * 4294967296.f + 0.5f);  // >= 0: round half up
+}
+MOS_HD float bm25_from_fixed(int64_t sum) {
+  return static_cast<float>(static_cast<double>(sum) * 2.3283064365386963e-10);  // * 2^-32
+}
+
+/// Relative slack under the L-th highest BM25 (see lexical_floor).
+constexpr float kLexicalTieSlack = 1e-5f;
+
+/// The lowest BM25 that still makes the lexical list, given the L-th highest of the user's pages.
+/// Scores within kLexicalTieSlack of it are kept, so that a near-tie that float32 kernels and a
+/// float64 reference could order either way never splits the list differently.
+MOS_HD float lexical_floor(float lth_highest) { return lth_highest * (1.f - kLexicalTieSlack); }
 
 /// A signal standardised over the candidates: (x - mean) / std, 0 when the signal is equal on
 /// every candidate (std = 0 is passed then, never a rounding residue).
