@@ -50,7 +50,7 @@ class MemoryConfig(BaseModel):
     relevance_floor: float = Field(
         0.1,
         description="A page of a chosen segment is a retrieval candidate when its cosine with "
-        "the query is at least this (a page containing a query term always is); only "
+        "the query is at least this (a page in the BM25 list always is); only "
         "candidates are returned and heat their segments. The reference code's 0.1: an "
         "unrelated question then returns no MTM page and heats nothing.",
     )
@@ -68,10 +68,11 @@ class MemoryConfig(BaseModel):
     lexical_candidates: int = Field(
         100,
         ge=0,
-        description="Length of the BM25 list: a page outside the top segments is a candidate "
-        "when its BM25 is among the user's this-many best (ties kept); 0 = every page that "
-        "holds a query term. Bounds a query's cosines over a long history, where a name "
-        "matches most pages; 100 is ten times the default top_pages.",
+        description="Length of the BM25 list: besides the top segments' pages that reach "
+        "relevance_floor, a page is a candidate when its BM25 is among the user's this-many "
+        "best (ties kept); 0 = every page that holds a query term. Bounds a query's cosines "
+        "over a long history, where a name matches most pages; 100 is ten times the default "
+        "top_pages.",
     )
     embed_dates: bool = Field(
         True, description="Embed a page with its date written out (helps temporal questions)."

@@ -49,9 +49,11 @@ TOL = {"cpu": 2e-4, "cuda": 5e-2}  # fused scores are z-scores: fp32 CPU, fp16 s
 # of close scores (the best few BM25 scores of a short list) lose digits to cancellation
 ROUNDING = {"cpu": 1e-5, "cuda": 2e-3}
 VOCAB = 12  # a small vocabulary makes shared terms (and BM25 ties) common
-# BM25 term ids (31-bit hashes, -1 pads): several alike modulo 64, so the CPU's 64-bit term
-# filter lets page terms through that are no query term
-TERM_IDS = np.array([0, 1, 2, 64, 65, 128, 63, 127, 2**31 - 1, 2**31 - 65, 7, 71], np.int32)
+# BM25 term ids (31-bit hashes, -1 pads): several alike modulo 1,024, so the CPU's 1,024-bit
+# term filter lets page terms through that are no query term
+TERM_IDS = np.array(
+    [0, 1, 2, 1024, 1025, 2048, 63, 1087, 2**31 - 1, 2**31 - 1025, 7, 1031], np.int32
+)
 
 
 @dataclass

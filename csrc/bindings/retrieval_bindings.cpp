@@ -155,8 +155,8 @@ void retrieve(py::object q_emb, py::object q_user, py::object term_offsets, py::
               py::object lex_length, py::object lex_terms, py::object lex_tf,
               int32_t top_segments, float keyword_weight, int32_t jaccard_terms,
               float dense_floor, float lexical_weight, int32_t lexical_candidates,
-              float bm25_k1, float bm25_b, py::object out_score, py::object out_page, py::object out_segment,
-              py::object scratch, int64_t stream) {
+              float bm25_k1, float bm25_b, py::object out_score, py::object out_page,
+              py::object out_segment, py::object scratch, int64_t stream) {
   auto qe = tensor_arg(q_emb, "q_emb", stream), qu = tensor_arg(q_user, "q_user", stream),
        to = tensor_arg(term_offsets, "term_offsets", stream),
        ti = tensor_arg(term_ids, "term_ids", stream), se = tensor_arg(seg_emb, "seg_emb", stream),
@@ -348,8 +348,8 @@ void register_retrieval(py::module_& m) {
         py::arg("lex_count"), py::arg("lex_length"), py::arg("lex_terms"), py::arg("lex_tf"),
         py::arg("top_segments"), py::arg("keyword_weight"), py::arg("jaccard_terms"),
         py::arg("dense_floor"), py::arg("lexical_weight"), py::arg("lexical_candidates"),
-        py::arg("bm25_k1"),
-        py::arg("bm25_b"), py::arg("out_score"), py::arg("out_page"), py::arg("out_segment"),
+        py::arg("bm25_k1"), py::arg("bm25_b"), py::arg("out_score"), py::arg("out_page"),
+        py::arg("out_segment"),
         py::arg("scratch") = py::none(), py::arg("stream") = 0,
         "The fused retrieval pass: segments, dense and BM25 candidates, fusion, top-k pages.");
   m.def("credit_served", &credit_served, py::arg("user"), py::arg("segment"), py::arg("now"),
