@@ -177,14 +177,13 @@ void lexical_stats(const int32_t* qt, int nq, const LexicalView& lex, Scratch& s
   *avg_len = n > 0 && total > 0 ? static_cast<float>(static_cast<double>(total) / n) : 1.f;
 }
 
-/// BM25 of each page visited by lexical_stats (into sc.lex, in visit order), from the matches
-/// it recorded; returns the lowest score that makes the lexical list (lexical_floor under the
+/// BM25 of each page visited by lexical_stats (into sc.lex, zeroed, in visit order), from the
+/// matches it recorded; returns the lowest score that makes the lexical list (lexical_floor under the
 /// L-th highest, or 0 when at most L pages match: then every match is in).
 float bm25_all(const LexicalView& lex, Scratch& sc, int32_t n_docs, float avg_len,
                const RetrievalParams& p) {
   sc.idf.resize(sc.df.size());  // a term's idf is the query's, not the page's: once each
   for (size_t t = 0; t < sc.df.size(); ++t) sc.idf[t] = bm25_idf(n_docs, sc.df[t]);
-  sc.lex.assign(sc.walk.size(), 0.f);
   sc.best.clear();
   for (size_t o = 0; o < sc.walk.size(); ++o) {
     if (sc.match_start[o] == sc.match_start[o + 1]) continue;
@@ -233,13 +232,12 @@ void retrieve_one(const QueryBatch& q, const QueryTerms& terms, const SegmentVie
   walk_pages(seg, pages, u, sc);
   const bool lexical = p.lexical_weight > 0.f && nq > 0;
   float lex_floor = 0.f;  // a page is a lexical candidate when its BM25 is > 0 and >= this
+  sc.lex.assign(sc.walk.size(), 0.f);
   if (lexical) {
     int32_t n_docs = 0;
     float avg_len = 1.f;
     lexical_stats(qt, nq, lex, sc, &n_docs, &avg_len);
     lex_floor = bm25_all(lex, sc, n_docs, avg_len, p);
-  } else {
-    sc.lex.assign(sc.walk.size(), 0.f);
   }
 
   const float* emb = f32(pages.emb);

@@ -29,6 +29,10 @@ def user_pages(arena: Arena, user: int) -> list[tuple[int, int]]:
     return out
 
 
+#: Relative slack under the L-th highest BM25 (``kLexicalTieSlack`` in retrieval.h).
+LEXICAL_TIE_SLACK = 1e-5
+
+
 def bm25_scores(
     rows: list[tuple[np.ndarray, np.ndarray, int]], terms: list[int], k1: float, b: float
 ) -> list[float]:
@@ -55,12 +59,12 @@ def bm25_scores(
 
 def lexical_floor(scores: list[float], cap: int) -> float:
     """The lowest BM25 that makes the lexical list: every positive score when at most ``cap``
-    pages match (or ``cap`` is 0), else the ``cap``-th highest less a relative 1e-5 (pages that
-    tie in exact arithmetic stay together however their sums were rounded)."""
+    pages match (or ``cap`` is 0), else the ``cap``-th highest less the tie slack (a near-tie
+    that fp32 kernels and this float64 reference could order either way stays together)."""
     positive = sorted((x for x in scores if x > 0), reverse=True)
     if cap == 0 or len(positive) <= cap:
         return 0.0
-    return positive[cap - 1] * (1.0 - 1e-5)
+    return positive[cap - 1] * (1.0 - LEXICAL_TIE_SLACK)
 
 
 def standardized(x: np.ndarray) -> np.ndarray:
