@@ -31,12 +31,14 @@ def split(cands):
     cands=candidates,
     w=weight_st,
     scale=st.floats(min_value=1e-3, max_value=1e3),
-    shift=st.floats(min_value=-100, max_value=100),
+    offset=st.floats(min_value=-100, max_value=100),
 )
-def test_fusion_ignores_each_signals_scale_and_offset(cands, w, scale, shift):
+def test_fusion_ignores_each_signals_scale_and_offset(cands, w, scale, offset):
     """A BM25 score and a cosine live on unrelated scales: a positive affine change of either
-    signal changes no fused score."""
+    signal changes no fused score. (The shift is in units of the scale: one that dwarfs a
+    signal's spread below float32's resolution makes it flat, ``is_flat``.)"""
     cos, bm = split(cands)
+    shift = offset * scale
     want = fuse_union(cos, bm, w)
     np.testing.assert_allclose(fuse_union(cos, bm * scale + shift, w), want, atol=1e-6)
     np.testing.assert_allclose(fuse_union(cos * scale + shift, bm, w), want, atol=1e-6)

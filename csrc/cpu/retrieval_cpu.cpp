@@ -24,7 +24,7 @@ struct Candidate {
 };
 
 /// Mean and standard deviation (population) of one signal over the candidates; std is exactly 0
-/// when the signal is equal on all of them.
+/// when the signal is flat over them (flat_spread).
 template <typename Get>
 void moments(const std::vector<Candidate>& cand, Get get, float* mean, float* stddev) {
   double sum = 0.0;
@@ -39,7 +39,7 @@ void moments(const std::vector<Candidate>& cand, Get get, float* mean, float* st
   double sq = 0.0;
   for (const Candidate& c : cand) sq += (get(c) - m) * (get(c) - m);
   *mean = static_cast<float>(m);
-  *stddev = hi > lo ? static_cast<float>(std::sqrt(sq / static_cast<double>(cand.size()))) : 0.f;
+  *stddev = flat_spread(lo, hi) ? 0.f : static_cast<float>(std::sqrt(sq / static_cast<double>(cand.size())));
 }
 
 /// A query term found in a page: which term (its index in the query) and how often.

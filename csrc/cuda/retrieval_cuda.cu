@@ -419,8 +419,8 @@ retrieve_kernel(QueryBatch q, QueryTerms terms, SegmentView seg, PageView pages,
   n = block_sum(n, sh);
   if (n == 0.f) return;  // block-uniform: no candidate, the row stays padded
   const float c_mean = block_sum(c_sum, sh) / n, l_mean = block_sum(l_sum, sh) / n;
-  const bool c_flat = -block_max(-c_lo, sh) == block_max(c_hi, sh);
-  const bool l_flat = -block_max(-l_lo, sh) == block_max(l_hi, sh);
+  const bool c_flat = flat_spread(-block_max(-c_lo, sh), block_max(c_hi, sh));
+  const bool l_flat = flat_spread(-block_max(-l_lo, sh), block_max(l_hi, sh));
   float c_sq = 0.f, l_sq = 0.f;
   for (int32_t f = tid; f < total; f += kThreads) {
     const float c = coss[f];

@@ -67,10 +67,22 @@ def lexical_floor(scores: list[float], cap: int) -> float:
     return positive[cap - 1] * (1.0 - LEXICAL_TIE_SLACK)
 
 
-def standardized(x: np.ndarray) -> np.ndarray:
-    """``(x - mean) / std`` over the candidates; exactly 0 for a signal equal on all of them."""
+#: A signal whose spread is within this fraction of its magnitude is flat (``kFlatSpread`` in
+#: retrieval.h): scores equal in exact arithmetic come out of fp32 formulas an ulp apart, and
+#: standardising that residue would make a full +-1 spread of it.
+FLAT_SPREAD = 1e-5
+
+
+def is_flat(x: np.ndarray) -> bool:
+    """Whether a signal counts as equal on every candidate (``flat_spread`` in retrieval.h)."""
     x = np.asarray(x, np.float64)
-    if x.size == 0 or x.max() == x.min():
+    return x.size == 0 or x.max() - x.min() <= FLAT_SPREAD * float(np.abs(x).max())
+
+
+def standardized(x: np.ndarray) -> np.ndarray:
+    """``(x - mean) / std`` over the candidates; exactly 0 for a flat signal (``is_flat``)."""
+    x = np.asarray(x, np.float64)
+    if is_flat(x):
         return np.zeros_like(x)
     return (x - x.mean()) / x.std()
 
@@ -93,7 +105,7 @@ def conditioning(cosine: np.ndarray, lexical: np.ndarray, lexical_weight: float)
         return 0.0
     out = 0.0
     for x, weight in ((np.asarray(cosine, np.float64), 1.0), (np.asarray(lexical), lexical_weight)):
-        if x.size and x.max() != x.min():
+        if not is_flat(x):
             out += weight * float(np.abs(x).max() / x.std())
     return out
 

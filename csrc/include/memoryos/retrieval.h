@@ -9,7 +9,7 @@
 //      for every page;
 //   4. fusion over the union of both candidate sets: every candidate gets both its cosine and its
 //      BM25 (0 when no query term matches), each signal is standardised over the union
-//      ((x - mean) / std; a signal equal on every candidate contributes 0), and the weighted
+//      ((x - mean) / std; a signal flat over them contributes 0: flat_spread), and the weighted
 //      sum ranks them -> top k pages, best first, ties to the lower pool slot.
 //
 // One call does all of it, so nothing goes back to the host between the steps. The formulas are
@@ -111,8 +111,20 @@ constexpr float kLexicalTieSlack = 1e-5f;
 /// float64 reference could order either way never splits the list differently.
 MOS_HD float lexical_floor(float lth_highest) { return lth_highest * (1.f - kLexicalTieSlack); }
 
-/// A signal standardised over the candidates: (x - mean) / std, 0 when the signal is equal on
-/// every candidate (std = 0 is passed then, never a rounding residue).
+/// A signal is flat over the candidates when its spread is within this fraction of its
+/// magnitude. Scores equal in exact arithmetic can come out of float32 formulas an ulp or a few
+/// apart (BM25 of tf 3 in 5 tokens and of tf 1 in 1 token, say): standardising such a residue
+/// would blow it up to a full +-1 spread, one that a float64 reference does not see. A spread
+/// this small against the scores' size carries no ranking either way.
+constexpr float kFlatSpread = 1e-5f;
+
+/// Whether a signal whose candidates range over [lo, hi] counts as equal on all of them.
+MOS_HD bool flat_spread(float lo, float hi) {
+  return hi - lo <= kFlatSpread * fmaxf(fabsf(lo), fabsf(hi));
+}
+
+/// A signal standardised over the candidates: (x - mean) / std, 0 when the signal is flat over
+/// them (std = 0 is passed then, never a rounding residue: flat_spread).
 MOS_HD float standardized(float x, float mean, float stddev) {
   return stddev > 0.f ? (x - mean) / stddev : 0.f;
 }
