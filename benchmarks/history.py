@@ -10,7 +10,10 @@ pages interleaving the users). At each checkpoint of pages per user it reports:
 - **ingest mem us/page**: the memory system's own time per page accepted since the previous
   checkpoint (total minus embedding; derived work included: ``auto_process``);
 - **retrieve mem us/query**: batched retrieval (``--queries`` LoCoMo questions in batches of 64,
-  random users, heat left as it is) minus the embedding, and the kernels' share of it;
+  random users, heat left as it is) minus the embedding, and the kernels' share of it; **scan**:
+  the same batches, alternated with those, with every user's BM25 scored by scanning each
+  page's term row (users with at least ``ArenaConfig.postings_min_pages`` pages are otherwise
+  scored from their postings: the ratio is what the postings save);
 - the users' MTM pages and segments, and the largest segment's pages.
 
 Why it matters: derived work goes in rounds of one page per user (a user's pages depend on each
@@ -65,20 +68,31 @@ def mtm_shape(engine: MemoryEngine) -> dict[str, float]:
 def retrieval_cost(
     engine: MemoryEngine, meter: EmbedMeter, queries: list[tuple[str, str]]
 ) -> dict[str, float]:
-    """Memory-system and kernel time per query of batched retrieval (batches of 64)."""
-    timing = engine.stats()["retrieval"]
-    k0 = timing["kernel_s"]
-    meter.seconds = 0.0
-    t0 = time.perf_counter()
-    for i in range(0, len(queries), 64):
-        engine.retrieve_many(queries[i : i + 64], update_heat=False)
-    total = time.perf_counter() - t0
-    kernels = engine.stats()["retrieval"]["kernel_s"] - k0
+    """Memory-system and kernel time per query of batched retrieval (batches of 64), and the
+    same batches with every user's pages scanned row by row (the BM25 postings of users with
+    many pages set aside: ``memoryos_gpu.arena_lexical``), alternated batch by batch."""
+    lex = engine.arena.lexical
+    postings = lex.postings
+    spent = {"": [0.0, 0.0, 0.0], "scan_": [0.0, 0.0, 0.0]}  # total, embedding, kernels
+    try:
+        for i in range(0, len(queries), 64):
+            for mode in spent:
+                lex.postings = None if mode else postings
+                k0, e0 = engine.stats()["retrieval"]["kernel_s"], meter.seconds
+                t0 = time.perf_counter()
+                engine.retrieve_many(queries[i : i + 64], update_heat=False)
+                s = spent[mode]
+                s[0] += time.perf_counter() - t0
+                s[1] += meter.seconds - e0
+                s[2] += engine.stats()["retrieval"]["kernel_s"] - k0
+    finally:
+        lex.postings = postings
     n = len(queries)
-    return {
-        "retrieve_mem_us_per_query": (total - meter.seconds) / n * 1e6,
-        "retrieve_kernel_us_per_query": kernels / n * 1e6,
-    }
+    out: dict[str, float] = {}
+    for mode, (total, embed, kernels) in spent.items():
+        out[f"retrieve_{mode}mem_us_per_query"] = (total - embed) / n * 1e6
+        out[f"retrieve_{mode}kernel_us_per_query"] = kernels / n * 1e6
+    return out
 
 
 def warm_up(corpus: list, questions: list[str], meter: EmbedMeter) -> None:
@@ -121,8 +135,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 def print_header() -> None:
     print(
         f"{'pages/user':>10} | {'ingest mem us/page':>18} | {'retrieve mem us/q':>17} | "
-        f"{'kernels us/q':>12} | {'MTM pages/user':>14} | {'segments/user':>13} | "
-        f"{'largest segment':>15}"
+        f"{'kernels us/q':>12} | {'scan mem us/q':>13} | {'scan kernels':>12} | "
+        f"{'MTM pages/user':>14} | {'segments/user':>13} | {'largest segment':>15}"
     )
 
 
@@ -130,6 +144,8 @@ def print_row(r: dict[str, Any]) -> None:
     print(
         f"{r['pages_per_user']:>10,} | {r['ingest_mem_us_per_page']:>18,.0f} | "
         f"{r['retrieve_mem_us_per_query']:>17,.1f} | {r['retrieve_kernel_us_per_query']:>12,.1f} | "
+        f"{r['retrieve_scan_mem_us_per_query']:>13,.1f} | "
+        f"{r['retrieve_scan_kernel_us_per_query']:>12,.1f} | "
         f"{r['mtm_pages_per_user']:>14,.0f} | {r['segments_per_user']:>13,.1f} | "
         f"{r['largest_segment_pages']:>15,}",
         flush=True,
@@ -153,6 +169,8 @@ def plot(rows: list[dict[str, Any]], out: Path, users: int) -> None:
     )
     ax[1].plot(x, [r["retrieve_mem_us_per_query"] for r in rows], "o-", label="memory system")
     ax[1].plot(x, [r["retrieve_kernel_us_per_query"] for r in rows], "s--", label="kernels")
+    scan = [r["retrieve_scan_mem_us_per_query"] for r in rows]
+    ax[1].plot(x, scan, "^:", label="memory system, rows scanned (no postings)")
     ax[1].set(
         xscale="log",
         yscale="log",

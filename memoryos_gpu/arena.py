@@ -156,6 +156,10 @@ class ArenaConfig:
     initial_users: int = 16
     initial_blocks: int = 256
     initial_owners: int = 16
+    # a user with at least this many indexed MTM pages also gets BM25 postings (CPU arena):
+    # its queries touch only their own terms' pages instead of scanning every page's row
+    # (memoryos_gpu.arena_lexical); 0: never
+    postings_min_pages: int = 256
 
     def __post_init__(self) -> None:
         if self.block_size is None:
@@ -164,6 +168,10 @@ class ArenaConfig:
         for name in (*names, "block_size", "knowledge_capacity", "initial_knowledge_slots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ArenaConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.postings_min_pages < 0:
+            raise ValueError(
+                f"ArenaConfig.postings_min_pages must be >= 0, got {self.postings_min_pages}"
+            )
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"ArenaConfig.device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.gpu_dtype not in ("float16", "bfloat16"):
@@ -343,7 +351,9 @@ class Arena:
         blocks = max(1, c.initial_blocks)
         self.page_emb = b.empty_emb((blocks * c.block_size, c.dim), dense=True)
         self.page_live = b.full((blocks * c.block_size,), 0, np.uint8)
-        self.lexical = LexicalRows(b, blocks * c.block_size)  # BM25 term rows per pool slot
+        # BM25 term rows per pool slot (and postings of users with many pages)
+        self.lexical = LexicalRows(b, blocks * c.block_size, c.postings_min_pages)
+        self._block_user = np.full(blocks, NO_ID, np.int32)  # the user a page block serves
         # --- knowledge rings, [O, R, ...] (device) ---
         owners = max(1, c.initial_owners)
         ring = min(c.knowledge_capacity, c.initial_knowledge_slots)
@@ -574,6 +584,7 @@ class Arena:
             self._write(self.page_live, (pages.ravel(),), 0)
             self.lexical.clear(pages.ravel())
             self._free_blocks.extend(int(x) for x in freed[::-1])
+            self._block_user[freed] = NO_ID
         for name in ("seg_live", "n_visit", "l_interaction", "seg_npages"):
             self._write(getattr(self, name), idx, 0)
         self._write(self.last_access, idx, 0.0)
@@ -651,7 +662,9 @@ class Arena:
             new_cols = np.repeat(have, grow) + (
                 np.arange(int(grow.sum())) - np.repeat(np.cumsum(grow) - grow, grow)
             )
-            table_flat[seg_rows, new_cols] = self._alloc_blocks(int(grow.sum()))
+            blocks = self._alloc_blocks(int(grow.sum()))
+            table_flat[seg_rows, new_cols] = blocks
+            self._block_user[blocks] = seg_rows // nslots
         out = table_flat[key, col].astype(np.int64) * bs + positions % bs
         if out.max() >= np.iinfo(np.int32).max:
             raise ArenaError("page pool exceeds 2**31 slots")
@@ -715,7 +728,16 @@ class Arena:
         """Index pages for BM25: page ``pool_slots[i]`` gets the ascending term ids
         ``ids[offsets[i]:offsets[i+1]]``, their counts ``tf`` and its token ``length``
         (:func:`memoryos_gpu.lexical.page_terms` makes them)."""
-        self.lexical.write(pool_slots, offsets, ids, tf, length)
+        slots = np.asarray(pool_slots, np.int64)
+        users = self._block_user[slots // self.config.block_size]
+        for user in self.lexical.write(slots, offsets, ids, tf, length, users):
+            self.lexical.build_postings(user, self._user_slots(user))
+
+    def _user_slots(self, user: int) -> np.ndarray:
+        """Pool slots of every page block serving ``user``."""
+        bs = self.config.block_size
+        blocks = np.flatnonzero(self._block_user == user).astype(np.int64)
+        return (blocks[:, None] * bs + np.arange(bs)).ravel()
 
     def segment_pages(self, user: int, slot: int) -> np.ndarray:
         """Pool slots of a segment's pages in insertion order (deleted ones included)."""
@@ -898,6 +920,9 @@ class Arena:
         )
         self.page_live = self._b.grow(self.page_live, new_blocks * bs, 0)
         self.lexical.grow_slots(new_blocks * bs)
+        self._block_user = np.concatenate(
+            [self._block_user, np.full(new_blocks - old, NO_ID, np.int32)]
+        )
         self._free_blocks.extend(range(new_blocks - 1, old - 1, -1))
 
     def _grow_owners(self, new_owners: int) -> None:

@@ -83,6 +83,7 @@ def worlds(draw, device: str = "cpu") -> World:
             initial_users=1,
             initial_blocks=1,
             initial_owners=1,
+            postings_min_pages=draw(st.sampled_from([0, 1, 3])),  # off, everyone, some users
         )
     )
     arena.add_users(n_users)
@@ -167,6 +168,102 @@ def test_retrieve_matches_reference(backend, data) -> None:
     cond = np.zeros(w.q_user.size)
     full = retrieve_ref(w.arena, w.q_emb, w.q_user, w.terms, 10_000, w.params, cond)
     assert_ranked(full, got, TOL[backend] + ROUNDING[backend] * cond)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_postings_give_the_row_scans_results_to_the_bit(data) -> None:
+    """Users with postings are scored from them, the others by scanning their pages' rows: the
+    same integer df, N and lengths and fixed-point sums, so both give identical results."""
+    w = data.draw(worlds("cpu"))
+    lex = w.arena.lexical
+    with_postings = retrieve(w.arena, w.q_emb, w.q_user, w.terms, w.k, w.params)
+    postings, lex.postings = lex.postings, None
+    try:
+        scanned = retrieve(w.arena, w.q_emb, w.q_user, w.terms, w.k, w.params)
+    finally:
+        lex.postings = postings
+    for a, b in zip(with_postings, scanned, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _history(min_pages: int, pages: int) -> tuple[Arena, np.ndarray]:
+    """One user whose segment holds ``pages`` pages, page i holding terms 1 (tf 1) and
+    i + 2 (tf i % 3 + 1), one token more than its terms."""
+    arena = Arena(
+        ArenaConfig(dim=2, segment_slots=2, keyword_width=1, postings_min_pages=min_pages)
+    )
+    arena.add_users(1)
+    arena.write_segments([0], [0], np.array([[1.0, 0.0]]), np.full((1, 1), -1))
+    angle = np.linspace(0.0, 1.5, pages)
+    pool = arena.append_pages(
+        np.zeros(pages, np.int32),
+        np.zeros(pages, np.int32),
+        np.stack([np.cos(angle), np.sin(angle)], 1),
+    )
+    ids = np.stack([np.ones(pages), np.arange(pages) + 2], 1).astype(np.int32).ravel()
+    tf = np.stack([np.ones(pages), np.arange(pages) % 3 + 1], 1).astype(np.int32).ravel()
+    offsets = np.arange(pages + 1, dtype=np.int64) * 2
+    arena.write_terms(pool, offsets, ids, tf, (tf.reshape(-1, 2).sum(1) + 1).astype(np.int32))
+    return arena, pool
+
+
+def test_postings_follow_rewrites_deletions_and_compaction() -> None:
+    """A long history's postings stay right through what the engine does to rows: a page
+    re-indexed (its row rewritten), pages deleted, the same slot rewritten thousands of times
+    (stale postings compacted away), and a user below the threshold keeps scanning."""
+    arena, pool = _history(min_pages=8, pages=40)
+    twin, _ = _history(min_pages=0, pages=40)  # no postings: the row scan
+    assert arena.lexical.postings.has(0) and twin.lexical.postings is None
+    q = np.array([[1.0, 0.0], [1.0, 0.0]], np.float32)
+    terms = QueryTerms(np.array([0, 2, 3]), np.array([1, 7, 30], np.int32))
+    params = RetrievalParams(top_segments=1, dense_floor=0.99, lexical_candidates=5)
+
+    def same() -> None:
+        got = retrieve(arena, q, [0, 0], terms, 12, params)
+        want = retrieve(twin, q, [0, 0], terms, 12, params)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+    same()
+    for a in (arena, twin):  # page 5 re-indexed: now it holds term 30, not 7
+        a.write_terms(pool[5:6], np.array([0, 2]), np.array([1, 30]), np.array([1, 4]), [6])
+        a.delete_pages(pool[10:20])
+    same()
+    for i in range(5000):  # one slot rewritten over and over: > 4,096 stale postings
+        for a in (arena, twin):
+            a.write_terms(pool[30:31], np.array([0, 2]), np.array([1, 7]), [1, i % 5 + 1], [9])
+    assert arena.lexical.postings.nbytes() < 200_000  # compacted, not 5,000 dead entries
+    same()
+    for a in (arena, twin):  # down to 5 pages: the postings stay (they go at 0)
+        a.delete_pages(pool[np.r_[0:5, 20:30, 31:40]])
+    same()
+
+
+def test_a_user_reaching_the_threshold_gets_postings_and_loses_them_when_emptied() -> None:
+    arena, _ = _history(min_pages=40, pages=39)
+    assert not arena.lexical.postings.has(0)
+    extra = arena.append_pages([0], [0], np.array([[0.0, 1.0]]))
+    arena.write_terms(extra, np.array([0, 1]), np.array([1]), np.array([2]), [3])
+    assert arena.lexical.postings.has(0)
+    arena.free_segments([0], [0])
+    assert not arena.lexical.postings.has(0)
+
+
+def test_postings_reject_bad_input() -> None:
+    p = _C.Postings(2)
+    p.grow_slots(4)
+    one = np.array([0], np.int64)
+    with pytest.raises(IndexError, match="outside"):
+        p.write([0], [9], [0, 1], [5], [1])
+    with pytest.raises(ValueError, match="offsets"):
+        p.write([0], one, [0, 2], [5], [1])
+    with pytest.raises(ValueError, match="pool"):
+        p.build(0, one, np.zeros(3, np.int64), np.zeros(4, np.int32), [1], [1])
+    with pytest.raises(ValueError, match="outside the term pool"):
+        p.build(0, one, np.zeros(4, np.int64), np.full(4, 3, np.int32), [1], [1])
+    with pytest.raises(ValueError, match="postings_min_pages"):
+        ArenaConfig(dim=2, postings_min_pages=-1)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

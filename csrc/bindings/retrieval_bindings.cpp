@@ -13,6 +13,7 @@
 #include <string>
 
 #include "memoryos/keywords.h"
+#include "memoryos/postings.h"
 #include "memoryos/retrieval.h"
 #include "memoryos/terms.h"
 #include "retrieval_bindings.h"
@@ -156,7 +157,7 @@ void retrieve(py::object q_emb, py::object q_user, py::object term_offsets, py::
               int32_t top_segments, float keyword_weight, int32_t jaccard_terms,
               float dense_floor, float lexical_weight, int32_t lexical_candidates,
               float bm25_k1, float bm25_b, py::object out_score, py::object out_page,
-              py::object out_segment, py::object scratch, int64_t stream) {
+              py::object out_segment, py::object scratch, int64_t stream, py::object postings) {
   auto qe = tensor_arg(q_emb, "q_emb", stream), qu = tensor_arg(q_user, "q_user", stream),
        to = tensor_arg(term_offsets, "term_offsets", stream),
        ti = tensor_arg(term_ids, "term_ids", stream), se = tensor_arg(seg_emb, "seg_emb", stream),
@@ -252,10 +253,16 @@ void retrieve(py::object q_emb, py::object q_user, py::object term_offsets, py::
     scratch_ptr = sc->ptr<float>();
     scratch_width = static_cast<int32_t>(sc->dim(1) / 2);
   }
+  const Postings* post = nullptr;
+  if (!postings.is_none()) {
+    if (cuda) throw py::value_error("postings are a CPU structure: None with device arrays");
+    post = postings.cast<const Postings*>();
+    if (post->num_slots() != NP) throw py::value_error("postings must follow this page pool");
+  }
   if (B == 0) return;
   py::gil_scoped_release release;
   if (cuda) retrieve_cuda(q, terms, seg, pages, lex, params, out, scratch_ptr, scratch_width, stream);
-  else retrieve_cpu(q, terms, seg, pages, lex, params, out);
+  else retrieve_cpu(q, terms, seg, pages, lex, post, params, out);
 }
 
 void credit_served(py::object user, py::object segment, py::object now, py::object n_visit,
@@ -304,6 +311,82 @@ void credit_served(py::object user, py::object segment, py::object now, py::obje
   else credit_served_cpu(hits, state, params);
 }
 
+// ---- postings of long histories --------------------------------------------------------------
+template <typename T>
+using Arr = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+/// Slots within the postings' pool, or IndexError.
+void check_slots(const Postings& p, const Arr<int64_t>& slots) {
+  const int64_t* s = slots.data();
+  for (py::ssize_t i = 0; i < slots.size(); ++i) {
+    if (s[i] < 0 || s[i] >= p.num_slots()) {
+      throw py::index_error("slot " + std::to_string(s[i]) + " is outside the postings' pool");
+    }
+  }
+}
+
+std::vector<int32_t> postings_write(Postings& p, const Arr<int32_t>& users,
+                                    const Arr<int64_t>& slots, const Arr<int64_t>& offsets,
+                                    const Arr<int32_t>& ids, const Arr<int32_t>& tf) {
+  const py::ssize_t n = slots.size();
+  if (users.size() != n || offsets.size() != n + 1 || ids.size() != tf.size() ||
+      offsets.data()[0] != 0 || offsets.data()[n] != ids.size()) {
+    throw py::value_error("write: users [n], slots [n], offsets [n + 1] from 0 to len(ids) = "
+                          "len(tf)");
+  }
+  for (py::ssize_t i = 0; i < n; ++i) {
+    if (offsets.data()[i + 1] < offsets.data()[i]) {
+      throw py::value_error("offsets must not decrease");
+    }
+  }
+  check_slots(p, slots);
+  return p.write(users.data(), slots.data(), n, offsets.data(), ids.data(), tf.data());
+}
+
+void postings_build(Postings& p, int32_t user, const Arr<int64_t>& slots,
+                    const Arr<int64_t>& start, const Arr<int32_t>& count,
+                    const Arr<int32_t>& terms, const Arr<int32_t>& tf) {
+  if (start.size() != p.num_slots() || count.size() != p.num_slots() ||
+      terms.size() != tf.size()) {
+    throw py::value_error("build: start and count [pool slots], terms and tf of one length");
+  }
+  check_slots(p, slots);
+  for (py::ssize_t i = 0; i < slots.size(); ++i) {
+    const int64_t s = slots.data()[i];
+    if (start.data()[s] < 0 || count.data()[s] < 0 ||
+        start.data()[s] + count.data()[s] > terms.size()) {
+      throw py::value_error("build: a row lies outside the term pool");
+    }
+  }
+  p.build(user, slots.data(), slots.size(), start.data(), count.data(), terms.data(), tf.data());
+}
+
+void register_postings(py::module_& m) {
+  py::class_<Postings>(m, "Postings",
+                       "Per-user BM25 postings of users with many pages (memoryos/postings.h).")
+      .def(py::init<int32_t>(), py::arg("min_pages"))
+      .def_property_readonly("min_pages", &Postings::min_pages)
+      .def_property_readonly("num_slots", &Postings::num_slots)
+      .def("grow_slots", &Postings::grow_slots, py::arg("num_slots"))
+      .def("write", &postings_write, py::arg("users"), py::arg("slots"), py::arg("offsets"),
+           py::arg("ids"), py::arg("tf"),
+           "Rows written; returns the users that reached min_pages without postings.")
+      .def(
+          "clear",
+          [](Postings& p, const Arr<int64_t>& slots) {
+            check_slots(p, slots);
+            p.clear(slots.data(), slots.size());
+          },
+          py::arg("slots"), "Rows cleared: their postings go stale.")
+      .def("build", &postings_build, py::arg("user"), py::arg("slots"), py::arg("start"),
+           py::arg("count"), py::arg("terms"), py::arg("tf"),
+           "A user's postings from the rows of its page slots.")
+      .def(
+          "has", [](const Postings& p, int64_t user) { return p.user(user) != nullptr; },
+          py::arg("user"), "Whether the user's queries are scored from postings.")
+      .def("nbytes", &Postings::nbytes);
+}
+
 }  // namespace
 
 void register_retrieval(py::module_& m) {
@@ -350,8 +433,9 @@ void register_retrieval(py::module_& m) {
         py::arg("dense_floor"), py::arg("lexical_weight"), py::arg("lexical_candidates"),
         py::arg("bm25_k1"), py::arg("bm25_b"), py::arg("out_score"), py::arg("out_page"),
         py::arg("out_segment"),
-        py::arg("scratch") = py::none(), py::arg("stream") = 0,
+        py::arg("scratch") = py::none(), py::arg("stream") = 0, py::arg("postings") = py::none(),
         "The fused retrieval pass: segments, dense and BM25 candidates, fusion, top-k pages.");
+  register_postings(m);
   m.def("credit_served", &credit_served, py::arg("user"), py::arg("segment"), py::arg("now"),
         py::arg("n_visit"), py::arg("l_interaction"), py::arg("last_access"), py::arg("heat"),
         py::arg("live"), py::arg("alpha"), py::arg("beta"), py::arg("gamma"), py::arg("mu"),

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "memoryos/postings.h"
 #include "memoryos/retrieval.h"
 #include "threads.h"
 #include "vector_math.h"
@@ -67,6 +68,7 @@ struct Scratch {
   std::vector<int32_t> seg_id;
   std::vector<uint8_t> chosen;
   std::vector<int32_t> scored;       // walk positions whose cosine is computed
+  std::vector<int64_t> fixed;        // BM25 sums in fixed point by walk position (postings)
   std::vector<Candidate> cand;
 };
 
@@ -199,13 +201,11 @@ void lexical_stats(const int32_t* qt, int nq, const LexicalView& lex, Scratch& s
 }
 
 /// BM25 of each page visited by lexical_stats (into sc.lex, zeroed, in visit order), from the
-/// matches it recorded; returns the lowest score that makes the lexical list (lexical_floor under
-/// the L-th highest, or 0 when at most L pages match: then every match is in).
-float bm25_all(const LexicalView& lex, Scratch& sc, int32_t n_docs, float avg_len,
-               const RetrievalParams& p) {
+/// matches it recorded.
+void bm25_from_matches(const LexicalView& lex, Scratch& sc, int32_t n_docs, float avg_len,
+                       const RetrievalParams& p) {
   sc.idf.resize(sc.df.size());  // a term's idf is the query's, not the page's: once each
   for (size_t t = 0; t < sc.df.size(); ++t) sc.idf[t] = bm25_idf(n_docs, sc.df[t]);
-  sc.best.clear();
   for (size_t o = 0; o < sc.walk.size(); ++o) {
     if (sc.match_start[o] == sc.match_start[o + 1]) continue;
     const int32_t len = lex.length[sc.walk[o]];
@@ -214,9 +214,63 @@ float bm25_all(const LexicalView& lex, Scratch& sc, int32_t n_docs, float avg_le
       const Match& m = sc.matches[i];
       sum += bm25_fixed(bm25_term(sc.idf[m.term], m.tf, len, avg_len, p.bm25_k1, p.bm25_b));
     }
-    const float score = bm25_from_fixed(sum);
-    sc.lex[o] = score;
-    if (score > 0.f) sc.best.push_back(score);
+    sc.lex[o] = bm25_from_fixed(sum);
+  }
+}
+
+/// The same BM25 (into sc.lex, zeroed) from the user's postings: only the query's own terms'
+/// pages are touched. N, the mean length and each df are the scan's integers, and the sums
+/// are in fixed point, so the scores are lexical_stats + bm25_from_matches' to the bit.
+void bm25_from_postings(const int32_t* qt, int nq, const LexicalView& lex,
+                        const Postings& postings, const Postings::UserIndex& ix,
+                        int64_t num_pages, Scratch& sc, const RetrievalParams& p) {
+  prepare_terms(qt, nq, sc);
+  // by pool slot: its walk position, else -1. Kept by the thread across batches (a batch's
+  // Scratch is new, and filling a pool-sized array per batch would cost ~1 ms at 2M pages);
+  // only the walk's entries are set, and they are reset below.
+  thread_local std::vector<int32_t> walk_at;
+  if (walk_at.size() < static_cast<size_t>(num_pages)) {
+    walk_at.resize(static_cast<size_t>(num_pages), -1);
+  }
+  const size_t n = sc.walk.size();
+  int64_t total = 0;
+  for (size_t o = 0; o < n; ++o) {
+    walk_at[sc.walk[o]] = static_cast<int32_t>(o);
+    total += lex.length[sc.walk[o]];
+  }
+  const int32_t n_docs = static_cast<int32_t>(n);
+  const float avg_len =
+      n > 0 && total > 0 ? static_cast<float>(static_cast<double>(total) / n_docs) : 1.f;
+  sc.fixed.assign(n, 0);
+  for (int t = 0; t < nq; ++t) {
+    const int32_t id = sc.q_sorted[t];
+    if (t > 0 && id == sc.q_sorted[t - 1]) continue;  // a repeated query term counts once
+    const auto found = ix.lists.find(id);
+    if (found == ix.lists.end()) continue;
+    const std::vector<Posting>& list = found->second;
+    int32_t df = 0;
+    for (const Posting& e : list) df += postings.current(e) && walk_at[e.slot] >= 0;
+    if (df == 0) continue;
+    const float idf = bm25_idf(n_docs, df);
+    for (const Posting& e : list) {
+      const int32_t o = walk_at[e.slot];
+      if (o < 0 || !postings.current(e)) continue;
+      sc.fixed[o] += bm25_fixed(
+          bm25_term(idf, e.tf, lex.length[e.slot], avg_len, p.bm25_k1, p.bm25_b));
+    }
+  }
+  for (size_t o = 0; o < n; ++o) {
+    if (sc.fixed[o] != 0) sc.lex[o] = bm25_from_fixed(sc.fixed[o]);
+    walk_at[sc.walk[o]] = -1;
+  }
+}
+
+/// The lowest BM25 that makes the lexical list: lexical_floor under the L-th highest of
+/// sc.lex, or 0 when at most L pages match (then every match is in).
+float list_floor(Scratch& sc, const RetrievalParams& p) {
+  sc.best.clear();
+  for (const float x : sc.lex) {
+    if (x > 0.f) sc.best.push_back(x);
   }
   const size_t cap = static_cast<size_t>(p.lexical_candidates);
   if (cap == 0 || sc.best.size() <= cap) return 0.f;
@@ -227,8 +281,8 @@ float bm25_all(const LexicalView& lex, Scratch& sc, int32_t n_docs, float avg_le
 
 MOS_CPU_CLONES
 void retrieve_one(const QueryBatch& q, const QueryTerms& terms, const SegmentView& seg,
-                  const PageView& pages, const LexicalView& lex, const RetrievalParams& p,
-                  RetrievalOut out, int64_t b, Scratch& sc) {
+                  const PageView& pages, const LexicalView& lex, const Postings* postings,
+                  const RetrievalParams& p, RetrievalOut out, int64_t b, Scratch& sc) {
   float* o_score = out.score + b * out.k;
   int32_t* o_page = out.page + b * out.k;
   int32_t* o_seg = out.segment + b * out.k;
@@ -255,10 +309,16 @@ void retrieve_one(const QueryBatch& q, const QueryTerms& terms, const SegmentVie
   float lex_floor = 0.f;  // a page is a lexical candidate when its BM25 is > 0 and >= this
   sc.lex.assign(sc.walk.size(), 0.f);
   if (lexical) {
-    int32_t n_docs = 0;
-    float avg_len = 1.f;
-    lexical_stats(qt, nq, lex, sc, &n_docs, &avg_len);
-    lex_floor = bm25_all(lex, sc, n_docs, avg_len, p);
+    const Postings::UserIndex* ix = postings != nullptr ? postings->user(u) : nullptr;
+    if (ix != nullptr) {
+      bm25_from_postings(qt, nq, lex, *postings, *ix, pages.num_pages, sc, p);
+    } else {
+      int32_t n_docs = 0;
+      float avg_len = 1.f;
+      lexical_stats(qt, nq, lex, sc, &n_docs, &avg_len);
+      bm25_from_matches(lex, sc, n_docs, avg_len, p);
+    }
+    lex_floor = list_floor(sc, p);
   }
 
   const float* emb = f32(pages.emb);
@@ -309,8 +369,8 @@ void retrieve_one(const QueryBatch& q, const QueryTerms& terms, const SegmentVie
 }  // namespace
 
 void retrieve_cpu(const QueryBatch& q, const QueryTerms& terms, const SegmentView& seg,
-                  const PageView& pages, const LexicalView& lex, const RetrievalParams& params,
-                  RetrievalOut out) {
+                  const PageView& pages, const LexicalView& lex, const Postings* postings,
+                  const RetrievalParams& params, RetrievalOut out) {
   // a query scores its user's segments and the pages of its top segments (dense; the table's
   // width is its largest segment's, so at most 16 pages a segment are counted), and the lexical
   // scan of its user's pages costs about as much again
@@ -323,7 +383,7 @@ void retrieve_cpu(const QueryBatch& q, const QueryTerms& terms, const SegmentVie
     Scratch sc;
 #pragma omp for schedule(dynamic, 8)
     for (int64_t b = 0; b < q.size; ++b) {
-      retrieve_one(q, terms, seg, pages, lex, params, out, b, sc);
+      retrieve_one(q, terms, seg, pages, lex, postings, params, out, b, sc);
     }
   }
 }

@@ -157,6 +157,7 @@ def retrieve(
         *out,
         scratch,
         stream,
+        lex.postings,
     )
     return out
 

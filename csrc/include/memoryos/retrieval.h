@@ -149,9 +149,13 @@ MOS_HD int32_t find_term(const int32_t* row, int32_t n, int32_t id) {
 }
 
 // ---- launchers -----------------------------------------------------------------------------
+class Postings;  // memoryos/postings.h: per-user postings of long histories (CPU)
+
+/// `postings`: null, or the users' postings (a user that has them is scored from them; the
+/// scores are the row scan's to the bit).
 void retrieve_cpu(const QueryBatch& q, const QueryTerms& terms, const SegmentView& seg,
-                  const PageView& pages, const LexicalView& lex, const RetrievalParams& params,
-                  RetrievalOut out);
+                  const PageView& pages, const LexicalView& lex, const Postings* postings,
+                  const RetrievalParams& params, RetrievalOut out);
 void credit_served_cpu(const ServedHits& hits, HeatState state, const HeatParams& params);
 
 /// `scratch`: device floats [B, 2 * scratch_width], scratch_width >= the page positions of any
