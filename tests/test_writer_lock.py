@@ -206,7 +206,9 @@ def test_holder_command_line_hides_secrets() -> None:
     )
     assert line.startswith("memoryos-gpu serve --store postgresql://me:***@db/x")
     assert "hunter2" not in line and "sekrit" not in line and "abc" not in line
-    assert len(command_line(["x", "y" * 1000])) <= 300
+    long = command_line(["x", "y" * 1000, "[engine process of pid 7]"])
+    assert len(long) == 300 and long.startswith("x yyy") and " ... " in long
+    assert long.endswith("[engine process of pid 7]")  # the end says which process holds it
 
 
 # ====================================================================== the CLI

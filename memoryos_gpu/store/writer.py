@@ -89,7 +89,9 @@ class Holder:
 
 def command_line(argv: list[str] | None = None) -> str:
     """This process's command line, safe to show: passwords in URLs and the values of options
-    named like keys, tokens, secrets or passwords masked; cut to :data:`MAX_COMMAND_CHARS`."""
+    named like keys, tokens, secrets or passwords masked; cut to :data:`MAX_COMMAND_CHARS` in
+    the middle (the program and its first arguments, and the end, where a server's engine
+    process names its supervisor: ``[engine process of pid N]``)."""
     args = list(sys.argv if argv is None else argv) or ["python"]
     out: list[str] = [program_name(args[0])]
     hide_next = False
@@ -108,7 +110,10 @@ def command_line(argv: list[str] | None = None) -> str:
             continue
         out.append(_URL_PASSWORD.sub(r"\1:***@", a))
     text = " ".join(out)
-    return text if len(text) <= MAX_COMMAND_CHARS else text[: MAX_COMMAND_CHARS - 3] + "..."
+    if len(text) <= MAX_COMMAND_CHARS:
+        return text
+    head = (MAX_COMMAND_CHARS - 5) * 2 // 3
+    return f"{text[:head]} ... {text[len(text) - (MAX_COMMAND_CHARS - 5 - head) :]}"
 
 
 def program_name(argv0: str) -> str:
