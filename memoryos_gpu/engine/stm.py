@@ -84,8 +84,11 @@ class ShortTerm:
             prep = Prepared({**prep.vec_of, **more.vec_of}, {**prep.blob_of, **more.blob_of})
         vec_of, blob_of = prep.vec_of, prep.blob_of
         touched = {p.user_id for p in items}
+        users = s.users  # the batch's users only: a pass over every user cost O(users) a batch
         snapshot = {
-            uid: (u.clock, u.next_seq, deque(u.stm)) for uid, u in s.users.items() if uid in touched
+            uid: (users[uid].clock, users[uid].next_seq, deque(users[uid].stm))
+            for uid in touched
+            if uid in users
         }
         counters = dict(s.counters)
         new_users: list[UserState] = []
