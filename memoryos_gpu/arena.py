@@ -730,14 +730,28 @@ class Arena:
         (:func:`memoryos_gpu.lexical.page_terms` makes them)."""
         slots = np.asarray(pool_slots, np.int64)
         users = self._block_user[slots // self.config.block_size]
-        for user in self.lexical.write(slots, offsets, ids, tf, length, users):
-            self.lexical.build_postings(user, self._user_slots(user))
+        crossed = self.lexical.write(slots, offsets, ids, tf, length, users)
+        for user, user_slots in self._slots_of_users(crossed):
+            self.lexical.build_postings(user, user_slots)
 
-    def _user_slots(self, user: int) -> np.ndarray:
-        """Pool slots of every page block serving ``user``."""
+    def _slots_of_users(self, users: list[int]) -> list[tuple[int, np.ndarray]]:
+        """Pool slots of every page block serving each of ``users``: one pass over the block
+        owners for all of them (a reopen's chunk brings many users to the postings' threshold
+        at once)."""
+        if not users:
+            return []
         bs = self.config.block_size
-        blocks = np.flatnonzero(self._block_user == user).astype(np.int64)
-        return (blocks[:, None] * bs + np.arange(bs)).ravel()
+        blocks = np.flatnonzero(np.isin(self._block_user, users))
+        owner = self._block_user[blocks]
+        order = np.argsort(owner, kind="stable")
+        blocks, owner = blocks[order].astype(np.int64), owner[order]
+        want = np.asarray(users, np.int32)
+        lo, hi = np.searchsorted(owner, want, "left"), np.searchsorted(owner, want, "right")
+        slots = (blocks[:, None] * bs + np.arange(bs)).reshape(blocks.size, bs)
+        return [
+            (int(u), slots[a:b].ravel())
+            for u, a, b in zip(want.tolist(), lo.tolist(), hi.tolist(), strict=True)
+        ]
 
     def segment_pages(self, user: int, slot: int) -> np.ndarray:
         """Pool slots of a segment's pages in insertion order (deleted ones included)."""
