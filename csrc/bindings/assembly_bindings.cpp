@@ -12,6 +12,7 @@
 // object slots, so a change to those classes fails loudly at import, not with corrupt objects.
 #include "assembly_bindings.h"
 
+#include "json_writer.h"
 #include "text_table.h"
 
 #include <Python.h>
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -101,6 +103,7 @@ struct Refs {
   Refs() = default;
   Refs(const Refs&) = delete;
   Refs& operator=(const Refs&) = delete;
+  Refs(Refs&&) = default;  // the moved-from vector is empty: nothing released twice
   ~Refs() {
     for (Ref& r : refs) Py_XDECREF(r.id);
   }
@@ -140,62 +143,26 @@ class Assembler {
                   const TextTable& chains, const TextTable& texts, py::array p_ids,
                   py::array p_scores, py::array uk_ids, py::array uk_scores, py::array ak_ids,
                   py::array ak_scores, py::dict profiles, py::object profile_tokens) const {
-    const int64_t b = static_cast<int64_t>(py::len(cleaned));
-    if (static_cast<int64_t>(py::len(users)) != b) throw py::value_error("users must have B items");
-    Hits pages{checked<int64_t>(p_ids, b, "page ids"), checked<float>(p_scores, b, "page scores")};
-    Hits uk{checked<int64_t>(uk_ids, b, "user knowledge ids"),
-            checked<float>(uk_scores, b, "user knowledge scores")};
-    Hits ak{checked<int64_t>(ak_ids, b, "assistant knowledge ids"),
-            checked<float>(ak_scores, b, "assistant knowledge scores")};
-    for (const Hits* h : {&pages, &uk, &ak}) {
-      if (h->ids.shape[1] != h->scores.shape[1]) {
-        throw py::value_error("ids and scores must have the same shape");
-      }
-    }
-    // pass 1: ids (tables' slots asked for) and profiles
-    Refs refs;
-    refs.refs.reserve(static_cast<size_t>(b) * 24);
-    refs.start.reserve(static_cast<size_t>(4 * b + 1));
-    std::vector<py::object> profile(static_cast<size_t>(b));
-    std::vector<int64_t> tokens(static_cast<size_t>(b), 0);
-    for (int64_t i = 0; i < b; ++i) {
-      PyObject* pair = PyList_GET_ITEM(cleaned.ptr(), i);
-      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
-        throw py::value_error("cleaned must hold (user_id, query) tuples");
-      }
-      take_hits(views, pages, i, true, refs);
-      take_stm(views, PyList_GET_ITEM(users.ptr(), i), refs);
-      take_hits(texts, uk, i, false, refs);
-      take_hits(texts, ak, i, false, refs);
-      profile[i] = copy_profile(profiles.ptr(), PyTuple_GET_ITEM(pair, 0));
-      if (PyDict_GET_SIZE(profile[i].ptr()) > 0) {
-        tokens[i] = profile_tokens(profile[i]).cast<int64_t>();
-      }
-    }
-    refs.start.push_back(refs.refs.size());
-    // pass 2: the records (their blocks asked for)
-    for (int64_t i = 0; i < b; ++i) {
-      const size_t* at = &refs.start[static_cast<size_t>(4 * i)];
-      find(views, &chains, refs, at[0], at[2]);
-      find(texts, nullptr, refs, at[2], at[4]);
-    }
+    Collected c = collect(cleaned, users, views, chains, texts, p_ids, p_scores, uk_ids,
+                          uk_scores, ak_ids, ak_scores, profiles, profile_tokens, true);
+    const int64_t b = static_cast<int64_t>(c.profile.size());
     // pass 3: the objects
     py::list out(b);
     int64_t total = 0;
     for (int64_t i = 0; i < b; ++i) {
       PyObject* pair = PyList_GET_ITEM(cleaned.ptr(), i);
-      const size_t* at = &refs.start[static_cast<size_t>(4 * i)];
-      int64_t n = tokens[i];
-      py::object mtm = build_pages(refs, at[0], at[1], mtm_.ptr(), true, &n);
-      py::object stm_pages = build_pages(refs, at[1], at[2], stm_.ptr(), false, &n);
-      py::object u_entries = build_entries(refs, at[2], at[3], &n);
-      py::object a_entries = build_entries(refs, at[3], at[4], &n);
+      const size_t* at = &c.refs.start[static_cast<size_t>(4 * i)];
+      int64_t n = c.tokens[i];
+      py::object mtm = build_pages(c.refs, at[0], at[1], mtm_.ptr(), true, &n);
+      py::object stm_pages = build_pages(c.refs, at[1], at[2], stm_.ptr(), false, &n);
+      py::object u_entries = build_entries(c.refs, at[2], at[3], &n);
+      py::object a_entries = build_entries(c.refs, at[3], at[4], &n);
       total += n;
       PyObject* values[8] = {Py_NewRef(PyTuple_GET_ITEM(pair, 0)),
                              Py_NewRef(PyTuple_GET_ITEM(pair, 1)),
                              stm_pages.release().ptr(),
                              mtm.release().ptr(),
-                             profile[i].release().ptr(),
+                             c.profile[i].release().ptr(),
                              u_entries.release().ptr(),
                              a_entries.release().ptr(),
                              PyLong_FromLongLong(n)};
@@ -206,6 +173,54 @@ class Assembler {
       PyObject* r = retrieval_.make(values);
       if (r == nullptr) throw py::error_already_set();
       PyList_SET_ITEM(out.ptr(), i, r);
+    }
+    return py::make_tuple(out, total);
+  }
+
+  /// The same batch as JSON: per query the bytes of the object a retrieval route answers
+  /// (query, stm, pages, profile, user_knowledge, assistant_knowledge, retrieval_tokens; the
+  /// server adds user_id and known_user), written straight from the tables, with no Python
+  /// object per page or entry. `dumps` serialises what the tables hold as Python objects (a
+  /// profile, a page's metadata), once per distinct object in the batch.
+  py::tuple bodies(py::list cleaned, py::list users, const TextTable& views,
+                   const TextTable& chains, const TextTable& texts, py::array p_ids,
+                   py::array p_scores, py::array uk_ids, py::array uk_scores, py::array ak_ids,
+                   py::array ak_scores, py::dict profiles, py::object profile_tokens,
+                   py::object dumps) const {
+    Collected c = collect(cleaned, users, views, chains, texts, p_ids, p_scores, uk_ids,
+                          uk_scores, ak_ids, ak_scores, profiles, profile_tokens, false);
+    const int64_t b = static_cast<int64_t>(c.profile.size());
+    Dumped dumped(dumps);
+    py::list out(b);
+    int64_t total = 0;
+    std::string body;
+    for (int64_t i = 0; i < b; ++i) {
+      PyObject* query = PyTuple_GET_ITEM(PyList_GET_ITEM(cleaned.ptr(), i), 1);
+      if (!PyUnicode_Check(query)) throw py::type_error("queries must be str");
+      const size_t* at = &c.refs.start[static_cast<size_t>(4 * i)];
+      int64_t n = c.tokens[i];
+      body.clear();
+      body += "{\"query\":";
+      json::put_string(body, PyUnicode_DATA(query),
+                       static_cast<size_t>(PyUnicode_GET_LENGTH(query)), PyUnicode_KIND(query));
+      body += ",\"stm\":[";
+      json_pages(body, c.refs, at[1], at[2], "stm", false, dumped, &n);
+      body += "],\"pages\":[";
+      json_pages(body, c.refs, at[0], at[1], "mtm", true, dumped, &n);
+      body += "],\"profile\":";
+      body += dumped(c.profile[i].ptr());
+      body += ",\"user_knowledge\":[";
+      json_entries(body, c.refs, at[2], at[3], &n);
+      body += "],\"assistant_knowledge\":[";
+      json_entries(body, c.refs, at[3], at[4], &n);
+      body += "],\"retrieval_tokens\":";
+      json::put_int(body, n);
+      body += '}';
+      total += n;
+      PyObject* bytes =
+          PyBytes_FromStringAndSize(body.data(), static_cast<Py_ssize_t>(body.size()));
+      if (bytes == nullptr) throw py::error_already_set();
+      PyList_SET_ITEM(out.ptr(), i, bytes);
     }
     return py::make_tuple(out, total);
   }
@@ -223,6 +238,151 @@ class Assembler {
     int64_t k() const { return ids.shape[1]; }
   };
 
+  /// Passes 1 and 2 of a batch: each query's refs (four ranges of Refs, see Refs) with their
+  /// records found, its profile copy and the profile's prompt tokens.
+  struct Collected {
+    Refs refs;
+    std::vector<py::object> profile;
+    std::vector<int64_t> tokens;
+  };
+
+  Collected collect(py::list cleaned, py::list users, const TextTable& views,
+                    const TextTable& chains, const TextTable& texts, py::array p_ids,
+                    py::array p_scores, py::array uk_ids, py::array uk_scores, py::array ak_ids,
+                    py::array ak_scores, py::dict profiles, py::object profile_tokens,
+                    bool ids) const {
+    const int64_t b = static_cast<int64_t>(py::len(cleaned));
+    if (static_cast<int64_t>(py::len(users)) != b) throw py::value_error("users must have B items");
+    Hits pages{checked<int64_t>(p_ids, b, "page ids"), checked<float>(p_scores, b, "page scores")};
+    Hits uk{checked<int64_t>(uk_ids, b, "user knowledge ids"),
+            checked<float>(uk_scores, b, "user knowledge scores")};
+    Hits ak{checked<int64_t>(ak_ids, b, "assistant knowledge ids"),
+            checked<float>(ak_scores, b, "assistant knowledge scores")};
+    for (const Hits* h : {&pages, &uk, &ak}) {
+      if (h->ids.shape[1] != h->scores.shape[1]) {
+        throw py::value_error("ids and scores must have the same shape");
+      }
+    }
+    Collected c;
+    c.refs.refs.reserve(static_cast<size_t>(b) * 24);
+    c.refs.start.reserve(static_cast<size_t>(4 * b + 1));
+    c.profile.resize(static_cast<size_t>(b));
+    c.tokens.assign(static_cast<size_t>(b), 0);
+    // pass 1: ids (tables' slots asked for) and profiles
+    for (int64_t i = 0; i < b; ++i) {
+      PyObject* pair = PyList_GET_ITEM(cleaned.ptr(), i);
+      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        throw py::value_error("cleaned must hold (user_id, query) tuples");
+      }
+      take_hits(views, pages, i, true, ids, c.refs);
+      take_stm(views, PyList_GET_ITEM(users.ptr(), i), c.refs);
+      take_hits(texts, uk, i, false, ids, c.refs);
+      take_hits(texts, ak, i, false, ids, c.refs);
+      c.profile[i] = copy_profile(profiles.ptr(), PyTuple_GET_ITEM(pair, 0));
+      if (PyDict_GET_SIZE(c.profile[i].ptr()) > 0) {
+        c.tokens[i] = profile_tokens(c.profile[i]).cast<int64_t>();
+      }
+    }
+    c.refs.start.push_back(c.refs.refs.size());
+    // pass 2: the records (their blocks asked for)
+    for (int64_t i = 0; i < b; ++i) {
+      const size_t* at = &c.refs.start[static_cast<size_t>(4 * i)];
+      find(views, &chains, c.refs, at[0], at[2]);
+      find(texts, nullptr, c.refs, at[2], at[4]);
+    }
+    return c;
+  }
+
+  /// `dumps` of Python objects a body embeds (profiles, page metadata), once per object of a
+  /// batch (a user's pages share one metadata object); "{}" / null without calling it.
+  class Dumped {
+   public:
+    explicit Dumped(py::object dumps) : dumps_(std::move(dumps)) {}
+    const std::string& operator()(PyObject* obj) {
+      auto found = done_.find(obj);
+      if (found != done_.end()) return found->second;
+      std::string text;
+      if (obj == nullptr || obj == Py_None) {
+        text = "null";
+      } else if (PyDict_Check(obj) && PyDict_GET_SIZE(obj) == 0) {
+        text = "{}";
+      } else {
+        py::object raw = dumps_(py::reinterpret_borrow<py::object>(obj));
+        if (!PyBytes_Check(raw.ptr())) throw py::type_error("dumps must return bytes");
+        text.assign(PyBytes_AS_STRING(raw.ptr()),
+                    static_cast<size_t>(PyBytes_GET_SIZE(raw.ptr())));
+      }
+      return done_.emplace(obj, std::move(text)).first->second;
+    }
+
+   private:
+    py::object dumps_;
+    std::unordered_map<PyObject*, std::string> done_;
+  };
+
+  /// A text of a record as a JSON string (null for a missing one).
+  static void json_text(std::string& out, const TextTable::Block* b, int i) {
+    if (b->kind[i] == 0) {
+      out += "null";
+      return;
+    }
+    json::put_string(out, b->data(i), b->length[i], b->kind[i]);
+  }
+
+  /// Pass 3 as JSON: the pages of refs [from, to), comma-separated.
+  static void json_pages(std::string& out, const Refs& refs, size_t from, size_t to,
+                         const char* tier, bool scored, Dumped& dumped, int64_t* tokens) {
+    for (size_t r = from; r < to; ++r) {
+      const Ref& ref = refs.refs[r];
+      const TextTable::Block* b = ref.block;
+      const TextTable::Block* chain = ref.chain;
+      *tokens += (b->chars + (chain != nullptr ? chain->chars : 0) + 3) / 4;
+      if (r > from) out += ',';
+      out += "{\"page_id\":";
+      json::put_int(out, ref.key);
+      out += ",\"user_input\":";
+      json_text(out, b, 0);
+      out += ",\"agent_response\":";
+      json_text(out, b, 1);
+      out += ",\"timestamp\":";
+      json::put_float(out, b->timestamp);
+      out += ",\"tier\":\"";
+      out += tier;
+      out += "\",\"score\":";
+      if (scored) {
+        json::put_float(out, static_cast<double>(ref.score));
+      } else {
+        out += "null";
+      }
+      out += ",\"meta\":";
+      if (chain != nullptr) {
+        json_text(out, chain, 0);
+      } else {
+        out += "null";
+      }
+      out += ",\"extra\":";
+      out += dumped(ref.extra);
+      out += '}';
+    }
+  }
+
+  /// Pass 3 as JSON: the knowledge entries of refs [from, to), comma-separated.
+  static void json_entries(std::string& out, const Refs& refs, size_t from, size_t to,
+                           int64_t* tokens) {
+    for (size_t r = from; r < to; ++r) {
+      const Ref& ref = refs.refs[r];
+      *tokens += (ref.block->chars + 3) / 4;
+      if (r > from) out += ',';
+      out += "{\"entry_id\":";
+      json::put_int(out, ref.key);
+      out += ",\"text\":";
+      json_text(out, ref.block, 0);
+      out += ",\"score\":";
+      json::put_float(out, static_cast<double>(ref.score));
+      out += ",\"sources\":null}";
+    }
+  }
+
   /// A copy of the user's profile (each Retrieval owns its own), or a new empty dict.
   static py::object copy_profile(PyObject* profiles, PyObject* uid) {
     PyObject* found = PyDict_GetItemWithError(profiles, uid);  // borrowed
@@ -235,9 +395,10 @@ class Assembler {
   }
 
   /// Pass 1, one row of query i's hits. Ids < 0 are padding: for pages (`ordered`) they end
-  /// the row, for knowledge entries they may be anywhere (skipped).
+  /// the row, for knowledge entries they may be anywhere (skipped). `ids_wanted`: each ref
+  /// gets its id as a Python int (for the objects).
   static void take_hits(const TextTable& table, const Hits& h, int64_t i, bool ordered,
-                        Refs& refs) {
+                        bool ids_wanted, Refs& refs) {
     refs.start.push_back(refs.refs.size());
     const int64_t* ids = h.id_row(i);
     const float* scores = h.score_row(i);
@@ -246,8 +407,10 @@ class Assembler {
         if (ordered) break;
         continue;
       }
-      PyObject* id = PyLong_FromLongLong(ids[j]);
-      if (id == nullptr) throw py::error_already_set();
+      PyObject* id = nullptr;  // the objects' id field; a JSON body writes the key itself
+      if (ids_wanted && (id = PyLong_FromLongLong(ids[j])) == nullptr) {
+        throw py::error_already_set();
+      }
       refs.refs.push_back({id, ids[j], nullptr, nullptr, scores[j], nullptr});
       table.prefetch(ids[j]);
     }
@@ -365,7 +528,13 @@ void register_assembly(py::module_& m) {
            py::arg("uk_ids"), py::arg("uk_scores"), py::arg("ak_ids"), py::arg("ak_scores"),
            py::arg("profiles"), py::arg("profile_tokens"),
            "(list of Retrieval, total prompt tokens) of a batch; KeyError names a page or "
-           "entry the views lack.");
+           "entry the views lack.")
+      .def("bodies", &Assembler::bodies, py::arg("cleaned"), py::arg("users"), py::arg("views"),
+           py::arg("chains"), py::arg("texts"), py::arg("p_ids"), py::arg("p_scores"),
+           py::arg("uk_ids"), py::arg("uk_scores"), py::arg("ak_ids"), py::arg("ak_scores"),
+           py::arg("profiles"), py::arg("profile_tokens"), py::arg("dumps"),
+           "(list of JSON bytes, total prompt tokens): the same batch as the bodies of the "
+           "retrieval route (less user_id and known_user); KeyError as batch.");
 }
 
 }  // namespace memoryos

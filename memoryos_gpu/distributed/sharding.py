@@ -796,10 +796,11 @@ class ShardedEngine:
         top_segments: int | None = None,
         at: float | None = None,
         update_heat: bool = True,
-    ) -> list[Retrieval]:
-        """One ``retrieve_many`` per shard involved; results in input order. Refused as a whole
-        (before any heat changes) when a query is invalid or names an unknown user, as in one
-        engine."""
+        as_json: bool = False,
+    ) -> list[Retrieval] | list[bytes]:
+        """One ``retrieve_many`` per shard involved; results in input order (``as_json``: as
+        each result's JSON bytes, as one engine writes them). Refused as a whole (before any
+        heat changes) when a query is invalid or names an unknown user, as in one engine."""
         if (top_pages is not None and top_pages < 1) or (
             top_segments is not None and top_segments < 1
         ):
@@ -809,7 +810,7 @@ class ShardedEngine:
             for uid, _ in cleaned:
                 if not self.engine_for(uid).has_user(uid):
                     raise UnknownUserError(f"unknown user {uid!r}")
-            out: list[Retrieval | None] = [None] * len(cleaned)
+            out: list[Any] = [None] * len(cleaned)
             for shard, idx in self.shard_map.group(u for u, _ in cleaned).items():
                 res = self.engines[shard].retrieve_many(
                     [cleaned[i] for i in idx],
@@ -817,6 +818,7 @@ class ShardedEngine:
                     top_segments=top_segments,
                     at=at,
                     update_heat=update_heat,
+                    as_json=as_json,
                 )
                 for i, r in zip(idx, res, strict=True):
                     out[i] = r

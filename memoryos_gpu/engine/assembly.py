@@ -3,8 +3,10 @@
 The kernels leave ``[B, k]`` arrays of page ids, knowledge entry ids and scores; this module
 makes one Python object per *returned* page or entry (never per candidate), with the texts
 copied out of the in-memory views' native tables (:mod:`memoryos_gpu.page_views`), and counts
-the prompt tokens
-from the texts' lengths instead of building the prompt text. The objects are built natively,
+the prompt tokens from the texts' lengths instead of building the prompt text. Or, for a
+caller that only sends them on (the server's retrieval route), each query's JSON straight from
+the tables (:func:`assemble_json`, ``retrieve_many(..., as_json=True)``): no object at all,
+the same JSON as :func:`retrieval_json` of the objects. The objects are built natively,
 one call per batch (``csrc/bindings/assembly_bindings.cpp``: in Python each object cost
 0.5-0.9 us, most of a query's host time); ``tests/assembly_reference.py`` is the same rule in
 Python, which the tests hold it to. A page a view does not hold (never
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from memoryos_gpu.json_codec import dumps
 from memoryos_gpu.page_views import approx_tokens
 from memoryos_gpu.types import KnowledgeEntry, Retrieval, RetrievedPage
 
@@ -46,6 +49,42 @@ def assemble(
         return _assemble(s, cleaned, users, pages, user_knowledge, assistant_knowledge)
 
 
+def assemble_json(
+    s: EngineState,
+    cleaned: Sequence[tuple[str, str]],
+    users: Sequence[UserState],
+    pages: Hits,
+    user_knowledge: Hits,
+    assistant_knowledge: Hits,
+) -> list[bytes]:
+    """:func:`assemble` as each query's JSON object (:func:`retrieval_json`'s bytes), written
+    natively from the tables."""
+    try:
+        return _assemble(s, cleaned, users, pages, user_knowledge, assistant_knowledge, True)
+    except KeyError:
+        _read_missing(s, pages[1], users, user_knowledge[1], assistant_knowledge[1])
+        return _assemble(s, cleaned, users, pages, user_knowledge, assistant_knowledge, True)
+
+
+def retrieval_fields(r: Retrieval) -> dict[str, Any]:
+    """A retrieval's fields but ``user_id``, in order (pages and entries stay dataclasses:
+    the JSON encoder writes them as objects of their fields): the JSON object of a result."""
+    return {
+        "query": r.query,
+        "stm": r.stm,
+        "pages": r.pages,
+        "profile": r.profile,
+        "user_knowledge": r.user_knowledge,
+        "assistant_knowledge": r.assistant_knowledge,
+        "retrieval_tokens": r.retrieval_tokens,
+    }
+
+
+def retrieval_json(r: Retrieval) -> bytes:
+    """:func:`retrieval_fields` as JSON: what :func:`assemble_json` writes natively."""
+    return dumps(retrieval_fields(r))
+
+
 def _assemble(
     s: EngineState,
     cleaned: Sequence[tuple[str, str]],
@@ -53,12 +92,13 @@ def _assemble(
     pages: Hits,
     user_knowledge: Hits,
     assistant_knowledge: Hits,
-) -> list[Retrieval]:
+    as_json: bool = False,
+) -> list[Any]:
     paused = gc.isenabled()  # ~20 objects a query, none cyclic: no collection can free any
     if paused:
         gc.disable()
     try:
-        out, total = _assembler().batch(
+        args = (
             cleaned if isinstance(cleaned, list) else list(cleaned),
             users if isinstance(users, list) else list(users),
             s.views.pages.table,
@@ -70,6 +110,8 @@ def _assemble(
             s.profiles,
             _profile_tokens,
         )
+        assembler = _assembler()
+        out, total = assembler.bodies(*args, dumps) if as_json else assembler.batch(*args)
     finally:
         if paused:
             gc.enable()

@@ -317,10 +317,13 @@ class MemoryEngine:
         at: float | None = None,
         update_heat: bool = True,
         sources: bool = False,
-    ) -> list[Retrieval]:
+        as_json: bool = False,
+    ) -> list[Retrieval] | list[bytes]:
         """Many users' queries in one batched pass: one embedding batch, one call per kernel,
         then heat feedback (unless ``update_heat=False``); ``sources``: knowledge entries
-        name the pages they were derived from."""
+        name the pages they were derived from; ``as_json``: each result as the UTF-8 bytes of
+        its JSON object (every field but ``user_id``; what the server answers), written
+        natively with no Python object per page."""
         return self._retrieval.retrieve_many(
             queries,
             top_pages=top_pages,
@@ -328,6 +331,7 @@ class MemoryEngine:
             at=at,
             update_heat=update_heat,
             sources=sources,
+            as_json=as_json,
         )
 
     def respond(self, user_id: str, query: str, **kw: Any) -> Response:

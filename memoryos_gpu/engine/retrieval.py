@@ -6,7 +6,8 @@ fused retrieval pass (``ops.retrieve``: segment scores, BM25 over each user's MT
 the arena's lexical index, the fusion of both candidate sets, the top k), one knowledge top-k
 for the users' rings and one for their assistants', and one heat credit of the served pages
 (``ops.credit_served``). The results come back as ``[B, k]`` arrays; Python touches only what
-is returned (one object per returned page or entry, texts from the in-memory views), and the
+is returned (one object per returned page or entry, texts from the in-memory views; with
+``as_json`` none: each result's JSON is written natively from the views), and the
 heat credit is two array appends that the write-behind takes to the store later
 (:mod:`~memoryos_gpu.engine.heat`). Nothing here reads or writes the store.
 
@@ -28,7 +29,7 @@ from memoryos_gpu.ops.retrieval import RetrievalParams, credit_served, retrieve,
 from memoryos_gpu.store import derivations
 from memoryos_gpu.types import Retrieval
 
-from .assembly import assemble
+from .assembly import assemble, assemble_json
 from .heat import Heat
 from .state import EngineState, UserState
 from .validation import InvalidInputError, clean_queries
@@ -51,10 +52,14 @@ class RetrievalPipeline:
         at: float | None = None,
         update_heat: bool = True,
         sources: bool = False,
-    ) -> list[Retrieval]:
+        as_json: bool = False,
+    ) -> list[Retrieval] | list[bytes]:
         """Many users' queries in one batched pass (see the module docstring); ``sources``:
         each knowledge entry also says which pages it was derived from (one store query for
-        the whole batch, only when asked)."""
+        the whole batch, only when asked); ``as_json``: each query's result as the bytes of
+        its JSON object instead (``assembly.retrieval_json``), written natively."""
+        if as_json and sources:
+            raise InvalidInputError("as_json does not carry sources: ask for the objects")
         t_start = time.perf_counter()
         s = self._s
         m = s.memory
@@ -103,7 +108,7 @@ class RetrievalPipeline:
             if update_heat:
                 self._heat.credit(slots, segments, host[7], host[8])
             page_ids = np.where(pages >= 0, s.page_of_slot[np.maximum(pages, 0)], -1)
-            out = assemble(
+            out = (assemble_json if as_json else assemble)(
                 s,
                 cleaned,
                 users,

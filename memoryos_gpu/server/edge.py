@@ -21,10 +21,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.json_codec import loads
 from memoryos_gpu.server.auth import KeyLimits, KeyRing, Principal, RateLimiter, Refusal
 from memoryos_gpu.server.batching import Overloaded, Unavailable
 from memoryos_gpu.server.metrics import ServerMetrics
-from memoryos_gpu.server.scope import TENANCY, ApiError, Scope, error_response, loads
+from memoryos_gpu.server.scope import TENANCY, ApiError, Scope, error_response
 from memoryos_gpu.server.service import LLMUnavailableError, PartialWriteError
 from memoryos_gpu.server.settings import ServerSettings
 

@@ -31,7 +31,7 @@ import zmq.asyncio
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.distributed.ray_common import BoxedError
 from memoryos_gpu.server.ipc import HWM, dump, load
-from memoryos_gpu.server.scope import retrieval_body
+from memoryos_gpu.server.scope import with_known
 from memoryos_gpu.server.service import MemoryService
 from memoryos_gpu.server.settings import ServerSettings
 
@@ -162,12 +162,13 @@ class EngineServer:
         top_pages: int | None,
         top_segments: int | None,
     ) -> None:
-        """A worker's retrieval, answered as its route's JSON (``scope.retrieval_body``) from
-        the callback of the batch it joins: a retrieval is most of what the workers send, and a
-        task, a pickled ``Retrieval`` (~170 objects) and its unpickling in the worker cost
-        more than the engine's own work for it."""
+        """A worker's retrieval, answered as its route's JSON from the callback of the batch it
+        joins, the engine writing the JSON for the whole batch (``retrieve_many(...,
+        as_json=True)``): a retrieval is most of what the workers send, and a task, a pickled
+        ``Retrieval`` (~170 objects) and its unpickling in the worker cost more than the
+        engine's own work for it."""
         try:
-            fut = self.service.enqueue_retrieval(user_id, query, top_pages, top_segments)
+            fut = self.service.enqueue_retrieval(user_id, query, top_pages, top_segments, True)
         except Exception as exc:
             self._post(ident, (rid, False, BoxedError.of(exc)))
             return
@@ -176,7 +177,7 @@ class EngineServer:
     def _body_done(self, ident: bytes, rid: int, user_id: str, fut: asyncio.Future) -> None:
         try:
             known = self.service.is_known(user_id)
-            out = (rid, True, (retrieval_body(fut.result(), known), known))
+            out = (rid, True, (with_known(fut.result(), known), known))
         except (Exception, asyncio.CancelledError) as exc:
             out = (rid, False, BoxedError.of(exc))
         self._post(ident, out)

@@ -7,8 +7,6 @@ native routes, the mem0-shaped routes and the edge middleware answer alike.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -16,54 +14,37 @@ from fastapi import HTTPException, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, Response
 
+from memoryos_gpu.engine.assembly import retrieval_fields as engine_fields
+from memoryos_gpu.engine.assembly import retrieval_json
+from memoryos_gpu.json_codec import dumps
 from memoryos_gpu.server.auth import Principal
 from memoryos_gpu.server.settings import ServerSettings
-
-try:  # faster JSON (dataclasses serialised natively) for the hot paths; plain json otherwise
-    import orjson
-
-    def dumps(data: Any) -> bytes:
-        return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
-
-    loads = orjson.loads  # its JSONDecodeError subclasses json.JSONDecodeError
-except ImportError:  # pragma: no cover
-    loads = json.loads
-
-    def _default(obj: Any) -> Any:
-        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            return dataclasses.asdict(obj)
-        raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
-
-    def dumps(data: Any) -> bytes:
-        return json.dumps(data, ensure_ascii=False, default=_default).encode()
 
 
 def retrieval_fields(r: Any, known: bool) -> dict[str, Any]:
     """A retrieval's JSON fields but ``user_id`` (which a route writes in the caller's tenant
-    form); pages and knowledge entries stay dataclasses: :func:`dumps` serialises them."""
-    return {
-        "query": r.query,
-        "stm": r.stm,
-        "pages": r.pages,
-        "profile": r.profile,
-        "user_knowledge": r.user_knowledge,
-        "assistant_knowledge": r.assistant_knowledge,
-        "retrieval_tokens": r.retrieval_tokens,
-        "known_user": known,
-    }
+    form), ``known_user`` last."""
+    return {**engine_fields(r), "known_user": known}
+
+
+def with_known(body: bytes, known: bool) -> bytes:
+    """A retrieval's JSON object (``retrieval_json``, or the engine's ``as_json`` bytes) with
+    ``known_user`` last."""
+    return body[:-1] + (b',"known_user":true}' if known else b',"known_user":false}')
 
 
 def retrieval_body(r: Any, known: bool) -> bytes:
     """A retrieval as the JSON object its HTTP route answers, less ``user_id`` (the route puts
-    it first: :func:`with_user_id`). Made where the retrieval is: under ``serve --workers``
-    the engine process sends these bytes, not the objects, so neither side pickles ~170
-    objects a query and the worker writes no JSON for it."""
-    return dumps(retrieval_fields(r, known))
+    it first: :func:`with_user_id`), for a Retrieval object. The engine writes the same bytes
+    natively for its own batches (``retrieve_many(..., as_json=True)``: no Python object per
+    page, nothing pickled between processes)."""
+    return with_known(retrieval_json(r), known)
 
 
 class RetrievalBodies:
-    """``retrieve_body`` for a service whose retrievals are objects in this process (the
-    single-process service, the Ray Serve router): its ``retrieve``, then the JSON."""
+    """``retrieve_body`` for a service whose retrievals come as objects (the Ray Serve
+    router): its ``retrieve``, then the JSON. The engine's own service has the engine write
+    the JSON for its batches (``MemoryService.retrieve_body``)."""
 
     async def retrieve_body(
         self: Any,

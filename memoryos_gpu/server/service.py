@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.engine.assembly import retrieval_json
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
 from memoryos_gpu.server.batching import (
     ChunkFailed,
@@ -40,7 +41,7 @@ from memoryos_gpu.server.batching import (
     Unavailable,
     check_state,
 )
-from memoryos_gpu.server.scope import RetrievalBodies
+from memoryos_gpu.server.scope import with_known
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -138,7 +139,7 @@ def _empty_retrieval(user_id: str, query: str) -> Retrieval:
     return Retrieval(user_id, query, [], [], {}, [], [])
 
 
-class MemoryService(RetrievalBodies):
+class MemoryService:
     """An engine behind micro-batched queues and a derived-work thread.
 
     ``source`` is an :class:`EngineConfig` (the engine is built in a thread by :meth:`start`, so
@@ -462,32 +463,57 @@ class MemoryService(RetrievalBodies):
         return await self.enqueue_retrieval(user_id, query, top_pages, top_segments)
 
     def enqueue_retrieval(
-        self, user_id: str, query: str, top_pages: int | None, top_segments: int | None
+        self,
+        user_id: str,
+        query: str,
+        top_pages: int | None,
+        top_segments: int | None,
+        as_json: bool = False,
     ) -> asyncio.Future:
         """:meth:`retrieve` as a future of the batch it joins (no coroutine: the engine process
-        of ``serve --workers`` answers its workers' retrievals from the future's callback)."""
+        of ``serve --workers`` answers its workers' retrievals from the future's callback);
+        ``as_json``: a future of the result's JSON bytes (``retrieval_json``, no known_user)."""
         self.check_ready()
-        return self._batchers["retrieve"].enqueue((user_id, query, top_pages, top_segments))
+        item = (user_id, query, top_pages, top_segments, as_json)
+        return self._batchers["retrieve"].enqueue(item)
 
-    def _run_retrievals(self, items: list[tuple[str, str, int | None, int | None]]) -> list[Any]:
+    async def retrieve_body(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        top_pages: int | None = None,
+        top_segments: int | None = None,
+    ) -> bytes:
+        """:meth:`retrieve` as its route's JSON (less user_id), written by the engine for the
+        whole batch: no Python object per page."""
+        raw = await self.enqueue_retrieval(user_id, query, top_pages, top_segments, True)
+        return with_known(raw, self.is_known(user_id))
+
+    def _run_retrievals(
+        self, items: list[tuple[str, str, int | None, int | None, bool]]
+    ) -> list[Any]:
         out: list[Any] = [None] * len(items)
-        groups: dict[tuple[int | None, int | None], list[int]] = {}
-        for i, (uid, q, tp, ts) in enumerate(items):
+        groups: dict[tuple[int | None, int | None, bool], list[int]] = {}
+        for i, (uid, q, tp, ts, as_json) in enumerate(items):
             if self.is_known(uid):
-                groups.setdefault((tp, ts), []).append(i)
+                groups.setdefault((tp, ts, as_json), []).append(i)
             else:
-                out[i] = _empty_retrieval(uid, q)
-        for (tp, ts), idx in groups.items():
+                empty = _empty_retrieval(uid, q)
+                out[i] = retrieval_json(empty) if as_json else empty
+        for (tp, ts, as_json), idx in groups.items():
             queries = [(items[i][0], items[i][1]) for i in idx]
+            kw = {"top_pages": tp, "top_segments": ts, "as_json": as_json}
             try:
-                res = self.engine.retrieve_many(queries, top_pages=tp, top_segments=ts)
+                res = self.engine.retrieve_many(queries, **kw)
             except Exception:
                 res = []
                 for q in queries:  # isolate the failing query (e.g. a user deleted meanwhile)
                     try:
-                        res.append(self.engine.retrieve_many([q], top_pages=tp, top_segments=ts)[0])
+                        res.append(self.engine.retrieve_many([q], **kw)[0])
                     except UnknownUserError:
-                        res.append(_empty_retrieval(*q))
+                        empty = _empty_retrieval(*q)
+                        res.append(retrieval_json(empty) if as_json else empty)
                     except Exception as e:
                         res.append(e)
             for i, r in zip(idx, res, strict=True):
