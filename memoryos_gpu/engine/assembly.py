@@ -5,8 +5,8 @@ makes one Python object per *returned* page or entry (never per candidate), with
 copied out of the in-memory views' native tables (:mod:`memoryos_gpu.page_views`), and counts
 the prompt tokens from the texts' lengths instead of building the prompt text. Or, for a
 caller that only sends them on (the server's retrieval route), each query's JSON straight from
-the tables (:func:`assemble_json`, ``retrieve_many(..., as_json=True)``): no object at all,
-the same JSON as :func:`retrieval_json` of the objects. The objects are built natively,
+the tables (``assemble(..., as_json=True)``, ``retrieve_many(..., as_json=True)``): no object
+at all, the same JSON as :func:`retrieval_json` of the objects. The objects are built natively,
 one call per batch (``csrc/bindings/assembly_bindings.cpp``: in Python each object cost
 0.5-0.9 us, most of a query's host time); ``tests/assembly_reference.py`` is the same rule in
 Python, which the tests hold it to. A page a view does not hold (never
@@ -39,31 +39,17 @@ def assemble(
     pages: Hits,
     user_knowledge: Hits,
     assistant_knowledge: Hits,
-) -> list[Retrieval]:
+    as_json: bool = False,
+) -> list[Retrieval] | list[bytes]:
     """One :class:`Retrieval` per query: MTM pages best first, the whole STM, the profile, the
-    user's and the assistant's knowledge."""
+    user's and the assistant's knowledge; ``as_json``: each one's JSON object instead
+    (:func:`retrieval_json`'s bytes), written natively from the tables."""
+    hits = (pages, user_knowledge, assistant_knowledge)
     try:
-        return _assemble(s, cleaned, users, pages, user_knowledge, assistant_knowledge)
+        return _assemble(s, cleaned, users, *hits, as_json)
     except KeyError:  # a view is missing (a bug elsewhere): read the batch's from the store
         _read_missing(s, pages[1], users, user_knowledge[1], assistant_knowledge[1])
-        return _assemble(s, cleaned, users, pages, user_knowledge, assistant_knowledge)
-
-
-def assemble_json(
-    s: EngineState,
-    cleaned: Sequence[tuple[str, str]],
-    users: Sequence[UserState],
-    pages: Hits,
-    user_knowledge: Hits,
-    assistant_knowledge: Hits,
-) -> list[bytes]:
-    """:func:`assemble` as each query's JSON object (:func:`retrieval_json`'s bytes), written
-    natively from the tables."""
-    try:
-        return _assemble(s, cleaned, users, pages, user_knowledge, assistant_knowledge, True)
-    except KeyError:
-        _read_missing(s, pages[1], users, user_knowledge[1], assistant_knowledge[1])
-        return _assemble(s, cleaned, users, pages, user_knowledge, assistant_knowledge, True)
+        return _assemble(s, cleaned, users, *hits, as_json)
 
 
 def retrieval_fields(r: Retrieval) -> dict[str, Any]:
@@ -81,7 +67,7 @@ def retrieval_fields(r: Retrieval) -> dict[str, Any]:
 
 
 def retrieval_json(r: Retrieval) -> bytes:
-    """:func:`retrieval_fields` as JSON: what :func:`assemble_json` writes natively."""
+    """:func:`retrieval_fields` as JSON: what ``assemble(..., as_json=True)`` writes natively."""
     return dumps(retrieval_fields(r))
 
 

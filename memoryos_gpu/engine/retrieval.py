@@ -29,7 +29,7 @@ from memoryos_gpu.ops.retrieval import RetrievalParams, credit_served, retrieve,
 from memoryos_gpu.store import derivations
 from memoryos_gpu.types import Retrieval
 
-from .assembly import assemble, assemble_json
+from .assembly import assemble
 from .heat import Heat
 from .state import EngineState, UserState
 from .validation import InvalidInputError, clean_queries
@@ -108,13 +108,14 @@ class RetrievalPipeline:
             if update_heat:
                 self._heat.credit(slots, segments, host[7], host[8])
             page_ids = np.where(pages >= 0, s.page_of_slot[np.maximum(pages, 0)], -1)
-            out = (assemble_json if as_json else assemble)(
+            out = assemble(
                 s,
                 cleaned,
                 users,
                 (scores, page_ids),
                 (u_scores, _entries(s.entry_of_ring, owners, u_ring)),
                 (a_scores, _entries(s.entry_of_ring, a_owners, a_ring)),
+                as_json,
             )
             s.counters["retrievals"] += n
         if sources:
