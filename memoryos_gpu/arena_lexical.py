@@ -18,7 +18,7 @@ so on a CPU arena a user with at least ``postings_min_pages`` indexed pages also
 (``memoryos_gpu._C.Postings``, ``csrc/include/memoryos/postings.h``): for each of its terms,
 the pages holding it, kept in step with every row written or cleared here, so that a query
 touches only its own terms' pages. The scores are the scan's to the bit. Users below the
-threshold (everyone at ~20 pages) cost 12 bytes a page slot of bookkeeping.
+threshold (everyone at ~20 pages) cost 8 bytes a page slot of bookkeeping.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class LexicalRows:
             return
         slots = np.unique(slots)
         if self.postings is not None:
-            self.postings.clear(slots)
+            self.postings.clear(slots, self._h_count[slots])
         self.live -= int(self._h_count[slots].sum())
         self._h_count[slots] = 0
         if self._b.on_cuda:

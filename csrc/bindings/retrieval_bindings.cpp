@@ -373,11 +373,13 @@ void register_postings(py::module_& m) {
            "Rows written; returns the users that reached min_pages without postings.")
       .def(
           "clear",
-          [](Postings& p, const Arr<int64_t>& slots) {
+          [](Postings& p, const Arr<int64_t>& slots, const Arr<int32_t>& terms) {
+            if (terms.size() != slots.size()) throw py::value_error("clear: terms [n] per slot");
             check_slots(p, slots);
-            p.clear(slots.data(), slots.size());
+            p.clear(slots.data(), terms.data(), slots.size());
           },
-          py::arg("slots"), "Rows cleared: their postings go stale.")
+          py::arg("slots"), py::arg("terms"),
+          "Rows cleared (terms: each row's distinct terms): their postings go stale.")
       .def("build", &postings_build, py::arg("user"), py::arg("slots"), py::arg("start"),
            py::arg("count"), py::arg("terms"), py::arg("tf"),
            "A user's postings from the rows of its page slots.")

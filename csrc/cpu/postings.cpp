@@ -16,7 +16,6 @@ void Postings::grow_slots(int64_t num_slots) {
   if (n <= gen_.size()) return;
   gen_.resize(n, 0);
   owner_.resize(n, -1);
-  terms_.resize(n, 0);
 }
 
 void Postings::grow_users(int32_t u) {
@@ -38,7 +37,6 @@ std::vector<int32_t> Postings::write(const int32_t* users, const int64_t* slots,
     if (u < 0 || b == a) continue;  // an empty row: nothing to find, not an indexed page
     grow_users(u);
     owner_[s] = u;
-    terms_[s] = static_cast<int32_t>(b - a);
     ++pages_[u];
     UserIndex* ix = index_[u].get();
     if (ix == nullptr) {  // reported until built, once a call
@@ -54,7 +52,7 @@ std::vector<int32_t> Postings::write(const int32_t* users, const int64_t* slots,
   return crossed;
 }
 
-void Postings::clear(const int64_t* slots, int64_t n) {
+void Postings::clear(const int64_t* slots, const int32_t* terms, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const size_t s = static_cast<size_t>(slots[i]);
     if (s >= gen_.size()) continue;
@@ -65,8 +63,8 @@ void Postings::clear(const int64_t* slots, int64_t n) {
     --pages_[u];
     UserIndex* ix = index_[u].get();
     if (ix == nullptr) continue;
-    ix->live -= terms_[s];
-    ix->stale += terms_[s];
+    ix->live -= terms[i];
+    ix->stale += terms[i];
     if (pages_[u] == 0) {
       index_[u].reset();  // the user's MTM emptied (or the user left): nothing to keep
     } else if (ix->stale > ix->live && ix->stale >= kMinCompact) {
@@ -112,7 +110,7 @@ void Postings::compact(UserIndex& ix, const std::vector<uint32_t>& gen) {
 
 size_t Postings::nbytes() const {
   size_t total = gen_.capacity() * sizeof(uint32_t) + owner_.capacity() * sizeof(int32_t) +
-                 terms_.capacity() * sizeof(int32_t) + pages_.capacity() * sizeof(int32_t) +
+                 pages_.capacity() * sizeof(int32_t) +
                  index_.capacity() * sizeof(void*);
   for (const auto& ix : index_) {
     if (ix == nullptr) continue;

@@ -165,6 +165,12 @@ inline void prefetch(const void* p) {
 #endif
 }
 
+/// BM25's mean page length over N pages of `total` tokens (1 for none): one rule for the row
+/// scan and the postings, whose scores must agree to the bit.
+inline float mean_length(int64_t total, int32_t n) {
+  return n > 0 && total > 0 ? static_cast<float>(static_cast<double>(total) / n) : 1.f;
+}
+
 /// One pass over the term rows of the walked pages: which query terms each page holds (in the
 /// row's order: BM25 sums them in fixed point, where order does not matter), each term's
 /// document frequency, N and the mean length.
@@ -197,7 +203,7 @@ void lexical_stats(const int32_t* qt, int nq, const LexicalView& lex, Scratch& s
   sc.match_start.push_back(static_cast<int32_t>(sc.matches.size()));
   const int32_t n = static_cast<int32_t>(sc.walk.size());
   *n_docs = n;
-  *avg_len = n > 0 && total > 0 ? static_cast<float>(static_cast<double>(total) / n) : 1.f;
+  *avg_len = mean_length(total, n);
 }
 
 /// BM25 of each page visited by lexical_stats (into sc.lex, zeroed, in visit order), from the
@@ -239,8 +245,7 @@ void bm25_from_postings(const int32_t* qt, int nq, const LexicalView& lex,
     total += lex.length[sc.walk[o]];
   }
   const int32_t n_docs = static_cast<int32_t>(n);
-  const float avg_len =
-      n > 0 && total > 0 ? static_cast<float>(static_cast<double>(total) / n_docs) : 1.f;
+  const float avg_len = mean_length(total, n_docs);
   sc.fixed.assign(n, 0);
   for (int t = 0; t < nq; ++t) {
     const int32_t id = sc.q_sorted[t];

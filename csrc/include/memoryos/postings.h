@@ -58,8 +58,9 @@ class Postings {
   /// min_pages indexed pages and have no postings yet: the caller builds them (`build`).
   std::vector<int32_t> write(const int32_t* users, const int64_t* slots, int64_t n,
                              const int64_t* offsets, const int32_t* ids, const int32_t* tf);
-  /// Rows cleared: their postings go stale.
-  void clear(const int64_t* slots, int64_t n);
+  /// Rows cleared (`terms[i]`: the distinct terms row slots[i] held, the lexical pool's count
+  /// before the clear): their postings go stale.
+  void clear(const int64_t* slots, const int32_t* terms, int64_t n);
   /// User u's postings from the rows of its indexed page slots (the lexical pool's arrays).
   void build(int32_t u, const int64_t* slots, int64_t n, const int64_t* start,
              const int32_t* count, const int32_t* terms, const int32_t* tf);
@@ -73,7 +74,6 @@ class Postings {
   int32_t min_pages_;
   std::vector<uint32_t> gen_;    // per slot
   std::vector<int32_t> owner_;   // per slot: the user of its row, -1 when unindexed
-  std::vector<int32_t> terms_;   // per slot: distinct terms of its row
   std::vector<int32_t> pages_;   // per user: indexed pages
   std::vector<std::unique_ptr<UserIndex>> index_;  // per user, null below min_pages
 };
