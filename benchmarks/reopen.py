@@ -190,9 +190,14 @@ def build_store(
         db.executemany(
             "INSERT INTO pages(page_id, user_id, seq, user_input, agent_response, timestamp, "
             "tier, segment_id, seg_pos, chain_id, summary, keywords, analysed, mode, "
-            "embedding, source, extra, created, terms) VALUES (?, ?, ?, ?, ?, ?, 'mtm', ?, 0, "
-            "?, ?, ?, ?, 'extractive', ?, ?, '{}', ?, ?)",
-            [(*r[:8], *r[9:], t) for r, t in zip(rows_p, terms, strict=True)],
+            "source, extra, created) VALUES (?, ?, ?, ?, ?, ?, 'mtm', ?, 0, "
+            "?, ?, ?, ?, 'extractive', ?, '{}', ?)",
+            [(*r[:8], *r[9:12], *r[13:]) for r in rows_p],
+        )
+        # its embedding and term row beside it (schema 6)
+        db.executemany(
+            "INSERT INTO page_vectors(page_id, embedding, terms) VALUES (?, ?, ?)",
+            [(r[0], r[12], t) for r, t in zip(rows_p, terms, strict=True)],
         )
         # each page a chain of its own, whose meta is one row (schema 5)
         db.executemany(
@@ -202,10 +207,13 @@ def build_store(
         del rows_s, rows_p, seg_emb, page_emb
         if stm_pages:
             blobs = _blobs(rng, nu * stm_pages)
+            ids = [
+                mtm_total + u * stm_pages + j + 1 for u in range(lo, hi) for j in range(stm_pages)
+            ]
             db.executemany(
                 "INSERT INTO pages(page_id, user_id, seq, user_input, agent_response, timestamp, "
-                "tier, embedding, source, extra, created) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'stm', ?, ?, '{}', ?)",
+                "tier, source, extra, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'stm', ?, '{}', ?)",
                 [
                     (
                         mtm_total + u * stm_pages + j + 1,
@@ -214,13 +222,16 @@ def build_store(
                         f"recent message {j} of user {u}",
                         "ok",
                         t0 + (segments + j) * 60.0,
-                        blobs[(u - lo) * stm_pages + j],
                         f"synthetic:{u}:stm{j}",
                         now,
                     )
                     for u in range(lo, hi)
                     for j in range(stm_pages)
                 ],
+            )
+            db.executemany(  # STM pages' term rows are made on open (pages_without_terms)
+                "INSERT INTO page_vectors(page_id, embedding) VALUES (?, ?)",
+                zip(ids, blobs, strict=True),
             )
         if user_knowledge:
             blobs = _blobs(rng, nu * user_knowledge)

@@ -17,11 +17,12 @@ keyword that are the same word have the same id.
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 
@@ -33,8 +34,20 @@ def date_words(timestamp: float | None) -> str:
     """``1683561360.0`` -> ``"Monday 8 May 2023"`` (UTC): the words a question would use."""
     if timestamp is None:
         return ""
+    frac, whole = math.modf(float(timestamp))
+    if not math.isfinite(whole):
+        return ""
+    us = round(frac * 1e6)  # the instant as datetime reads it: whole microseconds, half-even
+    return _day_words((int(whole) + (us >= 1_000_000) - (us < 0)) // 86_400)
+
+
+@lru_cache(maxsize=4096)
+def _day_words(day: int) -> str:
+    """The date words of UTC day ``day`` (days since the epoch). Cached by day: a UTC day is
+    86,400 POSIX seconds, and the pages of a batch share a few days, so formatting a datetime
+    per page was most of this function's cost on the ingestion path."""
     try:
-        dt = datetime.fromtimestamp(float(timestamp), tz=UTC)
+        dt = datetime.fromtimestamp(day * 86_400.0, tz=UTC)
     except (OverflowError, OSError, ValueError):
         return ""
     return f"{dt:%A} {dt.day} {dt:%B %Y}"

@@ -25,7 +25,7 @@ cost a rewrite of every page of the chain per page added (O(n^2) over a long con
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from memoryos_gpu.types import ReadOnlyDict
@@ -187,6 +187,24 @@ class PageViews:
             if v.chain_id not in chains:
                 self.set_chain(v.chain_id, v.meta)
         self.pages.table.put_many(ids, inputs, responses, stamps, extras, links)
+
+    def put_pages(self, pages: Sequence[tuple[int, Any]], users: dict[str, Any]) -> None:
+        """The views of pages just accepted, ``(page_id, PageInput)``, in one native call;
+        each page's metadata shared with its user's previous page's when equal
+        (:meth:`shared_extra`, kept on the user state ``users[user_id].extra``)."""
+        extras = []
+        for _, p in pages:
+            user = users[p.user_id]
+            user.extra = extra = self.shared_extra(p.meta, user.extra)
+            extras.append(extra)
+        self.pages.table.put_many(
+            [pid for pid, _ in pages],
+            [p.user_input for _, p in pages],
+            [p.agent_response for _, p in pages],
+            [float(p.timestamp) for _, p in pages],
+            extras,
+            [-1] * len(pages),
+        )
 
     def set_chain(self, chain_id: int, meta: str | None) -> None:
         """A chain's meta summary, new or rewritten: every page linked to it shows it."""

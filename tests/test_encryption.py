@@ -176,7 +176,10 @@ def test_raw_hex_key_skips_the_passphrase_derivation(tmp_path: Path) -> None:
 def _pages(store: Path, key: str) -> list[tuple]:
     st = open_store(str(store), key=key, writer=False)
     try:
-        return st.query("SELECT page_id, user_input, embedding FROM pages ORDER BY page_id")
+        return st.query(
+            "SELECT p.page_id, p.user_input, v.embedding FROM pages p JOIN page_vectors v "
+            "ON v.page_id = p.page_id ORDER BY p.page_id"
+        )
     finally:
         st.close()
 
@@ -204,7 +207,10 @@ def test_encrypt_converts_a_plain_store_one_way(tmp_path: Path) -> None:
     store = tmp_path / "s.sqlite3"
     fill(store, None)
     st = open_store(str(store), key=None, writer=False)
-    before = st.query("SELECT page_id, user_input, embedding FROM pages ORDER BY page_id")
+    before = st.query(
+        "SELECT p.page_id, p.user_input, v.embedding FROM pages p JOIN page_vectors v "
+        "ON v.page_id = p.page_id ORDER BY p.page_id"
+    )
     st.close()
     enc.rekey(store, None, SecretStr(KEY))
     assert MARKER.encode() not in raw_bytes(store)

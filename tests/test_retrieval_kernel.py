@@ -515,8 +515,24 @@ def test_native_date_words_equal_python(ts) -> None:
     assert " ".join(_C.date_words(ts)) == date_words(ts).lower()
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.floats(min_value=-62_135_596_800, max_value=253_402_300_799, allow_nan=False)
+    | st.integers(-720_000, 2_900_000).map(lambda d: d * 86_400.0 - 1e-6)  # a day's last instant
+)
+def test_date_words_are_each_instants_utc_date(ts) -> None:
+    """Cached by UTC day, the words are still the instant's own date's."""
+    try:
+        dt = datetime.fromtimestamp(ts, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        assert date_words(ts) == ""
+        return
+    assert date_words(ts) == f"{dt:%A} {dt.day} {dt:%B %Y}"
+
+
 def test_date_words_out_of_range_and_pages_get_them() -> None:
     assert _C.date_words(1e300) == [] and _C.date_words(math.inf) == []
+    assert date_words(1e300) == date_words(math.inf) == date_words(math.nan) == ""
     ts = datetime(2023, 5, 8, 13, 56, tzinfo=UTC).timestamp()
     row = page_terms(["Caroline went"], [ts]).row(0)
     words = ["caroline", "went", "monday", "8", "may", "2023"]

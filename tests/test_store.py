@@ -914,9 +914,12 @@ def test_bulk_loaders_stream_in_chunks_and_vectorise_keywords(
             v = rng.standard_normal(d).astype(np.float32)
             db.execute(
                 "INSERT INTO pages(page_id, user_id, seq, user_input, agent_response, timestamp, "
-                "tier, segment_id, seg_pos, embedding, created) "
-                "VALUES (?, 'u0', ?, '', '', 0, 'mtm', ?, ?, ?, 0)",
-                (100 + i, i, int(sg), int(pos), emb_blob(v)),
+                "tier, segment_id, seg_pos, created) "
+                "VALUES (?, 'u0', ?, '', '', 0, 'mtm', ?, ?, 0)",
+                (100 + i, i, int(sg), int(pos)),
+            )
+            db.execute(
+                "INSERT INTO page_vectors(page_id, embedding) VALUES (?, ?)", (100 + i, emb_blob(v))
             )
             want[100 + i] = (int(sg), int(pos), v)
     assert s.segment_block_count(2) == (4, 8)  # 3 pages in blocks of 2: two blocks each
@@ -943,7 +946,7 @@ def test_bulk_loaders_stream_in_chunks_and_vectorise_keywords(
     assert s.load_stats["mtm_pages"]["rows"] == 12
     assert list(s.iter_knowledge(d)) == []
     with s.transaction() as db:  # a truncated blob is reported, not reshaped into garbage
-        db.execute("UPDATE pages SET embedding = ? WHERE page_id = 100", (b"\x00",))
+        db.execute("UPDATE page_vectors SET embedding = ? WHERE page_id = 100", (b"\x00",))
     with pytest.raises(StoreError, match="corrupt"):
         list(s.iter_mtm_pages(d))
     s.close()

@@ -226,8 +226,9 @@ class Forgetting:
         removed."""
         s = self._s
         rows = db.execute(
-            "SELECT summary, keywords, embedding, user_input FROM pages WHERE segment_id = ? "
-            "ORDER BY seg_pos",
+            "SELECT p.summary, p.keywords, v.embedding, p.user_input FROM pages p "
+            "JOIN page_vectors v ON v.page_id = p.page_id WHERE p.segment_id = ? "
+            "ORDER BY p.seg_pos",
             (sid,),
         ).fetchall()
         if not rows:

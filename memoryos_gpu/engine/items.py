@@ -75,15 +75,12 @@ class Items:
             old_terms = terms_from_blobs([s.store.page_terms([page_id]).get(page_id)])
             with s.store.transaction() as db:
                 db.execute(
-                    "UPDATE pages SET user_input = ?, agent_response = ?, embedding = ?, "
-                    "terms = ? WHERE page_id = ?",
-                    (
-                        new["user_input"],
-                        new["agent_response"],
-                        emb_blob(vec),
-                        terms_to_blobs(terms)[0],
-                        page_id,
-                    ),
+                    "UPDATE pages SET user_input = ?, agent_response = ? WHERE page_id = ?",
+                    (new["user_input"], new["agent_response"], page_id),
+                )
+                db.execute(
+                    "UPDATE page_vectors SET embedding = ?, terms = ? WHERE page_id = ?",
+                    (emb_blob(vec), terms_to_blobs(terms)[0], page_id),
                 )
                 s.store.audit(
                     db,

@@ -135,8 +135,9 @@ class Rebuild:
         last = 0
         while True:
             rows = s.store.query(
-                "SELECT page_id, user_id, terms FROM pages WHERE page_id > ? "
-                "ORDER BY page_id LIMIT ?",
+                "SELECT p.page_id, p.user_id, v.terms FROM pages p "
+                "JOIN page_vectors v ON v.page_id = p.page_id WHERE p.page_id > ? "
+                "ORDER BY p.page_id LIMIT ?",
                 (last, LOAD_CHUNK),
             )
             if not rows:

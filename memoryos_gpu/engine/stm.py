@@ -102,13 +102,10 @@ class ShortTerm:
                 s.drop_user_state(u)
             s.counters = counters
             raise
-        for p, r in zip(items, results, strict=True):  # committed: retrievals may show them
-            if not r.duplicate:
-                user = s.users[p.user_id]
-                user.extra = s.views.shared_extra(p.meta, user.extra)
-                s.views.pages.put(
-                    r.page_id, p.user_input, p.agent_response, p.timestamp, user.extra
-                )
+        s.views.put_pages(  # committed: retrievals may show them
+            [(r.page_id, p) for p, r in zip(items, results, strict=True) if not r.duplicate],
+            s.users,
+        )
         self._hooks._learn_keywords(
             [f"{items[i].user_input} {items[i].agent_response}" for i in fresh]
         )
@@ -147,8 +144,6 @@ class ShortTerm:
                     p.user_input,
                     p.agent_response,
                     p.timestamp,
-                    emb_blob(vec_of[i]),
-                    blob_of[i],
                     p.source,
                     json.dumps(p.meta, ensure_ascii=False) if p.meta else "{}",
                     now,
@@ -160,6 +155,10 @@ class ShortTerm:
             s.store.ensure_users(db, [(u.user_id, u.assistant_id) for u in new_users], now)
             page_of = self._insert_rows(db, rows)
             ids = [page_of[(r[0], r[1])] for r in rows]
+            db.executemany(  # written once, beside the narrow page row that tiers rewrite
+                "INSERT INTO page_vectors(page_id, embedding, terms) VALUES (?, ?, ?)",
+                [(p, emb_blob(vec_of[i]), blob_of[i]) for p, i in zip(ids, fresh, strict=True)],
+            )
             pending = self._push_stm([items[i].user_id for i in fresh], ids)
             db.executemany(
                 "UPDATE pages SET tier = 'pending' WHERE page_id = ?", [(p,) for _, p in pending]
@@ -206,8 +205,8 @@ class ShortTerm:
         made = insert_returning(
             db,
             "INSERT INTO pages(user_id, seq, user_input, agent_response, timestamp, tier, "
-            "embedding, terms, source, extra, created)",
-            "(?, ?, ?, ?, ?, 'stm', ?, ?, ?, ?, ?)",
+            "source, extra, created)",
+            "(?, ?, ?, ?, ?, 'stm', ?, ?, ?)",
             rows,
             "page_id, user_id, seq",
         )

@@ -192,6 +192,16 @@ INSERT INTO chains(chain_id, user_id, meta)
 ALTER TABLE pages DROP COLUMN meta;
 ALTER TABLE users DROP COLUMN chain_meta
 """,  # sqlite.MIGRATIONS[4]: a chain's meta once, in its own row
+    5: """
+CREATE TABLE page_vectors(
+  page_id BIGINT PRIMARY KEY REFERENCES pages(page_id) ON DELETE CASCADE,
+  embedding BYTEA NOT NULL,
+  terms BYTEA
+);
+INSERT INTO page_vectors(page_id, embedding, terms) SELECT page_id, embedding, terms FROM pages;
+ALTER TABLE pages DROP COLUMN embedding;
+ALTER TABLE pages DROP COLUMN terms
+""",  # sqlite.MIGRATIONS[5]: embeddings and term rows out of the page rows
 }
 
 #: The key column that stands for SQLite's ``rowid`` in tables whose INTEGER PRIMARY KEY is

@@ -36,7 +36,7 @@ from memoryos_gpu.store.derivations import (
 )
 from memoryos_gpu.store.wal import BACKSTOP_PAGES, WalCheckpointer
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 SYNCHRONOUS = "FULL"  # an acknowledged page survives power loss, not only a process crash
 #: When a transaction's commit reaches the disk: see :meth:`SQLiteStore.transaction`.
 Durability = Literal["commit", "deferred", "none"]
@@ -153,6 +153,7 @@ _REQUIRED_TABLES = frozenset(
         "audit",
         "provenance",
         "chains",
+        "page_vectors",
     }
 )
 
@@ -231,6 +232,20 @@ INSERT INTO chains(chain_id, user_id, meta) SELECT chain_id, user_id, meta FROM 
 );
 ALTER TABLE pages DROP COLUMN meta;
 ALTER TABLE users DROP COLUMN chain_meta
+""",
+    # 5 -> 6: a page's embedding and BM25 term row (~1.7 KB, written once) move to a table of
+    # their own, so the page row that a page's passage through the tiers rewrites (stm ->
+    # pending -> mtm: tier, segment, chain) is the narrow one: SQLite rewrites a whole row on
+    # any update, and the wide row made each of those updates ~3x dearer (benchmarks/README.md)
+    5: """
+CREATE TABLE page_vectors(
+  page_id INTEGER PRIMARY KEY REFERENCES pages(page_id) ON DELETE CASCADE,
+  embedding BLOB NOT NULL,
+  terms BLOB
+);
+INSERT INTO page_vectors(page_id, embedding, terms) SELECT page_id, embedding, terms FROM pages;
+ALTER TABLE pages DROP COLUMN embedding;
+ALTER TABLE pages DROP COLUMN terms
 """,
 }
 
@@ -725,7 +740,7 @@ class SQLiteStore:
             marks = ",".join("?" * len(chunk))
             blobs.update(
                 self.query(
-                    f"SELECT page_id, embedding FROM pages WHERE page_id IN ({marks})", chunk
+                    f"SELECT page_id, embedding FROM page_vectors WHERE page_id IN ({marks})", chunk
                 )
             )
         return blob_matrix([blobs[i] for i in ids], dim)
@@ -880,8 +895,9 @@ class SQLiteStore:
         does not matter."""
         return self._stream(
             "mtm_pages",
-            "SELECT page_id, segment_id, seg_pos, embedding, terms FROM pages "
-            "WHERE tier = 'mtm' ORDER BY page_id",
+            "SELECT p.page_id, p.segment_id, p.seg_pos, v.embedding, v.terms FROM pages p "
+            "JOIN page_vectors v ON v.page_id = p.page_id WHERE p.tier = 'mtm' "
+            "ORDER BY p.page_id",
             [("page_id", np.int64), ("segment_id", np.int64), ("seg_pos", np.int64)],
             dim,
             keep=("terms",),
@@ -910,8 +926,9 @@ class SQLiteStore:
         return [
             (r[0], r[1], r[2], r[3], r[4], _json_dict(r[5]))
             for r in self.query(
-                "SELECT page_id, user_id, user_input, agent_response, timestamp, extra "
-                "FROM pages WHERE tier != 'evicted' AND terms IS NULL ORDER BY page_id"
+                "SELECT p.page_id, p.user_id, p.user_input, p.agent_response, p.timestamp, "
+                "p.extra FROM pages p JOIN page_vectors v ON v.page_id = p.page_id "
+                "WHERE p.tier != 'evicted' AND v.terms IS NULL ORDER BY p.page_id"
             )
         ]
 
@@ -919,7 +936,7 @@ class SQLiteStore:
         """Store pages' term-row blobs ``(page_id, blob)`` in one transaction."""
         with self.transaction() as db:
             db.executemany(
-                "UPDATE pages SET terms = ? WHERE page_id = ?", [(b, p) for p, b in rows]
+                "UPDATE page_vectors SET terms = ? WHERE page_id = ?", [(b, p) for p, b in rows]
             )
 
     def page_terms(self, page_ids: Sequence[int]) -> dict[int, bytes | None]:
@@ -928,7 +945,9 @@ class SQLiteStore:
         for chunk in _id_chunks(page_ids):
             marks = ",".join("?" * len(chunk))
             out.update(
-                self.query(f"SELECT page_id, terms FROM pages WHERE page_id IN ({marks})", chunk)
+                self.query(
+                    f"SELECT page_id, terms FROM page_vectors WHERE page_id IN ({marks})", chunk
+                )
             )
         return out
 
