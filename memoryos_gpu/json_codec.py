@@ -8,7 +8,7 @@ import dataclasses
 import json
 from typing import Any
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "dumps_text", "loads"]
 
 try:
     import orjson
@@ -27,3 +27,9 @@ except ImportError:  # pragma: no cover - orjson is in the server and test extra
 
     def dumps(data: Any) -> bytes:
         return json.dumps(data, ensure_ascii=False, default=_default).encode()
+
+
+def dumps_text(data: Any) -> str:
+    """:func:`dumps` as ``str``, for a TEXT column (the engine's own JSON: keyword lists and
+    counts, written for every page that reaches MTM)."""
+    return dumps(data).decode()

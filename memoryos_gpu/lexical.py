@@ -76,13 +76,16 @@ def _splitter() -> object:
 
 
 def _normalised(texts: Sequence[str]) -> str:
-    """The batch joined by U+0000, NFKC-normalised and case-folded (two C calls, or one for
-    ASCII, where both reduce to ``lower``). Texts must not contain U+0000 (engine-cleaned
-    text never does: control characters are dropped on the way in)."""
+    """The batch joined by U+0000, NFKC-normalised and case-folded (one C call for an ASCII
+    batch, where both reduce to ``lower``; else per text, U+0000 being inert to both). Texts
+    must not contain U+0000 (engine-cleaned text never does: control characters are dropped
+    on the way in)."""
     joined = "\x00".join(texts)
     if joined.isascii():
         return joined.lower()
-    return unicodedata.normalize("NFKC", joined).casefold()
+    return "\x00".join(  # per text, the ASCII ones without a normalisation pass
+        t.lower() if t.isascii() else unicodedata.normalize("NFKC", t).casefold() for t in texts
+    )
 
 
 def page_terms(texts: Sequence[str], timestamps: Sequence[float] | np.ndarray | None) -> PageTerms:

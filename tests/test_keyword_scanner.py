@@ -112,6 +112,27 @@ def test_arbitrary_unicode_text(text: str) -> None:
     assert list(ex.scores(text)) == list(scores(text, Counter(), 0))
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 400), st.integers(1, 5), st.randoms(use_true_random=False))
+def test_documents_of_many_distinct_words(n_words, repeats, rnd) -> None:
+    """Hundreds of distinct words in one document, each said several times, then a short
+    one: the per-document word index grows and is reset between documents, counting every
+    word (tf) and keeping first-occurrence order, as the reference does."""
+    words = [f"w{i}x{rnd.randrange(10**6)}" for i in range(n_words)]
+    said = words * repeats
+    rnd.shuffle(said)
+    texts = [" ".join(said), " ".join(words[:3]), " ".join(said)]
+    df = Counter({w: 1 for w in words[::7]})
+    ex = KeywordExtractor()
+    ex.df, ex.n_docs = Counter(df), 9
+    batch = ex.candidates(texts)
+    for i, text in enumerate(texts):
+        a, b = batch.offsets[i], batch.offsets[i + 1]
+        want = scores(text, df, 9)
+        assert batch.words[a:b] == list(want)
+        np.testing.assert_allclose(batch.scores[a:b], list(want.values()), rtol=1e-12)
+
+
 def test_tokenize_fast_path_equals_the_reference_on_plain_text() -> None:
     text = "Caroline's dog don't O\u2019Neil Straße. NASA\nmay 7pm"
     assert _norm_tokens(text) == [n for n, _, _ in raw_tokens(text)]

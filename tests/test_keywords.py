@@ -251,3 +251,38 @@ def test_topic_keywords_unicode_words_pass_through():
     cands = [["東京", "über", "café"]]
     got = topic_keywords(cands, np.array([1.0, 3.0, 0.0]), np.ones(3), top_n=8)
     assert got == [["über", "東京"]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sampled_from(["alpha", "Beta", "beta", "gamma's", "", "!!", "Ünïcode", "ß"])),
+        max_size=6,
+    ),
+    st.integers(1, 8),
+)
+def test_keyword_rows_are_each_rows_sorted_distinct_ids(lists, width) -> None:
+    """The batched rows equal :func:`hash_keywords` of each row's first ``width`` tokens
+    (repeats, case variants and tokens that normalise to nothing included)."""
+    from memoryos_gpu.engine.state import keyword_rows
+
+    got = keyword_rows(lists, width)
+    assert got.shape == (len(lists), width) and got.dtype == np.int32
+    for row, tokens in zip(got, lists, strict=True):
+        ids = hash_keywords(tokens[:width])
+        assert row[: ids.size].tolist() == ids.tolist() and (row[ids.size :] == -1).all()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\x00"), max_size=12)))
+def test_batches_are_normalised_as_if_joined_first(texts) -> None:
+    """The scanners' inputs normalise only the non-ASCII texts, one at a time: the same string
+    as normalising the joined batch (combining marks at a text's edge included)."""
+    import unicodedata
+
+    from memoryos_gpu.lexical import _normalised
+    from memoryos_gpu.text.keywords import _nfkc_joined
+
+    joined = "\x00".join(texts)
+    assert _nfkc_joined(texts) == unicodedata.normalize("NFKC", joined)
+    assert _normalised(texts) == unicodedata.normalize("NFKC", joined).casefold()

@@ -2,7 +2,6 @@
 #include "memoryos/keywords.h"
 
 #include <stdexcept>
-#include <unordered_map>
 
 #include "codepoints.h"
 #include "memoryos/terms.h"
@@ -92,7 +91,7 @@ void classify(const Word& surface, bool* acronym, bool* capitalised) {
 
 /// One document's candidates while it is scanned.
 struct DocCandidates {
-  std::unordered_map<std::string, size_t> index;  // word -> position in the lists below
+  WordIndex index;  // word -> position in the lists below
   std::vector<std::string> words;
   std::vector<bool> ascii;
   std::vector<int32_t> tf;
@@ -129,9 +128,9 @@ namespace {
 
 struct ScanContext {
   bool with_ids;
-  const std::unordered_set<std::string>& stop;
-  const std::unordered_set<std::string>& dates;
-  const std::unordered_set<std::string>& ambiguous;
+  const WordSet& stop;
+  const WordSet& dates;
+  const WordSet& ambiguous;
   const KeywordOptions& opt;
 };
 
@@ -142,7 +141,7 @@ void add_word(const ScanContext& ctx, const Word& surface, bool initial, Word* n
   if (norm->empty()) return;
   utf8->clear();
   for (uint32_t c : *norm) cp::put_utf8(c, utf8);
-  if (ctx.stop.count(*utf8)) return;
+  if (ctx.stop.contains(*utf8)) return;
   if (static_cast<int32_t>(norm->size()) < ctx.opt.min_len && !all_digits(*norm)) return;
   if (ctx.opt.fold_plurals) {
     fold_plural(norm);
@@ -151,19 +150,20 @@ void add_word(const ScanContext& ctx, const Word& surface, bool initial, Word* n
   }
   bool acronym, capitalised;
   classify(surface, &acronym, &capitalised);
-  auto [it, fresh] = doc->index.emplace(*utf8, doc->words.size());
-  if (fresh) {
+  int64_t at = doc->index.find_or_add(*utf8, static_cast<int64_t>(doc->words.size()), doc->words);
+  if (at < 0) {
+    at = static_cast<int64_t>(doc->words.size());
     bool ascii = true, digit = false;
     for (uint32_t c : *norm) ascii = ascii && c < 128, digit = digit || cp::is_digit(c);
     uint8_t f = 0;
-    if (digit || ctx.dates.count(*utf8)) f |= kDateWord;
-    if (ctx.ambiguous.count(*utf8)) f |= kAmbiguousDate;
+    if (digit || ctx.dates.contains(*utf8)) f |= kDateWord;
+    if (ctx.ambiguous.contains(*utf8)) f |= kAmbiguousDate;
     doc->words.push_back(*utf8);
     doc->ascii.push_back(ascii);
     doc->tf.push_back(0);
     doc->flags.push_back(f);
   }
-  const size_t k = it->second;
+  const auto k = static_cast<size_t>(at);
   doc->tf[k] += 1;
   if (acronym || (capitalised && !initial)) doc->flags[k] |= kProper;
   else if (capitalised) doc->flags[k] |= kCapitalInitial;

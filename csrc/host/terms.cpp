@@ -212,13 +212,13 @@ namespace {
 
 template <typename Ch>
 void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
-                const TermOptions& opt, const std::unordered_set<std::string>& stop,
+                const TermOptions& opt, const WordSet& stop,
                 TermBatch* out) {
   DocTerms doc;
   std::string word;
   int64_t docs_done = 0;
   auto emit = [&](const std::string& w) {
-    if (w.empty() || stop.count(w)) return;
+    if (w.empty() || stop.contains(w)) return;
     doc.tokens.push_back(cached_term_id(w));
   };
   auto end_doc = [&]() {

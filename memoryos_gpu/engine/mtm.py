@@ -13,7 +13,6 @@ transaction; heat is recomputed and promotions queued in it (:mod:`~memoryos_gpu
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 
 from memoryos_gpu import ops
 from memoryos_gpu.arena import NO_ID
+from memoryos_gpu.json_codec import dumps_text, loads
 from memoryos_gpu.lexical import terms_from_blobs
 from memoryos_gpu.stages import PageOutcome, PageWork
 from memoryos_gpu.store.sqlite import blob_matrix, emb_blob, insert_returning, select_in
@@ -260,7 +260,7 @@ class Segments:
         return {
             r[0]: {
                 "summary": r[1],
-                "keywords": json.loads(r[2]),
+                "keywords": loads(r[2]),
                 "embedding": e,
                 "n_pages": r[4],
             }
@@ -340,7 +340,7 @@ class Segments:
             params.append(
                 (
                     summaries[j],
-                    json.dumps(counts[j]),
+                    dumps_text(counts[j]),
                     _kw_blob(kw_rows[j]),
                     emb_blob(emb[j]),
                     int(l_inter[j]),
@@ -374,7 +374,7 @@ class Segments:
                 r.users[i].user_id,
                 int(slots[j]),
                 r.outcomes[i].summary[:cap],
-                json.dumps(counts[j]),
+                dumps_text(counts[j]),
                 _kw_blob(kw_rows[j]),
                 emb_blob(emb[j]),
                 float(r.now[i]),
@@ -447,7 +447,7 @@ class Segments:
                     prev[i],
                     chains[i],
                     o.summary,
-                    json.dumps(o.keywords),
+                    dumps_text(o.keywords),
                     o.mode,
                     pid,
                 )

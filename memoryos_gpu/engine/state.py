@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -30,7 +31,7 @@ from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.page_views import PageViews
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
 from memoryos_gpu.store import SQLiteStore
-from memoryos_gpu.text.keywords import KeywordExtractor, hash_keywords
+from memoryos_gpu.text.keywords import KeywordExtractor, hash_keyword
 from memoryos_gpu.text.vocabulary import UserVocabulary
 from memoryos_gpu.types import AddResult, PageInput, Retrieval
 
@@ -242,9 +243,22 @@ def to_host(x: Any) -> np.ndarray:
 
 
 def keyword_rows(token_lists: Sequence[Sequence[str]], width: int) -> np.ndarray:
-    """Normalised keyword tokens (best first) -> the arena's padded rows of hashed ids."""
-    out = np.full((len(token_lists), width), -1, np.int32)
-    for i, tokens in enumerate(token_lists):
-        ids = hash_keywords(tokens[:width])
-        out[i, : ids.size] = ids
+    """Normalised keyword tokens (best first) -> the arena's padded rows of hashed ids: each
+    row the sorted distinct ids of its first ``width`` tokens (:func:`hash_keywords`), for
+    the whole batch at once (one C-level pass hashes every token, one sort orders them all)."""
+    n = len(token_lists)
+    out = np.full((n, width), -1, np.int32)
+    heads = [t[:width] for t in token_lists]
+    sizes = np.fromiter(map(len, heads), np.int64, n)
+    flat = list(chain.from_iterable(heads))
+    ids = np.fromiter(map(hash_keyword, flat), np.int64, len(flat))
+    row = np.repeat(np.arange(n), sizes)
+    row, ids = row[ids >= 0], ids[ids >= 0]  # a token that normalises to nothing
+    order = np.lexsort((ids, row))
+    row, ids = row[order], ids[order]
+    distinct = np.ones(row.size, bool)
+    distinct[1:] = (row[1:] != row[:-1]) | (ids[1:] != ids[:-1])
+    row, ids = row[distinct], ids[distinct]
+    col = np.arange(row.size) - np.searchsorted(row, row)  # rank within the row
+    out[row, col] = ids
     return out

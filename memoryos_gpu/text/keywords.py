@@ -253,11 +253,17 @@ def _scanner(stopwords: frozenset[str], min_len: int, fold_plurals: bool) -> Any
 
 def _nfkc_joined(texts: Sequence[str]) -> str:
     """The batch NFKC-normalised and joined by U+0000 (the scanner's document separator; a
-    U+0000 inside a text is read as a space)."""
+    U+0000 inside a text is read as a space). Only the texts that are not ASCII are
+    normalised, each on its own: a U+0000 neither composes nor decomposes, so that is the
+    normalisation of the joined batch, without a pass over the ASCII ones (most of them)."""
     joined = "\x00".join(t or "" for t in texts)
-    if joined.count("\x00") != max(0, len(texts) - 1):
-        joined = "\x00".join((t or "").replace("\x00", " ") for t in texts)
-    return joined if joined.isascii() else unicodedata.normalize("NFKC", joined)
+    if joined.isascii() and joined.count("\x00") == max(0, len(texts) - 1):
+        return joined
+    return "\x00".join(_nfkc((t or "").replace("\x00", " ")) for t in texts)
+
+
+def _nfkc(text: str) -> str:
+    return text if text.isascii() else unicodedata.normalize("NFKC", text)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <unordered_set>
 #include <vector>
+
+#include "memoryos/word_set.h"
 
 namespace memoryos {
 
@@ -64,7 +65,7 @@ class KeywordScanner {
   const KeywordOptions& options() const { return options_; }
 
  private:
-  std::unordered_set<std::string> stopwords_, date_words_, ambiguous_;
+  WordSet stopwords_, date_words_, ambiguous_;
   KeywordOptions options_;
 };
 

@@ -20,8 +20,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <unordered_set>
 #include <vector>
+
+#include "memoryos/word_set.h"
 
 namespace memoryos {
 
@@ -62,7 +63,7 @@ class TermSplitter {
                   const double* timestamps, const TermOptions& options) const;
 
  private:
-  std::unordered_set<std::string> stopwords_;
+  WordSet stopwords_;
 };
 
 /// The UTC date words of an epoch timestamp, as memoryos_gpu.lexical.date_words writes them
