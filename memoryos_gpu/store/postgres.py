@@ -200,7 +200,14 @@ CREATE TABLE page_vectors(
 );
 INSERT INTO page_vectors(page_id, embedding, terms) SELECT page_id, embedding, terms FROM pages;
 ALTER TABLE pages DROP COLUMN embedding;
-ALTER TABLE pages DROP COLUMN terms
+ALTER TABLE pages DROP COLUMN terms;
+DROP INDEX pages_segment;
+CREATE INDEX pages_segment ON pages(segment_id, seg_pos) WHERE segment_id IS NOT NULL;
+DROP INDEX pages_chain;
+CREATE INDEX pages_chain ON pages(chain_id) WHERE chain_id IS NOT NULL;
+DROP INDEX pages_unanalysed;
+CREATE INDEX pages_unanalysed ON pages(segment_id, seg_pos)
+  WHERE analysed = 0 AND segment_id IS NOT NULL
 """,  # sqlite.MIGRATIONS[5]: embeddings and term rows out of the page rows
 }
 

@@ -236,7 +236,10 @@ ALTER TABLE users DROP COLUMN chain_meta
     # 5 -> 6: a page's embedding and BM25 term row (~1.7 KB, written once) move to a table of
     # their own, so the page row that a page's passage through the tiers rewrites (stm ->
     # pending -> mtm: tier, segment, chain) is the narrow one: SQLite rewrites a whole row on
-    # any update, and the wide row made each of those updates ~3x dearer (benchmarks/README.md)
+    # any update, and the wide row made each of those updates ~3x dearer (benchmarks/README.md).
+    # The indexes by segment and by chain leave out the pages on none (STM, pending): an
+    # accepted page no longer writes three index entries it has no use for (still used by
+    # the lookups and the foreign key, whose terms imply IS NOT NULL)
     5: """
 CREATE TABLE page_vectors(
   page_id INTEGER PRIMARY KEY REFERENCES pages(page_id) ON DELETE CASCADE,
@@ -245,7 +248,14 @@ CREATE TABLE page_vectors(
 );
 INSERT INTO page_vectors(page_id, embedding, terms) SELECT page_id, embedding, terms FROM pages;
 ALTER TABLE pages DROP COLUMN embedding;
-ALTER TABLE pages DROP COLUMN terms
+ALTER TABLE pages DROP COLUMN terms;
+DROP INDEX pages_segment;
+CREATE INDEX pages_segment ON pages(segment_id, seg_pos) WHERE segment_id IS NOT NULL;
+DROP INDEX pages_chain;
+CREATE INDEX pages_chain ON pages(chain_id) WHERE chain_id IS NOT NULL;
+DROP INDEX pages_unanalysed;
+CREATE INDEX pages_unanalysed ON pages(segment_id, seg_pos)
+  WHERE analysed = 0 AND segment_id IS NOT NULL
 """,
 }
 
