@@ -465,7 +465,8 @@ class Segments:
     def _kw_matrix(self, counts: Sequence[dict[str, int]]) -> np.ndarray:
         """Segments' keyword rows: each one's most frequent keywords (first seen wins ties)."""
         width = self._s.memory.keyword_width
-        ranked = [sorted(c, key=lambda w, c=c: -c[w])[:width] for c in counts]  # stable sort
+        # reverse=True keeps a stable sort's order among equal counts: first seen wins ties
+        ranked = [sorted(c, key=c.__getitem__, reverse=True)[:width] for c in counts]
         return keyword_rows(ranked, width)
 
 
