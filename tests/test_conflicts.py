@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import MemoryEngine
@@ -64,6 +66,39 @@ ROOT = Path(__file__).resolve().parents[1]
 )
 def test_fact_key(text: str, key: tuple[str, str] | None) -> None:
     assert fact_key(text) == key
+
+
+_KEYED = [
+    "I live in Seattle.",
+    "The user lives in New York City.",
+    "I'm now working as a chef.",
+    "I got a job at Microsoft.",
+    "My home is now in Miami.",
+    "My cat's name is Luna.",
+    "We renamed our dog Rex.",
+    "My favourite colour is green.",
+    "My name is Sam.",
+    "My sister lives in Boston.",  # no key: a prefilter must not change that either
+]
+# what re.IGNORECASE reads as an ASCII letter, and spaces other than " "
+_LOOKALIKE = {"i": ["\u0131", "\u0130", "I"], "s": ["\u017f", "S"], "k": ["\u212a", "K"]}
+_SPACES = ["\u00a0", "\u2028", "\t", "\n  "]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.sampled_from(_KEYED), st.randoms(use_true_random=False), st.booleans())
+def test_the_rules_prefilter_never_misses_a_key(text: str, rnd, upper: bool) -> None:
+    """The word search that skips the rules for most sentences skips none a rule keys,
+    whatever the case, the spacing, or the non-ASCII letters re.IGNORECASE equates with
+    ASCII ones (dotless and dotted I, long s, the Kelvin sign)."""
+    from memoryos_gpu.engine.conflicts import _rules_key
+
+    chars = []
+    for c in text.upper() if upper else text:
+        options = _LOOKALIKE.get(c.lower(), []) + (_SPACES if c == " " else [])
+        chars.append(rnd.choice(options) if options and rnd.random() < 0.3 else c)
+    varied = "".join(chars)
+    assert fact_key.__wrapped__(varied) == _rules_key(varied)
 
 
 def engine(tmp: Path, llm: Any = None, store: str | None = None) -> MemoryEngine:
