@@ -244,7 +244,8 @@ def to_host(x: Any) -> np.ndarray:
 
 def keyword_rows(token_lists: Sequence[Sequence[str]], width: int) -> np.ndarray:
     """Normalised keyword tokens (best first) -> the arena's padded rows of hashed ids: each
-    row the sorted distinct ids of its first ``width`` tokens (:func:`hash_keywords`), for
+    row the sorted distinct ids of its first ``width`` tokens (as
+    :func:`~memoryos_gpu.text.keywords.hash_keywords` gives them), for
     the whole batch at once (one C-level pass hashes every token, one sort orders them all)."""
     n = len(token_lists)
     out = np.full((n, width), -1, np.int32)
