@@ -181,12 +181,10 @@ static_assert(sizeof(CachedWord) == 32, "two entries a cache line");
 
 constexpr size_t kCacheBits = 15;  // 32,768 entries: 1 MB a thread
 
-/// FNV-1a of the word: only picks the cache entry (the entry holds the word, so a collision
-/// costs a recomputation, never a wrong id).
+/// The cache entry of a word (word_hash: an entry holds its word, so a collision costs a
+/// recomputation, never a wrong id).
 inline size_t cache_index(const std::string& w) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (char c : w) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
-  return static_cast<size_t>((h ^ (h >> 29)) & ((size_t{1} << kCacheBits) - 1));
+  return static_cast<size_t>(word_hash(w) & ((uint64_t{1} << kCacheBits) - 1));
 }
 
 }  // namespace

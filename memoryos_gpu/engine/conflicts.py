@@ -106,12 +106,16 @@ PET_NAME_CONNECTORS = (
 PET_NAMING_VERBS = "renamed | named | call | called"
 
 
+def _listed(items: str | tuple[str, ...]) -> tuple[str, ...]:
+    """Literal phrases given as a tuple, or as one string with " | " between them."""
+    return tuple(items.split(" | ")) if isinstance(items, str) else items
+
+
 def _phrases(items: str | tuple[str, ...]) -> str:
-    """One alternation of literal phrases (a tuple, or one string with " | " between them),
-    longest first (so "moved back to" beats "moved to")."""
-    listed = items.split(" | ") if isinstance(items, str) else items
+    """One alternation of literal phrases, longest first (so "moved back to" beats "moved
+    to")."""
     return "|".join(
-        re.escape(p).replace(r"\ ", r"\s+") for p in sorted(listed, key=len, reverse=True)
+        re.escape(p).replace(r"\ ", r"\s+") for p in sorted(_listed(items), key=len, reverse=True)
     )
 
 
@@ -187,7 +191,7 @@ def _trigger_words() -> list[str]:
     """The words one of which every rule's match holds, each after whitespace: a pet (both pet
     rules), a subject phrase's first word, a possessed noun, a generic attribute's first
     word."""
-    firsts = [p.split()[0] for v in SUBJECT_PHRASES.values() for p in v.split(" | ")]
+    firsts = [p.split()[0] for v in SUBJECT_PHRASES.values() for p in _listed(v)]
     nouns = [n.split()[0] for nouns, _ in POSSESSION_PHRASES.values() for n in nouns]
     generic = "favorite favourite name age birthday email phone address height weight partner"
     return sorted({*_PETS.split("|"), *firsts, *nouns, *generic.split(), "wife", "husband"})

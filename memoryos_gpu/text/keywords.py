@@ -127,7 +127,7 @@ _SENT_END_RE = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
 
 
 def _nfkc(text: str) -> str:
-    return unicodedata.normalize("NFKC", text)
+    return text if text.isascii() else unicodedata.normalize("NFKC", text)  # ASCII: NFKC already
 
 
 def _fold_plural(tok: str) -> str:
@@ -260,10 +260,6 @@ def _nfkc_joined(texts: Sequence[str]) -> str:
     if joined.isascii() and joined.count("\x00") == max(0, len(texts) - 1):
         return joined
     return "\x00".join(_nfkc((t or "").replace("\x00", " ")) for t in texts)
-
-
-def _nfkc(text: str) -> str:
-    return text if text.isascii() else unicodedata.normalize("NFKC", text)
 
 
 @dataclass(frozen=True)

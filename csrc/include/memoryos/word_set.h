@@ -9,14 +9,14 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace memoryos {
 
-/// FNV-1a of a word (64-bit), folded: the slot picker of the tables below.
+/// FNV-1a of a word (64-bit), folded: the slot picker of the tables below and of the term
+/// id cache (terms.cpp).
 inline uint64_t word_hash(std::string_view w) {
   uint64_t h = 0xcbf29ce484222325ULL;
   for (char c : w) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
