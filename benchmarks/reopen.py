@@ -339,7 +339,7 @@ WRAPPED: list[tuple[Any, str]] = [
     (SQLiteStore, "get_meta"),
     (SQLiteStore, "count_pending"),
     (SQLiteStore, "load_stm"),
-    (SQLiteStore, "segment_block_count"),
+    (SQLiteStore, "arena_extent"),
     (Arena, "__init__"),
     (Arena, "add_users"),
     (Arena, "add_owners"),
@@ -389,7 +389,7 @@ def timed_reopen(cfg: EngineConfig) -> tuple[MemoryEngine, dict[str, Any]]:
         + e["SQLiteStore.all_assistants"]
         + e["SQLiteStore.query"]
         + e["SQLiteStore.load_stm"]
-        + e["SQLiteStore.segment_block_count"]
+        + e["SQLiteStore.arena_extent"]
         + e["SQLiteStore.count_pending"],
         # rows -> column arrays, blobs -> [k, d] matrices, keyword matrices
         "blob_join": join_s,

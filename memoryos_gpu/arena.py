@@ -436,8 +436,22 @@ class Arena:
     def _host_alias(self, array: Any) -> np.ndarray:
         return array if not self.on_cuda else array.cpu().numpy()
 
-    def reserve(self, *, users: int = 0, blocks: int = 0, owners: int = 0) -> None:
-        """Grow capacity once to at least these counts (bulk loads: no doubling copies)."""
+    def reserve(
+        self,
+        *,
+        users: int = 0,
+        blocks: int = 0,
+        owners: int = 0,
+        segment_width: int = 0,
+        knowledge_width: int = 0,
+    ) -> None:
+        """Grow capacity once to at least these counts (bulk loads: no doubling copies), and
+        widen to at least these segment slots and ring positions while the rows are empty
+        (widening a filled arena holds its old and new rows at once)."""
+        if segment_width > self.segment_width:
+            self._grow_width(segment_width)
+        if knowledge_width > self.knowledge_width:
+            self._fit_rings(np.array([knowledge_width - 1], np.int32))
         if users > self.user_capacity:
             self._grow_users(users)
         if blocks > self.num_blocks:

@@ -918,6 +918,46 @@ def test_knowledge_rings_widen_for_more_entries_and_a_reopen_restores_them(
     assert {e.text for e in again.retrieve("u", "widening fact").user_knowledge} == set(facts)
 
 
+def test_a_reopen_widens_segment_rows_and_rings_before_it_loads_them(
+    make_engine, kit, tmp_path, monkeypatch
+):
+    """A reopen reserves the stored segment slots and ring positions while the arena is empty
+    (store.arena_extent): widening a filled arena holds its old and new rows at once, which
+    at 100,000 users was the reopen's peak memory."""
+    import memoryos_gpu.store.sqlite as sqlite_store
+    from memoryos_gpu.arena import Arena
+
+    facts = [f"wide fact {i}" for i in range(10)]
+    store = str(tmp_path / "s.sqlite3")
+    memory = dict(stm_capacity=1, tau=1.5, knowledge_capacity=20, knowledge_top_k=20)
+    script = kit.Script(promotion=lambda _req: {"user_facts": facts, "assistant_facts": []})
+    eng = make_engine(store=store, script=script, **memory)
+    add_pages(eng, "u", [f"topic {i}" for i in range(12)])  # 11 segments, 10 facts
+    assert eng.arena.segment_width == 16 and eng.arena.knowledge_width == 16
+    eng.close()
+
+    widened_with_rows: list[str] = []
+    grow_width, fit_rings = Arena._grow_width, Arena._fit_rings
+
+    def _grow_width(self, needed):
+        if self._h_seg_live.any():
+            widened_with_rows.append("segments")
+        return grow_width(self, needed)
+
+    def _fit_rings(self, ring_slots):
+        if ring_slots.size and ring_slots.max() >= self.knowledge_width and self.kn_live.any():
+            widened_with_rows.append("rings")
+        return fit_rings(self, ring_slots)
+
+    monkeypatch.setattr(Arena, "_grow_width", _grow_width)
+    monkeypatch.setattr(Arena, "_fit_rings", _fit_rings)
+    monkeypatch.setattr(sqlite_store, "LOAD_CHUNK_BYTES", 1)  # a row a chunk
+    again = make_engine(store=store, script=script, **memory)
+    assert widened_with_rows == []
+    assert again.arena.segment_width >= 11 and again.arena.knowledge_width >= 10
+    assert {e.text for e in again.retrieve("u", "wide fact").user_knowledge} == set(facts)
+
+
 def test_get_update_delete_page_and_knowledge_with_history(make_engine, kit):
     emb = kit.TableEmbedder()
     eng = make_engine(

@@ -885,6 +885,69 @@ def _concat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def test_arena_extent_counts_live_ring_positions(backend: Backend) -> None:
+    """The ring width a reopen reserves: the highest live position (seq modulo the capacity)
+    plus one, whoever owns it; entries no longer live take no position."""
+    s = backend.open(backend.spec("extent"))
+    with s.transaction() as db:
+        db.execute("INSERT INTO assistants(assistant_id, created) VALUES ('a', 0)")
+        db.execute("INSERT INTO users(user_id, assistant_id, created) VALUES ('u0', 'a', 0)")
+        for eid, (kind, owner, seq, live) in enumerate(
+            [("user", "u0", 3, 1), ("assistant", "a", 12, 1), ("user", "u0", 28, 0)]
+        ):
+            db.execute(
+                "INSERT INTO knowledge(entry_id, owner_kind, owner_id, seq, text, embedding, "
+                "live, mode, created) VALUES (?, ?, ?, ?, 't', ?, ?, 'llm', 0)",
+                (eid + 1, kind, owner, seq, emb_blob(np.ones(4)), live),
+            )
+    assert s.arena_extent(1, 10).knowledge_width == 4  # 3 % 10 = 3; 12 % 10 = 2; 28 not live
+    assert s.arena_extent(1, 4).knowledge_width == 4  # 3 % 4 = 3
+    assert s.arena_extent(1, 100) == (0, 0, 0, 13)
+    s.close()
+
+
+def test_a_shards_arena_extent_counts_only_what_it_loads(backend: Backend) -> None:
+    """A shard reserves for its own users' segments and rings and every assistant's ring (it
+    loads all assistant knowledge): the shards' segments and blocks add up to the store's."""
+    from memoryos_gpu.distributed.sharding import OwnedStore
+    from memoryos_gpu.ingest import shard_of
+
+    s = backend.open(backend.spec("owned"))
+    users = [f"u{i}" for i in range(8)]
+    with s.transaction() as db:
+        db.execute("INSERT INTO assistants(assistant_id, created) VALUES ('a', 0)")
+        for i, u in enumerate(users):
+            db.execute("INSERT INTO users(user_id, assistant_id, created) VALUES (?, 'a', 0)", (u,))
+            for slot in range(i + 1):  # user i: slots 0..i, i pages in the last
+                db.execute(
+                    "INSERT INTO segments(user_id, slot, summary, keywords, kw_ids, embedding, "
+                    "last_access, created, n_pages) VALUES (?, ?, '', '{}', ?, ?, 0, 0, ?)",
+                    (u, slot, b"", emb_blob(np.ones(4)), i if slot == i else 1),
+                )
+            db.execute(
+                "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, live, mode, "
+                "created) VALUES ('user', ?, ?, 't', ?, 1, 'llm', 0)",
+                (u, 2 * i, emb_blob(np.ones(4))),
+            )
+        db.execute(
+            "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, live, mode, "
+            "created) VALUES ('assistant', 'a', 40, 't', ?, 1, 'llm', 0)",
+            (emb_blob(np.ones(4)),),
+        )
+    whole = s.arena_extent(1, 100)
+    # user i: i one-page segments and one of max(i, 1) blocks (an empty one takes a block)
+    blocks = sum(i + max(i, 1) for i in range(8))
+    assert whole == (36, blocks, 8, 41)
+    parts = [OwnedStore(s, shard, 2).arena_extent(1, 100) for shard in (0, 1)]
+    assert sum(p.segments for p in parts) == whole.segments
+    assert sum(p.blocks for p in parts) == whole.blocks
+    for shard, part in enumerate(parts):
+        mine = [i for i, u in enumerate(users) if shard_of(u, 2) == shard]
+        assert part.segment_width == max(mine) + 1
+        assert part.knowledge_width == 41  # the assistant's ring, in every shard
+    s.close()
+
+
 def test_bulk_loaders_stream_in_chunks_and_vectorise_keywords(
     backend: Backend, monkeypatch
 ) -> None:
@@ -922,7 +985,8 @@ def test_bulk_loaders_stream_in_chunks_and_vectorise_keywords(
                 "INSERT INTO page_vectors(page_id, embedding) VALUES (?, ?)", (100 + i, emb_blob(v))
             )
             want[100 + i] = (int(sg), int(pos), v)
-    assert s.segment_block_count(2) == (4, 8)  # 3 pages in blocks of 2: two blocks each
+    # 3 pages in blocks of 2: two blocks each; slots 1-4 need a width of 5; no knowledge
+    assert s.arena_extent(2, 100) == (4, 8, 5, 0)
     seg_chunks = list(s.iter_segments(d, keyword_width=32))
     assert [len(c["segment_id"]) for c in seg_chunks] == [4]
     seg = _concat(seg_chunks)

@@ -53,6 +53,7 @@ from memoryos_gpu.engine.state import Fact
 from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.ingest import shard_of
 from memoryos_gpu.store import open_store
+from memoryos_gpu.store.sqlite import ArenaExtent
 from memoryos_gpu.text.keywords import KeywordExtractor
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -197,13 +198,22 @@ class OwnedStore:
     def load_stm(self) -> dict[str, list[int]]:
         return {u: p for u, p in self._store.load_stm().items() if self.owns(u)}
 
-    def segment_block_count(self, block_size: int) -> tuple[int, int]:
-        n = blocks = 0
-        for uid, n_pages in self._store.query("SELECT user_id, n_pages FROM segments"):
+    def arena_extent(self, block_size: int, knowledge_capacity: int) -> ArenaExtent:
+        n = blocks = width = 0
+        for uid, slot, n_pages in self._store.query("SELECT user_id, slot, n_pages FROM segments"):
             if self.owns(uid):
                 n += 1
                 blocks += -(-max(int(n_pages), 1) // block_size)
-        return n, blocks
+                width = max(width, int(slot) + 1)
+        ring = 0
+        for kind, owner, top in self._store.query(
+            "SELECT owner_kind, owner_id, MAX(seq % ?) FROM knowledge WHERE live = 1 "
+            "GROUP BY owner_kind, owner_id",
+            (knowledge_capacity,),
+        ):
+            if kind == "assistant" or self.owns(owner):
+                ring = max(ring, int(top) + 1)
+        return ArenaExtent(n, blocks, width, ring)
 
     def iter_segments(self, dim: int, keyword_width: int) -> Iterator[dict[str, Any]]:
         self._segments = set()

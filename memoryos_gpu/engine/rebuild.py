@@ -6,7 +6,10 @@ segments, pages (embeddings and BM25 term rows) and knowledge arrive in chunks t
 straight into it, so the peak memory is the arena plus one chunk. The texts retrievals show
 (pages, knowledge, profiles) are loaded into the in-memory views the same way. Heat is
 recomputed, not stored; the keyword statistics are the saved copy plus every page accepted
-after it; each user's vocabulary is counted from the pages' stored term rows.
+after it; each user's vocabulary is counted from the pages' stored term rows. The C heap's
+free pages are returned to the OS before and after (:mod:`memoryos_gpu.host_memory`): the
+chunks' transients, and a closed predecessor's heap, would otherwise stay resident beside the
+arena.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import astuple
 import numpy as np
 
 from memoryos_gpu import ops
+from memoryos_gpu.host_memory import return_free_memory
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
 from memoryos_gpu.store.sqlite import LOAD_CHUNK, StoreError
 from memoryos_gpu.text.keywords import KeywordExtractor
@@ -36,10 +40,17 @@ class Rebuild:
         """Load the store into the arena and resume pending work (through the engine's
         ``process_pending``, which a shard engine may hold back)."""
         s = self._s
+        return_free_memory()
         users = s.store.all_users()
         assistants = s.store.all_assistants()
-        _n_seg, blocks = s.store.segment_block_count(s.arena.config.block_size)
-        s.arena.reserve(users=len(users), owners=len(users) + len(assistants), blocks=blocks)
+        extent = s.store.arena_extent(s.arena.config.block_size, s.memory.knowledge_capacity)
+        s.arena.reserve(
+            users=len(users),
+            owners=len(users) + len(assistants),
+            blocks=extent.blocks,
+            segment_width=extent.segment_width,
+            knowledge_width=extent.knowledge_width,
+        )
         for uid, aid, clock, next_seq, tail, meta, _head in users:
             s.new_user_state(
                 uid, aid, clock=clock, next_seq=next_seq, chain_tail=tail, chain_meta=meta
@@ -67,6 +78,7 @@ class Rebuild:
                 s.memory.heat_params(),
             )
         self._refit_extractor()
+        return_free_memory()
         if s.store.count_pending():
             self._hooks.process_pending()
 

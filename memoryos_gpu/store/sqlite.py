@@ -261,6 +261,24 @@ CREATE INDEX pages_unanalysed ON pages(segment_id, seg_pos)
 
 #: Rows fetched per round trip by the bulk loaders (bounds their transient memory).
 LOAD_CHUNK = 65536
+#: ... and the bytes of embeddings per chunk of a loader that reads them: a row of 384 float32
+#: is 1.5 KB, held three times while a chunk is decoded (the row's blob, the joined blob, the
+#: matrix), so 65,536 of them made a 350 MB transient, the peak of a reopen at 10,000 users
+LOAD_CHUNK_BYTES = 16 << 20
+
+
+class ArenaExtent(NamedTuple):
+    """The arena a store's rows need: ``segments``; the page ``blocks`` they take (at least
+    one each); the segment slots (``segment_width``) and knowledge ring positions
+    (``knowledge_width``) every user must have room for. Why the widths: widening copies
+    every user's rows into a new array (the old and the new resident at once): at 100,000
+    users the knowledge rings' 8 -> 16 was a 2.5 GB transient, the peak of the whole reopen."""
+
+    segments: int
+    blocks: int
+    segment_width: int
+    knowledge_width: int
+
 
 #: A page's readable columns in ``_page_dict``'s order (its chain's meta among them): pages
 #: ``p`` joined to their chains ``c``; a query adds its WHERE on ``p``.
@@ -798,15 +816,19 @@ class SQLiteStore:
         return self.query("SELECT COUNT(*) FROM pending WHERE user_id = ?", (user_id,))[0][0]
 
     # ------------------------------------------------------------------ bulk load (reopen)
-    def segment_block_count(self, block_size: int) -> tuple[int, int]:
-        """(segments, page blocks they need at ``block_size`` pages per block, at least one
-        each): what a reopen reserves before streaming, so the arena never grows by copying."""
-        n, blocks = self.query(
+    def arena_extent(self, block_size: int, knowledge_capacity: int) -> ArenaExtent:
+        """What a reopen's arena must hold (:class:`ArenaExtent`), reserved before streaming
+        so that it never grows by copying."""
+        n, blocks, width = self.query(
             "SELECT COUNT(*), COALESCE(SUM((CASE WHEN n_pages > 1 THEN n_pages ELSE 1 END "
-            "+ ? - 1) / ?), 0) FROM segments",
+            "+ ? - 1) / ?), 0), COALESCE(MAX(slot) + 1, 0) FROM segments",
             (block_size, block_size),
         )[0]
-        return int(n), int(blocks)
+        ring = self.query(
+            "SELECT COALESCE(MAX(seq % ?) + 1, 0) FROM knowledge WHERE live = 1",
+            (knowledge_capacity,),
+        )[0][0]
+        return ArenaExtent(int(n), int(blocks), int(width), int(ring))
 
     def _stream(
         self,
@@ -818,7 +840,8 @@ class SQLiteStore:
         keep: Sequence[str] = (),
         params: Sequence[Any] = (),
     ) -> Iterator[dict[str, Any]]:
-        """Yield ``sql``'s rows in chunks of :data:`LOAD_CHUNK` as column arrays.
+        """Yield ``sql``'s rows in chunks of :data:`LOAD_CHUNK_BYTES` of embeddings (at most
+        :data:`LOAD_CHUNK` rows) as column arrays.
 
         Why chunks: a reopen of 10,000 users x 200 segments reads ~6 GB of embeddings; holding
         them all beside the arena they go into doubled the peak memory. Each chunk is consumed
@@ -830,11 +853,12 @@ class SQLiteStore:
         """
         stats = self.load_stats[name] = {"rows": 0, "sql_s": 0.0, "join_s": 0.0}
         blob_col = len(numeric)
+        chunk_rows = max(1, min(LOAD_CHUNK, LOAD_CHUNK_BYTES // (4 * dim)))
         with self._snapshot() as db:
             t0 = time.perf_counter()
             cur = db.execute(sql, params)
             while True:
-                rows = cur.fetchmany(LOAD_CHUNK)
+                rows = cur.fetchmany(chunk_rows)
                 t1 = time.perf_counter()
                 stats["sql_s"] += t1 - t0
                 if not rows:
