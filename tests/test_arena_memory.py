@@ -9,7 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memoryos_gpu import arena_lexical
-from memoryos_gpu.arena import Arena, ArenaConfig, grow_in_place, grown_capacity, lazy_zeros
+from memoryos_gpu.arena import (
+    Arena,
+    ArenaConfig,
+    grow_in_place,
+    grown_capacity,
+    lazy_zeros,
+    move_live_rows,
+)
 
 
 def test_lazy_arrays_grow_in_place_and_keep_their_rows() -> None:
@@ -25,6 +32,57 @@ def test_lazy_arrays_grow_in_place_and_keep_their_rows() -> None:
     assert (c[5] == 1.0).all()
     assert grow_in_place(b, 10**9) is None  # beyond the reservation: the caller copies
     assert grow_in_place(b[1:], 20_000) is None  # not a view from the reservation's start
+
+
+@pytest.mark.parametrize("block_bytes", [4096, 1 << 20, 64 << 20])
+def test_moving_live_rows_copies_them_and_releases_the_old_ones(monkeypatch, block_bytes) -> None:
+    """A widening's copy: the live rows arrive, the dead ones stay zero, and the old lazy
+    array's whole pages are given back as each block is copied (they read zero)."""
+    import memoryos_gpu.arena as arena_mod
+
+    monkeypatch.setattr(arena_mod, "_MOVE_BLOCK_BYTES", block_bytes)
+    rng = np.random.default_rng(block_bytes)
+    old = lazy_zeros((3000, 8, 96), np.float32)  # 9 MB: lazily backed
+    live = rng.random((3000, 8)) < 0.4
+    old[live] = rng.normal(size=(int(live.sum()), 96))
+    want = old.copy()
+    out = lazy_zeros((3000, 16, 96), np.float32)
+    move_live_rows(out, old, live)
+    np.testing.assert_array_equal(out[:, :8][live], want[live])
+    assert not out[:, :8][~live].any() and not out[:, 8:].any()
+    page_floats = 4096 // 4
+    assert not old.reshape(-1)[page_floats:-page_floats].any()  # every inner page released
+    small = np.ones((10, 2, 3), np.float32)  # not lazy: copied, left as it was
+    out_small = np.zeros((10, 4, 3), np.float32)
+    move_live_rows(out_small, small, np.ones((10, 2), bool))
+    assert out_small[:, :2].all() and small.all()
+
+
+def test_widening_the_rings_holds_little_more_than_the_new_rows(tmp_path) -> None:
+    """Peak memory of a ring widening in a fresh process: the new rows and one block, not the
+    old, a gathered copy and the new rows at once (10,000 owners x 8 live entries: 123 MB)."""
+    import subprocess
+    import sys
+
+    script = """
+import resource, sys
+import numpy as np
+from memoryos_gpu.arena import Arena, ArenaConfig
+a = Arena(ArenaConfig(dim=384, initial_owners=10_000, knowledge_capacity=100))
+owners = np.repeat(a.add_owners(10_000), 8).astype(np.int32)
+ring = np.tile(np.arange(8), 10_000).astype(np.int32)
+for i in range(0, owners.size, 8_000):
+    e = np.random.default_rng(i).normal(size=(min(8_000, owners.size - i), 384)).astype(np.float32)
+    a.write_knowledge(owners[i : i + 8_000], ring[i : i + 8_000], e)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+a.write_knowledge(np.array([0], np.int32), np.array([8], np.int32), np.ones((1, 384), np.float32))
+assert a.knowledge_width == 16
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    grew_mb = int(out.stdout.split()[-1]) / 1024
+    live_mb = 10_000 * 8 * 384 * 4 / 2**20
+    assert grew_mb < 0.6 * live_mb, (grew_mb, live_mb)
 
 
 def test_gpu_growth_doubles_then_steps() -> None:

@@ -4,10 +4,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
 #include <climits>
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -118,6 +120,23 @@ class LazyBuffer {
   LazyBuffer& operator=(const LazyBuffer&) = delete;
 
   bool huge() const { return huge_; }
+
+  /// Give the whole pages inside [offset, offset + length) back to the OS; they read as zeros
+  /// again (MADV_DONTNEED on private anonymous memory). For a copy that moves rows elsewhere:
+  /// each part of the old buffer is released once copied, so the old and the new rows are
+  /// never all resident at once. Returns the bytes released.
+  size_t release(size_t offset, size_t length) {
+    if (data_ == nullptr || offset >= size_) return 0;
+    length = std::min(length, size_ - offset);
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t lo = (offset + page - 1) / page * page;
+    const size_t hi = (offset + length) / page * page;
+    if (hi <= lo) return 0;
+    if (madvise(static_cast<char*>(data_) + lo, hi - lo, MADV_DONTNEED) != 0) {
+      throw std::runtime_error(std::string("madvise(MADV_DONTNEED): ") + std::strerror(errno));
+    }
+    return hi - lo;
+  }
 
   py::buffer_info info() {
     return py::buffer_info(data_ != nullptr ? data_ : &empty_, 1, "B", 1,
@@ -425,6 +444,9 @@ void register_retrieval(py::module_& m) {
       .def(py::init<size_t, bool>(), py::arg("nbytes"), py::arg("huge") = false)
       .def_property_readonly("huge", &LazyBuffer::huge,
                              "Whether transparent huge pages were asked for.")
+      .def("release", &LazyBuffer::release, py::arg("offset"), py::arg("length"),
+           "Return the whole pages inside [offset, offset + length) to the OS (they read as "
+           "zeros again); the bytes released.")
       .def_buffer(&LazyBuffer::info);
   m.def("retrieve", &retrieve, py::arg("q_emb"), py::arg("q_user"), py::arg("term_offsets"),
         py::arg("term_ids"), py::arg("seg_emb"), py::arg("seg_kw"), py::arg("seg_live"),
