@@ -6,10 +6,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <climits>
-#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
