@@ -53,8 +53,7 @@ from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.eval.locomo import default_locomo_path
 
 # cProfile rows are grouped by where the function lives
-PROFILE_GROUPS = [
-    ("embedding", ("memoryos_gpu/embed/",)),
+PROFILE_GROUPS = [  # the embedding is timed apart (profile_rows)
     ("kernels (native)", ("memoryos_gpu._C", "retrieve' of", "knowledge_topk' of")),
     ("query terms", ("lexical.py",)),
     ("heat write-behind", ("heat.py",)),
@@ -178,20 +177,38 @@ def run_batches(
 
 
 def profile_rows(engine: MemoryEngine, queries: list, batch: int) -> list[dict[str, Any]]:
-    """Own time of warm batches by where the function lives (cProfile; shares, not seconds)."""
+    """Own time of warm batches by where the function lives (cProfile; shares, not seconds).
+    The embedder's calls are timed whole and left out of the profile: its helpers live in
+    other modules (the hashing embedder tokenizes with text/keywords.py, normalises with
+    NumPy), which would otherwise count as the memory system's."""
     prof = cProfile.Profile()
+    embedder = engine.embedder
+    encode, embedding = embedder.encode, [0.0]
+
+    def timed_encode(texts: list[str]) -> Any:
+        prof.disable()
+        t0 = time.perf_counter()
+        try:
+            return encode(texts)
+        finally:
+            embedding[0] += time.perf_counter() - t0
+            prof.enable()
+
+    embedder.encode = timed_encode  # an instance attribute: shadows the method
     prof.enable()
-    for i in range(0, len(queries), batch):
-        engine.retrieve_many(queries[i : i + batch])
-    prof.disable()
+    try:
+        for i in range(0, len(queries), batch):
+            engine.retrieve_many(queries[i : i + batch])
+    finally:
+        prof.disable()
+        del embedder.encode
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
-    groups: dict[str, float] = {}
-    total = 0.0
+    groups: dict[str, float] = {"embedding": embedding[0]}
     for (file, _line, name), (_cc, _nc, tt, _ct, _callers) in stats.items():
         where = f"{file}:{name}"
         label = next((g for g, keys in PROFILE_GROUPS if any(k in where for k in keys)), "other")
         groups[label] = groups.get(label, 0.0) + tt
-        total += tt
+    total = sum(groups.values())
     return [
         {"where": g, "share": round(t / total, 3)}
         for g, t in sorted(groups.items(), key=lambda kv: -kv[1])
