@@ -168,32 +168,49 @@ class RemoteService:
 
     async def _watch(self) -> None:
         """Follow the engine process: fail what is in flight when it goes, refresh the
-        status snapshot (often while it is not ready, so readiness returns promptly)."""
+        status snapshot (often while it is not ready, so readiness returns promptly).
+
+        The refresh runs as a task of its own, never awaited here: a status request that the
+        engine took with it when it died waited out its 5 s timeout, and the watcher with it,
+        so for those seconds the worker answered ready for an engine that was gone (a flaky
+        failure of the killed-engine test, ~1 run in 8)."""
         seen = None
-        while True:
-            pid = self._engine_pid()
-            if pid != seen:
-                if seen:
-                    n = self.client.fail_all(
-                        "the engine process stopped while this request was in flight; retry"
-                    )
-                    log.warning("engine process %s went away; %d request(s) failed", seen, n)
-                    self._status, self._status_at = {"state": "starting"}, 0.0
-                    self._restarting = True
-                seen = pid
-            interval = (
-                READY_REFRESH_S if self._status.get("state") == "ready" else STARTING_REFRESH_S
-            )
-            if pid and time.monotonic() - self._status_at >= interval:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.refresh(), 5.0)
-            await asyncio.sleep(STARTING_REFRESH_S / 2)
+        refreshing: asyncio.Task | None = None
+        try:
+            while True:
+                pid = self._engine_pid()
+                if pid != seen:
+                    if seen:
+                        n = self.client.fail_all(  # a status request in flight fails too
+                            "the engine process stopped while this request was in flight; retry"
+                        )
+                        log.warning("engine process %s went away; %d request(s) failed", seen, n)
+                        self._status, self._status_at = {"state": "starting"}, 0.0
+                        self._restarting = True
+                    seen = pid
+                interval = (
+                    READY_REFRESH_S if self._status.get("state") == "ready" else STARTING_REFRESH_S
+                )
+                idle = refreshing is None or refreshing.done()
+                if pid and idle and time.monotonic() - self._status_at >= interval:
+                    refreshing = asyncio.get_running_loop().create_task(self._refresh_quietly())
+                await asyncio.sleep(STARTING_REFRESH_S / 2)
+        finally:
+            if refreshing is not None:
+                refreshing.cancel()
+
+    async def _refresh_quietly(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.refresh(), 5.0)
 
     async def refresh(self) -> None:
-        self._store_status(await self.client.request("status"))
+        pid = self._engine_pid()
+        self._store_status(await self.client.request("status"), pid)
 
-    def _store_status(self, status: dict[str, Any]) -> None:
-        if self._engine_pid():  # not an answer from an engine that has died meanwhile
+    def _store_status(self, status: dict[str, Any], pid: int) -> None:
+        """Keep ``status`` unless the engine process that was asked (``pid``) is gone: an
+        answer that arrives after its engine died must not make the next one look ready."""
+        if pid and self._engine_pid() == pid:
             self._status, self._status_at = status, time.monotonic()
 
     def snapshot(self) -> dict[str, Any]:
@@ -201,8 +218,9 @@ class RemoteService:
         scrape runs in a thread) and older than :data:`FRESH_S`."""
         off_loop = self._loop_thread is not None and threading.get_ident() != self._loop_thread
         if off_loop and self.ready and time.monotonic() - self._status_at > FRESH_S:
+            pid = self._engine_pid()
             with contextlib.suppress(Exception):
-                self._store_status(self.client.request_sync("status", timeout=2.0))
+                self._store_status(self.client.request_sync("status", timeout=2.0), pid)
         return self._status
 
     # ------------------------------------------------------------------ state
