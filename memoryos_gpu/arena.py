@@ -476,7 +476,7 @@ class Arena:
         if segment_width > self.segment_width:
             self._grow_width(segment_width)
         if knowledge_width > self.knowledge_width:
-            self._fit_rings(np.array([knowledge_width - 1], np.int32))
+            self._widen_rings(knowledge_width)
         if users > self.user_capacity:
             self._grow_users(users)
         if blocks > self.num_blocks:
@@ -854,11 +854,13 @@ class Arena:
             self._write(self.kn_live, (owners[held], ring_slots[held]), 0)
 
     def _fit_rings(self, ring_slots: np.ndarray) -> None:
-        """Widen every ring (doubling, at most the capacity) when a position needs it. Only
-        live entries' rows are copied (on the host the rest stay unwritten)."""
-        if not ring_slots.size or int(ring_slots.max()) < self.knowledge_width:
-            return
-        needed = int(ring_slots.max()) + 1
+        """Widen every ring when one of ``ring_slots`` needs it."""
+        if ring_slots.size and int(ring_slots.max()) >= self.knowledge_width:
+            self._widen_rings(int(ring_slots.max()) + 1)
+
+    def _widen_rings(self, needed: int) -> None:
+        """Room for ``needed`` positions per ring: doubling, at most the capacity. Only live
+        entries' rows are copied (on the host the rest stay unwritten)."""
         width = min(self.config.knowledge_capacity, grown_capacity(self.knowledge_width, needed))
         self.kn_emb = self._b.grow(self.kn_emb, width, 0.0, axis=1, live=self.kn_live)
         self.kn_live = self._b.grow(self.kn_live, width, 0, axis=1)
@@ -956,8 +958,7 @@ class Arena:
         if not self.on_cuda:  # lazily zero; only segments with pages have columns to keep
             old = self.block_table
             new = lazy_zeros((old.shape[0], old.shape[1], width), np.int32)
-            rows = np.nonzero(self._h_npages > 0)
-            new[rows[0], rows[1], : old.shape[2]] = old[rows]
+            move_live_rows(new[:, :, : old.shape[2]], old, self._h_npages > 0)
             self.block_table = self._h_table = new
             return
         self.block_table = self._b.grow(self.block_table, width, NO_ID, axis=2)
