@@ -179,6 +179,14 @@ class EngineConfig(BaseModel):
         "'encryption' extra). Default: $MEMORYOS_GPU_KEY, else not encrypted. A secret: shown "
         "as '**********' in every dump and message. docs/storage.md.",
     )
+    store_cache_mb: int = Field(
+        64,
+        ge=0,
+        description="A SQLite file store's page cache in MiB (PRAGMA cache_size; 0 = SQLite's "
+        "2 MiB): derived work rewrites rows spread over the store, and at 10,000 users SQLite "
+        "re-read 39 pages from the OS per page of it with 2 MiB, 14 with 64 (12 % less time). "
+        "Taken as pages are read. docs/storage.md.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the arena lives.")
     gpu_dtype: Literal["float16", "bfloat16"] = "float16"
     cpu_threads: int | None = Field(

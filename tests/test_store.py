@@ -717,6 +717,30 @@ def _make_store(path: Path | str) -> None:
     e.close()
 
 
+@pytest.mark.parametrize("cache_mb", [0, 1, 64])
+def test_a_file_store_opens_with_the_configured_page_cache(tmp_path: Path, cache_mb: int) -> None:
+    """EngineConfig.store_cache_mb reaches the connection (PRAGMA cache_size, in KiB when
+    negative); 0 keeps SQLite's own default, and a bad size is refused before any file is
+    made."""
+    sqlite_default = sqlite3.connect(":memory:").execute("PRAGMA cache_size").fetchone()[0]
+    path = tmp_path / f"c{cache_mb}"
+    cfg = config(path, mode="extractive").model_copy(update={"store_cache_mb": cache_mb})
+    e = MemoryEngine(cfg)
+    try:
+        want = -cache_mb * 1024 if cache_mb else sqlite_default
+        assert e.store.query("PRAGMA cache_size") == [(want,)]
+    finally:
+        e.close()
+    reader = SQLiteStore(path / "memory.sqlite3", writer=False)  # a tool's default
+    try:
+        assert reader.query("PRAGMA cache_size") == [(-sqlite_mod.DEFAULT_CACHE_MB * 1024,)]
+    finally:
+        reader.close()
+    with pytest.raises(StoreError, match="cache_mb must be >= 0"):
+        SQLiteStore(tmp_path / "bad.sqlite3", cache_mb=-1)
+    assert not (tmp_path / "bad.sqlite3").exists()
+
+
 def test_newer_schema_is_refused(backend: Backend) -> None:
     path = backend.spec("newer")
     _make_store(path)

@@ -179,7 +179,7 @@ class MemoryEngine:
     def _open_store(self, config: EngineConfig) -> SQLiteStore:
         """Hook: the store this engine reads and writes (a shard engine returns its view of a
         shared store). Called once, before anything is loaded."""
-        return open_store(config.store, key=config.encryption_key)
+        return open_store(config.store, key=config.encryption_key, cache_mb=config.store_cache_mb)
 
     def _rebuild(self) -> None:
         """Hook: load the store into the arena and resume pending work (on open)."""

@@ -86,8 +86,8 @@ def validate_page(p: PageInput | dict[str, Any]) -> PageInput:
         raise InvalidInputError(f"a page must be a PageInput or dict, got {type(p).__name__}")
     if not isinstance(p.meta, dict):
         raise InvalidInputError("meta must be a dict")
-    try:
-        encoded = json.dumps(p.meta, allow_nan=False)
+    try:  # most pages carry no meta: nothing to encode
+        encoded = json.dumps(p.meta, allow_nan=False) if p.meta else "{}"
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"meta must be JSON-serialisable: {exc}") from exc
     if len(encoded) > MAX_META_BYTES:

@@ -28,6 +28,7 @@ def open_store(
     writer: bool = True,
     shard: tuple[int, int] | None = None,
     key: str | SecretStr | None = None,
+    cache_mb: int | None = None,
 ) -> SQLiteStore:
     """Open (creating if needed) the store ``spec``: a ``postgresql://user@host/db`` URL (a
     :class:`~memoryos_gpu.store.postgres.PostgresStore`), a SQLite file, a directory (the file
@@ -42,7 +43,10 @@ def open_store(
 
     ``key``: open a SQLite store encrypted under it (:mod:`memoryos_gpu.store.encryption`);
     None takes ``$MEMORYOS_GPU_KEY`` when set, else the store is not encrypted. A PostgreSQL
-    store refuses a key (the server encrypts at rest by its own means)."""
+    store refuses a key (the server encrypts at rest by its own means).
+
+    ``cache_mb``: a SQLite file store's page cache (None: ``DEFAULT_CACHE_MB``); a PostgreSQL
+    server caches by its own settings."""
     from pathlib import Path
 
     from memoryos_gpu.store.encryption import ENV_KEY, resolve_key
@@ -62,4 +66,6 @@ def open_store(
     p = Path(spec)
     if p.suffix not in (".sqlite", ".sqlite3", ".db"):
         p = p / "memory.sqlite3"
-    return SQLiteStore(p, writer=writer, key=secret)
+    if cache_mb is None:
+        return SQLiteStore(p, writer=writer, key=secret)
+    return SQLiteStore(p, writer=writer, key=secret, cache_mb=cache_mb)
