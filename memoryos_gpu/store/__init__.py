@@ -3,7 +3,7 @@ store several engine processes share. The arena is rebuilt from the store on ope
 
 from pydantic import SecretStr
 
-from memoryos_gpu.store.sqlite import SCHEMA_VERSION, SQLiteStore, StoreError
+from memoryos_gpu.store.sqlite import DEFAULT_CACHE_MB, SCHEMA_VERSION, SQLiteStore, StoreError
 from memoryos_gpu.store.writer import StoreLockedError
 
 __all__ = [
@@ -28,7 +28,7 @@ def open_store(
     writer: bool = True,
     shard: tuple[int, int] | None = None,
     key: str | SecretStr | None = None,
-    cache_mb: int | None = None,
+    cache_mb: int = DEFAULT_CACHE_MB,
 ) -> SQLiteStore:
     """Open (creating if needed) the store ``spec``: a ``postgresql://user@host/db`` URL (a
     :class:`~memoryos_gpu.store.postgres.PostgresStore`), a SQLite file, a directory (the file
@@ -45,7 +45,7 @@ def open_store(
     None takes ``$MEMORYOS_GPU_KEY`` when set, else the store is not encrypted. A PostgreSQL
     store refuses a key (the server encrypts at rest by its own means).
 
-    ``cache_mb``: a SQLite file store's page cache (None: ``DEFAULT_CACHE_MB``); a PostgreSQL
+    ``cache_mb``: a SQLite file store's page cache in MiB (0: SQLite's own); a PostgreSQL
     server caches by its own settings."""
     from pathlib import Path
 
@@ -66,6 +66,4 @@ def open_store(
     p = Path(spec)
     if p.suffix not in (".sqlite", ".sqlite3", ".db"):
         p = p / "memory.sqlite3"
-    if cache_mb is None:
-        return SQLiteStore(p, writer=writer, key=secret)
     return SQLiteStore(p, writer=writer, key=secret, cache_mb=cache_mb)
