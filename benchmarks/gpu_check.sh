@@ -10,7 +10,7 @@
 #                       skips turned into failures (MEMORYOS_GPU_REQUIRE_CUDA=1); then the
 #                       engine's retrieval and heat tests on a CUDA arena
 #                       (MEMORYOS_TEST_DEVICE=cuda)
-#   3. kernels          benchmarks/kernels.py --routine kernel-only: kernel-only GB/s (CUDA
+#   3. kernels          benchmarks/kernel_speed.py --routine kernel-only: kernel-only GB/s (CUDA
 #                       events) vs the measured device copy bandwidth, fp16 and fp32 storage,
 #                       B = 1,024, S = 200, d = 384 (target: >= 50 % of copy)
 #   4. sanitizer-*      the CUDA tests on a reduced grid (MEMORYOS_GPU_KERNEL_GRID=small; the
@@ -92,7 +92,7 @@ step engine-cuda 90 env MEMORYOS_TEST_DEVICE=cuda "${PYTEST[@]}" \
   "$ROOT/tests/test_retrieval_path.py" "$ROOT/tests/test_engine.py"
 
 # 3. kernel-only bandwidth, fp16 and fp32 storage
-step kernels 120 python "$ROOT/benchmarks/kernels.py" --routine kernel-only --device cuda \
+step kernels 120 python "$ROOT/benchmarks/kernel_speed.py" --routine kernel-only --device cuda \
   --users 10000 --batch 1024 --slots 200 --dim 384 --pages-per-segment 2 --repeat 20 \
   --dtypes float16 float32 --json "$OUT/kernels_gpu.json"
 

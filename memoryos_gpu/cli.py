@@ -1447,7 +1447,7 @@ def bench(
 ) -> None:
     """Quick retrieval-kernel benchmark (segment scoring + page top-k) on a synthetic arena.
 
-    The full benchmarks live in the source tree: benchmarks/kernels.py (kernels vs a
+    The full benchmarks live in the source tree: benchmarks/kernel_speed.py (kernels vs a
     reference-style loop vs torch) and benchmarks/ingest.py (end-to-end ingestion)."""
     import numpy as np
 
@@ -1525,7 +1525,7 @@ def bench(
         "(score segments + top-10 pages)"
     )
     where = root if root.is_dir() else "benchmarks/ in the memoryos-gpu source tree"
-    click.echo(f"full benchmarks: {where} (kernels.py, ingest.py)")
+    click.echo(f"full benchmarks: {where} (kernel_speed.py, ingest.py)")
 
 
 # ============================================================================ eval

@@ -19,7 +19,7 @@ time (GB/s), and on a GPU its fraction of the measured device copy bandwidth (re
 bytes of a 1 GiB device-to-device copy), the issue-16 target being >= 50 % at B = 1,024,
 S = 200, d = 384.
 
-Usage: python benchmarks/kernels.py [--routine engine|kernel-only|all] [--users 10000]
+Usage: python benchmarks/kernel_speed.py [--routine engine|kernel-only|all] [--users 10000]
        [--batch 1024] [--pages-per-segment 2] [--dtypes float16 float32]
        [--device cpu|cuda] [--quick] [--json OUT]
 """
