@@ -1109,6 +1109,63 @@ def test_pages_are_committed_before_add_returns(backend: Backend) -> None:
         e.close()
 
 
+def _newest_ids(e: MemoryEngine) -> dict[str, int]:
+    q = e.store.query
+    return {
+        "pages": q("SELECT COALESCE(MAX(page_id), 0) FROM pages")[0][0],
+        "segments": q("SELECT COALESCE(MAX(segment_id), 0) FROM segments")[0][0],
+        "knowledge": q("SELECT COALESCE(MAX(entry_id), 0) FROM knowledge")[0][0],
+    }
+
+
+def _first_ids(e: MemoryEngine, user: str) -> dict[str, int]:
+    q = e.store.query
+    return {
+        "pages": q("SELECT MIN(page_id) FROM pages WHERE user_id = ?", (user,))[0][0],
+        "segments": q("SELECT MIN(segment_id) FROM segments WHERE user_id = ?", (user,))[0][0],
+        "knowledge": q("SELECT MIN(entry_id) FROM knowledge WHERE owner_id = ?", (user,))[0][0],
+    }
+
+
+def _fill(e: MemoryEngine, user: str, n: int = 8) -> None:
+    """Pages enough to overflow STM into segments, and a promotion (knowledge entries)."""
+    e.add_many(
+        [PageInput(user, f"{user} says {TOPICS[i % 8]} {i}", "ok", 1.7e9 + i) for i in range(n)]
+    )
+    e.promote(user)
+    e.process_pending()
+
+
+def test_ids_are_never_reused_after_the_newest_rows_are_deleted(backend: Backend) -> None:
+    """The newest page, segment and knowledge entry deleted (bob's, with his user), the next
+    user's rows get ids above theirs, also after a reopen: a client holding a deleted id (an
+    HTTP page id, a mem0 memory id) must never find another user's row under it. (SQLite's
+    own rowid choice gave the deleted newest id to the next row.)"""
+    path = backend.spec("ids")
+    e = open_engine(path)
+    try:
+        _fill(e, "alice")
+        _fill(e, "bob")
+        gone = _newest_ids(e)
+        assert _first_ids(e, "bob")["pages"] > 1 and all(gone.values()), gone
+        assert e.delete_user("bob")
+        assert all(v < gone[k] for k, v in _newest_ids(e).items())  # they were bob's
+        _fill(e, "carol")
+        first = _first_ids(e, "carol")
+        assert all(first[k] > gone[k] for k in gone), (first, gone)
+        made = _newest_ids(e)
+        assert e.delete_user("carol")
+    finally:
+        e.close()
+    e = open_engine(path)  # the next free ids outlive the process
+    try:
+        _fill(e, "dave")
+        first = _first_ids(e, "dave")
+        assert all(first[k] > made[k] for k in made), (first, made)
+    finally:
+        e.close()
+
+
 # ============================================================================ PostgreSQL only
 @pytest.fixture(scope="module")
 def pg(tmp_path_factory: pytest.TempPathFactory) -> Any:

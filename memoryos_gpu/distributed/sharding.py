@@ -549,10 +549,12 @@ class ShardEngine(MemoryEngine):
                     "owner_id = ? AND seq <= ?",
                     (e.assistant_id, e.seq - cap),
                 )
-                cur = db.execute(
-                    "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, mode, "
-                    "created, source_user) VALUES ('assistant', ?, ?, ?, ?, ?, ?, ?)",
+                (entry,) = self.store.new_ids(db, "knowledge", 1)
+                db.execute(
+                    "INSERT INTO knowledge(entry_id, owner_kind, owner_id, seq, text, embedding, "
+                    "mode, created, source_user) VALUES (?, 'assistant', ?, ?, ?, ?, ?, ?, ?)",
                     (
+                        entry,
                         e.assistant_id,
                         e.seq,
                         e.text,
@@ -573,8 +575,8 @@ class ShardEngine(MemoryEngine):
                 old = int(self._entry_of_ring[slot, e.seq % cap])
                 if old >= 0:
                     self._views.drop_knowledge([old])
-                self._entry_of_ring[slot, e.seq % cap] = cur.lastrowid
-                self._views.knowledge[cur.lastrowid] = e.text
+                self._entry_of_ring[slot, e.seq % cap] = entry
+                self._views.knowledge[entry] = e.text
 
     def _reload_assistants(self, assistant_ids: Sequence[str]) -> None:
         """Shared store: re-read assistants' live entries (written by their owner shard); the

@@ -3,8 +3,8 @@
 :meth:`LongTerm.push_knowledge <memoryos_gpu.engine.lpm.LongTerm.push_knowledge>` decides what
 each fact does (:meth:`KnowledgeRing.decide`, the rule in :mod:`~memoryos_gpu.engine.conflicts`
 or the LLM's decisions) and calls :meth:`add_all`, :meth:`strengthen`, :meth:`supersede` and
-:meth:`add_outdated`; the new entries are inserted together (:meth:`add_all`: a multi-row
-``INSERT ... RETURNING`` per 256), the rarer strengthen / supersede / outdated rows one by one,
+:meth:`add_outdated`; the new entries are inserted together (:meth:`add_all`: one ``executemany``
+with ids from ``store.new_ids``), the rarer strengthen / supersede / outdated rows one by one,
 in the open transaction;
 the arena's ring rows, the provenance rows and the ring heads once per batch in
 :meth:`finish` (one arena push, one ``executemany``), so a batch of plain additions costs a
@@ -24,7 +24,7 @@ import numpy as np
 
 from memoryos_gpu import ops
 from memoryos_gpu.store.derivations import KNOWLEDGE, record
-from memoryos_gpu.store.sqlite import blob_matrix, emb_blob, insert_returning
+from memoryos_gpu.store.sqlite import blob_matrix, emb_blob
 
 from .conflicts import Decision, LiveEntry, decide, fact_key
 from .state import EngineState, Fact, to_host
@@ -168,26 +168,27 @@ class KnowledgeRing:
                     *(fact.source_user, valid_from, key[0] if key else None),
                 )
             )
-        made_rows = insert_returning(
-            db,
-            "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, mode, created, "
-            "source_user, valid_from, fact_key)",
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
-            "entry_id, owner_kind, owner_id, seq",
+        ids = s.store.new_ids(db, "knowledge", len(rows))
+        db.executemany(
+            "INSERT INTO knowledge(entry_id, owner_kind, owner_id, seq, text, embedding, mode, "
+            "created, source_user, valid_from, fact_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(e, *row) for e, row in zip(ids, rows, strict=True)],
         )
-        ids = {(kind, o, int(q)): int(e) for e, kind, o, q in made_rows}
         # the new seqs first..last push seqs first - cap..last - cap out of the ring (the
-        # older ones went before): a range of the unique index, not the owner's whole history
+        # older ones went before): a range of the unique index, not the owner's whole history;
+        # none while the ring has not wrapped (a negative seq is history, never live)
         cap = s.memory.knowledge_capacity
         db.executemany(
             "UPDATE knowledge SET live = 0 WHERE owner_kind = ? AND owner_id = ? AND seq >= ? "
             "AND seq <= ? AND live = 1",
-            [(kind, o, first - cap, last - cap) for (kind, o), (first, last) in spans.items()],
+            [
+                (kind, o, first - cap, last - cap)
+                for (kind, o), (first, last) in spans.items()
+                if last >= cap
+            ],
         )
         made = {}
-        for (index, fact, vec), row, o in zip(adds, rows, owners, strict=True):
-            entry = ids[row[:3]]
+        for (index, fact, vec), entry, o in zip(adds, ids, owners, strict=True):
             made[index] = entry
             self._pushed.append((o, entry, vec, fact.text))
             self._source(entry, fact)
@@ -211,11 +212,13 @@ class KnowledgeRing:
         ).fetchone()[0]
         key = self._keys[index]
         t = time.time()
-        entry = db.execute(
-            "INSERT INTO knowledge(owner_kind, owner_id, seq, text, embedding, live, mode, "
-            "created, source_user, valid_from, valid_to, superseded_by, fact_key) "
-            "VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?) RETURNING entry_id",
+        (entry,) = self._s.store.new_ids(db, "knowledge", 1)
+        db.execute(
+            "INSERT INTO knowledge(entry_id, owner_kind, owner_id, seq, text, embedding, live, "
+            "mode, created, source_user, valid_from, valid_to, superseded_by, fact_key) "
+            "VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)",
             (
+                entry,
                 fact.kind,
                 fact.owner_id,
                 int(low) - 1,
@@ -229,14 +232,14 @@ class KnowledgeRing:
                 int(newer),
                 key[0] if key else None,
             ),
-        ).fetchone()[0]
-        self._source(int(entry), fact)
+        )
+        self._source(entry, fact)
         if before is not None:
             db.execute(
                 "UPDATE knowledge SET valid_to = ?, superseded_by = ? WHERE entry_id = ?",
-                (fact.valid_from, int(entry), int(before)),
+                (fact.valid_from, entry, int(before)),
             )
-        return int(entry)
+        return entry
 
     def strengthen(self, entry: int, fact: Fact) -> None:
         """The same fact again: the entry's ``strength`` grows and it gains the new sources."""
@@ -283,15 +286,18 @@ class KnowledgeRing:
             s.views.knowledge.update(
                 (e, t) for e, t, k in zip(entries, texts, keep.tolist(), strict=True) if k
             )
-        for (kind, owner_id), o in self._owners.items():
-            if o in self._heads:
-                table, key = (
-                    ("users", "user_id") if kind == "user" else ("assistants", "assistant_id")
-                )
-                db.execute(
-                    f"UPDATE {table} SET knowledge_head = ? WHERE {key} = ?",
-                    (self._heads[o], owner_id),
-                )
+        for kind, table, key in (
+            ("user", "users", "user_id"),
+            ("assistant", "assistants", "assistant_id"),
+        ):
+            db.executemany(
+                f"UPDATE {table} SET knowledge_head = ? WHERE {key} = ?",
+                [
+                    (self._heads[o], owner_id)
+                    for (k, owner_id), o in self._owners.items()
+                    if k == kind and o in self._heads
+                ],
+            )
         for o, entry in self._superseded:
             at = np.flatnonzero(s.entry_of_ring[o] == entry)
             s.arena.delete_knowledge(np.full(at.size, o), at)

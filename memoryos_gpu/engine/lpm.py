@@ -227,21 +227,21 @@ class LongTerm:
         """Write the profile updates of promotions ``done`` (in order: a user's later
         promotion of the batch updates on top of its earlier one) with their provenance;
         returns the users' new profiles."""
-        s = self._s
         new_profiles: dict[str, dict[str, Any]] = {}
+        sources: list[tuple[int, str, list[int], str]] = []
         for i in done:
             out, uid = outcomes[i], read.items[i][1]
             if not out.profile_updates:
                 continue
-            profile = {**new_profiles.get(uid, read.profiles[i]), **out.profile_updates}
-            db.execute(
-                "UPDATE users SET profile = ? WHERE user_id = ?",
-                (json.dumps(profile, ensure_ascii=False), uid),
-            )
-            new_profiles[uid] = profile
-            if s.memory.provenance:
-                page_ids = [p[0] for p in read.pages[i]]
-                record(db, PROFILE, [(0, k, page_ids, uid) for k in out.profile_updates])
+            new_profiles[uid] = {**new_profiles.get(uid, read.profiles[i]), **out.profile_updates}
+            page_ids = [p[0] for p in read.pages[i]]
+            sources += [(0, k, page_ids, uid) for k in out.profile_updates]
+        db.executemany(
+            "UPDATE users SET profile = ? WHERE user_id = ?",
+            [(json.dumps(p, ensure_ascii=False), uid) for uid, p in new_profiles.items()],
+        )
+        if self._s.memory.provenance:
+            record(db, PROFILE, sources)
         return new_profiles
 
     def _reset_segments(self, db: Any, items: list[WorkItem]) -> None:

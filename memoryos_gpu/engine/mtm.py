@@ -24,7 +24,7 @@ from memoryos_gpu.arena import NO_ID
 from memoryos_gpu.json_codec import dumps_text, loads
 from memoryos_gpu.lexical import terms_from_blobs
 from memoryos_gpu.stages import PageOutcome, PageWork
-from memoryos_gpu.store.sqlite import blob_matrix, emb_blob, insert_returning, select_in
+from memoryos_gpu.store.sqlite import blob_matrix, emb_blob, select_in
 from memoryos_gpu.text.keywords import keyword_tokens
 
 from .heat import Heat
@@ -369,29 +369,27 @@ class Segments:
         counts = [{w: 1 for w in r.outcomes[i].keywords} for i in idx.tolist()]
         kw_rows = self._kw_matrix(counts)
         cap = s.memory.summary_chars
-        rows = [
-            (
-                r.users[i].user_id,
-                int(slots[j]),
-                r.outcomes[i].summary[:cap],
-                dumps_text(counts[j]),
-                _kw_blob(kw_rows[j]),
-                emb_blob(emb[j]),
-                float(r.now[i]),
-                float(r.now[i]),
-            )
-            for j, i in enumerate(idx.tolist())
-        ]
-        made = insert_returning(
-            db,
-            "INSERT INTO segments(user_id, slot, summary, keywords, kw_ids, embedding, "
-            "n_visit, l_interaction, last_access, created, n_pages)",
-            "(?, ?, ?, ?, ?, ?, 0, 1, ?, ?, 1)",
-            rows,
-            "segment_id, user_id, slot",
+        ids = s.store.new_ids(db, "segments", idx.size)
+        db.executemany(
+            "INSERT INTO segments(segment_id, user_id, slot, summary, keywords, kw_ids, "
+            "embedding, n_visit, l_interaction, last_access, created, n_pages) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, 0, 1, ?, ?, 1)",
+            [
+                (
+                    ids[j],
+                    r.users[i].user_id,
+                    int(slots[j]),
+                    r.outcomes[i].summary[:cap],
+                    dumps_text(counts[j]),
+                    _kw_blob(kw_rows[j]),
+                    emb_blob(emb[j]),
+                    float(r.now[i]),
+                    float(r.now[i]),
+                )
+                for j, i in enumerate(idx.tolist())
+            ],
         )
-        sid_of = {(u, sl): sid for sid, u, sl in made}  # ids read back by key
-        sids = np.array([sid_of[(row[0], row[1])] for row in rows], np.int64)
+        sids = np.asarray(ids, np.int64)
         s.arena.write_segments(
             r.uslots[idx],
             slots,

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
-from memoryos_gpu.store.sqlite import emb_blob, insert_returning
+from memoryos_gpu.store.sqlite import emb_blob
 from memoryos_gpu.types import AddResult, PageInput
 
 from .page_text import page_terms_of, page_text
@@ -125,7 +125,7 @@ class ShortTerm:
         new_users: list[UserState],
     ) -> list[AddResult]:
         """One transaction, one statement per kind of row for the whole batch: new users, the
-        pages (ids read back by user and sequence number), the pages the STM overflow makes
+        pages (with ids from ``store.new_ids``), the pages the STM overflow makes
         pending, the users' clocks and the audit events."""
         s = self._s
         now = time.time()
@@ -153,8 +153,7 @@ class ShortTerm:
             user.clock = max(user.clock, float(p.timestamp))
         with s.store.transaction("deferred") as db:  # the caller syncs: see add_many
             s.store.ensure_users(db, [(u.user_id, u.assistant_id) for u in new_users], now)
-            page_of = self._insert_rows(db, rows)
-            ids = [page_of[(r[0], r[1])] for r in rows]
+            ids = self._insert_rows(db, rows)
             db.executemany(  # written once, beside the narrow page row that tiers rewrite
                 "INSERT INTO page_vectors(page_id, embedding, terms) VALUES (?, ?, ?)",
                 [(p, emb_blob(vec_of[i]), blob_of[i]) for p, i in zip(ids, fresh, strict=True)],
@@ -200,17 +199,15 @@ class ShortTerm:
                     first[p.source] = i
         return fresh, dup_of
 
-    def _insert_rows(self, db: Any, rows: list[tuple]) -> dict[tuple[str, int], int]:
-        """INSERT the page rows, a chunk per statement; their ids by (user id, seq)."""
-        made = insert_returning(
-            db,
-            "INSERT INTO pages(user_id, seq, user_input, agent_response, timestamp, tier, "
-            "source, extra, created)",
-            "(?, ?, ?, ?, ?, 'stm', ?, ?, ?)",
-            rows,
-            "page_id, user_id, seq",
+    def _insert_rows(self, db: Any, rows: list[tuple]) -> list[int]:
+        """INSERT the page rows (one statement); their ids, in order."""
+        ids = self._s.store.new_ids(db, "pages", len(rows))
+        db.executemany(
+            "INSERT INTO pages(page_id, user_id, seq, user_input, agent_response, timestamp, "
+            "tier, source, extra, created) VALUES (?, ?, ?, ?, ?, ?, 'stm', ?, ?, ?)",
+            [(pid, *row) for pid, row in zip(ids, rows, strict=True)],
         )
-        return {(u, int(q)): int(pid) for pid, u, q in made}
+        return ids
 
     def _push_stm(self, user_ids: list[str], page_ids: list[int]) -> list[tuple[str, int]]:
         """Append the pages to their users' STM, in order; returns the (user, page) pushed

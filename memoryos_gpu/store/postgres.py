@@ -585,6 +585,18 @@ class PostgresStore(SQLiteStore):
             self._writer = None
 
     # ------------------------------------------------------------------ dialect specifics
+    def new_ids(self, db: Any, table: str, n: int) -> list[int]:
+        """``n`` ids from the table's identity sequence (see SQLiteStore's): a sequence never
+        gives a number twice, whichever of the engines sharing the database asks."""
+        if n <= 0:
+            return []
+        column = _sqlite.ID_COLUMNS[table]
+        rows = db.execute(
+            "SELECT nextval(pg_get_serial_sequence(?, ?)) FROM generate_series(1, ?)",
+            (table, column, n),
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
     def check_integrity(self) -> list[str]:
         """A light check: PostgreSQL enforces the constraints itself, so what is left to find is
         a missing table, a constraint left NOT VALID, or an invalid index (a failed

@@ -38,6 +38,10 @@ from memoryos_gpu.store.wal import BACKSTOP_PAGES, WalCheckpointer
 
 SCHEMA_VERSION = 6
 SYNCHRONOUS = "FULL"  # an acknowledged page survives power loss, not only a process crash
+
+#: The tables whose new rows take their ids from :meth:`SQLiteStore.new_ids`, and the id column.
+ID_COLUMNS = {"pages": "page_id", "segments": "segment_id", "knowledge": "entry_id"}
+
 #: SQLite's page cache of a file store's connection, MiB (``PRAGMA cache_size``; SQLite's own
 #: default is 2 MiB). Derived work rewrites rows spread over the pages table and its indexes:
 #: at 10,000 users (a 410 MB file) SQLite re-read 39 pages from the OS per page of derived
@@ -1058,6 +1062,31 @@ class SQLiteStore:
             del row["owner_kind"], row["owner_id"]
         return list(out.values())
 
+    # ------------------------------------------------------------------ ids
+    def new_ids(self, db: sqlite3.Connection, table: str, n: int) -> list[int]:
+        """``n`` ids for new rows of ``table`` (``pages``, ``segments`` or ``knowledge``) that
+        no row of it ever had, inside the open write transaction ``db``; the caller inserts
+        its rows with them (one ``executemany``: faster than reading generated ids back).
+
+        Why not SQLite's own choice: a new rowid is the highest one + 1, so when the newest
+        row is deleted its id goes to the next row, and whoever still holds it (a page id from
+        the HTTP API, a mem0 memory id, an audit event) names another row, maybe another
+        user's. The next free id of each table is kept in ``meta`` (``next_id.<table>``) and
+        raised in the transaction that uses it: a rolled-back transaction leaves its ids
+        unused, a gap, never a reuse."""
+        if n <= 0:
+            return []
+        column = ID_COLUMNS[table]
+        key = f"next_id.{table}"
+        top = db.execute(f"SELECT COALESCE(MAX({column}), 0) FROM {table}").fetchone()[0]
+        mark = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        first = max(int(top) + 1, int(mark[0]) if mark else 1)
+        db.execute(
+            "INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, str(first + n)),
+        )
+        return list(range(first, first + n))
+
     # ------------------------------------------------------------------ audit
     def audit_many(
         self,
@@ -1344,22 +1373,6 @@ def select_in(db: Any, select: str, ids: Sequence[Any]) -> list[tuple]:
         chunk = list(ids[i : i + 500])
         rows += db.execute(f"{select} ({','.join('?' * len(chunk))})", chunk).fetchall()
     return rows
-
-
-def insert_returning(
-    db: Any, insert: str, row: str, rows: Sequence[tuple], returning: str, per: int = 256
-) -> list[tuple]:
-    """Insert ``rows`` with a multi-row ``{insert} VALUES {row}, ... RETURNING {returning}``,
-    one statement per ``per`` rows (SQLite's and PostgreSQL's parameter limits); every
-    returned row. Their order is not relied on: callers key them by a unique column set."""
-    out: list[tuple] = []
-    for k in range(0, len(rows), per):
-        chunk = rows[k : k + per]
-        out += db.execute(
-            f"{insert} VALUES {','.join([row] * len(chunk))} RETURNING {returning}",
-            [v for r in chunk for v in r],
-        ).fetchall()
-    return out
 
 
 def _id_chunks(ids: Sequence[int], size: int = 500) -> list[list[int]]:
