@@ -1109,6 +1109,57 @@ def test_pages_are_committed_before_add_returns(backend: Backend) -> None:
         e.close()
 
 
+def _found(e: MemoryEngine) -> list[int]:
+    """A retrieval's page ids (no heat credited: the arena stays comparable)."""
+    (r,) = e.retrieve_many([("u1", "u1 on painting")], update_heat=False)
+    return [p.page_id for p in r.pages]
+
+
+def test_a_derived_apply_that_fails_halfway_leaves_memory_as_the_store(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last write of a derived round's transaction fails (a full disk), after the round
+    changed the arena (segments opened, pages appended): the store rolls back, and so must the
+    memory, or the retry finds segments without rows (it failed for good) or appends the pages
+    twice. Then the same for a promotion. After the retries the engine's arena is the one a
+    reopen loads from the store."""
+    path = backend.spec("halfway")
+    e = open_engine(path, auto_process=False)
+    heat = e._heat
+    real_refresh = heat.refresh
+
+    def full_disk(*a: Any, **kw: Any) -> int:
+        real_refresh(*a, **kw)  # the transaction's last write: every memory change is done
+        raise sqlite3.OperationalError("database or disk is full")
+
+    try:
+        for i in range(10):
+            e.add_many(
+                [
+                    PageInput(f"u{u}", f"u{u} on {TOPICS[(i + u) % 8]} {i}", "ok", 1.7e9 + i)
+                    for u in range(3)
+                ]
+            )
+        for run in (e.process_pending, lambda: e.promote("u1")):  # a page round, a promotion
+            monkeypatch.setattr(heat, "refresh", full_disk)
+            with pytest.raises(sqlite3.OperationalError):
+                run()
+            monkeypatch.setattr(heat, "refresh", real_refresh)
+            run()
+            assert e.pending_count() == 0
+        assert e.knowledge("u1")["user"]  # the promotion's facts are in
+        got = arena_snapshot(e)
+        found = _found(e)
+    finally:
+        e.close()
+    e = open_engine(path, auto_process=False)
+    try:
+        assert_same_arena(got, arena_snapshot(e))
+        assert _found(e) == found
+    finally:
+        e.close()
+
+
 def _newest_ids(e: MemoryEngine) -> dict[str, int]:
     q = e.store.query
     return {

@@ -11,6 +11,7 @@ feedback, or the rebuild on open.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from memoryos_gpu.page_views import PageViews
 
 T = TypeVar("T")
+log = logging.getLogger("memoryos_gpu.engine")
 
 
 class _Shared(Generic[T]):
@@ -153,6 +155,7 @@ class MemoryEngine:
         self._responder = Responder(state, self)
         self._items = Items(state, self._heat)
         self._rebuilder = Rebuild(state, self)
+        state.reload = self._reload
         self._rebuild()
 
     # ================================================================== construction hooks
@@ -184,6 +187,14 @@ class MemoryEngine:
     def _rebuild(self) -> None:
         """Hook: load the store into the arena and resume pending work (on open)."""
         self._rebuilder.rebuild()
+
+    def _reload(self) -> None:
+        """The in-memory state again from the store after an apply failed halfway (see
+        ``EngineState.reloaded_on_failure``); the heat credits not yet written name slots of
+        the arena it replaces, so they go (heat: lost at most, docs/storage.md)."""
+        log.warning("an apply failed halfway: reloading the in-memory state from the store")
+        self._heat.discard()
+        self._rebuilder.reload()
 
     # ================================================================== hooks the parts call
     def _accept(self, items: list[PageInput], prepared: Prepared | None = None) -> list[AddResult]:

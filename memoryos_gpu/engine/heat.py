@@ -61,6 +61,11 @@ class Heat:
             if pr.size:
                 self._flagged.append((user_slots[pr], segments[pr, pc]))
 
+    def discard(self) -> None:
+        """Drop the credits not yet written (they name slots of an arena being replaced)."""
+        with self._buffers:
+            self._visits, self._flagged = [], []
+
     def pending_marks(self) -> int:
         """Credited pairs not yet written (for stats)."""
         with self._buffers:

@@ -70,7 +70,7 @@ class LongTerm:
         outcomes = [next(found) if pages else None for pages in read.pages]
         facts, fact_of = self._facts(read, outcomes)
         fact_emb = s.embedder.encode([f[2] for f in facts]) if facts else None
-        with s.lock:
+        with s.lock, s.reloaded_on_failure():
             return self._apply_promotions(read, outcomes, facts, fact_of, fact_emb)
 
     def _read_promotions(self) -> _PromotionInput:

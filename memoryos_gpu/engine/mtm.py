@@ -72,7 +72,7 @@ class Segments:
         with s.lock:
             read, gone = self._read_round(items)
         done = self._run_stages(read) if read.items else None
-        with s.lock:
+        with s.lock, s.reloaded_on_failure():
             return gone + (self._apply_round(read, done) if done is not None else 0)
 
     def _read_round(self, items: list[WorkItem]) -> tuple[_RoundInput, int]:

@@ -41,6 +41,27 @@ class Rebuild:
         ``process_pending``, which a shard engine may hold back)."""
         s = self._s
         return_free_memory()
+        self._backfill_terms()
+        self._load()
+        self._refit_extractor()
+        return_free_memory()
+        if s.store.count_pending():
+            self._hooks.process_pending()
+
+    def reload(self) -> None:
+        """The in-memory state loaded again from the store, after an apply failed halfway
+        (:meth:`EngineState.reloaded_on_failure`): what the store committed is the truth.
+        The keyword statistics stay (they learn a page only once it is committed) and the
+        pending work stays pending for the next round. Under the engine lock."""
+        self._s.reset()
+        return_free_memory()
+        self._load()
+        return_free_memory()
+
+    def _load(self) -> None:
+        """Users, segments, pages, knowledge, views, profiles and heat, from the store into an
+        empty state."""
+        s = self._s
         users = s.store.all_users()
         assistants = s.store.all_assistants()
         extent = s.store.arena_extent(s.arena.config.block_size, s.memory.knowledge_capacity)
@@ -61,7 +82,6 @@ class Rebuild:
             s.arena.set_ring_head(s.users[uid].owner, head)
         for uid, page_ids in s.store.load_stm().items():
             s.users[uid].stm.extend(page_ids)
-        self._backfill_terms()
         self._count_vocabulary()
         seg_index = self._load_segments()
         self._load_mtm_pages(*seg_index)
@@ -77,10 +97,6 @@ class Rebuild:
                 np.array([s.now(u) for u in s.users.values()]),
                 s.memory.heat_params(),
             )
-        self._refit_extractor()
-        return_free_memory()
-        if s.store.count_pending():
-            self._hooks.process_pending()
 
     def _user_slots(self, user_ids: list[str]) -> np.ndarray:
         users = self._s.users

@@ -18,7 +18,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, NamedTuple, Protocol
@@ -122,21 +123,13 @@ class EngineState:
         self.extractor = extractor
         self.vocabulary = vocabulary  # each user's document frequencies (extractive keywords)
         self.stages = stages
-        m = config.memory
-        # what retrievals show of pages and knowledge entries, and every user's profile, in
-        # memory: assembling a retrieval reads nothing from the store (page_views.py)
-        self.views = PageViews()
-        self.profiles: dict[str, dict[str, Any]] = {}
         # item-level changes (a page edited or deleted, a user deleted) so far: derived work
         # reads its inputs, runs its stages without the lock, and compares texts it read again
         # only when this moved meanwhile
         self.edits = 0
-        self.users: dict[str, UserState] = {}
-        self.user_of_slot: dict[int, str] = {}  # arena user slot -> user id
-        self.assistant_owner: dict[str, int] = {}
-        self.page_of_slot = np.full(arena.page_live.shape[0], -1, np.int64)
-        self.segment_of = np.full((arena.user_capacity, arena.segment_width), -1, np.int64)
-        self.entry_of_ring = np.full((arena.owner_capacity, m.knowledge_capacity), -1, np.int64)
+        # what reloads the in-memory state from the store (the engine sets it: Rebuild.reload)
+        self.reload: Callable[[], None] | None = None
+        self._empty()
         self.counters = {
             "pages_added": 0,
             "duplicates_skipped": 0,
@@ -147,6 +140,42 @@ class EngineState:
             "segments_evicted": 0,
             "promotions": 0,
         }
+
+    def _empty(self) -> None:
+        """The users, their records, views and slot maps, empty (on a fresh arena)."""
+        arena, m = self.arena, self.config.memory
+        # what retrievals show of pages and knowledge entries, and every user's profile, in
+        # memory: assembling a retrieval reads nothing from the store (page_views.py)
+        self.views = PageViews()
+        self.profiles: dict[str, dict[str, Any]] = {}
+        self.users: dict[str, UserState] = {}
+        self.user_of_slot: dict[int, str] = {}  # arena user slot -> user id
+        self.assistant_owner: dict[str, int] = {}
+        self.page_of_slot = np.full(arena.page_live.shape[0], -1, np.int64)
+        self.segment_of = np.full((arena.user_capacity, arena.segment_width), -1, np.int64)
+        self.entry_of_ring = np.full((arena.owner_capacity, m.knowledge_capacity), -1, np.int64)
+
+    def reset(self) -> None:
+        """Drop everything loaded from the store (a fresh arena of the same shape, no users,
+        empty views and per-user keyword statistics), for a reload. Under the engine lock."""
+        self.arena = Arena(self.arena.config)
+        self.vocabulary.clear()
+        self.edits += 1  # rounds read before the reset find their users changed
+        self._empty()
+
+    @contextmanager
+    def reloaded_on_failure(self) -> Iterator[None]:
+        """Around an apply that changes the in-memory state as its store transaction goes
+        (arena rows, slot maps, user records): if it raises, the transaction rolls back but the
+        memory is changed halfway (a segment in the arena whose row was never committed, a page
+        appended twice when the item is retried), so it is loaded again from the store, the
+        committed truth, before the error propagates. Under the engine lock."""
+        try:
+            yield
+        except BaseException:
+            if self.reload is not None:
+                self.reload()
+            raise
 
     @property
     def memory(self) -> MemoryConfig:

@@ -37,6 +37,10 @@ class UserVocabulary:
         self._pages = np.zeros(0, np.int64)  # pages counted per user index
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted keys, counts), oldest first
 
+    def clear(self) -> None:
+        """Forget every count (a reload counts the stored pages again)."""
+        self.__init__()
+
     # ---------------------------------------------------------------- updates
     def add(
         self,
