@@ -1109,10 +1109,12 @@ def test_pages_are_committed_before_add_returns(backend: Backend) -> None:
         e.close()
 
 
-def _found(e: MemoryEngine) -> list[int]:
-    """A retrieval's page ids (no heat credited: the arena stays comparable)."""
+def _found(e: MemoryEngine) -> list[tuple[float, int]]:
+    """A retrieval's (score, page id) pairs, best first and equal scores by id (the kernels
+    break ties by arena slot, which a reopen numbers afresh); no heat credited, so the
+    arena stays comparable."""
     (r,) = e.retrieve_many([("u1", "u1 on painting")], update_heat=False)
-    return [p.page_id for p in r.pages]
+    return sorted((-round(p.score, 5), p.page_id) for p in r.pages)
 
 
 def test_a_derived_apply_that_fails_halfway_leaves_memory_as_the_store(
@@ -1121,8 +1123,8 @@ def test_a_derived_apply_that_fails_halfway_leaves_memory_as_the_store(
     """The last write of a derived round's transaction fails (a full disk), after the round
     changed the arena (segments opened, pages appended): the store rolls back, and so must the
     memory, or the retry finds segments without rows (it failed for good) or appends the pages
-    twice. Then the same for a promotion. After the retries the engine's arena is the one a
-    reopen loads from the store."""
+    twice. Then the same for a promotion, and for a round whose reload fails too. After the
+    retries the engine's arena is the one a reopen loads from the store."""
     path = backend.spec("halfway")
     e = open_engine(path, auto_process=False)
     heat = e._heat
@@ -1148,6 +1150,29 @@ def test_a_derived_apply_that_fails_halfway_leaves_memory_as_the_store(
             run()
             assert e.pending_count() == 0
         assert e.knowledge("u1")["user"]  # the promotion's facts are in
+        # the store unreachable for the reload too: the previous state keeps serving (not a
+        # half-loaded one) and the reload is owed to the next apply, which does it first
+        real_load = e._rebuilder._load
+
+        def unreachable() -> None:
+            raise sqlite3.OperationalError("unable to open database file")
+
+        e.add_many(
+            [
+                PageInput(f"u{u}", f"u{u} again {i}", "ok", 1.8e9 + i)
+                for u in range(3)
+                for i in range(3)
+            ]
+        )
+        monkeypatch.setattr(heat, "refresh", full_disk)
+        monkeypatch.setattr(e._rebuilder, "_load", unreachable)
+        with pytest.raises(sqlite3.OperationalError):
+            e.process_pending()
+        assert e._state.reload_owed and _found(e)
+        monkeypatch.setattr(heat, "refresh", real_refresh)
+        monkeypatch.setattr(e._rebuilder, "_load", real_load)
+        e.process_pending()
+        assert not e._state.reload_owed and e.pending_count() == 0
         got = arena_snapshot(e)
         found = _found(e)
     finally:

@@ -427,7 +427,8 @@ class ShardEngine(MemoryEngine):
             return []
         with self._lock:
             emb = self.embedder.encode([f.text for f in facts])
-            with self.store.transaction() as db:
+            # the rings change as the transaction goes (reloaded from the store if it fails)
+            with self._state.reloaded_on_failure(), self.store.transaction() as db:
                 self._ensure_assistants(db, {f.owner_id for f in facts})
                 mark = db.execute("SELECT COALESCE(MAX(entry_id), 0) FROM knowledge").fetchone()
                 # the engine's own ring write, not this class's outbox: this shard is the owner
@@ -524,7 +525,8 @@ class ShardEngine(MemoryEngine):
                 self._reload_assistants(sorted({e.assistant_id for e in entries}))
                 return
             gone = [(e.assistant_id, e.seq) for e in entries if not e.live]
-            self._write_replica([e for e in entries if e.live])
+            with self._state.reloaded_on_failure():  # its ring rows go in as it writes
+                self._write_replica([e for e in entries if e.live])
             if gone:
                 sharded_forget.drop_assistant_entries(self, gone, superseded=True)
 

@@ -63,6 +63,7 @@ class LongTerm:
         """
         s = self._s
         with s.lock:
+            s.reload_if_owed()
             read = self._read_promotions()
         if not read.items:
             return 0

@@ -70,6 +70,7 @@ class Segments:
         """
         s = self._s
         with s.lock:
+            s.reload_if_owed()
             read, gone = self._read_round(items)
         done = self._run_stages(read) if read.items else None
         with s.lock, s.reloaded_on_failure():

@@ -53,9 +53,8 @@ class Rebuild:
         (:meth:`EngineState.reloaded_on_failure`): what the store committed is the truth.
         The keyword statistics stay (they learn a page only once it is committed) and the
         pending work stays pending for the next round. Under the engine lock."""
-        self._s.reset()
-        return_free_memory()
-        self._load()
+        with self._s.replaced():
+            self._load()
         return_free_memory()
 
     def _load(self) -> None:

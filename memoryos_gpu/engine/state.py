@@ -96,6 +96,20 @@ class EngineHooks(Protocol):
     def retrieve_many(self, queries: Sequence[tuple[str, str]], **kw: Any) -> list[Retrieval]: ...
 
 
+#: What :meth:`EngineState.replaced` swaps out: everything loaded from the store.
+_LOADED = (
+    "arena",
+    "views",
+    "profiles",
+    "users",
+    "user_of_slot",
+    "assistant_owner",
+    "page_of_slot",
+    "segment_of",
+    "entry_of_ring",
+)
+
+
 class EngineState:
     """The shared state, plus the slot bookkeeping that keeps its maps in step with the arena.
 
@@ -127,8 +141,10 @@ class EngineState:
         # reads its inputs, runs its stages without the lock, and compares texts it read again
         # only when this moved meanwhile
         self.edits = 0
-        # what reloads the in-memory state from the store (the engine sets it: Rebuild.reload)
+        # what reloads the in-memory state from the store (the engine sets it: Rebuild.reload),
+        # and whether a failed apply's reload is still owed (reloaded_on_failure)
         self.reload: Callable[[], None] | None = None
+        self.reload_owed = False
         self._empty()
         self.counters = {
             "pages_added": 0,
@@ -155,13 +171,25 @@ class EngineState:
         self.segment_of = np.full((arena.user_capacity, arena.segment_width), -1, np.int64)
         self.entry_of_ring = np.full((arena.owner_capacity, m.knowledge_capacity), -1, np.int64)
 
-    def reset(self) -> None:
-        """Drop everything loaded from the store (a fresh arena of the same shape, no users,
-        empty views and per-user keyword statistics), for a reload. Under the engine lock."""
+    @contextmanager
+    def replaced(self) -> Iterator[None]:
+        """Everything loaded from the store dropped (a fresh arena of the same shape, no
+        users, empty views and per-user keyword statistics) for the body to load it again;
+        if the body fails, the previous state is put back: a half-loaded one must not serve.
+        Under the engine lock."""
+        old = {k: getattr(self, k) for k in _LOADED}
+        vocabulary = dict(self.vocabulary.__dict__)
         self.arena = Arena(self.arena.config)
         self.vocabulary.clear()
-        self.edits += 1  # rounds read before the reset find their users changed
         self._empty()
+        try:
+            yield
+        except BaseException:
+            for k, v in old.items():
+                setattr(self, k, v)
+            self.vocabulary.__dict__.update(vocabulary)
+            raise
+        self.edits += 1  # rounds read before the reload find their users changed
 
     @contextmanager
     def reloaded_on_failure(self) -> Iterator[None]:
@@ -169,13 +197,27 @@ class EngineState:
         (arena rows, slot maps, user records): if it raises, the transaction rolls back but the
         memory is changed halfway (a segment in the arena whose row was never committed, a page
         appended twice when the item is retried), so it is loaded again from the store, the
-        committed truth, before the error propagates. Under the engine lock."""
+        committed truth, before the error propagates. A reload that fails (the store still
+        unreachable) is owed: the next guarded apply does it first. Under the engine lock."""
+        self.reload_if_owed()
         try:
             yield
         except BaseException:
-            if self.reload is not None:
-                self.reload()
+            self._reload()
             raise
+
+    def reload_if_owed(self) -> None:
+        """The reload a failed apply still owes (see :meth:`reloaded_on_failure`), done before
+        a derived round reads its inputs, so the round does not read a half-applied state."""
+        if self.reload_owed:
+            self._reload()
+
+    def _reload(self) -> None:
+        if self.reload is None:
+            return
+        self.reload_owed = True
+        self.reload()
+        self.reload_owed = False
 
     @property
     def memory(self) -> MemoryConfig:
