@@ -178,16 +178,15 @@ class EngineState:
         if the body fails, the previous state is put back: a half-loaded one must not serve.
         Under the engine lock."""
         old = {k: getattr(self, k) for k in _LOADED}
-        vocabulary = dict(self.vocabulary.__dict__)
+        counts = self.vocabulary.clear()
         self.arena = Arena(self.arena.config)
-        self.vocabulary.clear()
         self._empty()
         try:
             yield
         except BaseException:
             for k, v in old.items():
                 setattr(self, k, v)
-            self.vocabulary.__dict__.update(vocabulary)
+            self.vocabulary.restore(counts)
             raise
         self.edits += 1  # rounds read before the reload find their users changed
 

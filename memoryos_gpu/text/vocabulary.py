@@ -37,9 +37,16 @@ class UserVocabulary:
         self._pages = np.zeros(0, np.int64)  # pages counted per user index
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted keys, counts), oldest first
 
-    def clear(self) -> None:
-        """Forget every count (a reload counts the stored pages again)."""
-        self.__init__()
+    def clear(self) -> UserVocabulary:
+        """Forget every count (a reload counts the stored pages again); returns them, for
+        :meth:`restore` should the reload fail."""
+        saved = UserVocabulary()
+        saved.__dict__, self.__dict__ = self.__dict__, saved.__dict__
+        return saved
+
+    def restore(self, saved: UserVocabulary) -> None:
+        """Take back the counts :meth:`clear` returned."""
+        self.__dict__ = saved.__dict__
 
     # ---------------------------------------------------------------- updates
     def add(
