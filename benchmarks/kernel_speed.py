@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -39,6 +38,9 @@ import numpy as np
 
 from memoryos_gpu import ops
 from memoryos_gpu.arena import Arena, ArenaConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import hardware  # the benchmarks' one description of the host
 
 M_SEGMENTS, K_PAGES, K_KNOWLEDGE, KW_WIDTH, Q_KW, KN_CAPACITY = 5, 10, 10, 16, 8, 100
 
@@ -524,22 +526,6 @@ def print_kernel_only(r: dict[str, Any]) -> None:
             f"{k['kernel']:<16} {k['dtype']:<9} {k['median_us']:>10} {spread:>16} "
             f"{k['gb_s']:>8} {k['fraction_of_copy']:>8.1%}"
         )
-
-
-def hardware() -> dict[str, Any]:
-    info = ops.build_info()
-    hw = {
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "python": platform.python_version(),
-        "cpu_threads": info["cpu_threads"],
-        "cuda_usable": info["cuda_usable"],
-    }
-    if info["cuda_usable"]:
-        import torch
-
-        hw["gpu"] = torch.cuda.get_device_name(0)
-    return hw
 
 
 def print_table(results: list[dict[str, Any]]) -> None:

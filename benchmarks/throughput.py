@@ -584,6 +584,10 @@ def hardware() -> dict[str, Any]:
         "cpu_threads": info["cpu_threads"],
         "cuda_usable": info["cuda_usable"],
     }
+    if info["cuda_usable"]:
+        import torch
+
+        hw["gpu"] = torch.cuda.get_device_name(0)
     if hasattr(os, "getloadavg"):
         hw["load_avg_at_start"] = [round(x, 2) for x in os.getloadavg()]
     return hw
