@@ -1242,6 +1242,48 @@ def test_ids_are_never_reused_after_the_newest_rows_are_deleted(backend: Backend
         e.close()
 
 
+def test_pages_pushed_out_of_stm_are_stored_pending_within_and_across_batches(
+    backend: Backend,
+) -> None:
+    """STM holds 3: a batch of 5 pages stores its first 2 as pending (pushed out by its own
+    later pages: inserted so, not rewritten) and the next batch pushes out 2 stored earlier;
+    the store's tiers, the pending queue and a reopen's STM agree with memory, and derived
+    work then moves exactly the pending pages to MTM."""
+    path = backend.spec("stm_tiers")
+    e = open_engine(path, auto_process=False)
+
+    def tiers(engine: MemoryEngine) -> dict[str, list[str]]:
+        return {
+            t: [p["user_input"] for p in engine.store.user_pages("u", t)]
+            for t in ("stm", "pending", "mtm")
+        }
+
+    try:
+        e.add_many([{"user_id": "u", "user_input": f"p{i}", "timestamp": i} for i in range(5)])
+        assert tiers(e) == {"stm": ["p2", "p3", "p4"], "pending": ["p0", "p1"], "mtm": []}
+        e.add_many([{"user_id": "u", "user_input": f"p{i}", "timestamp": i} for i in (5, 6)])
+        assert tiers(e) == {
+            "stm": ["p4", "p5", "p6"],
+            "pending": ["p0", "p1", "p2", "p3"],
+            "mtm": [],
+        }
+        assert e.pending_count("u") == 4
+    finally:
+        e.close()
+    e = open_engine(path, auto_process=False)
+    try:
+        stm = e.retrieve("u", "p").stm
+        assert [p.user_input for p in stm] == ["p4", "p5", "p6"]
+        e.process_pending()
+        assert tiers(e) == {
+            "stm": ["p4", "p5", "p6"],
+            "pending": [],
+            "mtm": ["p0", "p1", "p2", "p3"],
+        }
+    finally:
+        e.close()
+
+
 # ============================================================================ PostgreSQL only
 @pytest.fixture(scope="module")
 def pg(tmp_path_factory: pytest.TempPathFactory) -> Any:

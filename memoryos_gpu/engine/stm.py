@@ -153,14 +153,17 @@ class ShortTerm:
             user.clock = max(user.clock, float(p.timestamp))
         with s.store.transaction("deferred") as db:  # the caller syncs: see add_many
             s.store.ensure_users(db, [(u.user_id, u.assistant_id) for u in new_users], now)
-            ids = self._insert_rows(db, rows)
+            ids = s.store.new_ids(db, "pages", len(rows))
+            pending = self._push_stm([items[i].user_id for i in fresh], ids)
+            self._insert_rows(db, ids, rows, {p for _, p in pending})
             db.executemany(  # written once, beside the narrow page row that tiers rewrite
                 "INSERT INTO page_vectors(page_id, embedding, terms) VALUES (?, ?, ?)",
                 [(p, emb_blob(vec_of[i]), blob_of[i]) for p, i in zip(ids, fresh, strict=True)],
             )
-            pending = self._push_stm([items[i].user_id for i in fresh], ids)
-            db.executemany(
-                "UPDATE pages SET tier = 'pending' WHERE page_id = ?", [(p,) for _, p in pending]
+            batch = set(ids)
+            db.executemany(  # pages of earlier batches pushed out now
+                "UPDATE pages SET tier = 'pending' WHERE page_id = ?",
+                [(p,) for _, p in pending if p not in batch],
             )
             db.executemany(
                 "INSERT INTO pending(user_id, kind, ref, created) VALUES (?, 'page', ?, ?)",
@@ -199,15 +202,19 @@ class ShortTerm:
                     first[p.source] = i
         return fresh, dup_of
 
-    def _insert_rows(self, db: Any, rows: list[tuple]) -> list[int]:
-        """INSERT the page rows (one statement); their ids, in order."""
-        ids = self._s.store.new_ids(db, "pages", len(rows))
+    @staticmethod
+    def _insert_rows(db: Any, ids: list[int], rows: list[tuple], pending: set[int]) -> None:
+        """INSERT the page rows (one statement), each in the tier it ends the batch in: a page
+        that the batch's own later pages push out of STM goes in as ``pending`` at once (in
+        bulk ingestion most pages do), instead of being inserted and rewritten."""
         db.executemany(
-            "INSERT INTO pages(page_id, user_id, seq, user_input, agent_response, timestamp, "
-            "tier, source, extra, created) VALUES (?, ?, ?, ?, ?, ?, 'stm', ?, ?, ?)",
-            [(pid, *row) for pid, row in zip(ids, rows, strict=True)],
+            "INSERT INTO pages(page_id, user_id, seq, tier, user_input, agent_response, "
+            "timestamp, source, extra, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (pid, *row[:2], "pending" if pid in pending else "stm", *row[2:])
+                for pid, row in zip(ids, rows, strict=True)
+            ],
         )
-        return ids
 
     def _push_stm(self, user_ids: list[str], page_ids: list[int]) -> list[tuple[str, int]]:
         """Append the pages to their users' STM, in order; returns the (user, page) pushed
