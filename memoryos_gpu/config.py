@@ -227,8 +227,9 @@ class EngineConfig(BaseModel):
     derived_max_batch: int = Field(
         256,
         ge=1,
-        description="Pages per derived-work round (the oldest pending page of each user, so "
-        "each user's order holds); 1 = one page at a time, as the reference does.",
+        description="Pages per derived-work round (in waves: the oldest pending page of each "
+        "user, then the next, so each user's order holds); 1 = one page at a time, as the "
+        "reference does.",
     )
 
     @classmethod

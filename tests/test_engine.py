@@ -1144,8 +1144,9 @@ def test_respond_to_a_first_time_user(make_engine, kit):
 
 @pytest.mark.parametrize("max_batch", [1, 2, 256])
 def test_derived_rounds_are_capped_and_keep_each_users_order(max_batch: int) -> None:
-    """process_pending(max_batch=k) runs rounds of at most k pages, at most one page per user
-    per round, each user's pages in acceptance order; the result does not depend on k."""
+    """process_pending(max_batch=k) runs rounds of at most k pages, in waves (every user's
+    j-th page of the round after every user's (j-1)-th), each user's pages in acceptance
+    order; a backlog that fits in k goes in one round; the result does not depend on k."""
     cfg = EngineConfig(
         memory=preset("paper", stm_capacity=1),
         llm=LLMConfig(mode="extractive"),
@@ -1167,7 +1168,10 @@ def test_derived_rounds_are_capped_and_keep_each_users_order(max_batch: int) -> 
     done = eng.process_pending(max_batch=max_batch)
     assert done["pages"] == 9  # 12 pages, STM keeps the newest of each user
     assert all(0 < len(r) <= max_batch for r in rounds)
-    assert all(len({uid for _, uid, _ in r}) == len(r) for r in rounds)
+    for r in rounds:
+        waves = [sum(uid == v for _, v, _ in r[: i + 1]) for i, (_, uid, _) in enumerate(r)]
+        assert waves == sorted(waves), r  # wave 2 starts after wave 1 ends, and so on
+    assert len(rounds) == (1 if max_batch >= 9 else -(-9 // max_batch))
     order = [ref for r in rounds for _, _, ref in r]
     for u in range(3):
         mine = [p for p in order if eng.get_page(p)["user_id"] == f"u{u}"]
@@ -1176,3 +1180,59 @@ def test_derived_rounds_are_capped_and_keep_each_users_order(max_batch: int) -> 
     with pytest.raises(InvalidInputError):
         eng.process_pending(max_batch=0)
     eng.close()
+
+
+def test_a_gathering_round_takes_one_page_per_user_and_a_drain_takes_the_backlog() -> None:
+    """``max_rounds=1`` (the server's scheduler) takes one wave: each user's oldest pending
+    page; a drain then takes the users' remaining pages as waves of one round, and every
+    page ends in MTM in its user's order, as one page at a time would place them."""
+    cfg = EngineConfig(
+        memory=preset("paper", stm_capacity=1),
+        llm=LLMConfig(mode="extractive"),
+        embedder="hashing",
+        device="cpu",
+        auto_process=False,
+    )
+    eng = MemoryEngine(cfg)
+    rounds: list[list[tuple[int, str, int]]] = []
+    real = eng._process_pages
+
+    def spy(items: list[tuple[int, str, int]]) -> int:
+        rounds.append(list(items))
+        return real(items)
+
+    eng._process_pages = spy  # type: ignore[method-assign]
+    for i in range(4):  # 3 pages of each user pending, the 4th in STM
+        eng.add_many([PageInput(f"u{u}", f"page {i} of u{u}", "ok") for u in range(3)])
+    assert eng.process_pending(max_rounds=1)["pages"] == 3
+    assert sorted(uid for _, uid, _ in rounds[0]) == ["u0", "u1", "u2"]
+    assert eng.process_pending()["pages"] == 6
+    assert len(rounds) == 2 and [uid for _, uid, _ in rounds[1]] == ["u0", "u1", "u2"] * 2
+    one = MemoryEngine(cfg)  # the reference's order: one page at a time
+    for i in range(4):
+        one.add_many([PageInput(f"u{u}", f"page {i} of u{u}", "ok") for u in range(3)])
+    one.process_pending(max_batch=1)
+    for u in range(3):
+        assert _mtm_layout(eng, f"u{u}") == _mtm_layout(one, f"u{u}")
+        assert [p for p, *_ in _mtm_layout(eng, f"u{u}")] == [f"page {i} of u{u}" for i in range(3)]
+    eng.close()
+    one.close()
+
+
+def _mtm_layout(eng: MemoryEngine, user: str) -> list[tuple]:
+    """A user's MTM pages in order: text, which earlier page (by position) it links to and
+    shares a segment with, its chain's meta, summary and keywords."""
+    mtm = eng.store.user_pages(user, "mtm")
+    at = {p["page_id"]: i for i, p in enumerate(mtm)}
+    first_in_segment: dict[int, int] = {}
+    return [
+        (
+            p["user_input"],
+            at.get(p["prev_page"]),
+            first_in_segment.setdefault(p["segment_id"], i),
+            p["meta"],
+            p["summary"],
+            p["keywords"],
+        )
+        for i, p in enumerate(mtm)
+    ]

@@ -248,10 +248,10 @@ class OwnedStore:
     def pending(self, kind: str) -> list[tuple[int, str, int]]:
         return [w for w in self._store.pending(kind) if self.owns(w[1])]
 
-    def pending_round(self, kind: str, limit: int) -> list[tuple[int, str, int]]:
-        # the oldest item of each user, over every user, then this shard's: a user's oldest
-        # item is the same either way
-        every = self._store.pending_round(kind, 1 << 62)
+    def pending_round(self, kind: str, limit: int, per_user: int = 1) -> list[tuple[int, str, int]]:
+        # the oldest items of each user, over every user, then this shard's: a user's oldest
+        # items are the same either way
+        every = self._store.pending_round(kind, 1 << 62, per_user)
         return [w for w in every if self.owns(w[1])][:limit]
 
     def count_pending(self, user_id: str | None = None) -> int:

@@ -6,8 +6,8 @@ Life of a page:
    STM in one transaction before returning. A page pushed out of a full STM is marked
    ``pending`` in the same transaction: the store records the derived work still owed.
 2. ``process_pending`` (run inside ``add_many`` when ``auto_process``) drains that work in
-   *rounds*: each round takes the oldest pending page of every user, so one user's pages are
-   applied in order while every stage batches across users. A round runs the chain + summary
+   *rounds* of *waves*: a wave takes the oldest pending page of every user, so one user's pages
+   are applied in order while every stage batches across users. A wave runs the chain + summary
    stage (one LLM batch, or extractive), embeds the summaries, matches them against each user's
    segments with one kernel call, inserts (cos + Jaccard >= theta) or opens a segment (evicting
    the lowest-heat one when all slots are live), recomputes heat, and queues promotions. Each

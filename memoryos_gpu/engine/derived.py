@@ -2,9 +2,10 @@
 
 Pages pushed out of STM are owed a chain link, a segment and maybe a promotion. The store
 records that debt (``pending`` rows) in the transaction that accepted the page, so the work
-survives a crash and ``process_pending`` can resume it at any time. Work goes in *rounds*: each
-round takes the oldest pending page of every user that has one, so one user's pages are applied
-in order while every stage batches across users.
+survives a crash and ``process_pending`` can resume it at any time. Work goes in *rounds* of
+*waves*: a wave takes the oldest pending page of every user that has one, so one user's pages
+are applied in order while every stage batches across users; a drain's round holds as many
+waves as fit (a user's backlog in one commit), the server's gathering scheduler one.
 
 A round holds the engine lock only to read its inputs and to apply its results: the stages
 (LLM calls, embeddings) run without it, so retrievals and writes go on while an LLM thinks.
@@ -72,11 +73,13 @@ class DerivedWork:
         """Run every pending derived item (chain, MTM, promotion) to completion, or at most
         ``max_rounds`` page rounds (and the promotions they queue).
 
-        Work goes in rounds: each round takes the oldest pending page of each user that has
-        one (so a user's pages keep their order), at most ``max_batch`` (default
-        ``config.derived_max_batch``) pages, and runs them as one batch through every stage
-        (the LLM stages split it into ``llm.batch_size`` calls). ``max_batch=1`` is the
-        reference's one-page-at-a-time processing.
+        Work goes in rounds of at most ``max_batch`` (default ``config.derived_max_batch``)
+        pages, in waves: the oldest pending page of each user that has one, then each
+        user's second oldest, and so on (so a user's pages keep their order). A wave runs as
+        one batch through every stage (the LLM stages split it into ``llm.batch_size``
+        calls), the next wave after it (a page's chain context is its predecessor's
+        outcome), and the round's waves are applied in one transaction. ``max_batch=1`` is
+        the reference's one-page-at-a-time processing.
 
         Safe to call at any time, from any thread and after a crash: each item is applied and
         removed from the pending table in one transaction, so nothing is done twice. Returns
@@ -88,7 +91,11 @@ class DerivedWork:
         ``max_rounds`` is for a scheduler that gathers work between rounds (the server's
         derived-work thread): pages that arrive while a round runs wait for the next call,
         instead of forming a train of small rounds, each paying a round's fixed cost (its
-        statements, its commit) under the engine lock.
+        statements, its commit) under the engine lock. Its rounds hold one wave (a user's
+        second pending page waits for the next round, with the pages that come meanwhile);
+        without ``max_rounds`` (a drain: ``flush``, bulk ingestion) a round holds as many
+        waves as fit in ``max_batch``, so a backlog of many pages per user costs one read,
+        one commit and one promotion pass a round instead of one a page of each user.
         """
         s = self._s
         limit = s.config.derived_max_batch if max_batch is None else max_batch
@@ -96,12 +103,16 @@ class DerivedWork:
             raise InvalidInputError("max_batch must be >= 1")
         if max_rounds is not None and max_rounds < 1:
             raise InvalidInputError("max_rounds must be >= 1")
+        # a drain takes a user's backlog in waves; a gathering scheduler takes one page per
+        # user and lets the user's next one wait for company (a wave's apply has a fixed
+        # cost: a wave of the few users with two pages pending costs nearly a full round)
+        waves = limit if max_rounds is None else 1
         done = {"pages": 0, "promotions": 0}
         rounds = 0
         while max_rounds is None or rounds < max_rounds:  # one lease per round
             with self.lease():
                 with s.lock:
-                    round_items = s.store.pending_round("page", limit)
+                    round_items = s.store.pending_round("page", limit, per_user=waves)
                 if not round_items:
                     break
                 taken = self._hooks._process_pages(round_items)

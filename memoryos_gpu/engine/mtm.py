@@ -1,14 +1,15 @@
 """Mid-term memory: topic segments, the dialogue chain, and the eviction of cold segments.
 
-A page leaving STM is applied in a *round* (one pending page of each user, see
-:mod:`~memoryos_gpu.engine.derived`): its inputs are read under the engine lock, the chain +
-summary stage runs on the whole round (one LLM batch, or extractive) and the summaries are
+A page leaving STM is applied in a *round* of *waves* (a wave: one pending page of each user,
+see :mod:`~memoryos_gpu.engine.derived`): its inputs are read under the engine lock, the chain
++ summary stage runs on each wave (one LLM batch, or extractive) and the summaries are
 embedded without it, and under it again the items whose inputs still hold are matched against
-their users' segments in one kernel call. A page joins its best segment when
-``cos + Jaccard >= theta`` (the segment's embedding becomes the running mean, its keyword counts
-and summary grow), otherwise it opens a segment, the lowest-heat one being evicted first when
-every slot is live. Each page's effects and the deletion of its pending row share one
-transaction; heat is recomputed and promotions queued in it (:mod:`~memoryos_gpu.engine.heat`).
+their users' segments, a wave at a time, in one kernel call each. A page joins its best
+segment when ``cos + Jaccard >= theta`` (the segment's embedding becomes the running mean, its
+keyword counts and summary grow), otherwise it opens a segment, the lowest-heat one being
+evicted first when every slot is live. A round's effects and the deletion of its pending rows
+share one transaction; heat is recomputed and promotions queued in it
+(:mod:`~memoryos_gpu.engine.heat`).
 """
 
 from __future__ import annotations
@@ -61,47 +62,78 @@ class Segments:
         self._heat = heat
 
     def process_pages(self, items: list[WorkItem]) -> int:
-        """Apply one round of pending pages (at most one per user) to their users' MTM.
+        """Apply one round of pending pages to their users' MTM: its *waves* in order (wave
+        ``j`` holds the ``j``-th item of each user, as ``store.pending_round`` lists them).
 
         The inputs are read under the engine lock, the stages (LLM, summary embeddings) run
-        without it, and the results are applied under it again, each item only if what it
-        read still holds (:meth:`_current`); a changed item stays pending for a later round.
-        Returns the items taken off the queue: applied, or gone (page or user deleted).
+        without it, wave after wave (a page's chain context is the previous wave's outcome),
+        and the waves are applied under it again in one transaction, each item only if what
+        it read still holds (:meth:`_current`); a changed item, and its user's later ones,
+        stay pending for a later round. Several waves in one round give a user's backlog
+        (a chat log ingested in order) one read, one stage pass and one commit per round
+        instead of one per page. Returns the items taken off the queue: applied, or gone
+        (page or user deleted).
         """
         s = self._s
         with s.lock:
             s.reload_if_owed()
-            read, gone = self._read_round(items)
-        done = self._run_stages(read) if read.items else None
-        with s.lock, s.reloaded_on_failure():
-            return gone + (self._apply_round(read, done) if done is not None else 0)
+            waves, gone = self._read_round(items)
+        done = self._run_stages(waves)
+        if not done:
+            return gone
+        with s.lock, s.reloaded_on_failure(), s.store.transaction("none") as db:
+            # redone from pending if lost; the waves share the transaction (not a savepoint
+            # each: SQLite copies every page a savepoint changes to a journal of its own)
+            return gone + sum(self._apply_round(db, r, d) for r, d in zip(waves, done, strict=True))
 
-    def _read_round(self, items: list[WorkItem]) -> tuple[_RoundInput, int]:
-        """A round's stage inputs, read under the lock: the pages, their embeddings and each
-        user's chain tail. Items whose page or user is gone already are left out; returns
+    def _read_round(self, items: list[WorkItem]) -> tuple[list[_RoundInput], int]:
+        """A round's stage inputs by wave, read under the lock: the pages, their embeddings
+        and each user's chain tail (for a later wave, the user's page of the wave before;
+        its chain meta is that page's outcome, filled in by :meth:`_run_stages`). Items whose
+        page or user is gone already are left out, with their user's later items; returns
         them counted when their pending row went with them."""
         s = self._s
         d = s.embedder.dim
         rows = self._work_rows([(ref, uid) for _, uid, ref in items])
-        known = [it for it in items if it[1] in s.users and it[2] in rows]
-        gone = 0
-        if len(known) < len(items):
-            missing = [it[0] for it in items if not (it[1] in s.users and it[2] in rows)]
-            gone = int((~still_pending(s.store, missing)).sum())
-        page_ids = [ref for _, _, ref in known]
-        embs = s.store.page_embeddings(page_ids, d)
-        users = [s.users[uid] for _, uid, _ in known]
-        tails = [(u.chain_tail, u.chain_meta) for u in users]
-        prev_ids = [p for p, _ in tails if p is not None]
-        prev_rows = self._work_rows(
-            [(p, u.user_id) for u, (p, _) in zip(users, tails, strict=True) if p is not None]
-        )
+        missing: list[int] = []
+        blocked: set[str] = set()
+        depth: dict[str, int] = {}
+        waves: list[list[WorkItem]] = []
+        for it in items:
+            uid = it[1]
+            if uid in blocked:
+                continue
+            if uid not in s.users or it[2] not in rows:
+                missing.append(it[0])
+                blocked.add(uid)  # its later items wait: their chain context is unknown
+                continue
+            k = depth[uid] = depth.get(uid, -1) + 1
+            if k == len(waves):
+                waves.append([])
+            waves[k].append(it)
+        gone = int((~still_pending(s.store, missing)).sum()) if missing else 0
+        page_ids = [ref for wave in waves for _, _, ref in wave]
+        emb_of = dict(zip(page_ids, s.store.page_embeddings(page_ids, d), strict=True))
+        first = [s.users[uid] for _, uid, _ in waves[0]] if waves else []
+        tails = {u.user_id: (u.chain_tail, u.chain_meta) for u in first}
+        prev_ids = [p for p, _ in tails.values() if p is not None]
+        prev_rows = self._work_rows([(p, uid) for uid, (p, _) in tails.items() if p is not None])
         prev_embs = dict(zip(prev_ids, s.store.page_embeddings(prev_ids, d), strict=True))
-        work = [
-            PageWork(rows[pid], embs[i], prev_rows.get(prev), prev_embs.get(prev), meta)
-            for i, (pid, (prev, meta)) in enumerate(zip(page_ids, tails, strict=True))
-        ]
-        return _RoundInput(known, users, tails, embs, work, s.edits), gone
+        out: list[_RoundInput] = []
+        for wave in waves:
+            users = [s.users[uid] for _, uid, _ in wave]
+            work, wave_tails = [], []
+            for _, uid, ref in wave:
+                prev, meta = tails[uid]
+                work.append(
+                    PageWork(rows[ref], emb_of[ref], prev_rows.get(prev), prev_embs.get(prev), meta)
+                )
+                wave_tails.append((prev, meta))
+                tails[uid] = (ref, None)  # the next wave's context: meta once staged
+                prev_rows[ref], prev_embs[ref] = rows[ref], emb_of[ref]
+            embs = np.stack([emb_of[ref] for _, _, ref in wave])
+            out.append(_RoundInput(wave, users, wave_tails, embs, work, s.edits))
+        return out, gone
 
     def _work_rows(self, pages: list[tuple[int, str]]) -> dict[int, dict[str, Any]]:
         """What the stages read of pages ``(page id, user id)``, by page id: from the views,
@@ -128,9 +160,26 @@ class Segments:
             out.update(self._s.store.page_rows(missing))
         return out
 
-    def _run_stages(self, read: _RoundInput) -> _RoundOutput:
-        """The round's stages, without the engine lock: they read only what ``read`` holds
-        (and the keyword statistics, which only grow)."""
+    def _run_stages(self, waves: list[_RoundInput]) -> list[_RoundOutput]:
+        """The round's stages, wave after wave, without the engine lock: they read only what
+        the waves hold (and the keyword statistics, which only grow). A later wave's pages
+        take their chain meta from the previous wave's outcomes."""
+        out: list[_RoundOutput] = []
+        meta_of: dict[int, str] = {}  # page id -> its outcome's chain meta
+        for read in waves:
+            for j, (prev, meta) in enumerate(read.tails):
+                if meta is None and prev in meta_of:
+                    read.tails[j] = (prev, meta_of[prev])
+                    read.work[j].prev_meta = meta_of[prev]
+            done = self._run_wave(read)
+            meta_of.update(
+                (ref, o.meta) for (_, _, ref), o in zip(read.items, done.outcomes, strict=True)
+            )
+            out.append(done)
+        return out
+
+    def _run_wave(self, read: _RoundInput) -> _RoundOutput:
+        """One wave's stages: page outcomes, summary embeddings, keyword rows."""
         s = self._s
         outcomes = s.stages.pages(read.work)
         for o in outcomes:  # LLM keywords may be phrases: one normalised token list, once
@@ -173,7 +222,7 @@ class Segments:
             len(page_ids),
         )
 
-    def _apply_round(self, read: _RoundInput, done: _RoundOutput) -> int:
+    def _apply_round(self, db: Any, read: _RoundInput, done: _RoundOutput) -> int:
         """Apply the items still current (see :meth:`_current`); returns how many were taken
         off the queue (applied, or gone with their page or user)."""
         pending, current = self._current(read)
@@ -187,11 +236,12 @@ class Segments:
             items, users = [items[i] for i in keep], [users[i] for i in keep]
             outcomes = [outcomes[i] for i in keep]
             embs, summary_emb, kw_rows = embs[keep], summary_emb[keep], kw_rows[keep]
-        self._apply(items, users, embs, outcomes, summary_emb, kw_rows)
+        self._apply(db, items, users, embs, outcomes, summary_emb, kw_rows)
         return gone + len(items)
 
     def _apply(
         self,
+        db: Any,
         items: list[WorkItem],
         users: list[UserState],
         embs: np.ndarray,
@@ -199,9 +249,9 @@ class Segments:
         summary_emb: np.ndarray,
         kw_rows: np.ndarray,
     ) -> None:
-        """Match the pages against their users' segments now, make room, and commit the
-        round's segments, chain links and pending-row deletes in one transaction, each kind of
-        row with one statement for the whole round."""
+        """Match the pages against their users' segments now, make room, and write the
+        wave's segments, chain links and pending-row deletes in the round's transaction
+        ``db``, each kind of row with one statement for the whole wave."""
         s = self._s
         if len({u.slot for u in users}) < len(users):  # the rounds' rule (pending_round)
             raise RuntimeError("a round of pages holds at most one page per user")
@@ -210,22 +260,21 @@ class Segments:
         best_score, best_slot = ops.match_segments(s.arena, summary_emb, uslots, kw_rows)
         best_score, best_slot = to_host(best_score), to_host(best_slot)
         join = (best_slot >= 0) & (best_score >= s.memory.theta)
-        self._make_room([u for u, j in zip(users, join, strict=True) if not j])
+        self._make_room(db, [u for u, j in zip(users, join, strict=True) if not j])
         stored = s.store.page_terms(page_ids)
         terms = terms_from_blobs([stored.get(p) for p in page_ids])
         now = np.array([s.now(u) for u in users], np.float64)
         round_ = _Round(users, uslots, outcomes, summary_emb, now)
-        with s.store.transaction("none") as db:  # redone from pending if lost
-            self._join_segments(db, round_, np.flatnonzero(join), best_slot)
-            self._open_segments(db, round_, np.flatnonzero(~join))
-            chains = self._link_pages(db, round_, page_ids)
-            db.executemany("DELETE FROM pending WHERE work_id = ?", [(w,) for w, _, _ in items])
-            # the round's pages into their segments' blocks, in round order (each segment's
-            # positions are the ones the store just gave them), and their term rows
-            pools = s.arena.append_pages(uslots, round_.seg_slot, embs)
-            s.map_pages(pools, np.asarray(page_ids, np.int64))
-            s.arena.write_terms(pools, *astuple(terms))
-            self._heat.refresh(db, users)
+        self._join_segments(db, round_, np.flatnonzero(join), best_slot)
+        self._open_segments(db, round_, np.flatnonzero(~join))
+        chains = self._link_pages(db, round_, page_ids)
+        db.executemany("DELETE FROM pending WHERE work_id = ?", [(w,) for w, _, _ in items])
+        # the round's pages into their segments' blocks, in round order (each segment's
+        # positions are the ones the store just gave them), and their term rows
+        pools = s.arena.append_pages(uslots, round_.seg_slot, embs)
+        s.map_pages(pools, np.asarray(page_ids, np.int64))
+        s.arena.write_terms(pools, *astuple(terms))
+        self._heat.refresh(db, users)
         for pid, chain, o in zip(page_ids, chains, outcomes, strict=True):
             s.views.link(pid, chain, o.meta)
 
@@ -269,7 +318,7 @@ class Segments:
         }
 
     # ---------------------------------------------------------------- eviction
-    def _make_room(self, users: Sequence[UserState]) -> None:
+    def _make_room(self, db: Any, users: Sequence[UserState]) -> None:
         """Users about to open a segment with every slot live lose their lowest-heat one."""
         s = self._s
         slots = np.fromiter((u.slot for u in users), np.int32, len(users))
@@ -283,9 +332,8 @@ class Segments:
             s.arena, slots, now, s.memory.heat_params(), np.ones(len(full), np.uint8)
         )
         evicted: list[int] = []
-        with s.store.transaction("none") as db:
-            for u, v in zip(full, victims, strict=True):
-                evicted += self._evict_segment(db, u, int(v))
+        for u, v in zip(full, victims, strict=True):
+            evicted += self._evict_segment(db, u, int(v))
         chains = s.views.drop_pages(evicted)  # pages out of MTM are not retrieved any more
         s.views.drop_chains(chains - s.store.live_chains(chains))
 

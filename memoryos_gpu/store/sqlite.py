@@ -806,23 +806,26 @@ class SQLiteStore:
         "THEN substr(p.user_id, 1, instr(p.user_id, '/') - 1) ELSE '' END"
     )
 
-    def pending_round(self, kind: str, limit: int) -> list[tuple[int, str, int]]:
-        """(work_id, user_id, ref) of the oldest pending item of each user that has one, at
-        most ``limit``: one scheduling round. One item per user keeps each user's items in
-        order (the next one waits for the next round).
+    def pending_round(self, kind: str, limit: int, per_user: int = 1) -> list[tuple[int, str, int]]:
+        """(work_id, user_id, ref) of one scheduling round: the oldest ``per_user`` pending
+        items of each user that has some, at most ``limit``, in *waves*: every user's oldest
+        item first, then every user's second oldest, and so on (so a user's items stay in
+        order, and a user with a long backlog does not push another user's one page into
+        later rounds).
 
-        Tenants take turns: the round holds the oldest user of every tenant first, then the
+        Within a wave tenants take turns: the oldest user of every tenant first, then the
         second oldest of each, and so on (oldest first within a turn), so a tenant with a
         thousand users pending does not push another tenant's one page into later rounds.
-        Without tenant prefixes this is oldest first."""
+        Without tenant prefixes each wave is oldest first."""
         return [
-            tuple(r)
+            tuple(r[:3])
             for r in self.query(
-                "SELECT work_id, user_id, ref FROM (SELECT p.work_id, p.user_id, p.ref, "
-                f"ROW_NUMBER() OVER (PARTITION BY {self._TENANT_SQL} ORDER BY p.work_id) AS turn "
-                "FROM pending p JOIN (SELECT MIN(work_id) AS w FROM pending WHERE kind = ? "
-                "GROUP BY user_id) m ON p.work_id = m.w) r ORDER BY turn, work_id LIMIT ?",
-                (kind, int(limit)),
+                "SELECT work_id, user_id, ref, wave, ROW_NUMBER() OVER (PARTITION BY wave, "
+                f"{self._TENANT_SQL} ORDER BY work_id) AS turn FROM (SELECT p.work_id, "
+                "p.user_id, p.ref, ROW_NUMBER() OVER (PARTITION BY p.user_id ORDER BY "
+                "p.work_id) AS wave FROM pending p WHERE p.kind = ?) p WHERE wave <= ? "
+                "ORDER BY wave, turn, work_id LIMIT ?",
+                (kind, int(per_user), int(limit)),
             )
         ]
 
