@@ -1142,11 +1142,9 @@ def test_respond_to_a_first_time_user(make_engine, kit):
     assert page(eng, res.page_id)["user_input"] == "Hi, I'm new here."
 
 
-@pytest.mark.parametrize("max_batch", [1, 2, 256])
-def test_derived_rounds_are_capped_and_keep_each_users_order(max_batch: int) -> None:
-    """process_pending(max_batch=k) runs rounds of at most k pages, in waves (every user's
-    j-th page of the round after every user's (j-1)-th), each user's pages in acceptance
-    order; a backlog that fits in k goes in one round; the result does not depend on k."""
+def _backlog_engine() -> tuple[MemoryEngine, list[list[tuple[int, str, int]]]]:
+    """An extractive engine (STM of 1, no automatic derived work) holding 4 pages of each of
+    3 users, and the list its derived rounds' items are recorded in."""
     cfg = EngineConfig(
         memory=preset("paper", stm_capacity=1),
         llm=LLMConfig(mode="extractive"),
@@ -1165,6 +1163,15 @@ def test_derived_rounds_are_capped_and_keep_each_users_order(max_batch: int) -> 
     eng._process_pages = spy  # type: ignore[method-assign]
     for i in range(4):
         eng.add_many([PageInput(f"u{u}", f"page {i} of u{u}", "ok") for u in range(3)])
+    return eng, rounds
+
+
+@pytest.mark.parametrize("max_batch", [1, 2, 256])
+def test_derived_rounds_are_capped_and_keep_each_users_order(max_batch: int) -> None:
+    """process_pending(max_batch=k) runs rounds of at most k pages, in waves (every user's
+    j-th page of the round after every user's (j-1)-th), each user's pages in acceptance
+    order; a backlog that fits in k goes in one round; the result does not depend on k."""
+    eng, rounds = _backlog_engine()
     done = eng.process_pending(max_batch=max_batch)
     assert done["pages"] == 9  # 12 pages, STM keeps the newest of each user
     assert all(0 < len(r) <= max_batch for r in rounds)
@@ -1186,31 +1193,12 @@ def test_a_gathering_round_takes_one_page_per_user_and_a_drain_takes_the_backlog
     """``max_rounds=1`` (the server's scheduler) takes one wave: each user's oldest pending
     page; a drain then takes the users' remaining pages as waves of one round, and every
     page ends in MTM in its user's order, as one page at a time would place them."""
-    cfg = EngineConfig(
-        memory=preset("paper", stm_capacity=1),
-        llm=LLMConfig(mode="extractive"),
-        embedder="hashing",
-        device="cpu",
-        auto_process=False,
-    )
-    eng = MemoryEngine(cfg)
-    rounds: list[list[tuple[int, str, int]]] = []
-    real = eng._process_pages
-
-    def spy(items: list[tuple[int, str, int]]) -> int:
-        rounds.append(list(items))
-        return real(items)
-
-    eng._process_pages = spy  # type: ignore[method-assign]
-    for i in range(4):  # 3 pages of each user pending, the 4th in STM
-        eng.add_many([PageInput(f"u{u}", f"page {i} of u{u}", "ok") for u in range(3)])
+    eng, rounds = _backlog_engine()  # 3 pages of each user pending, the 4th in STM
     assert eng.process_pending(max_rounds=1)["pages"] == 3
     assert sorted(uid for _, uid, _ in rounds[0]) == ["u0", "u1", "u2"]
     assert eng.process_pending()["pages"] == 6
     assert len(rounds) == 2 and [uid for _, uid, _ in rounds[1]] == ["u0", "u1", "u2"] * 2
-    one = MemoryEngine(cfg)  # the reference's order: one page at a time
-    for i in range(4):
-        one.add_many([PageInput(f"u{u}", f"page {i} of u{u}", "ok") for u in range(3)])
+    one, _ = _backlog_engine()  # the reference's order: one page at a time
     one.process_pending(max_batch=1)
     for u in range(3):
         assert _mtm_layout(eng, f"u{u}") == _mtm_layout(one, f"u{u}")

@@ -253,8 +253,8 @@ class Segments:
         wave's segments, chain links and pending-row deletes in the round's transaction
         ``db``, each kind of row with one statement for the whole wave."""
         s = self._s
-        if len({u.slot for u in users}) < len(users):  # the rounds' rule (pending_round)
-            raise RuntimeError("a round of pages holds at most one page per user")
+        if len({u.slot for u in users}) < len(users):  # the waves' rule (_read_round)
+            raise RuntimeError("a wave of pages holds at most one page per user")
         page_ids = [ref for _, _, ref in items]
         uslots = np.array([u.slot for u in users], np.int32)
         best_score, best_slot = ops.match_segments(s.arena, summary_emb, uslots, kw_rows)
@@ -269,7 +269,7 @@ class Segments:
         self._open_segments(db, round_, np.flatnonzero(~join))
         chains = self._link_pages(db, round_, page_ids)
         db.executemany("DELETE FROM pending WHERE work_id = ?", [(w,) for w, _, _ in items])
-        # the round's pages into their segments' blocks, in round order (each segment's
+        # the wave's pages into their segments' blocks, in wave order (each segment's
         # positions are the ones the store just gave them), and their term rows
         pools = s.arena.append_pages(uslots, round_.seg_slot, embs)
         s.map_pages(pools, np.asarray(page_ids, np.int64))
