@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from memoryos_gpu.config import EngineConfig
-from memoryos_gpu.engine import InvalidInputError, MemoryEngine, clean_queries
+from memoryos_gpu.engine import InvalidInputError, MemoryEngine, clean_queries, validate_pages
 from memoryos_gpu.engine.state import Fact
 from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.ingest import shard_of
@@ -350,7 +350,7 @@ class ShardEngine(MemoryEngine):
     def accept_many(self, pages: Iterable[PageInput | dict[str, Any]]) -> list[AddResult]:
         """Commit pages like ``add_many`` (one transaction, acknowledged once it returns), but
         run no derived work."""
-        items = [self.validate_page(p) for p in pages]
+        items = validate_pages(pages)
         return self._accept_durably(items)
 
     def _learn_keywords(self, texts: list[str]) -> None:
@@ -749,7 +749,7 @@ class ShardedEngine:
 
     def add_many(self, pages: Iterable[PageInput | dict[str, Any]]) -> list[AddResult]:
         """Commit pages on their users' shards (each shard one transaction), then derive."""
-        items = [self.validate_page(p) for p in pages]
+        items = validate_pages(pages)
         out: list[AddResult | None] = [None] * len(items)
         with self._lock:
             for shard, idx in self.shard_map.group(p.user_id for p in items).items():

@@ -68,6 +68,7 @@ from .validation import (
     _timestamp,
     clean_queries,
     validate_page,
+    validate_pages,
 )
 
 __all__ = [
@@ -82,4 +83,5 @@ __all__ = [
     "_timestamp",
     "clean_queries",
     "validate_page",
+    "validate_pages",
 ]

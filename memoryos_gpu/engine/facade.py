@@ -37,7 +37,7 @@ from .responses import Responder
 from .retrieval import RetrievalPipeline
 from .state import EngineState, Fact, UserState, WorkItem
 from .stm import Prepared, ShortTerm
-from .validation import validate_page
+from .validation import validate_page, validate_pages
 
 if TYPE_CHECKING:
     import threading
@@ -265,7 +265,7 @@ class MemoryEngine:
         Pages whose ``source`` was accepted before are skipped (``duplicate=True``). Derived work
         runs afterwards when ``config.auto_process`` (else call :meth:`process_pending`).
         """
-        items = [self.validate_page(p) for p in pages]
+        items = validate_pages(pages)
         prepared = self._stm.prepare(items)  # embedding: outside the lock, others go on
         results = self._accept_durably(items, prepared)
         if self.config.auto_process:  # outside the lock: its stages run without it

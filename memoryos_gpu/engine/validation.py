@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from memoryos_gpu.errors import MemoryOSError
+from memoryos_gpu.formats.timestamps import MAX_EPOCH_S, MIN_EPOCH_S
 from memoryos_gpu.types import PageInput
 
 MAX_TEXT_CHARS = 1_000_000
@@ -105,6 +106,65 @@ def validate_page(p: PageInput | dict[str, Any]) -> PageInput:
         source=_clean_id(p.source, "source") if p.source else None,
         meta=p.meta,
     )
+
+
+def validate_pages(pages: Iterable[PageInput | dict[str, Any]]) -> list[PageInput]:
+    """:func:`validate_page` for a batch (what ``add_many`` runs).
+
+    A page already in normal form -- what :func:`validate_page` returns for the common page:
+    printable ASCII ids, ASCII texts without control characters, a float timestamp in range,
+    a meta of string keys and values -- is taken as it is after a few C-level tests (~1 us
+    instead of ~5-10: a bulk load's and a server's pages are mostly such, and a server's
+    pages are validated once more by the engine); any other goes through
+    :func:`validate_page`, which gives the same page for one in normal form and a clear error
+    for a bad one."""
+    return [p if _normal(p) else validate_page(p) for p in pages]
+
+
+def _normal(p: Any) -> bool:
+    """Whether ``p`` is a :class:`PageInput` that :func:`validate_page` would return unchanged."""
+    if type(p) is not PageInput:
+        return False
+    u, a, ts, meta = p.user_input, p.agent_response, p.timestamp, p.meta
+    return (
+        type(u) is str
+        and type(a) is str
+        and u.isascii()
+        and a.isascii()
+        and len(u) <= MAX_TEXT_CHARS
+        and len(a) <= MAX_TEXT_CHARS
+        and _CONTROL.search(u) is None
+        and _CONTROL.search(a) is None
+        and type(ts) is float
+        and MIN_EPOCH_S <= ts <= MAX_EPOCH_S  # False for NaN
+        and _plain_id(p.user_id)
+        and (p.assistant_id is None or _plain_id(p.assistant_id))
+        and (p.source is None or _plain_id(p.source))
+        and type(meta) is dict
+        and (not meta or _plain_meta(meta))
+    )
+
+
+def _plain_id(v: Any) -> bool:
+    """A printable ASCII id within the limit, not blank (what :func:`_clean_id` accepts as is)."""
+    return (
+        type(v) is str
+        and 0 < len(v) <= MAX_ID_CHARS
+        and v.isascii()
+        and v.isprintable()
+        and not v.isspace()
+    )
+
+
+def _plain_meta(meta: dict[str, Any]) -> bool:
+    """A meta of string keys and values that is certainly within ``MAX_META_BYTES`` as JSON
+    (a character takes at most 6 bytes escaped, a pair 6 of quotes and separators)."""
+    size = 2
+    for k, v in meta.items():
+        if type(k) is not str or type(v) is not str:
+            return False
+        size += 6 * (len(k) + len(v)) + 6
+    return size <= MAX_META_BYTES
 
 
 def clean_queries(queries: Iterable[tuple[Any, Any]]) -> list[tuple[str, str]]:

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine.assembly import retrieval_json
+from memoryos_gpu.engine.validation import validate_pages
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
 from memoryos_gpu.server.batching import (
     ChunkFailed,
@@ -392,7 +393,7 @@ class MemoryService:
         chunks = split_pages(pages, s.write_chunk_pages, s.write_chunk_chars)
         if len(chunks) > 1:
             pages = await asyncio.get_running_loop().run_in_executor(
-                self._misc_exec, lambda: [self.engine.validate_page(p) for p in pages]
+                self._misc_exec, lambda: validate_pages(pages)
             )
             chunks = split_pages(pages, s.write_chunk_pages, s.write_chunk_chars)
         users = Counter(p.user_id for p in pages)
