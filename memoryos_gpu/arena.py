@@ -523,11 +523,17 @@ class Arena:
 
     def check_users(self, users: np.ndarray) -> None:
         users = np.asarray(users)
-        bad = (users < 0) | (users >= self.user_capacity)
+        # one comparison catches both ends: a negative slot is huge as unsigned
+        if users.dtype.kind == "i" and users.dtype.itemsize <= 8:
+            inside = users.view(users.dtype.str.replace("i", "u")) < self.user_capacity
+        else:
+            inside = (users >= 0) & (users < self.user_capacity)
+        if inside.all() and self.user_live[users].all():
+            return
+        bad = ~inside
         if not bad.any():
             bad = self.user_live[users] == 0
-        if bad.any():
-            raise ArenaError(f"unknown user slot {int(users[np.argmax(bad)])}")
+        raise ArenaError(f"unknown user slot {int(users[np.argmax(bad)])}")
 
     def check_owners(self, owners: np.ndarray) -> None:
         owners = np.asarray(owners)
@@ -650,15 +656,8 @@ class Arena:
         self.check_users(users)
         self._check_slots(slots)
         key = users.astype(np.int64) * self.segment_width + slots
-        # rank of each page among the batch's pages of the same segment (batch order kept)
-        order = np.argsort(key, kind="stable")
-        sorted_key = key[order]
-        starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
-        group = np.cumsum(np.r_[False, sorted_key[1:] != sorted_key[:-1]])
-        rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n) - starts[group]
-        positions = self._h_npages.reshape(-1)[key].astype(np.int64) + rank
-        out = self.place_pages(users, slots, positions)
+        positions = self._h_npages.reshape(-1)[key].astype(np.int64) + _rank_within(key)
+        out = self._place(users, slots, positions)
         self.write_pages(out, emb)
         return out
 
@@ -678,6 +677,10 @@ class Arena:
             return np.zeros(0, dtype=np.int32)
         self.check_users(users)
         self._check_slots(slots)
+        return self._place(users, slots, positions)
+
+    def _place(self, users: np.ndarray, slots: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """:meth:`place_pages` once the users and slots are checked (int32, int64 positions)."""
         if not self._h_seg_live[users, slots].all():
             raise ArenaError("place_pages: target segment slot is not live")
         if (positions < 0).any():
@@ -691,7 +694,7 @@ class Arena:
         table_flat = self._h_table.reshape(-1, width)
         # a segment's blocks are its first ceil(npages / P) columns: allocate the columns from
         # there up to the highest one asked for, so the columns below npages are never holes
-        seg = np.unique(key)
+        seg = _sorted_unique(key)
         top = np.zeros(seg.size, np.int64)
         np.maximum.at(top, np.searchsorted(seg, key), col + 1)
         have = self._allocated_columns(self._h_npages.reshape(-1)[seg])
@@ -710,8 +713,7 @@ class Arena:
         npages_flat = self._h_npages.reshape(-1)
         np.maximum.at(npages_flat, key, (positions + 1).astype(np.int32))
         if self.on_cuda:  # push the touched rows of the host mirrors
-            uniq = np.unique(key)
-            tu, ts = (uniq // nslots).astype(np.int32), (uniq % nslots).astype(np.int32)
+            tu, ts = (seg // nslots).astype(np.int32), (seg % nslots).astype(np.int32)
             self._write(self.seg_npages, (tu, ts), self._h_npages[tu, ts])
             self._write(self.block_table, (tu, ts), self._h_table[tu, ts])
         return out.astype(np.int32)
@@ -815,11 +817,7 @@ class Arena:
         self.check_owners(owners)
         cap = self.config.knowledge_capacity
         # each entry's rank among the batch's entries of its owner (batch order kept)
-        order = np.argsort(owners, kind="stable")
-        first = np.r_[True, owners[order][1:] != owners[order][:-1]]
-        rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n) - np.flatnonzero(first)[np.cumsum(first) - 1]
-        ring = ((self._ring_head[owners] + rank) % cap).astype(np.int32)
+        ring = ((self._ring_head[owners] + _rank_within(owners)) % cap).astype(np.int32)
         np.add.at(self._ring_head, owners, 1)
         self._fit_rings(ring)
         # if one batch wraps a ring, only the last write per slot survives (FIFO semantics)
@@ -1001,3 +999,34 @@ class Arena:
         live[:old_u, :old_s], npages[:old_u, :old_s] = self._h_seg_live, self._h_npages
         table[:old_u, :old_s] = self._h_table
         self._h_seg_live, self._h_npages, self._h_table = live, npages, table
+
+
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` for a small 1-D array, without its general machinery (a derived
+    wave calls this with a handful of keys, where that machinery was most of the cost)."""
+    s = np.sort(a)
+    if s.size < 2:
+        return s
+    keep = np.empty(s.size, bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def _rank_within(key: np.ndarray) -> np.ndarray:
+    """Each element's rank among the elements of equal key before it (order kept): the
+    position a page takes among the batch's pages of its segment."""
+    n = key.size
+    rank = np.zeros(n, np.int64)
+    if n < 2:
+        return rank
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    new = np.empty(n, bool)
+    new[0] = True
+    np.not_equal(sk[1:], sk[:-1], out=new[1:])
+    if new.all():  # every page in a segment of its own: the common wave
+        return rank
+    starts = np.flatnonzero(new)
+    rank[order] = np.arange(n) - starts[np.cumsum(new) - 1]
+    return rank

@@ -537,8 +537,9 @@ class _Round:
 
 
 def _unit_rows(m: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length (a zero row stays zero)."""
-    norms = np.linalg.norm(m, axis=1, keepdims=True)
+    """Rows scaled to unit length (a zero row stays zero). The norms as ``np.linalg.norm``
+    computes them for real rows (bit for bit), without its dispatch: a wave calls this twice."""
+    norms = np.sqrt(np.add.reduce(m * m, axis=1, keepdims=True))
     return m / np.maximum(norms, 1e-12)
 
 

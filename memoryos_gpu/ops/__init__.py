@@ -133,6 +133,16 @@ def _writable(a: np.ndarray) -> np.ndarray:
     return np.require(a, requirements=("C", "W"))
 
 
+def _per_row(values: Any, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``values`` (one per row, or one for all) as a writable C array of ``shape``: an array
+    that already is one is used as it is (``np.broadcast_to`` costs more than a small
+    kernel call)."""
+    a = np.asarray(values, dtype)
+    if a.shape != shape:
+        a = np.broadcast_to(a, shape)
+    return _writable(a)
+
+
 def _torch() -> Any:
     import torch
 
@@ -296,7 +306,7 @@ def apply_hits(arena: Arena, hit_user: Any, hit_slot: Any, now: Any) -> None:
     """
     hu = _host_int(hit_user, "hit_user")
     hs = _host_int(hit_slot, "hit_slot", hu.shape[0])
-    hn = _writable(np.broadcast_to(np.asarray(now, np.float64), hu.shape))
+    hn = _per_row(now, np.float64, hu.shape)
     arena.check_users(hu)
     if ((hs < 0) | (hs >= arena.segment_width)).any():
         raise ArenaError("hit_slot out of range")
@@ -328,13 +338,13 @@ def recompute_heat(
     """
     us = _host_int(users, "users")
     arena.check_users(us)
-    nw = _writable(np.broadcast_to(np.asarray(now, np.float64), us.shape))
+    nw = _per_row(now, np.float64, us.shape)
     if not np.isfinite(nw).all():
         raise ArenaError("now must be finite")
     ne = (
         np.zeros(us.shape, np.uint8)
         if need_evict is None
-        else _writable(np.broadcast_to(np.asarray(need_evict, np.uint8), us.shape))
+        else _per_row(need_evict, np.uint8, us.shape)
     )
     n, s = us.shape[0], arena.segment_width
     us_d, nw_d, ne_d = _to_arena(arena, us, nw, ne)
