@@ -363,9 +363,10 @@ def embedder_alone(kind: str, pages: list[PageInput], args) -> dict:
 
     The side that runs first in a pair pays what a process sets up the first time it meets a
     batch shape (torch's CPU kernels keep it for later calls with that shape, whatever model
-    instance makes them): measured with the engine always first, the first pair read 0.78
-    and the later ones 0.87, against 0.90-0.91 with the embedder alone first. So an untimed
-    pair runs first (every shape of these texts is met once) and the order alternates."""
+    instance makes them): four pairs in one process, the order alternating, read 0.78 (the
+    process's first) and 0.87 with the engine first, 0.90 and 0.91 with the embedder first.
+    So an untimed pair runs first (every shape of these texts is met once) and the order
+    alternates."""
     dates = preset("paper").embed_dates
     texts = [page_text(p, dates) for p in pages]
 

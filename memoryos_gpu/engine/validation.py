@@ -113,11 +113,11 @@ def validate_pages(pages: Iterable[PageInput | dict[str, Any]]) -> list[PageInpu
 
     A page already in normal form -- what :func:`validate_page` returns for the common page:
     printable ASCII ids, ASCII texts without control characters, a float timestamp in range,
-    a meta of string keys and values -- is taken as it is after a few C-level tests (~1 us
-    instead of ~5-10: a bulk load's and a server's pages are mostly such, and a server's
-    pages are validated once more by the engine); any other goes through
-    :func:`validate_page`, which gives the same page for one in normal form and a clear error
-    for a bad one."""
+    a meta of string keys and values -- is taken as it is after a few C-level tests (a third
+    to a quarter of :func:`validate_page`'s time, benchmarks/README.md): most pages of a bulk
+    load are such, and the bulk reader of ``memoryos-gpu ingest`` has validated each one
+    already. Any other page goes through :func:`validate_page`, which gives the same page for
+    one in normal form and a clear error for a bad one."""
     return [p if _normal(p) else validate_page(p) for p in pages]
 
 
