@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "instructions.json"
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 

@@ -522,26 +522,10 @@ class Arena:
         self._ring_head[owner] = 0
 
     def check_users(self, users: np.ndarray) -> None:
-        users = np.asarray(users)
-        # one comparison catches both ends: a negative slot is huge as unsigned
-        if users.dtype.kind == "i" and users.dtype.itemsize <= 8:
-            inside = users.view(users.dtype.str.replace("i", "u")) < self.user_capacity
-        else:
-            inside = (users >= 0) & (users < self.user_capacity)
-        if inside.all() and self.user_live[users].all():
-            return
-        bad = ~inside
-        if not bad.any():
-            bad = self.user_live[users] == 0
-        raise ArenaError(f"unknown user slot {int(users[np.argmax(bad)])}")
+        _check_live(users, self.user_live, "user slot")
 
     def check_owners(self, owners: np.ndarray) -> None:
-        owners = np.asarray(owners)
-        bad = (owners < 0) | (owners >= self.owner_capacity)
-        if not bad.any():
-            bad = self.owner_live[owners] == 0
-        if bad.any():
-            raise ArenaError(f"unknown knowledge owner slot {int(owners[np.argmax(bad)])}")
+        _check_live(owners, self.owner_live, "knowledge owner slot")
 
     # ------------------------------------------------------------------ segments
     def live_segments(self, user: int) -> np.ndarray:
@@ -999,6 +983,23 @@ class Arena:
         live[:old_u, :old_s], npages[:old_u, :old_s] = self._h_seg_live, self._h_npages
         table[:old_u, :old_s] = self._h_table
         self._h_seg_live, self._h_npages, self._h_table = live, npages, table
+
+
+def _check_live(ids: np.ndarray, live: np.ndarray, what: str) -> None:
+    """Every id names a live row of ``live`` (else ArenaError naming the first that does not).
+    Called on every kernel call, so the common case is two array operations: one comparison
+    catches both ends (a negative id is huge as unsigned), one gather checks liveness."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind == "i" and ids.dtype.itemsize <= 8:
+        inside = ids.view(ids.dtype.str.replace("i", "u")) < live.shape[0]
+    else:
+        inside = (ids >= 0) & (ids < live.shape[0])
+    if inside.all() and live[ids].all():
+        return
+    bad = ~inside
+    if not bad.any():
+        bad = live[ids] == 0
+    raise ArenaError(f"unknown {what} {int(ids[np.argmax(bad)])}")
 
 
 def _sorted_unique(a: np.ndarray) -> np.ndarray:

@@ -125,16 +125,10 @@ def _normal(p: Any) -> bool:
     """Whether ``p`` is a :class:`PageInput` that :func:`validate_page` would return unchanged."""
     if type(p) is not PageInput:
         return False
-    u, a, ts, meta = p.user_input, p.agent_response, p.timestamp, p.meta
+    ts, meta = p.timestamp, p.meta
     return (
-        type(u) is str
-        and type(a) is str
-        and u.isascii()
-        and a.isascii()
-        and len(u) <= MAX_TEXT_CHARS
-        and len(a) <= MAX_TEXT_CHARS
-        and _CONTROL.search(u) is None
-        and _CONTROL.search(a) is None
+        _plain_text(p.user_input)
+        and _plain_text(p.agent_response)
         and type(ts) is float
         and MIN_EPOCH_S <= ts <= MAX_EPOCH_S  # False for NaN
         and _plain_id(p.user_id)
@@ -156,6 +150,12 @@ def _plain_id(v: Any) -> bool:
     )
 
 
+def _plain_text(v: Any) -> bool:
+    """An ASCII text within the limit without control characters (what :func:`_clean_text`
+    returns as is)."""
+    return type(v) is str and v.isascii() and len(v) <= MAX_TEXT_CHARS and not _CONTROL.search(v)
+
+
 def _plain_meta(meta: dict[str, Any]) -> bool:
     """A meta of string keys and values that is certainly within ``MAX_META_BYTES`` as JSON
     (a character takes at most 6 bytes escaped, a pair 6 of quotes and separators)."""
@@ -171,21 +171,13 @@ def clean_queries(queries: Iterable[tuple[Any, Any]]) -> list[tuple[str, str]]:
     """``(user_id, query)`` pairs with the id checked and the query text normalised.
 
     The common pair (a printable ASCII id, an ASCII query without control characters, both
-    within their limits) is taken as is after a few C-level string tests; any other pair goes
-    through :func:`_clean_id` and :func:`_clean_text`, which give the same result for the
-    common pair and a clear error for a bad one."""
-    search = _CONTROL.search
+    within their limits) is taken as is after a few C-level string tests (:func:`_plain_id`,
+    :func:`_plain_text`, as for pages); any other pair goes through :func:`_clean_id` and
+    :func:`_clean_text`, which give the same result for the common pair and a clear error for
+    a bad one."""
     return [
         (u, q)
-        if type(u) is str
-        and type(q) is str
-        and u.isascii()
-        and u.isprintable()
-        and 0 < len(u) <= MAX_ID_CHARS
-        and not u.isspace()
-        and q.isascii()
-        and len(q) <= MAX_TEXT_CHARS
-        and search(q) is None
+        if _plain_id(u) and _plain_text(q)
         else (_clean_id(u, "user_id"), _clean_text(q, "query"))
         for u, q in queries
     ]

@@ -21,6 +21,7 @@ import numpy as np
 
 from memoryos_gpu.arena import Arena
 from memoryos_gpu.errors import ArenaError
+from memoryos_gpu.ops import _per_row
 from memoryos_gpu.ops.params import HeatParams
 
 #: Distinct terms of one query the pass uses (the rest of a very long query is ignored).
@@ -171,9 +172,7 @@ def credit_served(
     segment, and where that segment's heat reached tau with pages not yet analysed."""
     users = np.require(np.asarray(q_user, np.int32), requirements=("C", "W"))
     arena.check_users(users)
-    now_arr = np.require(
-        np.broadcast_to(np.asarray(now, np.float64), users.shape), requirements=("C", "W")
-    )
+    now_arr = _per_row(now, np.float64, users.shape)
     if not np.isfinite(now_arr).all():
         raise ArenaError("now must be finite")
     b, k = users.shape[0], int(segments.shape[1])
