@@ -1115,6 +1115,46 @@ def test_reopen_restores_every_tier(make_engine, kit, tmp_path):
     assert again._users["u"].chain_tail == p5 - 2
 
 
+def _interleaved_in_the_pool(eng) -> list[str]:
+    """Users with another user's page block between their own MTM pages' blocks."""
+    block_user, bs = eng.arena._block_user, eng.arena.config.block_size
+    out = []
+    for uid, user in eng._users.items():
+        mtm = [p["page_id"] for p in eng.store.user_pages(uid) if p["tier"] == "mtm"]
+        blocks = np.unique(np.flatnonzero(np.isin(eng._page_of_slot, mtm)) // bs)
+        if (block_user[blocks.min() : blocks.max() + 1] != user.slot).any():
+            out.append(uid)
+    return out
+
+
+def test_a_reopen_lays_each_users_pages_together_in_the_pool(make_engine, tmp_path, monkeypatch):
+    """Pages reach MTM a wave at a time, each user's between other users', so the pool
+    interleaves users; a reopen sizes the pool in (user, segment) order, so a query reads its
+    user's page rows from one stretch of memory -- also when the segments stream in many
+    chunks, as a large store's do. Retrievals do not change."""
+    monkeypatch.setattr("memoryos_gpu.store.sqlite.LOAD_CHUNK_BYTES", 1)  # a segment a chunk
+    path = str(tmp_path / "mem.sqlite")
+    users = [f"u{i}" for i in range(5)]
+    topics = ["chess openings", "hiking boots", "tax forms", "sourdough bread", "jazz piano"]
+    eng = make_engine(store=path, mode="extractive", stm_capacity=2)
+    for t in range(8):
+        eng.add_many(
+            [
+                PageInput(u, f"{topics[(t + i) % 5]} talk {t}", "r", float(t))
+                for i, u in enumerate(users)
+            ]
+        )
+    eng.flush()
+    assert _interleaved_in_the_pool(eng) == users  # as ingested: interleaved
+    queries = [(u, topics[i]) for i, u in enumerate(users)]
+    before = [[p.page_id for p in r.pages] for r in eng.retrieve_many(queries, update_heat=False)]
+    eng.close()
+    again = make_engine(store=path, mode="extractive", stm_capacity=2)
+    assert _interleaved_in_the_pool(again) == []
+    after = [[p.page_id for p in r.pages] for r in again.retrieve_many(queries, update_heat=False)]
+    assert after == before
+
+
 def test_a_failed_add_leaves_no_trace(make_engine, monkeypatch):
     eng = make_engine(stm_capacity=3, mode="extractive")
     eng.add("u", "p0", "r", timestamp=0.0)

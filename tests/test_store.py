@@ -338,6 +338,29 @@ def test_reopen_equals_before(populated: dict[str, Any]) -> None:
         e.close()
 
 
+def test_a_reopen_reads_views_and_knowledge_owner_by_owner(populated: dict[str, Any]) -> None:
+    """The pages were written interleaved across users, and knowledge entries too; a reopen
+    reads the page views user by user (in seq order) and the knowledge owner by owner, so the
+    records one retrieval reads are made together (docs/storage.md)."""
+    e = open_engine(populated["path"])
+    try:
+        views = [(uid, pid) for chunk in e.store.iter_page_views() for pid, uid, _ in chunk]
+        assert len({pid for _, pid in views}) == len(views) == len(e._views.pages)  # each once
+        seq = {p["page_id"]: (u, p["seq"]) for u in e.users() for p in e.store.user_pages(u)}
+        keys = [seq[pid] for _, pid in views]
+        assert keys == sorted(keys)
+        assert [p for _, p in views] != sorted(p for _, p in views)  # not the id order
+        dim = e.embedder.dim
+        owners = [
+            (k, o, q)
+            for c in e.store.iter_knowledge(dim)
+            for k, o, q in zip(c["owner_kind"], c["owner_id"], c["seq"].tolist(), strict=True)
+        ]
+        assert len({o for _, o, _ in owners}) > 1 and owners == sorted(owners)
+    finally:
+        e.close()
+
+
 def test_reopen_restores_heat(populated: dict[str, Any]) -> None:
     e = open_engine(populated["path"])
     try:

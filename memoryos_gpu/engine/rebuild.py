@@ -106,9 +106,15 @@ class Rebuild:
 
     def _load_segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Stream segments into the arena; returns (segment ids ascending, user slot, segment
-        slot) so pages can find their segment with one ``searchsorted``."""
+        slot) so pages can find their segment with one ``searchsorted``.
+
+        The page pool is sized once, after every segment is read: one ``size_segments`` call
+        hands out blocks in (user, segment) order, so each user's pages lie together in the
+        pool. Streamed in ``segment_id`` order, a user's segments -- made over time between
+        other users' -- got blocks scattered over the pool, and a query then read its user's
+        page rows from as many places (cache and TLB misses that grow with the store)."""
         s = self._s
-        ids, uslots, sslots = [], [], []
+        ids, uslots, sslots, npages = [], [], [], []
         for c in s.store.iter_segments(s.embedder.dim, s.memory.keyword_width):
             us = self._user_slots(c["user_id"])
             s.arena.write_segments(
@@ -120,15 +126,17 @@ class Rebuild:
                 l_interaction=c["l_interaction"],
                 last_access=c["last_access"],
             )
-            s.arena.size_segments(us, c["slot"], c["n_pages"])
             s.grow_maps()  # the arena may have widened for the stored slots
             s.segment_of[us, c["slot"]] = c["segment_id"]
             ids.append(c["segment_id"])
             uslots.append(us)
             sslots.append(c["slot"])
+            npages.append(c["n_pages"])
         if not ids:
             return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
-        return np.concatenate(ids), np.concatenate(uslots), np.concatenate(sslots)
+        index = np.concatenate(ids), np.concatenate(uslots), np.concatenate(sslots)
+        s.arena.size_segments(index[1], index[2], np.concatenate(npages))
+        return index
 
     def _load_mtm_pages(self, seg_ids: np.ndarray, uslots: np.ndarray, sslots: np.ndarray) -> None:
         """Stream MTM pages into their segments' blocks, each at its stored position."""

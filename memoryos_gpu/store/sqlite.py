@@ -959,9 +959,11 @@ class SQLiteStore:
     def iter_page_views(self) -> Iterator[list[tuple[int, str, PageView]]]:
         """What retrievals show of every page in STM or MTM (or waiting between them), in
         chunks of ``(page_id, user_id, view)``: the engine holds these in memory, so
-        assembling a retrieval reads no row."""
+        assembling a retrieval reads no row. A user's pages come one after the other (the
+        ``(user_id, seq)`` key's order), so the in-memory records of one user's pages, which a
+        retrieval reads together, are made together and lie together."""
         with self._snapshot() as db:
-            cur = db.execute(f"{_VIEW_SELECT} WHERE p.tier != 'evicted' ORDER BY p.page_id")
+            cur = db.execute(f"{_VIEW_SELECT} WHERE p.tier != 'evicted' ORDER BY p.user_id, p.seq")
             while rows := cur.fetchmany(LOAD_CHUNK):
                 extras: dict[str, dict[str, Any]] = {}  # one dict per distinct text, per chunk
                 out = []
@@ -1005,12 +1007,14 @@ class SQLiteStore:
         return out
 
     def iter_knowledge(self, dim: int) -> Iterator[dict[str, Any]]:
-        """Live knowledge entries in ``entry_id`` order, in chunks of ``entry_id``, ``seq``,
+        """Live knowledge entries, owner after owner (the ``(owner_kind, owner_id, seq)`` key's
+        order: the texts of one owner's entries, which a retrieval reads together, are then
+        made together and lie together in memory), in chunks of ``entry_id``, ``seq``,
         ``embedding``, ``owner_kind``, ``owner_id`` and ``text`` (lists)."""
         return self._stream(
             "knowledge",
             "SELECT entry_id, seq, embedding, owner_kind, owner_id, text FROM knowledge "
-            "WHERE live = 1 ORDER BY entry_id",
+            "WHERE live = 1 ORDER BY owner_kind, owner_id, seq",
             [("entry_id", np.int64), ("seq", np.int64)],
             dim,
             keep=("owner_kind", "owner_id", "text"),
