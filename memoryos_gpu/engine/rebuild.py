@@ -136,6 +136,7 @@ class Rebuild:
             return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
         index = np.concatenate(ids), np.concatenate(uslots), np.concatenate(sslots)
         s.arena.size_segments(index[1], index[2], np.concatenate(npages))
+        s.grow_maps()  # ... and the pool for their pages
         return index
 
     def _load_mtm_pages(self, seg_ids: np.ndarray, uslots: np.ndarray, sslots: np.ndarray) -> None:
