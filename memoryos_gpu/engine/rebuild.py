@@ -134,10 +134,10 @@ class Rebuild:
             npages.append(c["n_pages"])
         if not ids:
             return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
-        index = np.concatenate(ids), np.concatenate(uslots), np.concatenate(sslots)
-        s.arena.size_segments(index[1], index[2], np.concatenate(npages))
+        seg_ids, users, slots = np.concatenate(ids), np.concatenate(uslots), np.concatenate(sslots)
+        s.arena.size_segments(users, slots, np.concatenate(npages))
         s.grow_maps()  # ... and the pool for their pages
-        return index
+        return seg_ids, users, slots
 
     def _load_mtm_pages(self, seg_ids: np.ndarray, uslots: np.ndarray, sslots: np.ndarray) -> None:
         """Stream MTM pages into their segments' blocks, each at its stored position."""
