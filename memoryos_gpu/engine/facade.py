@@ -198,8 +198,9 @@ class MemoryEngine:
 
     # ================================================================== hooks the parts call
     def _accept(self, items: list[PageInput], prepared: Prepared | None = None) -> list[AddResult]:
-        """Hook: commit validated pages (and their STM overflow) in one transaction
-        (``prepared``: their embeddings, made outside the lock by ``add_many``)."""
+        """Hook: commit validated pages (and their STM overflow) in one transaction, taking
+        the engine lock for its statements (``prepared``: their embeddings, made outside the
+        lock by ``add_many``)."""
         return self._stm.accept(items, prepared)
 
     def _learn_keywords(self, texts: list[str]) -> None:
@@ -275,11 +276,11 @@ class MemoryEngine:
     def _accept_durably(
         self, items: list[PageInput], prepared: Prepared | None = None
     ) -> list[AddResult]:
-        """Commit the pages under the engine lock, then wait for the disk without it: the
-        flush (about as long as the rest of the commit) no longer holds up the retrievals and
-        derived work that wait for the lock. The pages are acknowledged after both."""
-        with self._lock:
-            results = self._accept(items, prepared)
+        """Write the pages under the engine lock, commit them after it (``_accept``), then
+        wait for the disk: neither the commit nor the flush (each about as long as the
+        statements) holds up the retrievals and derived work that wait for the lock. The
+        pages are acknowledged after both."""
+        results = self._accept(items, prepared)
         self.store.sync()
         return results
 

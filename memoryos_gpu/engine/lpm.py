@@ -71,8 +71,8 @@ class LongTerm:
         outcomes = [next(found) if pages else None for pages in read.pages]
         facts, fact_of = self._facts(read, outcomes)
         fact_emb = s.embedder.encode([f[2] for f in facts]) if facts else None
-        with s.lock, s.reloaded_on_failure():
-            return self._apply_promotions(read, outcomes, facts, fact_of, fact_emb)
+        with s.write_transaction() as db:  # redone from pending if lost
+            return self._apply_promotions(db, read, outcomes, facts, fact_of, fact_emb)
 
     def _read_promotions(self) -> _PromotionInput:
         """The queued promotions and their stage inputs (one query for every promoted
@@ -181,41 +181,41 @@ class LongTerm:
 
     def _apply_promotions(
         self,
+        db: Any,
         read: _PromotionInput,
         outcomes: list[PromotionOutcome | None],
         facts: list[Fact],
         fact_of: np.ndarray,
         fact_emb: np.ndarray | None,
     ) -> int:
-        """Commit the current promotions in one transaction (profile merge, analysed flags,
-        segment reset, facts, pending-row deletes); returns how many left the queue."""
+        """Apply the current promotions in the transaction ``db`` (profile merge, analysed
+        flags, segment reset, facts, pending-row deletes); returns how many left the queue."""
         s = self._s
         queued, current = self._current(read)
         taken = np.flatnonzero(current).tolist()
         done = [i for i in taken if outcomes[i] is not None]
-        with s.store.transaction("none") as db:  # redone from pending if lost
-            db.executemany(
-                "DELETE FROM pending WHERE work_id = ?", [(read.items[i][0],) for i in taken]
+        db.executemany(
+            "DELETE FROM pending WHERE work_id = ?", [(read.items[i][0],) for i in taken]
+        )
+        new_profiles = self._merge_profiles(db, read, outcomes, done)
+        db.executemany(
+            "UPDATE pages SET analysed = 1 WHERE page_id = ?",
+            [(p[0],) for i in done for p in read.pages[i]],
+        )
+        self._reset_segments(db, [read.items[i] for i in done])
+        s.store.audit_many(
+            db,
+            [(read.items[i][1], "promote", "segment", read.items[i][2]) for i in done],
+            [{"pages": len(read.pages[i]), "mode": outcomes[i].mode} for i in done],
+        )
+        s.counters["promotions"] += len(done)
+        keep = current[fact_of]
+        if keep.any():
+            self._hooks._push_knowledge(
+                db, [f for f, k in zip(facts, keep, strict=True) if k], fact_emb[keep]
             )
-            new_profiles = self._merge_profiles(db, read, outcomes, done)
-            db.executemany(
-                "UPDATE pages SET analysed = 1 WHERE page_id = ?",
-                [(p[0],) for i in done for p in read.pages[i]],
-            )
-            self._reset_segments(db, [read.items[i] for i in done])
-            s.store.audit_many(
-                db,
-                [(read.items[i][1], "promote", "segment", read.items[i][2]) for i in done],
-                [{"pages": len(read.pages[i]), "mode": outcomes[i].mode} for i in done],
-            )
-            s.counters["promotions"] += len(done)
-            keep = current[fact_of]
-            if keep.any():
-                self._hooks._push_knowledge(
-                    db, [f for f, k in zip(facts, keep, strict=True) if k], fact_emb[keep]
-                )
-            self._heat.refresh(db, [u for i in taken if (u := read.users[i]) is not None])
-        s.profiles.update(new_profiles)  # committed: retrievals show the new profiles
+        self._heat.refresh(db, [u for i in taken if (u := read.users[i]) is not None])
+        s.profiles.update(new_profiles)  # a failed commit reloads them with the rest
         return int((~queued).sum() + current.sum())
 
     def _merge_profiles(

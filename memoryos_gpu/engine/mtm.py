@@ -67,8 +67,9 @@ class Segments:
 
         The inputs are read under the engine lock, the stages (LLM, summary embeddings) run
         without it, wave after wave (a page's chain context is the previous wave's outcome),
-        and the waves are applied under it again in one transaction, each item only if what
-        it read still holds (:meth:`_current`); a changed item, and its user's later ones,
+        and the waves are applied under it again in one transaction (committed once the lock
+        is released: ``EngineState.write_transaction``), each item only if what it read
+        still holds (:meth:`_current`); a changed item, and its user's later ones,
         stay pending for a later round. Several waves in one round give a user's backlog
         (a chat log ingested in order) one read, one stage pass and one commit per round
         instead of one per page. Returns the items taken off the queue: applied, or gone
@@ -81,7 +82,7 @@ class Segments:
         done = self._run_stages(waves)
         if not done:
             return gone
-        with s.lock, s.reloaded_on_failure(), s.store.transaction("none") as db:
+        with s.write_transaction() as db:
             # redone from pending if lost; the waves share the transaction (not a savepoint
             # each: SQLite copies every page a savepoint changes to a journal of its own)
             return gone + sum(self._apply_round(db, r, d) for r, d in zip(waves, done, strict=True))

@@ -65,35 +65,47 @@ class ShortTerm:
         )
 
     def accept(self, items: list[PageInput], prepared: Prepared | None = None) -> list[AddResult]:
-        """Commit pages (and the pending work their STM overflow creates) in one transaction.
+        """Write pages (and the pending work their STM overflow creates) in one transaction,
+        committed once the engine lock is released (``EngineState.write_transaction``); the
+        caller acknowledges them after that (and the store's ``sync``).
 
         ``prepared``: :meth:`prepare`'s output made before the engine lock was taken; the
         sources are checked again here (a page stored or deleted meanwhile), and a page that
-        became new since is prepared now. The in-memory user state is changed only as the
-        transaction goes; if it fails, that state is restored and new users' arena slots are
-        released, so memory and store agree. The keyword statistics learn the new pages once
-        they are committed.
+        became new since is prepared now. The in-memory user state changes as the
+        transaction goes; if a statement fails, that state is restored and new users' arena
+        slots are released, so memory and store agree (a failed commit reloads the state).
+        Retrievals may show the pages, and the keyword statistics learn them, from the end of
+        the transaction's statements.
         """
         s = self._s
-        known = s.store.known_sources(p.source for p in items if p.source)
-        fresh = [i for i, p in enumerate(items) if not (p.source and p.source in known)]
-        prep = prepared or Prepared({}, {})
-        late = [i for i in fresh if i not in prep.vec_of]
-        if late:
-            more = self.prepare(items, late)
-            prep = Prepared({**prep.vec_of, **more.vec_of}, {**prep.blob_of, **more.blob_of})
-        vec_of, blob_of = prep.vec_of, prep.blob_of
-        touched = {p.user_id for p in items}
+        with s.write_transaction("deferred", reload_on_error=False) as db:
+            known = s.store.known_sources(p.source for p in items if p.source)
+            fresh = [i for i, p in enumerate(items) if not (p.source and p.source in known)]
+            prep = prepared or Prepared({}, {})
+            late = [i for i in fresh if i not in prep.vec_of]
+            if late:
+                more = self.prepare(items, late)
+                prep = Prepared({**prep.vec_of, **more.vec_of}, {**prep.blob_of, **more.blob_of})
+            results = self._insert_restoring(db, items, known, prep)
+            self._show(items, fresh, results, prep.blob_of)
+        return results
+
+    def _insert_restoring(
+        self, db: Any, items: list[PageInput], known: dict[str, int], prep: Prepared
+    ) -> list[AddResult]:
+        """:meth:`_insert_pages`, with the batch's users' in-memory records (clock, next seq,
+        STM) and the counters put back if a statement fails, and new users' slots freed."""
+        s = self._s
         users = s.users  # the batch's users only: a pass over every user cost O(users) a batch
         snapshot = {
             uid: (users[uid].clock, users[uid].next_seq, deque(users[uid].stm))
-            for uid in touched
+            for uid in {p.user_id for p in items}
             if uid in users
         }
         counters = dict(s.counters)
         new_users: list[UserState] = []
         try:
-            results = self._insert_pages(items, known, vec_of, blob_of, new_users)
+            return self._insert_pages(db, items, known, prep.vec_of, prep.blob_of, new_users)
         except BaseException:
             for uid, (clock, next_seq, stm) in snapshot.items():
                 u = s.users[uid]
@@ -102,35 +114,46 @@ class ShortTerm:
                 s.drop_user_state(u)
             s.counters = counters
             raise
-        s.views.put_pages(  # committed: retrievals may show them
+
+    def _show(
+        self,
+        items: list[PageInput],
+        fresh: list[int],
+        results: list[AddResult],
+        blob_of: dict[int, bytes],
+    ) -> None:
+        """The written pages into the views (retrievals show them), the keyword statistics
+        and the users' vocabularies (from the term rows' blobs, vectorised)."""
+        s = self._s
+        s.views.put_pages(
             [(r.page_id, p) for p, r in zip(items, results, strict=True) if not r.duplicate],
             s.users,
         )
         self._hooks._learn_keywords(
             [f"{items[i].user_input} {items[i].agent_response}" for i in fresh]
         )
-        s.vocabulary.add(  # the rows just committed, read back from their blobs (vectorised)
+        s.vocabulary.add(
             [items[i].user_id for i in fresh],
             terms_from_blobs([blob_of[i] for i in fresh]),
             np.fromiter((not results[i].duplicate for i in fresh), bool, len(fresh)),
         )
-        return results
 
     def _insert_pages(
         self,
+        db: Any,
         items: list[PageInput],
         known: dict[str, int],
         vec_of: dict[int, np.ndarray],
         blob_of: dict[int, bytes],
         new_users: list[UserState],
     ) -> list[AddResult]:
-        """One transaction, one statement per kind of row for the whole batch: new users, the
-        pages (with ids from ``store.new_ids``), the pages the STM overflow makes
+        """In the transaction ``db``, one statement per kind of row for the whole batch: new
+        users, the pages (with ids from ``store.new_ids``), the pages the STM overflow makes
         pending, the users' clocks and the audit events."""
         s = self._s
         now = time.time()
         fresh, dup_of = self._plan(items, known)
-        for i in fresh:  # in-memory state first: rolled back by accept() if the commit fails
+        for i in fresh:  # in-memory state first: restored by the caller if a statement fails
             p = items[i]
             if p.user_id not in s.users:
                 new_users.append(s.new_user_state(p.user_id, p.assistant_id or DEFAULT_ASSISTANT))
@@ -151,32 +174,29 @@ class ShortTerm:
             )
             user.next_seq += 1
             user.clock = max(user.clock, float(p.timestamp))
-        with s.store.transaction("deferred") as db:  # the caller syncs: see add_many
-            s.store.ensure_users(db, [(u.user_id, u.assistant_id) for u in new_users], now)
-            ids = s.store.new_ids(db, "pages", len(rows))
-            pending = self._push_stm([items[i].user_id for i in fresh], ids)
-            self._insert_rows(db, ids, rows, {p for _, p in pending})
-            db.executemany(  # written once, beside the narrow page row that tiers rewrite
-                "INSERT INTO page_vectors(page_id, embedding, terms) VALUES (?, ?, ?)",
-                [(p, emb_blob(vec_of[i]), blob_of[i]) for p, i in zip(ids, fresh, strict=True)],
-            )
-            batch = set(ids)
-            db.executemany(  # pages of earlier batches pushed out now
-                "UPDATE pages SET tier = 'pending' WHERE page_id = ?",
-                [(p,) for _, p in pending if p not in batch],
-            )
-            db.executemany(
-                "INSERT INTO pending(user_id, kind, ref, created) VALUES (?, 'page', ?, ?)",
-                [(u, p, now) for u, p in pending],
-            )
-            touched = [s.users[u] for u in dict.fromkeys(items[i].user_id for i in fresh)]
-            db.executemany(
-                "UPDATE users SET clock = ?, next_seq = ? WHERE user_id = ?",
-                [(u.clock, u.next_seq, u.user_id) for u in touched],
-            )
-            s.store.audit_many(
-                db, [(r[0], "add", "page", p) for r, p in zip(rows, ids, strict=True)]
-            )
+        s.store.ensure_users(db, [(u.user_id, u.assistant_id) for u in new_users], now)
+        ids = s.store.new_ids(db, "pages", len(rows))
+        pending = self._push_stm([items[i].user_id for i in fresh], ids)
+        self._insert_rows(db, ids, rows, {p for _, p in pending})
+        db.executemany(  # written once, beside the narrow page row that tiers rewrite
+            "INSERT INTO page_vectors(page_id, embedding, terms) VALUES (?, ?, ?)",
+            [(p, emb_blob(vec_of[i]), blob_of[i]) for p, i in zip(ids, fresh, strict=True)],
+        )
+        batch = set(ids)
+        db.executemany(  # pages of earlier batches pushed out now
+            "UPDATE pages SET tier = 'pending' WHERE page_id = ?",
+            [(p,) for _, p in pending if p not in batch],
+        )
+        db.executemany(
+            "INSERT INTO pending(user_id, kind, ref, created) VALUES (?, 'page', ?, ?)",
+            [(u, p, now) for u, p in pending],
+        )
+        touched = [s.users[u] for u in dict.fromkeys(items[i].user_id for i in fresh)]
+        db.executemany(
+            "UPDATE users SET clock = ?, next_seq = ? WHERE user_id = ?",
+            [(u.clock, u.next_seq, u.user_id) for u in touched],
+        )
+        s.store.audit_many(db, [(r[0], "add", "page", p) for r, p in zip(rows, ids, strict=True)])
         s.counters["pages_added"] += len(ids)
         s.counters["duplicates_skipped"] += len(dup_of)
         id_of = dict(zip(fresh, ids, strict=True))

@@ -396,6 +396,7 @@ class SQLiteStore:
             raise StoreError(f"cache_mb must be >= 0 (0: SQLite's default), got {cache_mb}")
         self.path = str(path)
         self._cache_mb = int(cache_mb)
+        self._issued: dict[str, int] = {}  # table -> the next id never handed out (new_ids)
         secret = as_secret(key)
         self.encrypted = secret is not None
         self._closed = False
@@ -1079,15 +1080,18 @@ class SQLiteStore:
         row is deleted its id goes to the next row, and whoever still holds it (a page id from
         the HTTP API, a mem0 memory id, an audit event) names another row, maybe another
         user's. The next free id of each table is kept in ``meta`` (``next_id.<table>``) and
-        raised in the transaction that uses it: a rolled-back transaction leaves its ids
-        unused, a gap, never a reuse."""
+        raised in the transaction that uses it, and remembered by the store object beyond a
+        rollback: the engine shows a write's rows before its commit (the commit runs after
+        the engine lock, ``EngineState.write_transaction``), so a transaction whose commit
+        fails leaves its ids unused, a gap, never a reuse."""
         if n <= 0:
             return []
         column = ID_COLUMNS[table]
         key = f"next_id.{table}"
         top = db.execute(f"SELECT COALESCE(MAX({column}), 0) FROM {table}").fetchone()[0]
         mark = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        first = max(int(top) + 1, int(mark[0]) if mark else 1)
+        first = max(int(top) + 1, int(mark[0]) if mark else 1, self._issued.get(table, 1))
+        self._issued[table] = first + n
         db.execute(
             "INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
             (key, str(first + n)),

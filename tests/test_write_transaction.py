@@ -1,0 +1,170 @@
+"""Writes commit after the engine lock is released (``EngineState.write_transaction``).
+
+Accepting pages, a derived round and a promotion batch change memory and write the store under
+the engine lock, and COMMIT after releasing it: a retrieval (memory only) goes on while a
+commit runs. A commit that fails leaves memory as the store (reloaded) and never lets an id the
+failed write used -- which retrievals may have shown -- name another row later.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_store import arena_snapshot, assert_same_arena, open_engine, table_dump
+
+from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.types import PageInput
+
+TOPICS = ["hiking", "violin", "cooking", "chess"]
+
+
+class GatedCommit:
+    """The store's connection, whose write transaction number ``at`` (counting from 1 after
+    arming) has its COMMIT held at a gate until :attr:`opened`, or failed as a full disk
+    would; the rows before it began and the newest ids it used are kept."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._count = 0
+        self._at = 0
+        self._fail = False
+        self._mine = False
+        self.reached = threading.Event()
+        self.opened = threading.Event()
+        self.before: dict[str, list[tuple]] = {}
+        self.ids_before: dict[str, int] = {}
+        self.ids_at_commit: dict[str, int] = {}
+
+    def arm(self, at: int = 1, *, fail: bool = False) -> None:
+        self._count, self._at, self._fail = 0, at, fail
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "BEGIN IMMEDIATE" and self._at:
+            self._count += 1
+            if self._count == self._at:
+                self._at, self._mine = 0, True
+                self.before, self.ids_before = table_dump(self._db), newest_ids(self._db)
+        elif sql == "COMMIT" and self._mine:
+            self._mine = False
+            self.ids_at_commit = newest_ids(self._db)
+            if self._fail:
+                raise sqlite3.OperationalError("database or disk is full")
+            self.reached.set()
+            self.opened.wait(10)
+        return self._db.execute(sql, *args)
+
+
+def newest_ids(db: Any) -> dict[str, int]:
+    q = (lambda s: db.execute(s).fetchone()[0]) if hasattr(db, "execute") else None
+    assert q is not None
+    return {
+        "pages": q("SELECT COALESCE(MAX(page_id), 0) FROM pages"),
+        "segments": q("SELECT COALESCE(MAX(segment_id), 0) FROM segments"),
+        "knowledge": q("SELECT COALESCE(MAX(entry_id), 0) FROM knowledge"),
+    }
+
+
+def pages(round_: int, users: range = range(3)) -> list[PageInput]:
+    return [
+        PageInput(f"u{u}", f"I do {TOPICS[(round_ + u) % 4]} on day {round_}", "ok", 1.7e9 + round_)
+        for u in users
+    ]
+
+
+def seeded(path: Path) -> MemoryEngine:
+    """An engine (STM 3, tau 2) whose users have pages pending and segments to promote."""
+    e = open_engine(path, auto_process=False)
+    for i in range(8):
+        e.add_many(pages(i))
+    e.process_pending()
+    for i in range(8, 10):
+        e.add_many(pages(i))  # pending again: the next round has work
+    return e
+
+
+#: Each write, and which of the write transactions it makes is the one tested.
+WRITES: dict[str, tuple[Callable[[MemoryEngine], Any], int]] = {
+    "accept": (lambda e: e.add_many(pages(20)), 1),
+    "derived round": (lambda e: e.process_pending(max_rounds=1), 1),
+    "promotion": (lambda e: e.process_pending(max_rounds=1), 2),  # the round's is the 1st
+}
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+def test_a_retrieval_goes_on_while_a_write_commits(tmp_path: Path, write: str) -> None:
+    e = seeded(tmp_path / "s")
+    gate = GatedCommit(e.store._db)
+    e.store._db = gate
+    run, at = WRITES[write]
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            run(e)
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    w = threading.Thread(target=writer)
+    try:
+        gate.arm(at)
+        w.start()
+        assert gate.reached.wait(10), "the write never committed"
+        got: list[Any] = []
+        r = threading.Thread(
+            target=lambda: got.append(e.retrieve_many([("u2", "violin")], update_heat=False))
+        )
+        r.start()
+        r.join(5)
+        assert got, "the retrieval waited for the commit: the engine lock was held over it"
+    finally:
+        gate.opened.set()
+        w.join(10)
+    assert not errors and not w.is_alive()
+    e.store._db = gate._db
+    e.close()
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+def test_a_failed_commit_leaves_memory_as_the_store_and_reuses_no_id(
+    tmp_path: Path, write: str
+) -> None:
+    path = tmp_path / "s"
+    e = seeded(path)
+    gate = GatedCommit(e.store._db)
+    e.store._db = gate
+    run, at = WRITES[write]
+    gate.arm(at, fail=True)
+    with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+        run(e)
+    before_ids, failed = gate.ids_before, gate.ids_at_commit
+    assert table_dump(e.store) == gate.before  # rolled back whole
+    assert any(failed[t] > before_ids[t] for t in failed)  # the write had made rows
+    run(e)  # the retry commits
+    e.add_many(pages(30))
+    e.process_pending()
+    for table, column in (
+        ("pages", "page_id"),
+        ("segments", "segment_id"),
+        ("knowledge", "entry_id"),
+    ):
+        reused = gate._db.execute(
+            f"SELECT COUNT(*) FROM {table} WHERE {column} > ? AND {column} <= ?",
+            (before_ids[table], failed[table]),
+        ).fetchone()[0]
+        assert reused == 0, f"{table}: an id of the failed write names another row"
+    got = arena_snapshot(e)
+    e.store._db = gate._db
+    e.close()
+    reopened = open_engine(path, auto_process=False)
+    try:
+        assert_same_arena(got, arena_snapshot(reopened))  # memory was the store's
+    finally:
+        reopened.close()
