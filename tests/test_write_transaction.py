@@ -168,3 +168,36 @@ def test_a_failed_commit_leaves_memory_as_the_store_and_reuses_no_id(
         assert_same_arena(got, arena_snapshot(reopened))  # memory was the store's
     finally:
         reopened.close()
+
+
+def test_a_failure_after_the_statements_of_an_accept_reloads_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pages written, the views half-updated, then a failure (the users' vocabularies):
+    the transaction rolls back and memory is reloaded, not left showing pages never stored."""
+    path = tmp_path / "s"
+    e = seeded(path)
+    before = table_dump(e.store)
+
+    vocabulary = type(e._state.vocabulary)
+    real_add = vocabulary.add
+
+    def fails_once(*a: Any, **kw: Any) -> None:
+        monkeypatch.setattr(vocabulary, "add", real_add)  # the reload's own calls work
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(vocabulary, "add", fails_once)
+    with pytest.raises(MemoryError):
+        e.add_many(pages(20))
+    assert table_dump(e.store) == before
+    (r,) = e.retrieve_many([("u1", "day 20")], update_heat=False)
+    assert all("day 20" not in p.user_input for p in r.stm)  # the views were reloaded
+    e.add_many(pages(21))
+    e.process_pending()
+    got = arena_snapshot(e)
+    e.close()
+    reopened = open_engine(path, auto_process=False)
+    try:
+        assert_same_arena(got, arena_snapshot(reopened))
+    finally:
+        reopened.close()

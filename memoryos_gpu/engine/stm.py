@@ -87,7 +87,11 @@ class ShortTerm:
                 more = self.prepare(items, late)
                 prep = Prepared({**prep.vec_of, **more.vec_of}, {**prep.blob_of, **more.blob_of})
             results = self._insert_restoring(db, items, known, prep)
-            self._show(items, fresh, results, prep.blob_of)
+            try:
+                self._show(items, fresh, results, prep.blob_of)
+            except BaseException:
+                s.reload_owed = True  # memory half-updated: reloaded after the rollback
+                raise
         return results
 
     def _insert_restoring(
