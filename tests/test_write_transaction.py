@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_store import arena_snapshot, assert_same_arena, open_engine, table_dump
+from test_store import _newest_ids, arena_snapshot, assert_same_arena, open_engine, table_dump
 
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.types import PageInput
@@ -28,8 +28,9 @@ class GatedCommit:
     arming) has its COMMIT held at a gate until :attr:`opened`, or failed as a full disk
     would; the rows before it began and the newest ids it used are kept."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
+    def __init__(self, engine: MemoryEngine) -> None:
+        self._engine = engine
+        self._db = engine.store._db
         self._count = 0
         self._at = 0
         self._fail = False
@@ -51,25 +52,15 @@ class GatedCommit:
             self._count += 1
             if self._count == self._at:
                 self._at, self._mine = 0, True
-                self.before, self.ids_before = table_dump(self._db), newest_ids(self._db)
+                self.before, self.ids_before = table_dump(self._db), _newest_ids(self._engine)
         elif sql == "COMMIT" and self._mine:
             self._mine = False
-            self.ids_at_commit = newest_ids(self._db)
+            self.ids_at_commit = _newest_ids(self._engine)
             if self._fail:
                 raise sqlite3.OperationalError("database or disk is full")
             self.reached.set()
             self.opened.wait(10)
         return self._db.execute(sql, *args)
-
-
-def newest_ids(db: Any) -> dict[str, int]:
-    q = (lambda s: db.execute(s).fetchone()[0]) if hasattr(db, "execute") else None
-    assert q is not None
-    return {
-        "pages": q("SELECT COALESCE(MAX(page_id), 0) FROM pages"),
-        "segments": q("SELECT COALESCE(MAX(segment_id), 0) FROM segments"),
-        "knowledge": q("SELECT COALESCE(MAX(entry_id), 0) FROM knowledge"),
-    }
 
 
 def pages(round_: int, users: range = range(3)) -> list[PageInput]:
@@ -101,7 +92,7 @@ WRITES: dict[str, tuple[Callable[[MemoryEngine], Any], int]] = {
 @pytest.mark.parametrize("write", list(WRITES))
 def test_a_retrieval_goes_on_while_a_write_commits(tmp_path: Path, write: str) -> None:
     e = seeded(tmp_path / "s")
-    gate = GatedCommit(e.store._db)
+    gate = GatedCommit(e)
     e.store._db = gate
     run, at = WRITES[write]
     errors: list[BaseException] = []
@@ -138,7 +129,7 @@ def test_a_failed_commit_leaves_memory_as_the_store_and_reuses_no_id(
 ) -> None:
     path = tmp_path / "s"
     e = seeded(path)
-    gate = GatedCommit(e.store._db)
+    gate = GatedCommit(e)
     e.store._db = gate
     run, at = WRITES[write]
     gate.arm(at, fail=True)

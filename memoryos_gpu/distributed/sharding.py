@@ -427,8 +427,9 @@ class ShardEngine(MemoryEngine):
             return []
         with self._lock:
             emb = self.embedder.encode([f.text for f in facts])
-            # the rings change as the transaction goes (reloaded from the store if it fails)
-            with self._state.reloaded_on_failure(), self.store.transaction() as db:
+            # the rings change as the transaction goes (reloaded from the store if it fails);
+            # committed under the lock this method holds (it answers what the rings hold)
+            with self._state.write_transaction("commit") as db:
                 self._ensure_assistants(db, {f.owner_id for f in facts})
                 mark = db.execute("SELECT COALESCE(MAX(entry_id), 0) FROM knowledge").fetchone()
                 # the engine's own ring write, not this class's outbox: this shard is the owner
