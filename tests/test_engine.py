@@ -19,6 +19,7 @@ import pytest
 from memoryos_gpu import ops
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import InvalidInputError, MemoryEngine
+from memoryos_gpu.engine.derived import FULL_WAVE_SHARE, full_waves
 from memoryos_gpu.engine.state import to_host
 from memoryos_gpu.text.keywords import hash_keywords, keyword_tokens
 from memoryos_gpu.types import PageInput
@@ -1229,22 +1230,45 @@ def test_derived_rounds_are_capped_and_keep_each_users_order(max_batch: int) -> 
     eng.close()
 
 
-def test_a_gathering_round_takes_one_page_per_user_and_a_drain_takes_the_backlog() -> None:
-    """``max_rounds=1`` (the server's scheduler) takes one wave: each user's oldest pending
-    page; a drain then takes the users' remaining pages as waves of one round, and every
-    page ends in MTM in its user's order, as one page at a time would place them."""
+def test_a_gathering_round_takes_full_waves_and_a_drain_takes_the_backlog() -> None:
+    """``max_rounds=1`` (the server's scheduler) takes the waves at least half as full as the
+    first: with 3 pages pending for each of 3 users, all three; a drain takes the rest in
+    waves of one round; every page ends in MTM in its user's order, as one page at a time
+    would place it."""
     eng, rounds = _backlog_engine()  # 3 pages of each user pending, the 4th in STM
-    assert eng.process_pending(max_rounds=1)["pages"] == 3
-    assert sorted(uid for _, uid, _ in rounds[0]) == ["u0", "u1", "u2"]
-    assert eng.process_pending()["pages"] == 6
-    assert len(rounds) == 2 and [uid for _, uid, _ in rounds[1]] == ["u0", "u1", "u2"] * 2
+    eng.add_many([PageInput("u0", "page 4 of u0", "ok")])  # u0: a 4th pending page
+    assert eng.process_pending(max_rounds=1)["pages"] == 9  # waves of 3, 3, 3 (not u0's 1)
+    assert [uid for _, uid, _ in rounds[0]] == ["u0", "u1", "u2"] * 3
+    assert eng.process_pending()["pages"] == 1
+    assert [uid for _, uid, _ in rounds[1]] == ["u0"]
     one, _ = _backlog_engine()  # the reference's order: one page at a time
+    one.add_many([PageInput("u0", "page 4 of u0", "ok")])
     one.process_pending(max_batch=1)
     for u in range(3):
         assert _mtm_layout(eng, f"u{u}") == _mtm_layout(one, f"u{u}")
-        assert [p for p, *_ in _mtm_layout(eng, f"u{u}")] == [f"page {i} of u{u}" for i in range(3)]
+    assert [p for p, *_ in _mtm_layout(eng, "u0")] == [f"page {i} of u0" for i in range(4)]
     eng.close()
     one.close()
+
+
+@pytest.mark.parametrize(
+    ("pending", "taken"),
+    [
+        ({"a": 1}, ["a"]),
+        ({"a": 3, "b": 1, "c": 1, "d": 1}, ["a", "b", "c", "d"]),  # wave 2 holds 1 of 4
+        ({"a": 3, "b": 2, "c": 1, "d": 1}, ["a", "b", "c", "d", "a", "b"]),  # 2 of 4: taken
+        ({"a": 3, "b": 3, "c": 2, "d": 1}, ["a", "b", "c", "d", "a", "b", "c", "a", "b"]),
+    ],
+)
+def test_full_waves_keeps_the_leading_waves_at_least_half_as_full_as_the_first(
+    pending: dict[str, int], taken: list[str]
+) -> None:
+    """``full_waves`` over items listed wave by wave: a later wave is kept while it holds at
+    least half the first wave's items, and every wave after a smaller one is dropped."""
+    waves = [[u for u, n in pending.items() if n > k] for k in range(max(pending.values()))]
+    items = [(i, u, 100 + i) for i, u in enumerate(u for wave in waves for u in wave)]
+    assert [u for _, u, _ in full_waves(items, FULL_WAVE_SHARE)] == taken
+    assert full_waves([], FULL_WAVE_SHARE) == []
 
 
 def _mtm_layout(eng: MemoryEngine, user: str) -> list[tuple]:
