@@ -526,8 +526,10 @@ class ShardEngine(MemoryEngine):
                 self._reload_assistants(sorted({e.assistant_id for e in entries}))
                 return
             gone = [(e.assistant_id, e.seq) for e in entries if not e.live]
-            with self._state.reloaded_on_failure():  # its ring rows go in as it writes
-                self._write_replica([e for e in entries if e.live])
+            # its ring rows change as it writes (reloaded from the store if it fails);
+            # committed under the lock this method holds
+            with self._state.write_transaction("commit") as db:
+                self._write_replica(db, [e for e in entries if e.live])
             if gone:
                 sharded_forget.drop_assistant_entries(self, gone, superseded=True)
 
@@ -540,46 +542,45 @@ class ShardEngine(MemoryEngine):
                 (aid, now),
             )
 
-    def _write_replica(self, entries: Sequence[AssistantEntry]) -> None:
+    def _write_replica(self, db: Any, entries: Sequence[AssistantEntry]) -> None:
         cap = self.memory.knowledge_capacity
         t = time.time()
-        with self.store.transaction() as db:
-            self._ensure_assistants(db, {e.assistant_id for e in entries})
-            for e in entries:
-                slot = self._assistant_slot(e.assistant_id)
-                db.execute(
-                    "UPDATE knowledge SET live = 0 WHERE owner_kind = 'assistant' AND "
-                    "owner_id = ? AND seq <= ?",
-                    (e.assistant_id, e.seq - cap),
-                )
-                (entry,) = self.store.new_ids(db, "knowledge", 1)
-                db.execute(
-                    "INSERT INTO knowledge(entry_id, owner_kind, owner_id, seq, text, embedding, "
-                    "mode, created, source_user) VALUES (?, 'assistant', ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        entry,
-                        e.assistant_id,
-                        e.seq,
-                        e.text,
-                        _emb_blob(e.embedding),
-                        e.mode,
-                        t,
-                        e.source_user,
-                    ),
-                )
-                head = max(self.arena.ring_head(slot), e.seq + 1)
-                db.execute(
-                    "UPDATE assistants SET knowledge_head = ? WHERE assistant_id = ?",
-                    (head, e.assistant_id),
-                )
-                self.arena.write_knowledge([slot], [e.seq % cap], e.embedding[None])
-                self.arena.set_ring_head(slot, head)
-                self._grow_maps()
-                old = int(self._entry_of_ring[slot, e.seq % cap])
-                if old >= 0:
-                    self._views.drop_knowledge([old])
-                self._entry_of_ring[slot, e.seq % cap] = entry
-                self._views.knowledge[entry] = e.text
+        self._ensure_assistants(db, {e.assistant_id for e in entries})
+        for e in entries:
+            slot = self._assistant_slot(e.assistant_id)
+            db.execute(
+                "UPDATE knowledge SET live = 0 WHERE owner_kind = 'assistant' AND "
+                "owner_id = ? AND seq <= ?",
+                (e.assistant_id, e.seq - cap),
+            )
+            (entry,) = self.store.new_ids(db, "knowledge", 1)
+            db.execute(
+                "INSERT INTO knowledge(entry_id, owner_kind, owner_id, seq, text, embedding, "
+                "mode, created, source_user) VALUES (?, 'assistant', ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    entry,
+                    e.assistant_id,
+                    e.seq,
+                    e.text,
+                    _emb_blob(e.embedding),
+                    e.mode,
+                    t,
+                    e.source_user,
+                ),
+            )
+            head = max(self.arena.ring_head(slot), e.seq + 1)
+            db.execute(
+                "UPDATE assistants SET knowledge_head = ? WHERE assistant_id = ?",
+                (head, e.assistant_id),
+            )
+            self.arena.write_knowledge([slot], [e.seq % cap], e.embedding[None])
+            self.arena.set_ring_head(slot, head)
+            self._grow_maps()
+            old = int(self._entry_of_ring[slot, e.seq % cap])
+            if old >= 0:
+                self._views.drop_knowledge([old])
+            self._entry_of_ring[slot, e.seq % cap] = entry
+            self._views.knowledge[entry] = e.text
 
     def _reload_assistants(self, assistant_ids: Sequence[str]) -> None:
         """Shared store: re-read assistants' live entries (written by their owner shard); the

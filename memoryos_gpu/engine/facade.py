@@ -190,7 +190,7 @@ class MemoryEngine:
 
     def _reload(self) -> None:
         """The in-memory state again from the store after an apply failed halfway (see
-        ``EngineState.reloaded_on_failure``); the heat credits not yet written name slots of
+        ``EngineState.write_transaction``); the heat credits not yet written name slots of
         the arena it replaces, so they go (heat: lost at most, docs/storage.md)."""
         log.warning("an apply failed halfway: reloading the in-memory state from the store")
         self._heat.discard()

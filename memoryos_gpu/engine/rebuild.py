@@ -50,7 +50,7 @@ class Rebuild:
 
     def reload(self) -> None:
         """The in-memory state loaded again from the store, after an apply failed halfway
-        (:meth:`EngineState.reloaded_on_failure`): what the store committed is the truth.
+        (:meth:`EngineState.write_transaction`): what the store committed is the truth.
         The keyword statistics stay (they learn a page only once it is committed) and the
         pending work stays pending for the next round. Under the engine lock."""
         with self._s.replaced():

@@ -143,7 +143,7 @@ class EngineState:
         # only when this moved meanwhile
         self.edits = 0
         # what reloads the in-memory state from the store (the engine sets it: Rebuild.reload),
-        # and whether a failed apply's reload is still owed (reloaded_on_failure)
+        # and whether a failed apply's reload is still owed (write_transaction)
         self.reload: Callable[[], None] | None = None
         self.reload_owed = False
         self._empty()
@@ -192,21 +192,6 @@ class EngineState:
         self.edits += 1  # rounds read before the reload find their users changed
 
     @contextmanager
-    def reloaded_on_failure(self) -> Iterator[None]:
-        """Around an apply that changes the in-memory state as its store transaction goes
-        (arena rows, slot maps, user records): if it raises, the transaction rolls back but the
-        memory is changed halfway (a segment in the arena whose row was never committed, a page
-        appended twice when the item is retried), so it is loaded again from the store, the
-        committed truth, before the error propagates. A reload that fails (the store still
-        unreachable) is owed: the next guarded apply does it first. Under the engine lock."""
-        self.reload_if_owed()
-        try:
-            yield
-        except BaseException:
-            self._reload()
-            raise
-
-    @contextmanager
     def write_transaction(
         self, durability: Durability = "none", *, reload_on_error: bool = True
     ) -> Iterator[Any]:
@@ -226,7 +211,10 @@ class EngineState:
 
         If the body raises, the transaction rolls back and -- ``reload_on_error``, for a body
         that does not undo its own memory changes, or if the body set ``reload_owed`` -- the
-        state is reloaded from the store under the lock (:meth:`reloaded_on_failure`). If the
+        state is reloaded from the store under the lock: the memory was changed halfway (a
+        segment in the arena whose row was never committed, a page appended twice when the
+        item is retried), and what the store committed is the truth; a reload that fails
+        (the store still unreachable) is owed, done first by the next write. If the
         COMMIT fails, the state is reloaded: what the store committed is the truth, and
         derived work is redone from its pending rows. A caller that holds the engine lock
         already commits under it."""
@@ -251,7 +239,7 @@ class EngineState:
             raise
 
     def reload_if_owed(self) -> None:
-        """The reload a failed apply still owes (see :meth:`reloaded_on_failure`), done before
+        """The reload a failed apply still owes (see :meth:`write_transaction`), done before
         a derived round reads its inputs, so the round does not read a half-applied state."""
         if self.reload_owed:
             self._reload()
