@@ -8,8 +8,7 @@
 #   2. cuda-tests       the kernel tests (tests/test_kernels.py, tests/test_kernel_grid.py,
 #                       tests/test_retrieval_kernel.py: the fused retrieval pass) with CUDA
 #                       skips turned into failures (MEMORYOS_GPU_REQUIRE_CUDA=1); then the
-#                       engine's retrieval and heat tests on a CUDA arena
-#                       (MEMORYOS_TEST_DEVICE=cuda)
+#                       engine test files on a CUDA arena (MEMORYOS_TEST_DEVICE=cuda)
 #   3. kernels          benchmarks/kernel_speed.py --routine kernel-only: kernel-only GB/s (CUDA
 #                       events) vs the measured device copy bandwidth, fp16 and fp32 storage,
 #                       B = 1,024, S = 200, d = 384 (target: >= 50 % of copy)
@@ -25,6 +24,7 @@
 #   7. sanitizer-racecheck, sanitizer-synccheck, throughput-100k, as the deadline allows
 #
 # Usage: OUT=/path/to/out bash benchmarks/gpu_check.sh   (DEADLINE_S=570 by default)
+#        STEPS="build cuda-tests engine-cuda" ... runs only the steps named (a rerun after a fix)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -42,6 +42,10 @@ left() { echo $(( DEADLINE_S - ($(date +%s) - START) )); }
 step() {
   local name=$1 limit=$2
   shift 2
+  if [[ -n "${STEPS:-}" && " $STEPS " != *" $name "* ]]; then
+    echo "$name: not selected" >> "$OUT/summary.txt"
+    return 0
+  fi
   local budget
   budget=$(left)
   if (( budget < 15 )); then
@@ -92,8 +96,13 @@ PYTEST=(python -m pytest -q -p no:cacheprovider --maxfail=10 -rs)
 # device shows every failure, not the first one only
 step cuda-tests 150 env MEMORYOS_GPU_REQUIRE_CUDA=1 "${PYTEST[@]}" "${TESTS[@]}"
 
-step engine-cuda 90 env MEMORYOS_TEST_DEVICE=cuda "${PYTEST[@]}" \
-  "$ROOT/tests/test_retrieval_path.py" "$ROOT/tests/test_engine.py"
+# every test file whose engines take the arena's device from $MEMORYOS_TEST_DEVICE
+ENGINE_TESTS=()
+for f in test_engine test_retrieval_path test_fusion test_mem0 test_postings test_retrieval_json \
+         test_vocabulary test_derived_concurrency; do
+  ENGINE_TESTS+=("$ROOT/tests/$f.py")
+done
+step engine-cuda 120 env MEMORYOS_TEST_DEVICE=cuda "${PYTEST[@]}" "${ENGINE_TESTS[@]}"
 
 # 3. kernel-only bandwidth, fp16 and fp32 storage
 step kernels 90 python "$ROOT/benchmarks/kernel_speed.py" --routine kernel-only --device cuda \
@@ -110,6 +119,7 @@ sanitize() {
   step "sanitizer-$tool" "$limit" env MEMORYOS_GPU_REQUIRE_CUDA=1 MEMORYOS_GPU_KERNEL_GRID=small \
     "$SANITIZER" --tool "$tool" --error-exitcode 86 --kernel-name kns=memoryos \
     --print-limit 20 "${PYTEST[@]}" -k "cuda and not concurrent" "${TESTS[@]}"
+  [[ -f "$OUT/sanitizer-$tool.txt" ]] || return 0
   grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|error(s)" "$OUT/sanitizer-$tool.txt" | tail -2 \
     | sed "s/^/  $tool: /" | tee -a "$OUT/summary.txt"
 }

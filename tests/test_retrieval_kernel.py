@@ -120,7 +120,7 @@ def worlds(draw, device: str = "cpu") -> World:
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in q_terms])]).astype(np.int64)
     ids = np.array([t for ts in q_terms for t in ts], np.int32)
     params = RetrievalParams(
-        top_segments=draw(st.integers(1, 6)),
+        top_segments=draw(st.one_of(st.integers(1, 6), st.just(40))),  # above a warp
         keyword_weight=draw(st.sampled_from([0.0, 1.0, 2.5])),
         jaccard_terms=draw(st.integers(0, 6)),
         dense_floor=draw(st.sampled_from([-math.inf, 0.0, 0.1, 0.5])),
@@ -315,6 +315,31 @@ def test_credit_served_matches_reference(backend, data, tau) -> None:
         np.testing.assert_array_equal(np.asarray(y.cpu() if hasattr(y, "cpu") else y), x)
     np.testing.assert_array_equal(a.host("n_visit"), stats["n_visit"])
     np.testing.assert_array_equal(a.host("last_access"), stats["last_access"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_queries_of_one_batch_see_a_shared_segment_after_every_credit(backend) -> None:
+    """Two queries of one user in one batch serve the same segment: together their visits lift
+    its heat to tau (one alone would not), and both positions are flagged on every backend, as
+    the CUDA threads of a batch have no order (the CPU once flagged only the second query)."""
+    arena = Arena(
+        ArenaConfig(dim=2, segment_slots=2, keyword_width=1, initial_users=1, device=backend)
+    )
+    arena.add_users(1)
+    emb = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    arena.write_segments([0, 0], [0, 1], emb, np.full((2, 1), -1), l_interaction=[1, 1])
+    arena.append_pages([0, 0], [0, 1], emb)
+    q = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]], np.float32)
+    terms = QueryTerms(np.zeros(4, np.int64), np.zeros(0, np.int32))
+    _, _, segs = retrieve(arena, q, [0, 0, 0], terms, 1, RetrievalParams(top_segments=1))
+    # heat = N_visit + L_interaction + recency 1: 3 after one visit, 4 after two
+    credited, promote = credit_served(arena, [0, 0, 0], segs, 100.0, HeatParams(tau=3.5))
+    host = [np.asarray(x.cpu() if hasattr(x, "cpu") else x) for x in (segs, credited, promote)]
+    assert host[0][:, 0].tolist() == [0, 0, 1]
+    assert host[1][:, 0].tolist() == [1, 1, 1]
+    assert host[2][:, 0].tolist() == [1, 1, 0]  # slot 1: one visit, heat 3
+    assert arena.host("n_visit")[0].tolist() == [2, 1]
+    np.testing.assert_allclose(arena.host("heat")[0], [4.0, 3.0])
 
 
 def test_matching_page_ranks_above_a_non_matching_one() -> None:

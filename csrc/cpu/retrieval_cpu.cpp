@@ -394,7 +394,9 @@ void retrieve_cpu(const QueryBatch& q, const QueryTerms& terms, const SegmentVie
 }
 
 void credit_served_cpu(const ServedHits& hits, HeatState state, const HeatParams& params) {
-  // Serial: queries of one user in one batch may credit the same segment.
+  // Serial: queries of one user in one batch may credit the same segment. Two passes, as on
+  // CUDA: every credit of the batch lands, then heat and promotion flags are read from the
+  // credited state (the queries of a batch are concurrent, so no query sees a partial batch).
   for (int64_t b = 0; b < hits.size; ++b) {
     const int64_t base = static_cast<int64_t>(hits.user[b]) * state.slots;
     for (int32_t j = 0; j < hits.k; ++j) {
@@ -409,10 +411,18 @@ void credit_served_cpu(const ServedHits& hits, HeatState state, const HeatParams
       const int64_t row = base + s;
       state.n_visit[row] += 1;
       if (hits.now[b] > state.last_access[row]) state.last_access[row] = hits.now[b];
+      hits.credited[at] = 1;
+    }
+  }
+  for (int64_t b = 0; b < hits.size; ++b) {
+    const int64_t base = static_cast<int64_t>(hits.user[b]) * state.slots;
+    for (int32_t j = 0; j < hits.k; ++j) {
+      const int64_t at = b * hits.k + j;
+      if (!hits.credited[at]) continue;
+      const int64_t row = base + hits.segment[at];
       const float h = heat(params, state.n_visit[row], state.l_interaction[row], hits.now[b],
                            state.last_access[row]);
       state.heat[row] = h;
-      hits.credited[at] = 1;
       hits.promote[at] = h >= params.tau && state.l_interaction[row] > 0;
     }
   }

@@ -65,8 +65,6 @@ struct Shared {
   int32_t red_i[kWarps];
   int32_t n_docs;
   unsigned long long total_len;
-  int32_t chosen_n;
-  int32_t chosen[32];         // top-m segment slots (m <= 32, checked on the host)
   int32_t nq;
   int32_t nk;
   int32_t q_terms[kMaxQueryTerms];
@@ -305,11 +303,15 @@ retrieve_kernel(QueryBatch q, QueryTerms terms, SegmentView seg, PageView pages,
                                            seg.kw_width);
       score = rank_score(segment_score(cos, jac, p.keyword_weight));
     }
-    if (lane == 0) seg_score[s] = score;
+    if (lane == 0) {
+      seg_score[s] = score;
+      is_chosen[s] = 0;
+    }
   }
   __syncthreads();
-  if (warp == 0) {  // top m by m rounds of a warp arg-max; ties to the lower slot
-    int taken = 0;
+  // top m by m rounds of a warp arg-max; ties to the lower slot. Slot s is only ever read and
+  // written by lane s % 32 here, so the rounds share no memory between lanes (any m).
+  if (warp == 0) {
     for (int r = 0; r < p.top_segments; ++r) {
       float bs = -INFINITY;
       int32_t bi = kNoId;
@@ -329,14 +331,11 @@ retrieve_kernel(QueryBatch q, QueryTerms terms, SegmentView seg, PageView pages,
         }
       }
       if (bi == kNoId) break;
-      if (lane == 0) {
-        sh.chosen[taken] = bi;
+      if (lane == (bi & 31)) {
+        is_chosen[bi] = 1;
         seg_score[bi] = -INFINITY;
       }
-      ++taken;
-      __syncwarp();
     }
-    if (lane == 0) sh.chosen_n = taken;
   }
   __syncthreads();
 
@@ -346,12 +345,10 @@ retrieve_kernel(QueryBatch q, QueryTerms terms, SegmentView seg, PageView pages,
     int32_t acc = 0;
     for (int32_t s = 0; s < seg.slots; ++s) {
       prefix[s] = acc;
-      is_chosen[s] = 0;
       const int64_t row = u * seg.slots + s;
       if (seg.live[row]) acc += pages.npages[row] < cap ? pages.npages[row] : cap;
     }
     prefix[seg.slots] = acc;
-    for (int c = 0; c < sh.chosen_n; ++c) is_chosen[sh.chosen[c]] = 1;
   }
   __syncthreads();
   const int32_t total = prefix[seg.slots] < scratch_width ? prefix[seg.slots] : scratch_width;
@@ -507,7 +504,7 @@ __global__ void promote_kernel(ServedHits hits, HeatState state, HeatParams para
   const int64_t row = static_cast<int64_t>(hits.user[b]) * state.slots + hits.segment[at];
   const float h = heat(params, state.n_visit[row], state.l_interaction[row], hits.now[b],
                        state.last_access[row]);
-  state.heat[row] = h;
+  state.heat[row] = h;  // the same value from every query that credited the row (recency 1)
   hits.promote[at] = h >= params.tau && state.l_interaction[row] > 0;
 }
 
@@ -520,7 +517,6 @@ cudaStream_t as_stream(int64_t stream) {
 void retrieve_cuda(const QueryBatch& q, const QueryTerms& terms, const SegmentView& seg,
                    const PageView& pages, const LexicalView& lex, const RetrievalParams& params,
                    RetrievalOut out, float* scratch, int32_t scratch_width, int64_t stream) {
-  if (params.top_segments > 32) throw std::runtime_error("top_segments above 32 on CUDA");
   if (q.size > INT32_MAX) throw std::runtime_error("batch too large for one launch");
   const size_t smem = sizeof(float) * (q.dim + seg.slots) + sizeof(int32_t) * (2 * seg.slots + 1);
   const cudaStream_t s = as_stream(stream);

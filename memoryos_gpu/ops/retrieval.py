@@ -26,8 +26,6 @@ from memoryos_gpu.ops.params import HeatParams
 
 #: Distinct terms of one query the pass uses (the rest of a very long query is ignored).
 MAX_QUERY_TERMS = 256
-#: Segments a query may choose on a CUDA arena (the pass keeps them in shared memory).
-MAX_TOP_SEGMENTS = 32
 
 
 @dataclass(frozen=True)
@@ -105,8 +103,6 @@ def retrieve(
     off, ids = _terms(terms, q.shape[0])
     if int(k) < 1:
         raise ArenaError(f"k must be >= 1, got {k}")
-    if arena.on_cuda and params.top_segments > MAX_TOP_SEGMENTS:
-        raise ArenaError(f"top_segments above {MAX_TOP_SEGMENTS} is not supported on CUDA")
     b = q.shape[0]
     lex = arena.lexical
     dev = arena.device_array
@@ -169,7 +165,11 @@ def credit_served(
     """Fold served pages into heat: each query's distinct served segments get ``N_visit += 1``
     and ``last_access = max(last_access, now)``, and their heat recomputed. Returns
     ``(credited [B, k], promote [B, k])`` as uint8: 1 at the first position of each credited
-    segment, and where that segment's heat reached tau with pages not yet analysed."""
+    segment, and where that segment's heat reached tau with pages not yet analysed.
+
+    The queries of one batch are concurrent, not ordered: promotion flags read each segment's
+    heat after every credit of the batch (two queries of a user that share a segment both see
+    both visits), which the CUDA path can give without ordering its threads."""
     users = np.require(np.asarray(q_user, np.int32), requirements=("C", "W"))
     arena.check_users(users)
     now_arr = _per_row(now, np.float64, users.shape)

@@ -170,12 +170,14 @@ def credit_served_ref(
     stats: dict[str, np.ndarray], q_user, segments, now, p: HeatParams
 ) -> tuple[np.ndarray, np.ndarray]:
     """In place on host copies (``n_visit``, ``l_interaction``, ``last_access``, ``live``):
-    returns (credited, promote) [B, k] as the kernel does."""
+    returns (credited, promote) [B, k] as the kernel does: every credit of the batch first,
+    then each credited position's heat and flag from the credited statistics."""
     segments = np.asarray(segments)
     credited = np.zeros(segments.shape, np.uint8)
     promote = np.zeros(segments.shape, np.uint8)
     now = np.broadcast_to(np.asarray(now, np.float64), (segments.shape[0],))
-    for b, u in enumerate(np.asarray(q_user).tolist()):
+    users = np.asarray(q_user).tolist()
+    for b, u in enumerate(users):
         seen: set[int] = set()
         for j, s in enumerate(segments[b].tolist()):
             if s < 0 or s in seen or not stats["live"][u, s]:
@@ -183,15 +185,10 @@ def credit_served_ref(
             seen.add(s)
             stats["n_visit"][u, s] += 1
             stats["last_access"][u, s] = max(stats["last_access"][u, s], now[b])
-            h = float(
-                heat_ref(
-                    p,
-                    stats["n_visit"][u, s],
-                    stats["l_interaction"][u, s],
-                    now[b],
-                    stats["last_access"][u, s],
-                )
-            )
             credited[b, j] = 1
-            promote[b, j] = np.float32(h) >= np.float32(p.tau) and stats["l_interaction"][u, s] > 0
+    for b, j in zip(*np.nonzero(credited), strict=True):
+        u, s = users[b], int(segments[b, j])
+        n, inter, last = (stats[k][u, s] for k in ("n_visit", "l_interaction", "last_access"))
+        h = float(heat_ref(p, n, inter, now[b], last))
+        promote[b, j] = np.float32(h) >= np.float32(p.tau) and inter > 0
     return credited, promote
