@@ -96,13 +96,14 @@ PYTEST=(python -m pytest -q -p no:cacheprovider --maxfail=10 -rs)
 # device shows every failure, not the first one only
 step cuda-tests 150 env MEMORYOS_GPU_REQUIRE_CUDA=1 "${PYTEST[@]}" "${TESTS[@]}"
 
-# every test file whose engines take the arena's device from $MEMORYOS_TEST_DEVICE
+# every test file whose engines take the arena's device from $MEMORYOS_TEST_DEVICE (the slow
+# ones run the bundled MiniLM on a CPU engine: not device tests)
 ENGINE_TESTS=()
 for f in test_engine test_retrieval_path test_fusion test_mem0 test_postings test_retrieval_json \
          test_vocabulary test_derived_concurrency; do
   ENGINE_TESTS+=("$ROOT/tests/$f.py")
 done
-step engine-cuda 120 env MEMORYOS_TEST_DEVICE=cuda "${PYTEST[@]}" "${ENGINE_TESTS[@]}"
+step engine-cuda 120 env MEMORYOS_TEST_DEVICE=cuda "${PYTEST[@]}" -m "not slow" "${ENGINE_TESTS[@]}"
 
 # 3. kernel-only bandwidth, fp16 and fp32 storage
 step kernels 90 python "$ROOT/benchmarks/kernel_speed.py" --routine kernel-only --device cuda \
