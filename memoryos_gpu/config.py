@@ -43,9 +43,7 @@ class MemoryConfig(BaseModel):
     reset_visits_on_promotion: bool = Field(
         False, description="Also reset N_visit after promotion (the reference code does)."
     )
-    top_segments: int = Field(
-        5, ge=1, description="Segments retrieved per query (m; at most 32 on a CUDA arena)."
-    )
+    top_segments: int = Field(5, ge=1, description="Segments retrieved per query (m).")
     top_pages: int = Field(10, ge=1, description="Pages retrieved per query (k).")
     relevance_floor: float = Field(
         0.1,
