@@ -14,9 +14,11 @@ of B queries across distinct users: segment scoring (cos + Jaccard, top-5) then 
 ``--routine kernel-only``: each native kernel called directly (``memoryos_gpu._C``) on arrays
 already where the kernel reads them, per storage dtype (``--dtypes``; the CPU stores float32),
 timed with CUDA events on a GPU (wall clock on the CPU), median with p20 / p80 over
-``--repeat`` runs after an untimed warm-up. Reported: the bytes each kernel must read over its
-time (GB/s), and on a GPU its fraction of the measured device copy bandwidth (read + write
-bytes of a 1 GiB device-to-device copy), the issue-16 target being >= 50 % at B = 1,024,
+``--repeat`` runs after an untimed warm-up; on a GPU the timed calls are issued while a spin
+kernel holds the stream, so the events time the kernels and not the host that issues them
+(``issue us``: the host's time to issue one call). Reported: the bytes each kernel must read
+over its time (GB/s), and on a GPU its fraction of the measured device copy bandwidth (read +
+write bytes of a 1 GiB device-to-device copy), the issue-16 target being >= 50 % at B = 1,024,
 S = 200, d = 384.
 
 Usage: python benchmarks/kernel_speed.py [--routine engine|kernel-only|all] [--users 10000]
@@ -416,9 +418,20 @@ def kernel_calls(raw: Raw) -> dict[str, tuple[Any, int]]:
     }
 
 
-def time_call(fn: Any, repeat: int, cuda: bool) -> list[float]:
-    """Seconds per call: CUDA events around each call on a GPU (kernel time only, no host
-    overhead between launches counted), the wall clock on the CPU; one untimed warm-up."""
+#: GPU clock cycles a second that a hold is sized with: the H100 / H200 boost clock or above,
+#: so a hold lasts at least as long as asked (a slower clock only lengthens it).
+SPIN_HZ = 2.0e9
+
+
+def time_call(fn: Any, repeat: int, cuda: bool) -> tuple[list[float], float]:
+    """Seconds of each call, and the host's seconds to issue one, after an untimed warm-up.
+
+    On the CPU both are the wall clock. On a GPU, CUDA events around each call while a spin
+    kernel holds the stream until the host has issued every timed call: the calls then run
+    back to back and the events time the kernels alone. Events around calls issued one at a
+    time (the first H200 runs) time the host instead wherever issuing a call takes longer than
+    running it, as the GPU waits between the events: every kernel read 110-300 us there,
+    whatever its bytes, and a second run of the same code 1.8x more."""
     fn()
     if not cuda:
         out = []
@@ -426,20 +439,34 @@ def time_call(fn: Any, repeat: int, cuda: bool) -> list[float]:
             t0 = time.perf_counter()
             fn()
             out.append(time.perf_counter() - t0)
-        return out
+        return out, statistics.median(out)
     import torch
 
     torch.cuda.synchronize()
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(repeat)
-    ]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
+    t0 = time.perf_counter()
+    fn()
     torch.cuda.synchronize()
-    return [start.elapsed_time(end) / 1e3 for start, end in events]
+    hold = 2.0 * repeat * (time.perf_counter() - t0) + 1e-3
+    for _ in range(4):
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(repeat)
+        ]
+        torch.cuda._sleep(int(hold * SPIN_HZ))
+        released = torch.cuda.Event()
+        released.record()
+        t0 = time.perf_counter()
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        issue = (time.perf_counter() - t0) / repeat
+        outran = released.query()  # the hold ended before the host issued the last call
+        torch.cuda.synchronize()
+        if not outran:
+            return [start.elapsed_time(end) / 1e3 for start, end in events], issue
+        hold *= 4
+    raise RuntimeError("the GPU outran the host however long the hold: time fewer calls")
 
 
 def device_copy_gbs(repeat: int) -> float:
@@ -448,7 +475,7 @@ def device_copy_gbs(repeat: int) -> float:
 
     src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    times = time_call(lambda: dst.copy_(src), repeat, cuda=True)
+    times, _ = time_call(lambda: dst.copy_(src), repeat, cuda=True)
     return 2 * src.numel() / statistics.median(times) / 1e9
 
 
@@ -456,7 +483,7 @@ def host_copy_gbs(repeat: int) -> float:
     """Read + write bytes per second of a 256 MiB host copy (the CPU's streaming roofline)."""
     src = np.ones(2**28, np.uint8)
     dst = np.empty_like(src)
-    times = time_call(lambda: np.copyto(dst, src), repeat, cuda=False)
+    times, _ = time_call(lambda: np.copyto(dst, src), repeat, cuda=False)
     return 2 * src.size / statistics.median(times) / 1e9
 
 
@@ -476,7 +503,7 @@ def bench_kernel_only(args: argparse.Namespace) -> dict[str, Any]:
         raw = Raw(users, args.slots, pages, args.dim, args.batch, args.device, dtype)
         build_s = time.perf_counter() - t0
         for name, (fn, nbytes) in kernel_calls(raw).items():
-            times = time_call(fn, args.repeat, cuda)
+            times, issue = time_call(fn, args.repeat, cuda)
             med = statistics.median(times)
             gbs = nbytes / med / 1e9
             results.append(
@@ -490,6 +517,8 @@ def bench_kernel_only(args: argparse.Namespace) -> dict[str, Any]:
                     "gb_s": round(gbs, 1),
                     "fraction_of_copy": round(gbs / copy, 3),
                     "queries_per_s": round(args.batch / med, 1),
+                    # the host's time to issue one call (argument conversion included)
+                    "issue_us": round(issue * 1e6, 1),
                     "build_s": round(build_s, 2),
                 }
             )
@@ -504,6 +533,9 @@ def bench_kernel_only(args: argparse.Namespace) -> dict[str, Any]:
         "batch": args.batch,
         "copy_gb_s": round(copy, 1),
         "copy_kind": "device-to-device" if cuda else "host memcpy",
+        "timing": "events around calls issued while a spin kernel holds the stream"
+        if cuda
+        else "wall clock",
         "kernels": results,
     }
 
@@ -516,7 +548,7 @@ def print_kernel_only(r: dict[str, Any]) -> None:
     )
     head = (
         f"{'kernel':<16} {'dtype':<9} {'median us':>10} {'p20-p80 us':>16} {'GB/s':>8} "
-        f"{'of copy':>8}"
+        f"{'of copy':>8} {'issue us':>9}"
     )
     print(head)
     print("-" * len(head))
@@ -524,7 +556,7 @@ def print_kernel_only(r: dict[str, Any]) -> None:
         spread = f"{k['p20_us']}-{k['p80_us']}"
         print(
             f"{k['kernel']:<16} {k['dtype']:<9} {k['median_us']:>10} {spread:>16} "
-            f"{k['gb_s']:>8} {k['fraction_of_copy']:>8.1%}"
+            f"{k['gb_s']:>8} {k['fraction_of_copy']:>8.1%} {k['issue_us']:>9}"
         )
 
 
