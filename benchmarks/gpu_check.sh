@@ -24,8 +24,11 @@
 #   7. sanitizer-racecheck, sanitizer-synccheck, throughput-100k, as the deadline allows
 #
 # Usage: OUT=/path/to/out bash benchmarks/gpu_check.sh   (DEADLINE_S=570 by default)
+#        WHEELS=DIR ...  installs the dependencies the image lacks from DIR, no network
+#                        (made elsewhere by scripts/offline_wheels.sh DIR 3.12)
 #        STEPS="build cuda-tests engine-cuda" ... runs only the steps named (a rerun after a fix)
 set -uo pipefail
+WHEELS=${WHEELS:+$(cd "$WHEELS" && pwd)}
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-out}
@@ -62,6 +65,15 @@ step() {
   return 0
 }
 
+# images with python3 alone: a script, not a link (a venv's interpreter finds its pyvenv.cfg
+# through the path it runs as)
+if [[ -z "$(command -v python || true)" ]]; then
+  mkdir -p "$OUT/bin"
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > "$OUT/bin/python"
+  chmod +x "$OUT/bin/python"
+  export PATH=$OUT/bin:$PATH
+fi
+
 {
   date -u
   git -C "$ROOT" log -1 --format='commit %H %cd' 2>/dev/null || true
@@ -79,9 +91,15 @@ done
 [[ -z "$(command -v nvcc || true)" && -x /usr/local/cuda/bin/nvcc ]] && export PATH=$PATH:/usr/local/cuda/bin
 echo "compute-sanitizer: ${SANITIZER:-not found}" >> "$OUT/env.txt"
 
-# 1. build (the installed package is what every later step imports, from outside the tree)
+# 1. build (the installed package is what every later step imports, from outside the tree); with
+# WHEELS=DIR (scripts/offline_wheels.sh) the dependencies the image lacks come from DIR
+if [[ -n "${WHEELS:-}" ]]; then
+  INSTALL=(--no-index --find-links "$WHEELS" "$ROOT[server]")
+else
+  INSTALL=(--no-deps "$ROOT")
+fi
 step build 240 env MEMOSGPU_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 \
-  python -m pip install --no-build-isolation --no-deps -v "$ROOT"
+  python -m pip install --no-build-isolation -v "${INSTALL[@]}"
 if ! grep -q "build: exit 0" "$OUT/summary.txt"; then
   echo "build failed: see $OUT/build.txt"
   exit 1
