@@ -26,9 +26,11 @@
 # Usage: OUT=/path/to/out bash benchmarks/gpu_check.sh   (DEADLINE_S=570 by default)
 #        WHEELS=DIR ...  installs the dependencies the image lacks from DIR, no network
 #                        (made elsewhere by scripts/offline_wheels.sh DIR 3.12)
+#        ARCHIVE=F.tgz   also packs $OUT into one file after every step
 #        STEPS="build cuda-tests engine-cuda" ... runs only the steps named (a rerun after a fix)
 set -uo pipefail
 WHEELS=${WHEELS:+$(cd "$WHEELS" && pwd)}
+ARCHIVE=${ARCHIVE:+$(cd "$(dirname "$ARCHIVE")" && pwd)/$(basename "$ARCHIVE")}  # outside $OUT
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-out}
@@ -62,7 +64,15 @@ step() {
   rc=$?
   echo "$name: exit $rc in $(( $(date +%s) - t0 )) s (limit $limit s)" | tee -a "$OUT/summary.txt"
   tail -4 "$OUT/$name.txt"
+  archive
   return 0
+}
+
+# ARCHIVE=FILE.tgz: everything under $OUT packed into one file after every step (a run cut off
+# by its caller's time limit still leaves what it had done; some runners bring back few files)
+archive() {
+  [[ -n "${ARCHIVE:-}" ]] || return 0
+  tar czf "$ARCHIVE.part" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv -f "$ARCHIVE.part" "$ARCHIVE"
 }
 
 # images with python3 alone: a script, not a link (a venv's interpreter finds its pyvenv.cfg
@@ -177,3 +187,4 @@ if [[ -n "$LOCOMO" ]]; then
 fi
 
 echo "total: $(( $(date +%s) - START )) s" | tee -a "$OUT/summary.txt"
+archive
