@@ -142,6 +142,7 @@ def kit() -> SimpleNamespace:
         TableEmbedder=TableEmbedder,
         Script=Script,
         current_user_input=current_user_input,
+        device=TEST_DEVICE,
         score_tol=score_tol,
     )
 

@@ -6,7 +6,6 @@ are in ``tests/test_retrieval_kernel.py``."""
 from __future__ import annotations
 
 import functools
-import os
 import random
 
 import pytest
@@ -73,13 +72,11 @@ def _same_either_way(eng) -> list:
     return got
 
 
-@pytest.mark.skipif(
-    os.environ.get("MEMORYOS_TEST_DEVICE", "cpu") != "cpu",
-    reason="postings are the CPU arena's index (the CUDA pass scans the rows)",
-)
 def test_postings_match_the_scan_through_the_engines_mechanics(
-    make_engine, tmp_path, postings_from_three_pages
+    make_engine, kit, tmp_path, postings_from_three_pages
 ) -> None:
+    if kit.device != "cpu":
+        pytest.skip("postings are the CPU arena's index (the CUDA pass scans the rows)")
     store = str(tmp_path / "memory.db")
     kw = {"mode": "extractive", "store": store, "stm_capacity": 2, "mtm_capacity": 4}
     eng = make_engine(**kw)
