@@ -26,11 +26,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.distributed.ray_common import BoxedError
-from memoryos_gpu.server.ipc import HWM, dump, load
+from memoryos_gpu.server.ipc import LoopSocket, dump, load
 from memoryos_gpu.server.scope import with_known
 from memoryos_gpu.server.service import MemoryService
 from memoryos_gpu.server.settings import ServerSettings
@@ -70,24 +69,17 @@ async def _serve(spec: dict[str, Any]) -> None:
     metrics = ServerMetrics()
     config = EngineConfig.model_validate({**spec["config"], "auto_process": False})
     service = MemoryService(config, ServerSettings(**spec["settings"]), metrics=metrics)
-    ctx = zmq.asyncio.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, HWM)
-    sock.setsockopt(zmq.RCVHWM, HWM)
-    sock.bind(spec["address"])
+    ctx = zmq.Context()
+    server = EngineServer(service, ctx, spec["address"])
     await service.start(wait=False)  # answers "starting" while the store loads
-    server = EngineServer(service, sock)
-    reader = asyncio.get_running_loop().create_task(server.read())
+    server.sock.start()
     await stop.wait()
     log.info("engine process: draining the queues and finishing derived work")
-    reader.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await reader
+    server.sock.pause()  # no new requests; the answers of those admitted still go out
     await service.close()
     await server.finish()
     metrics.close()
-    sock.close(0)
+    server.sock.close()
     ctx.term()
     log.info("engine process: store closed")
 
@@ -104,9 +96,10 @@ def _picklable(answer: tuple[int, bool, Any]) -> tuple[int, bool, Any]:
 class EngineServer:
     """Answers requests from the workers: one task per request, answer sent when it is done."""
 
-    def __init__(self, service: MemoryService, sock: Any) -> None:
+    def __init__(self, service: MemoryService, ctx: zmq.Context, address: str) -> None:
         self.service = service
-        self.sock = sock
+        self.sock = LoopSocket(ctx, zmq.ROUTER, self.on_message)  # read once started
+        self.sock.sock.bind(address)
         self.tasks: set[asyncio.Task] = set()
         self.outbox: dict[bytes, list[tuple[int, bool, Any]]] = {}
         s = service
@@ -122,17 +115,17 @@ class EngineServer:
             "status": self.status,
         }
 
-    async def read(self) -> None:
+    def on_message(self, frames: list[bytes]) -> None:
+        """One worker's message: its requests, each started at once (on the loop's thread)."""
+        ident, payload = frames
         loop = asyncio.get_running_loop()
-        while True:
-            ident, payload = await self.sock.recv_multipart(copy=True)
-            for request in load(payload):
-                if request[1] == "retrieve_body":  # the hot path: no task of its own
-                    self._retrieve_body(ident, request[0], *request[2])
-                    continue
-                task = loop.create_task(self.answer(ident, *request))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
+        for request in load(payload):
+            if request[1] == "retrieve_body":  # the hot path: no task of its own
+                self._retrieve_body(ident, request[0], *request[2])
+                continue
+            task = loop.create_task(self.answer(ident, *request))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
 
     async def finish(self) -> None:
         """Wait for the answers still being computed (after the queues were drained)."""
@@ -197,7 +190,10 @@ class EngineServer:
                 data = dump(answers)
             except Exception:  # one answer pickle cannot carry: the others still go
                 data = dump([_picklable(a) for a in answers])
-            self.sock.send_multipart([ident, data], flags=zmq.NOBLOCK)
+            try:
+                self.sock.send([ident, data])
+            except zmq.Again:  # the worker's queue is full (it is stuck or gone)
+                log.warning("engine process: %d answers for a worker dropped", len(answers))
 
     async def retrieve(
         self, user_id: str, query: str, top_pages: int | None, top_segments: int | None

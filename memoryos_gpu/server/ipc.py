@@ -9,6 +9,13 @@ send what one event-loop iteration produced as one message (a list): under load 
 carries many requests or answers, so the per-message cost of crossing processes (system calls,
 wake-ups of ZeroMQ's I/O threads) is shared by them.
 
+Why plain sockets on the loop's reader callback (:class:`LoopSocket`) and not
+``zmq.asyncio``: its sockets keep a future per receive and put every event mask through Python
+``enum.Flag`` operators; under load that machinery was ~11 % of the engine process's
+interpreter time (the process that bounds ``serve --workers``), and a ROUTER answering pickled
+batches spent 1.8x the CPU a message that :class:`LoopSocket` spends
+(``benchmarks/ipc_channel.py``; benchmarks/README.md, "Serving over worker processes").
+
 Why pickle and not msgpack: the payloads are the engine's own objects (``PageInput``,
 ``Retrieval`` with its page dataclasses, ``AddResult``, rows holding numpy values, configs) and
 its exceptions; msgpack would need a hand-written codec for each, pickle is C code that already
@@ -24,11 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import copyreg
 import dataclasses
 import io
 import itertools
+import logging
 import operator
 import pickle
 import threading
@@ -36,17 +43,20 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from memoryos_gpu.distributed.ray_common import BoxedError, unbox
 from memoryos_gpu.server.batching import Unavailable
 from memoryos_gpu.types import KnowledgeEntry, Retrieval, RetrievedPage
 
-__all__ = ["EngineClient", "EngineGone", "dump", "load"]
+__all__ = ["EngineClient", "EngineGone", "LoopSocket", "dump", "load"]
 
 #: Outstanding messages a socket buffers before a send would block (ZeroMQ's default is 1000):
 #: far above what the bounded queues of the engine admit, so a send never waits for room.
 HWM = 1_000_000
+# plain ints: pyzmq's constants are enum flags, whose operators run in Python
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
+log = logging.getLogger("memoryos_gpu.server")
 
 
 def _by_fields(cls: type) -> Callable[[Any], tuple[type, tuple[Any, ...]]]:
@@ -75,6 +85,62 @@ def load(data: bytes) -> Any:
     return pickle.loads(data)  # our own engine process, over a 0700 socket dir
 
 
+class LoopSocket:
+    """A ZeroMQ socket driven by the running event loop: ``on_message(frames)`` is called, on
+    the loop's thread, for every message that arrives; :meth:`send` never blocks.
+
+    ZeroMQ's descriptor (``zmq.FD``) is edge-triggered and only says that the socket's events
+    may have changed, so a wake-up reads messages until ``zmq.EVENTS`` says none is waiting,
+    and so does the loop iteration after every send (a send can take in arrived messages and
+    use up the edge that would have announced them). All calls on the loop's thread (a ZeroMQ
+    socket is not thread-safe)."""
+
+    def __init__(self, ctx: zmq.Context, kind: int, on_message: Callable[[list[bytes]], None]):
+        self.sock = ctx.socket(kind)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, HWM)
+        self.sock.setsockopt(zmq.RCVHWM, HWM)
+        self._on_message = on_message
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd = self.sock.getsockopt(zmq.FD)
+        self._reading = False
+
+    def start(self) -> None:
+        """Read on the running loop (messages that came before are read at once too)."""
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._fd, self._drain)
+        self._reading = True
+        self._loop.call_soon(self._drain)
+
+    def pause(self) -> None:
+        """Stop reading (what arrives stays queued in the socket); sending goes on."""
+        if self._reading and self._loop is not None:
+            self._loop.remove_reader(self._fd)
+        self._reading = False
+
+    def _drain(self) -> None:
+        sock = self.sock
+        while self._reading and sock.getsockopt(_EVENTS) & _POLLIN:
+            frames = sock.recv_multipart(_NOBLOCK)
+            try:
+                self._on_message(frames)
+            except Exception:  # one bad message must not leave the others unread
+                log.exception("a message on %s could not be handled", self.sock)
+
+    def send(self, frames: list[bytes]) -> None:
+        """Queue a message without waiting; raises ``zmq.Again`` when it cannot be queued
+        (a DEALER with ``IMMEDIATE`` and no peer connected, a full queue)."""
+        try:
+            self.sock.send_multipart(frames, _NOBLOCK)
+        finally:
+            if self._reading and self._loop is not None:
+                self._loop.call_soon(self._drain)
+
+    def close(self) -> None:
+        self.pause()
+        self.sock.close(0)
+
+
 class EngineGone(Unavailable):
     """The engine process went away while a request waited for it (or none runs now): whether
     a write in flight was committed is unknown to the worker, so the client retries (503)."""
@@ -89,37 +155,33 @@ class EngineClient:
     def __init__(self, address: str, retry_after: int = 1) -> None:
         self.address = address
         self.retry_after = retry_after
-        self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.SNDHWM, HWM)
-        self._sock.setsockopt(zmq.RCVHWM, HWM)
+        self._ctx = zmq.Context()
+        self._sock = LoopSocket(self._ctx, zmq.DEALER, self._answers)
         # queue only to a connected engine: a request sent while none runs fails at once
         # instead of waiting in the socket and reaching the next engine after its client gave up
-        self._sock.setsockopt(zmq.IMMEDIATE, 1)
-        self._sock.connect(address)
+        self._sock.sock.setsockopt(zmq.IMMEDIATE, 1)
+        self._sock.sock.connect(address)
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future] = {}
         self._outbox: list[tuple[int, str, tuple[Any, ...], dict[str, Any]]] = []
-        self._reader: asyncio.Task | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._reader = self.loop.create_task(self._read())
+        self._sock.start()
 
-    async def _read(self) -> None:
-        while True:
-            for rid, ok, value in load(await self._sock.recv(copy=True)):
-                fut = self._pending.pop(rid, None)
-                if fut is None or fut.done():  # the caller gave up (client gone, engine restarted)
-                    continue
-                if ok:
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(unbox(value) if isinstance(value, BoxedError) else value)
+    def _answers(self, frames: list[bytes]) -> None:
+        """One message of answers from the engine process: each to its waiting future."""
+        for rid, ok, value in load(frames[-1]):
+            fut = self._pending.pop(rid, None)
+            if fut is None or fut.done():  # the caller gave up (client gone, engine restarted)
+                continue
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(unbox(value) if isinstance(value, BoxedError) else value)
 
     async def request(self, method: str, *args: Any, **kw: Any) -> Any:
         """Send one request and wait for its answer (the engine's exception is raised here)."""
@@ -139,8 +201,9 @@ class EngineClient:
         """Send what this loop iteration's requests queued, as one message: under load that is
         one ZeroMQ message (one wake-up of each side) for many requests."""
         batch, self._outbox = self._outbox, []
-        sent = self._sock.send(dump(batch), flags=zmq.NOBLOCK)  # done at once (non-blocking)
-        if sent.done() and isinstance(sent.exception(), zmq.Again):
+        try:
+            self._sock.send([dump(batch)])
+        except zmq.Again:  # no engine process connected (restarting)
             for rid, *_ in batch:
                 fut = self._pending.pop(rid, None)
                 if fut is not None and not fut.done():
@@ -174,10 +237,7 @@ class EngineClient:
         return len(waiting)
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
+        self._sock.pause()
         self.fail_all("the worker is shutting down")
-        self._sock.close(0)
+        self._sock.close()
         self._ctx.term()
