@@ -129,6 +129,35 @@ def test_probes_auth_and_openapi() -> None:
         assert 'reason="unauthorized"' in metrics
 
 
+def test_fastapi_opentelemetry_checks_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FastAPI's own OpenTelemetry instrumentation looks up the global providers on every
+    request (~9 % of a worker's CPU): off by default, it is not consulted at all; with
+    ``http_telemetry`` it is, so a configured OpenTelemetry SDK sees the requests."""
+    from memoryos_gpu.server.app import _FASTAPI_TELEMETRY
+
+    if not _FASTAPI_TELEMETRY:
+        pytest.skip("this FastAPI has no OpenTelemetry instrumentation of its own")
+    from opentelemetry import trace
+
+    lookups = [0]
+    real = trace.get_tracer_provider
+
+    def counted() -> Any:
+        lookups[0] += 1
+        return real()
+
+    monkeypatch.setattr(trace, "get_tracer_provider", counted)
+    for enabled in (False, True):
+        lookups[0] = 0
+        with serve(hashing(), http_telemetry=enabled) as c:
+            before = lookups[0]
+            for i in range(5):
+                assert add(c, "alice", f"page {i}").status_code == 201
+            assert c.post("/v1/users/alice/retrieve", json={"query": "page"}, headers=HA).is_success
+            seen = lookups[0] - before
+        assert (seen >= 6) if enabled else (seen == 0), (enabled, seen)
+
+
 def test_ready_while_loading_then_serving() -> None:
     gate = threading.Event()
 

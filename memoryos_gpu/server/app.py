@@ -17,6 +17,7 @@ tenant, user ids stored as given.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Mapping
@@ -44,6 +45,10 @@ from memoryos_gpu.server.user_routes import add_user_routes
 __all__ = ["ApiError", "create_app", "run"]
 
 log = logging.getLogger("memoryos_gpu.server")
+#: Whether this FastAPI has its own OpenTelemetry instrumentation (``FastAPI(telemetry=...)``,
+#: which checks for configured providers on every request); older ones have nothing to turn off.
+_FASTAPI_TELEMETRY = "telemetry" in inspect.signature(FastAPI.__init__).parameters
+
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": m.ErrorOut, "description": "Missing or unknown API key."},
     403: {"model": m.ErrorOut, "description": "The resource belongs to another tenant."},
@@ -184,7 +189,10 @@ def create_app(
 
 def _fastapi(settings: ServerSettings, **kw: Any) -> FastAPI:
     """The app, with /docs and /redoc served from the package's own Swagger UI and ReDoc files
-    (fastapi-offline: they work offline, the default pages load them from a CDN), or none."""
+    (fastapi-offline: they work offline, the default pages load them from a CDN), or none;
+    FastAPI's OpenTelemetry instrumentation only with ``settings.http_telemetry``."""
+    if not settings.http_telemetry and _FASTAPI_TELEMETRY:
+        kw["telemetry"] = {"tracing": False, "metrics": False, "logs": False}
     if not settings.docs:
         return FastAPI(docs_url=None, redoc_url=None, **kw)
     from fastapi_offline import FastAPIOffline
