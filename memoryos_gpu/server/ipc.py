@@ -2,12 +2,12 @@
 
 ZeroMQ: each worker's :class:`EngineClient` is a DEALER socket connected to the engine
 process's ROUTER socket on an ``ipc://`` path. A request is ``(id, method, args, kwargs)``, its
-answer ``(id, ok, value)``; a worker keeps any number of requests in flight at once (one reader
-task matches answers to waiting futures), so the engine process sees every worker's concurrent
-requests at the same time and its micro-batchers gather them into one kernel pass. Both sides
-send what one event-loop iteration produced as one message (a list): under load a message
-carries many requests or answers, so the per-message cost of crossing processes (system calls,
-wake-ups of ZeroMQ's I/O threads) is shared by them.
+answer ``(id, ok, value)``; a worker keeps any number of requests in flight at once (its
+socket's read callback matches answers to waiting futures), so the engine process sees every
+worker's concurrent requests at the same time and its micro-batchers gather them into one
+kernel pass. Both sides send what one event-loop iteration produced as one message (a list):
+under load a message carries many requests or answers, so the per-message cost of crossing
+processes (system calls, wake-ups of ZeroMQ's I/O threads) is shared by them.
 
 Why plain sockets on the loop's reader callback (:class:`LoopSocket`) and not
 ``zmq.asyncio``: its sockets keep a future per receive and put every event mask through Python
@@ -92,8 +92,8 @@ class LoopSocket:
     ZeroMQ's descriptor (``zmq.FD``) is edge-triggered and only says that the socket's events
     may have changed, so a wake-up reads messages until ``zmq.EVENTS`` says none is waiting,
     and so does the loop iteration after every send (a send can take in arrived messages and
-    use up the edge that would have announced them). All calls on the loop's thread (a ZeroMQ
-    socket is not thread-safe)."""
+    use up the edge that would have announced them; the sends of one iteration share that one
+    re-check). All calls on the loop's thread (a ZeroMQ socket is not thread-safe)."""
 
     def __init__(self, ctx: zmq.Context, kind: int, on_message: Callable[[list[bytes]], None]):
         self.sock = ctx.socket(kind)
@@ -104,13 +104,14 @@ class LoopSocket:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd = self.sock.getsockopt(zmq.FD)
         self._reading = False
+        self._drain_due = False  # a _drain is scheduled for the loop's next iteration
 
     def start(self) -> None:
         """Read on the running loop (messages that came before are read at once too)."""
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._fd, self._drain)
         self._reading = True
-        self._loop.call_soon(self._drain)
+        self._schedule_drain()
 
     def pause(self) -> None:
         """Stop reading (what arrives stays queued in the socket); sending goes on."""
@@ -118,7 +119,13 @@ class LoopSocket:
             self._loop.remove_reader(self._fd)
         self._reading = False
 
+    def _schedule_drain(self) -> None:
+        if self._reading and not self._drain_due and self._loop is not None:
+            self._drain_due = True
+            self._loop.call_soon(self._drain)
+
     def _drain(self) -> None:
+        self._drain_due = False
         sock = self.sock
         while self._reading and sock.getsockopt(_EVENTS) & _POLLIN:
             frames = sock.recv_multipart(_NOBLOCK)
@@ -133,8 +140,7 @@ class LoopSocket:
         try:
             self.sock.send_multipart(frames, _NOBLOCK)
         finally:
-            if self._reading and self._loop is not None:
-                self._loop.call_soon(self._drain)
+            self._schedule_drain()
 
     def close(self) -> None:
         self.pause()
@@ -237,7 +243,6 @@ class EngineClient:
         return len(waiting)
 
     async def close(self) -> None:
-        self._sock.pause()
         self.fail_all("the worker is shutting down")
-        self._sock.close()
+        self._sock.close()  # stops reading first
         self._ctx.term()
