@@ -106,25 +106,33 @@ def test_ping_pong_answered_from_a_later_loop_iteration(tmp_path: Path) -> None:
     says a send can use up the descriptor's edge, hence :meth:`LoopSocket.send`'s re-check;
     this test did not catch its absence on Linux in three runs)."""
 
-    async def go() -> int:
+    total = 3000
+
+    async def go() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        rounds = [0]
+        sent, answered = [0], [0]
+
+        def send() -> None:
+            sent[0] += 1
+            dealer.send([b"next"])
 
         def engine(frames: list[bytes]) -> None:
             loop.call_soon(router.send, [frames[0], frames[1]])
 
         def worker(frames: list[bytes]) -> None:
-            rounds[0] += 1
-            if rounds[0] == 3000:
+            answered[0] += 1
+            if sent[0] < total:
+                send()
+            elif answered[0] == total:
                 done.set_result(None)
-            else:
-                dealer.send([b"next"])
 
         async with _pair(tmp_path, engine, worker) as (router, dealer):
             for _ in range(2):  # two in flight: arrivals overlap the sends
-                dealer.send([b"first"])
+                send()
             await asyncio.wait_for(done, 20)
-        return rounds[0]
+            await asyncio.sleep(0.05)  # an answer nobody asked for would land here
+        return sent[0], answered[0]
 
-    assert asyncio.run(go()) == 3000
+    # Every request answered once: the exchange stops only when the last answer came back.
+    assert asyncio.run(go()) == (total, total)
