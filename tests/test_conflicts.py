@@ -101,6 +101,50 @@ def test_the_rules_prefilter_never_misses_a_key(text: str, rnd, upper: bool) -> 
     assert fact_key.__wrapped__(varied) == _rules_key(varied)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.integers(1, 4),
+    st.floats(0.5, 0.99),
+    st.randoms(use_true_random=False),
+)
+def test_same_batch_pairs_under_the_threshold_change_no_decision(
+    n: int, n_owners: int, threshold: float, rnd
+) -> None:
+    """The rule sees only the same-owner pairs that reach the threshold (an assistant shared
+    by a round's users owns most of its facts, so every pair was O(round^2) Python): the pairs
+    it gets are exactly the reaching ones, j ascending, and its decisions are those it made
+    with every pair (near-duplicates, shared keys and ties included)."""
+    import numpy as np
+
+    from memoryos_gpu.engine.conflicts import LiveEntry, decide
+    from memoryos_gpu.engine.knowledge_ring import _same_batch
+
+    rng = np.random.default_rng(rnd.randrange(1 << 30))
+    base = rng.normal(size=(4, 8))
+    emb = base[rng.integers(0, 4, n)] + rng.normal(scale=rnd.choice([0.0, 0.05, 0.5]), size=(n, 8))
+    owners = [rnd.randrange(n_owners) for _ in range(n)]
+    keys = [rnd.choice([None, ("city", "oslo"), ("city", "rome")]) for _ in range(n)]
+    times = sorted(rnd.uniform(0, 10) for _ in range(n))
+    live = {100: LiveEntry(0, ("city", "oslo"), 0.0)}
+    nearest = [rnd.choice([(-1, 0.0), (100, rnd.uniform(0.4, 1.0))]) for _ in range(n)]
+    unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    every = [
+        [(j, float(unit[i] @ unit[j])) for j in range(i) if owners[j] == owners[i]]
+        for i in range(n)
+    ]
+    got = _same_batch(owners, emb, threshold)
+    assert [[j for j, _ in row] for row in got] == [
+        [j for j, c in row if c >= threshold] for row in every
+    ]
+    for row, full in zip(got, every, strict=True):
+        want = {j: c for j, c in full}
+        assert all(abs(c - want[j]) < 1e-9 for j, c in row)
+    assert decide(owners, keys, times, nearest, live, got, threshold) == decide(
+        owners, keys, times, nearest, live, every, threshold
+    )
+
+
 def engine(tmp: Path, llm: Any = None, store: str | None = None) -> MemoryEngine:
     cfg = EngineConfig(
         store=store or str(tmp / "store"),

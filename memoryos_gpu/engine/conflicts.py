@@ -278,7 +278,8 @@ def decide(
     it was said; ``nearest[i]``:
     (entry id, cosine) of the owner's most similar live entry (id < 0: none); ``live``: the
     owners' live entries that have a key, plus the nearest ones; ``same_batch[i]``: (j,
-    cosine) for the earlier facts j < i of the same owner. A key decides first (same value:
+    cosine) for the earlier facts j < i of the same owner (those under ``threshold`` may be
+    left out: they never merge). A key decides first (same value:
     merge; another value: supersede); otherwise a cosine >= ``threshold`` with an entry whose
     key does not differ merges.
     """

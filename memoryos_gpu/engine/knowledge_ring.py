@@ -78,7 +78,7 @@ class KnowledgeRing:
             [times[i] for i in order],
             nearest,
             self._live_keyed(facts, keys, [e for e, _ in nearest if e >= 0]),
-            _same_batch(owners, emb),
+            _same_batch(owners, emb, s.memory.fact_duplicate_cos),
             s.memory.fact_duplicate_cos,
         )
         # back to the batch's indices: targets -(j + 1) name the j-th fact of the batch
@@ -305,8 +305,14 @@ class KnowledgeRing:
             s.views.drop_knowledge([entry])
 
 
-def _same_batch(owners: list[int], emb: np.ndarray) -> list[list[tuple[int, float]]]:
-    """For each fact, (j, cosine) of the earlier facts of the same owner in the batch."""
+def _same_batch(
+    owners: list[int], emb: np.ndarray, threshold: float
+) -> list[list[tuple[int, float]]]:
+    """For each fact, (j, cosine) of the earlier facts j of the same owner in the batch whose
+    cosine reaches ``threshold``, j ascending: the only ones the rule can merge into. Found
+    with one product per owner; Python sees the pairs that pass, not every pair (an assistant
+    shared by the batch's users owns most of its facts, and its pairs grow with the square of
+    the round)."""
     out: list[list[tuple[int, float]]] = [[] for _ in owners]
     groups: dict[int, list[int]] = {}
     for i, o in enumerate(owners):
@@ -316,8 +322,9 @@ def _same_batch(owners: list[int], emb: np.ndarray) -> list[list[tuple[int, floa
         if len(idx) < 2:
             continue
         sims = unit[idx] @ unit[idx].T
-        for a in range(1, len(idx)):
-            out[idx[a]] = [(idx[b], float(sims[a, b])) for b in range(a)]
+        later, earlier = np.nonzero(np.tril(sims >= threshold, -1))  # row-major: j ascending
+        for a, b in zip(later.tolist(), earlier.tolist(), strict=True):
+            out[idx[a]].append((idx[b], float(sims[a, b])))
     return out
 
 
