@@ -322,9 +322,10 @@ def _same_batch(
         if len(idx) < 2:
             continue
         sims = unit[idx] @ unit[idx].T
-        later, earlier = np.nonzero(np.tril(sims >= threshold, -1))  # row-major: j ascending
+        later, earlier = np.nonzero(sims >= threshold)  # row-major: j ascending
         for a, b in zip(later.tolist(), earlier.tolist(), strict=True):
-            out[idx[a]].append((idx[b], float(sims[a, b])))
+            if b < a:  # earlier facts only (the diagonal always passes)
+                out[idx[a]].append((idx[b], float(sims[a, b])))
     return out
 
 
