@@ -324,7 +324,7 @@ def _same_batch(
         sims = unit[idx] @ unit[idx].T
         later, earlier = np.nonzero(sims >= threshold)  # row-major: j ascending
         for a, b in zip(later.tolist(), earlier.tolist(), strict=True):
-            if b < a:  # earlier facts only (the diagonal always passes)
+            if b < a:  # earlier facts only (the diagonal is a fact with itself)
                 out[idx[a]].append((idx[b], float(sims[a, b])))
     return out
 
