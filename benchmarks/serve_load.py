@@ -14,12 +14,13 @@ Saturating runs (think 0) measure capacity; a paced run (``--paced-users`` users
 
 ``--workers 0 1 2`` repeats every scenario over server layouts: 0 is the single-process
 server, N >= 1 is ``serve --workers N`` (N HTTP worker processes in front of one engine
-process); the throughput of each over the single process's is reported, measured in the same
-run, and ``--plot`` draws the throughput curve over workers (PNG). ``--rounds R`` runs each
-(mode, layout) R times with the layouts interleaved and compares medians: on a shared box the
-load drifts between runs. Server CPU counts the whole process tree (supervisor, engine
-process, workers). The JSON's ``fair`` says whether other work on the box made the ratios
-unfair (1-minute load average besides this benchmark over 0.75 per CPU).
+process, or of K with ``--engines K``: the users sharded over them); the throughput of each
+over the single process's is reported, measured in the same run, and ``--plot`` draws the
+throughput curve over workers (PNG). ``--rounds R`` runs each (mode, layout) R times with the
+layouts interleaved and compares medians: on a shared box the load drifts between runs. Server
+CPU counts the whole process tree (supervisor, engine processes, workers). The JSON's ``fair``
+says whether other work on the box made the ratios unfair (1-minute load average besides this
+benchmark over 0.75 per CPU).
 
 Reports throughput and p50/p95/p99 latency per operation, and the batched/unbatched throughput
 ratio, as a table and as JSON (``--out``). ``--quick`` is a small run for CI. This file runs the
@@ -28,6 +29,7 @@ scenarios (server subprocesses, modes, layouts, rounds); the simulated users are
 
     python benchmarks/serve_load.py                 # 100 and 1000 users
     python benchmarks/serve_load.py --users 100 --workers 0 1 2 --rounds 2 --plot W.png
+    python benchmarks/serve_load.py --users 100 --workers 0 14 --engines 2   # a 16-core box
     python benchmarks/serve_load.py --quick
 """
 
@@ -93,7 +95,12 @@ def _serve(spec: str) -> None:
 
 class Server:
     def __init__(
-        self, store: Path, settings: dict[str, Any], embedder: str, workers: int = 0
+        self,
+        store: Path,
+        settings: dict[str, Any],
+        embedder: str,
+        workers: int = 0,
+        engines: int = 1,
     ) -> None:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -106,6 +113,7 @@ class Server:
             "log_level": "warning",
             "rate_limit_per_s": 0,
             "workers": workers,
+            **({"engines": engines} if workers and engines > 1 else {}),
             **settings,
         }
         env = {k: v for k, v in os.environ.items() if k != "MEMORYOS_GPU_API_KEYS"}
@@ -167,8 +175,9 @@ def run_scenario(
     settings: dict[str, Any] = dict(MODES[mode])
     if mode == "batched":
         settings.update(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
-    store = workdir / f"store-{users}-{think_ms:g}-{mode}-w{workers}"
-    server = Server(store, settings, args.embedder, workers)
+    engines = args.engines if workers else 1
+    store = workdir / f"store-{users}-{think_ms:g}-{mode}-w{workers}-e{engines}"
+    server = Server(store, settings, args.embedder, workers, engines)
     try:
         server.wait_ready()
 
@@ -200,7 +209,14 @@ def run_scenario(
         res = run_loop(go())
     finally:
         server.stop()
-    res.update(users=users, think_ms=think_ms, mode=mode, workers=workers, settings=settings)
+    res.update(
+        users=users,
+        think_ms=think_ms,
+        mode=mode,
+        workers=workers,
+        engines=engines,
+        settings=settings,
+    )
     res["loadavg_1m_after"] = round(os.getloadavg()[0], 2)  # other work on the box skews results
     return res
 
@@ -304,6 +320,13 @@ def main(argv: list[str] | None = None) -> None:
         default=1,
         help="Runs of each (mode, layout), interleaved over layouts; ratios use the median run "
         "(the upper one of an even count) and are also given per round.",
+    )
+    p.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        help="Engine processes behind the workers of every N >= 1 layout (serve --engines): "
+        "more than one shards the users over them.",
     )
     p.add_argument("--plot", metavar="PNG", help="Draw throughput over workers into this file.")
     p.add_argument("--quick", action="store_true", help="Small run for CI.")

@@ -11,15 +11,16 @@ def table(
     results: list[dict[str, Any]], ratios: dict[str, float], cpu_ratios: dict[str, float]
 ) -> str:
     head = (
-        f"{'users':>6} {'think':>6} {'workers':>7} {'mode':>18} {'req/s':>8} {'ret p50':>8} "
-        f"{'ret p95':>8} {'ret p99':>8} {'wr p50':>8} {'wr p95':>8} {'wr p99':>8} "
+        f"{'users':>6} {'think':>6} {'workers':>7} {'engines':>7} {'mode':>18} {'req/s':>8} "
+        f"{'ret p50':>8} {'ret p95':>8} {'ret p99':>8} {'wr p50':>8} {'wr p95':>8} {'wr p99':>8} "
         f"{'batch r/w':>10} {'cpu ms/req':>10} {'client ms':>9} {'errors':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in results:
         mb = r["mean_batch"]
         lines.append(
-            f"{r['users']:>6} {r['think_ms']:>6g} {r.get('workers', 0):>7} {r['mode']:>18} "
+            f"{r['users']:>6} {r['think_ms']:>6g} {r.get('workers', 0):>7} "
+            f"{r.get('engines', 1):>7} {r['mode']:>18} "
             f"{r['throughput_rps']:>8.1f} {r['retrieve']['p50_ms']:>8.1f} "
             f"{r['retrieve']['p95_ms']:>8.1f} {r['retrieve']['p99_ms']:>8.1f} "
             f"{r['write']['p50_ms']:>8.1f} {r['write']['p95_ms']:>8.1f} "
@@ -37,9 +38,9 @@ def table(
     lines.append(
         "latencies in ms; req/s counts successful requests; think = mean think time (ms) of "
         "each simulated user between requests (0: closed loop at saturation); workers 0 = the "
-        "single-process server, N = N HTTP workers + 1 engine process; cpu ms/req = server CPU "
-        "(user+sys, whole process tree) per answered request; client ms = the load generator's "
-        "own CPU per request (it shares the box)"
+        "single-process server, N = N HTTP workers in front of the engines column's engine "
+        "processes; cpu ms/req = server CPU (user+sys, whole process tree) per answered "
+        "request; client ms = the load generator's own CPU per request (it shares the box)"
     )
     lines.append(
         "1-min load average after each run: "
@@ -84,10 +85,14 @@ def fairness(load_start: tuple[float, ...], results: list[dict[str, Any]]) -> di
     """Whether the box was quiet enough for the ratios to mean what they say."""
     cpus = os.cpu_count() or 1
     # the load the runs themselves add: the client and the server, about 2 runnable at
-    # saturation, and one more for each HTTP worker process of a --workers layout
+    # saturation, and one more for each HTTP worker process of a --workers layout and for
+    # each engine process past the first
     worst = max(
         [load_start[0]]
-        + [r.get("loadavg_1m_after", 0.0) - 2.0 - r.get("workers", 0) for r in results]
+        + [
+            r.get("loadavg_1m_after", 0.0) - 2.0 - r.get("workers", 0) - (r.get("engines", 1) - 1)
+            for r in results
+        ]
     )
     fair = worst / cpus <= BUSY_LOAD_PER_CPU
     verdict = (

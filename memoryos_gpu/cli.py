@@ -1325,8 +1325,15 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
 @click.option(
     "--workers",
     type=click.IntRange(0),
-    help="HTTP worker processes in front of one engine process (0: one process serves "
-    "everything) [default: the cores available minus one].",
+    help="HTTP worker processes in front of the engine process(es) (0: one process serves "
+    "everything) [default: the cores available minus one per engine].",
+)
+@click.option(
+    "--engines",
+    type=click.IntRange(1),
+    help="Engine processes behind the workers; more than one shards the users over them "
+    "(one store each, STORE/shard-I as `ingest --workers` writes, or one PostgreSQL "
+    "database) [default: the store's shard count, else 1].",
 )
 @engine_options
 @click.pass_context
@@ -1339,18 +1346,23 @@ def serve(
     use_ray: bool,
     shards: int | None,
     workers: int | None,
+    engines: int | None,
     **kwargs: Any,
 ) -> None:
     """Serve the HTTP API (memoryos_gpu.server) over the store until Ctrl-C.
 
     With --workers N (the default on a multi-core box), N HTTP processes parse, authenticate
-    and validate requests and one engine process batches them all (docs/server.md)."""
+    and validate requests and the engine process batches them all; --engines K runs K engine
+    processes, each owning a shard of the users, for boxes where one is the cap
+    (docs/server.md)."""
     import inspect
 
     o = _options(ctx, kwargs)
     if use_ray:
-        if workers:
-            raise UsageFailure("--workers is for the single-box server; --ray has its own router")
+        if workers or engines:
+            raise UsageFailure(
+                "--workers and --engines are for the single-box server; --ray has its own router"
+            )
         _serve_ray(o, host, port, api_keys, shards)
         return
     try:
@@ -1362,10 +1374,15 @@ def serve(
         ) from None
     store = resolve_store(o)
     cfg = build_config(o, store=store)
+    engines = engines or _store_shards(store)
     if workers is None:
         from memoryos_gpu.server.workers import default_workers
 
-        workers = default_workers()
+        workers = default_workers(engines)
+    if engines > 1 and not workers:
+        raise UsageFailure(
+            f"--engines {engines} needs --workers >= 1 (the HTTP workers route by shard)"
+        )
     candidates = {
         "store": store,
         "host": host,
@@ -1373,12 +1390,22 @@ def serve(
         "api_keys": api_keys,
         "config": cfg,
         "workers": workers,
+        **({"engines": engines} if engines > 1 else {}),
     }
     params = inspect.signature(run).parameters
     takes_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     call = {k: v for k, v in candidates.items() if k in params or takes_kw}
     _quiet_model_loading()
-    run(**call)
+    try:
+        run(**call)
+    except ValueError as exc:  # a store laid out for another shard count, ...
+        raise UsageFailure(str(exc)) from None
+
+
+def _store_shards(store: str) -> int:
+    """The shard count a store directory was written with (``ingest --workers``), else 1."""
+    dirs = shard_dirs(store)
+    return len(dirs) if dirs else 1
 
 
 def _serve_ray(

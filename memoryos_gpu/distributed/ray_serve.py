@@ -172,8 +172,7 @@ class _Remote:
     async def acall(self, *args: Any, **kw: Any) -> Any:
         if self.shard is None:
             return await self.router.fan_out(self.name, args, kw)
-        handle = self.router.handles[self.shard]
-        return unbox(await handle.call.remote(self.name, args, kw))
+        return await self.router.ask(self.shard, "call", self.name, args, kw)
 
     def __call__(self, *args: Any, **kw: Any) -> Any:
         raise RuntimeError(f"{self.name}: await it through RouterService.call")
@@ -242,7 +241,7 @@ class RouterService(RetrievalBodies):
         config: EngineConfig,
         settings: ServerSettings | None = None,
         *,
-        sync_interval_s: float = DEFAULT_SYNC_S,
+        sync_interval_s: float | None = DEFAULT_SYNC_S,
         metrics: Any = None,
     ) -> None:
         self.handles = list(handles)
@@ -268,9 +267,21 @@ class RouterService(RetrievalBodies):
         # a deletion or edit across shards: a fact in flight never lands after its pages went
         self._exchange: asyncio.Lock | None = None
 
-    def _exchange_lock(self) -> asyncio.Lock:
+    def _exchange_lock(self) -> Any:
+        """Held by a sync and by a change across shards (an async context manager)."""
         self._exchange = self._exchange or asyncio.Lock()  # made in the running loop
         return self._exchange
+
+    async def ask(self, shard: int, method: str, *args: Any) -> Any:
+        """``method(*args)`` of shard ``shard``'s replica; its error raised here."""
+        return unbox(await getattr(self.handles[shard], method).remote(*args))
+
+    async def _ask_all(self, method: str, *args: Any) -> list[Any]:
+        return list(await asyncio.gather(*(self.ask(i, method, *args) for i in self._shards)))
+
+    @property
+    def _shards(self) -> range:
+        return range(self.shard_map.count)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, *, wait: bool = True) -> None:
@@ -288,7 +299,8 @@ class RouterService(RetrievalBodies):
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
             log.exception("the shards failed to load")
             return
-        self._task = asyncio.get_running_loop().create_task(self._sync_loop())
+        if self.sync_interval_s is not None:
+            self._task = asyncio.get_running_loop().create_task(self._sync_loop())
         self.state = "ready"
 
     async def close(self) -> None:
@@ -307,7 +319,7 @@ class RouterService(RetrievalBodies):
 
     async def _sync_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.sync_interval_s)
+            await asyncio.sleep(self.sync_interval_s or DEFAULT_SYNC_S)
             try:
                 await self.sync()
                 await self.refresh()
@@ -322,17 +334,16 @@ class RouterService(RetrievalBodies):
             return await self._sync()
 
     async def _sync(self) -> dict[str, int]:
-        parts = [unbox(p) for p in await self._all("take_sync")]
+        parts = await self._ask_all("take_sync")
         pending: list[Any] = []
         docs = exchange_keywords(
             [lambda p=p: p["delta"] for p in parts],
             [
-                lambda d, h=h: pending.append(h.call.remote("apply_keyword_delta", (d,), {}))
-                for h in self.handles
+                lambda d, i=i: pending.append(self.ask(i, "call", "apply_keyword_delta", (d,), {}))
+                for i in self._shards
             ],
         )
-        for r in await asyncio.gather(*pending):
-            unbox(r)
+        await asyncio.gather(*pending)
         facts = [f for p in parts for f in p["facts"]]
         written = 0
         if facts:
@@ -348,17 +359,15 @@ class RouterService(RetrievalBodies):
             by_owner.setdefault(self.shard_map.assistant_owner(f[1]), []).append(f)
         written = 0
         for owner, owned in sorted(by_owner.items()):
-            entries = unbox(
-                await self.handles[owner].call.remote("append_assistant_facts", (owned,), {})
-            )
+            entries = await self.ask(owner, "call", "append_assistant_facts", (owned,), {})
             written += len(entries)
-            copies = [
-                h.call.remote("replicate_assistant_entries", (entries,), {})
-                for j, h in enumerate(self.handles)
-                if j != owner
-            ]
-            for r in await asyncio.gather(*copies):
-                unbox(r)
+            await asyncio.gather(
+                *(
+                    self.ask(j, "call", "replicate_assistant_entries", (entries,), {})
+                    for j in self._shards
+                    if j != owner
+                )
+            )
         return written
 
     def _mark(self, user_ids: Iterable[str], known: bool) -> None:
@@ -371,7 +380,7 @@ class RouterService(RetrievalBodies):
         changes: dict[str, bool] = {}
         self._watchers.append(changes)
         try:
-            statuses = [unbox(s) for s in await self._all("status")]
+            statuses = await self._ask_all("status")
         finally:
             self._watchers.remove(changes)
         known: set[str] = set()
@@ -383,9 +392,6 @@ class RouterService(RetrievalBodies):
         self.pending = sum(int(s["pending"]) for s in statuses)
         self._derived_runs = sum(int(s["derived_runs"]) for s in statuses)
         self._batching = {f"shard-{s['shard']}": s["batching"] for s in statuses}
-
-    async def _all(self, method: str) -> list[Any]:
-        return list(await asyncio.gather(*(getattr(h, method).remote() for h in self.handles)))
 
     # ------------------------------------------------------------------ state
     @property
@@ -422,8 +428,8 @@ class RouterService(RetrievalBodies):
     def engine_for(self, user_id: str) -> _ShardEngineProxy:
         return _ShardEngineProxy(self, self.shard_map.shard(user_id), user_id)
 
-    def _handle(self, user_id: str) -> Any:
-        return self.handles[self.shard_map.shard(user_id)]
+    def _home(self, user_id: str) -> int:
+        return self.shard_map.shard(user_id)
 
     # ------------------------------------------------------------------ requests
     async def add_pages(self, pages: Sequence[PageInput]) -> list[AddResult]:
@@ -434,14 +440,11 @@ class RouterService(RetrievalBodies):
         self._user_writes.update(users)
         try:
             parts = await asyncio.gather(
-                *(
-                    self.handles[s].add_pages.remote([pages[i] for i in idx])
-                    for s, idx in groups.items()
-                )
+                *(self.ask(s, "add_pages", [pages[i] for i in idx]) for s, idx in groups.items())
             )
             out: list[AddResult | None] = [None] * len(pages)
             for (_, idx), part in zip(groups.items(), parts, strict=True):
-                for i, r in zip(idx, unbox(part), strict=True):
+                for i, r in zip(idx, part, strict=True):
                     out[i] = r
         finally:
             self._user_writes.subtract(users)
@@ -460,8 +463,8 @@ class RouterService(RetrievalBodies):
         top_segments: int | None = None,
     ) -> Retrieval:
         self.check_ready()
-        r, known = unbox(
-            await self._handle(user_id).retrieve.remote(user_id, query, top_pages, top_segments)
+        r, known = await self.ask(
+            self._home(user_id), "retrieve", user_id, query, top_pages, top_segments
         )
         self._mark([user_id], known)
         return r
@@ -470,7 +473,7 @@ class RouterService(RetrievalBodies):
         self, user_id: str, query: str, *, timestamp: float | str | None = None
     ) -> Response:
         self.check_ready()
-        return unbox(await self._handle(user_id).respond.remote(user_id, query, timestamp))
+        return await self.ask(self._home(user_id), "respond", user_id, query, timestamp)
 
     async def call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         self.check_ready()
@@ -480,12 +483,7 @@ class RouterService(RetrievalBodies):
 
     async def fan_out(self, name: str, args: Sequence[Any], kw: Mapping[str, Any]) -> Any:
         """A whole-engine call on every shard; ``stats`` is merged."""
-        res = [
-            unbox(r)
-            for r in await asyncio.gather(
-                *(h.call.remote(name, tuple(args), dict(kw)) for h in self.handles)
-            )
-        ]
+        res = await self._ask_all("call", name, tuple(args), dict(kw))
         if name != "stats":
             return res
         counters: Counter[str] = Counter()
@@ -508,7 +506,7 @@ class RouterService(RetrievalBodies):
         self.check_ready()
 
         async def delete() -> Any:
-            return unbox(await self._handle(user_id).delete_user.remote(user_id))
+            return await self.ask(self._home(user_id), "delete_user", user_id)
 
         deleted = await self._forget(delete, user_id)
         self._mark([user_id], False)
@@ -547,7 +545,7 @@ class RouterService(RetrievalBodies):
         text = {"user_input": user_input, "agent_response": agent_response}
 
         async def edit() -> Any:
-            return unbox(await self.handles[home].call.remote("update_page", (page_id,), text))
+            return await self.ask(home, "call", "update_page", (page_id,), text)
 
         return await self._forget(edit, user_id, [page_id])
 
@@ -563,11 +561,11 @@ class RouterService(RetrievalBodies):
 
     async def _on_shard(self, shard: int, name: str, args: tuple) -> Any:
         """A shard engine's method by name (``sharded_forget``'s ``call``)."""
-        return unbox(await self.handles[shard].call.remote(name, args, {}))
+        return await self.ask(shard, "call", name, args, {})
 
     async def wait_for_user(self, user_id: str, timeout: float = 10.0) -> dict[str, Any]:
         self.check_ready()
-        return unbox(await self._handle(user_id).wait_for_user.remote(user_id, timeout))
+        return await self.ask(self._home(user_id), "wait_for_user", user_id, timeout)
 
 
 # ============================================================================ ingress

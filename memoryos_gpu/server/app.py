@@ -264,12 +264,14 @@ def run(
     log_level: str = "info",
     graceful_timeout_s: float | None = 30.0,
     workers: int = 0,
+    engines: int = 1,
     **options: Any,
 ) -> None:
     """Serve the HTTP API with uvicorn until SIGINT/SIGTERM (then drain and commit).
 
     ``workers``: 0 serves from this one process; N >= 1 runs N HTTP worker processes in front
-    of one engine process (:mod:`memoryos_gpu.server.workers`).
+    of ``engines`` engine processes (:mod:`memoryos_gpu.server.workers`; more than one shards
+    the users over them, which needs a store directory or a PostgreSQL URL).
 
     ``api_keys`` / ``api_keys_file``: ``{key: tenant}`` or a ``KEY TENANT`` file (either name).
     ``config``: an :class:`EngineConfig` or a TOML path; ``store``, ``embedder``, ``device``
@@ -293,6 +295,8 @@ def run(
         {"embedder": embedder, "device": device},
     )
     settings = ServerSettings(**options)
+    if engines != 1 and not workers:
+        raise ValueError(f"engines={engines} needs workers >= 1 (the workers route by shard)")
     if workers:
         from memoryos_gpu.server.workers import run_workers
 
@@ -305,6 +309,7 @@ def run(
             api_keys=load_api_keys(keys, use_env=True),
             log_level=log_level,
             graceful_timeout_s=graceful_timeout_s,
+            engines=engines,
         )
         return
     app = create_app(cfg, api_keys=keys, settings=settings)

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import zmq
@@ -45,7 +45,7 @@ def serve_engine(spec: dict[str, Any]) -> None:
 
     ``spec``: ``config`` (an :class:`EngineConfig` dump), ``settings`` (ServerSettings fields),
     ``address`` (the ``ipc://`` endpoint to bind), ``log_level``, ``argv`` (the command line
-    the store's writer lock shows)."""
+    the store's writer lock shows), ``shard`` (``[i, K]`` with ``--engines K``, else absent)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the store's writer lock records the command line: the server's, not multiprocessing's
     sys.argv = list(spec.get("argv") or sys.argv)
@@ -68,7 +68,9 @@ async def _serve(spec: dict[str, Any]) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     metrics = ServerMetrics()
     config = EngineConfig.model_validate({**spec["config"], "auto_process": False})
-    service = MemoryService(config, ServerSettings(**spec["settings"]), metrics=metrics)
+    service = MemoryService(
+        _engine(config, spec.get("shard")), ServerSettings(**spec["settings"]), metrics=metrics
+    )
     ctx = zmq.Context()
     server = EngineServer(service, ctx, spec["address"])
     await service.start(wait=False)  # answers "starting" while the store loads
@@ -82,6 +84,18 @@ async def _serve(spec: dict[str, Any]) -> None:
     server.sock.close()
     ctx.term()
     log.info("engine process: store closed")
+
+
+def _engine(config: EngineConfig, shard: Sequence[int] | None) -> Any:
+    """What the service opens: the config's engine, or with ``shard`` = (i, K) the engine of
+    shard i of K (``serve --engines K``: the users it owns, the assistant-fact outbox and the
+    keyword exchange that the workers' router syncs, :mod:`memoryos_gpu.server.shard_router`)."""
+    if shard is None:
+        return config
+    from memoryos_gpu.distributed.sharding import ShardEngine
+
+    index, count = shard
+    return lambda: ShardEngine(config, shard=index, count=count)
 
 
 def _picklable(answer: tuple[int, bool, Any]) -> tuple[int, bool, Any]:

@@ -1,15 +1,17 @@
-"""``serve --workers N``: N HTTP worker processes in front of one engine process.
+"""``serve --workers N [--engines K]``: N HTTP worker processes in front of K engine processes.
 
 Why: in one process the HTTP stack (parsing, auth, validation, JSON) and the engine share one
 interpreter lock, so the server runs on one core whatever the box has. Here the supervisor
 (this module, the process the CLI started) runs
 
 * one **engine process** (:mod:`memoryos_gpu.server.engine_process`): the engine, the
-  micro-batching queues and the derived-work thread, behind a ZeroMQ socket;
+  micro-batching queues and the derived-work thread, behind a ZeroMQ socket; with
+  ``--engines K``, K of them, each owning one shard of the users (``STORE/shard-I``);
 * ``N`` **HTTP workers**: the same FastAPI app (routes, keys, tenancy, limits, metrics) over a
-  :class:`~memoryos_gpu.server.remote_service.RemoteService`, all accepting on one listening
-  socket the supervisor bound (one accept queue: a restarted worker loses no queued
-  connection, and no port is ever half-served);
+  :class:`~memoryos_gpu.server.remote_service.RemoteService` (with K engines a
+  :class:`~memoryos_gpu.server.shard_router.ShardedRemoteService`, which sends each request to
+  its user's engine), all accepting on one listening socket the supervisor bound (one accept
+  queue: a restarted worker loses no queued connection, and no port is ever half-served);
 
 and the shared state: the engine's pid (the workers' liveness signal), the rate-limit buckets
 (:mod:`memoryos_gpu.server.shared_limits`) and Prometheus's multiprocess directory, all in a
@@ -18,7 +20,8 @@ private runtime directory (mode 0700) removed at exit.
 Failures: a worker that dies is started again (its clients' connections break: they retry; an
 add it had sent still commits in the engine, an add it had acknowledged is committed). An engine
 process that dies is started again; meanwhile, and until it has reopened the store, every
-worker answers 503 + Retry-After (``/ready`` too) and the requests in flight fail the same way.
+worker answers 503 + Retry-After (``/ready`` too) and the requests in flight fail the same way
+(with K engines: the requests of that engine's users; the other shards' users are served).
 Shutdown (SIGTERM / Ctrl-C): the workers stop first (uvicorn answers what it has), then the
 engine process drains its queues, finishes the derived work and closes the store.
 """
@@ -70,13 +73,15 @@ def default_workers(engines: int = 1) -> int:
     return max(0, available_cpus() - engines)
 
 
-def engine_config(config: EngineConfig, workers: int) -> EngineConfig:
-    """The engine process's config: unless ``cpu_threads`` is set, its CPU kernels get the
-    cores the ``workers`` HTTP processes leave (at least one), not a team as wide as the
-    machine whose members the workers would keep parking (ops.set_cpu_threads)."""
+def engine_config(config: EngineConfig, workers: int, engines: int = 1) -> EngineConfig:
+    """An engine process's config: unless ``cpu_threads`` is set, its CPU kernels get its share
+    of the cores the ``workers`` HTTP processes leave (at least one), not a team as wide as
+    the machine whose members the workers would keep parking (ops.set_cpu_threads)."""
     if config.cpu_threads is not None:
         return config
-    return config.model_copy(update={"cpu_threads": max(1, available_cpus() - workers)})
+    return config.model_copy(
+        update={"cpu_threads": max(1, (available_cpus() - workers) // max(1, engines))}
+    )
 
 
 def _listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
@@ -90,13 +95,12 @@ def _listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
 
 
 # ============================================================================ worker process
-def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pid: Any) -> None:
+def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pids: list[Any]) -> None:
     """Worker process entry point: the HTTP app over the engine process, on ``sock``."""
     import uvicorn
 
     from memoryos_gpu.server.app import create_app
     from memoryos_gpu.server.auth import KeyRing
-    from memoryos_gpu.server.remote_service import RemoteService
     from memoryos_gpu.server.shared_limits import SharedKeyLimits
 
     logging.basicConfig(
@@ -105,7 +109,7 @@ def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pid: Any) -> 
     )
     settings = ServerSettings(**spec["settings"])
     keys = spec["api_keys"]
-    service = RemoteService(spec["address"], lambda: int(engine_pid.value), settings)
+    service = _worker_service(spec, settings, engine_pids)
     limits = SharedKeyLimits(settings, spec["limits_path"], KeyRing(keys).key_ids if keys else [])
     app = create_app(
         service=service, api_keys=keys, settings=settings, use_env_keys=False, limits=limits
@@ -119,9 +123,27 @@ def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pid: Any) -> 
     uvicorn.Server(config).run(sockets=[sock])
 
 
+def _worker_service(spec: dict[str, Any], settings: ServerSettings, pids: list[Any]) -> Any:
+    """The worker's service: over the engine process, or over K of them by shard."""
+    from memoryos_gpu.server.remote_service import RemoteService
+
+    getters = [lambda v=v: int(v.value) for v in pids]
+    if len(spec["addresses"]) == 1:
+        return RemoteService(spec["addresses"][0], getters[0], settings)
+    from memoryos_gpu.server.shard_router import ShardedRemoteService
+
+    return ShardedRemoteService(
+        spec["addresses"],
+        getters,
+        settings,
+        lock_path=spec["lock_path"],
+        sync=spec["index"] == 0,  # one worker syncs the shards
+    )
+
+
 # ============================================================================ supervisor
 class Supervisor:
-    """Starts, watches and restarts the engine process and the workers; stops them in order."""
+    """Starts, watches and restarts the engine processes and the workers; stops them in order."""
 
     def __init__(
         self,
@@ -134,13 +156,18 @@ class Supervisor:
         api_keys: dict[str, str] | None,
         log_level: str = "info",
         graceful_timeout_s: float | None = 30.0,
+        engines: int = 1,
     ) -> None:
         if workers < 1:
             raise ValueError(
                 f"workers must be >= 1 (0 is the single-process server), got {workers}"
             )
+        if engines < 1:
+            raise ValueError(f"engines must be >= 1, got {engines}")
         from memoryos_gpu.server.shared_limits import create_bucket_file
 
+        if engines > 1:
+            _check_shardable(config.store, engines)
         self.sock = _listen(host, port)  # first: a port in use fails before anything exists
         self.ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
         self.dir = Path(tempfile.mkdtemp(prefix="memoryos-serve-"))  # mode 0700
@@ -150,26 +177,33 @@ class Supervisor:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         limits_path = self.dir / "limits"
         create_bucket_file(limits_path, len(api_keys or {}))
-        self.address = f"ipc://{self.dir / 'engine.sock'}"
-        self.engine_pid = self.ctx.RawValue("i", 0)  # no lock: a killed reader holds none
-        self.engine_spec = {
-            "config": engine_config(config, workers).model_dump(mode="json"),
-            "settings": settings.model_dump(),
-            "address": self.address,
-            "log_level": log_level,
-            "argv": [*sys.argv, f"[engine process of pid {os.getpid()}]"],
-        }
+        addresses = [f"ipc://{self.dir / f'engine-{i}.sock'}" for i in range(engines)]
+        # no lock: a killed reader holds none
+        self.engine_pids = [self.ctx.RawValue("i", 0) for _ in range(engines)]
+        base = engine_config(config, workers, engines)
+        self.engine_specs = [
+            {
+                "config": _shard_config(base, i, engines).model_dump(mode="json"),
+                "settings": settings.model_dump(),
+                "address": address,
+                "log_level": log_level,
+                "argv": [*sys.argv, f"[engine process of pid {os.getpid()}]"],
+                **({"shard": [i, engines]} if engines > 1 else {}),
+            }
+            for i, address in enumerate(addresses)
+        ]
         self.worker_spec = {
             "settings": settings.model_dump(),
             "api_keys": dict(api_keys) if api_keys else None,
-            "address": self.address,
+            "addresses": addresses,
+            "lock_path": str(self.dir / "exchange.lock"),
             "limits_path": str(limits_path),
             "log_level": log_level,
             "graceful_timeout_s": graceful_timeout_s,
         }
         self.n_workers = workers
         self.graceful_timeout_s = graceful_timeout_s
-        self.engine: Any = None
+        self.engines: list[Any] = [None] * engines
         self.workers: list[Any] = [None] * workers
         self.started: dict[int, float] = {}
         self.stopping = False
@@ -179,22 +213,29 @@ class Supervisor:
     def port(self) -> int:
         return int(self.sock.getsockname()[1])
 
-    def _start_engine(self) -> None:
+    def _engine_name(self, i: int) -> str:
+        return "engine process" if len(self.engines) == 1 else f"engine process {i}"
+
+    def _start_engine(self, i: int) -> None:
         from memoryos_gpu.server.engine_process import serve_engine
 
-        self.engine = self.ctx.Process(
-            target=serve_engine, args=(self.engine_spec,), name="memoryos-engine", daemon=False
+        p = self.ctx.Process(
+            target=serve_engine,
+            args=(self.engine_specs[i],),
+            name=f"memoryos-engine-{i}",
+            daemon=False,
         )
-        self.engine.start()
-        self.started[self.engine.pid] = time.monotonic()
-        self.engine_pid.value = self.engine.pid
-        log.warning("memoryos-gpu: engine process started (pid %d)", self.engine.pid)
+        p.start()
+        self.started[p.pid] = time.monotonic()
+        self.engines[i] = p
+        self.engine_pids[i].value = p.pid
+        log.warning("memoryos-gpu: %s started (pid %d)", self._engine_name(i), p.pid)
 
     def _start_worker(self, i: int) -> None:
         spec = {**self.worker_spec, "index": i}
         p = self.ctx.Process(
             target=serve_worker,
-            args=(spec, self.sock, self.engine_pid),
+            args=(spec, self.sock, self.engine_pids),
             name=f"memoryos-worker-{i}",
             daemon=False,
         )
@@ -204,19 +245,21 @@ class Supervisor:
         log.warning("memoryos-gpu: HTTP worker %d started (pid %d)", i, p.pid)
 
     def start(self) -> None:
-        self._start_engine()
+        for i in range(len(self.engines)):
+            self._start_engine(i)
         for i in range(self.n_workers):
             self._start_worker(i)
         log.warning(
-            "memoryos-gpu: %d HTTP worker(s) in front of 1 engine process on port %d",
+            "memoryos-gpu: %d HTTP worker(s) in front of %d engine process(es) on port %d",
             self.n_workers,
+            len(self.engines),
             self.port,
         )
 
     def watch(self) -> None:
         """Until :attr:`stopping`: restart what dies."""
         while not self.stopping:
-            procs = [p for p in [self.engine, *self.workers] if p is not None]
+            procs = [p for p in [*self.engines, *self.workers] if p is not None]
             ready = multiprocessing.connection.wait([p.sentinel for p in procs], timeout=0.2)
             for p in procs:
                 if p.sentinel in ready and not self.stopping:
@@ -225,13 +268,16 @@ class Supervisor:
     def _restart(self, p: Any) -> None:
         p.join()
         quick = time.monotonic() - self.started.pop(p.pid, 0.0) < QUICK_DEATH_S
-        if p is self.engine:
-            self.engine_pid.value = 0  # the workers fail what is in flight, answer 503
-            log.error("the engine process %d exited (%s); starting it again", p.pid, p.exitcode)
+        if p in self.engines:
+            i = self.engines.index(p)
+            self.engine_pids[i].value = 0  # the workers fail what is in flight, answer 503
+            log.error(
+                "the %s %d exited (%s); starting it again", self._engine_name(i), p.pid, p.exitcode
+            )
             self.restarts["engine"] += 1
             if quick:
                 time.sleep(RESTART_PAUSE_S)
-            self._start_engine()
+            self._start_engine(i)
             return
         i = self.workers.index(p)
         log.error("HTTP worker %d (pid %d) exited (%s); starting it again", i, p.pid, p.exitcode)
@@ -241,8 +287,9 @@ class Supervisor:
         self._start_worker(i)
 
     def stop(self) -> None:
-        """Workers first (each answers its requests in flight), then the engine process
-        (drains the queues, finishes derived work, closes the store)."""
+        """Workers first (each answers its requests in flight; worker 0 syncs the shards a
+        last time), then the engine processes (each drains its queues, finishes derived work,
+        closes its store)."""
         self.stopping = True
         for p in self.workers:
             if p is not None and p.is_alive():
@@ -255,11 +302,36 @@ class Supervisor:
                     p.kill()
                     p.join()
         self.sock.close()
-        if self.engine is not None and self.engine.is_alive():
-            self.engine.terminate()
-            self.engine.join()
-        self.engine_pid.value = 0
+        live = [p for p in self.engines if p is not None and p.is_alive()]
+        for p in live:
+            p.terminate()
+        for p in live:
+            p.join()
+        for v in self.engine_pids:
+            v.value = 0
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _check_shardable(store: str, engines: int) -> None:
+    """``--engines K`` shards the users over K stores (``STORE/shard-I``, or one PostgreSQL
+    database): refused for an in-memory store (each engine would hold a private one) and for
+    a store laid out for another count (sharding.prepare_layout says why)."""
+    from memoryos_gpu.distributed.sharding import prepare_layout
+
+    if store == ":memory:":
+        raise ValueError(
+            f"--engines {engines} needs --store DIR (one store per engine) or a PostgreSQL URL"
+        )
+    prepare_layout(store, engines)
+
+
+def _shard_config(config: EngineConfig, index: int, count: int) -> EngineConfig:
+    """Engine ``index``'s config: its shard's store (the same URL for PostgreSQL)."""
+    if count == 1:
+        return config
+    from memoryos_gpu.distributed.sharding import shard_store
+
+    return config.model_copy(update={"store": shard_store(config.store, index, count)})
 
 
 def run_workers(
@@ -272,8 +344,10 @@ def run_workers(
     api_keys: dict[str, str] | None,
     log_level: str = "info",
     graceful_timeout_s: float | None = 30.0,
+    engines: int = 1,
 ) -> None:
-    """Serve with ``workers`` HTTP processes until SIGINT / SIGTERM, then stop in order."""
+    """Serve with ``workers`` HTTP processes in front of ``engines`` engine processes until
+    SIGINT / SIGTERM, then stop in order."""
     sup = Supervisor(
         config,
         settings,
@@ -283,6 +357,7 @@ def run_workers(
         api_keys=api_keys,
         log_level=log_level,
         graceful_timeout_s=graceful_timeout_s,
+        engines=engines,
     )
 
     def stop(signum: int, frame: Any) -> None:

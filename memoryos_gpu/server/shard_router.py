@@ -1,0 +1,360 @@
+"""``serve --workers N --engines K``: a worker's service over K engine processes, one per shard.
+
+Why: with one engine process, that process does the engine's work for the whole box, and on a
+many-core box it is the cap while the other cores idle (benchmarks/README.md). With
+``--engines K`` the users are sharded over K engine processes by the hash of
+:mod:`memoryos_gpu.distributed.sharding` (one store per shard, ``STORE/shard-I``: the layout
+``ingest --workers K`` writes, so a store ingested that way is served as it is). Each engine
+process runs a :class:`~memoryos_gpu.distributed.sharding.ShardEngine` behind its own ZeroMQ
+socket, and every HTTP worker sends each request to its user's engine: the router of
+``serve --ray`` (:class:`~memoryos_gpu.distributed.ray_serve.RouterService`) over the channels
+of :class:`~memoryos_gpu.server.remote_service.RemoteService` instead of Ray handles.
+
+What crosses shards works as it does on Ray: a batch of pages is split by shard and answered
+in order; keyword statistics and assistant facts are exchanged by a sync loop (worker 0 runs
+it); deleting a user or a page forgets what its pages taught the assistants on every shard.
+A sync and a deletion take the *exchange lock*, here a file lock (``flock``) in the server's
+private runtime directory that every worker shares (:class:`ExchangeLock`): a deletion in one
+worker waits for the facts another worker's sync has in flight, as in a single router; the
+kernel releases the lock of a worker that dies.
+
+Per shard, failures stay per shard: an engine process that dies makes its users' requests fail
+with 503 + Retry-After until it has reopened its store, while the other shards' users are
+served (``/ready`` answers 503 while any engine is not ready). Membership (``known``,
+``users``) is asked of the engines, so a worker sees the users that other workers added.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fcntl
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.distributed.ray_serve import DEFAULT_SYNC_S, RouterService, _Remote
+from memoryos_gpu.distributed.sharding import ShardMap
+from memoryos_gpu.server.remote_service import RemoteService
+from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
+
+__all__ = ["ExchangeLock", "ShardedRemoteService"]
+
+LOCK_POLL_S = 0.005
+
+
+class ExchangeLock:
+    """The exchange lock across worker processes: ``flock`` on ``path``, polled, so a waiter
+    that is cancelled never takes the lock afterwards. A new one per acquisition: ``flock``
+    excludes open files, so two holders in one process exclude each other too."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    async def __aenter__(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(LOCK_POLL_S)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    async def __aexit__(self, *exc: object) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the file releases the lock
+
+
+class _EngineRouter(RouterService):
+    """:class:`RouterService` over the engine processes' channels. Its caches (users, queue
+    statistics) are not used: :class:`ShardedRemoteService` reads those from the engines."""
+
+    def __init__(
+        self,
+        parts: list[RemoteService],
+        settings: ServerSettings,
+        lock_path: str,
+        sync_interval_s: float | None,
+    ) -> None:
+        super().__init__(parts, EngineConfig(), settings, sync_interval_s=sync_interval_s)
+        self.parts = parts
+        self._lock_path = lock_path
+
+    def _exchange_lock(self) -> ExchangeLock:
+        return ExchangeLock(self._lock_path)
+
+    async def ask(self, shard: int, method: str, *args: Any) -> Any:
+        part = self.parts[shard]
+        part.check_ready()  # 503 + Retry-After while this shard's engine (re)starts
+        if method == "take_sync":
+            delta = await part.client.request("call", "take_keyword_delta", (), {})
+            facts = await part.client.request("call", "take_assistant_facts", (), {})
+            return {"delta": delta, "facts": facts}
+        return await part.client.request(method, *args)
+
+    async def sync(self) -> dict[str, int]:
+        """A sync only while every engine is up: facts taken from one shard's outbox while
+        another (re)starts could not reach that one's replica, and would be lost."""
+        for p in self.parts:
+            p.check_ready()
+        return await super().sync()
+
+    async def refresh(self) -> None:
+        """Nothing to cache: each part keeps its engine's status."""
+
+
+class _ByUser(_Remote):
+    """An engine method whose first argument is a user id, on that user's shard."""
+
+    async def acall(self, *args: Any, **kw: Any) -> Any:
+        shard = self.router.shard_map.shard(str(args[0]))
+        return await self.router.ask(shard, "call", self.name, args, kw)
+
+
+class _Stats:
+    def __init__(self, stats: dict[str, Any]) -> None:
+        self._stats = stats
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._stats)
+
+
+class _Stages:
+    def __init__(self, stats: dict[str, Any]) -> None:
+        self.stats = _Stats(stats)
+
+
+class _ShardsEngine:
+    """``service.engine`` in a worker over K engines: ``stats`` merged over the shards, the
+    per-user methods on the user's shard, the gauges summed over the engines' snapshots."""
+
+    def __init__(self, service: ShardedRemoteService) -> None:
+        self._service = service
+        router = service.router
+        self.stats = _Remote(router, "stats", None)
+        self.knowledge = _ByUser(router, "knowledge", None)
+        self.profile = _ByUser(router, "profile", None)
+
+    def _snapshots(self) -> list[dict[str, Any]]:
+        return [p.snapshot() for p in self._service.parts]
+
+    @property
+    def config(self) -> Any:
+        return self._service.parts[0].engine.config
+
+    @property
+    def memory(self) -> Any:
+        return self._service.parts[0].engine.memory
+
+    @property
+    def embedder(self) -> Any:
+        return self._service.parts[0].engine.embedder
+
+    @property
+    def counters(self) -> dict[str, Any]:
+        total: Counter[str] = Counter()
+        for s in self._snapshots():
+            total.update(s.get("counters") or {})
+        return dict(total)
+
+    @property
+    def stages(self) -> _Stages | None:
+        llm = [s["llm"] for s in self._snapshots() if s.get("llm") is not None]
+        if not llm:
+            return None
+        total: Counter[str] = Counter()
+        for stats in llm:
+            total.update({k: v for k, v in stats.items() if isinstance(v, int | float)})
+        return _Stages(dict(total))
+
+    def pending_count(self, user_id: str | None = None) -> int:
+        if user_id is None:
+            return sum(int(s.get("pending", 0)) for s in self._snapshots())
+        return self._service.part(user_id).engine.pending_count(user_id)
+
+    def users(self) -> list[str]:
+        return self._service.known_users()
+
+
+class ShardedRemoteService:
+    """The HTTP app's service in a worker over K engine processes (the module docstring).
+
+    ``addresses[i]`` and ``engine_pids[i]``: engine ``i``'s socket and its pid getter (0 while
+    it restarts); ``lock_path``: the exchange lock's file; ``sync``: whether this worker runs
+    the sync loop (one worker does)."""
+
+    closed_message = RemoteService.closed_message
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        engine_pids: Sequence[Callable[[], int]],
+        settings: ServerSettings | None = None,
+        *,
+        lock_path: str,
+        sync: bool,
+        sync_interval_s: float = DEFAULT_SYNC_S,
+        metrics: Any = None,
+    ) -> None:
+        if len(addresses) < 2 or len(addresses) != len(engine_pids):
+            raise ValueError("a sharded worker needs two or more engines, each with its pid")
+        self.settings = settings or ServerSettings()
+        self.metrics = metrics
+        self.parts = [
+            RemoteService(a, pid, self.settings)
+            for a, pid in zip(addresses, engine_pids, strict=True)
+        ]
+        self.shard_map = ShardMap(len(self.parts))
+        self.router = _EngineRouter(
+            self.parts, self.settings, lock_path, sync_interval_s if sync else None
+        )
+        self.engine = _ShardsEngine(self)
+        # what the routes read: writes in flight per user, over every part
+        self._user_writes = collections.ChainMap(*(p._user_writes for p in self.parts))
+
+    def part(self, user_id: str) -> RemoteService:
+        return self.parts[self.shard_map.shard(user_id)]
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, *, wait: bool = True) -> None:
+        for p in self.parts:
+            await p.start(wait=False)
+        await self.router.start(wait=True)  # no engine call: its refresh caches nothing
+        while wait and self.state not in ("ready", "failed"):
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        """The router's last sync (worker 0's), then the channels; the engine processes drain
+        and close their stores after every worker has stopped."""
+        await self.router.close()
+        for p in self.parts:
+            await p.close()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def state(self) -> str:
+        """``ready`` when every engine is; else the first part's state that is not."""
+        states = [p.state for p in self.parts]
+        return next((s for s in states if s != "ready"), "ready")
+
+    @property
+    def error(self) -> str | None:
+        return next((p.error for p in self.parts if p.error), None)
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def check_ready(self) -> None:
+        """Whether the server takes requests at all: a request for one user needs only its
+        shard (checked where it is sent), so here only a failed or stopping part refuses."""
+        for p in self.parts:
+            if p.state in ("failed", "closing", "closed"):
+                p.check_ready()
+
+    def queue_depths(self) -> dict[str, int]:
+        return {
+            f"shard-{i}:{k}": v
+            for i, p in enumerate(self.parts)
+            for k, v in p.queue_depths().items()
+        }
+
+    def batch_stats(self) -> dict[str, Any]:
+        return {f"shard-{i}": p.batch_stats() for i, p in enumerate(self.parts)}
+
+    @property
+    def _derived_runs(self) -> int:
+        return sum(p._derived_runs for p in self.parts)
+
+    @property
+    def has_llm(self) -> bool:
+        return self.parts[0].has_llm
+
+    def known_users(self) -> list[str]:
+        return sorted(u for p in self.parts for u in p.known_users())
+
+    def is_known(self, user_id: str) -> bool:
+        return self.part(user_id).is_known(user_id)
+
+    async def known(self, user_id: str) -> bool:
+        return await self.part(user_id).known(user_id)
+
+    async def users(self) -> list[str]:
+        return sorted(u for part in await self._all_parts("users") for u in part)
+
+    async def _all_parts(self, method: str) -> list[Any]:
+        return list(await asyncio.gather(*(getattr(p, method)() for p in self.parts)))
+
+    def engine_for(self, user_id: str) -> Any:
+        return self.router.engine_for(user_id)
+
+    # ------------------------------------------------------------------ requests
+    async def add_pages(self, pages: Sequence[PageInput]) -> list[AddResult]:
+        """Pages split by shard (one queued write each), answered in request order."""
+        self.check_ready()
+        groups = self.shard_map.group(p.user_id for p in pages)
+        parts = await asyncio.gather(
+            *(self.parts[s].add_pages([pages[i] for i in idx]) for s, idx in groups.items())
+        )
+        out: list[AddResult | None] = [None] * len(pages)
+        for idx, part in zip(groups.values(), parts, strict=True):
+            for i, r in zip(idx, part, strict=True):
+                out[i] = r
+        return [r for r in out if r is not None]
+
+    async def retrieve(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        top_pages: int | None = None,
+        top_segments: int | None = None,
+    ) -> Retrieval:
+        return await self.part(user_id).retrieve(
+            user_id, query, top_pages=top_pages, top_segments=top_segments
+        )
+
+    async def retrieve_body(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        top_pages: int | None = None,
+        top_segments: int | None = None,
+    ) -> bytes:
+        return await self.part(user_id).retrieve_body(
+            user_id, query, top_pages=top_pages, top_segments=top_segments
+        )
+
+    async def respond(
+        self, user_id: str, query: str, *, timestamp: float | str | None = None
+    ) -> Response:
+        return await self.part(user_id).respond(user_id, query, timestamp=timestamp)
+
+    async def call(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        """An engine method routed by the router (``engine_for(u).x``, ``engine.stats``), or
+        any other callable in a worker thread."""
+        self.check_ready()
+        if isinstance(fn, _Remote):
+            return await fn.acall(*args, **kw)
+        return await asyncio.to_thread(fn, *args, **kw)
+
+    async def delete_user(self, user_id: str) -> bool:
+        """The user's shard deletes the user, every shard forgets what its pages taught the
+        assistants (under the exchange lock, across workers)."""
+        deleted = await self.router.delete_user(user_id)
+        self.part(user_id)._mark([user_id], False)
+        return deleted
+
+    async def wait_for_user(self, user_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        return await self.part(user_id).wait_for_user(user_id, timeout)
