@@ -295,6 +295,20 @@ async def _simulate_in_processes(
     return lat, errors, wall, sum(cpu for _, _, cpu in parts)
 
 
+def _batching(stats: httpx.Response) -> dict[str, dict[str, int]]:
+    """Batches and items per queue (retrieve, write, ...), summed over the shards of a
+    server with several engine processes (whose statistics come per shard)."""
+    raw = stats.json()["server"]["batching"]
+    shards = [raw] if all("batches" in q for q in raw.values()) else list(raw.values())
+    out: dict[str, dict[str, int]] = {}
+    for shard in shards:
+        for name, q in shard.items():
+            total = out.setdefault(name, {"batches": 0, "items": 0})
+            total["batches"] += q["batches"]
+            total["items"] += q["items"]
+    return out
+
+
 async def load(
     base: str,
     *,
@@ -317,7 +331,7 @@ async def load(
         client_kind=client_kind,
     )
     async with httpx.AsyncClient(base_url=base, headers=HEADERS, timeout=120) as control:
-        before = (await control.get("/v1/stats", headers=ADMIN)).json()["server"]["batching"]
+        before = _batching(await control.get("/v1/stats", headers=ADMIN))
         cpu0 = time.process_time()
         if procs > 1:
             lat, errors, wall, child_cpu = await _simulate_in_processes(
@@ -328,7 +342,7 @@ async def load(
             lat, errors = await _simulate(base, list(range(users)), requests=requests, **kw)
             wall, child_cpu = time.perf_counter() - t0, 0.0
         client_cpu = time.process_time() - cpu0 + child_cpu
-        after = (await control.get("/v1/stats", headers=ADMIN)).json()["server"]["batching"]
+        after = _batching(await control.get("/v1/stats", headers=ADMIN))
         backlog = await pending_derived(control)
     mean_batch = {}
     for k in after:
