@@ -273,7 +273,9 @@ class RouterService(RetrievalBodies):
         return self._exchange
 
     async def ask(self, shard: int, method: str, *args: Any) -> Any:
-        """``method(*args)`` of shard ``shard``'s replica; its error raised here."""
+        """``method(*args)`` of shard ``shard``'s replica; its error raised here. The one place
+        a shard is reached: a Serve handle here, an engine process's ZeroMQ channel under
+        ``serve --engines`` (:mod:`memoryos_gpu.server.shard_router`)."""
         return unbox(await getattr(self.handles[shard], method).remote(*args))
 
     async def _ask_all(self, method: str, *args: Any) -> list[Any]:
