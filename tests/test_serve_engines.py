@@ -31,7 +31,13 @@ from memoryos_gpu.distributed.sharding import ShardEngine, ShardMap, prepare_lay
 from memoryos_gpu.llm.scripted import ScriptedBackend
 from memoryos_gpu.types import PageInput
 from tests.served import HA, ROOT
-from tests.test_distributed import _assistant_script, conversation, engine_config
+from tests.test_distributed import (
+    BACKENDS,
+    _assistant_script,
+    conversation,
+    engine_config,
+    store_for,
+)
 from tests.test_serve_workers import UNLIMITED, Supervised
 
 SHARDS = ShardMap(2)
@@ -39,8 +45,9 @@ SHARDS = ShardMap(2)
 
 # ------------------------------------------------------------------------------ in process
 @contextlib.asynccontextmanager
-async def _sharded(tmp_path: Path) -> AsyncIterator[Any]:
-    """Two shard engines (LLM mode, scripted) behind engine servers, and a worker's service."""
+async def _sharded(tmp_path: Path, store: str) -> AsyncIterator[Any]:
+    """Two shard engines (LLM mode, scripted) behind engine servers, and a worker's service;
+    ``store``: a directory (a SQLite store per shard) or a PostgreSQL URL (one database)."""
     import zmq
 
     from memoryos_gpu.server.engine_process import EngineServer
@@ -48,7 +55,6 @@ async def _sharded(tmp_path: Path) -> AsyncIterator[Any]:
     from memoryos_gpu.server.settings import ServerSettings
     from memoryos_gpu.server.shard_router import ShardedRemoteService
 
-    store = str(tmp_path / "store")
     prepare_layout(store, 2)
     ctx = zmq.Context()
     servers, addresses = [], []
@@ -85,12 +91,15 @@ async def _sharded(tmp_path: Path) -> AsyncIterator[Any]:
         ctx.term()
 
 
-def test_pages_go_to_their_shard_and_assistant_knowledge_reaches_both(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pages_go_to_their_shard_and_assistant_knowledge_reaches_both(
+    backend: str, tmp_path: Path
+) -> None:
     rows = conversation(users=6, per_user=10)
     users = sorted({r["user_id"] for r in rows})
 
     async def go() -> None:
-        async with _sharded(tmp_path) as service:
+        async with _sharded(tmp_path, store_for(backend, tmp_path)) as service:
             for i in range(0, len(rows), 16):  # each batch holds users of both shards
                 batch = [PageInput(**r) for r in rows[i : i + 16]]
                 res = await service.add_pages(batch)
