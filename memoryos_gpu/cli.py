@@ -1326,7 +1326,8 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
     "--workers",
     type=click.IntRange(0),
     help="HTTP worker processes in front of the engine process(es) (0: one process serves "
-    "everything) [default: the cores available minus one per engine].",
+    "everything) [default: the cores available minus one per engine; at least 1 with "
+    "--engines > 1].",
 )
 @click.option(
     "--engines",
@@ -1378,7 +1379,8 @@ def serve(
     if workers is None:
         from memoryos_gpu.server.workers import default_workers
 
-        workers = default_workers(engines)
+        # several engines are reached through workers: at least one, even on a small box
+        workers = max(default_workers(engines), 1 if engines > 1 else 0)
     if engines > 1 and not workers:
         raise UsageFailure(
             f"--engines {engines} needs --workers >= 1 (the HTTP workers route by shard)"

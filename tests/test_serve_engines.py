@@ -274,3 +274,53 @@ def test_engines_are_refused_where_they_cannot_work(
     )
     assert out.returncode == 2, out.stdout + out.stderr
     assert says in out.stderr
+
+
+def test_a_store_ingested_by_workers_is_served_by_as_many_engines(tmp_path: Path) -> None:
+    """Bulk ingestion sharded two ways, then ``serve`` on that store with no --engines: two
+    engine processes, every ingested user served from its shard (the layout is the same)."""
+    from memoryos_gpu.ingest import shard_of
+    from tests.served import free_port
+    from tests.test_cli import _env, cli, write_synthetic
+
+    src, store = tmp_path / "in.jsonl", tmp_path / "store"
+    write_synthetic(src, users=20, per_user=2)
+    assert cli("ingest", src, "--store", store, "--workers", "2").returncode == 0
+    port = free_port()
+    log = tmp_path / "serve.log"
+    command = [sys.executable, "-m", "memoryos_gpu", "serve", "--store", str(store)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*command, "--workers", "1", "--port", str(port)],
+            cwd=ROOT,
+            env=_env(None, True),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.1)
+        users = httpx.get(f"{base}/v1/users", timeout=30).json()["users"]
+        assert len(users) == 20
+        stats = httpx.get(f"{base}/v1/stats", timeout=30).json()["engine"]
+        assert stats["shard_count"] == 2
+        assert [s["users"] for s in stats["shards"]] == [
+            sum(shard_of(u, 2) == i for u in users) for i in (0, 1)
+        ]
+        got = httpx.post(
+            f"{base}/v1/users/user-0003/retrieve", json={"query": "topic"}, timeout=30
+        ).json()
+        assert got["known_user"] and {p["user_input"] for p in got["stm"]} == {
+            "note 0 from user 3: topic 0 and item 0",
+            "note 1 from user 3: topic 1 and item 3",
+        }
+        assert "1 HTTP worker(s) in front of 2 engine process(es)" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(90)
