@@ -214,6 +214,11 @@ def test_every_worker_serves_every_users_shard(server: Supervised) -> None:
             ]
     listed = httpx.get(f"{server.base}/v1/users", headers=HA, timeout=30).json()["users"]
     assert set(users) <= set(listed)
+    # mem0's memory ids are page ids, unique per shard only: refused, saying why
+    r = httpx.post(
+        f"{server.base}/v1/mem0/search", json={"query": "cello", "user_id": users[0]}, headers=HA
+    )
+    assert r.status_code == 501 and "--engines" in r.json()["detail"]
     assert (server.store / "shard-0").is_dir() and (server.store / "shard-1").is_dir()
 
 

@@ -44,8 +44,10 @@ def add_mem0_routes(
     def ops() -> Mem0Ops:
         engine = getattr(service, "engine", None)
         if engine is None or not hasattr(engine, "store"):
-            raise ApiError(
-                501, "not_supported", "the mem0 routes need one local engine (not serve --ray)"
+            raise ApiError(  # memory ids are page ids: unique in one engine, not across shards
+                501,
+                "not_supported",
+                "the mem0 routes need one engine (not serve --ray or --engines > 1)",
             )
         service.check_ready()
         return Mem0Ops(engine)
