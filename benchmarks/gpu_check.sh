@@ -17,7 +17,9 @@
 #                       our kernels instrumented (target: 0 errors); racecheck and synccheck
 #                       in step 7
 #   5. serve-workers    benchmarks/serve_load.py at 100 saturating users over serve --workers
-#                       0 2 4 8 15 (target: 15 workers >= 5x the single process)
+#                       0 2 4 8 15 (target: 15 workers >= 5x the single process); then
+#      serve-engines    the same over --workers 0 6 10 with --engines 4 (the users sharded over
+#                       four engine processes: one caps near 2,800 requests/s there)
 #   6. throughput-10k   benchmarks/throughput.py (hashing embedder; the engine picks the CUDA
 #      retrieval-path   arena when a device is usable) at 10,000 users; retrieval_path.py at
 #                       1,000 users: memory-system time per query beside the kernels'
@@ -161,6 +163,9 @@ step serve-workers 130 python "$ROOT/benchmarks/serve_load.py" --users 100 \
   --workers 0 2 4 8 15 --rounds 1 --no-unbatched --requests 1000000 --time-limit 12 \
   --paced-think-ms 0 --client-procs 4 --out "$OUT/serve_workers_gpu.json" \
   --plot "$OUT/serve_workers_gpu.png"
+step serve-engines 100 python "$ROOT/benchmarks/serve_load.py" --users 100 \
+  --workers 0 6 10 --engines 4 --rounds 1 --no-unbatched --requests 1000000 --time-limit 12 \
+  --paced-think-ms 0 --client-procs 4 --out "$OUT/serve_engines_gpu.json"
 
 # 6. end to end with the CUDA arena (the engine's device is "auto": CUDA when usable); the
 # LoCoMo dev split it builds users from is looked up where checkouts keep shared/
