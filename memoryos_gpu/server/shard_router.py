@@ -37,7 +37,7 @@ from typing import Any
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.distributed.ray_serve import DEFAULT_SYNC_S, RouterService, _Remote
 from memoryos_gpu.distributed.sharding import ShardMap
-from memoryos_gpu.server.remote_service import RemoteService
+from memoryos_gpu.server.remote_service import RemoteService, _Stages
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -113,37 +113,14 @@ class _EngineRouter(RouterService):
         """Nothing to cache: each part keeps its engine's status."""
 
 
-class _ByUser(_Remote):
-    """An engine method whose first argument is a user id, on that user's shard."""
-
-    async def acall(self, *args: Any, **kw: Any) -> Any:
-        shard = self.router.shard_map.shard(str(args[0]))
-        return await self.router.ask(shard, "call", self.name, args, kw)
-
-
-class _Stats:
-    def __init__(self, stats: dict[str, Any]) -> None:
-        self._stats = stats
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self._stats)
-
-
-class _Stages:
-    def __init__(self, stats: dict[str, Any]) -> None:
-        self.stats = _Stats(stats)
-
-
 class _ShardsEngine:
-    """``service.engine`` in a worker over K engines: ``stats`` merged over the shards, the
-    per-user methods on the user's shard, the gauges summed over the engines' snapshots."""
+    """``service.engine`` in a worker over K engines: what the routes and the metrics read of
+    it (per-user calls go through ``engine_for(user)``): ``stats`` merged over the shards, the
+    gauges summed over the engines' status snapshots, the config of the first."""
 
     def __init__(self, service: ShardedRemoteService) -> None:
         self._service = service
-        router = service.router
-        self.stats = _Remote(router, "stats", None)
-        self.knowledge = _ByUser(router, "knowledge", None)
-        self.profile = _ByUser(router, "profile", None)
+        self.stats = _Remote(service.router, "stats", None)
 
     def _snapshots(self) -> list[dict[str, Any]]:
         return [p.snapshot() for p in self._service.parts]
@@ -345,9 +322,7 @@ class ShardedRemoteService:
         """An engine method routed by the router (``engine_for(u).x``, ``engine.stats``), or
         any other callable in a worker thread."""
         self.check_ready()
-        if isinstance(fn, _Remote):
-            return await fn.acall(*args, **kw)
-        return await asyncio.to_thread(fn, *args, **kw)
+        return await self.router.call(fn, *args, **kw)
 
     async def delete_user(self, user_id: str) -> bool:
         """The user's shard deletes the user, every shard forgets what its pages taught the
