@@ -311,12 +311,12 @@ class RouterService(RetrievalBodies):
         if self._loading is not None and not self._loading.done():
             await self._loading
         self.state = "closing"
-        if self._task is not None:
+        if self._task is not None:  # a syncing router syncs a last time
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        with contextlib.suppress(Exception):
-            await self.sync()
+            with contextlib.suppress(Exception):
+                await self.sync()
         self.state = "closed"
 
     async def _sync_loop(self) -> None:
