@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -329,3 +330,29 @@ def test_a_store_ingested_by_workers_is_served_by_as_many_engines(tmp_path: Path
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(90)
+
+
+def test_sigterm_drains_every_engine_and_keeps_every_write(tmp_path: Path) -> None:
+    """SIGTERM stops the workers, then both engine processes: the server exits 0 (no process
+    had to be killed) and the sharded store, read back by the CLI, holds every page the server
+    acknowledged, users of both shards."""
+    from tests.test_cli import cli
+
+    s = Supervised(tmp_path / "store", tmp_path / "server.log", workers=1, engines=2, **UNLIMITED)
+    try:
+        s.wait_ready()
+        users = _users()[0][:4] + _users()[1][:4]
+        for u in users:
+            r = httpx.post(
+                f"{s.base}/v1/users/{u}/pages",
+                json={"user_input": f"{u} grows tomatoes", "source": f"{u}:1"},
+                headers=HA,
+                timeout=30,
+            )
+            assert r.status_code == 201, r.text
+    finally:
+        code = s.stop()
+    assert code == 0, s.log.read_text()[-3000:]
+    stats = cli("stats", "--store", tmp_path / "store", "--json")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["pages"] == len(users)
