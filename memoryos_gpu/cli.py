@@ -1375,7 +1375,10 @@ def serve(
         ) from None
     store = resolve_store(o)
     cfg = build_config(o, store=store)
-    engines = engines or _store_shards(store)
+    shards = _store_shards(store)
+    if engines and shards > 1 and engines != shards:  # users are placed by hash mod count
+        raise UsageFailure(f"{store} holds {shards} shards: serve it with --engines {shards}")
+    engines = engines or shards
     if workers is None:
         from memoryos_gpu.server.workers import default_workers
 

@@ -263,6 +263,7 @@ def test_a_killed_engine_fails_only_its_own_users(server: Supervised) -> None:
     [
         (["--engines", "2", "--workers", "0"], "needs --workers >= 1"),
         (["--engines", "3", "--workers", "1"], "holds 2 shards"),
+        (["--engines", "1", "--workers", "1"], "holds 2 shards"),
         (["--engines", "2", "--ray"], "--ray has its own router"),
     ],
 )
