@@ -4,8 +4,10 @@ In process first: two shard engines behind real ZeroMQ engine servers and the wo
 (:class:`~memoryos_gpu.server.shard_router.ShardedRemoteService`) in one event loop, with a
 scripted LLM whose promotions find assistant facts: pages go to their user's shard, assistant
 knowledge is the same on both shards after a sync, and deleting a user forgets what its pages
-taught on both. Then the exchange lock across processes, and the whole server in a subprocess:
-every worker serves every user, and an engine killed with SIGKILL fails only its own users.
+taught on both (SQLite, and PostgreSQL when a test server is set). Then the exchange lock
+across processes, and the whole server in a subprocess: every worker serves every user, an
+engine killed with SIGKILL fails only its own users, layouts that cannot work are refused, a
+store ingested with ``ingest --workers 2`` is served by two engines, SIGTERM keeps every write.
 """
 
 from __future__ import annotations
