@@ -371,7 +371,7 @@ class _GatedHandle(_ShardHandle):
         self.call.remote = call
 
         async def take_sync() -> Any:
-            return {"delta": engine.take_keyword_delta(), "facts": engine.take_assistant_facts()}
+            return engine.take_sync()
 
         self.take_sync = _Remote(lambda: None)
         self.take_sync.remote = take_sync

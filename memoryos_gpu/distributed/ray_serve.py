@@ -52,7 +52,15 @@ from memoryos_gpu.server.scope import RetrievalBodies
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
-__all__ = ["Router", "RouterService", "ShardReplica", "app_builder", "build_app", "run"]
+__all__ = [
+    "Router",
+    "RouterService",
+    "ShardReplica",
+    "add_by_shard",
+    "app_builder",
+    "build_app",
+    "run",
+]
 
 log = logging.getLogger("memoryos_gpu.server")
 APP_NAME = "memoryos"
@@ -156,13 +164,26 @@ class ShardReplica:
         return await self._boxed(self._take_sync)
 
     async def _take_sync(self) -> dict[str, Any]:
-        e = self.service.engine
-        delta = await self.service.call(e.take_keyword_delta)
-        facts = await self.service.call(e.take_assistant_facts)
-        return {"delta": delta, "facts": facts}
+        return await self.service.call(self.service.engine.take_sync)
 
 
 # ============================================================================ router
+async def add_by_shard(
+    shard_map: ShardMap,
+    pages: Sequence[PageInput],
+    send: Callable[[int, list[PageInput]], Awaitable[list[AddResult]]],
+) -> list[AddResult]:
+    """``pages`` split by their users' shards, each part sent at once (``send(shard,
+    part)``), the results in the pages' order."""
+    groups = shard_map.group(p.user_id for p in pages)
+    parts = await asyncio.gather(*(send(s, [pages[i] for i in idx]) for s, idx in groups.items()))
+    out: list[AddResult | None] = [None] * len(pages)
+    for idx, part in zip(groups.values(), parts, strict=True):
+        for i, r in zip(idx, part, strict=True):
+            out[i] = r
+    return [r for r in out if r is not None]
+
+
 class _Remote:
     """An engine method on a shard replica (or, ``fan_out``, on all of them)."""
 
@@ -437,24 +458,19 @@ class RouterService(RetrievalBodies):
     async def add_pages(self, pages: Sequence[PageInput]) -> list[AddResult]:
         """Pages split by shard (each part one queued write there), answered in order."""
         self.check_ready()
-        groups = self.shard_map.group(p.user_id for p in pages)
         users = Counter(p.user_id for p in pages)
         self._user_writes.update(users)
         try:
-            parts = await asyncio.gather(
-                *(self.ask(s, "add_pages", [pages[i] for i in idx]) for s, idx in groups.items())
+            out = await add_by_shard(
+                self.shard_map, pages, lambda s, part: self.ask(s, "add_pages", part)
             )
-            out: list[AddResult | None] = [None] * len(pages)
-            for (_, idx), part in zip(groups.items(), parts, strict=True):
-                for i, r in zip(idx, part, strict=True):
-                    out[i] = r
         finally:
             self._user_writes.subtract(users)
             for u in users:
                 if self._user_writes[u] <= 0:
                     del self._user_writes[u]
-        self._mark({r.user_id for r in out if r is not None}, True)
-        return [r for r in out if r is not None]
+        self._mark({r.user_id for r in out}, True)
+        return out
 
     async def retrieve(
         self,

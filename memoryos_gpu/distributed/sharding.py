@@ -412,6 +412,11 @@ class ShardEngine(MemoryEngine):
         if keep:
             super()._push_knowledge(db, [facts[i] for i in keep], emb[keep])
 
+    def take_sync(self) -> dict[str, Any]:
+        """What a router's sync takes from this shard in one call: the keyword delta and the
+        assistant facts gathered since the last one."""
+        return {"delta": self.take_keyword_delta(), "facts": self.take_assistant_facts()}
+
     def take_assistant_facts(self) -> list[Fact]:
         """The assistant facts found since the last call (``Fact``: owner id = assistant)."""
         with self._lock:

@@ -35,7 +35,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from memoryos_gpu.config import EngineConfig
-from memoryos_gpu.distributed.ray_serve import DEFAULT_SYNC_S, RouterService, _Remote
+from memoryos_gpu.distributed.ray_serve import (
+    DEFAULT_SYNC_S,
+    RouterService,
+    _Remote,
+    add_by_shard,
+)
 from memoryos_gpu.distributed.sharding import ShardMap
 from memoryos_gpu.server.remote_service import RemoteService, _Stages
 from memoryos_gpu.server.settings import ServerSettings
@@ -96,10 +101,8 @@ class _EngineRouter(RouterService):
     async def ask(self, shard: int, method: str, *args: Any) -> Any:
         part = self.parts[shard]
         part.check_ready()  # 503 + Retry-After while this shard's engine (re)starts
-        if method == "take_sync":
-            delta = await part.client.request("call", "take_keyword_delta", (), {})
-            facts = await part.client.request("call", "take_assistant_facts", (), {})
-            return {"delta": delta, "facts": facts}
+        if method == "take_sync":  # a ShardEngine method, not a request of the engine server
+            return await part.client.request("call", "take_sync", (), {})
         return await part.client.request(method, *args)
 
     async def sync(self) -> dict[str, int]:
@@ -158,9 +161,6 @@ class _ShardsEngine:
         if user_id is None:
             return sum(int(s.get("pending", 0)) for s in self._snapshots())
         return self._service.part(user_id).engine.pending_count(user_id)
-
-    def users(self) -> list[str]:
-        return self._service.known_users()
 
 
 class ShardedRemoteService:
@@ -267,10 +267,9 @@ class ShardedRemoteService:
         return await self.part(user_id).known(user_id)
 
     async def users(self) -> list[str]:
-        return sorted(u for part in await self._all_parts("users") for u in part)
-
-    async def _all_parts(self, method: str) -> list[Any]:
-        return list(await asyncio.gather(*(getattr(p, method)() for p in self.parts)))
+        return sorted(
+            u for part in await asyncio.gather(*(p.users() for p in self.parts)) for u in part
+        )
 
     def engine_for(self, user_id: str) -> Any:
         return self.router.engine_for(user_id)
@@ -279,15 +278,9 @@ class ShardedRemoteService:
     async def add_pages(self, pages: Sequence[PageInput]) -> list[AddResult]:
         """Pages split by shard (one queued write each), answered in request order."""
         self.check_ready()
-        groups = self.shard_map.group(p.user_id for p in pages)
-        parts = await asyncio.gather(
-            *(self.parts[s].add_pages([pages[i] for i in idx]) for s, idx in groups.items())
+        return await add_by_shard(
+            self.shard_map, pages, lambda s, part: self.parts[s].add_pages(part)
         )
-        out: list[AddResult | None] = [None] * len(pages)
-        for idx, part in zip(groups.values(), parts, strict=True):
-            for i, r in zip(idx, part, strict=True):
-                out[i] = r
-        return [r for r in out if r is not None]
 
     async def retrieve(
         self,
