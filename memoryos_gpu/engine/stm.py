@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from memoryos_gpu.json_codec import dumps_text
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
 from memoryos_gpu.store.sqlite import emb_blob
 from memoryos_gpu.types import AddResult, PageInput
@@ -172,7 +173,7 @@ class ShortTerm:
                     p.agent_response,
                     p.timestamp,
                     p.source,
-                    json.dumps(p.meta, ensure_ascii=False) if p.meta else "{}",
+                    _meta_json(p.meta) if p.meta else "{}",
                     now,
                 )
             )
@@ -251,3 +252,13 @@ class ShortTerm:
             while len(stm) > cap:
                 out.append((uid, stm.popleft()))
         return out
+
+
+def _meta_json(meta: dict[str, Any]) -> str:
+    """A page's meta as stored: the fast codec (a few times quicker than ``json.dumps``, and
+    every page of a chat log carries its speakers), the standard library for what it refuses
+    (an integer beyond 64 bits, which validation lets through)."""
+    try:
+        return dumps_text(meta)
+    except TypeError:
+        return json.dumps(meta, ensure_ascii=False)

@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from memoryos_gpu.store.batched_sql import batched_connection
 from memoryos_gpu.store.sqlite import StoreError
 
 __all__ = [
@@ -143,7 +144,7 @@ def connect(
                 f"{path} is not a usable memoryos-gpu store without a key: it is encrypted "
                 f"(give its key with {_KEY_HELP}) or it is not a SQLite file"
             )
-        return sqlite3.connect(path, **kwargs), sqlite3
+        return sqlite3.connect(path, factory=batched_connection(sqlite3), **kwargs), sqlite3
     if state == "plain":
         raise StoreError(
             f"store {path} is not encrypted, but an encryption key was given: encrypt it with "
@@ -151,7 +152,7 @@ def connect(
         )
     dbapi = driver()
     try:
-        db = dbapi.connect(path, **kwargs)
+        db = dbapi.connect(path, factory=batched_connection(dbapi), **kwargs)
     except dbapi.Error as exc:
         raise StoreError(f"cannot open store {path}: {exc}") from None
     _apply_key(db, dbapi, path, key)
