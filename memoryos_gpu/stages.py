@@ -21,7 +21,7 @@ import itertools
 import re
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +128,45 @@ _FIRST_PERSON = re.compile(r"\b(i|i'm|i've|i'd|i'll|my|me|mine|we|our)\b", re.IG
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
+def page_waves_in_order(
+    pages: Callable[[Sequence[PageWork]], list[PageOutcome]],
+    waves: Sequence[Sequence[PageWork]],
+) -> list[list[PageOutcome]]:
+    """The outcomes of a round's *waves* (wave ``j``: the ``j``-th page of each user; a page
+    of a later wave follows its user's page of the wave before), staged by ``pages`` one wave
+    at a time: a page whose predecessor was staged in this call takes that outcome's chain meta
+    as its own context first (``prev_meta``, which the caller then reads as the context the
+    outcome was made in)."""
+    meta_of: dict[int, str] = {}
+    out: list[list[PageOutcome]] = []
+    for work in waves:
+        for w in work:
+            _take_context(w, meta_of)
+        done = pages(work)
+        meta_of.update((w.page["page_id"], o.meta) for w, o in zip(work, done, strict=True))
+        out.append(done)
+    return out
+
+
+def _take_context(w: PageWork, meta_of: dict[int, str]) -> bool:
+    """Give ``w`` its predecessor's chain meta from ``meta_of`` (page id -> meta of the pages
+    staged before it) when it has none yet; whether it took one."""
+    if w.prev_meta is not None or w.prev_page is None:
+        return False
+    meta = meta_of.get(w.prev_page["page_id"])
+    if meta is None:
+        return False
+    w.prev_meta = meta
+    return True
+
+
+def _chain_meta(prev_meta: str | None, continuous: bool, summary: str) -> str:
+    """A page's chain meta without an LLM: its chain's meta when it continues a chain that
+    has one, else its own first sentence (its extractive summary; for one page the same as
+    ``fallback_chain_meta(None, page)``, computed once)."""
+    return (prev_meta if (continuous and prev_meta) else summary) or ""
+
+
 class ExtractiveStages:
     """LLM-free stages: a documented quality/cost trade-off for bulk ingestion.
 
@@ -161,6 +200,28 @@ class ExtractiveStages:
             self._page(w, k, c) for w, k, c in zip(work, keywords, continuous.tolist(), strict=True)
         ]
 
+    def page_waves(self, waves: Sequence[Sequence[PageWork]]) -> list[list[PageOutcome]]:
+        """The outcomes of several waves (:func:`page_waves_in_order`'s contract) from one
+        batch: only a page's chain meta depends on the wave before (keywords, continuity and
+        summary read the page, its predecessor's text and embedding, and statistics that the
+        round does not change), so the metas are resolved after it, wave by wave, by the rule
+        :meth:`_page` applies. One user's backlog (a wave per page) then costs one pass of
+        the stage instead of one a page."""
+        flat = [w for work in waves for w in work]
+        done = self.pages(flat)
+        meta_of: dict[int, str] = {}
+        out: list[list[PageOutcome]] = []
+        at = 0
+        for work in waves:
+            part = done[at : at + len(work)]
+            at += len(work)
+            for w, o in zip(work, part, strict=True):
+                if _take_context(w, meta_of):
+                    o.meta = _chain_meta(w.prev_meta, o.continuous, o.summary)
+            meta_of.update((w.page["page_id"], o.meta) for w, o in zip(work, part, strict=True))
+            out.append(part)
+        return out
+
     def _continuous(self, work: Sequence[PageWork]) -> np.ndarray:
         """Whether each page continues its chain: cos(previous page, page) >= the threshold,
         for the whole round in one matrix product (False without a previous page)."""
@@ -193,10 +254,8 @@ class ExtractiveStages:
 
     def _page(self, w: PageWork, keywords: list[str], continuous: bool) -> PageOutcome:
         summary = prompts.fallback_topic_summary([w.page], extractor=self.extractor, max_keywords=0)
-        # a new chain's meta is fallback_chain_meta(None, page): for one page, the same first
-        # sentence as its summary (computed once)
-        meta = w.prev_meta if (continuous and w.prev_meta) else summary.summary
-        return PageOutcome(continuous, meta or "", summary.summary, keywords, self.mode)
+        meta = _chain_meta(w.prev_meta, continuous, summary.summary)
+        return PageOutcome(continuous, meta, summary.summary, keywords, self.mode)
 
     def promotions(self, work: Sequence[PromotionWork]) -> list[PromotionOutcome]:
         out = []
@@ -287,6 +346,11 @@ class LLMStages:
         if not work:
             return []
         return self._pages_fused(work) if self.fused else self._pages_separate(work)
+
+    def page_waves(self, waves: Sequence[Sequence[PageWork]]) -> list[list[PageOutcome]]:
+        """Wave after wave: the model is shown each page's chain meta, its predecessor's
+        outcome (:func:`page_waves_in_order`)."""
+        return page_waves_in_order(self.pages, waves)
 
     def _pages_fused(self, work: Sequence[PageWork]) -> list[PageOutcome]:
         raw = self._run(

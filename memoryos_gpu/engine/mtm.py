@@ -2,13 +2,13 @@
 
 A page leaving STM is applied in a *round* of *waves* (a wave: one pending page of each user,
 see :mod:`~memoryos_gpu.engine.derived`): its inputs are read under the engine lock, the chain
-+ summary stage runs on each wave (one LLM batch, or extractive) and the summaries are
-embedded without it, and under it again the items whose inputs still hold are matched against
-their users' segments, a wave at a time, in one kernel call each. A page joins its best
-segment when ``cos + Jaccard >= theta`` (the segment's embedding becomes the running mean, its
-keyword counts and summary grow), otherwise it opens a segment, the lowest-heat one being
-evicted first when every slot is live. A round's effects and the deletion of its pending rows
-share one transaction; heat is recomputed and promotions queued in it
++ summary stage runs on its waves (an LLM batch a wave; without an LLM, one batch for all) and
+the summaries are embedded without it, and under it again the items whose inputs still hold are
+matched against their users' segments, a wave at a time, in one kernel call each. A page joins
+its best segment when ``cos + Jaccard >= theta`` (the segment's embedding becomes the running
+mean, its keyword counts and summary grow), otherwise it opens a segment, the lowest-heat one
+being evicted first when every slot is live. A round's effects and the deletion of its pending
+rows share one transaction; heat is recomputed and promotions queued in it
 (:mod:`~memoryos_gpu.engine.heat`).
 """
 
@@ -162,33 +162,35 @@ class Segments:
         return out
 
     def _run_stages(self, waves: list[_RoundInput]) -> list[_RoundOutput]:
-        """The round's stages, wave after wave, without the engine lock: they read only what
-        the waves hold (and the keyword statistics, which only grow). A later wave's pages
-        take their chain meta from the previous wave's outcomes."""
-        out: list[_RoundOutput] = []
-        meta_of: dict[int, str] = {}  # page id -> its outcome's chain meta
-        for read in waves:
-            for j, (prev, meta) in enumerate(read.tails):
-                if meta is None and prev in meta_of:
-                    read.tails[j] = (prev, meta_of[prev])
-                    read.work[j].prev_meta = meta_of[prev]
-            done = self._run_wave(read)
-            meta_of.update(
-                (ref, o.meta) for (_, _, ref), o in zip(read.items, done.outcomes, strict=True)
-            )
-            out.append(done)
-        return out
-
-    def _run_wave(self, read: _RoundInput) -> _RoundOutput:
-        """One wave's stages: page outcomes, summary embeddings, keyword rows."""
+        """The round's stages without the engine lock: they read only what the waves hold
+        (and the keyword statistics, which only grow). The stage object decides how the
+        waves go (:meth:`~memoryos_gpu.stages.ExtractiveStages.page_waves`: one batch without
+        an LLM, wave after wave with one); a later wave's pages take their chain meta from
+        the previous wave's outcomes, and their tails record it. The summaries of every wave
+        are embedded, and the keyword rows made, in one call each."""
         s = self._s
-        outcomes = s.stages.pages(read.work)
+        if not waves:
+            return []
+        done = s.stages.page_waves([read.work for read in waves])
+        for read in waves:  # the chain context each outcome was made in
+            read.tails = [(p, w.prev_meta) for (p, _), w in zip(read.tails, read.work, strict=True)]
+        outcomes = [o for wave in done for o in wave]
         for o in outcomes:  # LLM keywords may be phrases: one normalised token list, once
             if o.mode != "extractive":  # the extractor's are normalised unigrams already
                 o.keywords = keyword_tokens(o.keywords)
-        summary_emb = self._summary_embeddings(outcomes, read.embs, [w.page for w in read.work])
+        summary_emb = self._summary_embeddings(
+            outcomes,
+            np.concatenate([read.embs for read in waves]),
+            [w.page for read in waves for w in read.work],
+        )
         kw_rows = keyword_rows([o.keywords for o in outcomes], s.memory.keyword_width)
-        return _RoundOutput(outcomes, summary_emb, kw_rows)
+        out: list[_RoundOutput] = []
+        at = 0
+        for wave in done:
+            part = slice(at, at + len(wave))
+            out.append(_RoundOutput(wave, summary_emb[part], kw_rows[part]))
+            at += len(wave)
+        return out
 
     def _current(self, read: _RoundInput) -> tuple[np.ndarray, np.ndarray]:
         """Under the lock, after the stages: (still pending, still current) per item. Current
