@@ -692,7 +692,7 @@ class Arena:
             table_flat[seg_rows, new_cols] = blocks
             self._block_user[blocks] = seg_rows // nslots
         out = table_flat[key, col].astype(np.int64) * bs + positions % bs
-        if out.max() >= np.iinfo(np.int32).max:
+        if out.max() >= _INT32_MAX:
             raise ArenaError("page pool exceeds 2**31 slots")
         npages_flat = self._h_npages.reshape(-1)
         np.maximum.at(npages_flat, key, (positions + 1).astype(np.int32))

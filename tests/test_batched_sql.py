@@ -131,6 +131,10 @@ def test_a_row_of_the_wrong_width_gets_sqlite3s_error() -> None:
         "UPDATE t SET n = (SELECT v FROM k WHERE key = ?) WHERE id = ?",
         "DELETE FROM t WHERE id > ?",
         "SELECT * FROM t WHERE id = ?",
+        "INSERT INTO t(id, n) VALUES (?1, ?2)",  # numbered and named parameters
+        "UPDATE t SET n = ?1 WHERE id = ?",
+        "INSERT INTO t(id, n) VALUES (:id, :n)",
+        "UPDATE t SET n = :n WHERE id = ?",
     ],
 )
 def test_other_shapes_run_row_by_row(sql: str) -> None:

@@ -53,6 +53,7 @@ _UPDATE = re.compile(
 _DELETE = re.compile(
     r"^(DELETE\s+FROM\s+\w+\s+WHERE\s+\w+)\s*=\s*\?\s*$", re.IGNORECASE | re.DOTALL
 )
+_NAMED = re.compile(r"\?\d|[:@$][A-Za-z_]")
 _QUOTED = re.compile(r"('(?:[^']|'')*'|\"(?:[^\"]|\"\")*\")")
 
 #: Most bytes of text and blobs in a row of an ``UPDATE ... FROM``: SQLite copies the
@@ -95,6 +96,8 @@ def _number_marks(text: str, start: int) -> str:
 def plan(sql: str, update_from: bool = True) -> Plan | None:
     """How ``sql`` goes as multi-row statements, or None (it runs row by row)."""
     flat = sql.strip()  # whitespace kept: a literal may hold some
+    if any(_NAMED.search(part) for part in _QUOTED.split(flat)[::2]):
+        return None  # numbered or named parameters: a repeated group would reuse them
     m = _INSERT.match(flat)
     if m:
         head, group, tail = m.groups()
