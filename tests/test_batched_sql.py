@@ -115,10 +115,22 @@ def test_a_failing_row_fails_the_statement_as_sqlite3_does() -> None:
     assert _rows(batched) == _rows(plain)
 
 
-def test_a_row_of_the_wrong_width_gets_sqlite3s_error() -> None:
-    _, batched = _pair()
-    with pytest.raises(sqlite3.ProgrammingError):
-        batched.executemany("DELETE FROM t WHERE id = ?", [(1,), (2, 3)])
+@pytest.mark.parametrize(
+    ("sql", "rows"),
+    [
+        ("DELETE FROM t WHERE id = ?", [(1,), (2, 3)]),  # a row of the wrong width
+        ("UPDATE t SET n = ? WHERE id = ?", [(1, [2]), (3, 4)]),  # an unhashable key
+        ("INSERT INTO k(key, v) VALUES (?, ?)", [("a", 1.0), 7]),  # a row that is no sequence
+    ],
+)
+def test_bad_rows_get_sqlite3s_error(sql: str, rows: list) -> None:
+    plain, batched = _pair()
+    errors = []
+    for db in (plain, batched):
+        with pytest.raises(sqlite3.ProgrammingError) as info:
+            db.executemany(sql, rows)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
 
 
 @pytest.mark.parametrize(

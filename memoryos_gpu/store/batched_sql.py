@@ -167,14 +167,18 @@ def batched_connection(dbapi: ModuleType) -> type:
 def _fits(how: Plan, rows: Sequence[Sequence[Any]]) -> bool:
     """Whether every row has the statement's width, an UPDATE's rows distinct keys, and an
     ``UPDATE ... FROM``'s rows (judged by the first: one call's rows come from one place)
-    at most :data:`MAX_UPDATE_FROM_BYTES` of text and blobs."""
-    if any(len(r) != how.width for r in rows):
-        return False
-    if how.copies_rows:
-        size = sum(len(v) for v in rows[0] if isinstance(v, str | bytes))
-        if size > MAX_UPDATE_FROM_BYTES:
+    at most :data:`MAX_UPDATE_FROM_BYTES` of text and blobs. Rows it cannot judge (not
+    sequences, unhashable keys) are not batched: ``sqlite3`` then says what is wrong."""
+    try:
+        if any(len(r) != how.width for r in rows):
             return False
-    return not how.update or len({r[-1] for r in rows}) == len(rows)
+        if how.copies_rows:
+            size = sum(len(v) for v in rows[0] if isinstance(v, str | bytes | bytearray))
+            if size > MAX_UPDATE_FROM_BYTES:
+                return False
+        return not how.update or len({r[-1] for r in rows}) == len(rows)
+    except TypeError:
+        return False
 
 
 def sql_for(sql: str, n: int) -> str | None:
