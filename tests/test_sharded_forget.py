@@ -370,12 +370,6 @@ class _GatedHandle(_ShardHandle):
 
         self.call.remote = call
 
-        async def take_sync() -> Any:
-            return engine.take_sync()
-
-        self.take_sync = _Remote(lambda: None)
-        self.take_sync.remote = take_sync
-
 
 def test_a_deletion_waits_for_the_facts_a_sync_has_in_flight(tmp_path: Path) -> None:
     """The router's sync has taken a user's assistant fact from its shard's outbox and the

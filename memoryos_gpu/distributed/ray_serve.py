@@ -159,13 +159,6 @@ class ShardReplica:
             "pending": await svc.call(svc.engine.pending_count),
         }
 
-    async def take_sync(self) -> Any:
-        """Keyword delta and assistant facts gathered since the last sync."""
-        return await self._boxed(self._take_sync)
-
-    async def _take_sync(self) -> dict[str, Any]:
-        return await self.service.call(self.service.engine.take_sync)
-
 
 # ============================================================================ router
 async def add_by_shard(
@@ -357,7 +350,7 @@ class RouterService(RetrievalBodies):
             return await self._sync()
 
     async def _sync(self) -> dict[str, int]:
-        parts = await self._ask_all("take_sync")
+        parts = await self._ask_all("call", "take_sync", (), {})  # what each gathered since
         pending: list[Any] = []
         docs = exchange_keywords(
             [lambda p=p: p["delta"] for p in parts],

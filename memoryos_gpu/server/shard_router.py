@@ -101,8 +101,6 @@ class _EngineRouter(RouterService):
     async def ask(self, shard: int, method: str, *args: Any) -> Any:
         part = self.parts[shard]
         part.check_ready()  # 503 + Retry-After while this shard's engine (re)starts
-        if method == "take_sync":  # a ShardEngine method, not a request of the engine server
-            return await part.client.request("call", "take_sync", (), {})
         return await part.client.request(method, *args)
 
     async def sync(self) -> dict[str, int]:
