@@ -305,27 +305,46 @@ class KnowledgeRing:
             s.views.drop_knowledge([entry])
 
 
+#: Groups of at most this many facts are padded to a power of two and scored together (one
+#: batched product per size class); a larger group (an assistant shared by the round's users)
+#: gets a product of its own, unpadded.
+_PADDED_GROUP = 64
+
+
 def _same_batch(
     owners: list[int], emb: np.ndarray, threshold: float
 ) -> list[list[tuple[int, float]]]:
     """For each fact, (j, cosine) of the earlier facts j of the same owner in the batch whose
-    cosine reaches ``threshold``, j ascending: the only ones the rule can merge into. Found
-    with one product per owner; Python sees the pairs that pass, not every pair (an assistant
-    shared by the batch's users owns most of its facts, and its pairs grow with the square of
-    the round)."""
+    cosine reaches ``threshold``, j ascending: the only ones the rule can merge into.
+
+    The owners' groups are scored in a few batched products, not one per owner (a round's
+    facts belong to hundreds of users, each with a handful): small groups are padded to a
+    power of two and stacked by size class, a large one scored alone. Python sees the pairs
+    that pass, not every pair (an assistant shared by the batch's users owns most of its
+    facts, and its pairs grow with the square of the round)."""
     out: list[list[tuple[int, float]]] = [[] for _ in owners]
-    groups: dict[int, list[int]] = {}
-    for i, o in enumerate(owners):
-        groups.setdefault(o, []).append(i)
+    if len(owners) < 2:
+        return out
     unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-    for idx in groups.values():
-        if len(idx) < 2:
-            continue
-        sims = unit[idx] @ unit[idx].T
-        later, earlier = np.nonzero(sims >= threshold)  # row-major: j ascending
-        for a, b in zip(later.tolist(), earlier.tolist(), strict=True):
-            if b < a:  # earlier facts only (the diagonal is a fact with itself)
-                out[idx[a]].append((idx[b], float(sims[a, b])))
+    by_owner = np.argsort(np.asarray(owners, np.int64), kind="stable")  # each group ascending
+    sorted_owners = np.asarray(owners, np.int64)[by_owner]
+    starts = np.flatnonzero(np.r_[True, sorted_owners[1:] != sorted_owners[:-1]])
+    sizes = np.diff(np.r_[starts, len(owners)])
+    width = np.where(sizes <= _PADDED_GROUP, 1 << np.ceil(np.log2(sizes)).astype(np.int64), sizes)
+    for m in np.unique(width[sizes >= 2]).tolist():
+        groups = np.flatnonzero((width == m) & (sizes >= 2))
+        cols = np.arange(m)
+        valid = cols < sizes[groups, None]  # [G, m]
+        idx = np.where(valid, by_owner[np.minimum(starts[groups, None] + cols, len(owners) - 1)], 0)
+        vecs = unit[idx] * valid[..., None]
+        sims = vecs @ vecs.transpose(0, 2, 1)  # [G, m, m]
+        reach = (sims >= threshold) & valid[:, :, None] & valid[:, None, :] & np.tri(m, m, -1, bool)
+        g, a, b = np.nonzero(reach)  # row-major: for each fact a, the earlier b ascending
+        # to 12 places: a product's blocking moves the last bits, and copies of one fact
+        # must tie (the rule takes the earliest of equal cosines) wherever they sit in it
+        cos = np.round(sims[g, a, b], 12)
+        for i, j, c in zip(idx[g, a].tolist(), idx[g, b].tolist(), cos.tolist(), strict=True):
+            out[i].append((j, c))
     return out
 
 
