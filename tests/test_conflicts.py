@@ -407,3 +407,17 @@ def test_conflicts_benchmark_quick(tmp_path: Path) -> None:
         assert r["current_ok"] == 1.0 and r["prompt_ok"] == 1.0, name
         assert r["duplicates_merged"] == 1.0 and r["copies_live"] == 0, name
     assert rows["reverse order"]["arrived_late"] > 0
+
+
+def test_same_batch_copies_of_one_fact_tie() -> None:
+    """Copies of one fact (an embedder's float32 rows) in a group past the padded sizes all
+    score the same cosine against each other, whatever a product's blocking does to the last
+    bits: the rule's choice among them is its tie-break, not rounding noise."""
+    import numpy as np
+
+    from memoryos_gpu.engine.knowledge_ring import _same_batch
+
+    vec = np.random.default_rng(0).normal(size=(1, 384)).astype(np.float32)
+    got = _same_batch([7] * 100, np.repeat(vec, 100, axis=0), 0.9)
+    assert [[j for j, _ in row] for row in got] == [list(range(i)) for i in range(100)]
+    assert {c for row in got for _, c in row} == {1.0}

@@ -325,6 +325,7 @@ def _same_batch(
     out: list[list[tuple[int, float]]] = [[] for _ in owners]
     if len(owners) < 2:
         return out
+    emb = np.asarray(emb, np.float64)  # float32 rows' cosines wobble at 1e-7, past the rounding
     unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
     by_owner = np.argsort(np.asarray(owners, np.int64), kind="stable")  # each group ascending
     sorted_owners = np.asarray(owners, np.int64)[by_owner]
