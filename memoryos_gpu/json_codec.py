@@ -10,23 +10,33 @@ from typing import Any
 
 __all__ = ["dumps", "dumps_text", "loads"]
 
+
+def _default(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def _dumps_stdlib(data: Any) -> bytes:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=_default).encode()
+
+
 try:
     import orjson
 
     def dumps(data: Any) -> bytes:
-        return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
+        """orjson, or the standard library for what it refuses and JSON allows (an integer
+        beyond 64 bits: a page's meta may hold one, and every retrieval showing that page
+        serialises it)."""
+        try:
+            return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
+        except TypeError:  # orjson.JSONEncodeError
+            return _dumps_stdlib(data)
 
     loads = orjson.loads  # its JSONDecodeError subclasses json.JSONDecodeError
 except ImportError:  # pragma: no cover - orjson is in the server and test extras
     loads = json.loads
-
-    def _default(obj: Any) -> Any:
-        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            return dataclasses.asdict(obj)
-        raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
-
-    def dumps(data: Any) -> bytes:
-        return json.dumps(data, ensure_ascii=False, default=_default).encode()
+    dumps = _dumps_stdlib
 
 
 def dumps_text(data: Any) -> str:

@@ -148,16 +148,11 @@ def page_waves_in_order(
     return out
 
 
-def _take_context(w: PageWork, meta_of: dict[int, str]) -> bool:
+def _take_context(w: PageWork, meta_of: dict[int, str]) -> None:
     """Give ``w`` its predecessor's chain meta from ``meta_of`` (page id -> meta of the pages
-    staged before it) when it has none yet; whether it took one."""
-    if w.prev_meta is not None or w.prev_page is None:
-        return False
-    meta = meta_of.get(w.prev_page["page_id"])
-    if meta is None:
-        return False
-    w.prev_meta = meta
-    return True
+    staged before it) when it has none yet."""
+    if w.prev_meta is None and w.prev_page is not None:
+        w.prev_meta = meta_of.get(w.prev_page["page_id"])
 
 
 def _chain_meta(prev_meta: str | None, continuous: bool, summary: str) -> str:
@@ -204,23 +199,19 @@ class ExtractiveStages:
         """The outcomes of several waves (:func:`page_waves_in_order`'s contract) from one
         batch: only a page's chain meta depends on the wave before (keywords, continuity and
         summary read the page, its predecessor's text and embedding, and statistics that the
-        round does not change), so the metas are resolved after it, wave by wave, by the rule
-        :meth:`_page` applies. One user's backlog (a wave per page) then costs one pass of
-        the stage instead of one a page."""
-        flat = [w for work in waves for w in work]
-        done = self.pages(flat)
-        meta_of: dict[int, str] = {}
-        out: list[list[PageOutcome]] = []
-        at = 0
-        for work in waves:
-            part = done[at : at + len(work)]
-            at += len(work)
+        round does not change), so the batch is staged first and each wave's metas are
+        remade, by the rule :meth:`_page` applies, once its pages took their context. One
+        user's backlog (a wave per page) then costs one pass of the stage instead of one a
+        page."""
+        done = iter(self.pages([w for work in waves for w in work]))
+
+        def remade(work: Sequence[PageWork]) -> list[PageOutcome]:
+            part = [next(done) for _ in work]
             for w, o in zip(work, part, strict=True):
-                if _take_context(w, meta_of):
-                    o.meta = _chain_meta(w.prev_meta, o.continuous, o.summary)
-            meta_of.update((w.page["page_id"], o.meta) for w, o in zip(work, part, strict=True))
-            out.append(part)
-        return out
+                o.meta = _chain_meta(w.prev_meta, o.continuous, o.summary)
+            return part
+
+        return page_waves_in_order(remade, waves)
 
     def _continuous(self, work: Sequence[PageWork]) -> np.ndarray:
         """Whether each page continues its chain: cos(previous page, page) >= the threshold,

@@ -73,3 +73,17 @@ def test_floats_stay_floats_and_the_token_count_agrees(engine) -> None:
 def test_json_does_not_carry_sources(engine) -> None:
     with pytest.raises(InvalidInputError, match="sources"):
         engine.retrieve_many(QUERIES, as_json=True, sources=True)
+
+
+def test_an_integer_beyond_64_bits_in_a_meta_is_served(make_engine) -> None:
+    """Validation lets JSON's unbounded integers through, and orjson refuses one past 64 bits:
+    the codec falls back to the standard library, so the page is stored and every retrieval
+    that shows it (objects and native JSON) carries the number, not a TypeError."""
+    eng = make_engine()
+    big = {"n": 2**70, "m": -(2**64) - 5}
+    eng.add("u", "I keep a very large counter", "noted", timestamp=5.0, meta=big)
+    (r,) = eng.retrieve_many([("u", "counter")], update_heat=False)
+    (body,) = eng.retrieve_many([("u", "counter")], update_heat=False, as_json=True)
+    assert r.stm[0].extra == big
+    assert json.loads(body) == json.loads(retrieval_json(r))
+    assert json.loads(body)["stm"][0]["extra"] == big

@@ -9,7 +9,6 @@ segment, promotion), and :mod:`~memoryos_gpu.engine.derived` runs it later, in o
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -173,7 +172,7 @@ class ShortTerm:
                     p.agent_response,
                     p.timestamp,
                     p.source,
-                    _meta_json(p.meta) if p.meta else "{}",
+                    dumps_text(p.meta) if p.meta else "{}",
                     now,
                 )
             )
@@ -252,13 +251,3 @@ class ShortTerm:
             while len(stm) > cap:
                 out.append((uid, stm.popleft()))
         return out
-
-
-def _meta_json(meta: dict[str, Any]) -> str:
-    """A page's meta as stored: the fast codec (a few times quicker than ``json.dumps``, and
-    every page of a chat log carries its speakers), the standard library for what it refuses
-    (an integer beyond 64 bits, which validation lets through)."""
-    try:
-        return dumps_text(meta)
-    except TypeError:
-        return json.dumps(meta, ensure_ascii=False)
