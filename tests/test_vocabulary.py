@@ -11,7 +11,10 @@ from datetime import datetime
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from memoryos_gpu import _C
 from memoryos_gpu.formats import sample_chats_path
 from memoryos_gpu.lexical import page_terms
 from memoryos_gpu.text.keywords import hash_keyword
@@ -28,6 +31,72 @@ def ids(*words: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ the table
+_OPS = st.lists(
+    st.one_of(
+        # additions and removals over ~1,600 keys: a key comes back often (counts reach 0
+        # and are deleted inside probe runs, whose later entries must shift back) and the
+        # table grows past its first 1,024 slots
+        st.tuples(
+            st.just("add"),
+            st.lists(
+                st.tuples(st.integers(0, 3), st.integers(0, 400)).map(lambda k: k[0] << 32 | k[1]),
+                max_size=700,
+            ),
+            st.sampled_from([1, -1, 2]),
+        ),
+        st.tuples(st.just("erase"), st.integers(0, 6), st.none()),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_OPS)
+def test_native_key_counts_match_a_dict(ops):
+    """KeyCounts (csrc/host/key_counts.cpp) against a dict: counts summed per occurrence, a
+    count of 0 removed at once, a user's key range erased."""
+    table, truth = _C.KeyCounts(), Counter()
+    for op, arg, sign in ops:
+        if op == "add":
+            table.add(np.array(arg, np.int64), sign)
+            for k in arg:
+                truth[k] += sign
+                if truth[k] == 0:
+                    del truth[k]
+        else:
+            lo, hi = arg << 32, (arg + 1) << 32
+            gone = [k for k in truth if lo <= k < hi]
+            assert table.erase_range(lo, hi) == len(gone)
+            for k in gone:
+                del truth[k]
+        assert len(table) == len(truth)
+    probe = np.array([*sorted(truth), 7 << 32, 1 << 32 | 401, -5], np.int64)
+    want = [truth[k] for k in probe.tolist()]
+    assert table.lookup(probe).tolist() == want
+
+
+def test_native_key_counts_delete_inside_probe_runs():
+    """Half of 20,000 keys deleted one by one: every survivor is still found (a deletion that
+    left a hole in a probe run would hide the entries after it)."""
+    keys = np.random.default_rng(3).choice(1 << 40, 20_000, replace=False).astype(np.int64)
+    table = _C.KeyCounts()
+    table.add(keys)
+    for k in keys[::2]:
+        table.add(np.array([k]), -1)
+    assert len(table) == 10_000
+    assert table.lookup(keys[1::2]).tolist() == [1] * 10_000
+    assert not table.lookup(keys[::2]).any()
+
+
+def test_native_key_counts_refuse_negative_keys_whole():
+    table = _C.KeyCounts()
+    with pytest.raises(ValueError, match=">= 0"):
+        table.add(np.array([3, -1], np.int64))
+    assert len(table) == 0  # nothing of the batch went in
+    with pytest.raises(ValueError, match="1-D"):
+        table.lookup(np.zeros((2, 2), np.int64))
+
+
 def test_df_counts_pages_per_user_once_per_distinct_term():
     v = UserVocabulary()
     v.add(["a", "a", "b"], terms("knee knee run", "knee shoes", "knee"))

@@ -9,6 +9,7 @@
 
 #include "../cpu/threads.h"
 #include "assembly_bindings.h"
+#include "key_counts_bindings.h"
 #include "memoryos/kernels.h"
 #include "retrieval_bindings.h"
 #include "tensor_arg.h"
@@ -284,4 +285,5 @@ PYBIND11_MODULE(_C, m) {
   register_retrieval(m);
   register_text_table(m);
   register_assembly(m);
+  register_key_counts(m);
 }
