@@ -764,6 +764,20 @@ def test_a_file_store_opens_with_the_configured_page_cache(tmp_path: Path, cache
     assert not (tmp_path / "bad.sqlite3").exists()
 
 
+def test_page_size_is_larger_in_memory_only(tmp_path: Path) -> None:
+    """An in-memory store takes MEMORY_PAGE_SIZE (set before its schema: an existing database
+    keeps the page size it was made with); a file store keeps SQLite's default."""
+    default = sqlite3.connect(":memory:").execute("PRAGMA page_size").fetchone()[0]
+    assert default != sqlite_mod.MEMORY_PAGE_SIZE
+    for path, want in ((":memory:", sqlite_mod.MEMORY_PAGE_SIZE), (tmp_path / "f", default)):
+        e = MemoryEngine(config(path, mode="extractive"))
+        try:
+            e.add("alice", "I like hiking", "nice", timestamp=1.7e9)
+            assert e.store.query("PRAGMA page_size") == [(want,)]
+        finally:
+            e.close()
+
+
 def test_newer_schema_is_refused(backend: Backend) -> None:
     path = backend.spec("newer")
     _make_store(path)
