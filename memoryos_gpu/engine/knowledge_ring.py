@@ -329,8 +329,8 @@ def _same_batch(
     unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
     by_owner = np.argsort(np.asarray(owners, np.int64), kind="stable")  # each group ascending
     sorted_owners = np.asarray(owners, np.int64)[by_owner]
-    starts = np.flatnonzero(np.r_[True, sorted_owners[1:] != sorted_owners[:-1]])
-    sizes = np.diff(np.r_[starts, len(owners)])
+    starts = np.flatnonzero(np.concatenate(([True], sorted_owners[1:] != sorted_owners[:-1])))
+    sizes = np.diff(starts, append=len(owners))
     width = np.where(sizes <= _PADDED_GROUP, 1 << np.ceil(np.log2(sizes)).astype(np.int64), sizes)
     for m in np.unique(width[sizes >= 2]).tolist():
         groups = np.flatnonzero((width == m) & (sizes >= 2))
