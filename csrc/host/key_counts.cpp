@@ -34,7 +34,7 @@ void KeyCounts::add(const int64_t* keys, int64_t n, int32_t sign) {
   }
   if (sign == 0) return;
   for (int64_t i = 0; i < n; ++i) {
-    if (2 * (size_ + 1) > static_cast<int64_t>(keys_.size())) grow();  // load <= 1/2
+    if (4 * (size_ + 1) > 3 * static_cast<int64_t>(keys_.size())) grow();  // load <= 3/4
     const size_t s = slot_of(keys[i]);
     if (keys_[s] == kEmpty) {
       keys_[s] = keys[i];

@@ -5,7 +5,10 @@
 // ~5 us a page of memory-system time in bulk ingestion, most of it re-sorting keys as runs
 // merged; one probe a key costs a few nanoseconds. Open addressing over power-of-two slots,
 // linear probing, a zero count removed at once (backward-shift deletion, so no tombstones:
-// a long-lived table with many deleted users does not slow down).
+// a long-lived table with many deleted users does not slow down). Slots are 12 bytes (key,
+// count) and the table grows at 3/4 full: 16-32 bytes a key against the sorted runs' 12 (at
+// 10,000 users x 20 LoCoMo pages, 2.65 million keys: 50 MB against ~32 MB; growing at 1/2
+// full took 24-48 bytes a key).
 #pragma once
 
 #include <cstddef>
