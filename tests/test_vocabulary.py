@@ -33,9 +33,9 @@ def ids(*words: str) -> np.ndarray:
 # ------------------------------------------------------------------ the table
 _OPS = st.lists(
     st.one_of(
-        # additions and removals over ~1,600 keys: a key comes back often (counts reach 0
-        # and are deleted inside probe runs, whose later entries must shift back) and the
-        # table grows past its first 1,024 slots
+        # additions and removals over ~1,600 keys: a key comes back often (so counts reach
+        # 0 and are removed; the next test holds the removals inside long probe runs) and
+        # the table grows past its first 1,024 slots
         st.tuples(
             st.just("add"),
             st.lists(
