@@ -31,37 +31,17 @@ const uint8_t* TextTable::Block::data(int i) const {
   return p;
 }
 
-TextTable::TextTable() : slots_(kInitialSlots, Slot{0, nullptr, nullptr}) {
-  mask_ = kInitialSlots - 1;
-  shift_ = 64 - __builtin_ctzll(kInitialSlots);
-}
+TextTable::TextTable() : slots_(kInitialSlots) {}
 
 TextTable::~TextTable() {
-  for (Slot& s : slots_) {
-    if (s.block != nullptr) release(s);
+  for (Slot& s : slots_.slots()) {
+    if (s.used()) release(s);
   }
 }
 
-size_t TextTable::home(int64_t id) const {
-  // Fibonacci hashing: consecutive ids (pages are numbered in order) spread over the table
-  return static_cast<size_t>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ULL) >> shift_);
-}
-
-size_t TextTable::locate(int64_t id) const {
-  size_t i = home(id);
-  while (slots_[i].block != nullptr && slots_[i].id != id) i = (i + 1) & mask_;
-  return i;
-}
-
-void TextTable::prefetch(int64_t id) const {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(&slots_[home(id)]);
-#endif
-}
-
 const TextTable::Slot* TextTable::find(int64_t id) const {
-  const Slot& s = slots_[locate(id)];
-  return s.block != nullptr ? &s : nullptr;
+  const Slot& s = slots_[slots_.locate(id)];
+  return s.used() ? &s : nullptr;
 }
 
 void TextTable::release(Slot& slot) {
@@ -74,16 +54,6 @@ void TextTable::release(Slot& slot) {
   slot = Slot{0, nullptr, nullptr};
 }
 
-void TextTable::grow() {
-  std::vector<Slot> old(slots_.size() * 2, Slot{0, nullptr, nullptr});
-  old.swap(slots_);
-  mask_ = slots_.size() - 1;
-  shift_ -= 1;
-  for (const Slot& s : old) {
-    if (s.block != nullptr) slots_[locate(s.id)] = s;
-  }
-}
-
 void TextTable::put(int64_t id, PyObject* const texts[kTexts], double timestamp,
                     PyObject* extra, int64_t link) {
   size_t bytes = header_bytes();
@@ -93,11 +63,7 @@ void TextTable::put(int64_t id, PyObject* const texts[kTexts], double timestamp,
       bytes += static_cast<size_t>(PyUnicode_GET_LENGTH(texts[i])) * PyUnicode_KIND(texts[i]);
     }
   }
-  size_t at = locate(id);
-  if (slots_[at].block == nullptr && (count_ + 1) * 4 > slots_.size() * 3) {
-    grow();  // load factor <= 0.75
-    at = locate(id);
-  }
+  const size_t at = slots_.locate_for_insert(id);
   auto* b = static_cast<Block*>(std::malloc(bytes));
   if (b == nullptr) throw std::bad_alloc();
   b->timestamp = timestamp;
@@ -119,33 +85,21 @@ void TextTable::put(int64_t id, PyObject* const texts[kTexts], double timestamp,
     chars += n;
   }
   b->chars = chars;
-  Slot& s = slots_[at];
-  if (s.block != nullptr) {
-    release(s);
-  } else {
-    ++count_;
-  }
   block_bytes_ += bytes;
   Py_XINCREF(extra);
-  s = Slot{id, b, extra};
+  if (slots_[at].used()) {
+    release(slots_[at]);
+    slots_[at] = Slot{id, b, extra};
+  } else {
+    slots_.fill(at, Slot{id, b, extra});
+  }
 }
 
 bool TextTable::erase(int64_t id) {
-  size_t i = locate(id);
-  if (slots_[i].block == nullptr) return false;
+  const size_t i = slots_.locate(id);
+  if (!slots_[i].used()) return false;
   release(slots_[i]);
-  --count_;
-  // backward-shift deletion: later entries of the run move up unless they sit at or after
-  // their home position, so every probe still ends at the first empty slot
-  for (size_t j = (i + 1) & mask_; slots_[j].block != nullptr; j = (j + 1) & mask_) {
-    const size_t h = home(slots_[j].id);
-    const bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
-    if (!stays) {
-      slots_[i] = slots_[j];
-      slots_[j] = Slot{0, nullptr, nullptr};
-      i = j;
-    }
-  }
+  slots_.erase(i);
   return true;
 }
 

@@ -15,7 +15,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+
+#include "memoryos/id_slots.h"
 
 namespace memoryos {
 
@@ -44,6 +45,7 @@ class TextTable {
     int64_t id;
     Block* block;
     PyObject* extra;  // owned reference, or null
+    bool used() const { return block != nullptr; }
   };
 
   TextTable();
@@ -64,25 +66,19 @@ class TextTable {
   bool set_link(int64_t id, int64_t link);
 
   /// Ask for the cache line where `id`'s probe starts (before find()).
-  void prefetch(int64_t id) const;
+  void prefetch(int64_t id) const { slots_.prefetch(id); }
   /// Text `i` of a record as a new str (a new reference to None when it has none); null with
   /// a Python error set when allocation fails.
   static PyObject* text(const Block* block, int i);
 
-  size_t size() const { return count_; }
+  size_t size() const { return slots_.size(); }
   /// Bytes held: the slots and every record's block.
-  size_t nbytes() const { return slots_.size() * sizeof(Slot) + block_bytes_; }
+  size_t nbytes() const { return slots_.capacity() * sizeof(Slot) + block_bytes_; }
 
  private:
-  size_t home(int64_t id) const;
-  size_t locate(int64_t id) const;  // the slot holding id, or the empty slot that ends its probe
-  void grow();
   void release(Slot& slot);
 
-  std::vector<Slot> slots_;
-  size_t mask_ = 0;
-  int shift_ = 64;
-  size_t count_ = 0;
+  IdSlots<Slot> slots_;
   size_t block_bytes_ = 0;
 };
 

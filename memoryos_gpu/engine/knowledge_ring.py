@@ -327,8 +327,9 @@ def _same_batch(
         return out
     emb = np.asarray(emb, np.float64)  # float32 rows' cosines wobble at 1e-7, past the rounding
     unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-    by_owner = np.argsort(np.asarray(owners, np.int64), kind="stable")  # each group ascending
-    sorted_owners = np.asarray(owners, np.int64)[by_owner]
+    owner_of = np.asarray(owners, np.int64)
+    by_owner = np.argsort(owner_of, kind="stable")  # each group ascending
+    sorted_owners = owner_of[by_owner]
     starts = np.flatnonzero(np.concatenate(([True], sorted_owners[1:] != sorted_owners[:-1])))
     sizes = np.diff(starts, append=len(owners))
     width = np.where(sizes <= _PADDED_GROUP, 1 << np.ceil(np.log2(sizes)).astype(np.int64), sizes)
