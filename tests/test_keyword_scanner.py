@@ -196,3 +196,30 @@ def test_case_folding_and_classes_are_this_pythons_for_every_code_point() -> Non
     offsets, _, _, flags, _ = ex._scan([f"zz.{c}Bcd" for c in gaps])
     assert np.diff(offsets).tolist() == [2] * len(gaps)
     assert ((flags[1::2] & 2) != 0).tolist() == [c.isspace() for c in gaps]
+
+
+def _slot(word: str) -> int:
+    """The native word cache's slot of an ASCII word: FNV-1a 64, folded, 2**14 slots
+    (memoryos/word_set.h word_hash, retrieval_bindings.cpp word_str)."""
+    h = 0xCBF29CE484222325
+    for b in word.encode():
+        h = ((h ^ b) * 0x100000001B3) & (2**64 - 1)
+    return (h ^ (h >> 29)) & (2**14 - 1)
+
+
+def test_words_sharing_a_cache_slot_come_back_as_themselves() -> None:
+    """The scan's words are Python strs reused from a direct-mapped cache of recent words:
+    two words in one slot, scanned in turn, each come back as the word scanned (a slot
+    checked by hash alone, or not replaced, would hand back the other), and a repeat is
+    the very object cached before."""
+    seen: dict[int, str] = {}
+    for i in range(100_000):
+        word = f"zq{i}"
+        other = seen.setdefault(_slot(word), word)
+        if other != word:
+            break
+    ex = KeywordExtractor()
+    for text in (other, word, other, word, f"{other} {word}"):
+        assert ex.candidates([text]).words == text.split()
+    first, again = ex.candidates([word]).words[0], ex.candidates([word]).words[0]
+    assert first is again

@@ -62,6 +62,40 @@ py::tuple split_terms(const TermSplitter& splitter, py::str text, int64_t n_docs
 }
 
 // ---- keyword candidates ---------------------------------------------------------------------
+/// The Python str of one candidate word (UTF-8 bytes [p, p + n)), new reference.
+///
+/// Why a cache: a batch's candidates are mostly words earlier batches had ("weekend",
+/// "sister"), and making each a new str (then hashing it again in the Counter and dict that
+/// read it, then freeing it) was about a third of a scan. Recent ASCII words keep their str
+/// here, direct-mapped by word_hash and checked byte for byte, so a hit is the same immutable
+/// object (with its hash already computed) and a collision only costs a new one. Bounded: one
+/// slot each, short words only; touched with the GIL held.
+PyObject* word_str(const char* p, size_t n) {
+  constexpr size_t kSlots = size_t{1} << 14, kMaxBytes = 24;
+  struct Slot {
+    uint64_t hash = 0;
+    PyObject* str = nullptr;
+  };
+  static std::vector<Slot> cache(kSlots);  // never freed: the module lives until exit
+  bool ascii = n <= kMaxBytes;
+  for (size_t i = 0; ascii && i < n; ++i) ascii = static_cast<unsigned char>(p[i]) < 0x80;
+  if (!ascii) return PyUnicode_DecodeUTF8(p, static_cast<py::ssize_t>(n), "strict");
+  const uint64_t h = word_hash(std::string_view(p, n));
+  Slot& e = cache[h & (kSlots - 1)];
+  if (e.str != nullptr && e.hash == h && static_cast<size_t>(PyUnicode_GET_LENGTH(e.str)) == n &&
+      std::memcmp(PyUnicode_1BYTE_DATA(e.str), p, n) == 0) {
+    Py_INCREF(e.str);
+    return e.str;
+  }
+  PyObject* str = PyUnicode_New(static_cast<py::ssize_t>(n), 127);
+  if (str == nullptr) return nullptr;
+  std::memcpy(PyUnicode_1BYTE_DATA(str), p, n);
+  Py_XDECREF(e.str);
+  Py_INCREF(str);  // the cache's reference
+  e.hash = h, e.str = str;
+  return str;
+}
+
 py::tuple scan_keywords(const KeywordScanner& scanner, py::str text, int64_t n_docs,
                         bool with_ids) {
   PyObject* s = text.ptr();
@@ -78,7 +112,7 @@ py::tuple scan_keywords(const KeywordScanner& scanner, py::str text, int64_t n_d
   int64_t start = 0;
   for (size_t i = 0; i < batch.word_ends.size(); ++i) {
     const int64_t end = batch.word_ends[i];
-    PyObject* w = PyUnicode_DecodeUTF8(batch.words.data() + start, end - start, "strict");
+    PyObject* w = word_str(batch.words.data() + start, static_cast<size_t>(end - start));
     if (w == nullptr) throw py::error_already_set();
     PyList_SET_ITEM(words.ptr(), static_cast<py::ssize_t>(i), w);  // steals the reference
     start = end;

@@ -1,6 +1,7 @@
 // memoryos-gpu: keyword candidates of a batch (see memoryos/keywords.h for the rules).
 #include "memoryos/keywords.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "codepoints.h"
@@ -30,25 +31,29 @@ class GapState {
   bool ended_ = false;
 };
 
-bool ends_with(const Word& w, const char* suffix) {
+template <typename W>
+bool ends_with(const W& w, const char* suffix) {
   const size_t n = std::char_traits<char>::length(suffix);
   if (w.size() < n) return false;
   for (size_t i = 0; i < n; ++i) {
-    if (w[w.size() - n + i] != static_cast<uint32_t>(suffix[i])) return false;
+    if (static_cast<uint32_t>(w[w.size() - n + i]) != static_cast<uint32_t>(suffix[i])) return false;
   }
   return true;
 }
 
-bool all_digits(const Word& w) {
-  for (uint32_t c : w) {
-    if (!cp::is_digit(c)) return false;
+/// Whether every code point of `w` (code points, or the bytes of an ASCII word) is a digit.
+template <typename W>
+bool all_digits(const W& w) {
+  for (auto c : w) {
+    if (!cp::is_digit(static_cast<uint32_t>(c))) return false;
   }
   return !w.empty();
 }
 
-/// keywords._fold_plural on code points.
-void fold_plural(Word* w) {
-  if (w->size() <= 4 || w->back() != 's' || all_digits(*w)) return;
+/// keywords._fold_plural on code points (or on the bytes of an ASCII word).
+template <typename W>
+void fold_plural(W* w) {
+  if (w->size() <= 4 || static_cast<uint32_t>(w->back()) != 's' || all_digits(*w)) return;
   if (ends_with(*w, "ss") || ends_with(*w, "us") || ends_with(*w, "is")) return;
   if (ends_with(*w, "ies") && w->size() > 5) {
     w->resize(w->size() - 3);
@@ -76,23 +81,26 @@ void normalise(const Word& surface, Word* norm) {
 }
 
 /// The surface's flags: an acronym, or capitalised (first code point upper case).
-void classify(const Word& surface, bool* acronym, bool* capitalised) {
+template <typename Ch>
+void classify(const Ch* surface, size_t n, bool* acronym, bool* capitalised) {
   int letters = 0;
   bool all_upper = true;
-  for (uint32_t c : surface) {
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<uint32_t>(surface[i]);
     if (cp::is_alpha(c)) {
       ++letters;
       all_upper = all_upper && cp::is_upper(c);
     }
   }
   *acronym = letters >= 2 && all_upper;
-  *capitalised = !surface.empty() && cp::is_upper(surface[0]);
+  *capitalised = n > 0 && cp::is_upper(static_cast<uint32_t>(surface[0]));
 }
 
 /// One document's candidates while it is scanned.
 struct DocCandidates {
   WordIndex index;  // word -> position in the lists below
   std::vector<std::string> words;
+  std::vector<uint64_t> hashes;  // word_hash of each word
   std::vector<bool> ascii;
   std::vector<int32_t> tf;
   std::vector<uint8_t> flags;
@@ -100,14 +108,14 @@ struct DocCandidates {
   void flush(bool with_ids, KeywordBatch* out) {
     for (size_t i = 0; i < words.size(); ++i) {
       const std::string& w = words[i];
-      out->ids.push_back(with_ids && ascii[i] ? cached_term_id(w) : -1);
+      out->ids.push_back(with_ids && ascii[i] ? cached_term_id(w, hashes[i]) : -1);
       out->tf.push_back(tf[i]);
       out->flags.push_back(flags[i]);
       out->words += w;
       out->word_ends.push_back(static_cast<int64_t>(out->words.size()));
     }
     out->offsets.push_back(static_cast<int64_t>(out->ids.size()));
-    index.clear(), words.clear(), ascii.clear(), tf.clear(), flags.clear();
+    index.clear(), words.clear(), hashes.clear(), ascii.clear(), tf.clear(), flags.clear();
   }
 };
 
@@ -134,31 +142,19 @@ struct ScanContext {
   const KeywordOptions& opt;
 };
 
-/// Adds one word (its surface) to the document's candidates.
-void add_word(const ScanContext& ctx, const Word& surface, bool initial, Word* norm,
-              std::string* utf8, DocCandidates* doc) {
-  normalise(surface, norm);
-  if (norm->empty()) return;
-  utf8->clear();
-  for (uint32_t c : *norm) cp::put_utf8(c, utf8);
-  if (ctx.stop.contains(*utf8)) return;
-  if (static_cast<int32_t>(norm->size()) < ctx.opt.min_len && !all_digits(*norm)) return;
-  if (ctx.opt.fold_plurals) {
-    fold_plural(norm);
-    utf8->clear();
-    for (uint32_t c : *norm) cp::put_utf8(c, utf8);
-  }
-  bool acronym, capitalised;
-  classify(surface, &acronym, &capitalised);
-  int64_t at = doc->index.find_or_add(*utf8, static_cast<int64_t>(doc->words.size()), doc->words);
+/// Counts one normalised candidate (`utf8`, its word_hash `hash`) in the document: its first
+/// occurrence gets its date flags, every occurrence ORs in its surface's flags.
+void count_word(const ScanContext& ctx, const std::string& utf8, uint64_t hash, bool ascii,
+                bool digit, bool acronym, bool capitalised, bool initial, DocCandidates* doc) {
+  int64_t at = doc->index.find_or_add(utf8, hash, static_cast<int64_t>(doc->words.size()),
+                                      doc->words);
   if (at < 0) {
     at = static_cast<int64_t>(doc->words.size());
-    bool ascii = true, digit = false;
-    for (uint32_t c : *norm) ascii = ascii && c < 128, digit = digit || cp::is_digit(c);
     uint8_t f = 0;
-    if (digit || ctx.dates.contains(*utf8)) f |= kDateWord;
-    if (ctx.ambiguous.contains(*utf8)) f |= kAmbiguousDate;
-    doc->words.push_back(*utf8);
+    if (digit || ctx.dates.contains(utf8, hash)) f |= kDateWord;
+    if (ctx.ambiguous.contains(utf8, hash)) f |= kAmbiguousDate;
+    doc->words.push_back(utf8);
+    doc->hashes.push_back(hash);
     doc->ascii.push_back(ascii);
     doc->tf.push_back(0);
     doc->flags.push_back(f);
@@ -167,6 +163,55 @@ void add_word(const ScanContext& ctx, const Word& surface, bool initial, Word* n
   doc->tf[k] += 1;
   if (acronym || (capitalised && !initial)) doc->flags[k] |= kProper;
   else if (capitalised) doc->flags[k] |= kCapitalInitial;
+}
+
+/// Adds one word (its surface, code points) to the document's candidates.
+void add_word(const ScanContext& ctx, const Word& surface, bool initial, Word* norm,
+              std::string* utf8, DocCandidates* doc) {
+  normalise(surface, norm);
+  if (norm->empty()) return;
+  utf8->clear();
+  for (uint32_t c : *norm) cp::put_utf8(c, utf8);
+  uint64_t hash = word_hash(*utf8);
+  if (ctx.stop.contains(*utf8, hash)) return;
+  if (static_cast<int32_t>(norm->size()) < ctx.opt.min_len && !all_digits(*norm)) return;
+  if (ctx.opt.fold_plurals) {
+    fold_plural(norm);
+    utf8->clear();
+    for (uint32_t c : *norm) cp::put_utf8(c, utf8);
+    hash = word_hash(*utf8);
+  }
+  bool acronym, capitalised, ascii = true, digit = false;
+  classify(surface.data(), surface.size(), &acronym, &capitalised);
+  for (uint32_t c : *norm) ascii = ascii && c < 128, digit = digit || cp::is_digit(c);
+  count_word(ctx, *utf8, hash, ascii, digit, acronym, capitalised, initial, doc);
+}
+
+/// add_word for a surface of ASCII code units only (most words): the same rules on bytes,
+/// without the code point buffers (case folding is ASCII lower case, U+2019 cannot occur).
+template <typename Ch>
+void add_ascii_word(const ScanContext& ctx, const Ch* surface, size_t n, bool initial,
+                    std::string* utf8, DocCandidates* doc) {
+  utf8->clear();
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<char>(surface[i]);
+    utf8->push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c);
+  }
+  const size_t m = utf8->size();
+  if (m >= 2 && (*utf8)[m - 2] == '\'' && (*utf8)[m - 1] == 's') utf8->resize(m - 2);
+  utf8->erase(std::remove(utf8->begin(), utf8->end(), '\''), utf8->end());
+  if (utf8->empty()) return;
+  uint64_t hash = word_hash(*utf8);
+  if (ctx.stop.contains(*utf8, hash)) return;
+  if (static_cast<int32_t>(utf8->size()) < ctx.opt.min_len && !all_digits(*utf8)) return;
+  if (ctx.opt.fold_plurals) {
+    fold_plural(utf8);
+    hash = word_hash(*utf8);
+  }
+  bool acronym, capitalised, digit = false;
+  classify(surface, n, &acronym, &capitalised);
+  for (char c : *utf8) digit = digit || cp::ascii_digit(static_cast<uint32_t>(c));
+  count_word(ctx, *utf8, hash, true, digit, acronym, capitalised, initial, doc);
 }
 
 template <typename Ch>
@@ -191,17 +236,24 @@ int64_t scan_text(const Ch* s, size_t n, const ScanContext& ctx, KeywordBatch* o
       ++i;
       continue;
     }
-    surface.clear();
+    const size_t start = i;
+    bool ascii = true;
     while (true) {
-      while (i < n && cp::is_alnum(static_cast<uint32_t>(s[i]))) surface.push_back(s[i++]);
+      for (; i < n && cp::is_alnum(static_cast<uint32_t>(s[i])); ++i) ascii &= s[i] < 128;
       if (i + 1 < n && cp::is_apostrophe(static_cast<uint32_t>(s[i])) &&
           cp::is_alnum(static_cast<uint32_t>(s[i + 1]))) {
-        surface.push_back(s[i++]);
+        ascii &= s[i++] < 128;
         continue;
       }
       break;
     }
-    add_word(ctx, surface, first || gap.ended(), &norm, &utf8, &doc);
+    const bool initial = first || gap.ended();
+    if (ascii) {
+      add_ascii_word(ctx, s + start, i - start, initial, &utf8, &doc);
+    } else {
+      surface.assign(s + start, s + i);
+      add_word(ctx, surface, initial, &norm, &utf8, &doc);
+    }
     first = false;
     gap.reset();
   }

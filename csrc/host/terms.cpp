@@ -181,10 +181,10 @@ static_assert(sizeof(CachedWord) == 32, "two entries a cache line");
 
 constexpr size_t kCacheBits = 15;  // 32,768 entries: 1 MB a thread
 
-/// The cache entry of a word (word_hash: an entry holds its word, so a collision costs a
-/// recomputation, never a wrong id).
-inline size_t cache_index(const std::string& w) {
-  return static_cast<size_t>(word_hash(w) & ((uint64_t{1} << kCacheBits) - 1));
+/// The cache entry of a word of word_hash `hash` (an entry holds its word, so a collision
+/// costs a recomputation, never a wrong id).
+inline size_t cache_index(uint64_t hash) {
+  return static_cast<size_t>(hash & ((uint64_t{1} << kCacheBits) - 1));
 }
 
 }  // namespace
@@ -193,12 +193,14 @@ inline size_t cache_index(const std::string& w) {
 // BLAKE2b costs ~0.3 us a word, most of a query's split. Direct-mapped, exact (an entry holds
 // its word) and bounded, so a lookup is one cache line; per thread, because the splitters run
 // without the GIL. Longer words are always hashed (they are rare in chat text).
-int32_t cached_term_id(const std::string& w) {
+int32_t cached_term_id(const std::string& w) { return cached_term_id(w, word_hash(w)); }
+
+int32_t cached_term_id(const std::string& w, uint64_t hash) {
   thread_local std::vector<CachedWord> cache(size_t{1} << kCacheBits, CachedWord{0, 0, {}});
   if (w.empty() || w.size() > sizeof(CachedWord::bytes)) {
     return term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size());
   }
-  CachedWord& e = cache[cache_index(w)];
+  CachedWord& e = cache[cache_index(hash)];
   if (e.size == w.size() && std::memcmp(e.bytes, w.data(), w.size()) == 0) return e.id;
   e.id = term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size());
   e.size = static_cast<uint8_t>(w.size());
@@ -216,8 +218,10 @@ void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
   std::string word;
   int64_t docs_done = 0;
   auto emit = [&](const std::string& w) {
-    if (w.empty() || stop.contains(w)) return;
-    doc.tokens.push_back(cached_term_id(w));
+    if (w.empty()) return;
+    const uint64_t hash = word_hash(w);  // one hash for the stopwords and the id cache
+    if (stop.contains(w, hash)) return;
+    doc.tokens.push_back(cached_term_id(w, hash));
   };
   auto end_doc = [&]() {
     if (timestamps != nullptr && docs_done < n_docs) {

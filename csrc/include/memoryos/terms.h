@@ -32,6 +32,8 @@ int32_t term_id(const uint8_t* utf8, size_t n);
 /// term_id of a word's UTF-8, from the calling thread's cache of the words it hashed before
 /// (direct-mapped, 1 MB; the id is a pure function of the word, so every caller shares it).
 int32_t cached_term_id(const std::string& utf8);
+/// cached_term_id() of a word whose word_hash the caller has already.
+int32_t cached_term_id(const std::string& utf8, uint64_t hash);
 
 /// Terms of a batch of documents in CSR form.
 struct TermBatch {

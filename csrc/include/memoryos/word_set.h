@@ -42,9 +42,12 @@ class WordSet {
     }
   }
 
-  bool contains(std::string_view w) const {
+  bool contains(std::string_view w) const { return contains(w, word_hash(w)); }
+
+  /// contains() for a word whose word_hash the caller has already (one hash, many lookups).
+  bool contains(std::string_view w, uint64_t hash) const {
     const size_t mask = slots_.size() - 1;
-    for (size_t s = word_hash(w) & mask;; s = (s + 1) & mask) {
+    for (size_t s = hash & mask;; s = (s + 1) & mask) {
       const int32_t k = slots_[s];
       if (k < 0) return false;
       if (words_[static_cast<size_t>(k)] == w) return true;
@@ -62,10 +65,12 @@ class WordIndex {
  public:
   /// The position `w` was given, or -1 after giving it `next` (a word seen for the first
   /// time). `words[k]` must be the word at position k (the caller's list, which this indexes).
-  int64_t find_or_add(std::string_view w, int64_t next, const std::vector<std::string>& words) {
+  /// `hash` is word_hash(w).
+  int64_t find_or_add(std::string_view w, uint64_t hash, int64_t next,
+                      const std::vector<std::string>& words) {
     if (2 * (used_.size() + 1) > slots_.size()) grow(words);
     const size_t mask = slots_.size() - 1;
-    for (size_t s = word_hash(w) & mask;; s = (s + 1) & mask) {
+    for (size_t s = hash & mask;; s = (s + 1) & mask) {
       const int64_t k = slots_[s];
       if (k < 0) {
         slots_[s] = next;
