@@ -305,10 +305,10 @@ class KnowledgeRing:
             s.views.drop_knowledge([entry])
 
 
-#: Groups of at most this many facts are padded to a power of two and scored together (one
-#: batched product per size class); a larger group (an assistant shared by the round's users)
-#: gets a product of its own, unpadded.
-_PADDED_GROUP = 64
+#: Groups of at most this many facts are scored pair by pair, all groups' pairs in one
+#: vectorised pass; a larger group (an assistant shared by the round's users) gets a matrix
+#: product of its own (its pairs grow with the square of the round).
+_PAIRED_GROUP = 64
 
 
 def _same_batch(
@@ -317,11 +317,10 @@ def _same_batch(
     """For each fact, (j, cosine) of the earlier facts j of the same owner in the batch whose
     cosine reaches ``threshold``, j ascending: the only ones the rule can merge into.
 
-    The owners' groups are scored in a few batched products, not one per owner (a round's
-    facts belong to hundreds of users, each with a handful): small groups are padded to a
-    power of two and stacked by size class, a large one scored alone. Python sees the pairs
-    that pass, not every pair (an assistant shared by the batch's users owns most of its
-    facts, and its pairs grow with the square of the round)."""
+    A round's facts belong to hundreds of users, each with a handful: their pairs are
+    gathered and scored in one pass (a product per group, or per padded size class, cost
+    ~1 ms a round in NumPy's small stacked products). Python sees the pairs that pass, not
+    every pair."""
     out: list[list[tuple[int, float]]] = [[] for _ in owners]
     if len(owners) < 2:
         return out
@@ -332,22 +331,35 @@ def _same_batch(
     sorted_owners = owner_of[by_owner]
     starts = np.flatnonzero(np.concatenate(([True], sorted_owners[1:] != sorted_owners[:-1])))
     sizes = np.diff(starts, append=len(owners))
-    width = np.where(sizes <= _PADDED_GROUP, 1 << np.ceil(np.log2(sizes)).astype(np.int64), sizes)
-    for m in np.unique(width[sizes >= 2]).tolist():
-        groups = np.flatnonzero((width == m) & (sizes >= 2))
-        cols = np.arange(m)
-        valid = cols < sizes[groups, None]  # [G, m]
-        idx = np.where(valid, by_owner[np.minimum(starts[groups, None] + cols, len(owners) - 1)], 0)
-        vecs = unit[idx] * valid[..., None]
-        sims = vecs @ vecs.transpose(0, 2, 1)  # [G, m, m]
-        reach = (sims >= threshold) & valid[:, :, None] & valid[:, None, :] & np.tri(m, m, -1, bool)
-        g, a, b = np.nonzero(reach)  # row-major: for each fact a, the earlier b ascending
-        # to 12 places: a product's blocking moves the last bits, and copies of one fact
-        # must tie (the rule takes the earliest of equal cosines) wherever they sit in it
-        cos = np.round(sims[g, a, b], 12)
-        for i, j, c in zip(idx[g, a].tolist(), idx[g, b].tolist(), cos.tolist(), strict=True):
-            out[i].append((j, c))
+    a, b, cos = _small_group_pairs(unit, by_owner, starts, sizes)
+    for g in np.flatnonzero(sizes > _PAIRED_GROUP).tolist():
+        members = by_owner[starts[g] : starts[g] + sizes[g]]
+        sims = unit[members] @ unit[members].T
+        i, j = np.nonzero(np.tril(sims >= threshold, -1))  # row-major: each i's j ascending
+        a, b = np.concatenate([a, members[i]]), np.concatenate([b, members[j]])
+        cos = np.concatenate([cos, sims[i, j]])
+    keep = np.flatnonzero(cos >= threshold)
+    # to 12 places: a product's blocking moves the last bits, and copies of one fact must tie
+    # (the rule takes the earliest of equal cosines) wherever they sit in it
+    cos = np.round(cos[keep], 12)
+    for i, j, c in zip(a[keep].tolist(), b[keep].tolist(), cos.tolist(), strict=True):
+        out[i].append((j, c))
     return out
+
+
+def _small_group_pairs(
+    unit: np.ndarray, by_owner: np.ndarray, starts: np.ndarray, sizes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(i, j, cosine) of every pair j < i within the groups of at most :data:`_PAIRED_GROUP`
+    facts (``by_owner``: the facts sorted by owner, each group ascending, starting at
+    ``starts`` with ``sizes``), each i's j ascending."""
+    rank = np.arange(by_owner.size) - np.repeat(starts, sizes)  # position within its group
+    at = np.flatnonzero(np.repeat(sizes <= _PAIRED_GROUP, sizes) & (rank > 0))
+    r = rank[at]  # the earlier facts of each: r of them, right before it
+    first = np.cumsum(r) - r
+    a = by_owner[np.repeat(at, r)]
+    b = by_owner[np.repeat(at - r, r) + np.arange(int(r.sum())) - np.repeat(first, r)]
+    return a, b, np.einsum("ij,ij->i", unit[a], unit[b])
 
 
 @dataclass(frozen=True)
