@@ -124,7 +124,9 @@ class StageStats:
             }
 
 
-_FIRST_PERSON = re.compile(r"\b(i|i'm|i've|i'd|i'll|my|me|mine|we|our)\b", re.IGNORECASE)
+# i, i'm, i've, i'd, i'll, my, me, mine, we, our -- as a prefix tree: each position of a
+# sentence tries a few branches instead of ten words (1.5 -> 1.0 us a LoCoMo sentence)
+_FIRST_PERSON = re.compile(r"\b(?:i(?:'(?:m|ve|d|ll))?|m(?:y|e|ine)|we|our)\b", re.IGNORECASE)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -266,7 +268,7 @@ class ExtractiveStages:
         for i, p in enumerate(pages):
             for sentence in _SENTENCE.split(p.get("user_input") or ""):
                 s = sentence.strip()
-                if 12 <= len(s) <= 300 and _FIRST_PERSON.search(s) and not s.endswith("?"):
+                if 12 <= len(s) <= 300 and not s.endswith("?") and _FIRST_PERSON.search(s):
                     facts.append((s, i))
         return facts[-self.max_facts :]
 
