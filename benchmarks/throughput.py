@@ -273,7 +273,7 @@ def pct(values: list[float], q: float) -> float:
 
 def freeze_inputs() -> None:
     """Move the harness's inputs (a size's pages and queries: at 1,000 users ~75,000 tracked
-    objects, ~15x what the engine itself keeps) out of the garbage collector's reach.
+    objects, ~17x what the engine itself keeps) out of the garbage collector's reach.
 
     Why: every full collection walks every tracked object, and the harness's inputs are not
     the memory system's; at 1,000 users x 20 pages walking them cost ~3.5 us of each ingested

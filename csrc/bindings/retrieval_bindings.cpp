@@ -66,7 +66,8 @@ py::tuple split_terms(const TermSplitter& splitter, py::str text, int64_t n_docs
 ///
 /// Why a cache: a batch's candidates are mostly words earlier batches had ("weekend",
 /// "sister"), and making each a new str (then hashing it again in the Counter and dict that
-/// read it, then freeing it) was about a third of a scan. Recent ASCII words keep their str
+/// read it, then freeing it) cost ~10 % of a scan (512 LoCoMo pages: 3.95 -> 3.57 us a page
+/// with the cache), besides the readers' hashing. Recent ASCII words keep their str
 /// here, direct-mapped by word_hash and checked byte for byte, so a hit is the same immutable
 /// object (with its hash already computed) and a collision only costs a new one. Bounded: one
 /// slot each, short words only; touched with the GIL held.
