@@ -515,8 +515,12 @@ class Segments:
     def _kw_matrix(self, counts: Sequence[dict[str, int]]) -> np.ndarray:
         """Segments' keyword rows: each one's most frequent keywords (first seen wins ties)."""
         width = self._s.memory.keyword_width
-        # reverse=True keeps a stable sort's order among equal counts: first seen wins ties
-        ranked = [sorted(c, key=c.__getitem__, reverse=True)[:width] for c in counts]
+        # reverse=True keeps a stable sort's order among equal counts: first seen wins ties; a
+        # segment with at most `width` keywords keeps them all (a row's order is its ids')
+        ranked = [
+            list(c) if len(c) <= width else sorted(c, key=c.__getitem__, reverse=True)[:width]
+            for c in counts
+        ]
         return keyword_rows(ranked, width)
 
 
