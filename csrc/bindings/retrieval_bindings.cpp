@@ -62,7 +62,8 @@ py::tuple split_terms(const TermSplitter& splitter, py::str text, int64_t n_docs
 }
 
 // ---- keyword candidates ---------------------------------------------------------------------
-/// The Python str of one candidate word (UTF-8 bytes [p, p + n)), new reference.
+/// The Python str of one candidate word (UTF-8 bytes [p, p + n), its word_hash `h` from the
+/// scan), new reference.
 ///
 /// Why a cache: a batch's candidates are mostly words earlier batches had ("weekend",
 /// "sister"), and making each a new str (then hashing it again in the Counter and dict that
@@ -71,7 +72,7 @@ py::tuple split_terms(const TermSplitter& splitter, py::str text, int64_t n_docs
 /// here, direct-mapped by word_hash and checked byte for byte, so a hit is the same immutable
 /// object (with its hash already computed) and a collision only costs a new one. Bounded: one
 /// slot each, short words only; touched with the GIL held.
-PyObject* word_str(const char* p, size_t n) {
+PyObject* word_str(const char* p, size_t n, uint64_t h) {
   constexpr size_t kSlots = size_t{1} << 14, kMaxBytes = 24;
   struct Slot {
     uint64_t hash = 0;
@@ -81,7 +82,6 @@ PyObject* word_str(const char* p, size_t n) {
   bool ascii = n <= kMaxBytes;
   for (size_t i = 0; ascii && i < n; ++i) ascii = static_cast<unsigned char>(p[i]) < 0x80;
   if (!ascii) return PyUnicode_DecodeUTF8(p, static_cast<py::ssize_t>(n), "strict");
-  const uint64_t h = word_hash(std::string_view(p, n));
   Slot& e = cache[h & (kSlots - 1)];
   if (e.str != nullptr && e.hash == h && static_cast<size_t>(PyUnicode_GET_LENGTH(e.str)) == n &&
       std::memcmp(PyUnicode_1BYTE_DATA(e.str), p, n) == 0) {
@@ -113,7 +113,8 @@ py::tuple scan_keywords(const KeywordScanner& scanner, py::str text, int64_t n_d
   int64_t start = 0;
   for (size_t i = 0; i < batch.word_ends.size(); ++i) {
     const int64_t end = batch.word_ends[i];
-    PyObject* w = word_str(batch.words.data() + start, static_cast<size_t>(end - start));
+    PyObject* w = word_str(batch.words.data() + start, static_cast<size_t>(end - start),
+                           batch.word_hashes[i]);
     if (w == nullptr) throw py::error_already_set();
     PyList_SET_ITEM(words.ptr(), static_cast<py::ssize_t>(i), w);  // steals the reference
     start = end;

@@ -66,19 +66,29 @@ void fold_plural(W* w) {
   }
 }
 
-/// casefold, U+2019 read as ', a trailing "'s" dropped, then every apostrophe dropped.
-void normalise(const Word& surface, Word* norm) {
+/// casefold, U+2019 read as ', a trailing "'s" dropped, then every apostrophe dropped. `norm`
+/// holds code points, or, for an all-ASCII surface, the UTF-8 bytes themselves (casefold is
+/// then ASCII lower case and U+2019 cannot occur).
+template <typename Ch, typename W>
+void normalise(const Ch* surface, size_t n, W* norm) {
   norm->clear();
-  for (uint32_t c : surface) cp::casefold(c == 0x2019 ? 0x27 : c, norm);
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<uint32_t>(surface[i]);
+    cp::casefold(c == 0x2019 ? 0x27 : c, norm);
+  }
   if (norm->size() >= 2 && (*norm)[norm->size() - 2] == '\'' && norm->back() == 's') {
     norm->resize(norm->size() - 2);
   }
-  size_t k = 0;
-  for (uint32_t c : *norm) {
-    if (c != '\'') (*norm)[k++] = c;
-  }
-  norm->resize(k);
+  norm->erase(std::remove(norm->begin(), norm->end(), '\''), norm->end());
 }
+
+/// The UTF-8 of a normalised word: encoded from code points, or already there (an ASCII
+/// word normalised in place, `norm` being `utf8`).
+void to_utf8(const Word& norm, std::string* utf8) {
+  utf8->clear();
+  for (uint32_t c : norm) cp::put_utf8(c, utf8);
+}
+void to_utf8([[maybe_unused]] const std::string& norm, [[maybe_unused]] std::string* utf8) {}
 
 /// The surface's flags: an acronym, or capitalised (first code point upper case).
 template <typename Ch>
@@ -112,6 +122,7 @@ struct DocCandidates {
       out->tf.push_back(tf[i]);
       out->flags.push_back(flags[i]);
       out->words += w;
+      out->word_hashes.push_back(hashes[i]);
       out->word_ends.push_back(static_cast<int64_t>(out->words.size()));
     }
     out->offsets.push_back(static_cast<int64_t>(out->ids.size()));
@@ -142,83 +153,55 @@ struct ScanContext {
   const KeywordOptions& opt;
 };
 
-/// Counts one normalised candidate (`utf8`, its word_hash `hash`) in the document: its first
-/// occurrence gets its date flags, every occurrence ORs in its surface's flags.
-void count_word(const ScanContext& ctx, const std::string& utf8, uint64_t hash, bool ascii,
-                bool digit, bool acronym, bool capitalised, bool initial, DocCandidates* doc) {
-  int64_t at = doc->index.find_or_add(utf8, hash, static_cast<int64_t>(doc->words.size()),
+/// Adds one word (its surface: `n` code units) to the document's candidates, normalised
+/// into `norm`: code points (a Word) in general, or the UTF-8 string itself for an all-ASCII
+/// surface (`norm` == `utf8`: no code point buffers, nothing to re-encode). A candidate's
+/// first occurrence gets its date flags, every occurrence ORs in its surface's flags.
+template <typename Ch, typename Norm>
+void add_word(const ScanContext& ctx, const Ch* surface, size_t n, bool initial, Norm* norm,
+              std::string* utf8, DocCandidates* doc) {
+  normalise(surface, n, norm);
+  if (norm->empty()) return;
+  to_utf8(*norm, utf8);
+  uint64_t hash = word_hash(*utf8);  // one hash for every lookup below
+  if (ctx.stop.contains(*utf8, hash)) return;
+  if (static_cast<int32_t>(norm->size()) < ctx.opt.min_len && !all_digits(*norm)) return;
+  if (ctx.opt.fold_plurals) {
+    fold_plural(norm);
+    to_utf8(*norm, utf8);
+    hash = word_hash(*utf8);
+  }
+  int64_t at = doc->index.find_or_add(*utf8, hash, static_cast<int64_t>(doc->words.size()),
                                       doc->words);
   if (at < 0) {
     at = static_cast<int64_t>(doc->words.size());
+    bool ascii = true, digit = false;
+    for (auto c : *norm) {
+      const auto u = static_cast<uint32_t>(c);
+      ascii = ascii && u < 128, digit = digit || cp::is_digit(u);
+    }
     uint8_t f = 0;
-    if (digit || ctx.dates.contains(utf8, hash)) f |= kDateWord;
-    if (ctx.ambiguous.contains(utf8, hash)) f |= kAmbiguousDate;
-    doc->words.push_back(utf8);
+    if (digit || ctx.dates.contains(*utf8, hash)) f |= kDateWord;
+    if (ctx.ambiguous.contains(*utf8, hash)) f |= kAmbiguousDate;
+    doc->words.push_back(*utf8);
     doc->hashes.push_back(hash);
     doc->ascii.push_back(ascii);
     doc->tf.push_back(0);
     doc->flags.push_back(f);
   }
+  bool acronym, capitalised;
+  classify(surface, n, &acronym, &capitalised);
   const auto k = static_cast<size_t>(at);
   doc->tf[k] += 1;
   if (acronym || (capitalised && !initial)) doc->flags[k] |= kProper;
   else if (capitalised) doc->flags[k] |= kCapitalInitial;
 }
 
-/// Adds one word (its surface, code points) to the document's candidates.
-void add_word(const ScanContext& ctx, const Word& surface, bool initial, Word* norm,
-              std::string* utf8, DocCandidates* doc) {
-  normalise(surface, norm);
-  if (norm->empty()) return;
-  utf8->clear();
-  for (uint32_t c : *norm) cp::put_utf8(c, utf8);
-  uint64_t hash = word_hash(*utf8);
-  if (ctx.stop.contains(*utf8, hash)) return;
-  if (static_cast<int32_t>(norm->size()) < ctx.opt.min_len && !all_digits(*norm)) return;
-  if (ctx.opt.fold_plurals) {
-    fold_plural(norm);
-    utf8->clear();
-    for (uint32_t c : *norm) cp::put_utf8(c, utf8);
-    hash = word_hash(*utf8);
-  }
-  bool acronym, capitalised, ascii = true, digit = false;
-  classify(surface.data(), surface.size(), &acronym, &capitalised);
-  for (uint32_t c : *norm) ascii = ascii && c < 128, digit = digit || cp::is_digit(c);
-  count_word(ctx, *utf8, hash, ascii, digit, acronym, capitalised, initial, doc);
-}
-
-/// add_word for a surface of ASCII code units only (most words): the same rules on bytes,
-/// without the code point buffers (case folding is ASCII lower case, U+2019 cannot occur).
-template <typename Ch>
-void add_ascii_word(const ScanContext& ctx, const Ch* surface, size_t n, bool initial,
-                    std::string* utf8, DocCandidates* doc) {
-  utf8->clear();
-  for (size_t i = 0; i < n; ++i) {
-    const auto c = static_cast<char>(surface[i]);
-    utf8->push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c);
-  }
-  const size_t m = utf8->size();
-  if (m >= 2 && (*utf8)[m - 2] == '\'' && (*utf8)[m - 1] == 's') utf8->resize(m - 2);
-  utf8->erase(std::remove(utf8->begin(), utf8->end(), '\''), utf8->end());
-  if (utf8->empty()) return;
-  uint64_t hash = word_hash(*utf8);
-  if (ctx.stop.contains(*utf8, hash)) return;
-  if (static_cast<int32_t>(utf8->size()) < ctx.opt.min_len && !all_digits(*utf8)) return;
-  if (ctx.opt.fold_plurals) {
-    fold_plural(utf8);
-    hash = word_hash(*utf8);
-  }
-  bool acronym, capitalised, digit = false;
-  classify(surface, n, &acronym, &capitalised);
-  for (char c : *utf8) digit = digit || cp::ascii_digit(static_cast<uint32_t>(c));
-  count_word(ctx, *utf8, hash, true, digit, acronym, capitalised, initial, doc);
-}
-
 template <typename Ch>
 int64_t scan_text(const Ch* s, size_t n, const ScanContext& ctx, KeywordBatch* out) {
   DocCandidates doc;
   GapState gap;
-  Word surface, norm;
+  Word norm;
   std::string utf8;
   bool first = true;  // the next word is its document's first
   int64_t docs = 0;
@@ -249,10 +232,9 @@ int64_t scan_text(const Ch* s, size_t n, const ScanContext& ctx, KeywordBatch* o
     }
     const bool initial = first || gap.ended();
     if (ascii) {
-      add_ascii_word(ctx, s + start, i - start, initial, &utf8, &doc);
+      add_word(ctx, s + start, i - start, initial, &utf8, &utf8, &doc);
     } else {
-      surface.assign(s + start, s + i);
-      add_word(ctx, surface, initial, &norm, &utf8, &doc);
+      add_word(ctx, s + start, i - start, initial, &norm, &utf8, &doc);
     }
     first = false;
     gap.reset();

@@ -43,6 +43,7 @@ struct KeywordBatch {
   std::vector<uint8_t> flags;     ///< KeywordFlag bits
   std::string words;              ///< the normalised words' UTF-8, back to back
   std::vector<int64_t> word_ends;  ///< byte end of each word in `words`
+  std::vector<uint64_t> word_hashes;  ///< word_hash of each word
 };
 
 struct KeywordOptions {

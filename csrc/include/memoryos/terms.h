@@ -29,10 +29,9 @@ namespace memoryos {
 /// 31-bit id of one normalised word (its UTF-8 bytes): BLAKE2b-64, little-endian, & 0x7fffffff.
 int32_t term_id(const uint8_t* utf8, size_t n);
 
-/// term_id of a word's UTF-8, from the calling thread's cache of the words it hashed before
-/// (direct-mapped, 1 MB; the id is a pure function of the word, so every caller shares it).
-int32_t cached_term_id(const std::string& utf8);
-/// cached_term_id() of a word whose word_hash the caller has already.
+/// term_id of a word's UTF-8 (`hash`: its word_hash, which the caller has for its own
+/// lookups), from the calling thread's cache of the words it hashed before (direct-mapped,
+/// 1 MB; the id is a pure function of the word, so every caller shares it).
 int32_t cached_term_id(const std::string& utf8, uint64_t hash);
 
 /// Terms of a batch of documents in CSR form.

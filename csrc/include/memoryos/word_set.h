@@ -42,9 +42,8 @@ class WordSet {
     }
   }
 
-  bool contains(std::string_view w) const { return contains(w, word_hash(w)); }
-
-  /// contains() for a word whose word_hash the caller has already (one hash, many lookups).
+  /// Whether `w` (of word_hash `hash`: the callers hash a word once for all their lookups)
+  /// is in the set.
   bool contains(std::string_view w, uint64_t hash) const {
     const size_t mask = slots_.size() - 1;
     for (size_t s = hash & mask;; s = (s + 1) & mask) {
