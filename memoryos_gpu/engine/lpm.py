@@ -155,9 +155,18 @@ class LongTerm:
         """Under the lock, after the stage: (still queued, still current) per promotion.
         Current means the user record is the one read, the segment is still live and -- when
         an item-level edit happened meanwhile -- its unanalysed pages are the ones read (a
-        page deleted or edited during the stage must not leave facts behind)."""
+        page deleted or edited during the stage must not leave facts behind).
+
+        The queue is asked of the store only after such an edit: a promotion's row leaves it
+        when the promotion is applied or its segment evicted (both by the lease holder: this
+        batch) or with a deletion, which counts in ``edits``."""
         s = self._s
-        queued = still_pending(s.store, [w for w, _, _ in read.items])
+        edited = s.edits != read.edits
+        queued = (
+            still_pending(s.store, [w for w, _, _ in read.items])
+            if edited
+            else np.ones(len(read.items), bool)
+        )
         current = queued & np.fromiter(
             (
                 u is None
@@ -167,7 +176,7 @@ class LongTerm:
             bool,
             len(read.items),
         )
-        if s.edits != read.edits and current.any():
+        if edited and current.any():
             now = self._unanalysed([sid for _, _, sid in read.items])
             current &= np.fromiter(
                 (

@@ -195,9 +195,19 @@ class Segments:
     def _current(self, read: _RoundInput) -> tuple[np.ndarray, np.ndarray]:
         """Under the lock, after the stages: (still pending, still current) per item. Current
         means the pending row, the user and its chain tail and meta are the ones read, and --
-        when an item-level edit happened meanwhile -- the page and chain-tail texts too."""
+        when an item-level edit happened meanwhile -- the page and chain-tail texts too.
+
+        The pending rows are asked of the store only after such an edit: a page's row leaves
+        the table only when it is applied (by the lease holder: this round) or with its page or
+        user, and every deletion counts in ``edits``, so rows read before an unchanged count
+        are all still there (one query a wave saved)."""
         s = self._s
-        pending = still_pending(s.store, [w for w, _, _ in read.items])
+        edited = s.edits != read.edits
+        pending = (
+            still_pending(s.store, [w for w, _, _ in read.items])
+            if edited
+            else np.ones(len(read.items), bool)
+        )
         same_user = np.fromiter(
             (
                 s.users.get(u.user_id) is u and (u.chain_tail, u.chain_meta) == tail
@@ -207,7 +217,7 @@ class Segments:
             len(read.users),
         )
         current = pending & same_user
-        if s.edits != read.edits and current.any():
+        if edited and current.any():
             current &= self._texts_unchanged(read)
         return pending, current
 
