@@ -253,17 +253,21 @@ def test_topic_keywords_unicode_words_pass_through():
     assert got == [["über", "東京"]]
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.lists(st.sampled_from(["alpha", "Beta", "beta", "gamma's", "", "!!", "Ünïcode", "ß"])),
-        max_size=6,
+_ROW_TOKENS = st.one_of(
+    st.sampled_from(
+        ["alpha", "Beta", "beta", "gamma's", "", "!!", "Ünïcode", "ß", "run2", "x" * 40]
     ),
-    st.integers(1, 8),
+    st.text(alphabet="az09AZ'é -", max_size=30),
 )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_ROW_TOKENS), max_size=6), st.integers(1, 8))
 def test_keyword_rows_are_each_rows_sorted_distinct_ids(lists, width) -> None:
     """The batched rows equal :func:`hash_keywords` of each row's first ``width`` tokens
-    (repeats, case variants and tokens that normalise to nothing included)."""
+    (repeats, case variants, tokens that normalise to nothing, plain words hashed natively
+    -- short and longer than the native id cache holds -- and every other token through the
+    Python hash included)."""
     from memoryos_gpu.engine.state import keyword_rows
 
     got = keyword_rows(lists, width)

@@ -13,11 +13,13 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "memoryos/keywords.h"
 #include "memoryos/postings.h"
 #include "memoryos/retrieval.h"
 #include "memoryos/terms.h"
+#include "memoryos/word_set.h"
 #include "retrieval_bindings.h"
 #include "tensor_arg.h"
 
@@ -125,6 +127,64 @@ py::tuple scan_keywords(const KeywordScanner& scanner, py::str text, int64_t n_d
 
 int32_t term_id_of(const std::string& word) {
   return term_id(reinterpret_cast<const uint8_t*>(word.data()), word.size());
+}
+
+/// Whether a str is a word normalize_word leaves as it is: ASCII lower-case letters and digits
+/// only (its UTF-8 bytes are then the str's own).
+bool plain_ascii_word(PyObject* w) {
+  if (!PyUnicode_IS_ASCII(w)) return false;
+  const auto* p = PyUnicode_1BYTE_DATA(w);
+  const auto n = PyUnicode_GET_LENGTH(w);
+  for (py::ssize_t i = 0; i < n; ++i) {
+    if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= '0' && p[i] <= '9'))) return false;
+  }
+  return n > 0;
+}
+
+/// The arena's padded keyword rows of token lists: row i holds the sorted distinct ids of the
+/// first `width` tokens of rows[i], -1 after them.
+///
+/// Why native: every page reaching MTM, and every segment it joins or opens, makes a row (a
+/// joined segment's from all its keywords), and the NumPy version (hash each token through
+/// the LRU cache, then one lexsort of the batch) cost ~190 ns a token. A plain word (ASCII
+/// lower case and digits, what the extractor mostly gives) is hashed here through the term id
+/// cache; any other token goes through `fallback` (keywords.hash_keyword, which normalises
+/// first), so every id is the one hash_keyword gives.
+py::array_t<int32_t> keyword_rows_of(py::handle rows, int32_t width, py::handle fallback) {
+  if (width < 1) throw py::value_error("width must be >= 1");
+  py::object outer = py::reinterpret_steal<py::object>(
+      PySequence_Fast(rows.ptr(), "token lists must be a sequence"));
+  if (!outer) throw py::error_already_set();
+  const py::ssize_t n = PySequence_Fast_GET_SIZE(outer.ptr());
+  py::array_t<int32_t> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(width)});
+  int32_t* o = out.mutable_data();
+  std::fill(o, o + n * width, -1);
+  std::vector<int32_t> ids;
+  std::string word;
+  for (py::ssize_t i = 0; i < n; ++i) {
+    PyObject* tokens = PySequence_Fast_GET_ITEM(outer.ptr(), i);
+    py::object row = py::reinterpret_steal<py::object>(
+        PySequence_Fast(tokens, "a token list must be a sequence"));
+    if (!row) throw py::error_already_set();
+    const py::ssize_t m = std::min<py::ssize_t>(PySequence_Fast_GET_SIZE(row.ptr()), width);
+    ids.clear();
+    for (py::ssize_t j = 0; j < m; ++j) {
+      PyObject* w = PySequence_Fast_GET_ITEM(row.ptr(), j);
+      int64_t id;
+      if (PyUnicode_Check(w) && plain_ascii_word(w)) {
+        word.assign(reinterpret_cast<const char*>(PyUnicode_1BYTE_DATA(w)),
+                    static_cast<size_t>(PyUnicode_GET_LENGTH(w)));
+        id = cached_term_id(word, word_hash(word));
+      } else {
+        id = fallback(py::handle(w)).cast<int64_t>();
+      }
+      if (id >= 0) ids.push_back(static_cast<int32_t>(id));
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    std::copy(ids.begin(), ids.end(), o + i * width);
+  }
+  return out;
 }
 
 // ---- lazily backed zeroed memory ------------------------------------------------------------
@@ -473,6 +533,11 @@ void register_retrieval(py::module_& m) {
            "flags uint8, words).");
   m.def("term_id", &term_id_of, py::arg("word"),
         "31-bit BLAKE2b id of one normalised word (equals keywords.hash_keyword).");
+  m.def("keyword_rows", &keyword_rows_of, py::arg("rows"), py::arg("width"),
+        py::arg("fallback"),
+        "-> int32 [len(rows), width]: each row's sorted distinct ids of its first `width` "
+        "tokens, -1 after them; a token that is not plain ASCII lower case and digits gets "
+        "fallback(token) (ids < 0 are left out).");
   m.def("date_words", &date_words, py::arg("timestamp"),
         "The UTC date words of an epoch timestamp, lower case.");
   py::class_<LazyBuffer>(m, "LazyBuffer", py::buffer_protocol(),

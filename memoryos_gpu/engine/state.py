@@ -21,11 +21,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from memoryos_gpu import _C
 from memoryos_gpu.arena import Arena
 from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.errors import UnknownUserError
@@ -348,21 +348,7 @@ def to_host(x: Any) -> np.ndarray:
 def keyword_rows(token_lists: Sequence[Sequence[str]], width: int) -> np.ndarray:
     """Normalised keyword tokens (best first) -> the arena's padded rows of hashed ids: each
     row the sorted distinct ids of its first ``width`` tokens (as
-    :func:`~memoryos_gpu.text.keywords.hash_keywords` gives them), for
-    the whole batch at once (one C-level pass hashes every token, one sort orders them all)."""
-    n = len(token_lists)
-    out = np.full((n, width), -1, np.int32)
-    heads = [t[:width] for t in token_lists]
-    sizes = np.fromiter(map(len, heads), np.int64, n)
-    flat = list(chain.from_iterable(heads))
-    ids = np.fromiter(map(hash_keyword, flat), np.int64, len(flat))
-    row = np.repeat(np.arange(n), sizes)
-    row, ids = row[ids >= 0], ids[ids >= 0]  # a token that normalises to nothing
-    order = np.lexsort((ids, row))
-    row, ids = row[order], ids[order]
-    distinct = np.ones(row.size, bool)
-    distinct[1:] = (row[1:] != row[:-1]) | (ids[1:] != ids[:-1])
-    row, ids = row[distinct], ids[distinct]
-    col = np.arange(row.size) - np.searchsorted(row, row)  # rank within the row
-    out[row, col] = ids
-    return out
+    :func:`~memoryos_gpu.text.keywords.hash_keywords` gives them), for the whole batch in one
+    native pass (``_C.keyword_rows``: a plain ASCII word through the native term id cache,
+    any other token through ``hash_keyword``)."""
+    return _C.keyword_rows(token_lists, width, hash_keyword)
