@@ -113,3 +113,39 @@ def test_a_continuing_page_carries_its_chains_meta_across_waves() -> None:
     assert [o[0].continuous for o in out] == [True, True, True]
     assert [o[0].meta for o in out] == ["the marathon thread"] * 3
     assert [w[0].prev_meta for w in waves] == ["the marathon thread"] * 3
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.floats(-0.9, 0.9))
+def test_continuity_is_the_cosine_rule(seed: int, n: int, threshold: float) -> None:
+    """A page continues its chain when cos(previous page, page) >= the threshold: against the
+    cosines in float64 (a page without a previous page never continues; a zero vector's
+    cosine is 0; cosines within 1e-9 of the threshold are left out: the sums' order may
+    differ there)."""
+    rng = np.random.default_rng(seed)
+    work = []
+    for _ in range(n):
+        emb = rng.standard_normal(16).astype(np.float32) * float(rng.choice([1e-3, 1.0, 1e3]))
+        roll = rng.random()
+        prev = (
+            None
+            if roll < 0.2
+            else np.zeros(16, np.float32)
+            if roll < 0.3
+            else (
+                emb + rng.standard_normal(16).astype(np.float32) * float(rng.choice([0.3, 3.0]))
+            ).astype(np.float32)
+        )
+        page = {"page_id": 1, "user_id": "u", "user_input": "", "agent_response": ""}
+        work.append(PageWork(page, emb, None if prev is None else {}, prev, None))
+    stages = ExtractiveStages(KeywordExtractor(), continuity_threshold=threshold)
+    got = stages._continuous(work)
+    for w, g in zip(work, got.tolist(), strict=True):
+        if w.prev_embedding is None:
+            assert g is False
+            continue
+        a, b = w.prev_embedding.astype(np.float64), w.embedding.astype(np.float64)
+        norms = np.linalg.norm(a) * np.linalg.norm(b)
+        cos = float(a @ b / norms) if norms > 0 else 0.0
+        if abs(cos - threshold) > 1e-9:
+            assert g is (cos >= threshold)
