@@ -1176,6 +1176,34 @@ def test_a_failed_add_leaves_no_trace(make_engine, monkeypatch):
     assert [p["seq"] for p in eng.store.user_pages("u")] == [0, 1]
 
 
+def test_a_failed_add_that_overflowed_stm_puts_every_stm_back(make_engine, monkeypatch):
+    """A failed batch whose pages pushed others (and some of its own) out of full STMs: each
+    user's STM is what it was, in order, and the next pages push out the right ones."""
+    eng = make_engine(stm_capacity=2, mode="extractive")
+    for i in range(2):
+        eng.add("u", f"u{i}", "r", timestamp=float(i))
+        eng.add("v", f"v{i}", "r", timestamp=float(i))
+    real_audit = eng.store.audit_many
+
+    def failing_audit(db, rows):
+        real_audit(db, rows)
+        raise RuntimeError("disk I/O error")
+
+    monkeypatch.setattr(eng.store, "audit_many", failing_audit)
+    batch = [PageInput("u", f"x{i}", "r", 5.0 + i) for i in range(3)]
+    batch += [PageInput("v", "y0", "r", 5.0), PageInput("w", "z0", "r", 5.0)]
+    with pytest.raises(RuntimeError):
+        eng.add_many(batch)
+    monkeypatch.setattr(eng.store, "audit_many", real_audit)
+    assert [p.user_input for p in eng.retrieve("u", "q").stm] == ["u0", "u1"]
+    assert [p.user_input for p in eng.retrieve("v", "q").stm] == ["v0", "v1"]
+    assert eng.store.count_pending() == 0
+    eng.add("u", "u2", "r", timestamp=2.0)
+    eng.flush()
+    assert [p.user_input for p in eng.retrieve("u", "q").stm] == ["u1", "u2"]
+    assert [p["user_input"] for p in eng.store.user_pages("u") if p["tier"] == "mtm"] == ["u0"]
+
+
 def test_respond_to_a_first_time_user(make_engine, kit):
     eng = make_engine(script=kit.Script(response="Hello!"))
     res = eng.respond("newcomer", "Hi, I'm new here.")
