@@ -124,12 +124,14 @@ def test_same_batch_pairs_under_the_threshold_change_no_decision(
     rng = np.random.default_rng(rnd.randrange(1 << 30))
     base = rng.normal(size=(4, 8))
     emb = base[rng.integers(0, 4, n)] + rng.normal(scale=rnd.choice([0.0, 0.05, 0.5]), size=(n, 8))
+    emb = emb.astype(rnd.choice([np.float32, np.float64]))  # an embedder's rows, or float64
     owners = [rnd.randrange(n_owners) for _ in range(n)]
     keys = [rnd.choice([None, ("city", "oslo"), ("city", "rome")]) for _ in range(n)]
     times = sorted(rnd.uniform(0, 10) for _ in range(n))
     live = {100: LiveEntry(0, ("city", "oslo"), 0.0)}
     nearest = [rnd.choice([(-1, 0.0), (100, rnd.uniform(0.4, 1.0))]) for _ in range(n)]
-    unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    wide = emb.astype(np.float64)
+    unit = wide / np.maximum(np.linalg.norm(wide, axis=1, keepdims=True), 1e-12)
     # to 12 places, as the rule's input: copies of one fact (noise 0.0) must tie, whatever
     # the last bits of each product (a dot's SIMD path moves with the rows' alignment)
     every = [

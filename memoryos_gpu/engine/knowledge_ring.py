@@ -324,17 +324,19 @@ def _same_batch(
     out: list[list[tuple[int, float]]] = [[] for _ in owners]
     if len(owners) < 2:
         return out
-    emb = np.asarray(emb, np.float64)  # float32 rows' cosines wobble at 1e-7, past the rounding
-    unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    # float64 sums (float32 ones wobble at 1e-7, past the rounding below) of the rows as given
+    emb = np.asarray(emb)
+    norm = np.maximum(np.sqrt(np.einsum("ij,ij->i", emb, emb, dtype=np.float64)), 1e-12)
     owner_of = np.asarray(owners, np.int64)
     by_owner = np.argsort(owner_of, kind="stable")  # each group ascending
     sorted_owners = owner_of[by_owner]
     starts = np.flatnonzero(np.concatenate(([True], sorted_owners[1:] != sorted_owners[:-1])))
     sizes = np.diff(starts, append=len(owners))
-    a, b, cos = _small_group_pairs(unit, by_owner, starts, sizes)
+    a, b, cos = _small_group_pairs(emb, norm, by_owner, starts, sizes)
     for g in np.flatnonzero(sizes > _PAIRED_GROUP).tolist():
         members = by_owner[starts[g] : starts[g] + sizes[g]]
-        sims = unit[members] @ unit[members].T
+        unit = emb[members].astype(np.float64) / norm[members, None]
+        sims = unit @ unit.T
         i, j = np.nonzero(np.tril(sims >= threshold, -1))  # row-major: each i's j ascending
         a, b = np.concatenate([a, members[i]]), np.concatenate([b, members[j]])
         cos = np.concatenate([cos, sims[i, j]])
@@ -348,18 +350,20 @@ def _same_batch(
 
 
 def _small_group_pairs(
-    unit: np.ndarray, by_owner: np.ndarray, starts: np.ndarray, sizes: np.ndarray
+    emb: np.ndarray, norm: np.ndarray, by_owner: np.ndarray, starts: np.ndarray, sizes: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(i, j, cosine) of every pair j < i within the groups of at most :data:`_PAIRED_GROUP`
     facts (``by_owner``: the facts sorted by owner, each group ascending, starting at
-    ``starts`` with ``sizes``), each i's j ascending."""
+    ``starts`` with ``sizes``), each i's j ascending. ``emb``: the rows (an embedder's float32),
+    ``norm`` their float64 norms; each dot product is summed in float64 from the rows as they
+    are (float64 copies of the gathered pairs cost 2.6x as much, their passes memory-bound)."""
     rank = np.arange(by_owner.size) - np.repeat(starts, sizes)  # position within its group
     at = np.flatnonzero(np.repeat(sizes <= _PAIRED_GROUP, sizes) & (rank > 0))
     r = rank[at]  # the earlier facts of each: r of them, right before it
     first = np.cumsum(r) - r
     a = by_owner[np.repeat(at, r)]
     b = by_owner[np.repeat(at - r, r) + np.arange(int(r.sum())) - np.repeat(first, r)]
-    return a, b, np.einsum("ij,ij->i", unit[a], unit[b])
+    return a, b, np.einsum("ij,ij->i", emb[a], emb[b], dtype=np.float64) / (norm[a] * norm[b])
 
 
 @dataclass(frozen=True)
