@@ -210,10 +210,17 @@ class PageViews:
         """A chain's meta summary, new or rewritten: every page linked to it shows it."""
         self.pages.chains.put(int(chain_id), meta, None, 0.0, None)
 
-    def link(self, page_id: int, chain_id: int, meta: str | None) -> None:
-        """Page ``page_id`` joined chain ``chain_id``, whose meta is now ``meta``."""
-        self.pages.table.set_link(int(page_id), int(chain_id))
-        self.set_chain(chain_id, meta)
+    def link_pages(
+        self, page_ids: Sequence[int], chain_ids: Sequence[int], metas: Sequence[str | None]
+    ) -> None:
+        """Pages ``page_ids`` joined chains ``chain_ids`` (a derived round's wave: one page a
+        user, so one page a chain), whose metas are now ``metas``; the chains' records in one
+        native call."""
+        set_link = self.pages.table.set_link
+        for page_id, chain_id in zip(page_ids, chain_ids, strict=True):
+            set_link(int(page_id), int(chain_id))
+        n = len(chain_ids)
+        self.pages.chains.put_many(chain_ids, metas, [None] * n, [0.0] * n, [None] * n, [-1] * n)
 
     def edit_page(self, page_id: int, user_input: str, agent_response: str) -> None:
         table = self.pages.table

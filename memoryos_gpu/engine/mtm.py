@@ -288,8 +288,7 @@ class Segments:
         s.map_pages(pools, np.asarray(page_ids, np.int64))
         s.arena.write_terms(pools, *astuple(terms))
         self._heat.refresh(db, users)
-        for pid, chain, o in zip(page_ids, chains, outcomes, strict=True):
-            s.views.link(pid, chain, o.meta)
+        s.views.link_pages(page_ids, chains, [o.meta for o in outcomes])
 
     def _summary_embeddings(
         self, outcomes: Sequence[PageOutcome], page_emb: np.ndarray, rows: Sequence[dict]
@@ -308,27 +307,27 @@ class Segments:
             [o.summary or r["user_input"] for o, r in zip(outcomes, rows, strict=True)]
         )
 
-    def _segment_rows(self, segment_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        """Current summary, keyword counts, embedding and page count of segments (one query)."""
-        ids = sorted(set(segment_ids))
-        if not ids:
-            return {}
-        marks = ",".join("?" * len(ids))
-        rows = self._s.store.query(
-            "SELECT segment_id, summary, keywords, embedding, n_pages "
-            f"FROM segments WHERE segment_id IN ({marks})",
-            ids,
-        )
-        emb = blob_matrix([r[3] for r in rows], self._s.embedder.dim)
-        return {
-            r[0]: {
-                "summary": r[1],
-                "keywords": loads(r[2]),
-                "embedding": e,
-                "n_pages": r[4],
-            }
-            for r, e in zip(rows, emb, strict=True)
+    def _segment_rows(
+        self, segment_ids: list[int]
+    ) -> tuple[list[str], list[dict[str, int]], np.ndarray, np.ndarray]:
+        """Current summaries, keyword counts (a fresh dict each), embeddings and page counts of
+        segments, in the order given (one query)."""
+        marks = ",".join("?" * len(segment_ids))
+        by_id = {
+            r[0]: r
+            for r in self._s.store.query(
+                "SELECT segment_id, summary, keywords, embedding, n_pages "
+                f"FROM segments WHERE segment_id IN ({marks})",
+                segment_ids,
+            )
         }
+        rows = [by_id[x] for x in segment_ids]
+        return (
+            [r[1] for r in rows],
+            [loads(r[2]) for r in rows],
+            blob_matrix([r[3] for r in rows], self._s.embedder.dim),
+            np.fromiter((r[4] for r in rows), np.int64, len(rows)),
+        )
 
     # ---------------------------------------------------------------- eviction
     def _make_room(self, db: Any, users: Sequence[UserState]) -> None:
@@ -378,18 +377,18 @@ class Segments:
         s = self._s
         slots = slots[idx].astype(np.int32)
         sids = s.segment_of[r.uslots[idx], slots]
-        info = self._segment_rows(sids.tolist())
-        n = np.array([info[x]["n_pages"] for x in sids.tolist()], np.int64)
+        # a wave holds one page a user, so each segment joins once: its counts are updated in
+        # place
+        old_summaries, counts, old_emb, n = self._segment_rows(sids.tolist())
         add = _unit_rows(r.summary_emb[idx])
-        emb = _unit_rows(np.stack([info[x]["embedding"] for x in sids.tolist()]) * n[:, None] + add)
-        counts, summaries, params = [], [], []
-        for i, sid in zip(idx.tolist(), sids.tolist(), strict=True):
-            row, out = info[sid], r.outcomes[i]
-            kw = dict(row["keywords"])
+        emb = _unit_rows(old_emb * n[:, None] + add)
+        summaries = []
+        cap = s.memory.summary_chars
+        for i, kw, old in zip(idx.tolist(), counts, old_summaries, strict=True):
+            out = r.outcomes[i]
             for w in out.keywords:
                 kw[w] = kw.get(w, 0) + 1
-            counts.append(kw)
-            summaries.append(_merge_summary(row["summary"], out.summary, s.memory.summary_chars))
+            summaries.append(_merge_summary(old, out.summary, cap))
         # the heat statistics from the arena, not the store: the store's last_access waits for
         # the heat write-behind, and a retrieval that credited the segment while this round's
         # stages ran must not be rolled back by the join
@@ -398,23 +397,20 @@ class Segments:
         l_inter = heat["l_interaction"][at].astype(np.int64) + 1
         last = np.maximum(heat["last_access"][at], r.now[idx])
         kw_rows = self._kw_matrix(counts)
-        for j, sid in enumerate(sids.tolist()):
-            params.append(
-                (
-                    summaries[j],
-                    dumps_text(counts[j]),
-                    _kw_blob(kw_rows[j]),
-                    emb_blob(emb[j]),
-                    int(l_inter[j]),
-                    float(last[j]),
-                    int(n[j]) + 1,
-                    sid,
-                )
-            )
         db.executemany(
             "UPDATE segments SET summary = ?, keywords = ?, kw_ids = ?, embedding = ?, "
             "l_interaction = ?, last_access = ?, n_pages = ? WHERE segment_id = ?",
-            params,
+            zip(
+                summaries,
+                map(dumps_text, counts),
+                map(_kw_blob, kw_rows),
+                map(emb_blob, emb),
+                l_inter.tolist(),
+                last.tolist(),
+                (n + 1).tolist(),
+                sids.tolist(),
+                strict=True,
+            ),
         )
         s.arena.write_segments(
             r.uslots[idx], slots, emb, kw_rows, l_interaction=l_inter, last_access=last
