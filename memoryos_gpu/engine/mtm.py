@@ -114,13 +114,15 @@ class Segments:
             waves[k].append(it)
         gone = int((~still_pending(s.store, missing)).sum()) if missing else 0
         page_ids = [ref for wave in waves for _, _, ref in wave]
-        emb_of = dict(zip(page_ids, s.store.page_embeddings(page_ids, d), strict=True))
+        emb = s.store.page_embeddings(page_ids, d)  # wave after wave: a wave's rows are a slice
+        emb_of = dict(zip(page_ids, emb, strict=True))
         first = [s.users[uid] for _, uid, _ in waves[0]] if waves else []
         tails = {u.user_id: (u.chain_tail, u.chain_meta) for u in first}
         prev_ids = [p for p, _ in tails.values() if p is not None]
         prev_rows = self._work_rows([(p, uid) for uid, (p, _) in tails.items() if p is not None])
         prev_embs = dict(zip(prev_ids, s.store.page_embeddings(prev_ids, d), strict=True))
         out: list[_RoundInput] = []
+        at = 0
         for wave in waves:
             users = [s.users[uid] for _, uid, _ in wave]
             work, wave_tails = [], []
@@ -132,8 +134,10 @@ class Segments:
                 wave_tails.append((prev, meta))
                 tails[uid] = (ref, None)  # the next wave's context: meta once staged
                 prev_rows[ref], prev_embs[ref] = rows[ref], emb_of[ref]
-            embs = np.stack([emb_of[ref] for _, _, ref in wave])
-            out.append(_RoundInput(wave, users, wave_tails, embs, work, s.edits))
+            out.append(
+                _RoundInput(wave, users, wave_tails, emb[at : at + len(wave)], work, s.edits)
+            )
+            at += len(wave)
         return out, gone
 
     def _work_rows(self, pages: list[tuple[int, str]]) -> dict[int, dict[str, Any]]:
