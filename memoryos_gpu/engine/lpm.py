@@ -24,7 +24,7 @@ from memoryos_gpu.store.derivations import PROFILE, record
 
 from .heat import Heat
 from .knowledge_ring import KnowledgeRing
-from .state import EngineHooks, EngineState, Fact, UserState, WorkItem, still_pending
+from .state import EngineHooks, EngineState, Fact, UserState, WorkItem, pending_left
 
 #: Live entries per owner shown to a fused LLM promotion (its add / update / ignore targets).
 KNOWN_SHOWN = 30
@@ -155,18 +155,10 @@ class LongTerm:
         """Under the lock, after the stage: (still queued, still current) per promotion.
         Current means the user record is the one read, the segment is still live and -- when
         an item-level edit happened meanwhile -- its unanalysed pages are the ones read (a
-        page deleted or edited during the stage must not leave facts behind).
-
-        The queue is asked of the store only after such an edit: a promotion's row leaves it
-        when the promotion is applied or its segment evicted (both by the lease holder: this
-        batch) or with a deletion, which counts in ``edits``."""
+        page deleted or edited during the stage must not leave facts behind; the queue, too,
+        is asked of the store only then: :func:`pending_left`)."""
         s = self._s
-        edited = s.edits != read.edits
-        queued = (
-            still_pending(s.store, [w for w, _, _ in read.items])
-            if edited
-            else np.ones(len(read.items), bool)
-        )
+        queued = pending_left(s, [w for w, _, _ in read.items], read.edits)
         current = queued & np.fromiter(
             (
                 u is None
@@ -176,7 +168,7 @@ class LongTerm:
             bool,
             len(read.items),
         )
-        if edited and current.any():
+        if s.edits != read.edits and current.any():
             now = self._unanalysed([sid for _, _, sid in read.items])
             current &= np.fromiter(
                 (

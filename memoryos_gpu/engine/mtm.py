@@ -29,7 +29,15 @@ from memoryos_gpu.store.sqlite import blob_matrix, emb_blob, select_in
 from memoryos_gpu.text.keywords import keyword_tokens
 
 from .heat import Heat
-from .state import EngineState, UserState, WorkItem, keyword_rows, still_pending, to_host
+from .state import (
+    EngineState,
+    UserState,
+    WorkItem,
+    keyword_rows,
+    pending_left,
+    still_pending,
+    to_host,
+)
 
 
 @dataclass
@@ -199,19 +207,10 @@ class Segments:
     def _current(self, read: _RoundInput) -> tuple[np.ndarray, np.ndarray]:
         """Under the lock, after the stages: (still pending, still current) per item. Current
         means the pending row, the user and its chain tail and meta are the ones read, and --
-        when an item-level edit happened meanwhile -- the page and chain-tail texts too.
-
-        The pending rows are asked of the store only after such an edit: a page's row leaves
-        the table only when it is applied (by the lease holder: this round) or with its page or
-        user, and every deletion counts in ``edits``, so rows read before an unchanged count
-        are all still there (one query a wave saved)."""
+        when an item-level edit happened meanwhile -- the page and chain-tail texts too (the
+        pending rows, too, are asked of the store only then: :func:`pending_left`)."""
         s = self._s
-        edited = s.edits != read.edits
-        pending = (
-            still_pending(s.store, [w for w, _, _ in read.items])
-            if edited
-            else np.ones(len(read.items), bool)
-        )
+        pending = pending_left(s, [w for w, _, _ in read.items], read.edits)
         same_user = np.fromiter(
             (
                 s.users.get(u.user_id) is u and (u.chain_tail, u.chain_meta) == tail
@@ -221,7 +220,7 @@ class Segments:
             len(read.users),
         )
         current = pending & same_user
-        if edited and current.any():
+        if s.edits != read.edits and current.any():
             current &= self._texts_unchanged(read)
         return pending, current
 

@@ -339,6 +339,17 @@ def still_pending(store: SQLiteStore, work_ids: Sequence[int]) -> np.ndarray:
     return np.fromiter((w in live for w in ids), bool, len(ids))
 
 
+def pending_left(state: EngineState, work_ids: Sequence[int], read_edits: int) -> np.ndarray:
+    """Which of the pending rows (by work id) read when ``state.edits`` was ``read_edits`` are
+    still in the store. A row leaves the table when the derived-work lease holder (the
+    caller: a round or a promotion batch) applies it or evicts its segment, or with a
+    deletion, and every deletion counts in ``edits``: with the count unchanged every row is
+    still there and the store is not asked (a query a wave saved)."""
+    if state.edits == read_edits:
+        return np.ones(len(work_ids), bool)
+    return still_pending(state.store, work_ids)
+
+
 # ---------------------------------------------------------------- arena row helpers
 def to_host(x: Any) -> np.ndarray:
     """A kernel result as a NumPy array (a CUDA tensor is copied to the host)."""
