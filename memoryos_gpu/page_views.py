@@ -214,11 +214,9 @@ class PageViews:
         self, page_ids: Sequence[int], chain_ids: Sequence[int], metas: Sequence[str | None]
     ) -> None:
         """Pages ``page_ids`` joined chains ``chain_ids`` (a derived round's wave: one page a
-        user, so one page a chain), whose metas are now ``metas``; the chains' records in one
-        native call."""
-        set_link = self.pages.table.set_link
-        for page_id, chain_id in zip(page_ids, chain_ids, strict=True):
-            set_link(int(page_id), int(chain_id))
+        user, so one page a chain), whose metas are now ``metas``: the links and the chains'
+        records in one native call each."""
+        self.pages.table.set_links(page_ids, chain_ids)
         n = len(chain_ids)
         self.pages.chains.put_many(chain_ids, metas, [None] * n, [0.0] * n, [None] * n, [-1] * n)
 

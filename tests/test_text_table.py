@@ -89,6 +89,26 @@ def test_many_puts_removals_and_edits_match_a_dict() -> None:
     assert len(model) > 1024  # the table grew past its first size
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    held=st.sets(st.integers(-50, 50), max_size=30),
+    changes=st.lists(st.tuples(st.integers(-60, 60), st.integers(-1, 2**63 - 1)), max_size=40),
+)
+def test_set_links_is_set_link_of_each_in_order(held, changes) -> None:
+    """The batch form relinks exactly what ``set_link`` one at a time would (a later change of
+    the same id wins, an id without a record is skipped) and counts the records it found."""
+    one, many = _C.TextTable(), _C.TextTable()
+    for t in (one, many):
+        for pid in held:
+            t.put(pid, "a", None, 0.0, None)
+    found = sum(one.set_link(pid, link) for pid, link in changes)
+    ids, links = [c[0] for c in changes], [c[1] for c in changes]
+    assert many.set_links(ids, links) == found
+    assert all(many.get(pid) == one.get(pid) for pid in held)
+    with pytest.raises(ValueError, match="one link per id"):
+        many.set_links(ids, [*links, 0])
+
+
 def test_bad_texts_are_refused_and_leave_the_record() -> None:
     table = _C.TextTable()
     table.put(1, "a", "b", 0.0, None)

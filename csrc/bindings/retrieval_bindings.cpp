@@ -160,7 +160,6 @@ py::array_t<int32_t> keyword_rows_of(py::handle rows, int32_t width, py::handle 
   int32_t* o = out.mutable_data();
   std::fill(o, o + n * width, -1);
   std::vector<int32_t> ids;
-  std::string word;
   for (py::ssize_t i = 0; i < n; ++i) {
     PyObject* tokens = PySequence_Fast_GET_ITEM(outer.ptr(), i);
     py::object row = py::reinterpret_steal<py::object>(
@@ -172,8 +171,8 @@ py::array_t<int32_t> keyword_rows_of(py::handle rows, int32_t width, py::handle 
       PyObject* w = PySequence_Fast_GET_ITEM(row.ptr(), j);
       int64_t id;
       if (PyUnicode_Check(w) && plain_ascii_word(w)) {
-        word.assign(reinterpret_cast<const char*>(PyUnicode_1BYTE_DATA(w)),
-                    static_cast<size_t>(PyUnicode_GET_LENGTH(w)));
+        const std::string_view word(reinterpret_cast<const char*>(PyUnicode_1BYTE_DATA(w)),
+                                    static_cast<size_t>(PyUnicode_GET_LENGTH(w)));
         id = cached_term_id(word, word_hash(word));
       } else {
         id = fallback(py::handle(w)).cast<int64_t>();

@@ -219,6 +219,21 @@ void register_text_table(py::module_& m) {
           py::arg("id"), "The link of a record (-1: none), or None when there is no record.")
       .def("set_link", &TextTable::set_link, py::arg("id"), py::arg("link"),
            "Replace the link of a record; False when there is no record.")
+      .def(
+          "set_links",
+          [](TextTable& t, py::sequence ids, py::sequence links) {
+            const size_t n = ids.size();
+            if (links.size() != n) {
+              throw py::value_error("set_links: one link per id");
+            }
+            size_t done = 0;
+            for (size_t i = 0; i < n; ++i) {
+              done += t.set_link(ids[i].cast<int64_t>(), links[i].cast<int64_t>()) ? 1 : 0;
+            }
+            return done;
+          },
+          py::arg("ids"), py::arg("links"),
+          "set_link() of many records; returns how many had a record.")
       .def("__contains__", [](const TextTable& t, int64_t id) { return t.find(id) != nullptr; })
       .def("__len__", &TextTable::size)
       .def("nbytes", &TextTable::nbytes, "Bytes held (slots and texts).");

@@ -193,7 +193,7 @@ inline size_t cache_index(uint64_t hash) {
 // BLAKE2b costs ~0.3 us a word, most of a query's split. Direct-mapped, exact (an entry holds
 // its word) and bounded, so a lookup is one cache line; per thread, because the splitters run
 // without the GIL. Longer words are always hashed (they are rare in chat text).
-int32_t cached_term_id(const std::string& w, uint64_t hash) {
+int32_t cached_term_id(std::string_view w, uint64_t hash) {
   thread_local std::vector<CachedWord> cache(size_t{1} << kCacheBits, CachedWord{0, 0, {}});
   if (w.empty() || w.size() > sizeof(CachedWord::bytes)) {
     return term_id(reinterpret_cast<const uint8_t*>(w.data()), w.size());

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "memoryos/word_set.h"
@@ -32,7 +33,7 @@ int32_t term_id(const uint8_t* utf8, size_t n);
 /// term_id of a word's UTF-8 (`hash`: its word_hash, which the caller has for its own
 /// lookups), from the calling thread's cache of the words it hashed before (direct-mapped,
 /// 1 MB; the id is a pure function of the word, so every caller shares it).
-int32_t cached_term_id(const std::string& utf8, uint64_t hash);
+int32_t cached_term_id(std::string_view utf8, uint64_t hash);
 
 /// Terms of a batch of documents in CSR form.
 struct TermBatch {
