@@ -268,14 +268,20 @@ class ExtractiveStages:
 
     def _user_facts(self, pages: Sequence[dict[str, Any]]) -> list[tuple[str, int]]:
         """Sentences in which the user speaks about themself (first person), verbatim, each
-        with the index of the page it is from."""
+        with the index of the page it is from: the newest ``max_facts`` distinct sentences,
+        every page that says one kept. The cap counts facts, not their repetitions: a sentence
+        said on three pages is one fact whose sources must be all three (the knowledge ring
+        merges them), or editing the pages it names would leave the others' word for it
+        analysed and underived."""
         facts: list[tuple[str, int]] = []
         for i, p in enumerate(pages):
             for sentence in _SENTENCE.split(p.get("user_input") or ""):
                 s = sentence.strip()
                 if 12 <= len(s) <= 300 and not s.endswith("?") and _FIRST_PERSON.search(s):
                     facts.append((s, i))
-        return facts[-self.max_facts :]
+        newest = list(dict.fromkeys(s for s, _ in reversed(facts)))[: self.max_facts]
+        kept = set(newest)
+        return [(s, i) for s, i in facts if s in kept]
 
 
 class LLMStages:

@@ -387,12 +387,40 @@ def test_editing_a_page_rederives_an_extractive_fact(backend: Backend) -> None:
         e.close()
 
 
+def test_a_statement_on_several_pages_names_them_all(backend: Backend) -> None:
+    """A sentence said on several promoted pages is one fact whose sources are every one of
+    them, even past the promotion's fact cap in repetitions: editing the pages it names leaves
+    no page behind that still says it, analysed, with nothing derived from it."""
+    e = open_engine(backend.spec("repeated-statement"), mode="extractive")
+    try:
+        lines = ["I keep bees on the roof.", "I play the cello.", "I grow tomatoes."] * 3
+        ids = talk(e, "dee", lines)
+        [bees] = [k for k in e.knowledge("dee")["user"] if "bees" in k["text"]]
+        said_bees = [
+            p
+            for p, line in zip(ids, lines, strict=True)
+            if "bees" in line and e.get_page(p)["analysed"]
+        ]
+        assert len(said_bees) > 1 and sorted(bees["sources"]) == sorted(said_bees)
+        for p in bees["sources"]:
+            e.update_page(p, user_input="I breed snails in the cellar.")
+        e.flush()
+        texts = [k["text"] for k in e.knowledge("dee")["user"]]
+        assert not any("bees" in t for t in texts) and any("snails" in t for t in texts)
+    finally:
+        e.close()
+
+
 def test_http_page_edit_rederives_its_facts() -> None:
     """PATCH of a page's text: after /wait the fact from its old text is gone, the new one is
-    served (the server's derived-work thread runs the re-analysis)."""
+    served (the server's derived-work thread runs the re-analysis). The derived work gathers
+    until /wait asks for it (a long ``derived_max_wait_ms``), so the pages are analysed in one
+    round: a round that ran halfway through the writes would promote the segment before its
+    last "bees" page joined it, and that page, analysed only at the re-analysis, would rightly
+    say "bees" again after the entry's sources were edited."""
     from served import HA, hashing, serve
 
-    with serve(hashing()) as c:
+    with serve(hashing(), derived_max_wait_ms=600_000) as c:
         lines = ["I keep bees on the roof.", "I play the cello.", "I grow tomatoes."] * 5
         pages = [
             c.post(

@@ -52,3 +52,26 @@ def test_facts_keep_their_page_and_skip_questions_and_sizes() -> None:
     ]
     facts = _stages()._user_facts(pages)
     assert facts == [("I moved to Lisbon last spring.", 0), ("My sister runs marathons!", 1)]
+
+
+SAID = [f"I {verb} {thing}." for verb in ("keep", "paint", "sell") for thing in ("bees", "boats")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from(SAID), max_size=3).map(" ".join), max_size=8),
+    st.integers(1, 7),
+)
+def test_the_cap_counts_distinct_facts_and_keeps_every_page_of_one(
+    texts: list[str], cap: int
+) -> None:
+    """The newest ``max_facts`` distinct sentences, each with every page that says it: a
+    repeated statement is one fact of many sources, not many facts crowding others out."""
+    said = [(s, i) for i, t in enumerate(texts) for s in re.split(r"(?<=[.!?])\s+", t) if s]
+    newest: list[str] = []
+    for s, _ in reversed(said):
+        if s not in newest:
+            newest.append(s)
+    want = [(s, i) for s, i in said if s in newest[:cap]]
+    stages = ExtractiveStages(KeywordExtractor(), max_facts=cap)
+    assert stages._user_facts([{"user_input": t} for t in texts]) == want
