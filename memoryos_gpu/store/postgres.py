@@ -369,10 +369,6 @@ class PostgresStore(SQLiteStore):
     """
 
     _DIALECT = "PostgreSQL"
-    _TENANT_SQL = (  # sqlite.py's, with strpos for instr
-        "CASE WHEN strpos(p.user_id, '/') > 0 "
-        "THEN substr(p.user_id, 1, strpos(p.user_id, '/') - 1) ELSE '' END"
-    )
 
     def __init__(
         self,

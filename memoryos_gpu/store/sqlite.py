@@ -34,6 +34,7 @@ from memoryos_gpu.store.derivations import (
     profile_sources,
     sources,
 )
+from memoryos_gpu.store.rounds import round_order
 from memoryos_gpu.store.wal import BACKSTOP_PAGES, WalCheckpointer
 
 SCHEMA_VERSION = 6
@@ -809,13 +810,6 @@ class SQLiteStore:
             )
         ]
 
-    #: The tenant of ``user_id`` in SQL: its ``tenant/`` prefix, '' without one (the server
-    #: stores a tenant's users as ``tenant/user``).
-    _TENANT_SQL = (
-        "CASE WHEN instr(p.user_id, '/') > 0 "
-        "THEN substr(p.user_id, 1, instr(p.user_id, '/') - 1) ELSE '' END"
-    )
-
     def pending_round(self, kind: str, limit: int, per_user: int = 1) -> list[tuple[int, str, int]]:
         """(work_id, user_id, ref) of one scheduling round: the oldest ``per_user`` pending
         items of each user that has some, at most ``limit``, in *waves*: every user's oldest
@@ -826,18 +820,15 @@ class SQLiteStore:
         Within a wave tenants take turns: the oldest user of every tenant first, then the
         second oldest of each, and so on (oldest first within a turn), so a tenant with a
         thousand users pending does not push another tenant's one page into later rounds.
-        Without tenant prefixes each wave is oldest first."""
-        return [
-            tuple(r[:3])
-            for r in self.query(
-                "SELECT work_id, user_id, ref, wave, ROW_NUMBER() OVER (PARTITION BY wave, "
-                f"{self._TENANT_SQL} ORDER BY work_id) AS turn FROM (SELECT p.work_id, "
-                "p.user_id, p.ref, ROW_NUMBER() OVER (PARTITION BY p.user_id ORDER BY "
-                "p.work_id) AS wave FROM pending p WHERE p.kind = ?) p WHERE wave <= ? "
-                "ORDER BY wave, turn, work_id LIMIT ?",
-                (kind, int(per_user), int(limit)),
-            )
-        ]
+        Without tenant prefixes each wave is oldest first. The order is :func:`round_order`'s,
+        over the kind's items read in queue order."""
+        rows = self.query(
+            "SELECT work_id, user_id, ref FROM pending WHERE kind = ? ORDER BY work_id", (kind,)
+        )
+        if not rows:
+            return []
+        _, users, _ = zip(*rows, strict=True)
+        return [tuple(rows[i]) for i in round_order(users, per_user, limit).tolist()]
 
     def count_pending(self, user_id: str | None = None) -> int:
         if user_id is None:
