@@ -381,6 +381,62 @@ def test_a_status_request_lost_with_the_engine_does_not_hide_its_death(tmp_path:
     assert not ready_after
 
 
+def test_a_request_is_not_refused_for_the_workers_older_view(tmp_path: Path) -> None:
+    """The engine became ready after this worker's last status refresh (another worker may
+    already have answered /ready): a write sent now asks the engine first and is served, not
+    answered 503 "still loading" from the snapshot (a flaky failure of the two-engine test);
+    while the engine really is starting, the write is refused."""
+    import zmq
+    import zmq.asyncio
+
+    from memoryos_gpu.server.batching import Unavailable
+    from memoryos_gpu.server.ipc import dump, load
+    from memoryos_gpu.server.remote_service import RemoteService
+    from memoryos_gpu.types import AddResult, PageInput
+
+    async def go() -> tuple[list[AddResult], list[str]]:
+        address = f"ipc://{tmp_path}/engine.sock"
+        ctx = zmq.asyncio.Context()
+        engine = ctx.socket(zmq.ROUTER)
+        engine.bind(address)
+        state, asked = ["starting"], []
+
+        async def answer() -> None:
+            while True:
+                ident, payload = await engine.recv_multipart()
+                out = []
+                for rid, method, args, _kw in load(payload):
+                    asked.append(method)
+                    if method == "status":
+                        out.append((rid, True, {"state": state[0]}))
+                    else:
+                        out.append((rid, True, [AddResult(7, p.user_id) for p in args[0]]))
+                await engine.send_multipart([ident, dump(out)])
+
+        server = asyncio.get_running_loop().create_task(answer())
+        service = RemoteService(address, lambda: 1234)
+        await service.start(wait=False)
+        try:
+            while "status" not in asked:
+                await asyncio.sleep(0.01)
+            with pytest.raises(Unavailable, match="still loading"):
+                await service.add_pages([PageInput("u", "hi")])
+            state[0] = "ready"  # the snapshot still says starting: no refresh since
+            assert service.state == "starting"
+            asked.clear()
+            got = await service.add_pages([PageInput("u", "hello")])
+            return got, asked
+        finally:
+            server.cancel()
+            await service.close()
+            engine.close(0)
+            ctx.term()
+
+    got, asked = asyncio.run(go())
+    assert [(r.page_id, r.user_id) for r in got] == [(7, "u")]
+    assert asked[0] == "status" and "add_pages" in asked
+
+
 def test_sigterm_drains_and_stops_every_process(tmp_path: Path) -> None:
     s = Supervised(tmp_path / "store", tmp_path / "server.log", workers=1, **UNLIMITED)
     s.wait_ready()

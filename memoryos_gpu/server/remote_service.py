@@ -37,6 +37,7 @@ log = logging.getLogger("memoryos_gpu.server")
 READY_REFRESH_S = 0.5
 STARTING_REFRESH_S = 0.05
 FRESH_S = 0.1  # a snapshot younger than this is fresh enough for a scrape
+CONFIRM_S = 1.0  # how long a request waits for the engine's word that it is ready
 
 
 class _Remote:
@@ -141,6 +142,7 @@ class RemoteService:
         self._watcher: asyncio.Task | None = None
         self._loop_thread: int | None = None
         self._restarting = False  # an engine process died; the next one is not ready yet
+        self._confirming: asyncio.Future | None = None  # a status request ensure_ready awaits
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, *, wait: bool = True) -> None:
@@ -252,6 +254,22 @@ class RemoteService:
             )
         check_state(state, self.error, "the engine", self.settings.retry_after_s)
 
+    async def ensure_ready(self) -> None:
+        """:meth:`check_ready`, after asking the engine process when this worker's snapshot
+        still says it is starting: the snapshot is refreshed every 50 ms until then, so the
+        worker that answered ``/ready`` may have seen the engine ready first, and a request
+        sent here just after must not get 503 for this worker's older view. The requests
+        that arrive meanwhile share one status request."""
+        if self.state == "starting" and self._engine_pid():
+            if self._confirming is None or self._confirming.done():
+                self._confirming = asyncio.ensure_future(self._confirm())
+            await asyncio.shield(self._confirming)
+        self.check_ready()
+
+    async def _confirm(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.refresh(), CONFIRM_S)
+
     def queue_depths(self) -> dict[str, int]:
         return dict(self.snapshot().get("depths", {}))
 
@@ -274,13 +292,13 @@ class RemoteService:
         return user_id in self._known
 
     async def known(self, user_id: str) -> bool:
-        self.check_ready()
+        await self.ensure_ready()
         found = bool(await self.client.request("known", user_id))
         self._mark([user_id], found)
         return found
 
     async def users(self) -> list[str]:
-        self.check_ready()
+        await self.ensure_ready()
         return list(await self.client.request("users"))
 
     def _mark(self, user_ids: Sequence[str] | set[str], known: bool) -> None:
@@ -292,7 +310,7 @@ class RemoteService:
 
     # ------------------------------------------------------------------ requests
     async def add_pages(self, pages: Sequence[PageInput]) -> list[AddResult]:
-        self.check_ready()
+        await self.ensure_ready()
         users = Counter(p.user_id for p in pages)
         self._user_writes.update(users)
         try:
@@ -313,7 +331,7 @@ class RemoteService:
         top_pages: int | None = None,
         top_segments: int | None = None,
     ) -> Retrieval:
-        self.check_ready()
+        await self.ensure_ready()
         r, known = await self.client.request("retrieve", user_id, query, top_pages, top_segments)
         self._mark([user_id], known)
         return r
@@ -327,7 +345,7 @@ class RemoteService:
         top_segments: int | None = None,
     ) -> bytes:
         """The retrieval as its route's JSON, made in the engine process (the hot path)."""
-        self.check_ready()
+        await self.ensure_ready()
         body, known = await self.client.request(
             "retrieve_body", user_id, query, top_pages, top_segments
         )
@@ -337,13 +355,13 @@ class RemoteService:
     async def respond(
         self, user_id: str, query: str, *, timestamp: float | str | None = None
     ) -> Response:
-        self.check_ready()
+        await self.ensure_ready()
         return await self.client.request("respond", user_id, query, timestamp)
 
     async def call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         """An engine method (``service.engine.x`` / ``engine_for(u).store.y``) in the engine
         process; any other callable (a mem0 verb over this engine) in a worker thread."""
-        self.check_ready()
+        await self.ensure_ready()
         if isinstance(fn, _Remote):
             out = await fn.acall(*args, **kw)
             if fn.name == "stats":  # /v1/stats: the queue statistics beside it are current
@@ -352,11 +370,11 @@ class RemoteService:
         return await asyncio.to_thread(fn, *args, **kw)
 
     async def delete_user(self, user_id: str) -> bool:
-        self.check_ready()
+        await self.ensure_ready()
         deleted = await self.client.request("delete_user", user_id)
         self._mark([user_id], False)
         return bool(deleted)
 
     async def wait_for_user(self, user_id: str, timeout: float = 10.0) -> dict[str, Any]:
-        self.check_ready()
+        await self.ensure_ready()
         return await self.client.request("wait_for_user", user_id, timeout)

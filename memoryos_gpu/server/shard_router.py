@@ -100,7 +100,7 @@ class _EngineRouter(RouterService):
 
     async def ask(self, shard: int, method: str, *args: Any) -> Any:
         part = self.parts[shard]
-        part.check_ready()  # 503 + Retry-After while this shard's engine (re)starts
+        await part.ensure_ready()  # 503 + Retry-After while this shard's engine (re)starts
         return await part.client.request(method, *args)
 
     async def sync(self) -> dict[str, int]:
