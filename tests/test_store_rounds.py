@@ -26,9 +26,12 @@ USERS = ["a", "b", "ab", "t/a", "t/b", "u/a", "t/", "/x", "t/a/b", "é/1", "é"]
 
 def _by_sql(users: list[str], per_user: int, limit: int) -> list[int]:
     db = sqlite3.connect(":memory:")
-    db.execute("CREATE TABLE pending(work_id INTEGER PRIMARY KEY, user_id TEXT)")
-    db.executemany("INSERT INTO pending VALUES (?, ?)", enumerate(users))
-    return [r[0] for r in db.execute(WINDOWS, (per_user, limit))]
+    try:
+        db.execute("CREATE TABLE pending(work_id INTEGER PRIMARY KEY, user_id TEXT)")
+        db.executemany("INSERT INTO pending VALUES (?, ?)", enumerate(users))
+        return [r[0] for r in db.execute(WINDOWS, (per_user, limit))]
+    finally:
+        db.close()
 
 
 @settings(max_examples=300, deadline=None)
