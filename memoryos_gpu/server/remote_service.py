@@ -161,10 +161,11 @@ class RemoteService:
         if self._local in ("closing", "closed"):
             return
         self._local = "closing"
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watcher
+        for task in (self._watcher, self._confirming):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         await self.client.close()
         self._local = "closed"
 
