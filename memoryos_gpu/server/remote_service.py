@@ -37,6 +37,7 @@ log = logging.getLogger("memoryos_gpu.server")
 READY_REFRESH_S = 0.5
 STARTING_REFRESH_S = 0.05
 FRESH_S = 0.1  # a snapshot younger than this is fresh enough for a scrape
+REFRESH_TIMEOUT_S = 5.0  # the watcher's status request, unanswered: the engine is stuck or gone
 CONFIRM_S = 1.0  # how long a request waits for the engine's word that it is ready
 
 
@@ -196,15 +197,19 @@ class RemoteService:
                 )
                 idle = refreshing is None or refreshing.done()
                 if pid and idle and time.monotonic() - self._status_at >= interval:
-                    refreshing = asyncio.get_running_loop().create_task(self._refresh_quietly())
+                    refreshing = asyncio.get_running_loop().create_task(
+                        self._refresh_quietly(REFRESH_TIMEOUT_S)
+                    )
                 await asyncio.sleep(STARTING_REFRESH_S / 2)
         finally:
             if refreshing is not None:
                 refreshing.cancel()
 
-    async def _refresh_quietly(self) -> None:
+    async def _refresh_quietly(self, timeout: float) -> None:
+        """:meth:`refresh`, giving up after ``timeout`` (the engine may have died holding the
+        request) and keeping the old snapshot on any failure."""
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.refresh(), 5.0)
+            await asyncio.wait_for(self.refresh(), timeout)
 
     async def refresh(self) -> None:
         pid = self._engine_pid()
@@ -263,13 +268,9 @@ class RemoteService:
         that arrive meanwhile share one status request."""
         if self.state == "starting" and self._engine_pid():
             if self._confirming is None or self._confirming.done():
-                self._confirming = asyncio.ensure_future(self._confirm())
+                self._confirming = asyncio.ensure_future(self._refresh_quietly(CONFIRM_S))
             await asyncio.shield(self._confirming)
         self.check_ready()
-
-    async def _confirm(self) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.refresh(), CONFIRM_S)
 
     def queue_depths(self) -> dict[str, int]:
         return dict(self.snapshot().get("depths", {}))

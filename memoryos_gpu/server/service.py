@@ -44,6 +44,7 @@ from memoryos_gpu.server.batching import (
 )
 from memoryos_gpu.server.scope import with_known
 from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.store.rounds import tenant_of
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
 __all__ = [
@@ -79,13 +80,6 @@ class PartialWriteError(MemoryOSError):
         )
         self.results = results
         self.cause = cause
-
-
-def tenant_of(user_id: str) -> str:
-    """The tenant a stored user id belongs to: its ``tenant/`` prefix ("" without one, as in
-    the server's open mode and for library callers)."""
-    head, sep, _ = user_id.partition("/")
-    return head if sep else ""
 
 
 def split_pages(

@@ -14,25 +14,32 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["round_order"]
+__all__ = ["round_order", "tenant_of"]
+
+
+def tenant_of(user_id: str) -> str:
+    """The tenant a stored user id belongs to: its ``tenant/`` prefix ("" without one, as in
+    the server's open mode and for library callers). The server's write queue and a round's
+    turns both go by it."""
+    head, sep, _ = user_id.partition("/")
+    return head if sep else ""
 
 
 def round_order(user_ids: Sequence[str], per_user: int, limit: int) -> np.ndarray:
     """Positions (into ``user_ids``, one per pending item in queue order) of one round: the
     oldest ``per_user`` items of each user, at most ``limit``, in *waves* (every user's oldest
     item, then every user's second oldest, ...), within a wave the tenants in turn (the oldest
-    item of every tenant, then the second oldest of each, ...; a user's tenant is its
-    ``tenant/`` prefix, '' without one), ties in queue order."""
+    item of every tenant, then the second oldest of each, ...; tenants by :func:`tenant_of`),
+    ties in queue order."""
     n = len(user_ids)
     if n == 0 or limit <= 0 or per_user <= 0:
         return np.zeros(0, np.int64)
-    users = np.asarray(user_ids, dtype=object)
     # a code per user: the position of its first item (dict.setdefault, mapped at C level)
     first = np.fromiter(map({}.setdefault, user_ids, itertools.count()), np.int64, n)
     wave = _rank_within(first)
     keep = np.flatnonzero(wave < per_user)
     wave = wave[keep]
-    tenant = _tenant_codes(users[keep])
+    tenant = _tenant_codes(user_ids)[keep]
     # a group per (wave, tenant); within it, queue order
     turn = _rank_within(wave * (int(tenant.max()) + 1) + tenant)
     order = np.lexsort((keep, turn, wave))  # wave, then turn, then queue order
@@ -50,11 +57,10 @@ def _rank_within(groups: np.ndarray) -> np.ndarray:
     return rank
 
 
-def _tenant_codes(users: np.ndarray) -> np.ndarray:
-    """A code per distinct tenant prefix (``tenant/user`` -> ``tenant``; '' without one)."""
-    if "/" not in "".join(users.tolist()):
-        return np.zeros(users.size, np.int64)
-    text = users.astype(str)
-    cut = np.char.find(text, "/")
-    tenants = np.where(cut >= 0, np.char.partition(text, "/")[:, 0], "")
-    return np.unique(tenants, return_inverse=True)[1].astype(np.int64)
+def _tenant_codes(users: Sequence[str]) -> np.ndarray:
+    """A code per distinct :func:`tenant_of` (the position of its first user), mapped at C
+    level."""
+    if "/" not in "".join(users):
+        return np.zeros(len(users), np.int64)
+    tenants = map(tenant_of, users)
+    return np.fromiter(map({}.setdefault, tenants, itertools.count()), np.int64, len(users))

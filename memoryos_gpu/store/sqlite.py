@@ -828,7 +828,7 @@ class SQLiteStore:
         if not rows:
             return []
         _, users, _ = zip(*rows, strict=True)
-        return [tuple(rows[i]) for i in round_order(users, per_user, limit).tolist()]
+        return [rows[i] for i in round_order(users, per_user, limit).tolist()]
 
     def count_pending(self, user_id: str | None = None) -> int:
         if user_id is None:
