@@ -1364,6 +1364,50 @@ def test_two_engines_share_one_postgres_store(pg: Backend) -> None:
         c.close()
 
 
+def test_shard_engines_creating_the_same_new_assistants_at_once_both_commit(pg: Backend) -> None:
+    """Two shard engines write, at the same moment, first pages of users whose (new) assistants
+    they name in opposite orders: each insert of an assistant the other inserted first waits for
+    that transaction, so the engines must take them in one order. (They did not: about one
+    such write in three failed with a deadlock, and the server's request with it.)"""
+    from memoryos_gpu.distributed.sharding import ShardEngine, ShardMap
+
+    shards = ShardMap(2)
+    cfg = config(pg.spec("assistants"), auto_process=False, mode="extractive")
+    engines = [ShardEngine(cfg, shard=i, count=2) for i in (0, 1)]
+    errors: list[BaseException] = []
+
+    def write(shard: int, assistants: list[str], start: threading.Barrier) -> None:
+        ids = (f"{assistants[0]}-user-{k}" for k in range(10_000))  # new users every round
+        mine = [u for u in ids if shards.shard(u) == shard][: len(assistants)]
+        pages = [
+            PageInput(u, "hello", assistant_id=a) for a, u in zip(assistants, mine, strict=True)
+        ]
+        start.wait()
+        try:
+            engines[shard].add_many(pages)
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        for r in range(30):
+            names = [f"asst-{r}-{k}" for k in range(8)]
+            start = threading.Barrier(2)
+            threads = [
+                threading.Thread(target=write, args=(i, order, start))
+                for i, order in ((0, names), (1, names[::-1]))
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert not errors, errors[:3]
+        counted = engines[0].store.query("SELECT COUNT(*), COUNT(DISTINCT assistant_id) FROM users")
+        assert counted == [(2 * 30 * 8, 30 * 8)]
+    finally:
+        for e in engines:
+            e.close()
+
+
 def test_postgres_errors_are_store_errors_without_the_password(pg: Backend) -> None:
     from memoryos_gpu.store import open_store
 

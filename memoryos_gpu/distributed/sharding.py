@@ -540,7 +540,7 @@ class ShardEngine(MemoryEngine):
 
     def _ensure_assistants(self, db: Any, assistant_ids: Iterable[str]) -> None:
         now = time.time()
-        for aid in assistant_ids:
+        for aid in sorted(assistant_ids):  # one lock order for every engine (ensure_users)
             db.execute(
                 "INSERT INTO assistants(assistant_id, created) VALUES (?, ?) "
                 "ON CONFLICT DO NOTHING",

@@ -44,7 +44,7 @@ from typing import Any
 
 import zmq
 
-from memoryos_gpu.distributed.ray_common import BoxedError, unbox
+from memoryos_gpu.distributed.ray_common import BoxedError
 from memoryos_gpu.server.batching import Unavailable
 from memoryos_gpu.types import KnowledgeEntry, Retrieval, RetrievedPage
 
@@ -187,7 +187,7 @@ class EngineClient:
             if ok:
                 fut.set_result(value)
             else:
-                fut.set_exception(unbox(value) if isinstance(value, BoxedError) else value)
+                fut.set_exception(value.exception() if isinstance(value, BoxedError) else value)
 
     async def request(self, method: str, *args: Any, **kw: Any) -> Any:
         """Send one request and wait for its answer (the engine's exception is raised here)."""

@@ -667,10 +667,14 @@ class SQLiteStore:
     # ------------------------------------------------------------------ users
     def ensure_users(self, db: Any, users: Sequence[tuple[str, str]], now: float) -> None:
         """Create users ``(user id, assistant id)`` (and their assistants) that are new, in
-        the caller's transaction."""
+        the caller's transaction.
+
+        Assistants go in sorted order: on a PostgreSQL store shared by shard engines, two
+        transactions creating the same new assistants each wait for the other's insert of a
+        key it inserted first, so in any other order they can deadlock."""
         db.executemany(
             "INSERT INTO assistants(assistant_id, created) VALUES (?, ?) ON CONFLICT DO NOTHING",
-            [(a, now) for a in dict.fromkeys(a for _, a in users)],
+            [(a, now) for a in sorted({a for _, a in users})],
         )
         db.executemany(
             "INSERT INTO users(user_id, assistant_id, created) VALUES (?, ?, ?) "
