@@ -77,6 +77,7 @@ def add_mem0_routes(
     )
     async def mem0_add(body: m.Mem0AddIn, request: Request) -> Any:
         scope = _tenancy(request)
+        ops()  # refused where the other verbs are: they could not read these memories back
         try:
             pages = messages_to_pages(
                 body.messages if isinstance(body.messages, str) else _dumped(body.messages),
