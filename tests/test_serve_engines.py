@@ -136,6 +136,29 @@ def test_pages_go_to_their_shard_and_assistant_knowledge_reaches_both(
     asyncio.run(go())
 
 
+def test_shard_engines_on_one_postgres_store_answer_as_one_process(tmp_path: Path) -> None:
+    """The session of every route (tests/test_serve_workers.py) through a worker in front of two
+    shard engines sharing one PostgreSQL store answers as the single process does, errors
+    included; the mem0 verbs are left out (refused under shard engines: their memory ids are
+    page ids, and a SQLite layout numbers pages per shard)."""
+    from store_backends import make_backend
+
+    from tests.test_serve_workers import _SESSION, _answers
+
+    pg = make_backend("postgres", tmp_path)
+    session = [r for r in _SESSION if not r[1].startswith("/v1/mem0")]
+    try:
+        single = _answers(pg.spec("single"), tmp_path / "single.log", session, workers=0)
+        sharded = _answers(
+            pg.spec("sharded"), tmp_path / "sharded.log", session, workers=1, engines=2
+        )
+    finally:
+        pg.cleanup()
+    assert {status for _, status, _ in single} >= {200, 201, 404, 422, 501}
+    for one, other in zip(single, sharded, strict=True):
+        assert one == other
+
+
 def test_the_exchange_lock_excludes_other_processes_and_cancelled_waiters(tmp_path: Path) -> None:
     from memoryos_gpu.server.shard_router import ExchangeLock
 

@@ -214,22 +214,23 @@ _CLOCKS = {
 }
 
 
-def _answers(tmp: Path, **layout: int) -> list[tuple[str, int, Any]]:
-    """``_SESSION``'s answers (status, body without clock fields) from a fresh server."""
+def _answers(
+    store: Path | str, log: Path, session: list[Any] = _SESSION, **layout: int
+) -> list[tuple[str, int, Any]]:
+    """A session's answers (status, body without clock fields) from a fresh server."""
 
     def strip(v: Any) -> Any:
         if isinstance(v, dict):
             return {k: strip(x) for k, x in v.items() if k not in _CLOCKS}
         return [strip(x) for x in v] if isinstance(v, list) else v
 
-    name = "-".join(f"{k}{v}" for k, v in layout.items())
-    s = Supervised(tmp / f"store-{name}", tmp / f"log-{name}", **layout, **UNLIMITED)
+    s = Supervised(store, log, **layout, **UNLIMITED)  # type: ignore[arg-type]
     try:
         s.wait_ready()
         with httpx.Client(base_url=s.base, timeout=30) as c:
             return [
                 (f"{method} {path}", r.status_code, strip(r.json()))
-                for method, path, headers, body in _SESSION
+                for method, path, headers, body in session
                 for r in [c.request(method, path, headers=headers, json=body)]
             ]
     finally:
@@ -241,11 +242,11 @@ def test_every_route_answers_as_in_one_process_errors_included(tmp_path: Path) -
     unknown users and pages, another tenant, no LLM) against the single process and against a
     worker: every answer the same. (Behind a worker, the engine's own errors -- a timestamp
     that does not parse, an unknown user's profile, respond without an LLM -- once never
-    answered.) Shard engines number pages per shard and refuse the mem0 routes (docs/server.md),
-    so their answers differ by design."""
-    single = _answers(tmp_path, workers=0)
+    answered.) Shard engines: tests/test_serve_engines.py."""
+    single = _answers(tmp_path / "single", tmp_path / "single.log", workers=0)
     assert {status for _, status, _ in single} >= {200, 201, 404, 422, 501}  # errors reached
-    for one, other in zip(single, _answers(tmp_path, workers=1), strict=True):
+    behind = _answers(tmp_path / "worker", tmp_path / "worker.log", workers=1)
+    for one, other in zip(single, behind, strict=True):
         assert one == other
 
 
