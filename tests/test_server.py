@@ -180,6 +180,32 @@ def test_ready_while_loading_then_serving() -> None:
         assert add(c, "alice", "now").status_code == 201
 
 
+def test_a_serving_process_freezes_what_it_loaded(tmp_path: Path) -> None:
+    """With ``gc_freeze`` (what ``serve`` sets) the users' state the engine loaded is out of
+    the collector's scans once the server is ready, and still served; without it (the default,
+    for processes that build many services) nothing is frozen."""
+    import gc
+
+    store = tmp_path / "store"
+    with MemoryEngine(hashing(store)) as eng:
+        eng.add_many([{"user_id": f"u{i}", "user_input": f"I like tea {i}"} for i in range(5)])
+    scanned = {id(o) for o in gc.get_objects()}
+    try:
+        for freeze in (False, True):
+            gc.unfreeze()
+            with serve(hashing(store), keys=None, gc_freeze=freeze) as c:
+                engine = c.app.state.service.engine  # type: ignore[attr-defined]
+                states = list(engine._state.users.values())
+                assert len(states) == 5
+                scanned = {id(o) for o in gc.get_objects()}
+                assert all((id(s) in scanned) is not freeze for s in states), freeze
+                assert (gc.get_freeze_count() > 0) is freeze
+                got = c.post("/v1/users/u3/retrieve", json={"query": "tea"}).json()
+                assert [p["user_input"] for p in got["stm"]] == ["I like tea 3"]
+    finally:
+        gc.unfreeze()
+
+
 # ====================================================================== the endpoints
 def test_endpoints_roundtrip() -> None:
     with serve(hashing()) as c:

@@ -294,7 +294,7 @@ def run(
         config,
         {"embedder": embedder, "device": device},
     )
-    settings = ServerSettings(**options)
+    settings = ServerSettings(**{"gc_freeze": True, **options})  # this process serves only
     if engines != 1 and not workers:
         raise ValueError(f"engines={engines} needs workers >= 1 (the workers route by shard)")
     if workers:

@@ -494,7 +494,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         config, ref = _config(args)
     except (MemoryOSError, ValueError, OSError) as exc:
         sys.exit(f"memoryos-gpu MCP server: {exc}")
-    service = MemoryService(config, ServerSettings())
+    service = MemoryService(config, ServerSettings(gc_freeze=True))  # this process serves only
     mcp = build_mcp(
         service,
         default_user=args.user_id or (ref.user_id if ref else None) or "default_user",

@@ -34,6 +34,7 @@ from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine.assembly import retrieval_json
 from memoryos_gpu.engine.validation import validate_pages
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.host_memory import freeze_long_lived
 from memoryos_gpu.server.batching import (
     ChunkFailed,
     FairBatcher,
@@ -263,6 +264,9 @@ class MemoryService:
             )
             self._derived_thread.start()
             self._derived_wake.set()  # resume work a previous run left pending
+        if s.gc_freeze:
+            frozen = freeze_long_lived()
+            log.info("%d loaded objects kept out of the garbage collector's scans", frozen)
         self.state = "ready"
 
     def _build_engine(self) -> Any:

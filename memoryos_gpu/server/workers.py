@@ -99,6 +99,7 @@ def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pids: list[An
     """Worker process entry point: the HTTP app over the engine process, on ``sock``."""
     import uvicorn
 
+    from memoryos_gpu.host_memory import freeze_long_lived
     from memoryos_gpu.server.app import create_app
     from memoryos_gpu.server.auth import KeyRing
     from memoryos_gpu.server.shared_limits import SharedKeyLimits
@@ -114,6 +115,8 @@ def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pids: list[An
     app = create_app(
         service=service, api_keys=keys, settings=settings, use_env_keys=False, limits=limits
     )
+    if settings.gc_freeze:  # a worker loads nothing more: its modules are what it keeps
+        freeze_long_lived()
     config = uvicorn.Config(
         app,
         log_level=spec["log_level"].lower(),
