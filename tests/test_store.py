@@ -33,7 +33,13 @@ from memoryos_gpu.llm.base import ChatRequest
 from memoryos_gpu.llm.scripted import ScriptedBackend
 from memoryos_gpu.profile_dims import DIMENSION_KEYS
 from memoryos_gpu.store import sqlite as sqlite_mod
-from memoryos_gpu.store.sqlite import SQLiteStore, StoreError, emb_blob, kw_matrix
+from memoryos_gpu.store.sqlite import (
+    SQLiteStore,
+    StoreError,
+    StoreFullError,
+    emb_blob,
+    kw_matrix,
+)
 from memoryos_gpu.types import PageInput
 
 LOCOMO = default_locomo_path()
@@ -697,6 +703,13 @@ def test_a_batch_is_one_transaction(small_engine, monkeypatch) -> None:
     assert e.store.check_integrity() == []
 
 
+def _full_disk(engine: MemoryEngine) -> type[BaseException]:
+    """What the tests' simulated full disk (a raised ``sqlite3.OperationalError("database or
+    disk is full")``) comes out as: a SQLite store says what happened (``StoreFullError``); a
+    PostgreSQL store passes the foreign error on (its own full disk is psycopg's DiskFull)."""
+    return StoreFullError if type(engine.store) is SQLiteStore else sqlite3.OperationalError
+
+
 def test_failed_batch_leaves_no_ghost_state(small_engine, monkeypatch) -> None:
     """An SQL failure mid-batch (disk full) rolls back the store AND the engine's memory: no
     ghost new user, the STM deque and next_seq of existing users as before (regression test of
@@ -712,7 +725,7 @@ def test_failed_batch_leaves_no_ghost_state(small_engine, monkeypatch) -> None:
 
     monkeypatch.setattr(e.store, "audit_many", failing_audit)
     before = table_dump(e.store)
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(_full_disk(small_engine)):
         e.add_many(
             [
                 {"user_id": "carol", "user_input": "hi", "timestamp": 1.8e9},
@@ -1181,7 +1194,7 @@ def test_a_derived_apply_that_fails_halfway_leaves_memory_as_the_store(
             )
         for run in (e.process_pending, lambda: e.promote("u1")):  # a page round, a promotion
             monkeypatch.setattr(heat, "refresh", full_disk)
-            with pytest.raises(sqlite3.OperationalError):
+            with pytest.raises(_full_disk(e)):
                 run()
             monkeypatch.setattr(heat, "refresh", real_refresh)
             run()
@@ -1203,7 +1216,7 @@ def test_a_derived_apply_that_fails_halfway_leaves_memory_as_the_store(
         )
         monkeypatch.setattr(heat, "refresh", full_disk)
         monkeypatch.setattr(e._rebuilder, "_load", unreachable)
-        with pytest.raises(sqlite3.OperationalError):
+        with pytest.raises(sqlite3.OperationalError):  # the reload's, raised while handling it
             e.process_pending()
         assert e._state.reload_owed and _found(e)
         monkeypatch.setattr(heat, "refresh", real_refresh)

@@ -18,6 +18,7 @@ import pytest
 from test_store import _newest_ids, arena_snapshot, assert_same_arena, open_engine, table_dump
 
 from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.store import StoreFullError
 from memoryos_gpu.types import PageInput
 
 TOPICS = ["hiking", "violin", "cooking", "chess"]
@@ -133,7 +134,7 @@ def test_a_failed_commit_leaves_memory_as_the_store_and_reuses_no_id(
     e.store._db = gate
     run, at = WRITES[write]
     gate.arm(at, fail=True)
-    with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+    with pytest.raises(StoreFullError, match="disk is full"):
         run(e)
     before_ids, failed = gate.ids_before, gate.ids_at_commit
     assert table_dump(e.store) == gate.before  # rolled back whole

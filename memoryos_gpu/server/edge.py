@@ -28,6 +28,7 @@ from memoryos_gpu.server.metrics import ServerMetrics
 from memoryos_gpu.server.scope import TENANCY, ApiError, Scope, error_response
 from memoryos_gpu.server.service import LLMUnavailableError, PartialWriteError
 from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.store.sqlite import StoreFullError
 
 log = logging.getLogger("memoryos_gpu.server")
 
@@ -101,6 +102,14 @@ class ErrorMapper:
         if isinstance(exc, PartialWriteError):
             log.error("write failed part way: %s", exc)
             return error_response(500, "partially_committed", str(exc))
+        if isinstance(exc, StoreFullError):  # the operator's problem: the log says where
+            log.error("%s", exc)
+            return error_response(
+                507,
+                "insufficient_storage",
+                "the server's store is out of disk space: nothing of this request was stored; "
+                "retry later",
+            )
         if isinstance(exc, LLMUnavailableError):
             return error_response(501, "llm_unavailable", str(exc))
         if isinstance(exc, UnknownUserError):

@@ -3,13 +3,20 @@ store several engine processes share. The arena is rebuilt from the store on ope
 
 from pydantic import SecretStr
 
-from memoryos_gpu.store.sqlite import DEFAULT_CACHE_MB, SCHEMA_VERSION, SQLiteStore, StoreError
+from memoryos_gpu.store.sqlite import (
+    DEFAULT_CACHE_MB,
+    SCHEMA_VERSION,
+    SQLiteStore,
+    StoreError,
+    StoreFullError,
+)
 from memoryos_gpu.store.writer import StoreLockedError
 
 __all__ = [
     "SCHEMA_VERSION",
     "SQLiteStore",
     "StoreError",
+    "StoreFullError",
     "StoreLockedError",
     "is_url",
     "open_store",

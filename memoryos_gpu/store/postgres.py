@@ -39,7 +39,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from memoryos_gpu.store import sqlite as _sqlite
-from memoryos_gpu.store.sqlite import Durability, Migration, SQLiteStore, StoreError
+from memoryos_gpu.store.sqlite import Durability, Migration, SQLiteStore, StoreError, StoreFullError
 
 try:
     import psycopg
@@ -520,11 +520,17 @@ class PostgresStore(SQLiteStore):
                 try:
                     yield tx
                     conn.execute("COMMIT")
-                except BaseException:
+                except BaseException as exc:
                     # never mask the error; a broken connection is dropped by the pool
                     if conn.info.transaction_status != TransactionStatus.IDLE:
                         with suppress(psycopg.Error):
                             conn.execute("ROLLBACK")
+                    if isinstance(exc, psycopg.errors.DiskFull):
+                        raise StoreFullError(
+                            f"store {redact(self.url)}: the server's disk is full ({exc}); the "
+                            "transaction was rolled back (what was committed before it is "
+                            "kept): free space there, then retry"
+                        ) from exc
                     raise
                 finally:
                     self._tx = self._tx_owner = None

@@ -64,6 +64,33 @@ class StoreError(MemoryOSError, RuntimeError):
     """The store cannot be opened or used (newer schema, corrupt file, ...)."""
 
 
+class StoreFullError(StoreError):
+    """The store's disk is full: the transaction that met it was rolled back, what was
+    committed before it is kept."""
+
+
+def _environment_error(path: str, exc: BaseException) -> StoreError | None:
+    """What the machine did to a transaction (disk full, I/O error, read-only file), said for
+    an operator with SQLite's own words kept; None for any other error."""
+    code = getattr(exc, "sqlite_errorcode", None)  # primary code in the low byte
+    primary = code & 0xFF if isinstance(code, int) else None
+    text = str(exc)
+    rolled_back = "the transaction was rolled back (what was committed before it is kept)"
+    if primary == sqlite3.SQLITE_FULL or (primary is None and "disk is full" in text):
+        return StoreFullError(
+            f"store {path}: the disk is full ({text}); {rolled_back}: free space on that disk, "
+            "then retry"
+        )
+    if primary == sqlite3.SQLITE_IOERR:
+        return StoreError(f"store {path}: disk I/O error ({text}); {rolled_back}: check the disk")
+    if primary == sqlite3.SQLITE_READONLY:
+        return StoreError(
+            f"store {path}: cannot write ({text}): the file, its directory or the filesystem "
+            "is read-only"
+        )
+    return None
+
+
 _SCHEMA_V1 = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE assistants(
@@ -565,8 +592,9 @@ class SQLiteStore:
                 try:
                     yield self._db
                 except BaseException:
-                    self._db.execute(f"ROLLBACK TO {name}")
-                    self._db.execute(f"RELEASE {name}")
+                    if self._db.in_transaction:  # not when SQLite rolled it all back (FULL)
+                        self._db.execute(f"ROLLBACK TO {name}")
+                        self._db.execute(f"RELEASE {name}")
                     raise
                 else:
                     self._db.execute(f"RELEASE {name}")
@@ -580,11 +608,14 @@ class SQLiteStore:
             try:
                 yield self._db
                 self._db.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 # SQLite may already have rolled back (e.g. SQLITE_FULL); never mask the error.
                 if self._db.in_transaction:
                     with suppress(self._dbapi.Error):
                         self._db.execute("ROLLBACK")
+                said = _environment_error(str(self.path), exc)
+                if said is not None:
+                    raise said from exc
                 raise
             finally:
                 self._depth = 0

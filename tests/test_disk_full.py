@@ -1,0 +1,126 @@
+"""A full disk under a SQLite store: the write that meets it fails whole with a
+:class:`StoreFullError` that says so, the engine goes on serving what it had, and once there is
+room the same write, the derived work or the ingest re-run goes in, nothing twice.
+
+The disk is filled with SQLite's own page limit (``PRAGMA max_page_count``), which fails a
+transaction exactly as a full disk does (``SQLITE_FULL``, "database or disk is full")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.store import StoreFullError
+from memoryos_gpu.store.sqlite import SQLiteStore
+
+
+def _pages(first: int, last: int) -> list[dict[str, Any]]:
+    return [
+        {"user_id": f"u{i % 3}", "user_input": f"page {i} " + "words " * 300, "source": f"s{i}"}
+        for i in range(first, last)
+    ]
+
+
+def _fill(store: SQLiteStore, room_pages: int = 0) -> None:
+    """No room beyond ``room_pages`` more database pages."""
+    used = store.query("PRAGMA page_count")[0][0]
+    store._db.execute(f"PRAGMA max_page_count = {used + room_pages}")
+
+
+def _make_room(store: SQLiteStore) -> None:
+    store._db.execute("PRAGMA max_page_count = 1000000000")
+
+
+def _count(engine: MemoryEngine) -> int:
+    return engine.store.query("SELECT COUNT(*) FROM pages")[0][0]
+
+
+def test_a_write_on_a_full_disk_fails_whole_and_goes_in_once_there_is_room(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    with MemoryEngine(EngineConfig(store=str(store), embedder="hashing", auto_process=False)) as e:
+        e.add_many(_pages(0, 20))
+        e.process_pending()
+        stm = [p.page_id for p in e.retrieve("u1", "page").stm]
+        _fill(e.store)
+        with pytest.raises(StoreFullError, match="disk is full") as info:
+            e.add_many(_pages(20, 70))
+        assert str(store) in str(info.value) and "rolled back" in str(info.value)
+        assert _count(e) == 20  # nothing of the batch
+        assert [p.page_id for p in e.retrieve("u1", "page").stm] == stm  # still serving
+        _make_room(e.store)
+        results = e.add_many(_pages(20, 70))
+        assert not any(r.duplicate for r in results) and _count(e) == 70
+        # derived work that meets a full disk stays pending, and is done once there is room
+        _fill(e.store)
+        pending = e.pending_count()
+        assert pending > 0
+        with pytest.raises(StoreFullError):
+            e.process_pending()
+        assert e.pending_count() == pending
+        _make_room(e.store)
+        e.process_pending()
+        assert e.pending_count() == 0
+    sources = SQLiteStore(store / "memory.sqlite3", writer=False).query(
+        "SELECT COUNT(DISTINCT source), COUNT(*) FROM pages"
+    )
+    assert sources == [(70, 70)]
+
+
+def test_a_write_on_a_full_disk_answers_507_without_the_servers_paths(tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+    from served import hashing, serve
+
+    engine = MemoryEngine(hashing(tmp_path / "store"))
+    page = {"user_input": "I keep bees " + "and honey " * 200}
+    with serve(engine, keys=None) as c:
+        assert c.post("/v1/users/ann/pages", json=page).status_code == 201
+        _fill(engine.store)
+        r = c.post("/v1/users/ann/pages", json=page)
+        assert r.status_code == 507, r.text
+        assert r.json()["error"] == "insufficient_storage"
+        assert str(tmp_path) not in r.text
+        _make_room(engine.store)
+        assert c.post("/v1/users/ann/pages", json=page).status_code == 201
+        assert len(c.get("/v1/users/ann/pages").json()["pages"]) == 2
+    engine.close()
+
+
+def test_ingest_on_a_full_disk_says_so_and_a_rerun_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI prints the store's own message (no traceback), exits 1 with the batches before
+    the full one committed, and the same command run again adds the rest."""
+    from memoryos_gpu import cli
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("\n".join(json.dumps({**p, "agent_response": "ok"}) for p in _pages(0, 60)))
+    store = tmp_path / "store"
+    argv = ["ingest", str(chats), "--store", str(store), "--batch-size", "10", "--json"]
+    monkeypatch.setenv("MEMORYOS_GPU_EMBEDDER", "hashing")
+    opened = SQLiteStore.__init__
+
+    def small_disk(self: SQLiteStore, *args: Any, **kw: Any) -> None:
+        opened(self, *args, **kw)
+        if kw.get("writer", True):
+            _fill(self, room_pages=40)  # about half the chats
+
+    monkeypatch.setattr(SQLiteStore, "__init__", small_disk)
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "error: store" in err and "disk is full" in err and "Traceback" not in err
+    reader = SQLiteStore(store / "memory.sqlite3", writer=False)
+    kept = reader.query("SELECT COUNT(*) FROM pages")[0][0]
+    reader.close()
+    assert 0 < kept < 60 and kept % 10 == 0  # whole batches only
+
+    monkeypatch.setattr(SQLiteStore, "__init__", opened)
+    assert cli.main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (report["accepted"], report["skipped"]) == (60 - kept, kept)
