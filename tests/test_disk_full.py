@@ -124,3 +124,42 @@ def test_ingest_on_a_full_disk_says_so_and_a_rerun_resumes(
     assert cli.main(argv) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (report["accepted"], report["skipped"]) == (60 - kept, kept)
+
+
+@pytest.mark.parametrize(
+    ("code", "text", "said"),
+    [
+        (13, "database or disk is full", "the disk is full"),  # SQLITE_FULL
+        (10 | (4 << 8), "disk I/O error", "disk I/O error"),  # SQLITE_IOERR_WRITE
+        (8, "attempt to write a readonly database", "read-only"),  # SQLITE_READONLY
+        (None, "database or disk is full", "the disk is full"),  # no code (SQLCipher's)
+        (19, "UNIQUE constraint failed: pages.source", None),  # the engine's to handle
+    ],
+)
+def test_what_the_machine_did_to_a_transaction_is_said_for_the_operator(
+    tmp_path: Path, code: int | None, text: str, said: str | None
+) -> None:
+    """The store's error for each way the machine can fail a commit names the store and keeps
+    SQLite's words; an error of the SQL itself passes through unchanged."""
+    import sqlite3
+
+    store = SQLiteStore(tmp_path / "s.db")
+    failure = sqlite3.OperationalError(text)
+    if code is not None:
+        failure.sqlite_errorcode = code
+
+    def fails() -> None:
+        with store.transaction():
+            raise failure
+
+    try:
+        with pytest.raises(Exception) as info:
+            fails()
+    finally:
+        store.close()
+    if said is None:
+        assert info.value is failure
+    else:
+        assert said in str(info.value) and str(tmp_path) in str(info.value)
+        assert text in str(info.value) and info.value.__cause__ is failure
+        assert isinstance(info.value, StoreFullError) is (said == "the disk is full")
