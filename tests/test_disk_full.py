@@ -8,6 +8,7 @@ transaction exactly as a full disk does (``SQLITE_FULL``, "database or disk is f
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,63 @@ def test_what_the_machine_did_to_a_transaction_is_said_for_the_operator(
         assert said in str(info.value) and str(tmp_path) in str(info.value)
         assert text in str(info.value) and info.value.__cause__ is failure
         assert isinstance(info.value, StoreFullError) is (said == "the disk is full")
+
+
+class _Clock(threading.Event):
+    """An event whose waits return at once, recording how long they were asked to last, and
+    calling ``hook(n)`` at the n-th; always set (due) when ``due``."""
+
+    def __init__(self, hook: Any = None, due: bool = False) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+        self.hook = hook
+        if due:
+            self.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        if self.hook is not None:
+            self.hook(len(self.waits))
+        return self.is_set()
+
+
+def test_a_servers_derived_work_on_a_full_disk_is_retried_ever_less_often(tmp_path: Path) -> None:
+    """A round that meets a full disk is tried again after 1, 2, 4, ... s up to a minute, not
+    every second (each failed round reloads the engine's memory under the lock retrievals wait
+    for); once there is room the work is done, and the next failure starts at 1 s again."""
+    pytest.importorskip("fastapi")
+    from memoryos_gpu.server.service import DERIVED_RETRY_MAX_S, MemoryService
+    from memoryos_gpu.server.settings import ServerSettings
+
+    config = EngineConfig(store=str(tmp_path / "s"), embedder="hashing", auto_process=False)
+    with MemoryEngine(config) as engine:
+        service = MemoryService(engine, ServerSettings(derived_max_wait_ms=0))
+        service.engine = engine
+        service._derived_wake = _Clock(due=True)  # work is always due: no real waiting
+
+        def backoff(stop_at: int, room_at: int = 0) -> list[float | None]:
+            """The loop's waits after failures until the ``stop_at``-th; at the ``room_at``-th
+            the disk gets room, and once the work is done new pages meet a full disk again."""
+
+            def after_failure(n: int) -> None:
+                if n == room_at:
+                    _make_room(engine.store)
+                if n == stop_at:
+                    service._derived_stop.set()
+
+            def before_round(_: int) -> None:
+                if room_at and engine.pending_count() == 0 and len(stop.waits) == room_at:
+                    engine.add_many(_pages(100, 130))
+                    _fill(engine.store)
+
+            service._derived_stop = stop = _Clock(after_failure)
+            service._derived_wake = _Clock(before_round, due=True)
+            service._derived_loop()
+            return stop.waits
+
+        engine.add_many(_pages(0, 30))
+        _fill(engine.store)
+        assert backoff(stop_at=9) == [1, 2, 4, 8, 16, 32, *[DERIVED_RETRY_MAX_S] * 3]
+        assert engine.pending_count() > 0
+        # room after the third failure: the round succeeds, and the next failure waits 1 s
+        assert backoff(stop_at=5, room_at=3) == [1, 2, 4, 1, 2]

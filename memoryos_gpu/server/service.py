@@ -60,6 +60,8 @@ __all__ = [
 
 log = logging.getLogger("memoryos_gpu.server")
 T = TypeVar("T")
+#: The longest wait between tries of a derived-work round that keeps failing (_derived_loop).
+DERIVED_RETRY_MAX_S = 60.0
 
 
 class LLMUnavailableError(MemoryOSError):
@@ -613,35 +615,54 @@ class MemoryService:
         again. Gathering before every round, not only the first of a backlog, is what keeps
         rounds large under a steady stream of writes: run back to back, rounds would carry the
         few pages that came during the previous one, each paying a round's fixed cost under
-        the engine lock that retrievals and writes wait for."""
+        the engine lock that retrievals and writes wait for.
+
+        A round that fails (a full disk, say) leaves its work pending, and the next try waits
+        1, 2, 4, ... up to :data:`DERIVED_RETRY_MAX_S` seconds: a failed round reloads the
+        engine's memory from the store under that same lock (seconds with many users), so
+        retrying every second would keep the retrievals, which need no disk, waiting."""
         _limit_native_threads(self._native_threads)
-        max_wait = self.settings.derived_max_wait_ms / 1000
+        failures = 0
         while not self._derived_stop.is_set():
             self._derived_wake.wait(timeout=1.0)
             if self._derived_stop.is_set():
                 break
             self._derived_wake.clear()
             try:
-                # the heat retrievals credited, written behind (it queues the promotions they
-                # earned, so it runs first); retrievals themselves write nothing
-                self.engine.write_behind()
-                pending = self.engine.pending_count()
-                if pending == 0:
-                    continue
-                full = self._derived_max_batch
-                if max_wait and max(pending, self._derived_backlog) < full:
-                    self._derived_urgent.wait(max_wait)  # gather company for the round
-                self._derived_urgent.clear()
-                self._derived_backlog = 0
-                t0 = time.perf_counter()
-                done = self.engine.process_pending(max_batch=full, max_rounds=1)
-                dt = time.perf_counter() - t0
-                self._derived_runs += 1
-                n = sum(done.values()) if isinstance(done, dict) else 0
-                if self.metrics is not None:
-                    self.metrics.observe_batch("derived", "process_pending", n, dt)
-                if n:
-                    self._derived_wake.set()  # the rest, and what came meanwhile, gather next
-            except Exception:
-                log.exception("derived work failed; it stays pending and is retried")
-                self._derived_stop.wait(1.0)
+                self._derived_round()
+            except Exception as exc:
+                failures += 1
+                delay = min(DERIVED_RETRY_MAX_S, 2.0 ** (failures - 1))
+                if isinstance(exc, MemoryOSError):  # says what happened: no traceback needed
+                    log.error(
+                        "derived work failed: %s; it stays pending, next try in %g s", exc, delay
+                    )
+                else:
+                    log.exception("derived work failed; it stays pending, next try in %g s", delay)
+                self._derived_stop.wait(delay)
+            else:
+                failures = 0
+
+    def _derived_round(self) -> None:
+        """Gather, then run one round (:meth:`_derived_loop`)."""
+        # the heat retrievals credited, written behind (it queues the promotions they
+        # earned, so it runs first); retrievals themselves write nothing
+        self.engine.write_behind()
+        pending = self.engine.pending_count()
+        if pending == 0:
+            return
+        full = self._derived_max_batch
+        max_wait = self.settings.derived_max_wait_ms / 1000
+        if max_wait and max(pending, self._derived_backlog) < full:
+            self._derived_urgent.wait(max_wait)  # gather company for the round
+        self._derived_urgent.clear()
+        self._derived_backlog = 0
+        t0 = time.perf_counter()
+        done = self.engine.process_pending(max_batch=full, max_rounds=1)
+        dt = time.perf_counter() - t0
+        self._derived_runs += 1
+        n = sum(done.values()) if isinstance(done, dict) else 0
+        if self.metrics is not None:
+            self.metrics.observe_batch("derived", "process_pending", n, dt)
+        if n:
+            self._derived_wake.set()  # the rest, and what came meanwhile, gather next
