@@ -435,7 +435,7 @@ class ShardEngine(MemoryEngine):
             # the rings change as the transaction goes (reloaded from the store if it fails);
             # committed under the lock this method holds (it answers what the rings hold)
             with self._state.write_transaction("commit") as db:
-                self._ensure_assistants(db, {f.owner_id for f in facts})
+                self.store.ensure_assistants(db, (f.owner_id for f in facts), time.time())
                 mark = db.execute("SELECT COALESCE(MAX(entry_id), 0) FROM knowledge").fetchone()
                 # the engine's own ring write, not this class's outbox: this shard is the owner
                 super()._push_knowledge(db, facts, emb)
@@ -538,19 +538,10 @@ class ShardEngine(MemoryEngine):
             if gone:
                 sharded_forget.drop_assistant_entries(self, gone, superseded=True)
 
-    def _ensure_assistants(self, db: Any, assistant_ids: Iterable[str]) -> None:
-        now = time.time()
-        for aid in sorted(assistant_ids):  # one lock order for every engine (ensure_users)
-            db.execute(
-                "INSERT INTO assistants(assistant_id, created) VALUES (?, ?) "
-                "ON CONFLICT DO NOTHING",
-                (aid, now),
-            )
-
     def _write_replica(self, db: Any, entries: Sequence[AssistantEntry]) -> None:
         cap = self.memory.knowledge_capacity
         t = time.time()
-        self._ensure_assistants(db, {e.assistant_id for e in entries})
+        self.store.ensure_assistants(db, (e.assistant_id for e in entries), time.time())
         for e in entries:
             slot = self._assistant_slot(e.assistant_id)
             db.execute(

@@ -526,11 +526,7 @@ class PostgresStore(SQLiteStore):
                         with suppress(psycopg.Error):
                             conn.execute("ROLLBACK")
                     if isinstance(exc, psycopg.errors.DiskFull):
-                        raise StoreFullError(
-                            f"store {redact(self.url)}: the server's disk is full ({exc}); the "
-                            "transaction was rolled back (what was committed before it is "
-                            "kept): free space there, then retry"
-                        ) from exc
+                        raise StoreFullError.met(redact(self.url), exc) from exc
                     raise
                 finally:
                     self._tx = self._tx_owner = None

@@ -10,7 +10,7 @@ read takes ~0.18 ms and these sorts ~0.08 ms.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
@@ -34,8 +34,7 @@ def round_order(user_ids: Sequence[str], per_user: int, limit: int) -> np.ndarra
     n = len(user_ids)
     if n == 0 or limit <= 0 or per_user <= 0:
         return np.zeros(0, np.int64)
-    # a code per user: the position of its first item (dict.setdefault, mapped at C level)
-    first = np.fromiter(map({}.setdefault, user_ids, itertools.count()), np.int64, n)
+    first = _first_codes(user_ids, n)  # a code per user
     wave = _rank_within(first)
     keep = np.flatnonzero(wave < per_user)
     wave = wave[keep]
@@ -57,10 +56,14 @@ def _rank_within(groups: np.ndarray) -> np.ndarray:
     return rank
 
 
+def _first_codes(keys: Iterable[Hashable], n: int) -> np.ndarray:
+    """A code per distinct key of ``n``: the position of its first occurrence
+    (``dict.setdefault``, mapped at C level)."""
+    return np.fromiter(map({}.setdefault, keys, itertools.count()), np.int64, n)
+
+
 def _tenant_codes(users: Sequence[str]) -> np.ndarray:
-    """A code per distinct :func:`tenant_of` (the position of its first user), mapped at C
-    level."""
+    """A code per distinct :func:`tenant_of`."""
     if "/" not in "".join(users):
         return np.zeros(len(users), np.int64)
-    tenants = map(tenant_of, users)
-    return np.fromiter(map({}.setdefault, tenants, itertools.count()), np.int64, len(users))
+    return _first_codes(map(tenant_of, users), len(users))

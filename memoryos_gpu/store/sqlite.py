@@ -68,6 +68,14 @@ class StoreFullError(StoreError):
     """The store's disk is full: the transaction that met it was rolled back, what was
     committed before it is kept."""
 
+    @classmethod
+    def met(cls, store: str, exc: BaseException) -> StoreFullError:
+        """The error for ``store`` (path or redacted URL), the backend's own words kept."""
+        return cls(
+            f"store {store}: the disk is full ({exc}); the transaction was rolled back (what "
+            "was committed before it is kept): free space on that disk, then retry"
+        )
+
 
 def _environment_error(path: str, exc: BaseException) -> StoreError | None:
     """What the machine did to a transaction (disk full, I/O error, read-only file), said for
@@ -75,14 +83,13 @@ def _environment_error(path: str, exc: BaseException) -> StoreError | None:
     code = getattr(exc, "sqlite_errorcode", None)  # primary code in the low byte
     primary = code & 0xFF if isinstance(code, int) else None
     text = str(exc)
-    rolled_back = "the transaction was rolled back (what was committed before it is kept)"
     if primary == sqlite3.SQLITE_FULL or (primary is None and "disk is full" in text):
-        return StoreFullError(
-            f"store {path}: the disk is full ({text}); {rolled_back}: free space on that disk, "
-            "then retry"
-        )
+        return StoreFullError.met(path, exc)
     if primary == sqlite3.SQLITE_IOERR:
-        return StoreError(f"store {path}: disk I/O error ({text}); {rolled_back}: check the disk")
+        return StoreError(
+            f"store {path}: disk I/O error ({text}); the transaction was rolled back (what was "
+            "committed before it is kept): check the disk"
+        )
     if primary == sqlite3.SQLITE_READONLY:
         return StoreError(
             f"store {path}: cannot write ({text}): the file, its directory or the filesystem "
@@ -696,17 +703,20 @@ class SQLiteStore:
             )
 
     # ------------------------------------------------------------------ users
-    def ensure_users(self, db: Any, users: Sequence[tuple[str, str]], now: float) -> None:
-        """Create users ``(user id, assistant id)`` (and their assistants) that are new, in
-        the caller's transaction.
-
-        Assistants go in sorted order: on a PostgreSQL store shared by shard engines, two
-        transactions creating the same new assistants each wait for the other's insert of a
-        key it inserted first, so in any other order they can deadlock."""
+    def ensure_assistants(self, db: Any, assistant_ids: Iterable[str], now: float) -> None:
+        """Create the assistants that are new, in the caller's transaction, in sorted order: on
+        a PostgreSQL store shared by shard engines, two transactions creating the same new
+        assistants each wait for the other's insert of a key it inserted first, so in any other
+        order they can deadlock."""
         db.executemany(
             "INSERT INTO assistants(assistant_id, created) VALUES (?, ?) ON CONFLICT DO NOTHING",
-            [(a, now) for a in sorted({a for _, a in users})],
+            [(a, now) for a in sorted(set(assistant_ids))],
         )
+
+    def ensure_users(self, db: Any, users: Sequence[tuple[str, str]], now: float) -> None:
+        """Create users ``(user id, assistant id)`` (and their assistants) that are new, in
+        the caller's transaction."""
+        self.ensure_assistants(db, (a for _, a in users), now)
         db.executemany(
             "INSERT INTO users(user_id, assistant_id, created) VALUES (?, ?, ?) "
             "ON CONFLICT DO NOTHING",
