@@ -194,12 +194,12 @@ def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
     """Runs in a child process: ingest one generated file into a fresh store."""
     import resource
 
-    from memoryos_gpu.cli import _quiet_model_loading
+    from memoryos_gpu.cli.options import quiet_model_loading
     from memoryos_gpu.config import EngineConfig, LLMConfig, MemoryConfig
     from memoryos_gpu.engine import MemoryEngine
     from memoryos_gpu.ingest import ingest
 
-    _quiet_model_loading()
+    quiet_model_loading()
     work = Path(cfg["workdir"])
     data = work / f"in-{cfg['users']}.jsonl"
     n = write_input(data, cfg["users"], cfg.get("pages"))

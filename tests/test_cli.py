@@ -516,7 +516,7 @@ def test_chat_with_an_openai_compatible_backend(tmp_path, fake_llm):
 
 
 def test_config_precedence_in_process(tmp_path, monkeypatch):
-    from memoryos_gpu.cli import EngineOptions, build_config
+    from memoryos_gpu.cli.options import EngineOptions, build_config
 
     monkeypatch.delenv("MEMORYOS_GPU_EMBEDDER", raising=False)
     monkeypatch.delenv("MEMORYOS_GPU_STORE", raising=False)
@@ -554,7 +554,8 @@ def test_llm_api_key_option(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from memoryos_gpu import cli as cli_mod
-    from memoryos_gpu.cli import EngineOptions, build_config
+    from memoryos_gpu.cli import admin
+    from memoryos_gpu.cli.options import EngineOptions, build_config
 
     monkeypatch.delenv("MEMORYOS_GPU_LLM_API_KEY", raising=False)
     config = tmp_path / "c.toml"
@@ -564,7 +565,7 @@ def test_llm_api_key_option(tmp_path, monkeypatch):
     assert build_config(o).llm.api_key == "sk-flag"
     assert "sk-flag" not in o.argv() and "--llm-model" in o.argv()  # not on a command line
     seen: list[str | None] = []
-    monkeypatch.setattr(cli_mod, "_options", lambda ctx, kw: seen.append(kw["llm_api_key"]))
+    monkeypatch.setattr(admin, "options_of", lambda ctx, kw: seen.append(kw["llm_api_key"]))
     monkeypatch.setenv("MEMORYOS_GPU_LLM_API_KEY", "sk-env")
     CliRunner().invoke(cli_mod.cli, ["stats", "--store", str(tmp_path)])
     CliRunner().invoke(cli_mod.cli, ["stats", "--store", str(tmp_path), "--llm-api-key", "k"])

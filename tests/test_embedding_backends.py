@@ -253,10 +253,10 @@ def test_onnx_backend_refuses_gpu_and_dtype():
 
 # ------------------------------------------------------------------------ choosing
 def test_config_kinds_match_factory_and_cli():
-    from memoryos_gpu import cli
+    from memoryos_gpu.cli import options
 
     field = EngineConfig.model_fields["embedder"].annotation
-    assert tuple(field.__args__) == EMBEDDER_KINDS == cli.EMBEDDER_KINDS
+    assert tuple(field.__args__) == EMBEDDER_KINDS == options.EMBEDDER_KINDS
 
 
 def test_factory_builds_the_named_backend(server):
@@ -293,11 +293,13 @@ def test_engine_on_the_openai_backend(server):
 
 
 def test_cli_passes_the_backend_options(monkeypatch):
-    from memoryos_gpu import cli
+    from memoryos_gpu.cli import options
 
-    monkeypatch.setenv(cli.ENV_EMBEDDING_API_KEY, "k")
-    o = cli.EngineOptions(embedder="openai", embedding_model="m", embedding_base_url="http://h/v1")
-    cfg = cli.build_config(o, store=":memory:")
+    monkeypatch.setenv(options.ENV_EMBEDDING_API_KEY, "k")
+    o = options.EngineOptions(
+        embedder="openai", embedding_model="m", embedding_base_url="http://h/v1"
+    )
+    cfg = options.build_config(o, store=":memory:")
     assert (cfg.embedder, cfg.embedding_model, cfg.embedding_base_url, cfg.embedding_api_key) == (
         "openai",
         "m",

@@ -1,0 +1,219 @@
+"""The commands that read or change a store without an engine: stats, export, delete, rekey."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .options import (
+    EXIT_ERROR,
+    CLIError,
+    engine_options,
+    handle_errors,
+    options_of,
+    resolve_store,
+)
+from .output import (
+    echo_json,
+    json_default,
+)
+from .stores import (
+    is_url,
+    open_store_at,
+    require_store,
+    shard_dirs,
+    store_file,
+    user_store,
+)
+
+
+def _store_stats(store: str) -> dict[str, Any]:
+    st = open_store_at(store, writer=False)
+    try:
+        return {
+            "store": st.path if is_url(store) else str(store_file(store)),
+            "bytes": st.size_bytes() if is_url(store) else store_file(store).stat().st_size,
+            "embedding_model": st.get_meta("embedding_model"),
+            "schema_version": st.get_meta("schema_version"),
+            "counts": st.counts(),
+        }
+    finally:
+        st.close()
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+@engine_options
+@click.pass_context
+@handle_errors
+def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
+    """What the store holds: users, pages per tier, segments, knowledge, pending work."""
+    o = options_of(ctx, kwargs)
+    store = resolve_store(o)
+    dirs = shard_dirs(store) if not store_file(store).exists() else None
+    if dirs:
+        shards = [_store_stats(str(d)) for d in dirs if store_file(d).exists()]
+        totals: dict[str, int] = {}
+        for s in shards:
+            for k, v in s["counts"].items():
+                totals[k] = totals.get(k, 0) + v
+        data = {
+            "store": store,
+            "shards": shards,
+            "counts": totals,
+            "bytes": sum(s["bytes"] for s in shards),
+        }
+    else:
+        data = _store_stats(store)
+    c = data["counts"]
+    data["pages"] = sum(v for k, v in c.items() if k.startswith("pages_"))
+    data["users"] = c.get("users", 0)
+    if as_json:
+        echo_json(data)
+        return
+    click.echo(
+        f"store        {data['store']} ({data['bytes'] / 2**20:.1f} MiB"
+        + (f", {len(data['shards'])} shards)" if "shards" in data else ")")
+    )
+    if "embedding_model" in data:
+        click.echo(f"embeddings   {data['embedding_model']}")
+    click.echo(f"users        {data['users']:,}")
+    click.echo(
+        f"pages        {data['pages']:,} ("
+        + ", ".join(f"{k[6:]} {v:,}" for k, v in sorted(c.items()) if k.startswith("pages_"))
+        + ")"
+    )
+    for key in ("segments", "knowledge_live", "assistants", "pending"):
+        click.echo(f"{key:<12} {c.get(key, 0):,}")
+
+
+# ============================================================================ export / delete
+@click.command()
+@click.option("--user", "user_id", required=True)
+@click.option("--out", "out_path", metavar="FILE", help="Write here instead of stdout.")
+@engine_options
+@click.pass_context
+@handle_errors
+def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any) -> None:
+    """Everything held about a user (pages, segments, profile, knowledge, audit) as JSON."""
+    o = options_of(ctx, kwargs)
+    st = open_store_at(user_store(resolve_store(o), user_id), writer=False)
+    try:
+        data = st.export_user(user_id)
+        if data is None:
+            raise CLIError(f"unknown user {user_id!r}")
+        data["assistant_knowledge"] = st.owner_knowledge("assistant", data["user"]["assistant_id"])
+    finally:
+        st.close()
+    text = json.dumps(data, ensure_ascii=False, indent=2, default=json_default)
+    if out_path:
+        Path(out_path).write_text(text + "\n", encoding="utf-8")
+        click.echo(f"exported {user_id}: {len(data['pages'])} pages -> {out_path}", err=True)
+    else:
+        click.echo(text)
+
+
+def _forget_on_other_shards(store: str, user_id: str, texts: list[str]) -> None:
+    """A sharded store directory: the assistant facts the user's pages taught, held by the
+    assistants' owner shards and copied to every shard, go from every shard's store too, and
+    the other shards' saved keyword statistics un-count the user's ``texts``
+    (``distributed/sharded_forget.py``)."""
+    from memoryos_gpu.distributed.sharded_forget import forget_in_stores
+    from memoryos_gpu.distributed.sharding import ShardMap
+
+    dirs = None if is_url(store) or store_file(store).exists() else shard_dirs(store)
+    if not dirs:
+        return
+    stores = []
+    try:
+        for d in dirs:
+            stores.append(open_store_at(str(d), writer=True))
+        forget_in_stores(stores, ShardMap(len(dirs)), user_id, texts)
+    finally:
+        for st in stores:
+            st.close()
+
+
+@click.command()
+@click.option("--user", "user_id", required=True)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@engine_options
+@click.pass_context
+@handle_errors
+def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
+    """Delete every row held about a user (pages, segments, knowledge, pending work, audit) and
+    what was derived from the user's pages (the assistant's facts learned from them, the saved
+    keyword statistics; on a sharded store directory, on every shard); the audit keeps the
+    deletion, without content. Refused while another process writes the store (a server:
+    delete through its HTTP API)."""
+    o = options_of(ctx, kwargs)
+    store = resolve_store(o)
+    st = open_store_at(user_store(store, user_id), writer=True)
+    try:
+        rows = st.rows_about(user_id)
+        if st.user_row(user_id) is None and not rows:
+            raise CLIError(f"unknown user {user_id!r}")
+        if not yes:
+            click.confirm(f"delete user {user_id!r} ({rows:,} rows)?", abort=True, err=True)
+        texts = [
+            t
+            for (t,) in st.query(
+                "SELECT user_input || ' ' || agent_response FROM pages WHERE user_id = ?",
+                (user_id,),
+            )
+        ]
+        st.delete_user(user_id)
+        left = st.rows_about(user_id)
+    finally:
+        st.close()
+    _forget_on_other_shards(store, user_id, texts)
+    click.echo(
+        f"deleted user {user_id}: {rows:,} rows removed" + (f" ({left} left!)" if left else "")
+    )
+    if left:
+        ctx.exit(EXIT_ERROR)
+
+
+@click.command()
+@click.option(
+    "--encrypt",
+    is_flag=True,
+    help="Encrypt a store that is not encrypted yet, under $MEMORYOS_GPU_KEY (else prompted). "
+    "One way: there is no decrypt.",
+)
+@engine_options
+@click.pass_context
+@handle_errors
+def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
+    """Change an encrypted store's key: the current key from $MEMORYOS_GPU_KEY, the new one from
+    $MEMORYOS_GPU_NEW_KEY (each prompted for, hidden, when unset). Every shard of a sharded
+    store is rewritten; refused while another process writes it. See docs/storage.md."""
+    from pydantic import SecretStr
+
+    from memoryos_gpu.store.encryption import ENV_NEW_KEY, env_key, rekey_all
+
+    store = resolve_store(options_of(ctx, kwargs))
+    if is_url(store):
+        raise CLIError("rekey applies to SQLite stores (a PostgreSQL server encrypts by itself)")
+    files = [store_file(d) for d in shard_dirs(store) or [store]]
+    for f in files:
+        require_store(str(f))
+
+    def ask(what: str, confirm: bool = False) -> SecretStr:
+        return SecretStr(click.prompt(what, hide_input=True, confirmation_prompt=confirm, err=True))
+
+    old = None if encrypt else env_key() or ask("current key")
+    if encrypt:
+        new = env_key()
+    else:
+        given = os.environ.get(ENV_NEW_KEY)
+        new = SecretStr(given) if given else None
+    done = rekey_all(list(files), old, new or ask("new key", confirm=True))
+    verb = "encrypted" if encrypt else "re-keyed"
+    click.echo(f"{verb} {done} of {len(files)} store file(s) under {store}")
+    if not encrypt:
+        click.echo(f"from now on open it with the new key (${ENV_NEW_KEY} -> $MEMORYOS_GPU_KEY)")

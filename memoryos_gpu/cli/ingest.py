@@ -1,0 +1,443 @@
+"""``memoryos-gpu ingest``: one process, ``--workers N`` local shard processes, or ``--ray``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .options import (
+    ENV_LLM_API_KEY,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REJECTED,
+    FORMAT_CHOICES,
+    SHARDS_FILE,
+    CLIError,
+    EngineOptions,
+    UsageFailure,
+    build_config,
+    engine_options,
+    handle_errors,
+    make_engine,
+    options_of,
+    quiet_model_loading,
+)
+from .output import (
+    json_default,
+    print_ingest_summary,
+)
+from .stores import (
+    is_url,
+    ray_shards,
+    store_file,
+)
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMAT_CHOICES),
+    default="auto",
+    show_default=True,
+    help="Input format (auto: detected per file from its first records).",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the report as one JSON object "
+    "(the last line of stdout); the summary table goes to stderr.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1),
+    default=512,
+    show_default=True,
+    help="Pages per engine batch (across users).",
+)
+@click.option(
+    "--rejects",
+    "rejects_path",
+    metavar="FILE",
+    help="Where rejected records go, one JSON per line [default: STORE/rejects.jsonl].",
+)
+@click.option(
+    "--shard",
+    metavar="I/N",
+    help="Only ingest the users of shard I of N (stable blake2b hash of the user id; "
+    "I from 0). Give every shard its own --store.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="Run N processes on this machine, shard i into STORE/shard-i; reports merged.",
+)
+@click.option(
+    "--process",
+    type=click.Choice(["auto", "batch", "defer"]),
+    default="auto",
+    show_default=True,
+    help="When derived work (chain, segments, promotion) runs: auto/batch: with each "
+    "batch; defer: later (pending in the store, run when the store is next opened).",
+)
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Live progress on stderr [default: when stderr is a terminal].",
+)
+@click.option(
+    "--prefetch/--no-prefetch",
+    default=None,
+    hidden=True,
+    help="Embed the next batch while the current one is processed.",
+)
+@click.option(
+    "--ray",
+    "use_ray",
+    is_flag=True,
+    help="Run on Ray: Ray Data reads and partitions the logs by user hash onto one shard actor "
+    "per shard (a GPU each when the cluster has them); local Ray unless $RAY_ADDRESS is set. "
+    "Needs `pip install 'memoryos-gpu[ray]'`.",
+)
+@click.option(
+    "--shards",
+    type=click.IntRange(1),
+    help="Shards for --ray (STORE/shard-I each, or one PostgreSQL URL) [default: the store's "
+    "shard count, else 2].",
+)
+@click.option("--summary/--no-summary", default=True, hidden=True)
+@engine_options
+@click.pass_context
+@handle_errors
+def ingest(
+    ctx: click.Context,
+    files: tuple[str, ...],
+    fmt: str,
+    as_json: bool,
+    batch_size: int,
+    rejects_path: str | None,
+    shard: str | None,
+    workers: int,
+    process: str,
+    progress: bool | None,
+    prefetch: bool | None,
+    use_ray: bool,
+    shards: int | None,
+    summary: bool,
+    **kwargs: Any,
+) -> None:
+    """Load chat logs into the store: streamed, batched across users, resumable.
+
+    Re-running the same input skips what was already accepted (each record has a stable
+    source key), so an interrupted run (Ctrl-C: finishes the batch in flight, exit 130) is
+    resumed by running it again. Malformed records are reported (file:line: reason) and
+    written to the rejects file; the run continues and exits with 3.
+
+    One process writes a store at a time: ingesting into a store that a running engine
+    holds (e.g. `serve`) is refused, naming that process (exit 1); send the pages to its
+    server instead (POST /v1/pages) or stop it first.
+
+    \b
+    Exit codes: 0 all accepted or already present, 3 some records rejected,
+    130 interrupted, 2 usage error, 1 runtime error.
+    """
+    from memoryos_gpu.formats import FormatError
+    from memoryos_gpu.ingest import Shard, resolve_formats, store_dir
+    from memoryos_gpu.ingest import ingest as run_ingest
+
+    o = options_of(ctx, kwargs)
+    cfg = build_config(o)
+    try:
+        formats = resolve_formats(files, fmt)
+    except FormatError as exc:
+        raise UsageFailure(f"{exc} (use --format to choose one)") from None
+    try:
+        shard_obj = Shard.parse(shard) if shard else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--shard") from None
+    if shard_obj is not None and workers > 1:
+        raise UsageFailure("give --shard or --workers, not both")
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if use_ray:
+        if shard_obj is not None or workers > 1:
+            raise UsageFailure("--ray shards by itself: give --shards N, not --shard/--workers")
+        report = _ingest_ray(
+            list(formats), cfg, shards, fmt=fmt, batch_size=batch_size, rejects_path=rejects_path
+        )
+    elif workers > 1:
+        report = _ingest_workers(
+            list(files),
+            o,
+            cfg.store,
+            workers,
+            fmt=fmt,
+            batch_size=batch_size,
+            rejects_path=rejects_path,
+            process=process,
+            progress=progress,
+        )
+    else:
+        rejects = rejects_path or (
+            None
+            if cfg.store == ":memory:" or is_url(cfg.store)
+            else str(store_dir(cfg.store) / "rejects.jsonl")
+        )
+        engine = make_engine(cfg)
+        try:
+            rep = run_ingest(
+                list(formats),
+                engine,
+                fmt=fmt,
+                batch_size=batch_size,
+                rejects_path=rejects,
+                shard=shard_obj,
+                progress=progress,
+                process=process,
+                prefetch=prefetch,
+                handle_sigint=True,
+            )
+        finally:
+            engine.close()
+        report = rep.to_dict()
+    if summary:
+        print_ingest_summary(report, err=as_json)
+    if as_json:
+        click.echo(json.dumps(report, ensure_ascii=False, default=json_default))
+    ctx.exit(int(report["exit_code"]))
+
+
+def _ingest_ray(
+    files: list[str],
+    cfg: Any,
+    shards: int | None,
+    *,
+    fmt: str,
+    batch_size: int,
+    rejects_path: str | None,
+) -> dict[str, Any]:
+    """``ingest --ray``: memoryos_gpu.distributed.ray_ingest (Ray Data + shard actors)."""
+    from memoryos_gpu.distributed.ray_common import RayUnavailableError
+
+    try:
+        from memoryos_gpu.distributed.ray_ingest import default_rejects_path, ingest_ray
+
+        quiet_model_loading()
+        return ingest_ray(
+            files,
+            cfg,
+            ray_shards(cfg.store, shards),
+            fmt=fmt,
+            batch_size=batch_size,
+            rejects_path=rejects_path or default_rejects_path(cfg.store),
+        )
+    except RayUnavailableError as exc:
+        raise CLIError(str(exc)) from None
+    except ValueError as exc:  # store layout problems
+        raise UsageFailure(str(exc)) from None
+
+
+def _ingest_workers(
+    files: list[str],
+    o: EngineOptions,
+    store: str,
+    workers: int,
+    *,
+    fmt: str,
+    batch_size: int,
+    rejects_path: str | None,
+    process: str,
+    progress: bool,
+) -> dict[str, Any]:
+    """N processes, process i ingesting shard i/N into STORE/shard-i; their reports merged."""
+    from memoryos_gpu import ops
+
+    if is_url(store):
+        raise UsageFailure(
+            "--workers writes one SQLite store per worker; it does not take a PostgreSQL --store"
+        )
+    base = Path(store)
+    if store == ":memory:" or base.suffix in (".sqlite", ".sqlite3", ".db"):
+        raise UsageFailure("--workers needs --store DIR (a directory: one store per shard)")
+    if store_file(base).exists():
+        raise UsageFailure(f"{base} holds an unsharded store; use a new --store DIR for --workers")
+    manifest = base / SHARDS_FILE
+    if manifest.exists():
+        try:
+            count = int(json.loads(manifest.read_text())["count"])
+        except (ValueError, KeyError, TypeError):
+            count = -1
+        if count != workers:
+            raise UsageFailure(
+                f"{base} was ingested with --workers {count}; users are sharded by count, so "
+                f"re-run with --workers {count} (or use a new --store)"
+            )
+    base.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({"count": workers, "hash": "blake2b-64(user_id) mod count"}))
+
+    env = dict(os.environ)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = str(max(1, (cpus or 1) // workers))
+    env.setdefault("OMP_NUM_THREADS", threads)
+    env.setdefault("MKL_NUM_THREADS", threads)
+    try:
+        gpus = int(ops.build_info().get("cuda_device_count", 0))
+    except Exception:
+        gpus = 0
+    procs: list[subprocess.Popen] = []
+    t0 = time.perf_counter()
+    for i in range(workers):
+        cmd = [
+            sys.executable,
+            "-m",
+            "memoryos_gpu",
+            "ingest",
+            *files,
+            "--store",
+            str(base / f"shard-{i}"),
+            "--shard",
+            f"{i}/{workers}",
+            "--format",
+            fmt,
+            "--batch-size",
+            str(batch_size),
+            "--process",
+            process,
+            "--json",
+            "--no-progress",
+            "--no-summary",
+            *o.argv(),
+        ]
+        child_env = dict(env)
+        if o.llm_api_key:
+            child_env[ENV_LLM_API_KEY] = o.llm_api_key
+        if gpus > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
+            child_env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
+        # own session: a terminal Ctrl-C reaches only this process, which forwards one SIGINT
+        procs.append(
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, env=child_env, start_new_session=True)
+        )
+
+    interrupted = threading.Event()
+
+    def forward(signum: int, frame: Any) -> None:
+        if interrupted.is_set():
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            raise KeyboardInterrupt
+        interrupted.set()
+        click.echo(
+            "interrupted: asking the shard processes to finish their batch "
+            "(Ctrl-C again to kill them)",
+            err=True,
+        )
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+
+    old = signal.signal(signal.SIGINT, forward)
+    outputs: list[bytes] = [b""] * workers
+    try:
+        readers = []
+        for i, p in enumerate(procs):
+
+            def read(i: int = i, p: subprocess.Popen = p) -> None:
+                outputs[i] = p.stdout.read() if p.stdout else b""
+
+            t = threading.Thread(target=read, daemon=True)
+            t.start()
+            readers.append(t)
+        status = None
+        if progress:
+            from rich.console import Console
+
+            status = Console(stderr=True).status(f"ingesting with {workers} shard processes")
+            status.start()
+        try:
+            while any(p.poll() is None for p in procs):
+                if status is not None:
+                    done = sum(p.poll() is not None for p in procs)
+                    status.update(
+                        f"ingesting with {workers} shard processes: {done} done, "
+                        f"{time.perf_counter() - t0:.0f} s"
+                    )
+                time.sleep(0.2)
+        finally:
+            if status is not None:
+                status.stop()
+        for t in readers:
+            t.join()
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+    shards: list[dict[str, Any]] = []
+    for i, (p, out) in enumerate(zip(procs, outputs, strict=True)):
+        lines = [ln for ln in out.decode("utf-8", "replace").splitlines() if ln.strip()]
+        try:
+            rep = json.loads(lines[-1])
+        except (IndexError, ValueError):
+            raise CLIError(
+                f"shard {i}/{workers} failed (exit {p.returncode}) without a report; "
+                "see its messages above"
+            ) from None
+        shards.append(rep)
+    elapsed = time.perf_counter() - t0
+
+    merged_rejects = Path(rejects_path) if rejects_path else base / "rejects.jsonl"
+    merged_rejects.parent.mkdir(parents=True, exist_ok=True)
+    with open(merged_rejects, "w", encoding="utf-8") as out_f:
+        for rep in shards:
+            path = rep.get("rejects_path")
+            if path and Path(path).is_file():
+                out_f.write(Path(path).read_text(encoding="utf-8"))
+    keys = (
+        "accepted",
+        "rejected",
+        "skipped",
+        "users",
+        "records",
+        "llm_calls",
+        "pending",
+        "batches",
+    )
+    merged: dict[str, Any] = {k: sum(int(r.get(k, 0)) for r in shards) for k in keys}
+    reasons: dict[str, int] = {}
+    for r in shards:
+        for k, v in r.get("reject_reasons", {}).items():
+            reasons[k] = reasons.get(k, 0) + v
+    interrupted_any = interrupted.is_set() or any(r.get("interrupted") for r in shards)
+    merged.update(
+        pages_per_s=merged["accepted"] / elapsed if elapsed else 0.0,
+        elapsed_s=elapsed,
+        interrupted=interrupted_any,
+        workers=workers,
+        store=str(base),
+        rejects_path=str(merged_rejects),
+        reject_reasons=dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+        files=files,
+        formats=shards[0].get("formats", {}) if shards else {},
+        peak_rss_mb=max((r.get("peak_rss_mb", 0.0) for r in shards), default=0.0),
+        shards=shards,
+    )
+    if interrupted_any:
+        merged["exit_code"] = EXIT_INTERRUPTED
+    elif any(r.get("exit_code") not in (EXIT_OK, EXIT_REJECTED) for r in shards):
+        merged["exit_code"] = EXIT_ERROR
+    else:
+        merged["exit_code"] = EXIT_REJECTED if merged["rejected"] else EXIT_OK
+    return merged

@@ -1,0 +1,253 @@
+"""The commands that measure: ``bench`` (the retrieval kernels on a synthetic arena) and
+``eval`` (LoCoMo evidence recall against BM25)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .options import (
+    UsageFailure,
+    build_config,
+    engine_options,
+    handle_errors,
+    make_engine,
+    options_of,
+)
+from .output import (
+    echo_json,
+)
+
+
+@click.command()
+@click.option("--users", type=click.IntRange(1), default=1000, show_default=True)
+@click.option(
+    "--slots", type=click.IntRange(1), default=64, show_default=True, help="Live segments per user."
+)
+@click.option("--pages-per-segment", type=click.IntRange(0), default=2, show_default=True)
+@click.option(
+    "--batch",
+    type=click.IntRange(1),
+    default=256,
+    show_default=True,
+    help="Queries per kernel call (distinct users).",
+)
+@click.option("--repeat", type=click.IntRange(1), default=5, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@engine_options
+@click.pass_context
+@handle_errors
+def bench(
+    ctx: click.Context,
+    users: int,
+    slots: int,
+    pages_per_segment: int,
+    batch: int,
+    repeat: int,
+    as_json: bool,
+    **kwargs: Any,
+) -> None:
+    """Quick retrieval-kernel benchmark (segment scoring + page top-k) on a synthetic arena.
+
+    The full benchmarks live in the source tree: benchmarks/kernel_speed.py (kernels vs a
+    reference-style loop vs torch) and benchmarks/ingest.py (end-to-end ingestion)."""
+    import numpy as np
+
+    from memoryos_gpu import ops
+    from memoryos_gpu.arena import Arena, ArenaConfig
+
+    o = options_of(ctx, kwargs)
+    device = o.device or "auto"
+    if device == "auto":
+        device = "cuda" if ops.build_info()["cuda_usable"] else "cpu"
+    rng = np.random.default_rng(0)
+    dim, kw_width = 384, 16
+    t0 = time.perf_counter()
+    arena = Arena(
+        ArenaConfig(
+            dim=dim,
+            segment_slots=slots,
+            keyword_width=kw_width,
+            device=device,
+            initial_users=users,
+            initial_blocks=max(1, users * slots * -(-pages_per_segment // 16)),
+        )
+    )
+    arena.add_users(users)
+    chunk = max(1, 1_000_000 // slots)
+    for start in range(0, users, chunk):
+        us = np.arange(start, min(users, start + chunk), dtype=np.int32)
+        u, s = np.repeat(us, slots), np.tile(np.arange(slots, dtype=np.int32), us.size)
+        emb = rng.standard_normal((u.size, dim), dtype=np.float32)
+        kw = np.sort(rng.integers(0, 5000, size=(u.size, kw_width), dtype=np.int32), axis=1)
+        kw[:, kw_width // 2 :] = -1
+        arena.write_segments(u, s, emb, kw, l_interaction=np.full(u.size, pages_per_segment))
+        if pages_per_segment:
+            pu, ps = np.repeat(u, pages_per_segment), np.repeat(s, pages_per_segment)
+            arena.append_pages(pu, ps, rng.standard_normal((pu.size, dim), dtype=np.float32))
+    build_s = time.perf_counter() - t0
+    q = rng.standard_normal((batch, dim), dtype=np.float32)
+    qu = rng.choice(users, size=batch, replace=batch > users).astype(np.int32)
+    qkw = np.sort(rng.integers(0, 5000, size=(batch, 8), dtype=np.int32), axis=1)
+
+    def once() -> None:
+        _, chosen = ops.score_segments(arena, q, qu, qkw, 5)
+        ops.select_pages(arena, q, qu, chosen, 10)
+        if arena.on_cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    once()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - t)
+    med = sorted(times)[len(times) // 2]
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
+    result = {
+        "device": device,
+        "users": users,
+        "segments_per_user": slots,
+        "pages_per_segment": pages_per_segment,
+        "batch": batch,
+        "build_s": round(build_s, 3),
+        "median_batch_ms": round(med * 1e3, 3),
+        "queries_per_s": round(batch / med, 1),
+        "native": ops.build_info(),
+        "benchmarks": str(root) if root.is_dir() else None,
+    }
+    if as_json:
+        echo_json(result)
+        return
+    click.echo(
+        f"{device}: {users:,} users x {slots} segments x {pages_per_segment} pages, "
+        f"batch {batch}: {med * 1e3:.2f} ms per batch = {batch / med:,.0f} queries/s "
+        "(score segments + top-10 pages)"
+    )
+    where = root if root.is_dir() else "benchmarks/ in the memoryos-gpu source tree"
+    click.echo(f"full benchmarks: {where} (kernel_speed.py, ingest.py)")
+
+
+# ============================================================================ eval
+@click.command(name="eval")
+@click.argument("locomo_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--quick", is_flag=True, help="First conversation, first 40 questions.")
+@click.option(
+    "--k",
+    "ks",
+    type=click.IntRange(1),
+    multiple=True,
+    help="Page budgets (repeatable) [default: 5 10 20].",
+)
+@click.option("--json", "as_json", is_flag=True)
+@engine_options
+@click.pass_context
+@handle_errors
+def evaluate(
+    ctx: click.Context,
+    locomo_file: str,
+    quick: bool,
+    ks: tuple[int, ...],
+    as_json: bool,
+    **kwargs: Any,
+) -> None:
+    """LoCoMo evidence recall of the engine's retrieval vs BM25 (no LLM needed).
+
+    Each conversation is ingested as one user into an in-memory store (--store is not
+    touched); each question is retrieved with heat updates off. Recall@k = fraction of a
+    question's evidence turns among the first k pages (mid-term pages by score, then
+    short-term pages newest first). Categories 1-4."""
+    from memoryos_gpu.eval import evaluate_rankings, load_locomo, run_baselines
+    from memoryos_gpu.types import PageInput
+
+    o = options_of(ctx, kwargs)
+    k_list = sorted(set(ks)) or [5, 10, 20]
+    try:
+        convs = load_locomo(locomo_file)
+    except ValueError as exc:
+        raise UsageFailure(f"not a LoCoMo file: {exc}") from None
+    if quick:
+        convs = convs[:1]
+        for c in convs:
+            c.questions = c.questions[:40]
+    t0 = time.perf_counter()
+    engine = make_engine(build_config(o, store=":memory:"))
+    try:
+        pages = [
+            PageInput(
+                c.sample_id,
+                p.user_input,
+                p.agent_response,
+                p.timestamp,
+                None,
+                p.source,
+                {"page_index": p.index},
+            )
+            for c in convs
+            for p in c.pages
+        ]
+        for i in range(0, len(pages), 512):
+            engine.add_many(pages[i : i + 512])
+        engine.flush()
+        ingest_s = time.perf_counter() - t0
+
+        def rank(conv: Any, questions: list[Any]) -> list[list[int]]:
+            rets = engine.retrieve_many(
+                [(conv.sample_id, q.question) for q in questions],
+                top_pages=max(k_list),
+                update_heat=False,
+            )
+            out = []
+            for r in rets:
+                order = [p.extra.get("page_index") for p in r.pages]
+                order += [p.extra.get("page_index") for p in reversed(r.stm)]
+                seen: list[int] = []
+                for i in order:
+                    if isinstance(i, int) and i not in seen:
+                        seen.append(i)
+                out.append(seen)
+            return out
+
+        t1 = time.perf_counter()
+        engine_rep = evaluate_rankings(convs, rank, k_list)
+        retrieve_s = time.perf_counter() - t1
+    finally:
+        engine.close()
+    bm25_rep = run_baselines(convs, None, k_list)["bm25"]
+    any_rep = engine_rep[k_list[0]]
+    result = {
+        "file": locomo_file,
+        "conversations": len(convs),
+        "pages": len(pages),
+        "questions": any_rep.n,
+        "ks": k_list,
+        "ingest_s": round(ingest_s, 2),
+        "retrieve_s": round(retrieve_s, 2),
+        "recall": {
+            name: {
+                str(k): {
+                    "overall": rep[k].overall,
+                    "all_hit": rep[k].all_hit,
+                    "per_category": {str(c): v for c, v in rep[k].per_category.items()},
+                }
+                for k in k_list
+            }
+            for name, rep in (("memoryos", engine_rep), ("bm25", bm25_rep))
+        },
+    }
+    if as_json:
+        echo_json(result)
+        return
+    click.echo(
+        f"{len(convs)} conversations, {len(pages)} pages, {any_rep.n} questions "
+        f"(categories 1-4); ingest {ingest_s:.1f} s, retrieval {retrieve_s:.1f} s"
+    )
+    click.echo("| retrieval | " + " | ".join(f"recall@{k}" for k in k_list) + " |")
+    click.echo("| --- |" + " --- |" * len(k_list))
+    for name, rep in (("memoryos (engine)", engine_rep), ("bm25", bm25_rep)):
+        click.echo(f"| {name} | " + " | ".join(f"{rep[k].overall:.3f}" for k in k_list) + " |")

@@ -1,0 +1,199 @@
+"""The commands that use one user's memory through an engine: retrieve, chat, profile."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .options import (
+    EXIT_USAGE,
+    CLIError,
+    build_config,
+    engine_options,
+    handle_errors,
+    make_engine,
+    options_of,
+    resolve_store,
+)
+from .output import (
+    echo_json,
+    print_retrieval,
+    retrieval_json,
+)
+from .stores import (
+    open_store_at,
+    require_store,
+    user_store,
+)
+
+_LLM_HELP = (
+    "chat needs an LLM backend, and the configured LLM mode is 'extractive' (no LLM: the "
+    "default, made for fast bulk ingestion).\nEnable one with --llm-mode llm and a backend:\n"
+    "  --llm-backend transformers                 the bundled SmolLM2-135M (CPU is fine; "
+    "needs `pip install gguf accelerate`)\n"
+    "  --llm-backend openai --llm-base-url URL --llm-model NAME   any OpenAI-compatible "
+    "server (vLLM serve, llama.cpp, ...)\n"
+    "  --llm-backend vllm --llm-model NAME        in-process vLLM on a GPU\n"
+    'or set them in a config file: [llm] mode = "llm", backend = ..., model = ... '
+    "(--config FILE.toml).\n"
+    "Example: memoryos-gpu chat --store STORE --user USER --llm-mode llm --llm-backend "
+    "transformers"
+)
+
+
+@click.command()
+@click.argument("query")
+@click.option("--user", "user_id", required=True, help="The user whose memory is searched.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: pages, profile, knowledge.")
+@click.option("--top-pages", type=click.IntRange(1), help="Mid-term pages to return (k).")
+@click.option("--top-segments", type=click.IntRange(1), help="Segments searched (m).")
+@click.option(
+    "--no-heat",
+    is_flag=True,
+    help="Do not count this retrieval in segment heat "
+    "(by default a retrieval visits its segments, as in the paper).",
+)
+@engine_options
+@click.pass_context
+@handle_errors
+def retrieve(
+    ctx: click.Context,
+    query: str,
+    user_id: str,
+    as_json: bool,
+    top_pages: int | None,
+    top_segments: int | None,
+    no_heat: bool,
+    **kwargs: Any,
+) -> None:
+    """Show what memory retrieves for QUERY: short-term pages, the best mid-term pages,
+    the user's profile and knowledge."""
+    o = options_of(ctx, kwargs)
+    store = user_store(resolve_store(o), user_id)
+    require_store(store)
+    engine = make_engine(build_config(o, store=store))
+    try:
+        r = engine.retrieve_many(
+            [(user_id, query)],
+            top_pages=top_pages,
+            top_segments=top_segments,
+            update_heat=not no_heat,
+        )[0]
+    finally:
+        engine.close()
+    if as_json:
+        echo_json(retrieval_json(r))
+    else:
+        print_retrieval(r)
+
+
+# ============================================================================ chat
+@click.command()
+@click.option("--user", "user_id", required=True, help="Who is chatting (their memory is used).")
+@click.option(
+    "--message",
+    "-m",
+    "messages",
+    multiple=True,
+    help="Send this message and print the answer instead of an interactive session (repeatable).",
+)
+@click.option("--show-memory", is_flag=True, help="Print the retrieved context before answers.")
+@engine_options
+@click.pass_context
+@handle_errors
+def chat(
+    ctx: click.Context, user_id: str, messages: tuple[str, ...], show_memory: bool, **kwargs: Any
+) -> None:
+    """Chat with memory: each answer uses the user's retrieved memory, and each exchange is
+    remembered. Needs an LLM backend (--llm-mode llm). Type /quit or Ctrl-D to leave."""
+    o = options_of(ctx, kwargs)
+    store = user_store(resolve_store(o), user_id)
+    cfg = build_config(o, store=store)
+    if cfg.llm.mode != "llm":
+        click.echo(_LLM_HELP, err=True)
+        ctx.exit(EXIT_USAGE)
+    engine = make_engine(cfg)
+    try:
+
+        def answer(text: str) -> None:
+            text_out, error, retrieval = _respond(engine, user_id, text)
+            if show_memory:
+                n = len(retrieval.all_pages()) if retrieval is not None else 0
+                tokens = retrieval.retrieval_tokens if retrieval is not None else 0
+                click.echo(click.style(f"[memory: {n} pages, ~{tokens} tokens]", dim=True))
+            if error:
+                click.echo(f"error: the LLM failed: {error}", err=True)
+            click.echo(f"assistant> {text_out}")
+
+        if messages:
+            for m in messages:
+                answer(m)
+            return
+        click.echo(f"chatting as {user_id} ({cfg.llm.backend}); /quit or Ctrl-D to leave", err=True)
+        while True:
+            try:
+                text = input("you> ")
+            except (EOFError, KeyboardInterrupt):
+                click.echo("", err=True)
+                break
+            if text.strip() in ("/quit", "/exit"):
+                break
+            if text.strip():
+                answer(text)
+    finally:
+        engine.close()
+
+
+def _respond(engine: Any, user_id: str, text: str) -> tuple[str, str | None, Any]:
+    """``engine.respond``; a user with no memory yet (which ``respond`` refuses) gets an answer
+    from the same response prompt with empty memory, and the exchange is remembered."""
+    if user_id in engine.users():
+        r = engine.respond(user_id, text)
+        return r.text, r.error, r.retrieval
+    from memoryos_gpu import prompts
+    from memoryos_gpu.types import PageInput
+
+    res = engine.stages.respond([prompts.response(text, [], [], {}, [], [], None)])[0]
+    engine.add_many([PageInput(user_id, text, res.text or "")])
+    return res.text or "", res.error, None
+
+
+# ============================================================================ profile / stats
+@click.command()
+@click.option("--user", "user_id", required=True)
+@click.option("--json", "as_json", is_flag=True)
+@engine_options
+@click.pass_context
+@handle_errors
+def profile(ctx: click.Context, user_id: str, as_json: bool, **kwargs: Any) -> None:
+    """The user's long-term memory: profile traits, user knowledge, assistant knowledge."""
+    o = options_of(ctx, kwargs)
+    st = open_store_at(user_store(resolve_store(o), user_id), writer=False)
+    try:
+        row = st.user_row(user_id)
+        if row is None:
+            raise CLIError(f"unknown user {user_id!r}")
+        data = {
+            "user_id": user_id,
+            "assistant_id": row["assistant_id"],
+            "profile": row["profile"],
+            "knowledge": {
+                "user": st.owner_knowledge("user", user_id),
+                "assistant": st.owner_knowledge("assistant", row["assistant_id"]),
+            },
+        }
+    finally:
+        st.close()
+    if as_json:
+        echo_json(data)
+        return
+    click.echo(f"user {user_id} (assistant {data['assistant_id']})")
+    click.echo("profile:" + ("" if data["profile"] else " (empty)"))
+    for k, v in data["profile"].items():
+        click.echo(f"  {k}: {v}")
+    for kind in ("user", "assistant"):
+        entries = data["knowledge"][kind]
+        click.echo(f"{kind} knowledge ({len(entries)}):")
+        for e in entries:
+            click.echo(f"  - {e.get('text', e)}")

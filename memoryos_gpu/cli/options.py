@@ -1,0 +1,274 @@
+"""The engine options every subcommand takes, the engine configuration they resolve to
+(flag > environment > config file > default), and the errors and exit codes the commands
+share."""
+
+from __future__ import annotations
+
+import functools
+import os
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import click
+
+ENV_EMBEDDER = "MEMORYOS_GPU_EMBEDDER"
+ENV_EMBEDDING_API_KEY = "MEMORYOS_GPU_EMBEDDING_API_KEY"
+ENV_STORE = "MEMORYOS_GPU_STORE"
+ENV_LLM_API_KEY = "MEMORYOS_GPU_LLM_API_KEY"
+DEFAULT_STORE = "./memoryos-store"
+STORE_FILE = "memory.sqlite3"
+SHARDS_FILE = "shards.json"
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+FORMAT_CHOICES = ("auto", "jsonl", "locomo", "sharegpt", "openai")
+LLM_BACKENDS = ("transformers", "vllm", "openai")
+EMBEDDER_KINDS = ("transformers", "onnx", "openai", "hashing")  # = memoryos_gpu.embed's
+
+
+class CLIError(click.ClickException):
+    """A runtime failure reported as ``error: ...`` with exit code 1."""
+
+    exit_code = EXIT_ERROR
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class UsageFailure(click.UsageError):
+    """A usage problem found after parsing (bad config, undetectable format): exit code 2."""
+
+
+# ============================================================================ options
+@dataclass
+class EngineOptions:
+    """The engine options every subcommand accepts (None: not given on the command line)."""
+
+    store: str | None = None
+    config: str | None = None
+    device: str | None = None
+    preset: str | None = None
+    llm_mode: str | None = None
+    llm_backend: str | None = None
+    llm_model: str | None = None
+    llm_base_url: str | None = None
+    llm_api_key: str | None = None
+    embedder: str | None = None
+    embedding_model: str | None = None
+    embedding_base_url: str | None = None
+    embedding_dtype: str | None = None
+
+    def merged(self, later: EngineOptions) -> EngineOptions:
+        """These options overridden by ``later``'s given ones."""
+        return EngineOptions(
+            **{
+                f.name: getattr(later, f.name)
+                if getattr(later, f.name) is not None
+                else getattr(self, f.name)
+                for f in fields(self)
+            }
+        )
+
+    def argv(self) -> list[str]:
+        """Back to command-line flags (to start worker processes with the same settings); the
+        API key is left out, since a command line is visible to every user of the machine
+        (workers get it as $MEMORYOS_GPU_LLM_API_KEY)."""
+        out: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and f.name not in ("store", "llm_api_key"):
+                out += [f"--{f.name.replace('_', '-')}", str(value)]
+        return out
+
+
+_ENGINE_OPTIONS: list[Callable[[Callable], Callable]] = [
+    click.option(
+        "--store",
+        metavar="DIR|URL",
+        help=f"Store directory (SQLite file {STORE_FILE} inside; created by ingest), or a "
+        "PostgreSQL URL (postgresql://user@host:5432/db) shared by several engines. "
+        f"Default: ${ENV_STORE}, the config file's `store`, else {DEFAULT_STORE}.",
+    ),
+    click.option(
+        "--config",
+        metavar="FILE.toml",
+        type=click.Path(exists=True, dir_okay=False),
+        help="TOML engine config ([memory], [llm] tables, top-level keys). Flags override it.",
+    ),
+    click.option(
+        "--device",
+        type=click.Choice(["auto", "cpu", "cuda"]),
+        help="Where the memory arena and kernels run (auto: CUDA when usable).",
+    ),
+    click.option(
+        "--preset",
+        type=click.Choice(["paper", "reference"]),
+        help="MemoryOS hyperparameters: the paper's table or the reference code's defaults.",
+    ),
+    click.option(
+        "--llm-mode",
+        type=click.Choice(["llm", "extractive"]),
+        help="'extractive' (default): no LLM calls; 'llm': chain/summary/profile stages and "
+        "chat answers by an LLM backend.",
+    ),
+    click.option(
+        "--llm-backend",
+        type=click.Choice(LLM_BACKENDS),
+        help="LLM backend for --llm-mode llm (default transformers: bundled SmolLM2).",
+    ),
+    click.option("--llm-model", metavar="NAME", help="LLM model name or path."),
+    click.option(
+        "--llm-base-url", metavar="URL", help="OpenAI-compatible server URL (--llm-backend openai)."
+    ),
+    click.option(
+        "--llm-api-key",
+        metavar="KEY",
+        envvar=ENV_LLM_API_KEY,
+        help=f"API key of that server (also ${ENV_LLM_API_KEY}; default: the config file's "
+        "[llm] api_key, else $OPENAI_API_KEY).",
+    ),
+    click.option(
+        "--embedder",
+        type=click.Choice(EMBEDDER_KINDS),
+        help="Embedding backend (also $MEMORYOS_GPU_EMBEDDER; docs/embeddings.md): transformers "
+        "(default: a local model folder on torch), onnx (the same folder as int8 ONNX, CPU-"
+        "fast; the embed-fast extra), openai (an OpenAI-compatible /v1/embeddings server; "
+        "key in $MEMORYOS_GPU_EMBEDDING_API_KEY), hashing (a test double).",
+    ),
+    click.option(
+        "--embedding-model",
+        metavar="DIR|NAME",
+        help="Embedding model folder, plain transformers or sentence-transformers (default: "
+        "the bundled all-MiniLM-L6-v2); with --embedder openai the served model's name.",
+    ),
+    click.option(
+        "--embedding-base-url",
+        metavar="URL",
+        help="OpenAI-compatible embeddings server up to /v1 (--embedder openai).",
+    ),
+    click.option(
+        "--embedding-dtype",
+        type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+        help="Embedding model precision (auto: fp16 on CUDA, fp32 on CPU; bfloat16 is ~1.6x "
+        "faster on CPUs with AVX-512 BF16, cosine to fp32 > 0.999).",
+    ),
+]
+
+
+def engine_options(fn: Callable) -> Callable:
+    for option in reversed(_ENGINE_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def pop_options(kwargs: dict[str, Any]) -> EngineOptions:
+    return EngineOptions(**{f.name: kwargs.pop(f.name, None) for f in fields(EngineOptions)})
+
+
+def options_of(ctx: click.Context, kwargs: dict[str, Any]) -> EngineOptions:
+    """Group-level options overridden by the subcommand's."""
+    base = ctx.obj if isinstance(ctx.obj, EngineOptions) else EngineOptions()
+    return base.merged(pop_options(kwargs))
+
+
+# ============================================================================ configuration
+def read_toml(path: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageFailure(f"cannot read config file {path}: {exc}") from None
+
+
+def resolve_store(o: EngineOptions) -> str:
+    """``--store`` > $MEMORYOS_GPU_STORE > config file ``store`` > ./memoryos-store."""
+    if o.store:
+        return o.store
+    if os.environ.get(ENV_STORE):
+        return os.environ[ENV_STORE]
+    if o.config:
+        store = read_toml(o.config).get("store")
+        if isinstance(store, str) and store != ":memory:":
+            return store
+    return DEFAULT_STORE
+
+
+def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
+    """The :class:`~memoryos_gpu.config.EngineConfig` of these options (flag > env > file >
+    default). ``store`` overrides the resolved store path (e.g. ``":memory:"``)."""
+    from pydantic import ValidationError
+
+    from memoryos_gpu.config import EngineConfig, preset
+
+    data: dict[str, Any] = read_toml(o.config) if o.config else {}
+    try:
+        memory = dict(data.get("memory") or {})
+        name = o.preset or memory.pop("preset", None)
+        memory.pop("preset", None)
+        if name or memory:
+            data["memory"] = preset(name or "paper", **memory).model_dump()
+        llm = dict(data.get("llm") or {})
+        for key, value in (
+            ("mode", o.llm_mode),
+            ("backend", o.llm_backend),
+            ("model", o.llm_model),
+            ("base_url", o.llm_base_url),
+            ("api_key", o.llm_api_key),
+        ):
+            if value is not None:
+                llm[key] = value
+        if llm:
+            data["llm"] = llm
+        if o.device is not None:
+            data["device"] = o.device
+        embedder = o.embedder or os.environ.get(ENV_EMBEDDER) or None
+        for key, value in (
+            ("embedder", embedder),
+            ("embedding_model", o.embedding_model),
+            ("embedding_base_url", o.embedding_base_url),
+            ("embedding_dtype", o.embedding_dtype),
+            ("embedding_api_key", os.environ.get(ENV_EMBEDDING_API_KEY)),
+        ):
+            if value:
+                data[key] = value
+        data["store"] = store if store is not None else resolve_store(o)
+        return EngineConfig.model_validate(data)
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise UsageFailure(f"invalid engine configuration: {exc}") from None
+
+
+def quiet_model_loading() -> None:
+    """No model-loading progress bars or info logs (read by transformers when it loads)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def make_engine(cfg: Any) -> Any:
+    """Open an engine (quietly: no model-loading progress bars)."""
+    from memoryos_gpu.engine import MemoryEngine
+
+    quiet_model_loading()
+    return MemoryEngine(cfg)
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """Turn the package's exceptions into ``error: ...`` messages and exit codes."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+
+        try:
+            return fn(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except UnknownUserError as exc:
+            raise CLIError(str(exc)) from None
+        except MemoryOSError as exc:
+            raise CLIError(str(exc)) from None
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+            raise CLIError(str(exc)) from None
+
+    return wrapper

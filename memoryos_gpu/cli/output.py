@@ -1,0 +1,149 @@
+"""What the commands print: JSON, the retrieval as text, the ingest summary table."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, ensure_ascii=False, default=json_default))
+
+
+def json_default(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, set | frozenset):
+        return sorted(obj)
+    return str(obj)
+
+
+def iso_time(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    try:
+        return datetime.fromtimestamp(float(ts), UTC).isoformat().replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def page_json(p: Any) -> dict[str, Any]:
+    return {
+        "page_id": p.page_id,
+        "text": f"User: {p.user_input}\nAssistant: {p.agent_response}",
+        "user_input": p.user_input,
+        "agent_response": p.agent_response,
+        "timestamp": p.timestamp,
+        "time": iso_time(p.timestamp),
+        "score": p.score,
+        "tier": p.tier,
+        "meta": p.meta,
+        "extra": p.extra,
+    }
+
+
+def retrieval_json(r: Any) -> dict[str, Any]:
+    """A :class:`~memoryos_gpu.types.Retrieval` as the ``retrieve --json`` object."""
+    return {
+        "user_id": r.user_id,
+        "query": r.query,
+        "pages": [page_json(p) for p in r.all_pages()],
+        "profile": r.profile,
+        "knowledge": {
+            "user": [
+                {"entry_id": e.entry_id, "text": e.text, "score": e.score} for e in r.user_knowledge
+            ],
+            "assistant": [
+                {"entry_id": e.entry_id, "text": e.text, "score": e.score}
+                for e in r.assistant_knowledge
+            ],
+        },
+        "retrieval_tokens": r.retrieval_tokens,
+    }
+
+
+def print_retrieval(r: Any) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    c = Console(soft_wrap=True)
+    c.print(
+        f"[bold]user[/] {escape(r.user_id)}  [bold]query[/] {escape(r.query)}  "
+        f"(~{r.retrieval_tokens} tokens of context)"
+    )
+    if r.profile:
+        c.print("[bold]profile[/]")
+        for k, v in r.profile.items():
+            c.print(f"  {escape(str(k))}: {escape(str(v))}")
+    for title, pages in (
+        ("mid-term pages (best first; score: cosine and BM25 standardised, summed)", r.pages),
+        ("short-term memory (oldest first)", r.stm),
+    ):
+        c.print(f"[bold]{title}[/] ({len(pages)})")
+        for p in pages:
+            score = f"{p.score:.3f} " if p.score is not None else ""
+            c.print(f"  [dim]{score}{iso_time(p.timestamp) or ''}[/]")
+            c.print(f"    User: {escape(p.user_input)}")
+            if p.agent_response:
+                c.print(f"    Assistant: {escape(p.agent_response)}")
+            if p.meta:
+                c.print(f"    [dim]chain: {escape(p.meta)}[/]")
+    for title, entries in (
+        ("user knowledge", r.user_knowledge),
+        ("assistant knowledge", r.assistant_knowledge),
+    ):
+        if entries:
+            c.print(f"[bold]{title}[/]")
+            for e in entries:
+                c.print(f"  - {escape(e.text)}")
+
+
+def print_ingest_summary(r: dict[str, Any], *, err: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="ingest summary", show_header=False, title_justify="left")
+    table.add_column("", style="bold")
+    table.add_column("")
+    status = (
+        "interrupted (resume by running the same command again)" if r["interrupted"] else "done"
+    )
+    rows = [
+        ("status", status),
+        ("accepted pages", f"{r['accepted']:,}"),
+        ("already present (skipped)", f"{r['skipped']:,}"),
+        ("rejected", f"{r['rejected']:,}"),
+        ("users", f"{r['users']:,}"),
+        ("elapsed", f"{r['elapsed_s']:.1f} s"),
+        ("throughput", f"{r['pages_per_s']:,.1f} pages/s"),
+        ("LLM calls", f"{r['llm_calls']:,}"),
+        ("derived work pending", f"{r['pending']:,}"),
+        ("store", str(r.get("store"))),
+    ]
+    if r.get("shard"):
+        rows.append(("shard", r["shard"]))
+    if r.get("other_shards"):
+        rows.append(("records of other shards", f"{r['other_shards']:,}"))
+    if r["rejected"]:
+        rows.append(("rejects file", str(r.get("rejects_path"))))
+        for reason, n in list(r.get("reject_reasons", {}).items())[:5]:
+            rows.append((f"  {n} x", reason))
+    for name, value in rows:
+        table.add_row(name, value)
+    for s in r.get("shards", []):
+        table.add_row(
+            f"  shard {s.get('shard')}",
+            f"{s.get('accepted', 0):,} accepted, {s.get('skipped', 0):,} present, "
+            f"{s.get('rejected', 0):,} rejected, {s.get('users', 0):,} users, "
+            f"{s.get('pages_per_s', 0):,.1f} pages/s, exit {s.get('exit_code')}",
+        )
+    Console(stderr=err, soft_wrap=True).print(table)

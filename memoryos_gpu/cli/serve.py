@@ -1,0 +1,165 @@
+"""``memoryos-gpu serve`` (HTTP: one process, workers, shard engines, or Ray Serve) and
+``memoryos-gpu mcp``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .options import (
+    CLIError,
+    EngineOptions,
+    UsageFailure,
+    build_config,
+    engine_options,
+    handle_errors,
+    options_of,
+    quiet_model_loading,
+    resolve_store,
+)
+from .stores import (
+    ray_shards,
+    store_shards,
+)
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option(
+    "--api-keys",
+    metavar="FILE",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Key file: one `KEY TENANT` per line (`KEY *`: an admin key, server-wide /v1/stats only).",
+)
+@click.option(
+    "--ray",
+    "use_ray",
+    is_flag=True,
+    help="Serve on Ray Serve: one replica per shard (a GPU each when the cluster has them) "
+    "behind a router with the same API and keys; local Ray unless $RAY_ADDRESS is set.",
+)
+@click.option(
+    "--shards",
+    type=click.IntRange(1),
+    help="Shards for --ray [default: the store's shard count, else 2].",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(0),
+    help="HTTP worker processes in front of the engine process(es) (0: one process serves "
+    "everything) [default: the cores available minus one per engine; at least 1 with "
+    "--engines > 1].",
+)
+@click.option(
+    "--engines",
+    type=click.IntRange(1),
+    help="Engine processes behind the workers; more than one shards the users over them "
+    "(one store each, STORE/shard-I as `ingest --workers` writes, or one PostgreSQL "
+    "database) [default: the store's shard count, else 1].",
+)
+@engine_options
+@click.pass_context
+@handle_errors
+def serve(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    api_keys: str | None,
+    use_ray: bool,
+    shards: int | None,
+    workers: int | None,
+    engines: int | None,
+    **kwargs: Any,
+) -> None:
+    """Serve the HTTP API (memoryos_gpu.server) over the store until Ctrl-C.
+
+    With --workers N (the default on a multi-core box), N HTTP processes parse, authenticate
+    and validate requests and the engine process batches them all; --engines K runs K engine
+    processes, each owning a shard of the users, for boxes where one is the cap
+    (docs/server.md)."""
+    import inspect
+
+    o = options_of(ctx, kwargs)
+    if use_ray:
+        if workers or engines:
+            raise UsageFailure(
+                "--workers and --engines are for the single-box server; --ray has its own router"
+            )
+        _serve_ray(o, host, port, api_keys, shards)
+        return
+    try:
+        from memoryos_gpu.server.app import run
+    except ImportError as exc:
+        raise CLIError(
+            "the HTTP server is not available: memoryos_gpu.server.app could not be imported "
+            f"({exc}): pip install 'memoryos-gpu[server]' (FastAPI, uvicorn, mcp)."
+        ) from None
+    store = resolve_store(o)
+    cfg = build_config(o, store=store)
+    shards = store_shards(store)
+    if engines and shards > 1 and engines != shards:  # users are placed by hash mod count
+        raise UsageFailure(f"{store} holds {shards} shards: serve it with --engines {shards}")
+    engines = engines or shards
+    if workers is None:
+        from memoryos_gpu.server.workers import default_workers
+
+        # several engines are reached through workers: at least one, even on a small box
+        workers = max(default_workers(engines), 1 if engines > 1 else 0)
+    if engines > 1 and not workers:
+        raise UsageFailure(
+            f"--engines {engines} needs --workers >= 1 (the HTTP workers route by shard)"
+        )
+    candidates = {
+        "store": store,
+        "host": host,
+        "port": port,
+        "api_keys": api_keys,
+        "config": cfg,
+        "workers": workers,
+        **({"engines": engines} if engines > 1 else {}),
+    }
+    params = inspect.signature(run).parameters
+    takes_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    call = {k: v for k, v in candidates.items() if k in params or takes_kw}
+    quiet_model_loading()
+    try:
+        run(**call)
+    except ValueError as exc:  # a store laid out for another shard count, ...
+        raise UsageFailure(str(exc)) from None
+
+
+def _serve_ray(
+    o: EngineOptions, host: str, port: int, api_keys: str | None, shards: int | None
+) -> None:
+    """``serve --ray``: memoryos_gpu.distributed.ray_serve on Ray Serve until Ctrl-C."""
+    from memoryos_gpu.distributed.ray_common import RayUnavailableError
+
+    store = resolve_store(o)
+    cfg = build_config(o, store=store)
+    quiet_model_loading()
+    try:
+        from memoryos_gpu.distributed.ray_serve import run as run_ray
+
+        run_ray(cfg, ray_shards(store, shards), host=host, port=port, api_keys=api_keys)
+    except RayUnavailableError as exc:
+        raise CLIError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageFailure(str(exc)) from None
+
+
+# ============================================================================ mcp
+@click.command(
+    name="mcp",
+    context_settings={"ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def mcp_command(args: tuple[str, ...]) -> None:
+    """Serve MCP (python -m memoryos_gpu.server.mcp_server); its own flags follow `mcp`:
+    --config config.json (the reference's) or engine.toml, --store, --user-id, --transport
+    stdio|streamable-http, --stateless, --json-response, ... (`memoryos-gpu mcp --help`)."""
+    from memoryos_gpu.server.mcp_server import main as mcp_main
+
+    mcp_main(list(args), prog="memoryos-gpu mcp")

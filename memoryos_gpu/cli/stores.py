@@ -1,0 +1,90 @@
+"""Where a command's store is: a SQLite directory or file, a sharded directory (``ingest
+--workers``), or a PostgreSQL URL; which shard holds a user."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .options import (
+    SHARDS_FILE,
+    STORE_FILE,
+    CLIError,
+)
+
+
+def is_url(store: str | os.PathLike[str]) -> bool:
+    """A PostgreSQL store (``postgresql://...``): no file, no shard directories."""
+    from memoryos_gpu.store import is_url as _is_url
+
+    return _is_url(os.fspath(store))
+
+
+def store_file(store: str | os.PathLike[str]) -> Path:
+    p = Path(store)
+    return p if p.suffix in (".sqlite", ".sqlite3", ".db") else p / STORE_FILE
+
+
+def shard_dirs(store: str | os.PathLike[str]) -> list[Path] | None:
+    """The shard stores of a sharded store directory (``--workers``), in shard order."""
+    if is_url(store):
+        return None
+    base = Path(store)
+    manifest = base / SHARDS_FILE
+    if manifest.is_file():
+        try:
+            count = int(json.loads(manifest.read_text())["count"])
+        except (ValueError, KeyError, TypeError, OSError):
+            return None
+        return [base / f"shard-{i}" for i in range(count)]
+    found = sorted(base.glob("shard-*"), key=lambda p: p.name)
+    idx = sorted(int(p.name[6:]) for p in found if p.name[6:].isdigit())
+    if idx and idx == list(range(len(idx))) and not store_file(base).exists():
+        return [base / f"shard-{i}" for i in idx]
+    return None
+
+
+def user_store(store: str, user_id: str) -> str:
+    """The store holding ``user_id``: ``store`` itself, or its shard for a sharded store."""
+    from memoryos_gpu.ingest import shard_of
+
+    if is_url(store):
+        return store
+    dirs = shard_dirs(store) if not store_file(store).exists() else None
+    if dirs:
+        return str(dirs[shard_of(user_id, len(dirs))])
+    return store
+
+
+def require_store(store: str) -> None:
+    if is_url(store):  # opening it says whether the server and database are there
+        return
+    if not store_file(store).exists():
+        raise CLIError(
+            f"no store at {store} (create one with: memoryos-gpu ingest FILE --store {store})"
+        )
+
+
+def open_store_at(store: str, *, writer: bool) -> Any:
+    """The store itself, no engine. ``writer=False`` for the commands that only read: they do
+    not claim the store, so they work beside a running engine (``serve``, ``ingest``)."""
+    from memoryos_gpu.store import open_store
+
+    require_store(store)
+    return open_store(store, writer=writer)
+
+
+def store_shards(store: str) -> int:
+    """The shard count a store directory was written with (``ingest --workers``), else 1."""
+    dirs = shard_dirs(store)
+    return len(dirs) if dirs else 1
+
+
+def ray_shards(store: str, shards: int | None) -> int:
+    """--shards, else the count the store was sharded with, else 2."""
+    if shards:
+        return shards
+    dirs = shard_dirs(store) if "://" not in store else None
+    return len(dirs) if dirs else 2
