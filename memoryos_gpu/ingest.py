@@ -569,13 +569,13 @@ def ingest(
     else:
         engine = engine_or_config
     inline = bool(engine.config.auto_process)
-    if process == "auto":
-        process_after_batch = not inline
-    else:
-        process_after_batch = process == "batch"
-        if inline:
-            # the engine processes inside add_many; "defer" cannot be honoured
-            process_after_batch = False
+    if process == "defer" and inline:
+        raise ValueError(
+            "process='defer' needs an engine that does not process inside add_many: open it "
+            "with EngineConfig(auto_process=False), or pass the config instead of the engine"
+        )
+    # an engine processing inside add_many has done a batch's derived work when it returns
+    process_after_batch = not inline and process != "defer"
     if prefetch is None:
         prefetch = _default_prefetch(engine)
 

@@ -202,6 +202,75 @@ def test_usage_errors_exit_2(tmp_path):
     assert cli("retrieve", "--store", s, "q").returncode == 2  # --user missing
 
 
+def test_a_store_that_cannot_be_one_is_refused_plainly(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("not a store\n")
+    for args in (("ingest", SAMPLE), ("stats",)):
+        for store in (afile, afile / "sub"):
+            p = cli(*args, "--store", store)
+            assert p.returncode == 1 and "is a file" in p.stderr, p.stderr
+            assert "Traceback" not in p.stderr
+
+
+def test_a_plain_ingest_into_a_sharded_store_is_refused(tmp_path):
+    src = tmp_path / "in.jsonl"
+    write_synthetic(src, users=6, per_user=2)
+    store = tmp_path / "sharded"
+    assert cli("ingest", src, "--store", store, "--workers", "2").returncode == 0
+    p = cli("ingest", SAMPLE, "--store", store)  # once hid every sharded user from the CLI
+    assert p.returncode == 1 and "sharded store" in p.stderr, p.stderr
+    assert not (store / "memory.sqlite3").exists()
+    assert json.loads(cli("stats", "--store", store, "--json").stdout)["users"] == 6
+
+
+def test_ingest_process_defer_leaves_the_derived_work_pending(tmp_path):
+    store = tmp_path / "s"
+    p = cli("ingest", SAMPLE, "--store", store, "--process", "defer", "--json")
+    assert p.returncode == 0, p.stderr
+    assert last_json(p.stdout)["pending"] == 3 * (25 - 7)  # every page pushed out of STM
+    p = cli("ingest", SAMPLE, "--store", store, "--json")  # the next engine runs it on open
+    assert last_json(p.stdout)["pending"] == 0
+
+
+def test_a_bad_config_is_a_usage_error_in_every_command(sample_store, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("no_such_setting = 1\n")
+    for args in (("stats",), ("profile", "--user", "maya_chen"), ("export", "--user", "maya_chen")):
+        p = cli(*args, "--store", sample_store, "--config", bad)
+        assert p.returncode == 2 and "invalid engine configuration" in p.stderr, (args, p.stderr)
+
+
+def test_ctrl_c_exits_130_and_a_declined_prompt_1(monkeypatch, sample_store):
+    import click
+
+    from memoryos_gpu.cli import admin, main
+
+    def interrupted(o):
+        raise KeyboardInterrupt
+
+    def declined(*args, **kwargs):
+        raise click.Abort
+
+    monkeypatch.setattr(admin, "checked_store", interrupted)
+    assert main(["stats", "--store", str(sample_store)]) == 130  # click made it an Abort: was 1
+    monkeypatch.undo()
+    monkeypatch.setattr(click, "confirm", declined)
+    assert main(["delete", "--store", str(sample_store), "--user", "maya_chen"]) == 1
+
+
+def test_eval_refuses_a_file_with_nothing_to_score_and_json_stays_json(tmp_path):
+    from memoryos_gpu.cli.output import json_text
+
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    p = cli("eval", empty, "--json")
+    assert p.returncode == 2 and "nothing to score" in p.stderr, p.stderr
+    assert json.loads(json_text({"overall": float("nan"), "k": [float("inf"), 1.5]})) == {
+        "overall": None,
+        "k": [None, 1.5],
+    }
+
+
 # ------------------------------------------------------------------------------ read side
 def test_retrieve_json_shape(sample_store):
     p = cli(

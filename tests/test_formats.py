@@ -376,6 +376,35 @@ def test_parse_timestamp_errors(value):
         parse_timestamp(value)
 
 
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (10**400, "an integer of 401 digits"),  # float(int) overflows: was an OverflowError
+        ("9999-12-31T23:59:59-14:00", "outside the years 1-9999"),  # past the end once in UTC
+        ("0001-01-01T00:00:00+14:00", "outside the years 1-9999"),
+    ],
+)
+def test_parse_timestamp_out_of_range_is_a_value_error(value, says):
+    with pytest.raises(ValueError, match=says):
+        parse_timestamp(value)
+
+
+def test_a_huge_integer_timestamp_rejects_its_line_only(tmp_path):
+    log = tmp_path / "big.jsonl"
+    good = {"user_id": "a", "user_input": "hi", "agent_response": "ok", "timestamp": 1.7e9}
+    log.write_text(
+        json.dumps(good)
+        + "\n"
+        + json.dumps({**good, "timestamp": 10**400})
+        + "\n"
+        + json.dumps({**good, "user_input": "again"})
+        + "\n"
+    )
+    recs, rejs = split(list(read_records(log)))
+    assert [r.user_input for r in recs] == ["hi", "again"]
+    assert [r.line for r in rejs] == [2] and "401 digits" in rejs[0].reason
+
+
 # ------------------------------------------------------------------------------------ round trip
 
 _text = st.text(max_size=40)

@@ -244,6 +244,15 @@ def test_process_defer_leaves_work_pending(tmp_path):
     assert rep.skipped == 24 and rep.pending == 0
 
 
+
+def test_process_defer_refuses_an_engine_that_processes_inline(tmp_path):
+    path = write_jsonl(tmp_path / "in.jsonl", synthetic(users=1, per_user=2))
+    with MemoryEngine(cfg(tmp_path / "store")) as engine:  # auto_process: the default
+        with pytest.raises(ValueError, match="auto_process=False"):
+            ingest([path], engine, progress=False, process="defer")  # was silently inline
+        assert engine.store.counts().get("pages_stm", 0) == 0
+
+
 # ------------------------------------------------------------------------------ shards
 def test_shards_cover_every_user_once(tmp_path):
     rows = synthetic(users=40, per_user=2)

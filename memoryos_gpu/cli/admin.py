@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -12,14 +11,14 @@ import click
 from .options import (
     EXIT_ERROR,
     CLIError,
+    checked_store,
     engine_options,
     handle_errors,
     options_of,
-    resolve_store,
 )
 from .output import (
     echo_json,
-    json_default,
+    json_text,
 )
 from .stores import (
     is_url,
@@ -53,7 +52,7 @@ def _store_stats(store: str) -> dict[str, Any]:
 def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
     """What the store holds: users, pages per tier, segments, knowledge, pending work."""
     o = options_of(ctx, kwargs)
-    store = resolve_store(o)
+    store = checked_store(o)
     dirs = shard_dirs(store) if not store_file(store).exists() else None
     if dirs:
         shards = [_store_stats(str(d)) for d in dirs if store_file(d).exists()]
@@ -101,7 +100,7 @@ def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
 def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any) -> None:
     """Everything held about a user (pages, segments, profile, knowledge, audit) as JSON."""
     o = options_of(ctx, kwargs)
-    st = open_store_at(user_store(resolve_store(o), user_id), writer=False)
+    st = open_store_at(user_store(checked_store(o), user_id), writer=False)
     try:
         data = st.export_user(user_id)
         if data is None:
@@ -109,7 +108,7 @@ def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any
         data["assistant_knowledge"] = st.owner_knowledge("assistant", data["user"]["assistant_id"])
     finally:
         st.close()
-    text = json.dumps(data, ensure_ascii=False, indent=2, default=json_default)
+    text = json_text(data, indent=2)
     if out_path:
         Path(out_path).write_text(text + "\n", encoding="utf-8")
         click.echo(f"exported {user_id}: {len(data['pages'])} pages -> {out_path}", err=True)
@@ -151,7 +150,7 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
     deletion, without content. Refused while another process writes the store (a server:
     delete through its HTTP API)."""
     o = options_of(ctx, kwargs)
-    store = resolve_store(o)
+    store = checked_store(o)
     st = open_store_at(user_store(store, user_id), writer=True)
     try:
         rows = st.rows_about(user_id)
@@ -196,7 +195,7 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
 
     from memoryos_gpu.store.encryption import ENV_NEW_KEY, env_key, rekey_all
 
-    store = resolve_store(options_of(ctx, kwargs))
+    store = checked_store(options_of(ctx, kwargs))
     if is_url(store):
         raise CLIError("rekey applies to SQLite stores (a PostgreSQL server encrypts by itself)")
     files = [store_file(d) for d in shard_dirs(store) or [store]]

@@ -81,7 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             prog_name="memoryos-gpu",
             standalone_mode=False,
         )
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        # outside standalone mode click turns Ctrl-C (and EOF at a prompt) into Abort
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            click.echo("interrupted", err=True)
+            return EXIT_INTERRUPTED
         click.echo("aborted", err=True)
         return EXIT_ERROR
     except click.ClickException as exc:

@@ -21,19 +21,17 @@ from .options import (
     EXIT_OK,
     EXIT_REJECTED,
     FORMAT_CHOICES,
-    SHARDS_FILE,
     CLIError,
     EngineOptions,
     UsageFailure,
     build_config,
     engine_options,
     handle_errors,
-    make_engine,
     options_of,
     quiet_model_loading,
 )
 from .output import (
-    json_default,
+    json_text,
     print_ingest_summary,
 )
 from .stores import (
@@ -197,27 +195,23 @@ def ingest(
             if cfg.store == ":memory:" or is_url(cfg.store)
             else str(store_dir(cfg.store) / "rejects.jsonl")
         )
-        engine = make_engine(cfg)
-        try:
-            rep = run_ingest(
-                list(formats),
-                engine,
-                fmt=fmt,
-                batch_size=batch_size,
-                rejects_path=rejects,
-                shard=shard_obj,
-                progress=progress,
-                process=process,
-                prefetch=prefetch,
-                handle_sigint=True,
-            )
-        finally:
-            engine.close()
-        report = rep.to_dict()
+        quiet_model_loading()
+        report = run_ingest(  # given the config, it opens (and closes) an engine for `process`
+            list(formats),
+            cfg,
+            fmt=fmt,
+            batch_size=batch_size,
+            rejects_path=rejects,
+            shard=shard_obj,
+            progress=progress,
+            process=process,
+            prefetch=prefetch,
+            handle_sigint=True,
+        ).to_dict()
     if summary:
         print_ingest_summary(report, err=as_json)
     if as_json:
-        click.echo(json.dumps(report, ensure_ascii=False, default=json_default))
+        click.echo(json_text(report))
     ctx.exit(int(report["exit_code"]))
 
 
@@ -265,6 +259,7 @@ def _ingest_workers(
 ) -> dict[str, Any]:
     """N processes, process i ingesting shard i/N into STORE/shard-i; their reports merged."""
     from memoryos_gpu import ops
+    from memoryos_gpu.store import SHARDS_FILE
 
     if is_url(store):
         raise UsageFailure(

@@ -175,6 +175,10 @@ def evaluate(
         convs = convs[:1]
         for c in convs:
             c.questions = c.questions[:40]
+    if not any(q.scored for c in convs for q in c.questions):
+        raise UsageFailure(
+            f"{locomo_file} has no question of categories 1-4 with evidence: nothing to score"
+        )
     t0 = time.perf_counter()
     engine = make_engine(build_config(o, store=":memory:"))
     try:

@@ -10,6 +10,7 @@ from .options import (
     EXIT_USAGE,
     CLIError,
     build_config,
+    checked_store,
     engine_options,
     handle_errors,
     make_engine,
@@ -169,7 +170,7 @@ def _respond(engine: Any, user_id: str, text: str) -> tuple[str, str | None, Any
 def profile(ctx: click.Context, user_id: str, as_json: bool, **kwargs: Any) -> None:
     """The user's long-term memory: profile traits, user knowledge, assistant knowledge."""
     o = options_of(ctx, kwargs)
-    st = open_store_at(user_store(resolve_store(o), user_id), writer=False)
+    st = open_store_at(user_store(checked_store(o), user_id), writer=False)
     try:
         row = st.user_row(user_id)
         if row is None:

@@ -20,7 +20,6 @@ ENV_STORE = "MEMORYOS_GPU_STORE"
 ENV_LLM_API_KEY = "MEMORYOS_GPU_LLM_API_KEY"
 DEFAULT_STORE = "./memoryos-store"
 STORE_FILE = "memory.sqlite3"
-SHARDS_FILE = "shards.json"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 FORMAT_CHOICES = ("auto", "jsonl", "locomo", "sharegpt", "openai")
 LLM_BACKENDS = ("transformers", "vllm", "openai")
@@ -235,6 +234,12 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
         return EngineConfig.model_validate(data)
     except (ValidationError, ValueError, TypeError) as exc:
         raise UsageFailure(f"invalid engine configuration: {exc}") from None
+
+
+def checked_store(o: EngineOptions) -> str:
+    """The store of these options, once the whole configuration has been checked: the commands
+    that open no engine refuse a bad ``--config`` (exit 2) as the others do."""
+    return str(build_config(o).store)
 
 
 def quiet_model_loading() -> None:

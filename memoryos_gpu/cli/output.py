@@ -12,12 +12,28 @@ import click
 
 
 def echo_json(data: Any) -> None:
-    click.echo(json.dumps(data, ensure_ascii=False, default=json_default))
+    click.echo(json_text(data))
 
 
-def json_default(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
+def json_text(data: Any, indent: int | None = None) -> str:
+    """``data`` as strict JSON: a NaN or infinity (a mean over nothing, say) is ``null``, since
+    ``json.dumps`` writes them as ``NaN``, which JSON parsers refuse, and never passes floats to
+    ``default``."""
+    return json.dumps(_finite(data), ensure_ascii=False, default=_default, indent=indent)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _default(obj: Any) -> Any:
+    """What ``json.dumps`` cannot write itself: arrays, paths, sets; anything else as text."""
     if hasattr(obj, "tolist"):
         return obj.tolist()
     if isinstance(obj, Path):

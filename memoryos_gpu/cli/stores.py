@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from .options import (
-    SHARDS_FILE,
     STORE_FILE,
     CLIError,
 )
@@ -29,6 +28,8 @@ def store_file(store: str | os.PathLike[str]) -> Path:
 
 def shard_dirs(store: str | os.PathLike[str]) -> list[Path] | None:
     """The shard stores of a sharded store directory (``--workers``), in shard order."""
+    from memoryos_gpu.store import SHARDS_FILE
+
     if is_url(store):
         return None
     base = Path(store)
@@ -61,10 +62,16 @@ def user_store(store: str, user_id: str) -> str:
 def require_store(store: str) -> None:
     if is_url(store):  # opening it says whether the server and database are there
         return
-    if not store_file(store).exists():
+    if store_file(store).exists():
+        return
+    if Path(store).is_file():  # not a store file's name, so read as a directory
         raise CLIError(
-            f"no store at {store} (create one with: memoryos-gpu ingest FILE --store {store})"
+            f"{store} is a file, not a store directory (a store file's name ends in .sqlite3, "
+            ".sqlite or .db)"
         )
+    raise CLIError(
+        f"no store at {store} (create one with: memoryos-gpu ingest FILE --store {store})"
+    )
 
 
 def open_store_at(store: str, *, writer: bool) -> Any:

@@ -52,7 +52,7 @@ from memoryos_gpu.engine import InvalidInputError, MemoryEngine, clean_queries, 
 from memoryos_gpu.engine.state import Fact
 from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.ingest import shard_of
-from memoryos_gpu.store import open_store
+from memoryos_gpu.store import SHARDS_FILE, open_store
 from memoryos_gpu.store.sqlite import ArenaExtent
 from memoryos_gpu.text.keywords import KeywordExtractor
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
@@ -71,7 +71,6 @@ __all__ = [
     "shard_store",
 ]
 
-SHARDS_FILE = "shards.json"  # the manifest ``ingest --workers`` writes (cli.SHARDS_FILE)
 _HASH_NAME = "blake2b-64(user_id) mod count"
 _EXTRACTOR_KEY = "keyword_extractor"
 

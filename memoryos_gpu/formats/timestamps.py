@@ -83,7 +83,12 @@ def parse_timestamp(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"unparseable timestamp {value!r}: booleans are not timestamps")
     if isinstance(value, (int, float)):
-        return _epoch_seconds(float(value), value)
+        try:
+            out = float(value)
+        except OverflowError:  # an int beyond float range: not a date, and not a crash
+            digits = len(str(abs(int(value))))
+            raise ValueError(f"unparseable timestamp: an integer of {digits} digits") from None
+        return _epoch_seconds(out, value)
     if not isinstance(value, str):
         raise ValueError(
             f"unparseable timestamp {value!r}: type {type(value).__name__}; {_EXPECTED}"
@@ -108,7 +113,11 @@ def parse_timestamp(value: object) -> float:
     if iso[-1:] in ("z", "Z"):
         iso = iso[:-1] + "+00:00"
     try:
-        return _utc(datetime.fromisoformat(iso))
+        out = _utc(datetime.fromisoformat(iso))
     except ValueError:
         pass
+    else:  # an offset can carry 9999-12-31 past the last second a timestamp may hold
+        if not MIN_EPOCH_S <= out <= MAX_EPOCH_S:
+            raise ValueError(f"timestamp {value!r} is outside the years 1-9999 in UTC")
+        return out
     raise ValueError(f"unparseable timestamp {value!r}: {_EXPECTED}")

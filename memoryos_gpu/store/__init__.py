@@ -1,6 +1,8 @@
 """Durable storage. SQLite is the embedded default; PostgreSQL (``postgresql://`` URLs) is the
 store several engine processes share. The arena is rebuilt from the store on open."""
 
+from pathlib import Path
+
 from pydantic import SecretStr
 
 from memoryos_gpu.store.sqlite import (
@@ -12,8 +14,13 @@ from memoryos_gpu.store.sqlite import (
 )
 from memoryos_gpu.store.writer import StoreLockedError
 
+#: The manifest a sharded store directory holds (``STORE/shards.json``, beside ``STORE/shard-I``):
+#: written by ``ingest --workers`` and the shard engines, read by every command.
+SHARDS_FILE = "shards.json"
+
 __all__ = [
     "SCHEMA_VERSION",
+    "SHARDS_FILE",
     "SQLiteStore",
     "StoreError",
     "StoreFullError",
@@ -54,8 +61,6 @@ def open_store(
 
     ``cache_mb``: a SQLite file store's page cache in MiB (0: SQLite's own); a PostgreSQL
     server caches by its own settings."""
-    from pathlib import Path
-
     from memoryos_gpu.store.encryption import ENV_KEY, resolve_key
 
     secret = resolve_key(key)
@@ -72,5 +77,27 @@ def open_store(
         return SQLiteStore(spec, key=secret)
     p = Path(spec)
     if p.suffix not in (".sqlite", ".sqlite3", ".db"):
+        _check_store_dir(p)
         p = p / "memory.sqlite3"
     return SQLiteStore(p, writer=writer, key=secret, cache_mb=cache_mb)
+
+
+def _check_store_dir(base: Path) -> None:
+    """Refuse a directory store that cannot be one: a path through a file, or a sharded store
+    directory (its users live in ``shard-I``; a store file beside them would hide them from
+    every command that looks for the shards)."""
+    for at in (base, *base.parents):
+        if at.exists():
+            if not at.is_dir():
+                raise StoreError(
+                    f"store {base}: {at} is a file, not a directory (give a directory, where "
+                    "memory.sqlite3 is created, or a file path ending in .sqlite3 or .db)"
+                )
+            break
+    manifest = base / SHARDS_FILE
+    if manifest.is_file() and not (base / "memory.sqlite3").exists():
+        raise StoreError(
+            f"{base} is a sharded store (its users are in {base}/shard-I, {manifest.name}): "
+            "write it with `ingest --workers N` or `serve --engines N` as it was written, or "
+            "open one shard's directory"
+        )
