@@ -15,6 +15,7 @@ _EXPORTS = {
     "LLMConfig": "memoryos_gpu.config",
     "MemoryConfig": "memoryos_gpu.config",
     "preset": "memoryos_gpu.config",
+    "EngineClosedError": "memoryos_gpu.errors",
     "InvalidInputError": "memoryos_gpu.engine",
     "MemoryEngine": "memoryos_gpu.engine",
     "MemoryOSError": "memoryos_gpu.errors",

@@ -175,11 +175,19 @@ class Memoryos:
 
     # ------------------------------------------------------------------ engine sharing
     def _shared_engine(self, config: EngineConfig, llm: Any, embedder: Any) -> MemoryEngine:
+        """The folder's engine, opened by the first facade; a later one must ask for the same
+        memory and LLM settings (it would silently run on the first one's otherwise), and
+        for a user the folder holds, that user's assistant_id."""
         with _ENGINES_LOCK:
             entry = _ENGINES.get(self.data_storage_path)
             if entry is None:
                 _refuse_legacy_store(self.data_storage_path)
                 engine = MemoryEngine(config, embedder=embedder, llm=llm)
+                try:
+                    self._check_assistant(engine)
+                except BaseException:
+                    engine.close()
+                    raise
                 _ENGINES[self.data_storage_path] = [engine, 1]
                 return engine
             engine = entry[0]
@@ -189,8 +197,26 @@ class Memoryos:
                     f"({engine.memory.model_dump()}); every Memoryos on one data_storage_path "
                     "shares one engine, so pass the same capacities and thresholds"
                 )
+            differing = _llm_difference(engine, config, llm)
+            if differing is not None:
+                raise ValueError(
+                    f"{self.data_storage_path} is already open with another {differing}; every "
+                    "Memoryos on one data_storage_path shares one engine and its LLM, so pass "
+                    "the same LLM settings"
+                )
+            self._check_assistant(engine)
             entry[1] += 1
             return engine
+
+    def _check_assistant(self, engine: MemoryEngine) -> None:
+        """ValueError if the folder holds this user with another assistant: a user's
+        assistant is fixed when the user is first stored, so the facade's would be ignored."""
+        user = engine._users.get(self.user_id)
+        if user is not None and user.assistant_id != self.assistant_id:
+            raise ValueError(
+                f"user {self.user_id!r} is stored in {self.data_storage_path} with assistant_id "
+                f"{user.assistant_id!r}, not {self.assistant_id!r}; a user keeps one assistant"
+            )
 
     def close(self) -> None:
         """Release this facade; the shared engine closes with the last one of its folder."""
@@ -225,7 +251,8 @@ class Memoryos:
         unless the LLM failed: then that derived work stays pending and a later call retries it.
         """
         try:
-            epoch, kept = read_timestamp(timestamp or None)
+            # "" is now, as in the reference (its `timestamp or now`); 0 is the epoch
+            epoch, kept = read_timestamp(None if timestamp == "" else timestamp)
         except ValueError as exc:
             raise MemoryOSError(f"timestamp: {exc}") from None
         result = self.engine.add(
@@ -426,6 +453,28 @@ class Memoryos:
 
 def _memory_differs(a: MemoryConfig, b: MemoryConfig) -> bool:
     return a.model_dump() != b.model_dump()
+
+
+# the Memoryos argument each LLMConfig field comes from (the others: only _engine_config sets)
+_LLM_ARGUMENT = {
+    "mode": "llm_backend",
+    "backend": "llm_backend",
+    "model": "llm_model",
+    "base_url": "openai_base_url",
+    "api_key": "openai_api_key",
+    "options": "llm_options",
+}
+
+
+def _llm_difference(engine: MemoryEngine, config: EngineConfig, llm: Any) -> str | None:
+    """The LLM setting a facade asks for that differs from the shared engine's, in words (no
+    value: an API key must not reach a message), or None when they agree. A ready backend
+    object differs unless it is the engine's own; a facade passing none uses the engine's."""
+    if llm is not None and llm is not engine.llm:
+        return "LLM backend object (llm_backend)"
+    ours, theirs = engine.config.llm.model_dump(), config.llm.model_dump()
+    names = [_LLM_ARGUMENT.get(f, f"llm.{f}") for f, v in ours.items() if theirs[f] != v]
+    return f"LLM setting ({', '.join(dict.fromkeys(names))})" if names else None
 
 
 def _refuse_legacy_store(folder: str) -> None:

@@ -18,3 +18,9 @@ class UnknownUserError(MemoryOSError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else "unknown user"
+
+
+class EngineClosedError(MemoryOSError, RuntimeError):
+    """An operation reached an engine (or its store) after ``close()``: a clear error instead
+    of whatever the closed database connection would have raised, or a stale answer from
+    memory that the store no longer backs."""

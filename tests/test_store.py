@@ -1359,7 +1359,10 @@ def test_two_engines_share_one_postgres_store(pg: Backend) -> None:
         assert ra.page_id != rb.page_id
         assert b.store.page_rows([ra.page_id])[ra.page_id]["user_input"].startswith("alice")
         assert a.store.page_rows([rb.page_id])[rb.page_id]["user_id"] == "bob"
-        assert a.store.known_sources(["a0", "b0"]) == {"a0": ra.page_id, "b0": rb.page_id}
+        assert a.store.known_sources(["a0", "b0"]) == {
+            "a0": (ra.page_id, "alice"),
+            "b0": (rb.page_id, "bob"),
+        }
         assert dict(a.store.query("SELECT user_id, COUNT(*) FROM pages GROUP BY user_id")) == {
             "alice": 1,
             "bob": 1,

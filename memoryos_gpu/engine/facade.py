@@ -20,6 +20,7 @@ import numpy as np
 from memoryos_gpu import ops
 from memoryos_gpu.arena import Arena, ArenaConfig
 from memoryos_gpu.config import EngineConfig, MemoryConfig
+from memoryos_gpu.errors import EngineClosedError
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
 from memoryos_gpu.store import SQLiteStore, derivations, open_store
 from memoryos_gpu.text.keywords import KeywordExtractor
@@ -37,7 +38,7 @@ from .responses import Responder
 from .retrieval import RetrievalPipeline
 from .state import EngineState, Fact, UserState, WorkItem
 from .stm import Prepared, ShortTerm
-from .validation import validate_page, validate_pages
+from .validation import clean_int, clean_item_id, validate_page, validate_pages
 
 if TYPE_CHECKING:
     import threading
@@ -264,14 +265,40 @@ class MemoryEngine:
         """Remember many exchanges of many users, in order per user, as one transaction.
 
         Pages whose ``source`` was accepted before are skipped (``duplicate=True``). Derived work
-        runs afterwards when ``config.auto_process`` (else call :meth:`process_pending`).
+        runs afterwards when ``config.auto_process`` (else call :meth:`process_pending`); the
+        pages are committed by then, so a failure of that work never makes this raise
+        (:meth:`_process_accepted`).
         """
         items = validate_pages(pages)
         prepared = self._stm.prepare(items)  # embedding: outside the lock, others go on
         results = self._accept_durably(items, prepared)
         if self.config.auto_process:  # outside the lock: its stages run without it
-            self.process_pending()
+            self._process_accepted()
         return results
+
+    def _process_accepted(self) -> None:
+        """The inline derived work after an accepted batch (``auto_process``).
+
+        Why it does not raise: the pages are committed and their work is pending in the store,
+        so a failure here (an LLM server down, a full disk) loses nothing -- the work is
+        retried by the next :meth:`process_pending` -- whereas raising would cost the caller
+        the page ids, and a retry would store the pages twice. The failure is logged and
+        counted (``stats()["counters"]["derived_failures"]``); an engine closed meanwhile
+        resumes the work when the store is opened again. KeyboardInterrupt and SystemExit
+        still propagate."""
+        try:
+            self.process_pending()
+        except EngineClosedError:
+            log.debug("engine closed during the derived work of an add; it stays pending")
+        except Exception as exc:
+            with self._lock:
+                self.counters["derived_failures"] += 1
+            log.warning(
+                "derived work after add failed; it stays pending and is retried by the next "
+                "process_pending: %s: %s",
+                type(exc).__name__,
+                exc,
+            )
 
     def _accept_durably(
         self, items: list[PageInput], prepared: Prepared | None = None
@@ -364,13 +391,17 @@ class MemoryEngine:
     def promote(self, user_id: str, segment_slot: int | None = None) -> int:
         """Force promotion of a user's segments now (all with unanalysed pages, or one slot):
         what the reference calls mid-term analysis. Returns the promotions processed."""
+        if segment_slot is not None:
+            segment_slot = clean_int(segment_slot, "segment_slot", 0, self.arena.segment_width - 1)
         with self._derived.lease():
             with self._lock:
                 self._lpm.queue_promotions(user_id, segment_slot)
             return self._process_promotions()
 
     def profile(self, user_id: str) -> dict[str, str]:
-        return self._lpm.profile(user_id)
+        with self._lock:
+            self._state.check_open()  # read from memory only: no store check on the way
+            return self._lpm.profile(user_id)
 
     def knowledge(self, user_id: str, *, history: bool = False) -> dict[str, list[dict[str, Any]]]:
         """Live user knowledge and the user's assistant's knowledge, oldest first, each entry
@@ -379,15 +410,20 @@ class MemoryEngine:
 
     def knowledge_sources(self, entry_ids: Sequence[int]) -> dict[int, list[int]]:
         """The source page ids of knowledge entries, by entry id (one store query)."""
-        return derivations.sources(self.store, derivations.KNOWLEDGE, entry_ids)
+        ids = [clean_item_id(e, "entry_id") for e in entry_ids]
+        return derivations.sources(self.store, derivations.KNOWLEDGE, ids)
 
     def get_knowledge(self, entry_id: int) -> dict[str, Any] | None:
         """One knowledge entry (live or not) with its sources, validity and strength."""
-        return self.store.knowledge_rows([entry_id]).get(int(entry_id))
+        entry_id = clean_item_id(entry_id, "entry_id")
+        return self.store.knowledge_rows([entry_id]).get(entry_id)
 
     # ================================================================== item-level control
     def get_page(self, page_id: int) -> dict[str, Any] | None:
-        return self._items.get_page(page_id)
+        """One page (any tier) by id, or None. Every method taking a page or entry id checks
+        it first (``clean_item_id``): a NumPy integer, a float or an out-of-range value would
+        otherwise reach SQL and match nothing, silently."""
+        return self._items.get_page(clean_item_id(page_id, "page_id"))
 
     def list_pages(
         self, user_id: str, offset: int = 0, limit: int = 100
@@ -400,17 +436,17 @@ class MemoryEngine:
     ) -> dict[str, Any]:
         """Edit a page's text; its embedding (and its arena row, when in MTM) follow."""
         return self._items.update_page(
-            page_id, user_input=user_input, agent_response=agent_response
+            clean_item_id(page_id, "page_id"), user_input=user_input, agent_response=agent_response
         )
 
     def delete_page(self, page_id: int) -> bool:
-        return self._items.delete_page(page_id)
+        return self._items.delete_page(clean_item_id(page_id, "page_id"))
 
     def update_knowledge(self, entry_id: int, text: str) -> dict[str, Any]:
-        return self._items.update_knowledge(entry_id, text)
+        return self._items.update_knowledge(clean_item_id(entry_id, "entry_id"), text)
 
     def delete_knowledge(self, entry_id: int) -> bool:
-        return self._items.delete_knowledge(entry_id)
+        return self._items.delete_knowledge(clean_item_id(entry_id, "entry_id"))
 
     def history(self, user_id: str) -> list[dict[str, Any]]:
         """Append-only audit of changes to the user's memory."""
@@ -418,6 +454,7 @@ class MemoryEngine:
 
     def users(self) -> list[str]:
         with self._lock:
+            self._state.check_open()  # read from memory only: no store check on the way
             return list(self._users)
 
     def export_user(self, user_id: str) -> dict[str, Any]:
@@ -458,13 +495,23 @@ class MemoryEngine:
         self._heat.write_behind()
 
     def close(self) -> None:
-        """Write what is buffered and close the store, once a round in flight has finished."""
+        """Write what is buffered and close the store, once a round in flight has finished.
+
+        Idempotent (a ``with`` block around an explicit ``close`` is common). An ``add``
+        committing meanwhile finishes first (the store closes under the store lock its
+        commit holds) and is acknowledged; every call after this raises
+        :class:`~memoryos_gpu.errors.EngineClosedError`."""
         with self._derived.lease(), self._lock:
-            self._heat.write_behind()
-            self._derived.save_extractor()
-            self.store.close()
-            if self.llm is not None:
-                self.llm.close()
+            if self._state.closed:
+                return
+            try:
+                self._heat.write_behind()
+                self._derived.save_extractor()
+            finally:  # closed even if the last writes fail: the store is released
+                self._state.closed = True
+                self.store.close()
+                if self.llm is not None:
+                    self.llm.close()
 
     def __enter__(self) -> MemoryEngine:
         return self

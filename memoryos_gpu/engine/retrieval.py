@@ -87,6 +87,7 @@ class RetrievalPipeline:
             lexical_candidates=m.lexical_candidates,
         )
         with s.lock:
+            s.check_open()  # a closed engine's memory is no longer backed by its store
             users = s.users_of([u for u, _ in cleaned])
             n = len(users)
             ao = s.assistant_owner

@@ -28,7 +28,7 @@ import numpy as np
 from memoryos_gpu import _C
 from memoryos_gpu.arena import Arena
 from memoryos_gpu.config import EngineConfig, MemoryConfig
-from memoryos_gpu.errors import UnknownUserError
+from memoryos_gpu.errors import EngineClosedError, UnknownUserError
 from memoryos_gpu.page_views import PageViews
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
 from memoryos_gpu.store import SQLiteStore
@@ -146,6 +146,9 @@ class EngineState:
         # and whether a failed apply's reload is still owed (write_transaction)
         self.reload: Callable[[], None] | None = None
         self.reload_owed = False
+        # set by MemoryEngine.close (under the lock): every write and retrieval refuses from
+        # then on (check_open), the store's statements too (StoreClosedError)
+        self.closed = False
         self._empty()
         self.counters = {
             "pages_added": 0,
@@ -156,6 +159,7 @@ class EngineState:
             "segments_created": 0,
             "segments_evicted": 0,
             "promotions": 0,
+            "derived_failures": 0,  # inline derived work after an add that failed (left pending)
         }
 
     def _empty(self) -> None:
@@ -219,6 +223,7 @@ class EngineState:
         derived work is redone from its pending rows. A caller that holds the engine lock
         already commits under it."""
         with self.lock:
+            self.check_open()
             self.reload_if_owed()
             tx = self.store.transaction(durability)
             db = tx.__enter__()
@@ -237,6 +242,14 @@ class EngineState:
             with self.lock:
                 self._reload()
             raise
+
+    def check_open(self) -> None:
+        """EngineClosedError once the engine is closed (call under the lock). Checked where a
+        call reaches the engine's memory without a store statement first (a write
+        transaction, a retrieval, the reads of ``users`` and ``profile``); every other call
+        meets the store's own check (``StoreClosedError``, an EngineClosedError too)."""
+        if self.closed:
+            raise EngineClosedError("this MemoryEngine is closed")
 
     def reload_if_owed(self) -> None:
         """The reload a failed apply still owes (see :meth:`write_transaction`), done before

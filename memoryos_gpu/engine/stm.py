@@ -22,6 +22,7 @@ from memoryos_gpu.types import AddResult, PageInput
 
 from .page_text import page_terms_of, page_text
 from .state import DEFAULT_ASSISTANT, EngineHooks, EngineState, UserState
+from .validation import InvalidInputError
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class ShortTerm:
         return results
 
     def _insert_restoring(
-        self, db: Any, items: list[PageInput], known: dict[str, int], prep: Prepared
+        self, db: Any, items: list[PageInput], known: dict[str, tuple[int, str]], prep: Prepared
     ) -> list[AddResult]:
         """:meth:`_insert_pages`, with the batch's users' in-memory records (clock, next seq,
         STM) and the counters put back if a statement fails, and new users' slots freed.
@@ -159,7 +160,7 @@ class ShortTerm:
         self,
         db: Any,
         items: list[PageInput],
-        known: dict[str, int],
+        known: dict[str, tuple[int, str]],
         vec_of: dict[int, np.ndarray],
         blob_of: dict[int, bytes],
         new_users: list[UserState],
@@ -174,8 +175,11 @@ class ShortTerm:
         fresh, dup_of = self._plan(items, known)
         for i in fresh:  # in-memory state first: restored by the caller if a statement fails
             p = items[i]
-            if p.user_id not in s.users:
+            user = s.users.get(p.user_id)
+            if user is None:
                 new_users.append(s.new_user_state(p.user_id, p.assistant_id or DEFAULT_ASSISTANT))
+            elif p.assistant_id is not None and p.assistant_id != user.assistant_id:
+                raise _other_assistant(p, user.assistant_id)
         rows = []
         for i in fresh:
             p, user = items[i], s.users[items[i].user_id]
@@ -223,17 +227,28 @@ class ShortTerm:
             id_of[i] = ref if ref >= 0 else id_of[-1 - ref]
         return [AddResult(id_of[i], p.user_id, duplicate=i in dup_of) for i, p in enumerate(items)]
 
-    def _plan(self, items: list[PageInput], known: dict[str, int]) -> tuple[list[int], dict]:
+    def _plan(
+        self, items: list[PageInput], known: dict[str, tuple[int, str]]
+    ) -> tuple[list[int], dict]:
         """Positions of the pages to insert, and of the duplicates (a ``source`` stored before
         or earlier in the batch) with the page id they repeat; ``-1 - j`` names the batch's
-        page ``j`` (its id is known once inserted: :meth:`_insert_pages` resolves it)."""
+        page ``j`` (its id is known once inserted: :meth:`_insert_pages` resolves it).
+
+        A source is unique across the store, so one that another user's page holds (stored,
+        or earlier in the batch) refuses the batch before anything is written: as a
+        duplicate, the page would be dropped and the caller handed the other user's id."""
         fresh: list[int] = []
         dup_of: dict[int, int] = {}
         first: dict[str, int] = {}
         for i, p in enumerate(items):
             if p.source and p.source in known:
-                dup_of[i] = known[p.source]
+                page_id, owner = known[p.source]
+                if owner != p.user_id:
+                    raise _foreign_source(p)
+                dup_of[i] = page_id
             elif p.source and p.source in first:
+                if items[first[p.source]].user_id != p.user_id:
+                    raise _foreign_source(p)
                 dup_of[i] = -1 - first[p.source]  # resolved once the first one has its id
             else:
                 fresh.append(i)
@@ -272,3 +287,22 @@ class ShortTerm:
                 log.append(pushed)
                 out.append(pushed)
         return out
+
+
+def _foreign_source(p: PageInput) -> InvalidInputError:
+    """The refusal of a page whose ``source`` another user's page holds (that page is not
+    named: its id would tell one user about another's memory)."""
+    return InvalidInputError(
+        f"source {p.source!r} of a page of user {p.user_id!r} belongs to another user's page; "
+        "a source is unique across users: the batch was not stored"
+    )
+
+
+def _other_assistant(p: PageInput, assistant_id: str) -> InvalidInputError:
+    """The refusal of a page for a user of another assistant: a user's pages teach the one
+    assistant it was created with (its knowledge ring), so the page is not moved silently."""
+    return InvalidInputError(
+        f"user {p.user_id!r} belongs to assistant {assistant_id!r}, not {p.assistant_id!r}: a "
+        "user's memory is kept for one assistant; use another user id for another assistant "
+        "(the batch was not stored)"
+    )

@@ -9,6 +9,7 @@ without failing its batch.
 from __future__ import annotations
 
 import json
+import operator
 import re
 import time
 import unicodedata
@@ -22,6 +23,7 @@ from memoryos_gpu.types import PageInput
 MAX_TEXT_CHARS = 1_000_000
 MAX_ID_CHARS = 256
 MAX_META_BYTES = 65_536
+MAX_ITEM_ID = 2**63 - 1  # the largest SQLite INTEGER (and PostgreSQL BIGINT)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # category Cc, but \t and \n
 
@@ -54,6 +56,29 @@ def _clean_id(value: Any, what: str) -> str:
     ):
         raise InvalidInputError(f"{what} must be at most {MAX_ID_CHARS} printable characters")
     return value
+
+
+def clean_int(value: Any, what: str, low: int, high: int) -> int:
+    """``value`` as a plain ``int`` in ``[low, high]``: Python and NumPy integers (anything
+    ``operator.index`` takes) pass, bools, floats, strings and out-of-range values are refused.
+
+    Why: an id goes straight into SQL, and sqlite3 binds a NumPy integer as a blob and a float
+    as a REAL, so the statement matches no row and the call reports a change it never made."""
+    if isinstance(value, bool):
+        raise InvalidInputError(f"{what} must be an integer, got bool")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise InvalidInputError(f"{what} must be an integer, got {type(value).__name__}") from None
+    if not low <= n <= high:
+        raise InvalidInputError(f"{what} must be between {low} and {high}, got {n}")
+    return int(n)
+
+
+def clean_item_id(value: Any, what: str) -> int:
+    """A page id, knowledge entry id or other store row id (>= 1) as a plain ``int``, or
+    :class:`InvalidInputError` naming ``what`` (see :func:`clean_int`)."""
+    return clean_int(value, what, 1, MAX_ITEM_ID)
 
 
 def _timestamp(value: Any) -> float:

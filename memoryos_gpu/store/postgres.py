@@ -39,7 +39,14 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from memoryos_gpu.store import sqlite as _sqlite
-from memoryos_gpu.store.sqlite import Durability, Migration, SQLiteStore, StoreError, StoreFullError
+from memoryos_gpu.store.sqlite import (
+    Durability,
+    Migration,
+    SQLiteStore,
+    StoreClosedError,
+    StoreError,
+    StoreFullError,
+)
 
 try:
     import psycopg
@@ -474,7 +481,7 @@ class PostgresStore(SQLiteStore):
 
     def _getconn(self) -> Any:
         if self._closed:
-            raise StoreError(f"store {self.path} is closed")
+            raise StoreClosedError(f"store {self.path} is closed")
         try:
             return self._pool.getconn()
         except PoolTimeout:

@@ -26,7 +26,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from pydantic import SecretStr
 
-from memoryos_gpu.errors import MemoryOSError
+from memoryos_gpu.errors import EngineClosedError, MemoryOSError
 from memoryos_gpu.store.derivations import (
     KNOWLEDGE,
     Forgotten,
@@ -62,6 +62,12 @@ Durability = Literal["commit", "deferred", "none"]
 
 class StoreError(MemoryOSError, RuntimeError):
     """The store cannot be opened or used (newer schema, corrupt file, ...)."""
+
+
+class StoreClosedError(StoreError, EngineClosedError):
+    """The store was used after :meth:`SQLiteStore.close` (its engine closed): one clear error
+    (an :class:`~memoryos_gpu.errors.EngineClosedError` too, so a caller of the engine catches
+    one type) instead of the driver's own."""
 
 
 class StoreFullError(StoreError):
@@ -592,6 +598,7 @@ class SQLiteStore:
         it, consistently, a crash of the process cannot. Either way the next synced commit
         syncs the log, and with it every commit before."""
         with self._lock:
+            self._check_open()
             if self._depth:
                 name = f"sp{self._depth}"
                 self._db.execute(f"SAVEPOINT {name}")
@@ -633,17 +640,25 @@ class SQLiteStore:
         """Wait until every commit so far is on disk (see :meth:`transaction`): an fdatasync of
         the write-ahead log, as SQLite's own synced commit would have made it, but without this
         store's lock, so other threads go on committing meanwhile (and concurrent callers
-        share one flush)."""
+        share one flush). Closed meanwhile (a ``close`` racing an ``add``): nothing to wait
+        for, closing checkpointed the log into the database file and synced it."""
+        if self._closed:
+            return
         if self._wal_fd is None:
             if self.path == ":memory:":
                 return
             self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
-        os.fdatasync(self._wal_fd)  # what SQLite calls for its own log syncs
+        try:
+            os.fdatasync(self._wal_fd)  # what SQLite calls for its own log syncs
+        except OSError:
+            if not self._closed:  # else: its descriptor was closed under us, see above
+                raise
 
     @contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
         """A consistent read of several statements (one read transaction; joins an open one)."""
         with self._lock:
+            self._check_open()
             if self._db.in_transaction:
                 yield self._db
                 return
@@ -656,7 +671,14 @@ class SQLiteStore:
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
+            self._check_open()
             return self._db.execute(sql, params).fetchall()
+
+    def _check_open(self) -> None:
+        """StoreClosedError once :meth:`close` ran (call under the store lock): the statements
+        of a closed store would raise the driver's own error, which names no cause."""
+        if self._closed:
+            raise StoreClosedError(f"store {self.path} is closed")
 
     def close(self) -> None:
         """Close the connection and give the writer claim up (idempotent)."""
@@ -767,16 +789,19 @@ class SQLiteStore:
         return self.query("SELECT assistant_id, knowledge_head FROM assistants ORDER BY rowid")
 
     # ------------------------------------------------------------------ journal
-    def known_sources(self, sources: Iterable[str]) -> dict[str, int]:
-        """Which idempotency keys were already accepted, mapped to their page id."""
-        out: dict[str, int] = {}
+    def known_sources(self, sources: Iterable[str]) -> dict[str, tuple[int, str]]:
+        """Which idempotency keys were already accepted, mapped to (page id, user id). The
+        owner comes along because a source is unique across the store (``pages.source``):
+        the same source again is a duplicate only for the user who stored it."""
+        out: dict[str, tuple[int, str]] = {}
         keys = [s for s in sources if s]
         for i in range(0, len(keys), 500):
             chunk = keys[i : i + 500]
             marks = ",".join("?" * len(chunk))
-            out.update(
-                self.query(f"SELECT source, page_id FROM pages WHERE source IN ({marks})", chunk)
+            rows = self.query(
+                f"SELECT source, page_id, user_id FROM pages WHERE source IN ({marks})", chunk
             )
+            out.update((r[0], (r[1], r[2])) for r in rows)
         return out
 
     # ------------------------------------------------------------------ pages
@@ -1301,12 +1326,14 @@ class SQLiteStore:
         """Deletions from now on overwrite the freed space (``PRAGMA secure_delete``), so the
         deleted text does not stay in the database file (call before deleting content)."""
         with self._lock:
+            self._check_open()
             self._db.execute("PRAGMA secure_delete = ON")
 
     def checkpoint(self) -> None:
         """Fold the write-ahead log into the file and truncate it (after a deletion, so the
         deleted rows' old versions do not stay in the log); a no-op inside a transaction."""
         if self.path != ":memory:" and not self._depth:
+            self._check_open()
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def _delete_user_rows(self, db: Any, user_id: str) -> Forgotten | None:
