@@ -18,7 +18,11 @@ def _default(obj: Any) -> Any:
 
 
 def _dumps_stdlib(data: Any) -> bytes:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=_default).encode()
+    """The standard library's JSON as UTF-8. A lone surrogate (a str no UTF-8 encodes, which
+    reached a store before the server refused them) is written as its JSON escape
+    (``\\ud800``): an answer must not fail to encode, least of all after its write."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=_default)
+    return text.encode("utf-8", "backslashreplace")
 
 
 try:
@@ -26,8 +30,8 @@ try:
 
     def dumps(data: Any) -> bytes:
         """orjson, or the standard library for what it refuses and JSON allows (an integer
-        beyond 64 bits: a page's meta may hold one, and every retrieval showing that page
-        serialises it)."""
+        beyond 64 bits, a lone surrogate: what a store may hold from before the server refused
+        them in requests, and every retrieval showing that page serialises it)."""
         try:
             return orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
         except TypeError:  # orjson.JSONEncodeError

@@ -31,6 +31,7 @@ from fastapi.responses import Response
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.server import models as m
 from memoryos_gpu.server.auth import KeyLimits, KeyRing, load_api_keys
+from memoryos_gpu.server.bodies import JsonBodyRoute
 from memoryos_gpu.server.edge import Edge, ErrorMapper
 from memoryos_gpu.server.mem0_routes import add_mem0_routes
 from memoryos_gpu.server.memory_routes import add_memory_routes
@@ -53,6 +54,7 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": m.ErrorOut, "description": "Missing or unknown API key."},
     403: {"model": m.ErrorOut, "description": "The resource belongs to another tenant."},
     413: {"model": m.ErrorOut, "description": "Body, text or batch over the limit."},
+    415: {"model": m.ErrorOut, "description": "A body not sent as application/json."},
     422: {"model": m.ErrorOut, "description": "Malformed request."},
     429: {
         "model": m.ErrorOut,
@@ -142,6 +144,7 @@ def create_app(
         # for generated clients, not derived from paths and methods
         generate_unique_id_function=lambda route: route.name,
     )
+    app.router.route_class = JsonBodyRoute  # one reading of every body: memoryos_gpu.server.bodies
     app.state.service = service
     app.state.metrics = metrics
     app.state.settings = settings
@@ -164,15 +167,14 @@ def create_app(
         """Count written pages against the key's page rate (429, or 413 past its bucket)."""
         if keyring is not None:
             refused = limits.written(scope.principal.key_id, n)
-            if refused is not None:
-                metrics.rejected.labels("rate_limited" if refused[0] == 429 else "too_large").inc()
+            if refused is not None:  # counted in memoryos_rejected_total by the ErrorMapper
                 raise ApiError(*refused)
 
     # declared in this order: it is the order of the API description
     add_probe_routes(app, service, settings, metrics)
     direct = add_memory_routes(app, service, settings, charge_pages)
-    add_user_routes(app, service, settings, metrics)
-    add_page_routes(app, service, settings, metrics)
+    add_user_routes(app, service, settings)
+    add_page_routes(app, service, settings)
     add_stats_route(app, service, keyring is not None)
     add_mem0_routes(app, service, settings, charge_pages)
     app.add_middleware(
@@ -183,6 +185,7 @@ def create_app(
         limits=limits,
         errors=errors,
         direct=direct if settings.direct_routes else None,
+        routes=app.router.routes,
     )
     return app
 

@@ -7,10 +7,9 @@ use.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
 from urllib.parse import unquote_to_bytes
 
@@ -19,11 +18,12 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import BaseRoute, Match
 
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
-from memoryos_gpu.json_codec import loads
 from memoryos_gpu.server.auth import KeyLimits, KeyRing, Principal, RateLimiter, Refusal
 from memoryos_gpu.server.batching import Overloaded, Unavailable
+from memoryos_gpu.server.bodies import parse_body
 from memoryos_gpu.server.metrics import ServerMetrics
 from memoryos_gpu.server.scope import TENANCY, ApiError, Scope, error_response
 from memoryos_gpu.server.service import LLMUnavailableError, PartialWriteError
@@ -39,22 +39,6 @@ class _BodyTooLarge(ApiError):
 
 
 # ====================================================================== errors
-#: What FastAPI answers (400) for a JSON body it cannot decode at all: bytes that are not UTF-8,
-#: nesting past the parser's recursion limit. Mapped to the 422 every other unusable body gets.
-_FASTAPI_BODY_ERROR = "There was an error parsing the body"
-
-
-def _unparsable(cause: BaseException | None) -> Response:
-    if isinstance(cause, UnicodeDecodeError):
-        why = "the body is not valid UTF-8"
-    elif isinstance(cause, RecursionError):
-        why = "the body is nested too deeply"
-    else:
-        why = "the body cannot be read as JSON"
-    detail = [{"loc": ["body"], "msg": f"JSON decode error: {why}", "type": "json_invalid"}]
-    return error_response(422, "validation_error", detail)
-
-
 class ErrorMapper:
     """Exceptions -> error responses ``{"error": code, "detail": message}``: one mapping for
     the FastAPI exception handlers and the direct routes of :class:`Edge`."""
@@ -72,6 +56,10 @@ class ErrorMapper:
         405: "method_not_allowed",
         413: "too_large",
     }
+    #: The refusals a route raises (another tenant's item, a text or batch over its limit, a
+    #: key past its page or byte rate) as ``memoryos_rejected_total`` counts them: counted
+    #: here, once, wherever they are raised.
+    _REJECTED: ClassVar[dict[int, str]] = {403: "forbidden", 413: "too_large", 429: "rate_limited"}
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
@@ -84,9 +72,10 @@ class ErrorMapper:
             log.info("client disconnected before its request was read")
             self.metrics.rejected.labels("client_disconnect").inc()
             return error_response(400, "client_disconnected", "the client closed the connection")
-        if isinstance(exc, StarletteHTTPException) and exc.detail == _FASTAPI_BODY_ERROR:
-            return _unparsable(exc.__cause__)
         if isinstance(exc, StarletteHTTPException):
+            reason = self._REJECTED.get(exc.status_code)
+            if reason is not None:
+                self.metrics.rejected.labels(reason).inc()
             code = getattr(exc, "code", None) or self._HTTP_CODES.get(exc.status_code, "http_error")
             return error_response(exc.status_code, code, exc.detail, exc.headers)
         if isinstance(exc, RequestValidationError):
@@ -144,27 +133,13 @@ class DirectRoute:
             raise RequestValidationError(
                 [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
             )
-        data: Any = body  # FastAPI's strict content type: JSON only when declared as JSON
-        if content_type is not None and _is_json(content_type):
-            try:
-                data = loads(body)
-            except json.JSONDecodeError as exc:
-                raise RequestValidationError(
-                    [{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error"}]
-                ) from None
+        data = parse_body(body, content_type)  # as every FastAPI route: bodies.JsonBodyRoute
         try:
             return self.model.model_validate(data, from_attributes=True)  # as FastAPI does
         except ValidationError as exc:
             raise RequestValidationError(
                 [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
             ) from None
-
-
-def _is_json(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (
-        media.startswith("application/") and media.endswith("+json")
-    )
 
 
 def _direct_match(routes: dict[str, DirectRoute], path: str) -> tuple[DirectRoute, str] | None:
@@ -217,7 +192,8 @@ def _malformed(scope: dict, headers: Any, max_header_bytes: int) -> Refusal | No
 class Edge:
     """Pure ASGI middleware in front of the routes (cheaper than per-route dependencies):
     body size limit (413), API-key authentication and rate limit of ``/v1`` (401 / 429),
-    request latency metrics, and the :class:`DirectRoute` s (``direct``, by last path part)."""
+    request latency metrics, and the :class:`DirectRoute` s (``direct``, by last path part).
+    ``routes``: the app's routes, to label the metrics of what the edge refuses itself."""
 
     def __init__(
         self,
@@ -228,8 +204,10 @@ class Edge:
         limits: KeyLimits,
         errors: ErrorMapper,
         direct: dict[str, DirectRoute] | None = None,
+        routes: Sequence[BaseRoute] = (),
     ) -> None:
         self.app = app
+        self.routes = routes
         self.errors = errors
         self.direct = direct
         self.settings = settings
@@ -251,7 +229,16 @@ class Edge:
     ) -> None:
         reason = _REFUSAL_REASONS[status]
         self.metrics.rejected.labels(reason).inc()
+        self._name_route(scope)
         await error_response(status, code, detail, headers)(scope, receive, send)
+
+    def _name_route(self, scope: dict) -> None:
+        """Put the route a refused request was for in its scope, as the router would have: its
+        metrics label is that route, not ``unmatched``. Only refusals pay for the lookup."""
+        for route in self.routes:
+            if route.matches(scope)[0] is Match.FULL:
+                scope["route"] = route
+                return
 
     def _authenticate(self, scope: dict, headers: Any, length: int | None) -> Scope | Refusal:
         """The caller's scope, or why not: no or unknown key (401; 429 once an address has

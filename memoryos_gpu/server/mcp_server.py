@@ -45,6 +45,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from memoryos_gpu import __version__
+from memoryos_gpu.cli.options import ENV_EMBEDDER
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.embed.factory import EMBEDDER_KINDS
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
@@ -448,7 +449,12 @@ def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.
         help="How long add_memory waits for the page's derived work (MTM placement, "
         "promotions) before answering; 0 = answer at commit [default: 10].",
     )
-    p.add_argument("--embedder", default=None, choices=EMBEDDER_KINDS)
+    p.add_argument(
+        "--embedder",
+        default=None,
+        choices=EMBEDDER_KINDS,
+        help=f"Embedding backend [default: ${ENV_EMBEDDER}, else the config's].",
+    )
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
     p.add_argument("--log-level", default="WARNING")
     return p
@@ -466,10 +472,12 @@ def _is_json(path: str) -> bool:
 
 
 def _config(args: argparse.Namespace) -> tuple[EngineConfig, ReferenceSettings | None]:
-    """The engine config from ``--config`` and the flags (flags win), and the reference
-    settings when the config was a config.json."""
+    """The engine config from ``--config``, ``$MEMORYOS_GPU_EMBEDDER`` and the flags (flag >
+    variable > file > default, as every ``memoryos-gpu`` command reads them), and the
+    reference settings when the config was a config.json."""
     update: dict[str, Any] = {"auto_process": False}
-    for key, value in (("store", args.store), ("embedder", args.embedder), ("device", args.device)):
+    embedder = args.embedder or os.environ.get(ENV_EMBEDDER)
+    for key, value in (("store", args.store), ("embedder", embedder), ("device", args.device)):
         if value:
             update[key] = value
     if args.config and _is_json(args.config):
@@ -501,18 +509,29 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         assistant_id=args.assistant_id or (ref.assistant_id if ref else None),
         add_wait_s=args.add_wait_s,
     )
-    if args.transport == "stdio":
-        _serve_stdio(service, mcp)
-    else:
-        _serve_http(service, mcp, args)
+    try:
+        if args.transport == "stdio":
+            _serve_stdio(service, mcp)
+        else:
+            _serve_http(service, mcp, args)
+    except Unavailable as exc:  # the engine did not open: no session, the cause on stderr
+        sys.exit(f"memoryos-gpu MCP server: {exc}")
+
+
+async def start_serving(service: MemoryService) -> None:
+    """Start ``service`` and wait for its engine; raise :class:`Unavailable` naming the cause
+    when it cannot open (another embedder than the store's, say), before any client is told
+    the server is up: each tool call would fail alike, and ``initialize`` would pretend."""
+    await service.start()
+    service.check_ready()
 
 
 def _serve_stdio(service: MemoryService, mcp: Any) -> None:
     import anyio
 
     async def serve() -> None:
-        await service.start()
         try:
+            await start_serving(service)
             await mcp.run_stdio_async()
         finally:
             await service.close()
@@ -537,8 +556,8 @@ def http_app(
 
     @asynccontextmanager
     async def lifespan(a: Any):
-        await service.start()
         try:
+            await start_serving(service)  # failing, uvicorn exits (status 3) with the cause
             async with inner(a):
                 yield
         finally:

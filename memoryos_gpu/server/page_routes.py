@@ -9,7 +9,6 @@ from fastapi import FastAPI, Query, Request
 
 from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.server import models as m
-from memoryos_gpu.server.metrics import ServerMetrics
 from memoryos_gpu.server.scope import (
     ApiError,
     Scope,
@@ -24,9 +23,7 @@ from memoryos_gpu.server.settings import ServerSettings
 __all__ = ["add_page_routes"]
 
 
-def add_page_routes(
-    app: FastAPI, service: Any, settings: ServerSettings, metrics: ServerMetrics
-) -> None:
+def add_page_routes(app: FastAPI, service: Any, settings: ServerSettings) -> None:
     """Declare the ``/v1/users/{user_id}/pages`` list and item routes on ``app``."""
 
     async def _owned_page(scope: Scope, user_id: str, page_id: int) -> dict[str, Any]:
@@ -37,7 +34,6 @@ def add_page_routes(
         if row is None:
             raise ApiError(404, "not_found", f"no page {page_id}")
         if not scope.owns(row["user_id"]):
-            metrics.rejected.labels("forbidden").inc()
             raise ApiError(403, "forbidden", f"page {page_id} belongs to another tenant")
         if row["user_id"] != uid:
             raise ApiError(404, "not_found", f"user {user_id!r} has no page {page_id}")

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import HTTPException, Request
 from fastapi import Path as PathParam
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from memoryos_gpu.engine.assembly import retrieval_fields as engine_fields
 from memoryos_gpu.engine.assembly import retrieval_json
@@ -73,12 +73,19 @@ class ApiError(HTTPException):
         self.code = code
 
 
-def json_response(data: Any, status: int = 200) -> Response:
-    return Response(dumps(data), status_code=status, media_type="application/json")
+def json_response(
+    data: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    """``data`` as JSON (:func:`~memoryos_gpu.json_codec.dumps`: it encodes whatever a store
+    holds, so an answer never fails after its write)."""
+    return Response(dumps(data), status, dict(headers or {}), media_type="application/json")
 
 
-def error_response(status: int, code: str, detail: Any, headers: Mapping[str, str] | None = None):
-    return JSONResponse({"error": code, "detail": detail}, status, headers=dict(headers or {}))
+def error_response(
+    status: int, code: str, detail: Any, headers: Mapping[str, str] | None = None
+) -> Response:
+    """The documented error shape, ``{"error": code, "detail": detail}``."""
+    return json_response({"error": code, "detail": detail}, status, headers)
 
 
 TENANCY = "memoryos_tenancy"

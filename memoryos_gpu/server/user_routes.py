@@ -9,7 +9,6 @@ from fastapi import FastAPI, Query, Request
 
 from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.server import models as m
-from memoryos_gpu.server.metrics import ServerMetrics
 from memoryos_gpu.server.scope import (
     ApiError,
     Scope,
@@ -24,9 +23,7 @@ from memoryos_gpu.server.settings import ServerSettings
 __all__ = ["add_user_routes"]
 
 
-def add_user_routes(
-    app: FastAPI, service: Any, settings: ServerSettings, metrics: ServerMetrics
-) -> None:
+def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> None:
     """Declare the ``/v1/users`` routes (but a user's pages: :mod:`.page_routes`) on ``app``."""
 
     async def _owned_entry(scope: Scope, user_id: str, entry_id: int) -> dict[str, Any]:
@@ -38,7 +35,6 @@ def add_user_routes(
         if row is None:
             raise ApiError(404, "not_found", f"no knowledge entry {entry_id}")
         if not scope.owns(row["owner_id"]):
-            metrics.rejected.labels("forbidden").inc()
             raise ApiError(403, "forbidden", f"entry {entry_id} belongs to another tenant")
         if row["owner_kind"] != "user" or row["owner_id"] != uid:
             raise ApiError(404, "not_found", f"user {user_id!r} has no knowledge entry {entry_id}")
@@ -49,6 +45,8 @@ def add_user_routes(
         uid = scope.user(user_id)
         engine = service.engine_for(uid)
         row = await service.call(engine.get_knowledge, entry_id) if storable_id(entry_id) else None
+        if row is not None and not scope.owns(row["owner_id"]):  # as PATCH and DELETE answer
+            raise ApiError(403, "forbidden", f"entry {entry_id} belongs to another tenant")
         if row is not None and row["owner_kind"] == "assistant":
             user = await service.call(engine.store.user_row, uid)
             if user is not None and user["assistant_id"] == row["owner_id"]:
