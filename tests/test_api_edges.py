@@ -163,7 +163,6 @@ def test_a_source_of_another_users_page_refuses_the_batch(make_engine: Any) -> N
     assert again.duplicate and again.page_id == mine.page_id  # the owner's retry: idempotent
 
 
-
 def test_a_page_for_a_user_of_another_assistant_is_refused(make_engine: Any) -> None:
     e = make_engine(mode="extractive")
     e.add("bob", "My cat is called Tom.", "Cute!", assistant_id="coach")
@@ -179,6 +178,7 @@ def test_a_page_for_a_user_of_another_assistant_is_refused(make_engine: Any) -> 
         )
     assert e.users() == ["bob"]
     assert e.store.query("SELECT COUNT(*) FROM pages WHERE user_id = 'bob'")[0][0] == 2
+
 
 # ---------------------------------------------------------------- 4. close
 def test_close_is_idempotent_and_later_calls_say_the_engine_is_closed(tmp_path: Path) -> None:

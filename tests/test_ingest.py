@@ -244,7 +244,6 @@ def test_process_defer_leaves_work_pending(tmp_path):
     assert rep.skipped == 24 and rep.pending == 0
 
 
-
 def test_process_defer_refuses_an_engine_that_processes_inline(tmp_path):
     path = write_jsonl(tmp_path / "in.jsonl", synthetic(users=1, per_user=2))
     with MemoryEngine(cfg(tmp_path / "store")) as engine:  # auto_process: the default
