@@ -62,13 +62,12 @@ def user_store(store: str, user_id: str) -> str:
 def require_store(store: str) -> None:
     if is_url(store):  # opening it says whether the server and database are there
         return
+    from memoryos_gpu.store import check_store_dir
+
     if store_file(store).exists():
         return
-    if Path(store).is_file():  # not a store file's name, so read as a directory
-        raise CLIError(
-            f"{store} is a file, not a store directory (a store file's name ends in .sqlite3, "
-            ".sqlite or .db)"
-        )
+    if store_file(store).parent == Path(store):  # a directory store: a file in its path?
+        check_store_dir(Path(store))
     raise CLIError(
         f"no store at {store} (create one with: memoryos-gpu ingest FILE --store {store})"
     )

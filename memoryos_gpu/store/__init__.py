@@ -25,6 +25,7 @@ __all__ = [
     "StoreError",
     "StoreFullError",
     "StoreLockedError",
+    "check_store_dir",
     "is_url",
     "open_store",
 ]
@@ -77,12 +78,12 @@ def open_store(
         return SQLiteStore(spec, key=secret)
     p = Path(spec)
     if p.suffix not in (".sqlite", ".sqlite3", ".db"):
-        _check_store_dir(p)
+        check_store_dir(p)
         p = p / "memory.sqlite3"
     return SQLiteStore(p, writer=writer, key=secret, cache_mb=cache_mb)
 
 
-def _check_store_dir(base: Path) -> None:
+def check_store_dir(base: Path) -> None:
     """Refuse a directory store that cannot be one: a path through a file, or a sharded store
     directory (its users live in ``shard-I``; a store file beside them would hide them from
     every command that looks for the shards)."""
