@@ -8,13 +8,15 @@ read from a TOML file (:meth:`EngineConfig.from_toml`) and overridden by keyword
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from memoryos_gpu.ops.params import HeatParams
+from memoryos_gpu.store import is_url
 from memoryos_gpu.store.encryption import env_key
 
 #: The BM25 weight ``locomo.py --cv`` chose in most held-out folds (see ``MemoryConfig``).
@@ -24,7 +26,8 @@ LEXICAL_WEIGHT = 0.67
 class MemoryConfig(BaseModel):
     """The paper's mechanics. Field docs give the paper's value and meaning."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # NaN or infinity in a threshold or weight would silently disable the mechanic it drives
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     preset: str = Field("paper", description="Name of the preset these values came from.")
     stm_capacity: int = Field(7, ge=1, description="STM FIFO length in pages (paper: 7).")
@@ -32,10 +35,12 @@ class MemoryConfig(BaseModel):
     theta: float = Field(
         0.6, description="Insert into the best segment when cos + Jaccard >= theta."
     )
-    tau: float = Field(5.0, description="Heat at which a segment's unanalysed pages are promoted.")
-    alpha: float = Field(1.0, description="Heat weight of N_visit.")
-    beta: float = Field(1.0, description="Heat weight of L_interaction.")
-    gamma: float = Field(1.0, description="Heat weight of R_recency.")
+    tau: float = Field(
+        5.0, ge=0, description="Heat at which a segment's unanalysed pages are promoted."
+    )
+    alpha: float = Field(1.0, ge=0, description="Heat weight of N_visit.")
+    beta: float = Field(1.0, ge=0, description="Heat weight of L_interaction.")
+    gamma: float = Field(1.0, ge=0, description="Heat weight of R_recency.")
     mu_seconds: float = Field(1e7, gt=0, description="Recency time constant (paper: 1e7 s).")
     eviction: Literal["heat", "lfu"] = Field(
         "heat", description="Evict the lowest-heat segment (paper) or least visited (reference)."
@@ -171,6 +176,21 @@ class EngineConfig(BaseModel):
         description="SQLite file path, ':memory:', or a PostgreSQL URL "
         "(postgresql://user@host:5432/db) for a store several engines share.",
     )
+
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store_spec(cls, value: Any) -> Any:
+        """A path object is taken as its path; a URL of another kind than PostgreSQL is
+        refused (it would otherwise be read as a relative directory name)."""
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if isinstance(value, str) and "://" in value and not is_url(value):
+            raise ValueError(
+                f"store {value.split('://', 1)[0]}:// is not a store kind: give a SQLite file "
+                "or directory path, ':memory:', or a postgresql:// URL"
+            )
+        return value
+
     encryption_key: SecretStr | None = Field(
         default_factory=env_key,
         description="Encrypt the SQLite store at rest under this key (SQLCipher; needs the "

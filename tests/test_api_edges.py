@@ -270,3 +270,40 @@ def test_a_second_facade_with_other_llm_settings_or_assistant_is_refused(tmp_pat
     with pytest.raises(ValueError, match="assistant_id 'tutor'"):
         _hashing_memo(tmp_path, "carol", assistant_id="chef")
     assert _hashing_memo(tmp_path, "carol", assistant_id="tutor").engine is a.engine
+
+
+# ---------------------------------------------------------------- arguments of other kinds
+def test_arguments_of_the_wrong_kind_are_refused_by_name(make_engine: Any) -> None:
+    from memoryos_gpu.mem0 import Memory
+
+    e = make_engine(mode="extractive")
+    e.add("u", "I moved to Oslo in 2021.", "Nice.", timestamp="2024-01-01T00:00:00Z")
+    for call, says in (
+        (lambda: e.retrieve_many(["u"]), r"\(user_id, query\) pairs"),  # was an unpack error
+        (lambda: e.retrieve("u", "Oslo", top_pages="3"), "top_pages must be an integer"),
+        (lambda: e.retrieve("u", "Oslo", top_segments=0), "top_segments must be between"),
+        (lambda: e.retrieve("u", "Oslo", at="yesterday-ish"), "at: timestamp"),
+        (lambda: e.add_many(None), "pages must be a list"),
+        (lambda: e.add_many({"user_id": "u", "user_input": "x"}), "pages must be a list"),
+    ):
+        with pytest.raises(InvalidInputError, match=says):
+            call()
+    iso = e.retrieve("u", "Oslo", at="2024-06-01T00:00:00Z")
+    epoch = e.retrieve("u", "Oslo", at=1717200000.0)  # the same instant
+    assert [p.page_id for p in iso.all_pages()] == [p.page_id for p in epoch.all_pages()]
+    m = Memory(engine=e)
+    with pytest.raises(ValueError, match="metadata must be a dict"):
+        m.add("I like tea.", user_id="u", metadata=["a"])
+    with pytest.raises(ValueError, match="threshold must be a number"):
+        m.search("tea", user_id="u", threshold="0.1")
+
+
+def test_config_refuses_what_would_silently_misbehave(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    assert EngineConfig(store=tmp_path / "s").store == str(tmp_path / "s")  # a Path is a path
+    with pytest.raises(ValidationError, match="not a store kind"):
+        EngineConfig(store="sqlite:///x.db")  # was a directory named 'sqlite:'
+    for bad in ({"theta": float("nan")}, {"tau": -1.0}, {"alpha": float("inf")}):
+        with pytest.raises(ValidationError):
+            preset("paper", **bad)

@@ -238,6 +238,28 @@ def test_a_bad_config_is_a_usage_error_in_every_command(sample_store, tmp_path):
     for args in (("stats",), ("profile", "--user", "maya_chen"), ("export", "--user", "maya_chen")):
         p = cli(*args, "--store", sample_store, "--config", bad)
         assert p.returncode == 2 and "invalid engine configuration" in p.stderr, (args, p.stderr)
+    bad.write_text("memory = 5\n")  # a table expected: was "'int' object is not iterable"
+    p = cli("stats", "--store", sample_store, "--config", bad)
+    assert p.returncode == 2 and "[memory] must be a table" in p.stderr, p.stderr
+
+
+def test_stats_text_is_one_aligned_column(sample_store):
+    lines = cli("stats", "--store", sample_store).stdout.splitlines()
+    names = [ln.split()[0] for ln in lines]
+    assert names == [
+        "store",
+        "embeddings",
+        "users",
+        "pages",
+        "segments",
+        "knowledge_live",
+        "assistants",
+        "pending",
+    ]
+    starts = {
+        len(ln) - len(ln[len(name) :].lstrip()) for ln, name in zip(lines, names, strict=True)
+    }
+    assert len(starts) == 1  # every value starts in the same column
 
 
 def test_ctrl_c_exits_130_and_a_declined_prompt_1(monkeypatch, sample_store):

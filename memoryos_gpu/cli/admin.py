@@ -74,20 +74,20 @@ def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
     if as_json:
         echo_json(data)
         return
-    click.echo(
-        f"store        {data['store']} ({data['bytes'] / 2**20:.1f} MiB"
-        + (f", {len(data['shards'])} shards)" if "shards" in data else ")")
-    )
+    tiers = ", ".join(f"{k[6:]} {v:,}" for k, v in sorted(c.items()) if k.startswith("pages_"))
+    shards = f", {len(data['shards'])} shards" if "shards" in data else ""
+    rows = [("store", f"{data['store']} ({data['bytes'] / 2**20:.1f} MiB{shards})")]
     if "embedding_model" in data:
-        click.echo(f"embeddings   {data['embedding_model']}")
-    click.echo(f"users        {data['users']:,}")
-    click.echo(
-        f"pages        {data['pages']:,} ("
-        + ", ".join(f"{k[6:]} {v:,}" for k, v in sorted(c.items()) if k.startswith("pages_"))
-        + ")"
-    )
-    for key in ("segments", "knowledge_live", "assistants", "pending"):
-        click.echo(f"{key:<12} {c.get(key, 0):,}")
+        rows.append(("embeddings", str(data["embedding_model"])))
+    rows += [
+        ("users", f"{data['users']:,}"),
+        ("pages", f"{data['pages']:,}" + (f" ({tiers})" if tiers else "")),
+        *((key, f"{c.get(key, 0):,}") for key in ("segments", "knowledge_live", "assistants")),
+        ("pending", f"{c.get('pending', 0):,}"),
+    ]
+    width = max(len(name) for name, _ in rows) + 2
+    for name, value in rows:
+        click.echo(f"{name:<{width}}{value}")
 
 
 # ============================================================================ export / delete

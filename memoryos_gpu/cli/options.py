@@ -201,6 +201,9 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
 
     data: dict[str, Any] = read_toml(o.config) if o.config else {}
     try:
+        for table in ("memory", "llm"):
+            if not isinstance(data.get(table) or {}, dict):
+                raise ValueError(f"[{table}] must be a table of settings, got {data[table]!r}")
         memory = dict(data.get("memory") or {})
         name = o.preset or memory.pop("preset", None)
         memory.pop("preset", None)

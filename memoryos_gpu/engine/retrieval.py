@@ -32,7 +32,7 @@ from memoryos_gpu.types import Retrieval
 from .assembly import assemble
 from .heat import Heat
 from .state import EngineState, UserState
-from .validation import InvalidInputError, clean_queries
+from .validation import InvalidInputError, clean_count, clean_queries, clean_time
 
 
 class RetrievalPipeline:
@@ -63,10 +63,11 @@ class RetrievalPipeline:
         t_start = time.perf_counter()
         s = self._s
         m = s.memory
-        k_pages = m.top_pages if top_pages is None else top_pages
-        k_segs = m.top_segments if top_segments is None else top_segments
-        if k_pages < 1 or k_segs < 1:
-            raise InvalidInputError("top_pages and top_segments must be >= 1")
+        k_pages = m.top_pages if top_pages is None else clean_count(top_pages, "top_pages")
+        k_segs = (
+            m.top_segments if top_segments is None else clean_count(top_segments, "top_segments")
+        )
+        at = clean_time(at, "at")
         cleaned = clean_queries(queries)
         if not cleaned:
             return []

@@ -23,6 +23,8 @@ from memoryos_gpu.types import PageInput
 MAX_TEXT_CHARS = 1_000_000
 MAX_ID_CHARS = 256
 MAX_META_BYTES = 65_536
+#: Most results one retrieval may ask for (pages or segments).
+MAX_COUNT = 10_000
 MAX_ITEM_ID = 2**63 - 1  # the largest SQLite INTEGER (and PostgreSQL BIGINT)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # category Cc, but \t and \n
@@ -143,6 +145,10 @@ def validate_pages(pages: Iterable[PageInput | dict[str, Any]]) -> list[PageInpu
     load are such, and the bulk reader of ``memoryos-gpu ingest`` has validated each one
     already. Any other page goes through :func:`validate_page`, which gives the same page for
     one in normal form and a clear error for a bad one."""
+    if isinstance(pages, str | bytes | dict | PageInput) or not isinstance(pages, Iterable):
+        raise InvalidInputError(
+            f"pages must be a list of pages (dicts or PageInput), got {type(pages).__name__}"
+        )
     return [p if _normal(p) else validate_page(p) for p in pages]
 
 
@@ -200,9 +206,31 @@ def clean_queries(queries: Iterable[tuple[Any, Any]]) -> list[tuple[str, str]]:
     :func:`_plain_text`, as for pages); any other pair goes through :func:`_clean_id` and
     :func:`_clean_text`, which give the same result for the common pair and a clear error for
     a bad one."""
-    return [
-        (u, q)
-        if _plain_id(u) and _plain_text(q)
-        else (_clean_id(u, "user_id"), _clean_text(q, "query"))
-        for u, q in queries
-    ]
+    try:
+        return [
+            (u, q)
+            if _plain_id(u) and _plain_text(q)
+            else (_clean_id(u, "user_id"), _clean_text(q, "query"))
+            for u, q in queries
+        ]
+    except InvalidInputError:
+        raise
+    except (TypeError, ValueError):  # not pairs: a bare string, a 1-tuple, None
+        raise InvalidInputError("queries must be (user_id, query) pairs") from None
+
+
+def clean_count(value: Any, what: str) -> int:
+    """A result count (``top_pages``, ``top_segments``): an integer from 1 to
+    :data:`MAX_COUNT`."""
+    return clean_int(value, what, 1, MAX_COUNT)
+
+
+def clean_time(value: Any, what: str) -> float | None:
+    """A point in time as epoch seconds (a number or an ISO-8601 string, as page timestamps);
+    None stays None (now)."""
+    if value is None:
+        return None
+    try:
+        return _timestamp(value)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{what}: {exc}") from None

@@ -83,6 +83,8 @@ class Memory:
         derives long-term facts from it in the background, so both values store the same."""
         del infer
         uid = _need_user(user_id)
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise ValueError(f"metadata must be a dict, got {type(metadata).__name__}")
         pages = messages_to_pages(
             messages,
             user_id=uid,
@@ -112,6 +114,10 @@ class Memory:
         :mod:`memoryos_gpu.mem0.filters`), ``threshold`` drops those scored below it."""
         uid, rest = resolve_user(user_id, filters)
         k = _top_k(top_k, limit, 20)
+        if threshold is not None and (
+            isinstance(threshold, bool) or not isinstance(threshold, int | float)
+        ):
+            raise ValueError(f"threshold must be a number, got {type(threshold).__name__}")
         keep = compile_filter(rest)
         if not isinstance(query, str) or not query.strip():
             raise ValueError("query must be a non-empty string")
