@@ -331,6 +331,13 @@ def test_http_mem0_roundtrip_and_tenancy() -> None:
         body = r.json()
         assert (body["count"], body["has_more"], body["results"][0]["id"]) == (2, True, a1)
         assert body["results"][0]["agent_id"] == "helper" and body["results"][0]["user_id"] == "ana"
+        for name in ("limit", "top_k"):  # mem0's names for the page size (were ignored)
+            r = c.get("/v1/mem0/memories", params={"user_id": "ana", name: 1}, headers=HA)
+            assert [x["id"] for x in r.json()["results"]] == [a1], name
+        r = c.get(
+            "/v1/mem0/memories", params={"user_id": "ana", "limit": 1, "top_k": 2}, headers=HA
+        )
+        assert r.status_code == 422
         r = c.get("/v1/mem0/memories", params={"user_id": "ana", "run_id": "s1"}, headers=HA)
         assert [x["id"] for x in r.json()["results"]] == [a1]
         r = c.get("/v1/mem0/memories", params={"user_id": "ana", "agent_id": "helper"}, headers=HA)

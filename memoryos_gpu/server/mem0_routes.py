@@ -141,10 +141,18 @@ def add_mem0_routes(
         agent_id: Annotated[str | None, Query(description="Only this assistant's.")] = None,
         run_id: Annotated[str | None, Query(description="Only this session's.")] = None,
         page: Annotated[int, Query(ge=1)] = 1,
-        page_size: Annotated[int, Query(ge=1, le=1000)] = 100,
+        page_size: Annotated[int | None, Query(ge=1, le=1000)] = None,
+        limit: Annotated[
+            int | None, Query(ge=1, le=1000, description="mem0's name for page_size.")
+        ] = None,
+        top_k: Annotated[int | None, Query(ge=1, le=1000, description="Also page_size.")] = None,
     ) -> Any:
         scope = _tenancy(request)
         uid = scope.user(user_id)
+        sizes = {v for v in (page_size, limit, top_k) if v is not None}
+        if len(sizes) > 1:
+            raise ApiError(422, "invalid_input", "give one of page_size, limit and top_k")
+        page_size = sizes.pop() if sizes else 100
         flt = {k: v for k, v in (("agent_id", agent_id), ("run_id", run_id)) if v is not None}
         keep = compile_filter(_scoped_filter(scope, flt)) if flt else None
         listing = await service.call(ops().list, uid, page=page, page_size=page_size, keep=keep)
