@@ -136,6 +136,28 @@ def test_add_returns_its_ids_when_the_inline_derived_work_fails(
         e.close()
 
 
+def test_an_engine_opens_on_pending_work_its_llm_cannot_do(kit: Any, tmp_path: Path) -> None:
+    cfg = EngineConfig(
+        store=str(tmp_path / "s"),
+        memory=preset("paper", stm_capacity=1),
+        llm=LLMConfig(mode="llm", backend="scripted"),
+        embedder="hashing",
+        device="cpu",
+    )
+    with MemoryEngine(cfg, embedder=kit.TableEmbedder(), llm=_FlakyBackend(kit.Script())) as e:
+        e.add_many([{"user_id": "u", "user_input": t, "agent_response": "ok"} for t in "abc"])
+        assert e.pending_count("u") == 2
+    llm = _FlakyBackend(kit.Script())
+    e = MemoryEngine(cfg, embedder=kit.TableEmbedder(), llm=llm)  # raised LLMBackendError
+    try:
+        assert e.pending_count("u") == 2 and e.stats()["counters"]["derived_failures"] == 1
+        assert e.retrieve("u", "a").stm  # retrieval needs no LLM
+        llm.down = False
+        assert e.process_pending()["pages"] == 2
+    finally:
+        e.close()
+
+
 # ---------------------------------------------------------------- 3. sources across users
 def test_a_source_of_another_users_page_refuses_the_batch(make_engine: Any) -> None:
     e = make_engine(mode="extractive")
@@ -307,3 +329,15 @@ def test_config_refuses_what_would_silently_misbehave(tmp_path: Path) -> None:
     for bad in ({"theta": float("nan")}, {"tau": -1.0}, {"alpha": float("inf")}):
         with pytest.raises(ValidationError):
             preset("paper", **bad)
+
+
+def test_an_answer_longer_than_a_page_is_returned_not_remembered(
+    make_engine: Any, kit: Any
+) -> None:
+    from memoryos_gpu.engine.validation import MAX_TEXT_CHARS
+
+    e = make_engine(script=kit.Script(response="x" * (MAX_TEXT_CHARS + 1)))
+    r = e.respond("newbie", "tell me everything")  # raised InvalidInputError from add_many
+    assert len(r.text) == MAX_TEXT_CHARS + 1 and r.page_id is None
+    assert "over a page's limit" in r.error
+    assert "newbie" not in e.users()

@@ -550,6 +550,11 @@ class _FakeOpenAI(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         last = body["messages"][-1]["content"]
+        if "PLEASE FAIL" in last:  # a request the server refuses (not retried)
+            self.send_response(400)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         text = json.dumps({"echo": len(last)})
         data = json.dumps(
             {
@@ -604,6 +609,11 @@ def test_chat_with_an_openai_compatible_backend(tmp_path, fake_llm):
     p = cli("chat", "--config", config, "--user", "newbie", input="one more\n/quit\n")
     assert p.returncode == 0 and "assistant> fake answer" in p.stdout
     assert len(store_pages(store)) == 3
+    # a failed answer: said, exit 1, not remembered (a new user's was stored, answer empty)
+    p = cli("chat", "--config", config, "--user", "other", "-m", "PLEASE FAIL", "-m", "hi")
+    assert p.returncode == 1 and "the LLM failed" in p.stderr, p.stderr
+    assert "assistant> fake answer" in p.stdout  # the next message was still answered
+    assert [r[0] for r in store_pages(store)].count("other") == 1  # only the answered one
 
 
 def test_config_precedence_in_process(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from .options import (
+    EXIT_ERROR,
     EXIT_USAGE,
     CLIError,
     build_config,
@@ -117,19 +118,22 @@ def chat(
     engine = make_engine(cfg)
     try:
 
-        def answer(text: str) -> None:
-            text_out, error, retrieval = _respond(engine, user_id, text)
+        def answer(text: str) -> bool:
+            """Print the answer to ``text``; whether it was remembered."""
+            r = engine.respond(user_id, text)  # a new user is answered from empty memory
             if show_memory:
-                n = len(retrieval.all_pages()) if retrieval is not None else 0
-                tokens = retrieval.retrieval_tokens if retrieval is not None else 0
+                n, tokens = len(r.retrieval.all_pages()), r.retrieval.retrieval_tokens
                 click.echo(click.style(f"[memory: {n} pages, ~{tokens} tokens]", dim=True))
-            if error:
-                click.echo(f"error: the LLM failed: {error}", err=True)
-            click.echo(f"assistant> {text_out}")
+            if r.error:  # a failed generation (no text) or an answer too long to keep
+                click.echo(
+                    f"error: {r.error if r.text else f'the LLM failed: {r.error}'}", err=True
+                )
+            click.echo(f"assistant> {r.text or ''}")
+            return not r.error
 
         if messages:
-            for m in messages:
-                answer(m)
+            if not all([answer(m) for m in messages]):  # every message answered, then the code
+                ctx.exit(EXIT_ERROR)
             return
         click.echo(f"chatting as {user_id} ({cfg.llm.backend}); /quit or Ctrl-D to leave", err=True)
         while True:
@@ -144,20 +148,6 @@ def chat(
                 answer(text)
     finally:
         engine.close()
-
-
-def _respond(engine: Any, user_id: str, text: str) -> tuple[str, str | None, Any]:
-    """``engine.respond``; a user with no memory yet (which ``respond`` refuses) gets an answer
-    from the same response prompt with empty memory, and the exchange is remembered."""
-    if user_id in engine.users():
-        r = engine.respond(user_id, text)
-        return r.text, r.error, r.retrieval
-    from memoryos_gpu import prompts
-    from memoryos_gpu.types import PageInput
-
-    res = engine.stages.respond([prompts.response(text, [], [], {}, [], [], None)])[0]
-    engine.add_many([PageInput(user_id, text, res.text or "")])
-    return res.text or "", res.error, None
 
 
 # ============================================================================ profile / stats

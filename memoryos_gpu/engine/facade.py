@@ -267,22 +267,24 @@ class MemoryEngine:
         Pages whose ``source`` was accepted before are skipped (``duplicate=True``). Derived work
         runs afterwards when ``config.auto_process`` (else call :meth:`process_pending`); the
         pages are committed by then, so a failure of that work never makes this raise
-        (:meth:`_process_accepted`).
+        (:meth:`_process_owed`).
         """
         items = validate_pages(pages)
         prepared = self._stm.prepare(items)  # embedding: outside the lock, others go on
         results = self._accept_durably(items, prepared)
         if self.config.auto_process:  # outside the lock: its stages run without it
-            self._process_accepted()
+            self._process_owed()
         return results
 
-    def _process_accepted(self) -> None:
-        """The inline derived work after an accepted batch (``auto_process``).
+    def _process_owed(self) -> None:
+        """The derived work committed pages owe, run now: after an accepted batch
+        (``auto_process``) and when the engine opens on a store with pending work.
 
         Why it does not raise: the pages are committed and their work is pending in the store,
         so a failure here (an LLM server down, a full disk) loses nothing -- the work is
-        retried by the next :meth:`process_pending` -- whereas raising would cost the caller
-        the page ids, and a retry would store the pages twice. The failure is logged and
+        retried by the next :meth:`process_pending` -- whereas raising would cost an ``add``
+        its page ids (a retry would store the pages twice) and an open the whole store (no
+        retrieval, which needs no LLM, until the LLM is back). The failure is logged and
         counted (``stats()["counters"]["derived_failures"]``); an engine closed meanwhile
         resumes the work when the store is opened again. KeyboardInterrupt and SystemExit
         still propagate."""
@@ -294,7 +296,7 @@ class MemoryEngine:
             with self._lock:
                 self.counters["derived_failures"] += 1
             log.warning(
-                "derived work after add failed; it stays pending and is retried by the next "
+                "derived work failed; it stays pending and is retried by the next "
                 "process_pending: %s: %s",
                 type(exc).__name__,
                 exc,

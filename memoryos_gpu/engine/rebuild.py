@@ -38,7 +38,8 @@ class Rebuild:
 
     def rebuild(self) -> None:
         """Load the store into the arena and resume pending work (through the engine's
-        ``process_pending``, which a shard engine may hold back)."""
+        ``process_pending``, which a shard engine may hold back; a failure of that work leaves
+        it pending and the store open: ``_process_owed``)."""
         s = self._s
         return_free_memory()
         self._backfill_terms()
@@ -46,7 +47,7 @@ class Rebuild:
         self._refit_extractor()
         return_free_memory()
         if s.store.count_pending():
-            self._hooks.process_pending()
+            self._hooks._process_owed()
 
     def reload(self) -> None:
         """The in-memory state loaded again from the store, after an apply failed halfway

@@ -17,7 +17,7 @@ from memoryos_gpu.stages import LLMStages
 from memoryos_gpu.types import PageInput, Response, Retrieval, RetrievedPage
 
 from .state import DEFAULT_ASSISTANT, EngineHooks, EngineState
-from .validation import clean_queries
+from .validation import MAX_TEXT_CHARS, clean_queries
 
 
 class Responder:
@@ -37,7 +37,8 @@ class Responder:
         """Answer many users at once: one retrieval pass, one LLM batch, one add_many.
 
         A user with no memory yet is answered from empty memory (and created by the add).
-        A failed generation is returned with its error and not stored as a page.
+        A failed generation is returned with its error and not stored as a page; so is an
+        answer longer than a page may be (its text is returned whole).
         """
         s = self._s
         if not isinstance(s.stages, LLMStages):
@@ -66,7 +67,13 @@ class Responder:
             for r, a in zip(retrievals, assistants, strict=True)
         ]
         results = s.stages.respond(messages)
-        ok = [i for i, res in enumerate(results) if not res.error]
+        refused = {  # a page holds at most MAX_TEXT_CHARS: shown, but not remembered
+            i: f"the answer ({len(res.text):,} characters) is over a page's limit of "
+            f"{MAX_TEXT_CHARS:,}: returned, not remembered"
+            for i, res in enumerate(results)
+            if not res.error and len(res.text or "") > MAX_TEXT_CHARS
+        }
+        ok = [i for i, res in enumerate(results) if not res.error and i not in refused]
         added = self._hooks.add_many(
             [
                 PageInput(
@@ -90,7 +97,7 @@ class Responder:
                 page_of.get(i),
                 res.prompt_tokens,
                 res.completion_tokens,
-                res.error,
+                res.error or refused.get(i),
             )
             for i, (r, res) in enumerate(zip(retrievals, results, strict=True))
         ]
