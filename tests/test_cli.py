@@ -223,6 +223,22 @@ def test_a_plain_ingest_into_a_sharded_store_is_refused(tmp_path):
     assert json.loads(cli("stats", "--store", store, "--json").stdout)["users"] == 6
 
 
+def test_a_store_on_a_read_only_file_system_says_so(sample_store, tmp_path):
+    import shutil
+
+    store = tmp_path / "ro"
+    shutil.copytree(sample_store, store)
+    mount = f"mount --bind {store} {store} && mount -o remount,bind,ro {store}"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True)
+    if probe.returncode != 0:  # needs root and mount namespaces
+        pytest.skip("cannot mount a read-only file system here")
+    run = f"{mount} && {sys.executable} -m memoryos_gpu stats --store {store}"
+    p = subprocess.run(
+        ["unshare", "-m", "sh", "-c", run], capture_output=True, text=True, env=_env()
+    )
+    assert p.returncode == 1 and "file system is read-only" in p.stderr, p.stderr
+
+
 def test_ingest_process_defer_leaves_the_derived_work_pending(tmp_path):
     store = tmp_path / "s"
     p = cli("ingest", SAMPLE, "--store", store, "--process", "defer", "--json")

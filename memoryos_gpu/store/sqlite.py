@@ -83,6 +83,14 @@ class StoreFullError(StoreError):
         )
 
 
+def _on_read_only_fs(path: str) -> bool:
+    """Whether ``path``'s directory is on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(os.path.dirname(os.path.abspath(path))).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def _environment_error(path: str, exc: BaseException) -> StoreError | None:
     """What the machine did to a transaction (disk full, I/O error, read-only file), said for
     an operator with SQLite's own words kept; None for any other error."""
@@ -483,6 +491,12 @@ class SQLiteStore:
         except self._dbapi.DatabaseError as exc:  # "file is not a database", corrupt header, ...
             self._db.close()
             self._release_writer()
+            if _on_read_only_fs(self.path):
+                raise StoreError(
+                    f"cannot open store {self.path}: its file system is read-only, and SQLite "
+                    f"writes beside a store even to read it ({self.path}-shm, the index of its "
+                    "write-ahead log); copy the store to a writable place to read it"
+                ) from exc
             raise StoreError(f"{self.path} is not a usable memoryos-gpu store: {exc}") from exc
         if self._writer is not None:  # the writer's commits leave checkpoints to a thread
             try:
