@@ -163,6 +163,30 @@ class LLMConfig(BaseModel):
     batch_size: int = Field(64, ge=1, description="Requests per backend call.")
     options: dict[str, Any] = Field(default_factory=dict, description="Backend keyword options.")
 
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        """The canonical name (aliases such as ``hf`` resolved, so code comparing names sees
+        one spelling); an unknown name is refused here rather than when the engine opens."""
+        from memoryos_gpu.llm.factory import BACKEND_KINDS, backend_kind
+
+        kind = backend_kind(value)
+        if kind not in BACKEND_KINDS:
+            raise ValueError(
+                f"unknown LLM backend {value!r}; expected one of: {', '.join(BACKEND_KINDS)}"
+            )
+        return kind
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        """A URL without its scheme (``127.0.0.1:8000``) is refused here, as a setting, rather
+        than by the backend's constructor when the engine opens (the same rule as
+        ``openai_compat.normalize_base_url``)."""
+        if value is not None and not value.strip().startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {value!r}")
+        return value
+
 
 class EngineConfig(BaseModel):
     """Everything an engine needs: memory mechanics, devices, models, store."""

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memoryos_gpu.llm.base import BackendStats, ChatRequest, ChatResult, LLMBackend, LLMBackendError
+from memoryos_gpu.llm.base import (
+    BackendStats,
+    ChatRequest,
+    ChatResult,
+    LLMBackend,
+    LLMBackendError,
+    LLMConfigError,
+)
 from memoryos_gpu.llm.factory import BACKEND_KINDS, make_backend
 from memoryos_gpu.llm.jsonfix import parse_json_output
 from memoryos_gpu.llm.scripted import ScriptedBackend
@@ -25,6 +32,7 @@ __all__ = [
     "ChatResult",
     "LLMBackend",
     "LLMBackendError",
+    "LLMConfigError",
     "OpenAICompatBackend",
     "ScriptedBackend",
     "TransformersBackend",

@@ -27,6 +27,7 @@ __all__ = [
     "ChatResult",
     "LLMBackend",
     "LLMBackendError",
+    "LLMConfigError",
 ]
 
 _ROLES = frozenset({"system", "user", "assistant"})
@@ -34,6 +35,12 @@ _ROLES = frozenset({"system", "user", "assistant"})
 
 class LLMBackendError(MemoryOSError, RuntimeError):
     """A failure that affects every request: configuration, connection, missing package."""
+
+
+class LLMConfigError(MemoryOSError, ValueError):
+    """A backend cannot be built from its settings (unknown backend, an option it does not
+    take or a bad value): raised before any work, naming the backend and the setting, so a
+    misconfiguration reads as one and not as a traceback from inside a constructor."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,10 @@ specific to LLM output here is around it:
 2. candidates: the whole text, the inside of code fences, and each ``{`` / ``[`` start, the
    schema's top-level type first;
 3. per candidate, a strict decode of the value at its start, else ``json_repair.loads``
-   (which gathers several top-level values into a list: each object of it is then tried);
+   (which gathers several top-level values into a list: each object of it is then tried),
+   except for a candidate nested deeper than ``_MAX_REPAIR_DEPTH``: json-repair's work grows
+   with depth times length (a degenerate run of 20,000 ``{`` took 22 s), and no schema the
+   engine asks for nests that deep;
 4. schema fitting: our own normalisation of what the model names or nests loosely (property
    names that differ in case or spaces, a one-element list around an expected object, null
    or empty optional values), then ``json-repair``'s schema mode (a scalar where an array is
@@ -48,6 +51,8 @@ _TAG_RE = re.compile(r"<(/?)think>", re.I)
 _END_RE = re.compile(r"</think>", re.I)
 _STRING_START, _STRING_END = frozenset("{[,:"), frozenset(["", ",", "}", "]", ":"])
 _MAX_STARTS = 16  # how many '{' / '[' positions to try in prose-heavy output
+_MAX_REPAIR_DEPTH = 32  # deeper candidates get the strict decode only (see step 3 above)
+_STRUCTURE_RE = re.compile(r'\\.|["{}\[\]]', re.S)  # an escape, a quote or a bracket
 _DECODER = json.JSONDecoder()
 
 
@@ -169,6 +174,8 @@ def _decoded(candidate: str) -> Iterator[tuple[Any, bool]]:
     ``json-repair`` makes of it."""
     with contextlib.suppress(ValueError, RecursionError):
         yield _DECODER.raw_decode(candidate)[0], False
+    if _too_deep(candidate):
+        return
     try:
         value = json_repair.loads(candidate)
     except (ValueError, RecursionError):
@@ -180,6 +187,27 @@ def _decoded(candidate: str) -> Iterator[tuple[Any, bool]]:
                 yield v, True
     elif value != "":
         yield value, True
+
+
+def _too_deep(candidate: str) -> bool:
+    """True when brackets outside strings nest deeper than ``_MAX_REPAIR_DEPTH`` somewhere in
+    ``candidate``; stops at the first such level, so degenerate output is refused at once."""
+    depth, in_string = 0, False
+    for m in _STRUCTURE_RE.finditer(candidate):
+        c = m.group()
+        if len(c) == 2:  # an escaped character
+            continue
+        if c == '"':
+            in_string = not in_string
+        elif in_string:
+            continue
+        elif c in "{[":
+            depth += 1
+            if depth > _MAX_REPAIR_DEPTH:
+                return True
+        else:
+            depth = max(depth - 1, 0)
+    return False
 
 
 # ----------------------------------------------------------------------------- schema fitting

@@ -1,4 +1,5 @@
-"""What goes into an OpenAI-compatible request body, and what a server's 4xx says to change.
+"""What goes into an OpenAI-compatible request body, what a server's 4xx says to change, and
+what its 200 answer holds.
 
 Servers that speak the OpenAI chat API disagree on details, and some say so only with a 400:
 
@@ -13,11 +14,16 @@ Servers that speak the OpenAI chat API disagree on details, and some say so only
 
 The backend learns the first two per model and the format per stage from the error bodies
 parsed here (:func:`parse_error`), so one rejection never changes more than it must.
+
+A 200 answer is read by :func:`answer_text` and :func:`usage_counts`, which accept only
+OpenAI's shapes and never raise: one server's odd answer (a list body, ``content`` as a number,
+``usage`` as a string) must cost only its own request, not the batch it came in.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,12 +33,14 @@ from memoryos_gpu.llm.base import ChatRequest
 __all__ = [
     "STYLES",
     "ServerError",
+    "answer_text",
     "build_response_format",
     "is_format_rejection",
     "parse_error",
     "rejects_max_tokens",
     "rejects_temperature",
     "strict_schema_ok",
+    "usage_counts",
 ]
 
 STYLES = ("auto", "json_schema", "json_object", "none")
@@ -56,7 +64,7 @@ def parse_error(content: bytes) -> ServerError:
     text = content.decode("utf-8", "replace")
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a body nested too deep to decode
         return ServerError(text.strip()[:500] or "(empty body)")
     if isinstance(data, dict):
         err = data.get("error")
@@ -77,6 +85,48 @@ def parse_error(content: bytes) -> ServerError:
 
 def _str_or_none(v: Any) -> str | None:
     return None if v is None else str(v)
+
+
+def answer_text(data: Any) -> str | None:
+    """The assistant's text in a decoded 200 answer: ``choices[0].message.content`` as a
+    string, or the text parts of OpenAI's content-parts list joined (other parts, such as a
+    ``refusal``, carry no answer); ``null`` content is ``""``. ``None`` when the answer has
+    any other shape, so the caller reports it instead of crashing on it."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        return None
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+        texts = [part.get("text") for part in content if part.get("type", "text") == "text"]
+        if all(isinstance(t, str) for t in texts):
+            return "".join(texts)
+    return None
+
+
+def usage_counts(data: Any) -> tuple[int, int]:
+    """``(prompt_tokens, completion_tokens)`` of a decoded 200 answer; a count that is not a
+    finite non-negative integer (a string, NaN, ``1e999``, a negative number) is taken as 0:
+    token accounting is informational and must not fail the request."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(usage, dict):
+        return 0, 0
+    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+
+
+def _count(value: Any) -> int:
+    """A token count, or 0; an integral float (``12.0``, as some servers send) counts."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return max(int(value), 0)
+    return 0
 
 
 def rejects_max_tokens(err: ServerError) -> bool:

@@ -29,11 +29,18 @@ every backend instance of this process) and the request is resent at once with
 ``api_key`` defaults to ``$OPENAI_API_KEY`` (as the OpenAI SDK does: it is sent to whatever
 ``base_url`` is configured).
 
+``timeout_s`` bounds each request attempt as a whole (connect, send, the server's work and
+reading the answer): httpx's own timeout only bounds each read, so a server trickling its
+answer a byte at a time would otherwise hold a request for minutes.
+
 Retries: 429, 5xx, connection errors and timeouts are retried up to ``max_retries`` times with
 exponential backoff and jitter (``Retry-After`` is honoured). Other 4xx answers become
 ``ChatResult.error`` with the server's message, except 401/403/404 before any request has
-succeeded, which raise :class:`LLMBackendError` (wrong key, wrong URL, wrong model name), as
-does a server that cannot be reached at all.
+succeeded, which raise :class:`LLMBackendError` (wrong key, wrong URL, wrong model name). A
+server that still refuses connections after the retries raises :class:`LLMBackendError` too,
+whether or not it answered before: every request of the batch would fail the same way, and
+the caller must retry the work later rather than take the failure as the model's answer. A
+malformed 200 answer (not JSON, not OpenAI's shape) is that request's error alone.
 """
 
 from __future__ import annotations
@@ -64,11 +71,13 @@ from memoryos_gpu.llm.jsonfix import parse_json_output
 from memoryos_gpu.llm.openai_body import (
     STYLES,
     ServerError,
+    answer_text,
     build_response_format,
     is_format_rejection,
     parse_error,
     rejects_max_tokens,
     rejects_temperature,
+    usage_counts,
 )
 
 __all__ = ["OpenAICompatBackend", "learned_quirks", "normalize_base_url"]
@@ -132,6 +141,8 @@ class OpenAICompatBackend(LLMBackend):
             raise ValueError("max_concurrency must be >= 1")
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
+        if not timeout_s > 0:  # also NaN: each attempt's deadline
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         if not model:
             raise ValueError("model must be given (the served model name)")
         self.base_url = normalize_base_url(base_url)
@@ -314,6 +325,14 @@ class OpenAICompatBackend(LLMBackend):
         cap = min(self.backoff_max_s, self.backoff_base_s * (2**attempt))
         return cap / 2 + random.uniform(0, cap / 2)
 
+    async def _post(self, body: dict[str, Any]) -> httpx.Response:
+        """One POST, body read, under an overall deadline of ``timeout_s`` (raises
+        ``TimeoutError`` past it): httpx's timeout is per read, which a trickling server
+        never trips."""
+        assert self._client is not None
+        async with asyncio.timeout(self.timeout_s):
+            return await self._client.post(self.url, json=body, headers=self._headers)
+
     async def _one(self, req: ChatRequest) -> ChatResult:
         assert self._client is not None and self._sem is not None
         attempt = 0  # retries used
@@ -327,31 +346,21 @@ class OpenAICompatBackend(LLMBackend):
             retry_after: float | None = None
             try:
                 async with self._sem:
-                    resp = await self._client.post(self.url, json=body, headers=self._headers)
-                    status = resp.status_code
-                    content = resp.content
-                    headers = resp.headers
-            except httpx.TimeoutException as e:
+                    resp = await self._post(body)
+                status, content, headers = resp.status_code, resp.content, resp.headers
+            except (httpx.TimeoutException, TimeoutError) as e:
                 last_error = f"timeout after {self.timeout_s:g}s ({type(e).__name__})"
                 status = None
             except httpx.TransportError as e:
                 last_error = f"connection error: {type(e).__name__}: {e}"
                 status = None
-                if (
-                    isinstance(e, httpx.ConnectError)
-                    and attempt >= self.max_retries
-                    and not self._contacted
-                ):
-                    raise _Fatal(
-                        f"cannot connect to the LLM server at {self.base_url}: {e}. "
-                        "Is it running (e.g. `vllm serve MODEL` or "
-                        "`python -m llama_cpp.server --model FILE.gguf`) and is base_url right?"
-                    ) from None
+                if isinstance(e, httpx.ConnectError) and attempt >= self.max_retries:
+                    raise _Fatal(self._unreachable(e, attempt)) from None
             if status is not None:
                 if status == 200:
                     try:
                         data = json.loads(content)
-                    except ValueError:
+                    except (ValueError, RecursionError):  # not JSON, or nested too deep
                         last_error = f"HTTP 200 with a non-JSON body: {content[:200]!r}"
                         if attempt < self.max_retries:
                             attempt += 1
@@ -360,7 +369,7 @@ class OpenAICompatBackend(LLMBackend):
                             continue
                         return ChatResult.failed(last_error)
                     self._contacted = True
-                    return self._result(req, data)
+                    return self._result(req, data, content)
                 err = parse_error(content)
                 last_error = f"HTTP {status}: {err.message}"
                 if resends < _MAX_RESENDS and (
@@ -390,17 +399,23 @@ class OpenAICompatBackend(LLMBackend):
             self.stats.add(retries=1)
             await asyncio.sleep(delay)
 
-    def _result(self, req: ChatRequest, data: dict) -> ChatResult:
-        usage = data.get("usage") or {}
-        pt = int(usage.get("prompt_tokens") or 0)
-        ct = int(usage.get("completion_tokens") or 0)
-        try:
-            choice = data["choices"][0]
-            text = choice.get("message", {}).get("content") or ""
-        except (KeyError, IndexError, TypeError, AttributeError):
-            return ChatResult(
-                "", None, pt, ct, error=f"malformed response: {json.dumps(data)[:300]}"
-            )
+    def _unreachable(self, error: httpx.ConnectError, retries: int) -> str:
+        """The message of the LLMBackendError raised when the server refuses connections."""
+        before = " (it answered earlier: did it stop?)" if self._contacted else ""
+        return (
+            f"cannot connect to the LLM server at {self.base_url} after {retries} retries"
+            f"{before}: {error}. Is it running (e.g. `vllm serve MODEL` or "
+            "`python -m llama_cpp.server --model FILE.gguf`) and is base_url right?"
+        )
+
+    def _result(self, req: ChatRequest, data: Any, raw: bytes) -> ChatResult:
+        """The result of a decoded 200 answer (``raw``: its body). Any shape but OpenAI's
+        becomes this request's error, so one odd answer never fails its batch."""
+        pt, ct = usage_counts(data)
+        text = answer_text(data)
+        if text is None:
+            excerpt = raw[:300].decode("utf-8", "replace")
+            return ChatResult("", None, pt, ct, error=f"malformed response: {excerpt}")
         parsed = None
         if req.json_schema is not None:
             try:

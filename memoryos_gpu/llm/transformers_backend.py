@@ -13,9 +13,12 @@ JSON-schema grammar (token-mask constrained decoding, which works on CPU too). W
 xgrammar the output is parsed and repaired by :mod:`jsonfix`. Either way a structured output
 that still does not parse is retried once at temperature 0.7, then left as ``parsed=None``.
 
-Prompts longer than ``max_input_tokens`` are shortened by :mod:`prompt_fit`'s rule: the start
-of the last user message goes first (the system prompt is kept), then the oldest non-system
-messages; a prompt that still does not fit fails alone.
+Prompts longer than their budget are shortened by :mod:`prompt_fit`'s rule: the start of the
+last user message goes first (the system prompt is kept), then the oldest non-system messages;
+a prompt that still does not fit fails alone. The budget is ``max_input_tokens`` when given,
+else the model's own context window (its config's ``max_position_embeddings``) less the
+request's ``max_tokens``: the engine's system prompts alone are about 2,000 tokens, so a fixed
+budget below the window would refuse prompts the model can take.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from memoryos_gpu.llm.base import (
 from memoryos_gpu.llm.jsonfix import parse_json_output
 from memoryos_gpu.llm.prompt_fit import fit_messages
 
-__all__ = ["TransformersBackend", "bundled_smollm2_path", "xgrammar_available"]
+__all__ = ["TransformersBackend", "bundled_smollm2_path", "context_length", "xgrammar_available"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,29 @@ def _resolve_source(
     return str(model), gguf_file
 
 
+#: config attributes that hold a model's context window, by architecture family
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+#: the window assumed when neither the config nor the tokenizer states one
+_DEFAULT_CONTEXT = 2048
+
+
+def context_length(config: Any, tokenizer: Any) -> int:
+    """The model's context window in tokens: its (text) config's position limit, else the
+    tokenizer's ``model_max_length`` when that is a real limit (transformers puts ~1e30 there
+    for "unknown"), else 2048."""
+    text_config = getattr(config, "get_text_config", None)
+    if callable(text_config):
+        config = text_config()
+    for key in _CONTEXT_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    value = getattr(tokenizer, "model_max_length", None)
+    if isinstance(value, int) and 0 < value < 10_000_000:
+        return value
+    return _DEFAULT_CONTEXT
+
+
 def _dtype_kwarg() -> str:
     """transformers >= 4.56 takes ``dtype=``; older versions spell it ``torch_dtype=``."""
     import transformers
@@ -150,7 +176,7 @@ class TransformersBackend(LLMBackend):
         device: str = "auto",
         dtype: Any = "auto",
         batch_size: int = 16,
-        max_input_tokens: int = 2048,
+        max_input_tokens: int | None = None,
         *,
         constrained: str = "auto",
         json_retry: bool = True,
@@ -159,6 +185,8 @@ class TransformersBackend(LLMBackend):
         super().__init__()
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        if max_input_tokens is not None and max_input_tokens < 1:
+            raise ValueError("max_input_tokens must be >= 1 (or None: from the model's context)")
         if constrained not in ("auto", "xgrammar", "none"):
             raise ValueError("constrained must be 'auto', 'xgrammar' or 'none'")
         if constrained == "xgrammar" and not xgrammar_available():
@@ -177,7 +205,8 @@ class TransformersBackend(LLMBackend):
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
         self.batch_size = int(batch_size)
-        self.max_input_tokens = int(max_input_tokens)
+        #: an explicit prompt budget; None = the model's context less each request's max_tokens
+        self.max_input_tokens = None if max_input_tokens is None else int(max_input_tokens)
         self.json_retry = json_retry
         self.max_whitespace = int(max_whitespace)
         self._lock = threading.Lock()
@@ -197,6 +226,7 @@ class TransformersBackend(LLMBackend):
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         self.tokenizer = tok
+        self.context_tokens = context_length(mdl.config, tok)
         self.model = mdl.to(self.device).eval()
         self._torch = torch
         eos: set[int] = set()
@@ -234,19 +264,35 @@ class TransformersBackend(LLMBackend):
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
         return self.tokenizer(self._render(messages), add_special_tokens=False)["input_ids"]
 
+    def input_limit(self, request: ChatRequest) -> int:
+        """The prompt tokens ``request`` may use: ``max_input_tokens`` when set, else what the
+        model's context window leaves after the request's ``max_tokens``."""
+        if self.max_input_tokens is not None:
+            return self.max_input_tokens
+        return max(self.context_tokens - request.max_tokens, 1)
+
     def prompt_ids(self, request: ChatRequest) -> list[int]:
-        """Token ids of the rendered prompt, truncated to ``max_input_tokens`` by
+        """Token ids of the rendered prompt, truncated to :meth:`input_limit` by
         :func:`~memoryos_gpu.llm.prompt_fit.fit_messages`."""
+        limit = self.input_limit(request)
         try:
             _, ids = fit_messages(
                 list(request.messages),
-                self.max_input_tokens,
+                limit,
                 self._encode,
                 lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"],
                 lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
             )
         except ValueError as e:
-            raise ValueError(f"{e} (max_input_tokens={self.max_input_tokens})") from None
+            why = (
+                ""
+                if self.max_input_tokens is not None
+                else (
+                    f": the model's {self.context_tokens}-token context less "
+                    f"max_tokens={request.max_tokens}"
+                )
+            )
+            raise ValueError(f"{e} (max_input_tokens={limit}{why})") from None
         return ids
 
     # ------------------------------------------------------------------ grammars
