@@ -11,6 +11,7 @@ from memoryos_gpu.store.sqlite import (
     SQLiteStore,
     StoreError,
     StoreFullError,
+    StoreUnavailableError,
 )
 from memoryos_gpu.store.writer import StoreLockedError
 
@@ -24,6 +25,7 @@ __all__ = [
     "SQLiteStore",
     "StoreError",
     "StoreFullError",
+    "StoreUnavailableError",
     "StoreLockedError",
     "check_store_dir",
     "is_url",

@@ -70,6 +70,13 @@ class StoreClosedError(StoreError, EngineClosedError):
     one type) instead of the driver's own."""
 
 
+class StoreUnavailableError(StoreError):
+    """The store's server cannot be reached or dropped the connection (PostgreSQL down,
+    restarted, a network cut): nothing of the failed call was committed, and the same call can
+    succeed once the server answers again. A server answers it 503 with Retry-After, and keeps
+    trying to load an engine whose store was unavailable at start."""
+
+
 class StoreFullError(StoreError):
     """The store's disk is full: the transaction that met it was rolled back, what was
     committed before it is kept."""
