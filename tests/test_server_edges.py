@@ -303,3 +303,59 @@ def test_a_worker_process_answers_these_edges_alike(tmp_path: Path) -> None:
     assert _metric(text, "memoryos_rejected_total", reason="too_large") == 2
     seconds = "memoryos_http_request_duration_seconds_count"
     assert _metric(text, seconds, route="/v1/users/{user_id}/pages", status="413") == 2
+
+
+def test_a_server_started_before_its_store_loads_once_the_store_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that is unavailable at start (its database server down) is tried again, with
+    /ready saying why meanwhile; before, the first failure was final and the server stayed
+    not-ready for good while /health said it was alive."""
+    from memoryos_gpu.config import EngineConfig
+    from memoryos_gpu.engine import MemoryEngine
+    from memoryos_gpu.server import service as service_mod
+    from memoryos_gpu.store import StoreUnavailableError
+
+    monkeypatch.setattr(service_mod, "LOAD_RETRY_FIRST_S", 0.05)
+    tries: list[float] = []  # one entry a try
+
+    def build() -> MemoryEngine:
+        tries.append(0.0)
+        if len(tries) < 3:
+            raise StoreUnavailableError("store postgresql://u@db/x: connection refused")
+        return MemoryEngine(EngineConfig(embedder="hashing", auto_process=False))
+
+    async def run() -> tuple[str, str, str]:
+        svc = MemoryService(build)
+        await svc.start(wait=False)
+        await asyncio.sleep(0.01)
+        waiting = (svc.state, svc.error or "")
+        with pytest.raises(Unavailable, match="waiting for the store"):
+            svc.check_ready()
+        await svc._loading
+        ready = svc.state
+        await svc.close()
+        return waiting[0], waiting[1], ready
+
+    state, error, ready = asyncio.run(run())
+    assert state == "starting" and "connection refused" in error
+    assert ready == "ready" and len(tries) == 3
+
+
+def test_close_ends_a_load_that_waits_for_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memoryos_gpu.server import service as service_mod
+    from memoryos_gpu.store import StoreUnavailableError
+
+    monkeypatch.setattr(service_mod, "LOAD_RETRY_FIRST_S", 60.0)
+
+    def build() -> Any:
+        raise StoreUnavailableError("store down")
+
+    async def run() -> str:
+        svc = MemoryService(build)
+        await svc.start(wait=False)
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(svc.close(), 5)  # not the 60 s wait
+        return svc.state
+
+    assert asyncio.run(run()) == "closed"

@@ -59,7 +59,8 @@ def check_state(
     if state == "ready":
         return
     if state in ("created", "starting"):
-        raise Unavailable(f"{what} {'are' if plural else 'is'} still loading", retry_after)
+        why = f" ({error})" if error else ""  # e.g. waiting for its store
+        raise Unavailable(f"{what} {'are' if plural else 'is'} still loading{why}", retry_after)
     if state == "failed":
         raise Unavailable(f"{what} failed to load: {error}", 30)
     raise Unavailable("the server is shutting down", retry_after)

@@ -44,8 +44,8 @@ def add_probe_routes(
     )
     async def ready() -> Any:
         body = {"ready": service.ready, "status": service.state}
-        if service.state == "failed":
-            body["status"] = f"failed: {service.error}"
+        if service.state in ("failed", "starting") and service.error:  # why, when known
+            body["status"] = f"{service.state}: {service.error}"
         if service.ready:
             return JSONResponse(body)
         return JSONResponse(body, 503, headers={"Retry-After": str(settings.retry_after_s)})

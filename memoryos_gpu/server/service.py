@@ -62,6 +62,9 @@ log = logging.getLogger("memoryos_gpu.server")
 T = TypeVar("T")
 #: The longest wait between tries of a derived-work round that keeps failing (_derived_loop).
 DERIVED_RETRY_MAX_S = 60.0
+#: The longest wait between tries to load the engine while its store is unavailable (_load).
+LOAD_RETRY_MAX_S = 30.0
+LOAD_RETRY_FIRST_S = 1.0
 
 
 class LLMUnavailableError(MemoryOSError):
@@ -170,6 +173,7 @@ class MemoryService:
         self._derived_backlog = 0  # pages accepted since the last derived round started
         self._derived_max_batch = self.settings.derived_max_batch or 256  # engine's, once built
         self._loading: asyncio.Task | None = None
+        self._stop_loading = asyncio.Event()  # close() ends a load waiting for the store
         self._batchers: dict[str, MicroBatcher] = {}
         n = self.settings.native_threads
         if n is None and (os.cpu_count() or 1) <= 2:
@@ -206,13 +210,8 @@ class MemoryService:
             await self._loading
 
     async def _load(self) -> None:
-        try:
-            engine = await asyncio.get_running_loop().run_in_executor(
-                self._write_exec, self._build_engine
-            )
-        except Exception as exc:
-            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
-            log.exception("the engine failed to load")
+        engine = await self._build_when_store_answers()
+        if engine is None:
             return
         self.engine = engine
         with self._known_lock:
@@ -269,7 +268,7 @@ class MemoryService:
         if s.gc_freeze:
             frozen = freeze_long_lived()
             log.info("%d loaded objects kept out of the garbage collector's scans", frozen)
-        self.state = "ready"
+        self.state, self.error = "ready", None
 
     def _build_engine(self) -> Any:
         _limit_native_threads(self._native_threads)
@@ -291,11 +290,40 @@ class MemoryService:
 
         return observe
 
+    async def _build_when_store_answers(self) -> Any:
+        """The engine, built in the write executor; None once the load failed or close() ended
+        it. A store that is unavailable (its database server down or restarting) is tried
+        again after 1, 2, 4, ... up to :data:`LOAD_RETRY_MAX_S` seconds, ``/ready`` saying
+        why meanwhile: a server started before its database would otherwise stay not-ready
+        for good while looking alive (``/health`` 200), and no orchestrator would restart it.
+        Any other failure (a locked store, another embedding model) is final: state failed."""
+        from memoryos_gpu.store import StoreUnavailableError
+
+        delay = LOAD_RETRY_FIRST_S
+        while True:
+            try:
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._write_exec, self._build_engine
+                )
+            except StoreUnavailableError as exc:
+                self.error = f"waiting for the store ({exc}); next try in {delay:g} s"
+                log.warning("the engine cannot load yet: %s", self.error)
+            except Exception as exc:
+                self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+                log.exception("the engine failed to load")
+                return None
+            try:
+                await asyncio.wait_for(self._stop_loading.wait(), delay)
+                return None  # closed while waiting
+            except TimeoutError:
+                delay = min(delay * 2, LOAD_RETRY_MAX_S)
+
     async def close(self) -> None:
         """Stop accepting, drain the queues, finish derived work, close the engine if owned."""
         if self.state in ("closing", "closed"):
             return
         if self._loading is not None and not self._loading.done():
+            self._stop_loading.set()  # a load waiting for the store ends now
             await self._loading
         was_ready = self.state == "ready"
         self.state = "closing"
