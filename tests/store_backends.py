@@ -41,7 +41,7 @@ def pg_url_or_skip() -> str:
         try:
             psycopg.connect(url, connect_timeout=5).close()
         except psycopg.Error as exc:
-            from memoryos_gpu.store.postgres import redact
+            from memoryos_gpu.store.pg_urls import redact
 
             why = f"PostgreSQL at {redact(url)} is unreachable ({' '.join(str(exc).split())})"
     if why is not None:

@@ -1436,7 +1436,8 @@ def test_postgres_errors_are_store_errors_without_the_password(pg: Backend) -> N
 
 
 def test_sql_translation_keeps_literals_and_maps_rowid() -> None:
-    from memoryos_gpu.store.postgres import redact, translate
+    from memoryos_gpu.store.pg_urls import redact
+    from memoryos_gpu.store.postgres import translate
 
     assert translate("SELECT a FROM pages WHERE b = ? AND c LIKE 'x%?''y' ORDER BY rowid") == (
         "SELECT a FROM pages WHERE b = %s AND c LIKE 'x%%?''y' ORDER BY page_id"
@@ -1448,7 +1449,7 @@ def test_sql_translation_keeps_literals_and_maps_rowid() -> None:
         'SELECT "?" FROM knowledge WHERE x %% 2 = %s'
     )
     assert redact("postgresql://u:pw@h:5/db?password=pw&sslmode=require") == (
-        "postgresql://u:***@h:5/db?password=%2A%2A%2A&sslmode=require"
+        "postgresql://u:***@h:5/db?password=***&sslmode=require"
     )
 
 

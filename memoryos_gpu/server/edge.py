@@ -28,7 +28,7 @@ from memoryos_gpu.server.metrics import ServerMetrics
 from memoryos_gpu.server.scope import TENANCY, ApiError, Scope, error_response
 from memoryos_gpu.server.service import LLMUnavailableError, PartialWriteError
 from memoryos_gpu.server.settings import ServerSettings
-from memoryos_gpu.store.sqlite import StoreFullError
+from memoryos_gpu.store.sqlite import StoreFullError, StoreUnavailableError
 
 log = logging.getLogger("memoryos_gpu.server")
 
@@ -60,6 +60,8 @@ class ErrorMapper:
     #: key past its page or byte rate) as ``memoryos_rejected_total`` counts them: counted
     #: here, once, wherever they are raised.
     _REJECTED: ClassVar[dict[int, str]] = {403: "forbidden", 413: "too_large", 429: "rate_limited"}
+    #: Seconds a client is told to wait when the store's server cannot be reached.
+    STORE_RETRY_AFTER: ClassVar[int] = 5
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
@@ -88,6 +90,16 @@ class ErrorMapper:
             status = getattr(exc, "status", 503)  # 429: the caller's own share is full
             self.metrics.rejected.labels(reason).inc()
             return error_response(status, reason, str(exc), {"Retry-After": str(exc.retry_after)})
+        if isinstance(exc, StoreUnavailableError):  # PostgreSQL down, restarting, cut off
+            log.warning("%s", exc)  # the operator's: names the store, password masked
+            self.metrics.rejected.labels("unavailable").inc()
+            return error_response(
+                503,
+                "unavailable",
+                "the server's store cannot be reached or dropped the connection: the failed "
+                f"call was not committed; retry after {self.STORE_RETRY_AFTER} s",
+                {"Retry-After": str(self.STORE_RETRY_AFTER)},
+            )
         if isinstance(exc, PartialWriteError):
             log.error("write failed part way: %s", exc)
             return error_response(500, "partially_committed", str(exc))

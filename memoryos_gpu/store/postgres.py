@@ -21,7 +21,12 @@ What differs is kept here, in one place:
   check and delete_user's housekeeping.
 
 Requires ``pip install 'memoryos-gpu[postgres]'`` (psycopg 3 and psycopg-pool) and a UTF-8
-database. Errors name the server by its URL with any password masked.
+database. Errors name the server by its URL with any password masked, and every driver error
+that leaves the store as a failure of the server or of the connection is a :class:`StoreError`
+(:meth:`PostgresStore._failure`): :class:`StoreUnavailableError` for a server that cannot be
+reached or dropped the connection, a "statement timed out" StoreError for ``statement_timeout``,
+:class:`StoreFullError` for a full disk. Connections carry TCP keepalives and
+``tcp_user_timeout`` (:data:`KEEPALIVES`) so that a dead server or a cut network is noticed.
 """
 
 from __future__ import annotations
@@ -30,15 +35,16 @@ import functools
 import itertools
 import os
 import re
+import select
 import socket
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from memoryos_gpu.store import sqlite as _sqlite
+from memoryos_gpu.store.pg_urls import check_url, credentials_end, redact
 from memoryos_gpu.store.sqlite import (
     Durability,
     Migration,
@@ -46,6 +52,7 @@ from memoryos_gpu.store.sqlite import (
     StoreClosedError,
     StoreError,
     StoreFullError,
+    StoreUnavailableError,
 )
 
 try:
@@ -54,8 +61,6 @@ try:
     from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError:  # pragma: no cover - exercised only without the extra installed
     psycopg = None  # type: ignore[assignment]
-
-URL_SCHEMES = ("postgresql://", "postgres://")
 
 _SCHEMA_V1 = """
 CREATE TABLE meta(key TEXT COLLATE "C" PRIMARY KEY, value TEXT NOT NULL);
@@ -228,6 +233,20 @@ ROWID_KEY = {
     "audit": "event_id",
 }
 
+#: libpq connection parameters that bound how long a dead server or a cut network goes
+#: unnoticed, given to every connection whose URL does not set them itself (the URL wins):
+#: an idle connection, or one waiting for an answer, is probed after 10 s of silence, then
+#: every 5 s, and dropped after 3 probes unanswered (~25 s); data sent and not acknowledged
+#: for 30 s (``tcp_user_timeout``, milliseconds; Linux) drops it too. A server that still
+#: answers TCP but whose backend is stuck is not detected: see docs/storage.md.
+KEEPALIVES: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
 #: Rows per round trip when iterating a server-side cursor.
 ITER_ROWS = 10_000
 
@@ -279,26 +298,6 @@ def _rowid_key(sql: str) -> str:
     return ROWID_KEY.get(m.group(1).lower(), "rowid") if m else "rowid"
 
 
-def redact(url: str) -> str:
-    """``url`` with its password (in the authority or a ``password=`` parameter) masked, for
-    messages and logs."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "postgresql://(unparsable URL)"
-    netloc = parts.netloc
-    if "@" in netloc:
-        auth, host = netloc.rsplit("@", 1)
-        if ":" in auth:
-            auth = auth.split(":", 1)[0] + ":***"
-        netloc = f"{auth}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs])
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
 class PgCursor:
     """A psycopg cursor with sqlite3's leniency: fetching from a statement without a result
     gives ``None``/``[]`` instead of raising, so the engine's code runs unchanged."""
@@ -317,16 +316,72 @@ class PgCursor:
         return self._cur.description
 
     def fetchone(self) -> tuple | None:
-        return self._cur.fetchone() if self._cur.description is not None else None
+        if self._cur.description is None:
+            return None
+        try:
+            return self._cur.fetchone()
+        except psycopg.InternalError as exc:
+            raise _fetch_error(self._cur, exc) from exc
 
     def fetchmany(self, size: int) -> list[tuple]:
-        return self._cur.fetchmany(size) if self._cur.description is not None else []
+        if self._cur.description is None:
+            return []
+        try:
+            return self._cur.fetchmany(size)
+        except psycopg.InternalError as exc:
+            raise _fetch_error(self._cur, exc) from exc
 
     def fetchall(self) -> list[tuple]:
-        return self._cur.fetchall() if self._cur.description is not None else []
+        if self._cur.description is None:
+            return []
+        try:
+            return self._cur.fetchall()
+        except psycopg.InternalError as exc:
+            raise _fetch_error(self._cur, exc) from exc
 
     def __iter__(self) -> Iterator[tuple]:
-        return iter(self._cur) if self._cur.description is not None else iter(())
+        return self._rows() if self._cur.description is not None else iter(())
+
+    def _rows(self) -> Iterator[tuple]:
+        try:
+            yield from self._cur
+        except psycopg.InternalError as exc:
+            raise _fetch_error(self._cur, exc) from exc
+
+
+def _check_connection(conn: Any) -> None:
+    """The pool's check before it hands a connection out (raise: replace it). A connection
+    the server closed (a restart, ``pg_terminate_backend``, an idle timeout) has the server's
+    goodbye waiting on its socket: only then, or when that cannot be told, does the full check
+    run (psycopg_pool's ``check_connection``, one round trip), so a healthy connection costs
+    none (a full check on every call doubled a small query's time)."""
+    if conn.closed:
+        raise psycopg.OperationalError("the connection is closed")
+    try:
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN | select.POLLPRI)
+        idle = not poller.poll(0)
+    except (AttributeError, OSError, ValueError):  # no poll() here
+        idle = False
+    if not idle:
+        ConnectionPool.check_connection(conn)
+
+
+def _fetch_error(cur: Any, exc: BaseException) -> BaseException:
+    """The error a failed fetch stands for. psycopg (3.3) raises InternalError "received 2
+    results from command 'FETCH FORWARD ...'" when a server-side cursor's FETCH fails after part
+    of its rows were sent (a statement timeout mid-chunk): the server's own error is then the
+    connection's last message, and the transaction is aborted."""
+    conn = cur.connection
+    msg = conn.pgconn.error_message.decode("utf-8", "replace").strip()
+    if conn.closed:
+        return psycopg.OperationalError(msg or str(exc))
+    if conn.info.transaction_status != TransactionStatus.INERROR or not msg:
+        return exc
+    msg = msg.removeprefix("ERROR:").strip()
+    if msg.startswith("canceling statement"):
+        return psycopg.errors.QueryCanceled(msg)
+    return psycopg.DatabaseError(msg)
 
 
 class PgConnection:
@@ -400,12 +455,24 @@ class PostgresStore(SQLiteStore):
         self._depth = 0
         self._tx: PgConnection | None = None
         self._tx_owner: int | None = None
+        self._reader = not writer
+        given = check_url(url)
+        end = credentials_end(url) or 0
+        auth = url[url.find("://") + 3 : end] if end > 0 else ""
+        #: the password as libpq reads it and as the URL writes it, for :meth:`_clean`
+        self._secrets = {given.get("password") or "", auth.partition(":")[2]} - {""}
         timeout = max(1, round(connect_timeout))
+        #: what every connection is opened with beside the URL (the URL's own keepalive
+        #: settings win; connect_timeout is this store's)
+        self.connect_kwargs: dict[str, Any] = {
+            **{k: v for k, v in KEEPALIVES.items() if k not in given},
+            "connect_timeout": timeout,
+        }
         try:  # one direct connection first: the pool retries silently, this says what failed
-            with psycopg.connect(url, connect_timeout=timeout) as probe:
+            with psycopg.connect(url, **self.connect_kwargs) as probe:
                 encoding = probe.execute("SHOW server_encoding").fetchone()[0]
         except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to store {self.path}: {self._clean(exc)}") from None
+            raise self._connect_error(exc) from None
         if encoding.upper() not in ("UTF8", "UTF-8"):
             raise StoreError(
                 f"store {self.path} uses server encoding {encoding}; memoryos-gpu needs a UTF8 "
@@ -415,16 +482,20 @@ class PostgresStore(SQLiteStore):
             url,
             min_size=1,
             max_size=max(2, pool_size),  # opening holds one for the lock, one to work
-            kwargs={"autocommit": True, "connect_timeout": timeout},
+            kwargs={"autocommit": True, **self.connect_kwargs},
             name="memoryos-gpu",
             timeout=30.0,
             open=False,
+            # a connection is looked at before it is handed out: one the server dropped (a
+            # restart, an idle timeout, pg_terminate_backend) is replaced instead of failing
+            # the call that took it
+            check=_check_connection,
         )
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
         except PoolTimeout:
             self._pool.close()
-            raise StoreError(
+            raise StoreUnavailableError(
                 f"cannot connect to store {self.path}: no connection within {connect_timeout} s"
             ) from None
         self._closed = False
@@ -435,8 +506,11 @@ class PostgresStore(SQLiteStore):
         except StoreError:
             self.close()
             raise
-        except psycopg.Error as exc:
+        except (psycopg.Error, PoolTimeout) as exc:
             self.close()
+            said = self._failure(exc)
+            if said is not None:
+                raise said from None
             raise StoreError(
                 f"{self.path} is not a usable memoryos-gpu store: {self._clean(exc)}"
             ) from None
@@ -444,8 +518,73 @@ class PostgresStore(SQLiteStore):
     def _clean(self, exc: BaseException) -> str:
         """An error's text without the URL's password, should a driver ever echo it."""
         text = " ".join(str(exc).split())  # libpq's messages span lines: one line per error
-        password = urlsplit(self.url).password if "://" in self.url else None
-        return text.replace(password, "***") if password else text
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _connect_error(self, exc: BaseException) -> StoreError:
+        """The error for a connection that could not be made: :class:`StoreUnavailableError`
+        (the server down or unreachable, starting, out of connection slots: it can pass),
+        unless the server refused us for good (authentication, no such database or role)."""
+        text = self._clean(exc)
+        final = ("password authentication failed", "does not exist", "no pg_hba.conf entry")
+        cls = StoreError if any(w in text for w in final) else StoreUnavailableError
+        return cls(f"cannot connect to store {self.path}: {text}")
+
+    def _failure(self, exc: BaseException) -> StoreError | None:
+        """The :class:`StoreError` a driver or pool error leaving the store becomes, or None
+        for one that is left as it is (a constraint violation, a bug in a statement). The one
+        place where server and connection failures are named:
+
+        * the pool had no connection in time: :class:`StoreUnavailableError`;
+        * a full disk: :class:`StoreFullError`;
+        * a statement cancelled (``statement_timeout``, or ``pg_cancel_backend``): a
+          StoreError that says so;
+        * any other :class:`psycopg.OperationalError` (connection lost or refused, server
+          shutting down or restarting, out of connections or memory):
+          :class:`StoreUnavailableError` (nothing of the failed call was committed, unless the
+          connection was lost during the COMMIT itself: see docs/storage.md); a program limit
+          (SQLSTATE class 54) a plain StoreError.
+        """
+        if psycopg is None:
+            return None
+        if isinstance(exc, PoolTimeout):
+            return StoreUnavailableError(
+                f"no connection to store {self.path} within {self._pool.timeout:g} s (server "
+                "down or unreachable, or every pooled connection busy)"
+            )
+        if not isinstance(exc, psycopg.Error):
+            return None
+        text = self._clean(exc)
+        if isinstance(exc, psycopg.errors.DiskFull):
+            return StoreFullError.met(self.path, text)
+        if isinstance(exc, psycopg.errors.QueryCanceled):
+            if "statement timeout" in text:
+                return StoreError(
+                    f"store {self.path}: a statement timed out ({text}); the limit is the "
+                    "statement_timeout of the store's connections (set by the URL's "
+                    "options=-cstatement_timeout=..., or by the role or the server): raise it"
+                )
+            return StoreError(f"store {self.path}: a statement was cancelled ({text})")
+        if isinstance(exc, psycopg.OperationalError):
+            if (exc.sqlstate or "").startswith("54"):  # program limit: no retry helps
+                return StoreError(f"store {self.path}: {text}")
+            return StoreUnavailableError(
+                f"store {self.path} is unavailable: {text} (the server cannot be reached or "
+                "dropped the connection; retry once it answers)"
+            )
+        return None
+
+    @contextmanager
+    def _failures(self) -> Iterator[None]:
+        """Raise driver and pool errors as :meth:`_failure` names them."""
+        try:
+            yield
+        except (psycopg.Error, PoolTimeout) as exc:
+            said = self._failure(exc)
+            if said is None:
+                raise
+            raise said from exc
 
     # ------------------------------------------------------------------ dialect hooks
     def _table_names(self) -> set[str]:
@@ -464,6 +603,12 @@ class PostgresStore(SQLiteStore):
         return MIGRATIONS
 
     def _migrate(self) -> None:
+        if self._reader and not self._table_names():
+            # a tool that only reads must not create a store (SQLite's "no store" likewise)
+            raise StoreError(
+                f"no memoryos-gpu store in {self.path} (create one with: memoryos-gpu ingest "
+                f"FILE --store URL)"
+            )
         with self._pool.connection() as lock:
             lock.execute("SELECT pg_advisory_lock(%s)", (_MIGRATE_LOCK,))
             try:
@@ -484,11 +629,8 @@ class PostgresStore(SQLiteStore):
             raise StoreClosedError(f"store {self.path} is closed")
         try:
             return self._pool.getconn()
-        except PoolTimeout:
-            raise StoreError(
-                f"no connection to store {self.path} within {self._pool.timeout} s "
-                "(server down, or every pooled connection busy)"
-            ) from None
+        except PoolTimeout as exc:
+            raise self._failure(exc) from None  # type: ignore[misc]
 
     @contextmanager
     def transaction(  # type: ignore[override]
@@ -509,37 +651,37 @@ class PostgresStore(SQLiteStore):
                 try:
                     yield tx
                 except BaseException:
-                    tx.conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
-                    tx.conn.execute(f"RELEASE SAVEPOINT {name}")
+                    if not tx.conn.closed:  # a dropped connection: the outer call says so
+                        tx.conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                        tx.conn.execute(f"RELEASE SAVEPOINT {name}")
                     raise
                 else:
                     tx.conn.execute(f"RELEASE SAVEPOINT {name}")
                 finally:
                     self._depth -= 1
                 return
-            conn = self._getconn()
-            try:
-                conn.execute("BEGIN")
-                if durability == "none":
-                    conn.execute("SET LOCAL synchronous_commit TO OFF")
-                tx = PgConnection(conn)
-                self._tx, self._tx_owner, self._depth = tx, threading.get_ident(), 1
+            with self._failures():
+                conn = self._getconn()
                 try:
-                    yield tx
-                    conn.execute("COMMIT")
-                except BaseException as exc:
-                    # never mask the error; a broken connection is dropped by the pool
-                    if conn.info.transaction_status != TransactionStatus.IDLE:
-                        with suppress(psycopg.Error):
-                            conn.execute("ROLLBACK")
-                    if isinstance(exc, psycopg.errors.DiskFull):
-                        raise StoreFullError.met(redact(self.url), exc) from exc
-                    raise
+                    conn.execute("BEGIN")
+                    if durability == "none":
+                        conn.execute("SET LOCAL synchronous_commit TO OFF")
+                    tx = PgConnection(conn)
+                    self._tx, self._tx_owner, self._depth = tx, threading.get_ident(), 1
+                    try:
+                        yield tx
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        # never mask the error; a broken connection is dropped by the pool
+                        if conn.info.transaction_status != TransactionStatus.IDLE:
+                            with suppress(psycopg.Error):
+                                conn.execute("ROLLBACK")
+                        raise
+                    finally:
+                        self._tx = self._tx_owner = None
+                        self._depth = 0
                 finally:
-                    self._tx = self._tx_owner = None
-                    self._depth = 0
-            finally:
-                self._pool.putconn(conn)
+                    self._pool.putconn(conn)
 
     @contextmanager
     def _snapshot(self) -> Iterator[PgConnection]:  # type: ignore[override]
@@ -554,27 +696,29 @@ class PostgresStore(SQLiteStore):
             finally:
                 view.close_cursors()
             return
-        conn = self._getconn()
-        view = PgConnection(conn, server_side=True)
-        try:
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            yield view
-        finally:
-            view.close_cursors()
-            if conn.info.transaction_status != TransactionStatus.IDLE:
-                with suppress(psycopg.Error):
-                    conn.execute("ROLLBACK")  # read only: nothing to commit
-            self._pool.putconn(conn)
+        with self._failures():
+            conn = self._getconn()
+            view = PgConnection(conn, server_side=True)
+            try:
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                yield view
+            finally:
+                view.close_cursors()
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    with suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")  # read only: nothing to commit
+                self._pool.putconn(conn)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         tx = self._own_tx()
         if tx is not None:
             return tx.execute(sql, params).fetchall()
-        conn = self._getconn()
-        try:
-            return PgConnection(conn).execute(sql, params).fetchall()
-        finally:
-            self._pool.putconn(conn)
+        with self._failures():
+            conn = self._getconn()
+            try:
+                return PgConnection(conn).execute(sql, params).fetchall()
+            finally:
+                self._pool.putconn(conn)
 
     def close(self) -> None:
         """Close every pooled connection and give the writer claim up (idempotent)."""
@@ -691,12 +835,13 @@ class WriterClaim:
         self._name = name.encode()[:63].decode("utf-8", "ignore")  # the server keeps 63 bytes
         try:
             self._conn = psycopg.connect(
-                store.url, autocommit=True, connect_timeout=timeout, application_name=self._name
+                store.url,
+                autocommit=True,
+                **{**store.connect_kwargs, "connect_timeout": timeout},
+                application_name=self._name,
             )
         except psycopg.Error as exc:
-            raise StoreError(
-                f"cannot connect to store {store.path} to claim it: {store._clean(exc)}"
-            ) from None
+            raise store._connect_error(exc) from None
         try:
             self._claim()
         except BaseException:
