@@ -332,3 +332,22 @@ def test_a_reader_does_not_create_a_store(pg: Backend) -> None:
     assert pg.tables(spec) == []
     PostgresStore(spec).close()  # a writer creates it; then a reader opens it
     PostgresStore(spec, writer=False).close()
+
+
+def test_driver_errors_are_named_by_their_class() -> None:
+    """A deadlock is retryable but not "the server cannot be reached"; a full disk and a
+    statement timeout keep their own words; a constraint violation is left as it is."""
+    from memoryos_gpu.store.sqlite import StoreFullError
+
+    store = PostgresStore.__new__(PostgresStore)  # only what _failure reads
+    store.path, store._secrets = "postgresql://u:***@h/db", []
+    said = store._failure(psycopg.errors.DeadlockDetected("deadlock detected"))
+    assert isinstance(said, StoreUnavailableError) and "rolled the transaction back" in str(said)
+    said = store._failure(psycopg.errors.AdminShutdown("terminating connection"))
+    assert isinstance(said, StoreUnavailableError) and "is unavailable" in str(said)
+    assert isinstance(store._failure(psycopg.errors.DiskFull("disk full")), StoreFullError)
+    said = store._failure(
+        psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+    )
+    assert type(said) is StoreError and "timed out" in str(said)
+    assert store._failure(psycopg.errors.UniqueViolation("duplicate key")) is None

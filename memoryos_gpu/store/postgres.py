@@ -543,8 +543,9 @@ class PostgresStore(SQLiteStore):
         * any other :class:`psycopg.OperationalError` (connection lost or refused, server
           shutting down or restarting, out of connections or memory):
           :class:`StoreUnavailableError` (nothing of the failed call was committed, unless the
-          connection was lost during the COMMIT itself: see docs/storage.md); a program limit
-          (SQLSTATE class 54) a plain StoreError.
+          connection was lost during the COMMIT itself: see docs/storage.md), a transaction
+          the server rolled back (class 40: a deadlock, a serialization failure) too, in its
+          own words; a program limit (class 54) a plain StoreError.
         """
         if psycopg is None:
             return None
@@ -567,8 +568,14 @@ class PostgresStore(SQLiteStore):
                 )
             return StoreError(f"store {self.path}: a statement was cancelled ({text})")
         if isinstance(exc, psycopg.OperationalError):
-            if (exc.sqlstate or "").startswith("54"):  # program limit: no retry helps
+            state = exc.sqlstate or ""
+            if state.startswith("54"):  # program limit: no retry helps
                 return StoreError(f"store {self.path}: {text}")
+            if state.startswith("40"):  # deadlock, serialization failure: the server is up
+                return StoreUnavailableError(
+                    f"store {self.path}: the server rolled the transaction back ({text}); "
+                    "nothing of it was committed: retry"
+                )
             return StoreUnavailableError(
                 f"store {self.path} is unavailable: {text} (the server cannot be reached or "
                 "dropped the connection; retry once it answers)"
