@@ -63,6 +63,10 @@ def test_numpy_integer_ids_act_on_the_store(make_engine: Any) -> None:
     e.promote("u")
     entry = np.int64(e.knowledge("u")["user"][0]["entry_id"])
     assert e.get_knowledge(entry) is not None
+    for blank in ("", "  \n\t"):  # was stored: a fact of no words
+        with pytest.raises(InvalidInputError, match="text is blank"):
+            e.update_knowledge(entry, blank)
+    assert e.get_knowledge(entry)["text"].strip()
     assert e.delete_knowledge(entry) is True
     assert e.store.knowledge_rows([int(entry)]) == {}
 

@@ -112,11 +112,14 @@ class Items:
     def update_knowledge(self, entry_id: int, text: str) -> dict[str, Any]:
         """Edit a knowledge entry's text; its embedding (and its ring row, when live) follow."""
         s = self._s
+        text = _clean_text(text, "text")
+        if not text.strip():  # a fact of no words: retrieved, embedded, conflict-keyed as one
+            raise InvalidInputError("text is blank: delete the entry instead of blanking it")
         with s.lock:
             rows = s.store.knowledge_rows([entry_id])
             if entry_id not in rows:
                 raise KeyError(f"no knowledge entry {entry_id}")
-            row, text = rows[entry_id], _clean_text(text, "text")
+            row = rows[entry_id]
             vec = s.embedder.encode([text])[0]
             key = fact_key(text)  # the attribute the conflict rule finds the entry by
             with s.store.transaction() as db:
