@@ -192,6 +192,12 @@ def resolve_store(o: EngineOptions) -> str:
     return DEFAULT_STORE
 
 
+def embedder_choice(flag: str | None) -> str | None:
+    """The embedder a command was asked for: its flag, else ``$MEMORYOS_GPU_EMBEDDER``; None
+    leaves it to the config file or the default (every command, and the MCP server)."""
+    return flag or os.environ.get(ENV_EMBEDDER) or None
+
+
 def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
     """The :class:`~memoryos_gpu.config.EngineConfig` of these options (flag > env > file >
     default). ``store`` overrides the resolved store path (e.g. ``":memory:"``)."""
@@ -223,7 +229,7 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
             data["llm"] = llm
         if o.device is not None:
             data["device"] = o.device
-        embedder = o.embedder or os.environ.get(ENV_EMBEDDER) or None
+        embedder = embedder_choice(o.embedder)
         for key, value in (
             ("embedder", embedder),
             ("embedding_model", o.embedding_model),

@@ -45,7 +45,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from memoryos_gpu import __version__
-from memoryos_gpu.cli.options import ENV_EMBEDDER
+from memoryos_gpu.cli.options import ENV_EMBEDDER, embedder_choice
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.embed.factory import EMBEDDER_KINDS
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
@@ -476,7 +476,7 @@ def _config(args: argparse.Namespace) -> tuple[EngineConfig, ReferenceSettings |
     variable > file > default, as every ``memoryos-gpu`` command reads them), and the
     reference settings when the config was a config.json."""
     update: dict[str, Any] = {"auto_process": False}
-    embedder = args.embedder or os.environ.get(ENV_EMBEDDER)
+    embedder = embedder_choice(args.embedder)
     for key, value in (("store", args.store), ("embedder", embedder), ("device", args.device)):
         if value:
             update[key] = value

@@ -20,13 +20,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -65,6 +66,15 @@ DERIVED_RETRY_MAX_S = 60.0
 #: The longest wait between tries to load the engine while its store is unavailable (_load).
 LOAD_RETRY_MAX_S = 30.0
 LOAD_RETRY_FIRST_S = 1.0
+
+
+def doubling(first: float, cap: float) -> Iterator[float]:
+    """Waits between tries of something that keeps failing: ``first``, twice that, ... up to
+    ``cap``, then ``cap`` for good (the derived-work and load retries)."""
+    delay = first
+    while True:
+        yield delay
+        delay = min(delay * 2, cap)
 
 
 class LLMUnavailableError(MemoryOSError):
@@ -299,8 +309,9 @@ class MemoryService:
         Any other failure (a locked store, another embedding model) is final: state failed."""
         from memoryos_gpu.store import StoreUnavailableError
 
-        delay = LOAD_RETRY_FIRST_S
+        delays = doubling(LOAD_RETRY_FIRST_S, LOAD_RETRY_MAX_S)
         while True:
+            delay = next(delays)
             try:
                 return await asyncio.get_running_loop().run_in_executor(
                     self._write_exec, self._build_engine
@@ -312,11 +323,9 @@ class MemoryService:
                 self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
                 log.exception("the engine failed to load")
                 return None
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_loading.wait(), delay)
                 return None  # closed while waiting
-            except TimeoutError:
-                delay = min(delay * 2, LOAD_RETRY_MAX_S)
 
     async def close(self) -> None:
         """Stop accepting, drain the queues, finish derived work, close the engine if owned."""
@@ -650,7 +659,7 @@ class MemoryService:
         engine's memory from the store under that same lock (seconds with many users), so
         retrying every second would keep the retrievals, which need no disk, waiting."""
         _limit_native_threads(self._native_threads)
-        failures = 0
+        delays = doubling(1.0, DERIVED_RETRY_MAX_S)
         while not self._derived_stop.is_set():
             self._derived_wake.wait(timeout=1.0)
             if self._derived_stop.is_set():
@@ -659,8 +668,7 @@ class MemoryService:
             try:
                 self._derived_round()
             except Exception as exc:
-                failures += 1
-                delay = min(DERIVED_RETRY_MAX_S, 2.0 ** (failures - 1))
+                delay = next(delays)
                 if isinstance(exc, MemoryOSError):  # says what happened: no traceback needed
                     log.error(
                         "derived work failed: %s; it stays pending, next try in %g s", exc, delay
@@ -669,7 +677,7 @@ class MemoryService:
                     log.exception("derived work failed; it stays pending, next try in %g s", delay)
                 self._derived_stop.wait(delay)
             else:
-                failures = 0
+                delays = doubling(1.0, DERIVED_RETRY_MAX_S)
 
     def _derived_round(self) -> None:
         """Gather, then run one round (:meth:`_derived_loop`)."""

@@ -318,33 +318,33 @@ class PgCursor:
     def fetchone(self) -> tuple | None:
         if self._cur.description is None:
             return None
-        try:
+        with self._fetching():
             return self._cur.fetchone()
-        except psycopg.InternalError as exc:
-            raise _fetch_error(self._cur, exc) from exc
 
     def fetchmany(self, size: int) -> list[tuple]:
         if self._cur.description is None:
             return []
-        try:
+        with self._fetching():
             return self._cur.fetchmany(size)
-        except psycopg.InternalError as exc:
-            raise _fetch_error(self._cur, exc) from exc
 
     def fetchall(self) -> list[tuple]:
         if self._cur.description is None:
             return []
-        try:
+        with self._fetching():
             return self._cur.fetchall()
-        except psycopg.InternalError as exc:
-            raise _fetch_error(self._cur, exc) from exc
 
     def __iter__(self) -> Iterator[tuple]:
         return self._rows() if self._cur.description is not None else iter(())
 
     def _rows(self) -> Iterator[tuple]:
-        try:
+        with self._fetching():
             yield from self._cur
+
+    @contextmanager
+    def _fetching(self) -> Iterator[None]:
+        """Raise the error a failed fetch stands for (:func:`_fetch_error`)."""
+        try:
+            yield
         except psycopg.InternalError as exc:
             raise _fetch_error(self._cur, exc) from exc
 
@@ -634,10 +634,7 @@ class PostgresStore(SQLiteStore):
     def _getconn(self) -> Any:
         if self._closed:
             raise StoreClosedError(f"store {self.path} is closed")
-        try:
-            return self._pool.getconn()
-        except PoolTimeout as exc:
-            raise self._failure(exc) from None  # type: ignore[misc]
+        return self._pool.getconn()  # a PoolTimeout: named by the caller's _failures()
 
     @contextmanager
     def transaction(  # type: ignore[override]
