@@ -58,6 +58,7 @@ from memoryos_gpu.reference import (
     stamp,
     user_meta,
 )
+from memoryos_gpu.server.scope import user_id_problem
 from memoryos_gpu.server.service import MemoryService, Overloaded, Unavailable
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import PageInput
@@ -226,6 +227,16 @@ def _stored_knowledge(rows: list[dict[str, Any]]) -> list[KnowledgeItem]:
     return [KnowledgeItem(knowledge=e["text"], timestamp=stamp(e.get("created"))) for e in rows]
 
 
+def _checked_user(user_id: str) -> str:
+    """``user_id`` if the HTTP API accepts it too (the rule of both:
+    :func:`~memoryos_gpu.server.scope.user_id_problem`), else ValueError saying why, which a
+    tool answers as its error: a user made here must stay addressable over HTTP."""
+    problem = user_id_problem(user_id)
+    if problem:
+        raise ValueError(problem)
+    return user_id
+
+
 def build_mcp(
     service: MemoryService | Callable[[], MemoryService],
     *,
@@ -257,10 +268,8 @@ def build_mcp(
     ]
 
     def user_of(user_id: str | None) -> str:
-        uid = user_id or default_user
-        if not uid.strip():
-            raise ValueError("user_id must not be blank")
-        return uid
+        """The tool's user: its argument, else the server's; refused as the HTTP API would."""
+        return _checked_user(user_id or default_user)
 
     @mcp.tool(annotations=_annotations("Add memory", read_only=False, idempotent=False))
     async def add_memory(
@@ -500,12 +509,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     )
     try:
         config, ref = _config(args)
+        user = _checked_user(args.user_id or (ref.user_id if ref else None) or "default_user")
     except (MemoryOSError, ValueError, OSError) as exc:
         sys.exit(f"memoryos-gpu MCP server: {exc}")
     service = MemoryService(config, ServerSettings(gc_freeze=True))  # this process serves only
     mcp = build_mcp(
         service,
-        default_user=args.user_id or (ref.user_id if ref else None) or "default_user",
+        default_user=user,
         assistant_id=args.assistant_id or (ref.assistant_id if ref else None),
         add_wait_s=args.add_wait_s,
     )

@@ -94,6 +94,21 @@ UserId = Annotated[str, PathParam(description="The user's id (within the caller'
 
 
 # ====================================================================== tenancy
+def user_id_problem(user_id: str) -> str | None:
+    """Why a client's ``user_id`` is refused, or None if it is acceptable.
+
+    One rule for every way in (the HTTP API's :meth:`Scope.user`, the MCP server's tools), so
+    a user made through one is addressable through the other: no '/' keeps the id usable in
+    ``/v1/users/{user_id}/...`` paths and tenant prefixes (``tenant/user``) unambiguous."""
+    if not user_id or not user_id.strip():
+        return "user_id must not be blank"
+    if any(ord(c) < 32 or ord(c) == 127 for c in user_id):
+        return "user_id must not contain control characters"
+    if "/" in user_id:
+        return "user_id must not contain '/'"
+    return None
+
+
 class Scope:
     """A request's tenant: maps client ids to stored ids and back."""
 
@@ -104,12 +119,11 @@ class Scope:
         self.prefix = f"{self.tenant}/" if self.tenant else ""
 
     def user(self, user_id: str) -> str:
-        if not user_id or not user_id.strip():
-            raise ApiError(422, "invalid_user_id", "user_id must not be blank")
-        if any(ord(c) < 32 or ord(c) == 127 for c in user_id):
-            raise ApiError(422, "invalid_user_id", "user_id must not contain control characters")
-        if "/" in user_id:  # keeps ids addressable in URL paths and tenant prefixes unambiguous
-            raise ApiError(422, "invalid_user_id", "user_id must not contain '/'")
+        """The stored id of a client's ``user_id`` (tenant prefix added), or a 422 saying why
+        it is refused (:func:`user_id_problem`, then the length limit)."""
+        problem = user_id_problem(user_id)
+        if problem:
+            raise ApiError(422, "invalid_user_id", problem)
         limit = min(self.settings.max_user_id_chars, MAX_ID_CHARS - len(self.prefix))
         if len(user_id) > limit:
             raise ApiError(
