@@ -20,6 +20,7 @@ from mcp import Client, ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from memoryos_gpu import compat
+from memoryos_gpu.cli.options import DEFAULT_STORE
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.embed import HashingEmbedder
 from memoryos_gpu.engine import MemoryEngine
@@ -403,11 +404,35 @@ def test_reference_config_json_maps_to_the_engine(tmp_path: Path) -> None:
         "gpt-4o-mini",
         None,
     )
-    # a TOML engine config still works, and --store defaults as before
+    # a TOML engine config still works, and --store defaults as every command's does
     toml = tmp_path / "engine.toml"
     toml.write_text('embedder = "hashing"\n[memory]\npreset = "reference"\ntop_pages = 3\n')
     config, ref = _config(_parser().parse_args(["--config", str(toml)]))
-    assert ref is None and config.memory.top_pages == 3 and config.store == "./memoryos_store"
+    assert ref is None and config.memory.top_pages == 3 and config.store == DEFAULT_STORE
+
+
+def test_store_precedence_is_every_commands(tmp_path, monkeypatch):
+    """--store > $MEMORYOS_GPU_STORE > the config file's store > ./memoryos-store, as for
+    ``memoryos-gpu ingest``: a server started after an ingest on defaults finds its pages
+    (it used ./memoryos_store, and a TOML file's store was overridden by that default)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MEMORYOS_GPU_STORE", raising=False)
+    toml = tmp_path / "engine.toml"
+    toml.write_text('store = "from-file"\n')
+
+    def store(*argv: str) -> str:
+        return _config(_parser().parse_args(list(argv)))[0].store
+
+    assert store() == DEFAULT_STORE == "./memoryos-store"
+    assert store("--config", str(toml)) == "from-file"
+    monkeypatch.setenv("MEMORYOS_GPU_STORE", "from-env")
+    assert store("--config", str(toml)) == "from-env"
+    assert store("--config", str(toml), "--store", "from-flag") == "from-flag"
+    monkeypatch.delenv("MEMORYOS_GPU_STORE")
+    (tmp_path / "memoryos_store").mkdir()  # the old default, kept while no new one exists
+    assert store() == "./memoryos_store"
+    (tmp_path / "memoryos-store").mkdir()
+    assert store() == DEFAULT_STORE
 
 
 @pytest.mark.parametrize(

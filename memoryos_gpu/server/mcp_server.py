@@ -45,7 +45,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from memoryos_gpu import __version__
-from memoryos_gpu.cli.options import ENV_EMBEDDER, embedder_choice
+from memoryos_gpu.cli.options import DEFAULT_STORE, ENV_EMBEDDER, ENV_STORE, embedder_choice
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.embed.factory import EMBEDDER_KINDS
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
@@ -427,7 +427,8 @@ def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.
         "--store",
         default=None,
         help="Store directory, SQLite file, or PostgreSQL URL (postgresql://user@host/db) "
-        "[default: config.json's data_storage_path, else ./memoryos_store].",
+        "[default: $MEMORYOS_GPU_STORE, else the config's store (config.json: data_storage_path), "
+        f"else {DEFAULT_STORE}, as every memoryos-gpu command].",
     )
     p.add_argument("--user-id", default=None, help="User of tools called without one.")
     p.add_argument("--assistant-id", default=None, help="Assistant id of new users.")
@@ -486,15 +487,28 @@ def _config(args: argparse.Namespace) -> tuple[EngineConfig, ReferenceSettings |
     reference settings when the config was a config.json."""
     update: dict[str, Any] = {"auto_process": False}
     embedder = embedder_choice(args.embedder)
-    for key, value in (("store", args.store), ("embedder", embedder), ("device", args.device)):
+    store = args.store or os.environ.get(ENV_STORE)
+    for key, value in (("store", store), ("embedder", embedder), ("device", args.device)):
         if value:
             update[key] = value
     if args.config and _is_json(args.config):
         ref = load_config_json(args.config)
         return engine_config(ref, **update), ref
     cfg = EngineConfig.from_toml(args.config) if args.config else EngineConfig()
-    update.setdefault("store", "./memoryos_store")
+    if "store" not in cfg.model_fields_set:
+        update.setdefault("store", _default_store())
     return EngineConfig.model_validate({**cfg.model_dump(), **update}), None
+
+
+def _default_store() -> str:
+    """The store of a server given none: every command's default, so ``memoryos-gpu ingest``
+    then ``memoryos-gpu mcp`` share one; a ``./memoryos_store`` this server made before it
+    used that default is kept (and named in a warning) while no new one exists."""
+    old = "./memoryos_store"
+    if not Path(DEFAULT_STORE).exists() and Path(old).exists():
+        log.warning("using %s (this server's old default store); rename it %s", old, DEFAULT_STORE)
+        return old
+    return DEFAULT_STORE
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
