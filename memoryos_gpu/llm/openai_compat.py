@@ -31,16 +31,29 @@ every backend instance of this process) and the request is resent at once with
 
 ``timeout_s`` bounds each request attempt as a whole (connect, send, the server's work and
 reading the answer): httpx's own timeout only bounds each read, so a server trickling its
-answer a byte at a time would otherwise hold a request for minutes.
+answer a byte at a time would otherwise hold a request for minutes. ``connect_timeout_s``
+(default ``min(timeout_s, 10)``) bounds the connect alone: a host that drops packets should
+not cost a whole ``timeout_s`` per try.
 
 Retries: 429, 5xx, connection errors and timeouts are retried up to ``max_retries`` times with
 exponential backoff and jitter (``Retry-After`` is honoured). Other 4xx answers become
 ``ChatResult.error`` with the server's message, except 401/403/404 before any request has
 succeeded, which raise :class:`LLMBackendError` (wrong key, wrong URL, wrong model name). A
-server that still refuses connections after the retries raises :class:`LLMBackendError` too,
-whether or not it answered before: every request of the batch would fail the same way, and
-the caller must retry the work later rather than take the failure as the model's answer. A
-malformed 200 answer (not JSON, not OpenAI's shape) is that request's error alone.
+server that cannot be connected to after the retries (refused, or the connect timed out)
+raises :class:`LLMBackendError` too, whether or not it answered before: every request of the
+batch would fail the same way, and the caller must retry the work later rather than take the
+failure as the model's answer. A malformed 200 answer (not JSON, not OpenAI's shape) is that
+request's error alone.
+
+Unreachable endpoint (:mod:`~memoryos_gpu.llm.breaker`): connect failures are counted per
+backend instance. While the endpoint is unproven (before the first connection, after a connect
+failure) one request at a time connects and the rest of the batch waits for it, so a batch
+sent to a dead endpoint makes ``max_retries + 1`` connect attempts in all, not that many per
+request. After ``max_retries + 1`` consecutive connect failures the circuit breaker opens:
+every request fails at once with :class:`LLMBackendError` for ``breaker_cooldown_s`` (30 s),
+then one probe may connect (success closes the breaker, failure reopens it). HTTP answers of
+any status and read timeouts of a reachable server never count: a failing or slow model is
+not an unreachable one.
 """
 
 from __future__ import annotations
@@ -54,6 +67,7 @@ import random
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -66,6 +80,14 @@ from memoryos_gpu.llm.base import (
     LLMBackend,
     LLMBackendError,
     _check_requests,
+)
+from memoryos_gpu.llm.breaker import (
+    DEFAULT_COOLDOWN_S,
+    OPEN,
+    CircuitBreaker,
+    ConnectGate,
+    EndpointUnreachable,
+    describe,
 )
 from memoryos_gpu.llm.jsonfix import parse_json_output
 from memoryos_gpu.llm.openai_body import (
@@ -87,6 +109,8 @@ _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522
 _FATAL_FIRST_CONTACT = frozenset({401, 403, 404})
 _LOWER_STYLE = {"json_schema": "json_object", "json_object": "none"}
 _MAX_RESENDS = 6  # two learned fields + strict off + two style steps, and one spare
+#: the default connect timeout when timeout_s is longer: a reachable server accepts in far less
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
 #: what 400s taught about each (base_url, model): "max_completion_tokens", "no_temperature"
 _QUIRKS: dict[tuple[str, str], frozenset[str]] = {}
 _QUIRKS_LOCK = threading.Lock()
@@ -109,8 +133,26 @@ def normalize_base_url(base_url: str) -> str:
     return url
 
 
+def redact_url(url: str) -> str:
+    """``url`` without the password of a ``user:password@`` part, for error messages."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
 class _Fatal(Exception):
     """Internal: abort the whole batch with LLMBackendError."""
+
+
+class _ConnectFailed(Exception):
+    """Internal: an attempt could not connect; ``kind``: "connect timed out", "connection
+    refused" or "connect failed"; ``detail``: the exception behind it."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind, self.detail = kind, detail
 
 
 class OpenAICompatBackend(LLMBackend):
@@ -131,6 +173,9 @@ class OpenAICompatBackend(LLMBackend):
         backoff_max_s: float = 20.0,
         max_retry_after_s: float = 60.0,
         headers: dict[str, str] | None = None,
+        connect_timeout_s: float | None = None,
+        breaker_cooldown_s: float = DEFAULT_COOLDOWN_S,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__()
         if response_format_style not in STYLES:
@@ -145,11 +190,19 @@ class OpenAICompatBackend(LLMBackend):
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         if not model:
             raise ValueError("model must be given (the served model name)")
+        if connect_timeout_s is None:
+            connect_timeout_s = min(float(timeout_s), DEFAULT_CONNECT_TIMEOUT_S)
+        if not connect_timeout_s > 0:
+            raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s!r}")
+        if not breaker_cooldown_s >= 0:
+            raise ValueError(f"breaker_cooldown_s must be >= 0, got {breaker_cooldown_s!r}")
         self.base_url = normalize_base_url(base_url)
         self.url = self.base_url + "/chat/completions"
+        self._shown_url = redact_url(self.base_url)  # for messages
         self.model = model
         self.max_concurrency = int(max_concurrency)
         self.timeout_s = float(timeout_s)
+        self.connect_timeout_s = float(connect_timeout_s)
         self.max_retries = int(max_retries)
         self.requested_style = response_format_style
         # the style a stage starts with; "auto" starts at json_schema, and each stage may step
@@ -166,6 +219,14 @@ class OpenAICompatBackend(LLMBackend):
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._contacted = False  # a request has succeeded at least once
+        self._transport = transport  # None: httpx's own (tests and proxies may pass one)
+        #: connect failures of this endpoint; ``breaker.clock`` may be replaced (tests)
+        self.breaker = CircuitBreaker(self.max_retries + 1, breaker_cooldown_s)
+        self._gate = ConnectGate(
+            self.breaker,
+            lambda n: self._backoff(n, None),
+            connect_limit_s=min(self.timeout_s, self.connect_timeout_s),
+        )
         self._style_lock = threading.Lock()
         self._start_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -246,11 +307,16 @@ class OpenAICompatBackend(LLMBackend):
     # ------------------------------------------------------------------ async core
 
     async def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResult]:
+        if self.breaker.state == OPEN:  # fail the whole batch at once, no task started
+            raise LLMBackendError(self._unreachable())
         if self._client is None:
             limits = httpx.Limits(
                 max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency
             )
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s), limits=limits)
+            timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s)
+            self._client = httpx.AsyncClient(
+                timeout=timeout, limits=limits, transport=self._transport
+            )
             self._sem = asyncio.Semaphore(self.max_concurrency)
         tasks = [asyncio.ensure_future(self._one(r)) for r in requests]
         try:
@@ -325,13 +391,36 @@ class OpenAICompatBackend(LLMBackend):
         cap = min(self.backoff_max_s, self.backoff_base_s * (2**attempt))
         return cap / 2 + random.uniform(0, cap / 2)
 
-    async def _post(self, body: dict[str, Any]) -> httpx.Response:
+    async def _attempt(self, body: dict[str, Any]) -> httpx.Response:
+        """One POST through the connect gate (which holds it back while another request
+        probes an unproven endpoint). Raises :class:`EndpointUnreachable` when the breaker is
+        open or this attempt's connect failure opened it, :class:`_ConnectFailed` for a
+        connect failure short of that, other errors as :meth:`_post` raises them."""
+        attempt = await self._gate.enter()
+        try:
+            assert self._sem is not None
+            async with self._sem:
+                resp = await self._post(body, attempt.trace)
+        except BaseException as e:
+            kind = self._gate.settle(attempt, e)
+            if kind is None:
+                raise
+            if attempt.tripped:
+                raise EndpointUnreachable from None
+            raise _ConnectFailed(kind, describe(e, self._gate.connect_limit_s)) from None
+        self._gate.settle(attempt, None)
+        return resp
+
+    async def _post(self, body: dict[str, Any], trace: Any = None) -> httpx.Response:
         """One POST, body read, under an overall deadline of ``timeout_s`` (raises
         ``TimeoutError`` past it): httpx's timeout is per read, which a trickling server
-        never trips."""
+        never trips. ``trace``: httpx's trace hook (tells the gate when the connect is done)."""
         assert self._client is not None
+        ext = {"trace": trace} if trace is not None else None
         async with asyncio.timeout(self.timeout_s):
-            return await self._client.post(self.url, json=body, headers=self._headers)
+            return await self._client.post(
+                self.url, json=body, headers=self._headers, extensions=ext
+            )
 
     async def _one(self, req: ChatRequest) -> ChatResult:
         assert self._client is not None and self._sem is not None
@@ -344,18 +433,22 @@ class OpenAICompatBackend(LLMBackend):
             quirks = self._quirks()
             body = self._body(req, style, quirks)
             retry_after: float | None = None
+            connect_failed = False
             try:
-                async with self._sem:
-                    resp = await self._post(body)
+                resp = await self._attempt(body)
                 status, content, headers = resp.status_code, resp.content, resp.headers
+            except EndpointUnreachable:
+                raise _Fatal(self._unreachable()) from None
+            except _ConnectFailed as e:  # short of opening the breaker: retried
+                last_error, status, connect_failed = str(e), None, True
+                if attempt >= self.max_retries:  # this request's tries are spent all the same
+                    raise _Fatal(self._unreachable(e, attempt + 1)) from None
             except (httpx.TimeoutException, TimeoutError) as e:
                 last_error = f"timeout after {self.timeout_s:g}s ({type(e).__name__})"
                 status = None
             except httpx.TransportError as e:
                 last_error = f"connection error: {type(e).__name__}: {e}"
                 status = None
-                if isinstance(e, httpx.ConnectError) and attempt >= self.max_retries:
-                    raise _Fatal(self._unreachable(e, attempt)) from None
             if status is not None:
                 if status == 200:
                     try:
@@ -386,26 +479,38 @@ class OpenAICompatBackend(LLMBackend):
                     hint = {
                         401: "check api_key",
                         403: "check api_key and its permissions",
-                        404: f"check base_url ({self.base_url}) and model name ({self.model!r})",
+                        404: f"check base_url ({self._shown_url}) and model name ({self.model!r})",
                     }[status]
-                    raise _Fatal(f"LLM server at {self.url} answered {last_error} ({hint})")
+                    url = redact_url(self.url)
+                    raise _Fatal(f"LLM server at {url} answered {last_error} ({hint})")
                 if status not in _RETRY_STATUS and status < 500:
                     return ChatResult.failed(last_error)
                 retry_after = _retry_after(headers)
             if attempt >= self.max_retries:
                 return ChatResult.failed(f"{last_error} (gave up after {attempt} retries)")
-            delay = self._backoff(attempt, retry_after)
+            # after a connect failure the gate paces the next try, shared by the whole batch
+            delay = 0.0 if connect_failed else self._backoff(attempt, retry_after)
             attempt += 1
             self.stats.add(retries=1)
             await asyncio.sleep(delay)
 
-    def _unreachable(self, error: httpx.ConnectError, retries: int) -> str:
-        """The message of the LLMBackendError raised when the server refuses connections."""
-        before = " (it answered earlier: did it stop?)" if self._contacted else ""
+    def _unreachable(self, failure: _ConnectFailed | None = None, tries: int = 1) -> str:
+        """The message of the LLMBackendError raised when the server cannot be connected to:
+        what happened, since when, until when nothing is tried, and what to check (never a
+        header: the API key stays out). From the breaker's record unless ``failure`` (this
+        request's own last try, ``tries`` of them) is given."""
+        out = self.breaker.outage()
+        what, detail = (out.what, out.detail) if failure is None else (failure.kind, failure.detail)
+        tries = out.tries if failure is None else tries
+        ago = f", {out.ago_s:.0f} s ago" if out.ago_s >= 1 else ""
+        before = "; it answered earlier: did it stop?" if self._contacted else ""
+        wait = f"; not trying again for {out.retry_in_s:.3g} s" if out.retry_in_s > 0 else ""
         return (
-            f"cannot connect to the LLM server at {self.base_url} after {retries} retries"
-            f"{before}: {error}. Is it running (e.g. `vllm serve MODEL` or "
-            "`python -m llama_cpp.server --model FILE.gguf`) and is base_url right?"
+            f"cannot connect to the LLM server at {self._shown_url}: unreachable ({what} after "
+            f"{tries} {'try' if tries == 1 else 'tries'}{ago}{before}){wait}. Is it running "
+            "(e.g. `vllm serve MODEL` or `python -m llama_cpp.server --model FILE.gguf`), is "
+            "base_url right, and can this host reach it (a firewall that drops packets makes "
+            f"connects time out)? Last error: {detail}"
         )
 
     def _result(self, req: ChatRequest, data: Any, raw: bytes) -> ChatResult:
