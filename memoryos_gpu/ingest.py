@@ -150,6 +150,15 @@ class RejectRow:
     def message(self) -> str:
         return f"{self.file}:{self.line}: rejected: {self.reason}"
 
+    def as_json(self, *, raw: bool = True) -> str:
+        """The row as one line of the rejects file. ``raw=False`` leaves the record's content
+        out (where and why stay): the file is plain text, so beside an encrypted store it must
+        not hold what the store encrypts."""
+        row = asdict(self)
+        if not raw:
+            del row["raw"]
+        return json.dumps(row, ensure_ascii=False) + "\n"
+
 
 @dataclass
 class IngestReport:
@@ -173,6 +182,7 @@ class IngestReport:
     shard: str | None = None
     store: str | None = None
     rejects_path: str | None = None
+    rejects_raw: bool = True  # the rejects file holds each record's content (False: where, why)
     reject_reasons: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     store_counts: dict[str, int] = field(default_factory=dict)
@@ -495,6 +505,7 @@ def ingest(
     fmt: str = "auto",
     batch_size: int = DEFAULT_BATCH_SIZE,
     rejects_path: str | os.PathLike[str] | None = None,
+    rejects_raw: bool = True,
     shard: Shard | str | tuple[int, int] | None = None,
     progress: bool = True,
     process: Literal["auto", "batch", "defer"] = "auto",
@@ -524,6 +535,11 @@ def ingest(
     rejects_path:
         JSONL file of rejected items (``file``, ``line``, ``reason``, ``raw``, ``stage``,
         ``source``); truncated at the start of the run. ``None``: not written.
+    rejects_raw:
+        Whether each rejects-file row holds the record's content (``raw``). False: where
+        (``file``, ``line``, ``source``) and why only; ``memoryos-gpu ingest`` passes it for
+        its default rejects file of an encrypted store, which that plain-text file must not
+        leak.
     shard:
         ``"I/N"``: only users with ``shard_of(user_id, N) == I`` (see :class:`Shard`).
     progress:
@@ -587,6 +603,7 @@ def ingest(
         # a PostgreSQL URL is reported as the store names it: password masked
         store=engine.store.path if is_url(engine.config.store) else engine.config.store,
         rejects_path=os.fspath(rejects_path) if rejects_path is not None else None,
+        rejects_raw=rejects_raw,
     )
     stop = stop_event or threading.Event()
     log = reject_log if reject_log is not None else sys.stderr
@@ -608,7 +625,7 @@ def ingest(
         report.rejected += 1
         reasons[_reason_kind(row.reason)] += 1
         if rejects_file is not None:
-            rejects_file.write(json.dumps(asdict(row), ensure_ascii=False) + "\n")
+            rejects_file.write(row.as_json(raw=rejects_raw))
         if logged < reject_log_limit:
             display.log(log, row.message())
         elif logged == reject_log_limit:

@@ -69,7 +69,9 @@ from .stores import (
     "--rejects",
     "rejects_path",
     metavar="FILE",
-    help="Where rejected records go, one JSON per line [default: STORE/rejects.jsonl].",
+    help="Where rejected records go, one JSON per line, in plain text [default: "
+    "STORE/rejects.jsonl; for an encrypted store that file says where each rejected record is "
+    "and why, without its content: give --rejects to get the content].",
 )
 @click.option(
     "--shard",
@@ -143,7 +145,8 @@ def ingest(
     Re-running the same input skips what was already accepted (each record has a stable
     source key), so an interrupted run (Ctrl-C: finishes the batch in flight, exit 130) is
     resumed by running it again. Malformed records are reported (file:line: reason) and
-    written to the rejects file; the run continues and exits with 3.
+    written to the rejects file; the run continues and exits with 3. The rejects file is plain
+    text: into an encrypted store its default one leaves the records' content out.
 
     One process writes a store at a time: ingesting into a store that a running engine
     holds (e.g. `serve`) is refused, naming that process (exit 1); send the pages to its
@@ -171,11 +174,18 @@ def ingest(
         raise UsageFailure("give --shard or --workers, not both")
     if progress is None:
         progress = sys.stderr.isatty()
+    raw = _raw_rejects(cfg, rejects_path)
     if use_ray:
         if shard_obj is not None or workers > 1:
             raise UsageFailure("--ray shards by itself: give --shards N, not --shard/--workers")
         report = _ingest_ray(
-            list(formats), cfg, shards, fmt=fmt, batch_size=batch_size, rejects_path=rejects_path
+            list(formats),
+            cfg,
+            shards,
+            fmt=fmt,
+            batch_size=batch_size,
+            rejects_path=rejects_path,
+            raw=raw,
         )
     elif workers > 1:
         report = _ingest_workers(
@@ -188,6 +198,7 @@ def ingest(
             rejects_path=rejects_path,
             process=process,
             progress=progress,
+            encrypted=cfg.encryption_key is not None,
         )
     else:
         rejects = rejects_path or (
@@ -202,6 +213,7 @@ def ingest(
             fmt=fmt,
             batch_size=batch_size,
             rejects_path=rejects,
+            rejects_raw=raw,
             shard=shard_obj,
             progress=progress,
             process=process,
@@ -210,9 +222,39 @@ def ingest(
         ).to_dict()
     if summary:
         print_ingest_summary(report, err=as_json)
+        note = _withheld_note(report)
+        if note:
+            click.echo(note, err=True)
     if as_json:
         click.echo(json_text(report))
     ctx.exit(int(report["exit_code"]))
+
+
+def _raw_rejects(cfg: Any, rejects_path: str | None) -> bool:
+    """Whether the rejects file may hold the rejected records' content. Not the default one of
+    an encrypted store (however its key was given: ``cfg.encryption_key`` is the config's,
+    else $MEMORYOS_GPU_KEY): that plain-text file lies in the store's folder, which is backed
+    up by copying, and would hold in clear what the store encrypts. A file the user named is
+    their informed choice: it gets the content, as for a plain store."""
+    return rejects_path is not None or cfg.encryption_key is None
+
+
+def _withheld_note(report: dict[str, Any]) -> str | None:
+    """The summary's line saying that the rejected records' content was left out (an
+    encrypted store's default rejects file) and how to get it; None when nothing was."""
+    if report.get("rejects_raw", True) or not report.get("rejected"):
+        return None
+    path = report.get("rejects_path")
+    where = (
+        f"{path} says where each rejected record is (file, line) and why, without its content"
+        if path
+        else "no rejects file was written (--ray writes the records' content)"
+    )
+    return (
+        f"the store is encrypted, so {where}: the file would be plain text beside the store. "
+        "To get the records themselves, re-run with --rejects FILE (plain text: keep it as "
+        "safe as the store) or read them at those lines of the input."
+    )
 
 
 def _ingest_ray(
@@ -223,26 +265,36 @@ def _ingest_ray(
     fmt: str,
     batch_size: int,
     rejects_path: str | None,
+    raw: bool = True,
 ) -> dict[str, Any]:
-    """``ingest --ray``: memoryos_gpu.distributed.ray_ingest (Ray Data + shard actors)."""
+    """``ingest --ray``: memoryos_gpu.distributed.ray_ingest (Ray Data + shard actors).
+    ``raw=False`` (an encrypted store, no --rejects): no rejects file, since Ray's holds
+    every record's content."""
     from memoryos_gpu.distributed.ray_common import RayUnavailableError
 
     try:
         from memoryos_gpu.distributed.ray_ingest import default_rejects_path, ingest_ray
 
         quiet_model_loading()
-        return ingest_ray(
+        report = ingest_ray(
             files,
             cfg,
             ray_shards(cfg.store, shards),
             fmt=fmt,
             batch_size=batch_size,
-            rejects_path=rejects_path or default_rejects_path(cfg.store),
+            rejects_path=rejects_path or (default_rejects_path(cfg.store) if raw else None),
         )
+        return {**report, "rejects_raw": raw}
     except RayUnavailableError as exc:
         raise CLIError(str(exc)) from None
     except ValueError as exc:  # store layout problems
         raise UsageFailure(str(exc)) from None
+
+
+def _shard_rejects_args(rejects_path: str | None, i: int) -> list[str]:
+    """The ``--rejects`` of shard process ``i``: none (its default, STORE/shard-i/rejects.jsonl)
+    unless ``rejects_path`` is given, then a part file beside it (merged into it)."""
+    return ["--rejects", f"{rejects_path}.shard-{i}"] if rejects_path else []
 
 
 def _ingest_workers(
@@ -256,8 +308,13 @@ def _ingest_workers(
     rejects_path: str | None,
     process: str,
     progress: bool,
+    encrypted: bool = False,
 ) -> dict[str, Any]:
-    """N processes, process i ingesting shard i/N into STORE/shard-i; their reports merged."""
+    """N processes, process i ingesting shard i/N into STORE/shard-i; their reports merged.
+
+    ``encrypted`` with a ``rejects_path``: each process writes its rejects (content included,
+    as asked) beside that file, not into its encrypted shard's folder, and they are removed
+    once merged; without one, each leaves the content out itself (:func:`_raw_rejects`)."""
     from memoryos_gpu import ops
     from memoryos_gpu.store import SHARDS_FILE
 
@@ -282,6 +339,7 @@ def _ingest_workers(
                 f"re-run with --workers {count} (or use a new --store)"
             )
     base.mkdir(parents=True, exist_ok=True)
+    part_base = rejects_path if encrypted else None  # where the shards' raw rejects go
     manifest.write_text(json.dumps({"count": workers, "hash": "blake2b-64(user_id) mod count"}))
 
     env = dict(os.environ)
@@ -316,6 +374,7 @@ def _ingest_workers(
             "--no-progress",
             "--no-summary",
             *o.argv(),
+            *_shard_rejects_args(part_base, i),
         ]
         child_env = dict(env)
         if o.llm_api_key:
@@ -400,6 +459,8 @@ def _ingest_workers(
             path = rep.get("rejects_path")
             if path and Path(path).is_file():
                 out_f.write(Path(path).read_text(encoding="utf-8"))
+                if part_base:
+                    Path(path).unlink()  # a part of the user's file, not the shard's own
     keys = (
         "accepted",
         "rejected",
@@ -423,6 +484,7 @@ def _ingest_workers(
         workers=workers,
         store=str(base),
         rejects_path=str(merged_rejects),
+        rejects_raw=all(r.get("rejects_raw", True) for r in shards),
         reject_reasons=dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
         files=files,
         formats=shards[0].get("formats", {}) if shards else {},

@@ -42,6 +42,9 @@ def add_mem0_routes(
     """Declare the ``/v1/mem0`` routes on ``app``."""
 
     def ops() -> Mem0Ops:
+        """The mem0 verbs over the one engine: 503 first while it is not loaded (it is None
+        then, which is not "several engines"), 501 under a sharded server."""
+        service.check_ready()
         engine = getattr(service, "engine", None)
         if engine is None or not hasattr(engine, "store"):
             raise ApiError(  # memory ids are page ids: unique in one engine, not across shards
@@ -49,7 +52,6 @@ def add_mem0_routes(
                 "not_supported",
                 "the mem0 routes need one engine (not serve --ray or --engines > 1)",
             )
-        service.check_ready()
         return Mem0Ops(engine)
 
     def invalid(exc: ValueError) -> ApiError:

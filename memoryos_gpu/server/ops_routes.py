@@ -78,18 +78,18 @@ def add_stats_route(app: FastAPI, service: Any, keyed: bool) -> None:
     )
     async def stats(request: Request) -> Any:
         scope = tenancy(request)
+        # the users first: they are refused (503) until the engine is loaded, so
+        # service.engine (None until then) is never read before it is
+        users = await service.users()
         if keyed and not scope.principal.admin:
             return json_response(
-                {
-                    "tenant": scope.tenant,
-                    "users": sum(1 for u in await service.users() if scope.owns(u)),
-                }
+                {"tenant": scope.tenant, "users": sum(1 for u in users if scope.owns(u))}
             )
         eng = await service.call(service.engine.stats)
         return json_response(
             {
                 "tenant": None,
-                "users": len(await service.users()),
+                "users": len(users),
                 "server": {
                     "state": service.state,
                     "batching": service.batch_stats(),

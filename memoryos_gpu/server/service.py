@@ -66,6 +66,10 @@ DERIVED_RETRY_MAX_S = 60.0
 #: The longest wait between tries to load the engine while its store is unavailable (_load).
 LOAD_RETRY_MAX_S = 30.0
 LOAD_RETRY_FIRST_S = 1.0
+#: What a failed load's error (``/ready``, every route's 503) adds: unlike a store that cannot
+#: be reached yet, a wrong key or a corrupt or locked store is not tried again, and a client
+#: retrying after Retry-After would wait for good without being told.
+NOT_RETRIED = "not retried: fix it and restart the server"
 
 
 def doubling(first: float, cap: float) -> Iterator[float]:
@@ -320,7 +324,7 @@ class MemoryService:
                 self.error = f"waiting for the store ({exc}); next try in {delay:g} s"
                 log.warning("the engine cannot load yet: %s", self.error)
             except Exception as exc:
-                self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+                self.state, self.error = "failed", f"{type(exc).__name__}: {exc}; {NOT_RETRIED}"
                 log.exception("the engine failed to load")
                 return None
             with contextlib.suppress(TimeoutError):
@@ -400,15 +404,28 @@ class MemoryService:
 
     async def known(self, user_id: str) -> bool:
         """:meth:`is_known` for routes that must see every process's writes: under
-        ``serve --workers`` a worker's own view may lag, the engine process's does not."""
+        ``serve --workers`` a worker's own view may lag, the engine process's does not.
+
+        :class:`Unavailable` (503) until the engine is loaded, as in a worker: the known set
+        is empty until then, so "unknown user" (404) would be a wrong answer about a user
+        the store may well hold."""
+        self.check_ready()
         return self.is_known(user_id)
 
     async def users(self) -> list[str]:
-        """:meth:`known_users`, as :meth:`known` is :meth:`is_known`."""
+        """:meth:`known_users`, as :meth:`known` is :meth:`is_known` (and refused, like it,
+        until the engine is loaded: no users is not the answer then)."""
+        self.check_ready()
         return self.known_users()
 
     def engine_for(self, user_id: str) -> Any:
-        """The engine holding ``user_id`` (one engine here; a shard under the Ray router)."""
+        """The engine holding ``user_id`` (one engine here; a shard under the Ray router).
+
+        :class:`Unavailable` (503, with the load error and Retry-After) until the engine is
+        loaded: every route reaches the engine through here or through a method that checks
+        the same, so none can get ``None`` (an ``AttributeError``, a bare 500) after a failed
+        load or while the store is still being waited for."""
+        self.check_ready()
         return self.engine
 
     @property
