@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -318,20 +319,26 @@ def test_a_server_started_before_its_store_loads_once_the_store_answers(
 
     monkeypatch.setattr(service_mod, "LOAD_RETRY_FIRST_S", 0.05)
     tries: list[float] = []  # one entry a try
+    go = threading.Event()  # the third try (the store answers) waits for the test's checks
 
     def build() -> MemoryEngine:
         tries.append(0.0)
         if len(tries) < 3:
             raise StoreUnavailableError("store postgresql://u@db/x: connection refused")
+        go.wait(30)
         return MemoryEngine(EngineConfig(embedder="hashing", auto_process=False))
 
     async def run() -> tuple[str, str, str]:
         svc = MemoryService(build)
         await svc.start(wait=False)
-        await asyncio.sleep(0.01)
+        for _ in range(3000):  # the first try has failed (no sleep that a busy host outlasts)
+            if svc.error:
+                break
+            await asyncio.sleep(0.01)
         waiting = (svc.state, svc.error or "")
         with pytest.raises(Unavailable, match="waiting for the store"):
             svc.check_ready()
+        go.set()
         await svc._loading
         ready = svc.state
         await svc.close()
