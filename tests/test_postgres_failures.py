@@ -1,7 +1,9 @@
 """The PostgreSQL store when its server fails: a dropped connection is a StoreUnavailableError
 (and costs the next call nothing), the HTTP server answers it 503 with Retry-After, a statement
-timeout is a StoreError that says so, connections carry TCP keepalives, a reader does not create
-a store, and no message prints a password, however it is written in the URL.
+timeout is a StoreError that says so, a backend that stops answering (SIGSTOP: what a stuck
+backend or a hung host looks like) fails the call within its statement_timeout and a margin instead
+of hanging it, connections carry TCP keepalives, a reader does not create a store, and no message
+prints a password, however it is written in the URL.
 
 The server tests use ``$MEMORYOS_GPU_TEST_PG_URL`` (tests/store_backends.py) and skip without
 it; the URL tests need no server.
@@ -9,9 +11,13 @@ it; the URL tests need no server.
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +27,7 @@ psycopg = pytest.importorskip("psycopg")
 
 from store_backends import Backend, make_backend  # noqa: E402
 
-from memoryos_gpu.store import StoreUnavailableError  # noqa: E402
+from memoryos_gpu.store import StoreUnavailableError, postgres  # noqa: E402
 from memoryos_gpu.store.pg_urls import check_url, redact  # noqa: E402
 from memoryos_gpu.store.postgres import KEEPALIVES, PgCursor, PostgresStore  # noqa: E402
 from memoryos_gpu.store.sqlite import StoreError  # noqa: E402
@@ -300,6 +306,218 @@ def test_an_engine_load_past_the_statement_timeout_says_timed_out(pg: Backend) -
     slow = spec.replace("options=", "options=-cstatement_timeout%3D1%20", 1)
     with pytest.raises(StoreError, match="timed out"):
         MemoryEngine(config(slow)).close()
+
+
+# ============================================================ a backend that stops answering
+def timed_out(url: str, ms: int) -> str:
+    """``url`` (a store spec: it has ``options=``) whose connections have this statement_timeout."""
+    return url.replace("options=", f"options=-cstatement_timeout%3D{ms}%20", 1)
+
+
+class Stopper:
+    """SIGSTOPs PostgreSQL backends of a server on this machine (a backend that no longer answers
+    while the kernel still acknowledges TCP: a stuck backend, a hung host) and SIGCONTs every one
+    of them in :meth:`resume` (call it in a ``finally``). Skips the test where the backends cannot
+    be signalled (a server elsewhere, or owned by another user)."""
+
+    def __init__(self) -> None:
+        self.stopped: list[int] = []
+
+    def stop(self, pid: int) -> None:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if not f.read().startswith("postgres"):
+                    pytest.skip(f"process {pid} here is not the server's backend")
+        except OSError:
+            pytest.skip("the PostgreSQL server does not run on this machine")
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except OSError as exc:  # PermissionError: the server runs as another user
+            pytest.skip(f"cannot stop the server's backend {pid}: {exc}")
+        self.stopped.append(pid)
+
+    def resume(self) -> None:
+        for pid in self.stopped:
+            with suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        self.stopped.clear()
+
+
+def ends_within(seconds: float, call: Callable[[], Any]) -> tuple[Any, float]:
+    """(what ``call`` returned or raised, seconds it took), failing the test, instead of hanging
+    it, when ``call`` is still waiting after ``seconds`` (it runs in a daemon thread)."""
+    out: list[Any] = []
+
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            out.append(call())
+        except BaseException as exc:  # handed to the test
+            out.append(exc)
+        out.append(time.monotonic() - t0)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"the call was still waiting after {seconds} s")
+    if isinstance(out[0], pytest.skip.Exception):  # Stopper.stop in the call: skip the test
+        raise out[0]
+    return out[0], out[1]
+
+
+def pool_backends(pg: Backend, app: str) -> list[int]:
+    rows = admin(pg, "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (app,))
+    return [r[0] for r in rows]
+
+
+def wait_gone(pg: Backend, pid: int, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while admin(pg, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)):
+        assert time.monotonic() < deadline, f"backend {pid} is still there"
+        time.sleep(0.05)
+
+
+def test_a_stopped_backend_fails_the_call_within_the_statement_timeout_and_a_margin(
+    pg: Backend,
+) -> None:
+    """A backend that stops answering with its TCP connection up (kill -STOP) hung the caller
+    forever: the statement_timeout is enforced by the stopped backend itself, keepalives are
+    answered by the kernel. Now the call is a StoreUnavailableError once the server has been
+    silent for statement_timeout + NO_ANSWER_MARGIN (5 s), the connection is closed and never
+    lent again, and the next call works."""
+    spec = pg.spec("stopped")
+    pg.open(spec).close()
+    app = f"pgstop_{uuid.uuid4().hex[:10]}"
+    st = PostgresStore(named(timed_out(spec, 500), app), writer=False)
+    stopper = Stopper()
+    lent: list[tuple[Any, int]] = []
+    getconn = st._getconn
+
+    def recording() -> Any:
+        conn = getconn()
+        lent.append((conn, conn.info.backend_pid))
+        return conn
+
+    st._getconn = recording  # type: ignore[method-assign]
+    try:
+        assert st.query("SELECT 1") == [(1,)]
+        for pid in pool_backends(pg, app):  # every pooled connection: the call gets one
+            stopper.stop(pid)
+        lent.clear()
+        said, took = ends_within(30, lambda: st.query("SELECT 1"))
+        assert isinstance(said, StoreUnavailableError), said
+        assert "no answer from the server for 5.5 s" in str(said), said
+        assert "statement_timeout of 500 ms" in str(said) and st.path in str(said), said
+        assert 5.3 <= took <= 5.5 + 3, took  # silent 0.5 s + 5 s; the slack is the machine's
+        ((dead, dead_pid),) = lent
+        assert dead.closed
+        stopper.resume()
+        wait_gone(pg, dead_pid)  # the server saw the client go: nothing left holding locks
+        for _ in range(4):  # never lent again; a new connection or a resumed one serves
+            said, _took = ends_within(30, lambda: st.query("SELECT pg_backend_pid()"))
+            assert isinstance(said, list) and said[0][0] != dead_pid, said
+        assert all(conn is not dead for conn, _pid in lent[1:])
+        assert st._limit.seconds == pytest.approx(5.5)
+    finally:
+        stopper.resume()
+        st.close()
+
+
+@pytest.mark.parametrize("where", ["statement", "commit", "fetch"])
+def test_a_backend_that_stops_in_a_transaction_or_a_fetch_fails_the_call(
+    pg: Backend, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """The limit covers every round trip: a statement inside a write transaction (nothing of
+    it is committed), the COMMIT itself, and a FETCH from a streaming snapshot."""
+    monkeypatch.setattr(postgres, "NO_ANSWER_MARGIN", 1.0, raising=False)  # 0.5 s + 1 s
+    spec = pg.spec(f"stopped_{where}")
+    st = PostgresStore(timed_out(spec, 500))
+    stopper = Stopper()
+
+    def call() -> None:
+        if where == "fetch":
+            with st._snapshot() as view:
+                cur = view.execute("SELECT g FROM generate_series(1, 100) g")
+                assert len(cur.fetchmany(10)) == 10
+                stopper.stop(view.conn.info.backend_pid)
+                cur.fetchmany(10)
+            return
+        with st.transaction() as db:
+            db.execute("INSERT INTO meta VALUES ('lost', '1')")
+            stopper.stop(db.conn.info.backend_pid)
+            if where == "statement":
+                db.execute("INSERT INTO meta VALUES ('lost2', '1')")
+
+    try:
+        said, took = ends_within(20, call)
+        assert isinstance(said, StoreUnavailableError), said
+        assert "no answer from the server for 1.5 s" in str(said), said
+        assert took < 1.5 + 3, took
+        stopper.resume()
+        # the pool replaces the closed connection; writes and reads work again
+        said, _took = ends_within(20, lambda: st.set_meta("kept", "1"))
+        assert not isinstance(said, BaseException), said
+        assert st.get_meta("kept") == "1"
+        if where == "statement":  # (a cut COMMIT may or may not have been committed)
+            assert st.get_meta("lost") is None and st.get_meta("lost2") is None
+    finally:
+        stopper.resume()
+        st.close()
+
+
+def test_a_statement_within_the_statement_timeout_is_not_cut(
+    pg: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit is on silence, not on the length of a call: a statement that runs almost its
+    whole statement_timeout, and a stream of FETCHes longer in all than the limit, complete; a
+    statement past the statement_timeout is still the server's "timed out"."""
+    monkeypatch.setattr(postgres, "NO_ANSWER_MARGIN", 0.3, raising=False)  # 1.5 s + 0.3 s
+    spec = pg.spec("not_cut")
+    pg.open(spec).close()
+    st = PostgresStore(timed_out(spec, 1500), writer=False)
+    try:
+        assert st.query("SELECT 1 FROM pg_sleep(1.4)") == [(1,)]
+        t0 = time.monotonic()
+        with st._snapshot() as view:
+            cur = view.execute("SELECT g, pg_sleep(0.1) FROM generate_series(1, 30) g")
+            got = [len(cur.fetchmany(6)) for _ in range(5)]  # 0.6 s a FETCH, 3 s in all
+        assert got == [6] * 5 and time.monotonic() - t0 > 1.8
+        with pytest.raises(StoreError, match="timed out"):
+            st.query("SELECT pg_sleep(3)")
+        assert st.query("SELECT 1") == [(1,)]
+    finally:
+        st.close()
+
+
+def test_the_limit_is_derived_from_the_statement_timeout() -> None:
+    assert postgres._Limit.of(500).seconds == pytest.approx(0.5 + postgres.NO_ANSWER_MARGIN)
+    assert postgres._Limit.of(0).seconds == postgres.NO_ANSWER_LIMIT  # none set: 300 s
+    shown = ["0", "150ms", "30s", "2min", "1h", "1d"]  # as SHOW statement_timeout writes it
+    ms = [0, 150, 30_000, 120_000, 3_600_000, 86_400_000]
+    assert [postgres._milliseconds(x) for x in shown] == ms
+
+
+def test_a_stopped_server_fails_opening_within_the_connect_timeout(pg: Backend) -> None:
+    """Connecting is bounded by connect_timeout: a server whose postmaster does not answer (its
+    kernel accepts the TCP connection) fails the open, it does not hang it."""
+    spec = pg.spec("stopped_open")
+    stopper = Stopper()
+    with psycopg.connect(pg.pg_url, autocommit=True) as conn:
+        pid = conn.info.backend_pid
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                postmaster = next(int(line.split()[1]) for line in f if line.startswith("PPid:"))
+        except OSError:
+            pytest.skip("the PostgreSQL server does not run on this machine")
+    try:
+        stopper.stop(postmaster)
+        said, took = ends_within(20, lambda: PostgresStore(spec, connect_timeout=1))
+        assert isinstance(said, StoreUnavailableError), said
+        assert took < 1 + 3, took
+    finally:
+        stopper.resume()
+    PostgresStore(spec).close()  # and it opens once the server answers
 
 
 # ====================================================================== keepalives, readers

@@ -26,7 +26,10 @@ that leaves the store as a failure of the server or of the connection is a :clas
 (:meth:`PostgresStore._failure`): :class:`StoreUnavailableError` for a server that cannot be
 reached or dropped the connection, a "statement timed out" StoreError for ``statement_timeout``,
 :class:`StoreFullError` for a full disk. Connections carry TCP keepalives and
-``tcp_user_timeout`` (:data:`KEEPALIVES`) so that a dead server or a cut network is noticed.
+``tcp_user_timeout`` (:data:`KEEPALIVES`) so that a dead server or a cut network is noticed,
+and a call gives up on a server that sends nothing for longer than its ``statement_timeout``
+allows (:class:`_Connection`: a stopped or stuck backend, a hung host, which TCP cannot tell
+from a slow statement), so that no call waits without limit.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from time import monotonic
 from typing import Any
 
 from memoryos_gpu.store import sqlite as _sqlite
@@ -59,8 +63,11 @@ try:
     import psycopg
     from psycopg.pq import TransactionStatus
     from psycopg_pool import ConnectionPool, PoolTimeout
+
+    _PsycopgConnection = psycopg.Connection
 except ImportError:  # pragma: no cover - exercised only without the extra installed
     psycopg = None  # type: ignore[assignment]
+    _PsycopgConnection = object  # type: ignore[assignment, misc]
 
 _SCHEMA_V1 = """
 CREATE TABLE meta(key TEXT COLLATE "C" PRIMARY KEY, value TEXT NOT NULL);
@@ -238,7 +245,7 @@ ROWID_KEY = {
 #: an idle connection, or one waiting for an answer, is probed after 10 s of silence, then
 #: every 5 s, and dropped after 3 probes unanswered (~25 s); data sent and not acknowledged
 #: for 30 s (``tcp_user_timeout``, milliseconds; Linux) drops it too. A server that still
-#: answers TCP but whose backend is stuck is not detected: see docs/storage.md.
+#: answers TCP but whose backend is stuck is not noticed by these: :data:`NO_ANSWER_MARGIN` is.
 KEEPALIVES: dict[str, int] = {
     "keepalives": 1,
     "keepalives_idle": 10,
@@ -246,6 +253,18 @@ KEEPALIVES: dict[str, int] = {
     "keepalives_count": 3,
     "tcp_user_timeout": 30_000,
 }
+
+#: How long (seconds) a call waits beyond the connections' ``statement_timeout`` for a server
+#: that sends nothing before it gives up (:class:`_Connection`): the server itself cancels a
+#: statement at its ``statement_timeout``, so one that is silent for longer has a backend that
+#: is stopped or stuck, or a host that hangs, which keepalives do not notice (the kernel still
+#: acknowledges TCP) and a cancel request does not reach.
+NO_ANSWER_MARGIN = 5.0
+
+#: How long (seconds) a call waits for a silent server when the connections have no
+#: ``statement_timeout`` (0: no limit on the server). Schema migrations at open, which may
+#: rewrite every row, wait without limit then.
+NO_ANSWER_LIMIT = 300.0
 
 #: Rows per round trip when iterating a server-side cursor.
 ITER_ROWS = 10_000
@@ -349,6 +368,11 @@ class PgCursor:
             raise _fetch_error(self._cur, exc) from exc
 
 
+def _set_limit(conn: Any, *, limit: _Limit) -> None:
+    """The pool's ``configure``: a new connection gets its store's :class:`_Limit`."""
+    conn._limit = limit
+
+
 def _check_connection(conn: Any) -> None:
     """The pool's check before it hands a connection out (raise: replace it). A connection
     the server closed (a restart, ``pg_terminate_backend``, an idle timeout) has the server's
@@ -382,6 +406,114 @@ def _fetch_error(cur: Any, exc: BaseException) -> BaseException:
     if msg.startswith("canceling statement"):
         return psycopg.errors.QueryCanceled(msg)
     return psycopg.DatabaseError(msg)
+
+
+class _Limit:
+    """How long a call may wait on a silent server (``seconds``; None: without limit) and why
+    (``why``, for the message), shared by a store's connections: :meth:`PostgresStore._migrate`
+    lifts it for the migration when no ``statement_timeout`` is set."""
+
+    __slots__ = ("seconds", "why")
+
+    def __init__(self, seconds: float | None, why: str) -> None:
+        self.seconds = seconds
+        self.why = why
+
+    @classmethod
+    def of(cls, statement_timeout_ms: int) -> _Limit:
+        """The limit for connections with this ``statement_timeout`` (0: none)."""
+        if statement_timeout_ms > 0:
+            return cls(
+                statement_timeout_ms / 1000 + NO_ANSWER_MARGIN,
+                f"the statement_timeout of {statement_timeout_ms} ms + {NO_ANSWER_MARGIN:g} s",
+            )
+        return cls(NO_ANSWER_LIMIT, "no statement_timeout is set")
+
+
+_MS = {"": 1, "ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _milliseconds(shown: str) -> int:
+    """A time setting as SHOW writes it ("0", "500ms", "30s", "2min", "1h", "1d") in
+    milliseconds; 0 for one it does not write so."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", shown)
+    return int(m[1]) * _MS[m[2]] if m and m[2] in _MS else 0
+
+
+_NO_ANSWER = "no answer from the server"  # how _Connection's error begins, for _failure
+_TICK = 0.05  # a resume this long after the one before may be psycopg's 0.1 s tick
+
+
+class _NoAnswer(Exception):
+    """Raised into psycopg's wait by :func:`_answered` (not a psycopg error: only
+    :meth:`_Connection.wait` sees it)."""
+
+
+def _answered(gen: Any, limit: float, pgconn: Any) -> Any:
+    """psycopg's generator ``gen`` (one round trip: it yields what it waits for on the socket,
+    1 read, 2 write, 3 both, and is sent what became ready), given up with :class:`_NoAnswer`
+    once the server has sent nothing and taken nothing for ``limit`` seconds; any traffic starts
+    the count again, so a long exchange that makes progress is never cut.
+
+    In silence psycopg's wait resumes the generator every 0.1 s with "nothing ready" (0), or
+    (the C wait of early psycopg 3.2 releases) with the state it waits for, as if it were
+    ready: a resume that comes a tick or more after the one before is checked against the
+    socket itself (one poll, only for a round trip already slow). One clock reading a resume."""
+    last = prev = monotonic()  # the last sign of life; the last resume
+    try:
+        state = next(gen)
+        while True:
+            ready = yield state
+            now = monotonic()
+            if ready and (now - prev < _TICK or _ready_now(pgconn.socket, state)):
+                last = now
+            elif now - last >= limit:
+                raise _NoAnswer
+            prev = now
+            state = gen.send(ready)
+    except StopIteration as stop:
+        return stop.value
+
+
+def _ready_now(fd: int, state: int) -> bool:
+    """Whether the socket is ready for ``state`` (1 read, 2 write, 3 either) at once."""
+    try:
+        poller = select.poll()
+    except AttributeError:  # no poll() (Windows)
+        r, w, _ = select.select([fd] if state & 1 else [], [fd] if state & 2 else [], [], 0)
+        return bool(r or w)
+    poller.register(fd, (select.POLLIN if state & 1 else 0) | (select.POLLOUT if state & 2 else 0))
+    return bool(poller.poll(0))
+
+
+class _Connection(_PsycopgConnection):  # type: ignore[misc, valid-type]
+    """A psycopg connection whose every round trip (a statement, a FETCH, COMMIT, ROLLBACK, the
+    pool's check and reset: everything psycopg waits for through :meth:`wait`) gives up on a
+    server that sends nothing for ``_limit.seconds`` (:func:`_answered`): the connection is
+    closed (the server rolls its transaction back when it notices) and the call fails with an
+    OperationalError, a :class:`StoreUnavailableError` for the store; the pool discards the
+    closed connection instead of lending it again. Connecting is bounded by the
+    ``connect_timeout`` instead (psycopg's connect does not come here).
+
+    Why not a timer that cancels the query: a stopped or stuck backend does not act on a cancel
+    request (nor on its own ``statement_timeout``), and a timer per call costs more than this
+    (measured in docs/storage.md)."""
+
+    _limit = _Limit(NO_ANSWER_LIMIT, "no statement_timeout is set")  # each store sets its own
+
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        limit = self._limit
+        seconds = limit.seconds
+        if seconds is None:
+            return super().wait(gen, *args, **kwargs)
+        try:
+            return super().wait(_answered(gen, seconds, self.pgconn), *args, **kwargs)
+        except _NoAnswer:
+            self.pgconn.finish()  # mid-exchange: the connection cannot be used again
+            raise psycopg.OperationalError(
+                f"{_NO_ANSWER} for {seconds:g} s ({limit.why}): its backend is stopped or "
+                "stuck, or its host hangs; the connection was closed"
+            ) from None
 
 
 class PgConnection:
@@ -469,10 +601,21 @@ class PostgresStore(SQLiteStore):
             "connect_timeout": timeout,
         }
         try:  # one direct connection first: the pool retries silently, this says what failed
-            with psycopg.connect(url, **self.connect_kwargs) as probe:
-                encoding = probe.execute("SHOW server_encoding").fetchone()[0]
+            with _Connection.connect(url, **self.connect_kwargs) as probe:
+                probe._limit = _Limit(
+                    timeout + NO_ANSWER_MARGIN,
+                    f"the connect timeout of {timeout} s + {NO_ANSWER_MARGIN:g} s",
+                )
+                encoding = probe.info.parameter_status("server_encoding")  # sent at connect
+                if encoding is None:
+                    encoding = probe.execute("SHOW server_encoding").fetchone()[0]
+                statement_timeout = probe.execute("SHOW statement_timeout").fetchone()[0]
         except psycopg.Error as exc:
             raise self._connect_error(exc) from None
+        #: how long a call waits on a silent server (:class:`_Connection`), from the
+        #: statement_timeout the connections get (the URL's, the role's or the server's)
+        self._statement_timeout_ms = _milliseconds(statement_timeout)
+        self._limit = limit = _Limit.of(self._statement_timeout_ms)
         if encoding.upper() not in ("UTF8", "UTF-8"):
             raise StoreError(
                 f"store {self.path} uses server encoding {encoding}; memoryos-gpu needs a UTF8 "
@@ -483,6 +626,8 @@ class PostgresStore(SQLiteStore):
             min_size=1,
             max_size=max(2, pool_size),  # opening holds one for the lock, one to work
             kwargs={"autocommit": True, **self.connect_kwargs},
+            connection_class=_Connection,
+            configure=functools.partial(_set_limit, limit=limit),
             name="memoryos-gpu",
             timeout=30.0,
             open=False,
@@ -545,7 +690,8 @@ class PostgresStore(SQLiteStore):
           :class:`StoreUnavailableError` (nothing of the failed call was committed, unless the
           connection was lost during the COMMIT itself: see docs/storage.md), a transaction
           the server rolled back (class 40: a deadlock, a serialization failure) too, in its
-          own words; a program limit (class 54) a plain StoreError.
+          own words, and a server that stopped answering (:class:`_Connection`) too; a program
+          limit (class 54) a plain StoreError.
         """
         if psycopg is None:
             return None
@@ -576,6 +722,8 @@ class PostgresStore(SQLiteStore):
                     f"store {self.path}: the server rolled the transaction back ({text}); "
                     "nothing of it was committed: retry"
                 )
+            if text.startswith(_NO_ANSWER):  # _Connection gave a silent server up
+                return StoreUnavailableError(f"store {self.path} is unavailable: {text}; retry")
             return StoreUnavailableError(
                 f"store {self.path} is unavailable: {text} (the server cannot be reached or "
                 "dropped the connection; retry once it answers)"
@@ -616,13 +764,20 @@ class PostgresStore(SQLiteStore):
                 f"no memoryos-gpu store in {self.path} (create one with: memoryos-gpu ingest "
                 f"FILE --store URL)"
             )
-        with self._pool.connection() as lock:
-            lock.execute("SELECT pg_advisory_lock(%s)", (_MIGRATE_LOCK,))
-            try:
-                super()._migrate()
-            finally:
-                with suppress(psycopg.Error):
-                    lock.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
+        limit = self._limit
+        seconds = limit.seconds
+        if not self._statement_timeout_ms:  # a migration may rewrite every row: wait as long
+            limit.seconds = None  # as the server lets it run (only this thread has the store)
+        try:
+            with self._pool.connection() as lock:
+                lock.execute("SELECT pg_advisory_lock(%s)", (_MIGRATE_LOCK,))
+                try:
+                    super()._migrate()
+                finally:
+                    with suppress(psycopg.Error):
+                        lock.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
+        finally:
+            limit.seconds = seconds
 
     # ------------------------------------------------------------------ connections
     def _own_tx(self) -> PgConnection | None:
@@ -838,7 +993,7 @@ class WriterClaim:
         name = f"{_short(command_line())} pid {os.getpid()} on {socket.gethostname()}"
         self._name = name.encode()[:63].decode("utf-8", "ignore")  # the server keeps 63 bytes
         try:
-            self._conn = psycopg.connect(
+            self._conn = _Connection.connect(
                 store.url,
                 autocommit=True,
                 **{**store.connect_kwargs, "connect_timeout": timeout},
@@ -846,6 +1001,7 @@ class WriterClaim:
             )
         except psycopg.Error as exc:
             raise store._connect_error(exc) from None
+        self._conn._limit = store._limit
         try:
             self._claim()
         except BaseException:
