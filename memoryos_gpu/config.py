@@ -143,6 +143,27 @@ def preset(name: str, **overrides: Any) -> MemoryConfig:
     return MemoryConfig(preset=name, **{**_PRESETS[name], **overrides})
 
 
+def config_key(file_value: object = None) -> SecretStr | None:
+    """The store key of a configuration read from a file: ``$MEMORYOS_GPU_KEY``, else the
+    file's ``encryption_key`` (``file_value``), else None (not encrypted).
+
+    Why one function: every command that takes a config file (the CLI's, ``memoryos-gpu
+    mcp``, the HTTP server's and Ray Serve's) resolves the key in the documented order, flag >
+    environment variable > config file, here and nowhere else. No flag carries a key (a
+    command line is visible to every user in ``ps``), so the environment wins over the file;
+    a key given in Python (``EngineConfig(encryption_key=...)``, ``from_toml(path,
+    encryption_key=...)``) is at the flag's level and never comes here. The value is never
+    put in a message."""
+    env = env_key()
+    if env is not None:
+        return env
+    if file_value is None or isinstance(file_value, SecretStr):
+        return file_value
+    if not isinstance(file_value, str):
+        raise ValueError(f"encryption_key must be a string, not a {type(file_value).__name__}")
+    return SecretStr(file_value)
+
+
 class LLMConfig(BaseModel):
     """Which backend does the LLM work, and how calls are grouped."""
 
@@ -276,8 +297,11 @@ class EngineConfig(BaseModel):
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> EngineConfig:
-        """Read a TOML file ([memory], [llm] tables and top-level keys) plus overrides."""
+        """Read a TOML file ([memory], [llm] tables and top-level keys) plus overrides. The
+        store key: ``overrides``' ``encryption_key``, else as :func:`config_key` resolves it
+        (``$MEMORYOS_GPU_KEY`` before the file's)."""
         data = tomllib.loads(Path(path).read_text())
+        data["encryption_key"] = config_key(data.get("encryption_key"))
         if "memory" in data and "preset" in data["memory"]:
             mem = dict(data["memory"])
             data["memory"] = preset(mem.pop("preset"), **mem).model_dump()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,6 +15,7 @@ from .options import (
     engine_options,
     handle_errors,
     options_of,
+    store_key,
 )
 from .output import (
     echo_json,
@@ -29,9 +30,12 @@ from .stores import (
     user_store,
 )
 
+if TYPE_CHECKING:
+    from pydantic import SecretStr
 
-def _store_stats(store: str) -> dict[str, Any]:
-    st = open_store_at(store, writer=False)
+
+def _store_stats(store: str, key: SecretStr | None) -> dict[str, Any]:
+    st = open_store_at(store, writer=False, key=key)
     try:
         return {
             "store": st.path if is_url(store) else str(store_file(store)),
@@ -52,10 +56,10 @@ def _store_stats(store: str) -> dict[str, Any]:
 def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
     """What the store holds: users, pages per tier, segments, knowledge, pending work."""
     o = options_of(ctx, kwargs)
-    store = checked_store(o)
+    store, key = checked_store(o), store_key(o)
     dirs = shard_dirs(store) if not store_file(store).exists() else None
     if dirs:
-        shards = [_store_stats(str(d)) for d in dirs if store_file(d).exists()]
+        shards = [_store_stats(str(d), key) for d in dirs if store_file(d).exists()]
         totals: dict[str, int] = {}
         for s in shards:
             for k, v in s["counts"].items():
@@ -67,7 +71,7 @@ def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
             "bytes": sum(s["bytes"] for s in shards),
         }
     else:
-        data = _store_stats(store)
+        data = _store_stats(store, key)
     c = data["counts"]
     data["pages"] = sum(v for k, v in c.items() if k.startswith("pages_"))
     data["users"] = c.get("users", 0)
@@ -100,7 +104,7 @@ def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
 def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any) -> None:
     """Everything held about a user (pages, segments, profile, knowledge, audit) as JSON."""
     o = options_of(ctx, kwargs)
-    st = open_store_at(user_store(checked_store(o), user_id), writer=False)
+    st = open_store_at(user_store(checked_store(o), user_id), writer=False, key=store_key(o))
     try:
         data = st.export_user(user_id)
         if data is None:
@@ -116,7 +120,9 @@ def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any
         click.echo(text)
 
 
-def _forget_on_other_shards(store: str, user_id: str, texts: list[str]) -> None:
+def _forget_on_other_shards(
+    store: str, user_id: str, texts: list[str], key: SecretStr | None
+) -> None:
     """A sharded store directory: the assistant facts the user's pages taught, held by the
     assistants' owner shards and copied to every shard, go from every shard's store too, and
     the other shards' saved keyword statistics un-count the user's ``texts``
@@ -130,7 +136,7 @@ def _forget_on_other_shards(store: str, user_id: str, texts: list[str]) -> None:
     stores = []
     try:
         for d in dirs:
-            stores.append(open_store_at(str(d), writer=True))
+            stores.append(open_store_at(str(d), writer=True, key=key))
         forget_in_stores(stores, ShardMap(len(dirs)), user_id, texts)
     finally:
         for st in stores:
@@ -150,8 +156,8 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
     deletion, without content. Refused while another process writes the store (a server:
     delete through its HTTP API)."""
     o = options_of(ctx, kwargs)
-    store = checked_store(o)
-    st = open_store_at(user_store(store, user_id), writer=True)
+    store, key = checked_store(o), store_key(o)
+    st = open_store_at(user_store(store, user_id), writer=True, key=key)
     try:
         rows = st.rows_about(user_id)
         if st.user_row(user_id) is None and not rows:
@@ -169,7 +175,7 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
         left = st.rows_about(user_id)
     finally:
         st.close()
-    _forget_on_other_shards(store, user_id, texts)
+    _forget_on_other_shards(store, user_id, texts, key)
     click.echo(
         f"deleted user {user_id}: {rows:,} rows removed" + (f" ({left} left!)" if left else "")
     )
@@ -181,21 +187,24 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
 @click.option(
     "--encrypt",
     is_flag=True,
-    help="Encrypt a store that is not encrypted yet, under $MEMORYOS_GPU_KEY (else prompted). "
+    help="Encrypt a store that is not encrypted yet, under $MEMORYOS_GPU_KEY (else the config "
+    "file's encryption_key, else prompted). "
     "One way: there is no decrypt.",
 )
 @engine_options
 @click.pass_context
 @handle_errors
 def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
-    """Change an encrypted store's key: the current key from $MEMORYOS_GPU_KEY, the new one from
+    """Change an encrypted store's key: the current key from $MEMORYOS_GPU_KEY (else the config
+    file's encryption_key), the new one from
     $MEMORYOS_GPU_NEW_KEY (each prompted for, hidden, when unset). Every shard of a sharded
     store is rewritten; refused while another process writes it. See docs/storage.md."""
     from pydantic import SecretStr
 
-    from memoryos_gpu.store.encryption import ENV_NEW_KEY, env_key, rekey_all
+    from memoryos_gpu.store.encryption import ENV_NEW_KEY, rekey_all
 
-    store = checked_store(options_of(ctx, kwargs))
+    o = options_of(ctx, kwargs)
+    store, key = checked_store(o), store_key(o)
     if is_url(store):
         raise CLIError("rekey applies to SQLite stores (a PostgreSQL server encrypts by itself)")
     files = [store_file(d) for d in shard_dirs(store) or [store]]
@@ -205,9 +214,9 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
     def ask(what: str, confirm: bool = False) -> SecretStr:
         return SecretStr(click.prompt(what, hide_input=True, confirmation_prompt=confirm, err=True))
 
-    old = None if encrypt else env_key() or ask("current key")
+    old = None if encrypt else key or ask("current key")
     if encrypt:
-        new = env_key()
+        new = key
     else:
         given = os.environ.get(ENV_NEW_KEY)
         new = SecretStr(given) if given else None

@@ -17,6 +17,7 @@ from .options import (
     make_engine,
     options_of,
     resolve_store,
+    store_key,
 )
 from .output import (
     echo_json,
@@ -160,7 +161,7 @@ def chat(
 def profile(ctx: click.Context, user_id: str, as_json: bool, **kwargs: Any) -> None:
     """The user's long-term memory: profile traits, user knowledge, assistant knowledge."""
     o = options_of(ctx, kwargs)
-    st = open_store_at(user_store(checked_store(o), user_id), writer=False)
+    st = open_store_at(user_store(checked_store(o), user_id), writer=False, key=store_key(o))
     try:
         row = st.user_row(user_id)
         if row is None:

@@ -10,9 +10,12 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
 
 ENV_EMBEDDER = "MEMORYOS_GPU_EMBEDDER"
 ENV_EMBEDDING_API_KEY = "MEMORYOS_GPU_EMBEDDING_API_KEY"
@@ -200,13 +203,15 @@ def embedder_choice(flag: str | None) -> str | None:
 
 def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
     """The :class:`~memoryos_gpu.config.EngineConfig` of these options (flag > env > file >
-    default). ``store`` overrides the resolved store path (e.g. ``":memory:"``)."""
+    default; the store key: env > file, :func:`~memoryos_gpu.config.config_key`). ``store``
+    overrides the resolved store path (e.g. ``":memory:"``)."""
     from pydantic import ValidationError
 
-    from memoryos_gpu.config import EngineConfig, preset
+    from memoryos_gpu.config import EngineConfig, config_key, preset
 
     data: dict[str, Any] = read_toml(o.config) if o.config else {}
     try:
+        data["encryption_key"] = config_key(data.get("encryption_key"))
         for table in ("memory", "llm"):
             if not isinstance(data.get(table) or {}, dict):
                 raise ValueError(f"[{table}] must be a table of settings, got {data[table]!r}")
@@ -243,6 +248,15 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
         return EngineConfig.model_validate(data)
     except (ValidationError, ValueError, TypeError) as exc:
         raise UsageFailure(f"invalid engine configuration: {exc}") from None
+
+
+def store_key(o: EngineOptions) -> SecretStr | None:
+    """The key of the store these options name, for the commands that open it without an
+    engine (stats, export, profile, delete, rekey): the very key :func:`build_config` gives
+    an engine (``config.config_key``: $MEMORYOS_GPU_KEY, else the config file's
+    ``encryption_key``), so that no command resolves it in an order of its own."""
+    key: SecretStr | None = build_config(o).encryption_key
+    return key
 
 
 def checked_store(o: EngineOptions) -> str:

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .options import (
     STORE_FILE,
     CLIError,
 )
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
 
 
 def is_url(store: str | os.PathLike[str]) -> bool:
@@ -73,13 +76,15 @@ def require_store(store: str) -> None:
     )
 
 
-def open_store_at(store: str, *, writer: bool) -> Any:
+def open_store_at(store: str, *, writer: bool, key: SecretStr | None) -> Any:
     """The store itself, no engine. ``writer=False`` for the commands that only read: they do
-    not claim the store, so they work beside a running engine (``serve``, ``ingest``)."""
+    not claim the store, so they work beside a running engine (``serve``, ``ingest``).
+    ``key``: :func:`~memoryos_gpu.cli.options.store_key`'s, required so that no caller opens
+    an encrypted store without the config file's key (the engine commands have it)."""
     from memoryos_gpu.store import open_store
 
     require_store(store)
-    return open_store(store, writer=writer)
+    return open_store(store, writer=writer, key=key)
 
 
 def store_shards(store: str) -> int:

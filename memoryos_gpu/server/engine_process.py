@@ -43,9 +43,10 @@ Handler = Callable[..., Awaitable[Any]]
 def serve_engine(spec: dict[str, Any]) -> None:
     """Process entry point (``multiprocessing`` spawn target): serve until SIGTERM.
 
-    ``spec``: ``config`` (an :class:`EngineConfig` dump), ``settings`` (ServerSettings fields),
-    ``address`` (the ``ipc://`` endpoint to bind), ``log_level``, ``argv`` (the command line
-    the store's writer lock shows), ``shard`` (``[i, K]`` with ``--engines K``, else absent)."""
+    ``spec``: ``config`` (the :class:`EngineConfig` itself, its key included), ``settings``
+    (ServerSettings fields), ``address`` (the ``ipc://`` endpoint to bind), ``log_level``,
+    ``argv`` (the command line the store's writer lock shows), ``shard`` (``[i, K]`` with
+    ``--engines K``, else absent)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the store's writer lock records the command line: the server's, not multiprocessing's
     sys.argv = list(spec.get("argv") or sys.argv)
@@ -67,7 +68,7 @@ async def _serve(spec: dict[str, Any]) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     metrics = ServerMetrics()
-    config = EngineConfig.model_validate({**spec["config"], "auto_process": False})
+    config = _config(spec["config"])
     service = MemoryService(
         _engine(config, spec.get("shard")), ServerSettings(**spec["settings"]), metrics=metrics
     )
@@ -84,6 +85,15 @@ async def _serve(spec: dict[str, Any]) -> None:
     server.sock.close()
     ctx.term()
     log.info("engine process: store closed")
+
+
+def _config(config: EngineConfig) -> EngineConfig:
+    """The engine's config, its derived work run by the service's thread (not inside adds).
+    Only the config object itself is taken: a dump (a JSON one) carries the store key as
+    ``**********``, and the engine would encrypt a new store under that."""
+    if not isinstance(config, EngineConfig):
+        raise TypeError(f"the engine spec's config must be an EngineConfig, not {type(config)}")
+    return config.model_copy(update={"auto_process": False})
 
 
 def _engine(config: EngineConfig, shard: Sequence[int] | None) -> Any:

@@ -186,7 +186,8 @@ class Supervisor:
         base = engine_config(config, workers, engines)
         self.engine_specs = [
             {
-                "config": _shard_config(base, i, engines).model_dump(mode="json"),
+                # the config object itself, not a dump: see _start_engine
+                "config": _shard_config(base, i, engines),
                 "settings": settings.model_dump(),
                 "address": address,
                 "log_level": log_level,
@@ -220,6 +221,11 @@ class Supervisor:
         return "engine process" if len(self.engines) == 1 else f"engine process {i}"
 
     def _start_engine(self, i: int) -> None:
+        """Start engine process ``i``. Its spec travels pickled through the pipe that
+        multiprocessing's spawn opens to the child (not its command line, not its environment),
+        the :class:`EngineConfig` as itself: a JSON dump would write the store key as
+        ``**********``, under which the engine would then encrypt a new store (or fail to open
+        the user's)."""
         from memoryos_gpu.server.engine_process import serve_engine
 
         p = self.ctx.Process(
