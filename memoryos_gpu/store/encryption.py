@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from memoryos_gpu.store.batched_sql import batched_connection
-from memoryos_gpu.store.sqlite import StoreError
+from memoryos_gpu.store.sqlite import StoreError, StoreFullError, disk_full, open_error
 
 __all__ = [
     "ENV_KEY",
@@ -51,9 +51,20 @@ _KEY_HELP = f"EngineConfig(encryption_key=...) or ${ENV_KEY}"
 
 
 def env_key() -> SecretStr | None:
-    """``$MEMORYOS_GPU_KEY`` as a secret (None when unset or empty)."""
+    """``$MEMORYOS_GPU_KEY`` as a checked secret, None when unset. Set but empty (say
+    ``MEMORYOS_GPU_KEY="$KEY"`` with ``$KEY`` unset) is refused as an empty key given to the
+    API is, rather than taken for "no key": that would write a plain store the operator meant
+    to be encrypted. The message names the variable, never its value."""
     value = os.environ.get(ENV_KEY)
-    return SecretStr(value) if value else None
+    if value is None:
+        return None
+    secret = SecretStr(value)
+    try:
+        _check_key(secret)
+    except StoreError as exc:
+        hint = f"; unset ${ENV_KEY} for a store that is not encrypted" if not value else ""
+        raise StoreError(f"${ENV_KEY}: {exc}{hint}") from None
+    return secret
 
 
 def resolve_key(key: str | SecretStr | None) -> SecretStr | None:
@@ -73,11 +84,19 @@ def as_secret(key: str | SecretStr | None) -> SecretStr | None:
 
 
 def _check_key(key: SecretStr) -> None:
+    """Refuse a key SQLCipher cannot take, before anything touches the disk (a refusal later
+    would leave an empty store file and a claimed lock behind). A key from the environment
+    that is not UTF-8 reaches Python as a str with lone surrogates, which no SQL text can
+    carry."""
     value = key.get_secret_value()
     if not value:
         raise StoreError("the encryption key is empty")
     if "\x00" in value:
         raise StoreError("the encryption key contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StoreError("the encryption key is not valid UTF-8 text") from None
 
 
 def driver() -> ModuleType:
@@ -111,16 +130,35 @@ def _quote(key: SecretStr) -> str:
 
 def _apply_key(db: Any, dbapi: ModuleType, path: str, key: SecretStr) -> None:
     """Key a fresh SQLCipher connection and prove the key right (the first read decrypts page 1);
-    a wrong key closes the connection and raises."""
-    db.execute("PRAGMA cipher_log_level = NONE")  # a wrong key is our error, not stderr noise
-    db.execute(f"PRAGMA key = {_quote(key)}")
+    on failure the connection is closed and a StoreError raised.
+
+    Only SQLITE_NOTADB ("file is not a database") after keying means a wrong key (or a file
+    that is not a store): page 1 did not decrypt. Anything else -- a read-only file system
+    (the ``-shm`` index cannot be created), a full disk, an I/O error -- is the machine's doing
+    with the right key, and is said as a plain store's open says it."""
     try:
+        db.execute("PRAGMA cipher_log_level = NONE")  # a wrong key is our error, not noise
+        db.execute(f"PRAGMA key = {_quote(key)}")
         db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except dbapi.DatabaseError:
+    except dbapi.Error as exc:
         db.close()
-        raise StoreError(
-            f"cannot decrypt store {path}: wrong encryption key (or the file is not a store)"
-        ) from None
+        if _not_a_database(exc):
+            raise StoreError(
+                f"cannot decrypt store {path}: wrong encryption key (or the file is not a store)"
+            ) from None
+        said = open_error(path, exc)
+        raise said or StoreError(f"cannot open store {path}: {exc}") from exc
+    except BaseException:
+        db.close()
+        raise
+
+
+def _not_a_database(exc: BaseException) -> bool:
+    """Whether a driver error is SQLITE_NOTADB, what a key that does not decrypt page 1 gives."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF == sqlite3.SQLITE_NOTADB
+    return "file is not a database" in str(exc)
 
 
 def connect(
@@ -145,6 +183,7 @@ def connect(
                 f"(give its key with {_KEY_HELP}) or it is not a SQLite file"
             )
         return sqlite3.connect(path, factory=batched_connection(sqlite3), **kwargs), sqlite3
+    _check_key(key)  # a key given here directly (not through as_secret) is checked too
     if state == "plain":
         raise StoreError(
             f"store {path} is not encrypted, but an encryption key was given: encrypt it with "
@@ -154,7 +193,8 @@ def connect(
     try:
         db = dbapi.connect(path, factory=batched_connection(dbapi), **kwargs)
     except dbapi.Error as exc:
-        raise StoreError(f"cannot open store {path}: {exc}") from None
+        said = open_error(path, exc)
+        raise said or StoreError(f"cannot open store {path}: {exc}") from None
     _apply_key(db, dbapi, path, key)
     return db, dbapi
 
@@ -171,6 +211,8 @@ def rekey(path: str | os.PathLike[str], old_key: SecretStr | None, new_key: Secr
 
     path = os.fspath(path)
     _check_key(new_key)
+    if old_key is not None:
+        _check_key(old_key)
     want = "plain" if old_key is None else "encrypted"
     state = file_state(path)
     if state != want:
@@ -182,7 +224,7 @@ def rekey(path: str | os.PathLike[str], old_key: SecretStr | None, new_key: Secr
         _check_opens(path, old_key)
         tmp = f"{path}.rekey-tmp"
         Path(tmp).unlink(missing_ok=True)
-        _export(path, old_key, tmp, new_key)
+        _copy(path, old_key, tmp, new_key)
         _replace(tmp, path)
     finally:
         lock.release()
@@ -196,6 +238,8 @@ def rekey_all(
     under ``new_key`` is skipped, so a run interrupted half way is finished by running it
     again. Returns how many files were rewritten."""
     todo = [os.fspath(p) for p in paths if not _opens_with(os.fspath(p), new_key)]
+    if paths and not todo and old_key is None:
+        raise StoreError(_already_encrypted([os.fspath(p) for p in paths]))
     for path in todo:  # a wrong old key (or a plain/encrypted mix-up) stops before any write
         state = file_state(path)
         if state != ("plain" if old_key is None else "encrypted"):
@@ -222,6 +266,17 @@ def _opens_with(path: str, key: SecretStr) -> bool:
     return True
 
 
+def _already_encrypted(paths: list[str]) -> str:
+    """The refusal of an ``--encrypt`` with nothing left to encrypt: every file already opens
+    under the key given (run twice, or the store was encrypted before). Said as the refusal of
+    any encrypted store, not as "encrypted 0 files", so a script sees it did nothing."""
+    what = f"store {paths[0]} is" if len(paths) == 1 else f"all {len(paths)} store files are"
+    return (
+        f"{what} already encrypted (under this key); nothing to do: change its key with "
+        "`memoryos-gpu rekey`"
+    )
+
+
 def _rekey_refusal(path: str, state: str, *, encrypt: bool) -> str:
     if state == "missing":
         return f"no store at {path}"
@@ -231,6 +286,33 @@ def _rekey_refusal(path: str, state: str, *, encrypt: bool) -> str:
         f"store {path} is not encrypted: encrypt it with `memoryos-gpu rekey --encrypt` "
         f"(its current key comes from ${ENV_KEY})"
     )
+
+
+def _copy(src: str, old_key: SecretStr | None, dst: str, new_key: SecretStr) -> None:
+    """:func:`_export`, cleaned up when it fails (a disk without room for the copy, mostly):
+    the partial copy is removed, the store is left as it was, and the driver's error becomes a
+    StoreError (StoreFullError for a full disk) saying so."""
+    try:
+        _export(src, old_key, dst, new_key)
+    except BaseException as exc:
+        said = _copy_error(src, exc) if isinstance(exc, driver().Error) else None
+        for leftover in (dst, f"{dst}-journal", f"{dst}-wal", f"{dst}-shm"):
+            Path(leftover).unlink(missing_ok=True)
+        if said is not None:
+            raise said from exc
+        raise
+
+
+def _copy_error(src: str, exc: BaseException) -> StoreError:
+    """What a failed copy of ``src`` tells the operator (the store itself is unchanged)."""
+    kept = "the store is unchanged (still under its current key) and the partial copy removed"
+    if disk_full(exc, src):
+        size = os.path.getsize(src) / 2**20
+        return StoreFullError(
+            f"cannot rekey store {src}: the disk is full ({exc}); {kept}: rekey writes a copy "
+            f"of the store beside it, so free at least {size:.1f} MiB on that disk, then retry"
+        )
+    return StoreError(f"cannot rekey store {src}: {exc}; {kept}")
 
 
 def _export(src: str, old_key: SecretStr | None, dst: str, new_key: SecretStr) -> None:

@@ -14,6 +14,7 @@ in ``meta``; keyword ids as int32 blobs (the arena's hashed ids) beside the read
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -36,6 +37,8 @@ from memoryos_gpu.store.derivations import (
 )
 from memoryos_gpu.store.rounds import round_order
 from memoryos_gpu.store.wal import BACKSTOP_PAGES, WalCheckpointer
+
+log = logging.getLogger("memoryos_gpu.store")
 
 SCHEMA_VERSION = 6
 SYNCHRONOUS = "FULL"  # an acknowledged page survives power loss, not only a process crash
@@ -98,11 +101,77 @@ def _on_read_only_fs(path: str) -> bool:
         return False
 
 
+#: Free space (bytes) below which an I/O error met while opening or copying a store is taken
+#: for a full disk: SQLite reports ENOSPC on its shared-memory index (``-shm``, 32 KiB) as a
+#: plain I/O error, and the index plus the first frames of a log need far less than this.
+LOW_SPACE_BYTES = 1 << 20
+
+
+def _primary_code(exc: BaseException) -> int | None:
+    """SQLite's primary result code of a driver error (the low byte of the extended one)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def _low_on_space(path: str) -> bool:
+    """Whether the file system holding ``path`` has (almost) no room left for this user."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < LOW_SPACE_BYTES
+
+
+def disk_full(exc: BaseException, path: str | None = None) -> bool:
+    """Whether a driver error means a full disk: SQLite's SQLITE_FULL (or its words, which an
+    SQL function such as ``sqlcipher_export`` passes on under SQLITE_ERROR), or (given the
+    ``path`` it was met on) an I/O or can't-open error on a file system with no room left."""
+    primary = _primary_code(exc)
+    if primary == sqlite3.SQLITE_FULL:
+        return True
+    if primary in (None, sqlite3.SQLITE_ERROR) and "disk is full" in str(exc):
+        return True
+    io_like = primary in (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN)
+    return path is not None and io_like and _low_on_space(path)
+
+
+def open_error(path: str, exc: BaseException) -> StoreError | None:
+    """Why opening the store ``path`` failed when the machine, not the file, is the cause
+    (read-only file system, full disk, I/O error), said for an operator with SQLite's words
+    kept; None when the file itself is at fault. Plain and encrypted stores share it, so the
+    right key on a read-only or full disk is never reported as a wrong one. (The words of
+    :func:`_environment_error`, without its rolled-back transaction: an open has none.)"""
+    if _on_read_only_fs(path):
+        return StoreError(
+            f"cannot open store {path}: its file system is read-only, and SQLite writes beside "
+            f"a store even to read it ({path}-shm, the index of its write-ahead log); copy the "
+            "store to a writable place to read it"
+        )
+    if disk_full(exc, path):
+        return StoreFullError(
+            f"cannot open store {path}: the disk is full ({exc}); SQLite writes beside a store "
+            f"even to read it ({path}-shm, -wal): free space on that disk, then retry"
+        )
+    primary = _primary_code(exc)
+    if primary == sqlite3.SQLITE_IOERR:
+        return StoreError(f"cannot open store {path}: disk I/O error ({exc}): check the disk")
+    if primary == sqlite3.SQLITE_READONLY:
+        return StoreError(
+            f"cannot open store {path}: cannot write ({exc}): the file, its directory or the "
+            "file system is read-only"
+        )
+    if primary == sqlite3.SQLITE_CANTOPEN:
+        return StoreError(
+            f"cannot open store {path}: {exc} (it, or a file SQLite keeps beside it: "
+            f"{path}-wal, {path}-shm): check that they can be opened and written"
+        )
+    return None
+
+
 def _environment_error(path: str, exc: BaseException) -> StoreError | None:
     """What the machine did to a transaction (disk full, I/O error, read-only file), said for
     an operator with SQLite's own words kept; None for any other error."""
-    code = getattr(exc, "sqlite_errorcode", None)  # primary code in the low byte
-    primary = code & 0xFF if isinstance(code, int) else None
+    primary = _primary_code(exc)
     text = str(exc)
     if primary == sqlite3.SQLITE_FULL or (primary is None and "disk is full" in text):
         return StoreFullError.met(path, exc)
@@ -478,12 +547,12 @@ class SQLiteStore:
             self._db, self._dbapi = connect(
                 self.path, secret, check_same_thread=False, isolation_level=None, timeout=30.0
             )
-        except StoreError:
+        except BaseException as exc:  # whatever it is, the claim must not outlive the open
             self._release_writer()
+            if isinstance(exc, sqlite3.Error):
+                said = open_error(self.path, exc)
+                raise said or StoreError(f"cannot open store {self.path}: {exc}") from exc
             raise
-        except sqlite3.Error as exc:
-            self._release_writer()
-            raise StoreError(f"cannot open store {self.path}: {exc}") from exc
         self._lock = threading.RLock()
         self._depth = 0
         self._checkpointer: WalCheckpointer | None = None
@@ -491,20 +560,15 @@ class SQLiteStore:
         try:
             self._configure()
             self._migrate()
-        except StoreError:
+        except BaseException as exc:  # any failure: nothing stays open or claimed
             self._db.close()
             self._release_writer()
-            raise
-        except self._dbapi.DatabaseError as exc:  # "file is not a database", corrupt header, ...
-            self._db.close()
-            self._release_writer()
-            if _on_read_only_fs(self.path):
-                raise StoreError(
-                    f"cannot open store {self.path}: its file system is read-only, and SQLite "
-                    f"writes beside a store even to read it ({self.path}-shm, the index of its "
-                    "write-ahead log); copy the store to a writable place to read it"
+            if isinstance(exc, self._dbapi.DatabaseError):  # "file is not a database", ...
+                said = open_error(self.path, exc)
+                raise said or StoreError(
+                    f"{self.path} is not a usable memoryos-gpu store: {exc}"
                 ) from exc
-            raise StoreError(f"{self.path} is not a usable memoryos-gpu store: {exc}") from exc
+            raise
         if self._writer is not None:  # the writer's commits leave checkpoints to a thread
             try:
                 db, _ = connect(
@@ -880,7 +944,24 @@ class SQLiteStore:
         return [_page_dict(r) for r in rows], int(total)
 
     def page_embeddings(self, page_ids: Sequence[int], dim: int) -> np.ndarray:
+        """The pages' embeddings, one row per id in order; ``KeyError`` for a page with no row
+        (its callers hold the pages under the engine lock: a missing one is a bug)."""
         ids = [int(p) for p in page_ids]
+        blobs = self._page_embedding_blobs(ids)
+        return blob_matrix([blobs[i] for i in ids], dim)
+
+    def live_page_embeddings(
+        self, page_ids: Sequence[int], dim: int
+    ) -> tuple[list[int], np.ndarray]:
+        """The ids of ``page_ids`` that still have a row, in order, and their embeddings: for
+        callers that hold page ids from outside the engine lock (a mem0 search ranks the pages
+        a retrieval returned; one deleted since is simply not a result)."""
+        ids = [int(p) for p in page_ids]
+        blobs = self._page_embedding_blobs(ids)
+        kept = [i for i in ids if i in blobs]
+        return kept, blob_matrix([blobs[i] for i in kept], dim)
+
+    def _page_embedding_blobs(self, ids: Sequence[int]) -> dict[int, bytes]:
         blobs: dict[int, bytes] = {}
         for chunk in _id_chunks(ids):
             marks = ",".join("?" * len(chunk))
@@ -889,7 +970,7 @@ class SQLiteStore:
                     f"SELECT page_id, embedding FROM page_vectors WHERE page_id IN ({marks})", chunk
                 )
             )
-        return blob_matrix([blobs[i] for i in ids], dim)
+        return blobs
 
     # ------------------------------------------------------------------ pending work
     def pending(self, kind: str) -> list[tuple[int, str, int]]:
@@ -1333,8 +1414,8 @@ class SQLiteStore:
 
         Deleted content is overwritten in the database file (``PRAGMA secure_delete``), and the
         write-ahead log is checkpointed and truncated afterwards so older copies of the user's
-        pages do not linger in it (best effort: a concurrent reader from another process can
-        hold the log until it finishes).
+        pages do not linger in it (:meth:`checkpoint`: while a reader holds the log, retried
+        until it is truncated).
         """
         with self._lock:
             self.begin_erasure()
@@ -1342,6 +1423,15 @@ class SQLiteStore:
                 removed = self._delete_user_rows(db, user_id)
             self.checkpoint()
             return removed
+
+    #: How long (ms) :meth:`checkpoint` waits for readers of the log before leaving the
+    #: truncation to a retry: it holds the store lock meanwhile.
+    ERASURE_WAIT_MS: int = 250
+    #: The first and the longest wait (s) before a retry of the truncation.
+    ERASURE_RETRY_S: tuple[float, float] = (0.5, 10.0)
+    #: A truncation of the log that :meth:`checkpoint` could not do yet; retried on a timer.
+    _erasure_due: bool = False
+    _erasure_timer: threading.Timer | None = None
 
     def begin_erasure(self) -> None:
         """Deletions from now on overwrite the freed space (``PRAGMA secure_delete``), so the
@@ -1351,11 +1441,79 @@ class SQLiteStore:
             self._db.execute("PRAGMA secure_delete = ON")
 
     def checkpoint(self) -> None:
-        """Fold the write-ahead log into the file and truncate it (after a deletion, so the
-        deleted rows' old versions do not stay in the log); a no-op inside a transaction."""
-        if self.path != ":memory:" and not self._depth:
+        """Fold the write-ahead log into the file and truncate it, after a deletion, so the
+        deleted rows' old versions do not stay in the log.
+
+        It follows a committed deletion, so it never fails for the log's sake: a caller must
+        report the deletion done (and its memory side must not be skipped). The statement runs
+        under the store lock, as every statement on the shared connection must (beside another
+        thread's open statement it failed with "database table is locked"), and waits at most
+        :attr:`ERASURE_WAIT_MS` for readers of the log, not the connection's 30 s with every
+        other call of the store waiting behind it. When the log cannot be truncated now -- a
+        reader still on it (the statement's ``busy`` result, not an error), a transaction open,
+        an error -- the truncation is retried on a timer, backing off up to
+        :attr:`ERASURE_RETRY_S`, until it is done or the store closes (then the last
+        connection to the file to close checkpoints the log and removes it)."""
+        if self.path == ":memory:":
+            return
+        with self._lock:
             self._check_open()
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            if self._truncate_log():
+                return
+        self._retry_erasure(self.ERASURE_RETRY_S[0])
+
+    def _truncate_log(self) -> bool:
+        """One try of the truncating checkpoint (under the store lock): whether the log is
+        empty now. Not inside a transaction: its commit may still log deleted rows."""
+        if self._depth or self._db.in_transaction:
+            return self._erasure_tried(False, "a transaction is open")
+        try:
+            with self._busy_timeout(self.ERASURE_WAIT_MS):
+                busy = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        except self._dbapi.Error as exc:
+            return self._erasure_tried(False, f"{type(exc).__name__}: {exc}")
+        return self._erasure_tried(busy == 0, "a reader holds it")
+
+    def _erasure_tried(self, done: bool, why: str) -> bool:
+        """Record a try (``done`` or not, and why not): the first failure and the success
+        after failures are logged, not every retry."""
+        if not done and not self._erasure_due:
+            log.warning(
+                "%s: the write-ahead log still holds deleted rows (%s); the truncation is retried",
+                self.path,
+                why,
+            )
+        elif done and self._erasure_due:
+            log.info("%s: the write-ahead log is truncated", self.path)
+        self._erasure_due = not done
+        return done
+
+    @contextmanager
+    def _busy_timeout(self, ms: int) -> Iterator[None]:
+        """The connection waits at most ``ms`` for a lock while inside (under the store lock)."""
+        before = self._db.execute("PRAGMA busy_timeout").fetchone()[0]
+        self._db.execute(f"PRAGMA busy_timeout = {int(ms)}")
+        try:
+            yield
+        finally:
+            self._db.execute(f"PRAGMA busy_timeout = {int(before)}")
+
+    def _retry_erasure(self, delay: float) -> None:
+        """Try the truncation again in ``delay`` s (one timer at a time: a pending one will)."""
+        with self._lock:
+            if self._closed or self._erasure_timer is not None:
+                return
+            timer = threading.Timer(delay, self._erasure_retry_due, args=(delay,))
+            timer.name, timer.daemon = "memoryos-erasure", True
+            self._erasure_timer = timer
+        timer.start()
+
+    def _erasure_retry_due(self, delay: float) -> None:
+        with self._lock:
+            self._erasure_timer = None
+            if self._closed or not self._erasure_due or self._truncate_log():
+                return
+        self._retry_erasure(min(2 * delay, self.ERASURE_RETRY_S[1]))
 
     def _delete_user_rows(self, db: Any, user_id: str) -> Forgotten | None:
         """Delete every row about the user in the open transaction ``db`` (both dialects)."""

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from memoryos_gpu.store.sqlite import StoreError
+from memoryos_gpu.store.sqlite import StoreError, StoreFullError
 
 try:
     import fcntl
@@ -163,9 +163,7 @@ class SQLiteWriterLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise StoreError(
-                f"cannot open the writer lock {self.path} of store {self.store}: {exc.strerror}"
-            ) from None
+            raise self._lock_file_error("open", exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -177,9 +175,29 @@ class SQLiteWriterLock:
                 ) from None
             who = holder.describe() if holder else "another process (it left no record yet)"
             raise StoreLockedError(refusal(self.store, who), holder) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, this_process().to_json().encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, this_process().to_json().encode(), 0)
+        except BaseException as exc:  # a claim without its record is no claim: give it back
+            os.close(fd)
+            if isinstance(exc, OSError):
+                raise self._lock_file_error("write", exc) from None
+            raise
         self._fd = fd
+
+    def _lock_file_error(self, doing: str, exc: OSError) -> StoreError:
+        """A failed open of, or write to, the lock file, said for an operator: a full disk (the
+        holder record is written into the lock file) is a :class:`StoreFullError`, like a full
+        disk met by a transaction, not an ``OSError`` traceback."""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StoreFullError(
+                f"cannot claim store {self.store}: the disk is full ({exc.strerror} on its "
+                f"writer lock {self.path}); nothing was written: free space on that disk, then "
+                "retry"
+            )
+        return StoreError(
+            f"cannot {doing} the writer lock {self.path} of store {self.store}: {exc.strerror}"
+        )
 
     def release(self) -> None:
         """Give the store up (idempotent); the record is cleared first."""
