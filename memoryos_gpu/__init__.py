@@ -19,6 +19,7 @@ _EXPORTS = {
     "InvalidInputError": "memoryos_gpu.engine",
     "MemoryEngine": "memoryos_gpu.engine",
     "MemoryOSError": "memoryos_gpu.errors",
+    "UnknownItemError": "memoryos_gpu.errors",
     "UnknownUserError": "memoryos_gpu.errors",
     "AddResult": "memoryos_gpu.types",
     "PageInput": "memoryos_gpu.types",

@@ -48,6 +48,7 @@ from memoryos_gpu.distributed.sharding import (
     prepare_layout,
     shard_store,
 )
+from memoryos_gpu.errors import UnknownItemError
 from memoryos_gpu.server.scope import RetrievalBodies
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
@@ -552,7 +553,7 @@ class RouterService(RetrievalBodies):
         home = self.shard_map.shard(user_id)
         row = await self._on_shard(home, "get_page", (page_id,))
         if row is None or row["user_id"] != user_id:
-            raise KeyError(f"user {user_id!r} has no page {page_id}")
+            raise UnknownItemError(f"user {user_id!r} has no page {page_id}")
         text = {"user_input": user_input, "agent_response": agent_response}
 
         async def edit() -> Any:

@@ -21,7 +21,9 @@ What a page leaves behind besides its own row, and what happens to it here:
   earlier events (edits) is cleared.
 
 SQLite deletes with ``secure_delete`` and checkpoints the write-ahead log afterwards, so the
-text is not left in the database file or its log.
+text is not left in the database file or its log. The checkpoint comes last, once memory has
+followed the commit: it may have to wait for readers of the log (the store retries it until
+the log is truncated), and a deleted page must not be retrieved meanwhile.
 
 Editing a page's text (:meth:`Forgetting.rederive_edited`, from ``update_page``) runs the same
 re-derivation with the page kept: what its old text implied goes, and the page is re-analysed
@@ -102,7 +104,6 @@ class Forgetting:
                     (int(page_id),),
                 )
                 s.store.audit(db, uid, "delete", "page", page_id, {})
-            s.store.checkpoint()
             s.edits += 1
             # memory follows the committed store: arena row, term row and view go together
             slots = np.flatnonzero(s.page_of_slot == page_id)
@@ -113,6 +114,7 @@ class Forgetting:
             s.extractor.remove([text])
             self.apply(user, redone)
             s.views.drop_chains(chains - s.store.live_chains(chains))
+            s.store.checkpoint()  # last: never a reason for memory not to follow (docstring)
             return True
 
     def rederive_edited(self, db: Any, page_id: int) -> Rederived:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from memoryos_gpu.errors import UnknownUserError
+from memoryos_gpu.errors import UnknownItemError, UnknownUserError
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
 from memoryos_gpu.store.sqlite import emb_blob
 
@@ -54,12 +54,13 @@ class Items:
         """Edit a page's text; its embedding (and its arena row, when in MTM) follow, and what
         was derived from its old text is re-derived (``Forgetting.rederive_edited``: its facts
         and profile values go and the page is re-analysed, so the next ``process_pending``
-        brings back what the new text says)."""
+        brings back what the new text says). :class:`UnknownItemError` (a ``KeyError``) when
+        there is no such page: a caller that checked it may have lost a race to its deletion."""
         s = self._s
         with s.lock:
             row = self.get_page(page_id)
             if row is None:
-                raise KeyError(f"no page {page_id}")
+                raise UnknownItemError(f"no page {page_id}")
             new = {
                 "user_input": _clean_text(user_input, "user_input")
                 if user_input is not None
@@ -110,7 +111,9 @@ class Items:
 
     # ---------------------------------------------------------------- knowledge
     def update_knowledge(self, entry_id: int, text: str) -> dict[str, Any]:
-        """Edit a knowledge entry's text; its embedding (and its ring row, when live) follow."""
+        """Edit a knowledge entry's text; its embedding (and its ring row, when live) follow.
+        :class:`UnknownItemError` (a ``KeyError``) when there is no such entry (as for
+        :meth:`update_page`)."""
         s = self._s
         text = _clean_text(text, "text")
         if not text.strip():  # a fact of no words: retrieved, embedded, conflict-keyed as one
@@ -118,7 +121,7 @@ class Items:
         with s.lock:
             rows = s.store.knowledge_rows([entry_id])
             if entry_id not in rows:
-                raise KeyError(f"no knowledge entry {entry_id}")
+                raise UnknownItemError(f"no knowledge entry {entry_id}")
             row = rows[entry_id]
             vec = s.embedder.encode([text])[0]
             key = fact_key(text)  # the attribute the conflict rule finds the entry by
@@ -143,7 +146,9 @@ class Items:
 
     def delete_knowledge(self, entry_id: int) -> bool:
         """Delete an entry (its text out of the audit too); the entry it superseded, if any, is
-        live again (``knowledge_ring.unsupersede``)."""
+        live again (``knowledge_ring.unsupersede``). Once committed, memory follows before the
+        log is truncated: the truncation may have to wait for readers (``store.checkpoint``
+        retries it then), the entry must not be retrieved meanwhile."""
         s = self._s
         with s.lock:
             rows = s.store.knowledge_rows([entry_id])
@@ -163,13 +168,13 @@ class Items:
                     (entry_id,),
                 )
                 s.store.audit(db, _audit_owner(rows[entry_id]), "delete", "knowledge", entry_id)
-            s.store.checkpoint()
             where = np.argwhere(s.entry_of_ring == entry_id)
             if where.size:
                 s.arena.delete_knowledge(where[:, 0], where[:, 1])
                 s.entry_of_ring[where[:, 0], where[:, 1]] = -1
             s.views.drop_knowledge([entry_id])
             put_back(s, restored)
+            s.store.checkpoint()
             return True
 
     # ---------------------------------------------------------------- users

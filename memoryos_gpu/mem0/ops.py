@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from memoryos_gpu.errors import UnknownItemError
 from memoryos_gpu.types import Retrieval
 
 from .filters import Predicate
@@ -92,17 +93,14 @@ class Mem0Ops:
         top_k: int,
     ) -> list[dict[str, Any]]:
         """A retrieval's pages and knowledge as items scored by cosine with the query, best
-        first, filtered, at or above ``threshold``, at most ``top_k``."""
+        first, filtered, at or above ``threshold``, at most ``top_k``. A page deleted since the
+        retrieval (which returned before this runs: no store snapshot spans both) is not a
+        result."""
         eng = self.engine
         uid = retrieval.user_id
         assistant = (eng.store.user_row(uid) or {}).get("assistant_id")
-        pages = [*retrieval.pages, *retrieval.stm]
         q = _unit(eng.embedder.encode([query]))[0]
-        page_scores = (
-            _unit(eng.store.page_embeddings([p.page_id for p in pages], eng.embedder.dim)) @ q
-            if pages
-            else np.zeros(0)
-        )
+        pages, page_scores = self._scored_pages([*retrieval.pages, *retrieval.stm], q)
         updated = eng.store.last_updates(uid, "page")
         scored = [
             (
@@ -141,6 +139,15 @@ class Mem0Ops:
         ]
         return out[:top_k]
 
+    def _scored_pages(self, pages: list[Any], q: np.ndarray) -> tuple[list[Any], np.ndarray]:
+        """The pages that are still stored, and their cosines with the unit query ``q``."""
+        if not pages:
+            return [], np.zeros(0)
+        eng = self.engine
+        kept, embs = eng.store.live_page_embeddings([p.page_id for p in pages], eng.embedder.dim)
+        live = set(kept)
+        return [p for p in pages if p.page_id in live], _unit(embs) @ q
+
     def history(self, memory_id: str) -> list[dict[str, Any]]:
         """mem0's history of a memory (added, each edit, deleted), oldest first; [] for an
         id that names nothing (a deleted memory keeps its history)."""
@@ -161,24 +168,33 @@ class Mem0Ops:
     def update(
         self, memory_id: str, text: str | None = None, agent_response: str | None = None
     ) -> dict[str, Any]:
-        """Replace a memory's text (a page: the user's side, ``agent_response`` the other)."""
+        """Replace a memory's text (a page: the user's side, ``agent_response`` the other).
+        :class:`MemoryNotFound` also when the memory is deleted after :meth:`_require` found
+        it (a concurrent delete: the engine's ``UnknownItemError``)."""
         mid = self._require(memory_id)
         if text is None and agent_response is None:
             raise ValueError("give the new text")
-        if mid.kind == "page":
-            self.engine.update_page(mid.number, user_input=text, agent_response=agent_response)
-        else:
-            if agent_response is not None:
-                raise ValueError("a knowledge entry has no agent_response")
-            self.engine.update_knowledge(mid.number, text)
+        if mid.kind == "knowledge" and agent_response is not None:
+            raise ValueError("a knowledge entry has no agent_response")
+        try:
+            if mid.kind == "page":
+                self.engine.update_page(mid.number, user_input=text, agent_response=agent_response)
+            else:
+                self.engine.update_knowledge(mid.number, text)
+        except UnknownItemError:
+            raise MemoryNotFound(memory_id) from None
         return {"message": "Memory updated successfully!"}
 
     def delete(self, memory_id: str) -> dict[str, Any]:
+        """Delete a memory; :class:`MemoryNotFound` when there is none, also when a concurrent
+        delete took it after :meth:`_require` found it (as a second delete is answered)."""
         mid = self._require(memory_id)
         if mid.kind == "page":
-            self.engine.delete_page(mid.number)
+            deleted = self.engine.delete_page(mid.number)
         else:
-            self.engine.delete_knowledge(mid.number)
+            deleted = self.engine.delete_knowledge(mid.number)
+        if not deleted:
+            raise MemoryNotFound(memory_id)
         return {"message": "Memory deleted successfully!"}
 
     def reset(self, owns: Callable[[str], bool] = lambda _: True) -> int:

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match
 
-from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.errors import MemoryOSError, UnknownItemError, UnknownUserError
 from memoryos_gpu.server.auth import KeyLimits, KeyRing, Principal, RateLimiter, Refusal
 from memoryos_gpu.server.batching import Overloaded, Unavailable
 from memoryos_gpu.server.bodies import parse_body
@@ -49,7 +49,7 @@ class ErrorMapper:
         RequestValidationError,
         Overloaded,
         Unavailable,
-        MemoryOSError,  # LLMUnavailableError and UnknownUserError are subclasses
+        MemoryOSError,  # LLMUnavailableError, UnknownUserError, UnknownItemError: subclasses
     )
     _HTTP_CODES: ClassVar[dict[int, str]] = {
         404: "not_found",
@@ -118,6 +118,8 @@ class ErrorMapper:
             if tenancy is not None and tenancy.prefix:
                 msg = msg.replace(tenancy.prefix, "", 1)
             return error_response(404, "unknown_user", msg)
+        if isinstance(exc, UnknownItemError):  # e.g. deleted between a route's check and edit
+            return error_response(404, "not_found", str(exc))
         if isinstance(exc, MemoryOSError):
             if isinstance(exc, ValueError):  # the engine's InvalidInputError and friends
                 return error_response(422, "invalid_input", str(exc))
