@@ -269,8 +269,11 @@ def _ingest_ray(
 ) -> dict[str, Any]:
     """``ingest --ray``: memoryos_gpu.distributed.ray_ingest (Ray Data + shard actors).
     ``raw=False`` (an encrypted store, no --rejects): no rejects file, since Ray's holds
-    every record's content."""
+    every record's content. The package's own errors (a store another process holds, a path
+    through a file; ray_ingest raises a shard actor's error as itself) are left to
+    ``handle_errors`` (``error: ...``, exit 1): some are ValueErrors too, not usage errors."""
     from memoryos_gpu.distributed.ray_common import RayUnavailableError
+    from memoryos_gpu.errors import MemoryOSError
 
     try:
         from memoryos_gpu.distributed.ray_ingest import default_rejects_path, ingest_ray
@@ -287,6 +290,8 @@ def _ingest_ray(
         return {**report, "rejects_raw": raw}
     except RayUnavailableError as exc:
         raise CLIError(str(exc)) from None
+    except MemoryOSError:
+        raise
     except ValueError as exc:  # store layout problems
         raise UsageFailure(str(exc)) from None
 

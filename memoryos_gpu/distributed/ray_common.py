@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,8 +15,14 @@ INSTALL_HINT = (
 ENV_RAY_ADDRESS = "RAY_ADDRESS"
 
 
+#: How long the driver waits for the TCP connection to a cluster's address before saying it
+#: cannot be reached (``ray.init`` itself retries an unreachable GCS for minutes).
+CONNECT_TIMEOUT_S = 5.0
+
+
 class RayUnavailableError(RuntimeError):
-    """Ray is not installed (the message says how to install it)."""
+    """Ray cannot be used: not installed, or the cluster named cannot be reached (the message
+    says what to do)."""
 
 
 def require_ray(*parts: str) -> Any:
@@ -32,17 +39,63 @@ def require_ray(*parts: str) -> Any:
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> Any:
     """Connect to Ray once: ``address`` (or $RAY_ADDRESS) joins a running cluster, otherwise a
     local one is started (``num_cpus`` caps it). A driver that already called ``ray.init``
-    keeps its connection."""
+    keeps its connection. A cluster that cannot be reached is a :class:`RayUnavailableError`
+    within seconds (:func:`check_address`), not minutes of Ray's retries."""
     ray = require_ray()
     if ray.is_initialized():
         return ray
+    named = "the address given" if address else f"${ENV_RAY_ADDRESS}"
     address = address or os.environ.get(ENV_RAY_ADDRESS) or None
     kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-    if address:
+    if not address or address == "local":  # "local": Ray's word for a new local instance
+        ray.init(address=address, num_cpus=num_cpus, **kw)
+        return ray
+    check_address(address, named)
+    try:
         ray.init(address=address, **kw)
-    else:
-        ray.init(num_cpus=num_cpus, **kw)
+    except (ConnectionError, TimeoutError) as exc:
+        raise RayUnavailableError(_unreachable(address, named, exc)) from None
     return ray
+
+
+def check_address(address: str, named: str = f"${ENV_RAY_ADDRESS}") -> None:
+    """Refuse, with a :class:`RayUnavailableError` naming ``address`` and what to check, a
+    cluster address that leads nowhere: ``auto`` with no Ray running on this machine, or a
+    ``host:port`` (``ray://host:port``) that takes no TCP connection within
+    :data:`CONNECT_TIMEOUT_S`. Why before ``ray.init``: it retries an unreachable GCS for
+    minutes ("Failed to connect to GCS") and has no timeout argument."""
+    try:
+        host, port = _host_port(_resolve(address))
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except (OSError, ValueError) as exc:  # ConnectionError (auto: none found) is an OSError
+        raise RayUnavailableError(_unreachable(address, named, exc)) from None
+
+
+def _resolve(address: str) -> str:
+    """``address`` as ``host:port``: ``auto`` becomes the Ray cluster running on this machine
+    (Ray's own lookup; ConnectionError when there is none)."""
+    if address != "auto":
+        return address.removeprefix("ray://")
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+
+    return canonicalize_bootstrap_address_or_die(address)
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"not a host:port address: {address!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _unreachable(address: str, named: str, exc: BaseException) -> str:
+    why = str(exc).split(". ")[0] or type(exc).__name__
+    return (
+        f"cannot reach the Ray cluster at {address} ({named}): {why}. Check that its head node "
+        f"runs (`ray status --address {address}`; start one with `ray start --head`) and that "
+        f"its port is reachable from here, or unset {ENV_RAY_ADDRESS} to start a local Ray"
+    )
 
 
 @dataclass(frozen=True)
@@ -124,3 +177,31 @@ def unbox(value: Any) -> Any:
     if isinstance(value, BoxedError):
         raise value.exception()
     return value
+
+
+def ray_error_cause(exc: BaseException) -> BaseException:
+    """What a driver raises for an exception out of a Ray call: the project's own error that a
+    task or actor raised (followed down ``RayTaskError.cause`` and ``__cause__``, through Ray
+    Data's wrappers too), e.g. a StoreLockedError naming the store's holder; else a one-line
+    MemoryOSError naming the innermost failure. Raise it ``from exc``: the CLI prints
+    ``error: ...`` for it, as for the single-process path's errors, instead of pages of remote
+    tracebacks, and a traceback still shows the Ray error."""
+    from memoryos_gpu.errors import MemoryOSError
+
+    seen = exc
+    for _ in range(16):  # a chain is a few links; a cycle must not loop
+        # first down Ray's wrapper: what ray.get raises is also an instance of the cause's
+        # class (``RayTaskError(StoreLockedError)``), but its message is the remote traceback
+        cause = getattr(seen, "cause", None)
+        if isinstance(cause, BaseException):
+            seen = cause
+        elif isinstance(seen, MemoryOSError):
+            return seen
+        elif seen.__cause__ is not None:
+            seen = seen.__cause__
+        else:
+            break
+    lines = str(seen).strip().splitlines()
+    return MemoryOSError(
+        f"a Ray shard task failed: {type(seen).__name__}: {lines[0] if lines else ''}"
+    )

@@ -17,10 +17,14 @@ Flow, per window of ``window`` records (so the driver never holds the whole inpu
    acknowledged only after its commit.
 
 After the last window, the derived work runs: the shards exchange the keyword statistics of the
-pages they accepted, so every shard extracts keywords as one engine holding every page would,
-then each runs its pending work (chain, mid-term placement, promotion) and the assistant facts
-go to their owner shards (see :mod:`memoryos_gpu.distributed.sharding`). The result equals the
-single-process ``ingest --process defer`` followed by a flush of the same input (tests check).
+pages they accepted, so every shard extracts keywords as one engine holding every page would
+(each shard saves, with its statistics, through which page of every other shard they count:
+a run stopped before its exchange, by Ctrl-C or a crash, leaves those marks behind, and the
+next run sends the pages it committed as well), then each runs its pending work (chain,
+mid-term placement, promotion) and the assistant facts go to their owner shards (see
+:mod:`memoryos_gpu.distributed.sharding`). The result equals the single-process
+``ingest --process defer`` followed by a flush of the same input, also when the run was
+interrupted and run again (tests check).
 
 Same report (``IngestReport``), rejects file and idempotence as the single-process path: every
 record keeps its stable ``source``, so a re-run adds nothing.
@@ -45,11 +49,20 @@ from pathlib import Path
 from typing import Any
 
 from memoryos_gpu.config import EngineConfig
-from memoryos_gpu.distributed.ray_common import ensure_ray, require_ray, shard_resources
+from memoryos_gpu.distributed.ray_common import (
+    BoxedError,
+    ensure_ray,
+    ray_error_cause,
+    require_ray,
+    shard_resources,
+    unbox,
+)
 from memoryos_gpu.distributed.sharding import (
     AssistantEntry,
     ShardMap,
-    exchange_keywords,
+    check_layout,
+    is_shared_store,
+    merge_deltas,
     prepare_layout,
     route_assistant_facts,
     shard_store,
@@ -69,6 +82,11 @@ from memoryos_gpu.ingest import (
 
 __all__ = ["DEFAULT_WINDOW", "ShardIngestActor", "actor_name", "ingest_ray"]
 
+#: The engine's saved keyword statistics (meta key) and the exchange marks this module adds to
+#: that record (:meth:`ShardIngestActor.exchange_marks`).
+EXTRACTOR_KEY = "keyword_extractor"
+EXCHANGE_MARKS = "ray_exchanged"
+STORE_FILE = "memory.sqlite3"  # a shard directory's database (``open_store``)
 DEFAULT_WINDOW = 200_000  # records per Ray dataset (bounds the driver's memory)
 BUCKETS_PER_SHARD = 4  # groups per shard: parallel writers per shard, smaller groups
 _RAW_LIMIT = 2000
@@ -90,11 +108,29 @@ class ShardIngestActor:
         from memoryos_gpu.distributed.sharding import ShardEngine
 
         _quiet()
-        cfg = EngineConfig.model_validate({**config, "auto_process": False})
-        self.engine = ShardEngine(cfg, shard=shard, count=count, hold_pending=True)
         self.batches = 0
+        self._engine: Any = None
+        self._failed: BoxedError | None = None
+        try:
+            cfg = EngineConfig.model_validate({**config, "auto_process": False})
+            self._engine = ShardEngine(cfg, shard=shard, count=count, hold_pending=True)
+        except Exception as exc:
+            # kept, not raised: Ray answers an exception in __init__ with the actor's death
+            # (restarted forever under max_restarts=-1, crash dumps, an ActorDiedError that
+            # has lost the exception); :meth:`info` hands it to the driver as itself
+            self._failed = BoxedError.of(exc)
 
-    def info(self) -> dict[str, Any]:
+    @property
+    def engine(self) -> Any:
+        """The shard's engine; the error that kept it from opening, raised, when it did not."""
+        if self._failed is not None:
+            raise self._failed.exception()
+        return self._engine
+
+    def info(self) -> dict[str, Any] | BoxedError:
+        """The shard's identity, or the open's error (the driver unboxes it)."""
+        if self._failed is not None:
+            return self._failed
         return {**self.engine.info(), "pid": os.getpid()}
 
     def page_watermark(self) -> int:
@@ -135,11 +171,48 @@ class ShardIngestActor:
             mid = len(valid) // 2
             return self._accept(valid[:mid], refused) + self._accept(valid[mid:], refused)
 
-    def keyword_delta_since(self, watermark: int) -> dict[str, Any]:
-        return self.engine.keyword_delta_since(watermark)
+    def exchange_marks(self, tops: list[int]) -> list[int]:
+        """Receiver side: through which page id of each shard's store (``[i]``) this shard's
+        keyword statistics count that shard's pages. Statistics never saved count none (an
+        engine refits them from its own pages on open): zeros. Saved by this module: the
+        marks saved with them by the last exchange that reached this shard. Saved by an engine
+        (it writes no marks, and saves after its exchanges): every page there is, ``tops``,
+        saved now with the statistics, so that a run interrupted before its exchange leaves
+        marks below the pages it committed and the next run sends those pages too."""
+        raw = self.engine.store.get_meta(EXTRACTOR_KEY)
+        if raw is None:
+            return [0] * self.engine.shard_count
+        saved = json.loads(raw).get(EXCHANGE_MARKS)
+        if isinstance(saved, dict) and saved.get("count") == self.engine.shard_count:
+            return [int(m) for m in saved["through"]]
+        self._save_keywords(list(tops))
+        return list(tops)
 
-    def apply_keyword_delta(self, delta: dict[str, Any]) -> None:
-        self.engine.apply_keyword_delta(delta)
+    def keyword_deltas(self, since: list[int]) -> dict[str, Any]:
+        """Sender side: this shard's last page id (``top``) and the document frequencies of its
+        pages above each mark of ``since``, up to ``top`` (nothing is accepted meanwhile: the
+        driver exchanges after the last window)."""
+        top = self.engine.page_watermark()
+        return {"top": top, "deltas": {m: self.engine.keyword_delta_since(m) for m in since}}
+
+    def apply_exchange(self, delta: dict[str, Any], through: list[int]) -> None:
+        """Receiver side: add the other shards' frequencies and save them with the new marks in
+        one write, so a statistic and the mark that says it is counted are never apart."""
+        with self.engine._lock:
+            self.engine.apply_keyword_delta(delta)
+            self._save_keywords(list(through))
+
+    def _save_keywords(self, through: list[int]) -> None:
+        """The engine's saved keyword statistics (``save_extractor``'s record: the state and the
+        page watermark the reopen refits from), plus the exchange marks."""
+        e = self.engine
+        with e._lock:
+            state = {
+                **e.extractor.to_dict(),
+                "page_watermark": e.page_watermark(),
+                EXCHANGE_MARKS: {"count": e.shard_count, "through": through},
+            }
+            e.store.set_meta(EXTRACTOR_KEY, json.dumps(state))
 
     def process(self) -> dict[str, int]:
         self.engine.release()
@@ -166,7 +239,8 @@ class ShardIngestActor:
         }
 
     def close(self) -> None:
-        self.engine.close()
+        if self._engine is not None:
+            self._engine.close()
 
 
 def _outcome(row: dict[str, Any], status: str, reason: str = "") -> dict[str, Any]:
@@ -316,8 +390,12 @@ def ingest_ray(
     one per shard). ``shard_cpus`` / ``shard_gpus``: what each shard actor reserves (default: a
     GPU each when the cluster has one per shard). ``address``: a Ray cluster to join (default:
     $RAY_ADDRESS, else a local Ray with ``num_cpus``). ``on_window``: called after each window.
+
+    Everything that can be refused without Ray is refused before Ray starts (~15 s): the
+    arguments, the store layout (:func:`check_layout`) and a shard held by another writer
+    (:func:`_check_writers`). An error a shard actor raises comes out as itself (e.g. a
+    StoreLockedError), not as Ray's wrapper (:func:`ray_error_cause`).
     """
-    ray = ensure_ray(address, num_cpus)
     require_ray("data")
     path_list = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     if batch_size < 1 or window < 1:
@@ -325,8 +403,10 @@ def ingest_ray(
     files = resolve_formats(path_list, fmt)
     if config.store == ":memory:":
         raise ValueError("ingest --ray needs a durable store: --store DIR or a PostgreSQL URL")
+    check_layout(config.store, shards)
+    _check_writers(config.store, shards)
+    ray = ensure_ray(address, num_cpus)
     prepare_layout(config.store, shards)
-    run = run_id or uuid.uuid4().hex[:8]
     report = IngestReport(
         batch_size=batch_size,
         files=list(files),
@@ -334,39 +414,81 @@ def ingest_ray(
         store=config.store,
         rejects_path=os.fspath(rejects_path) if rejects_path is not None else None,
     )
+    run = _Run(ray, run_id or uuid.uuid4().hex[:8], shards, batch_size, writers)
+    try:
+        out = _ingest(run, config, files, report, shard_cpus, shard_gpus, window, on_window)
+    except ray.exceptions.RayError as exc:
+        raise ray_error_cause(exc) from exc
+    _write_rejects(report, run.tally, rejects_path)
+    return out
+
+
+class _Run:
+    """One ``ingest_ray`` call's Ray handles and running state."""
+
+    def __init__(self, ray: Any, name: str, shards: int, batch_size: int, writers: int | None):
+        self.ray, self.name, self.shards = ray, name, shards
+        self.batch_size, self.writers = batch_size, writers
+        self.tally = _Tally(shards)
+        self.timings: Counter[str] = Counter()
+
+
+def _ingest(
+    run: _Run,
+    config: EngineConfig,
+    files: dict[str, str],
+    report: IngestReport,
+    shard_cpus: float | None,
+    shard_gpus: float | None,
+    window: int,
+    on_window: Callable[[int, IngestReport], None] | None,
+) -> dict[str, Any]:
+    """Start the shard actors, accept every window, derive; the actors go however it ends."""
+    ray, shards, tally = run.ray, run.shards, run.tally
     t0 = time.perf_counter()
     res = shard_resources(shards, cpus=shard_cpus, gpus=shard_gpus)
-    actors = _start_actors(ray, config, shards, run, res)
-    timings: Counter[str] = Counter()
+    actors = _start_actors(ray, config, shards, run.name, res)
     try:
-        watermarks = ray.get([a.page_watermark.remote() for a in actors])
-        tally = _Tally(shards)
+        tops = ray.get([a.page_watermark.remote() for a in actors])
+        marks = ray.get([a.exchange_marks.remote(tops) for a in actors])
         t1 = time.perf_counter()
-        for n, (rows, rejects) in enumerate(
-            _windows(_records(files, shards, BUCKETS_PER_SHARD), window)
-        ):
+        records = _records(files, shards, BUCKETS_PER_SHARD)
+        for n, (rows, rejects) in enumerate(_windows(records, window)):
             tally.rejects += [(0, r) for r in rejects]  # read-stage rejects
             if rows:
-                tally.add(_run_window(ray, rows, run, shards, batch_size, watermarks, writers))
+                tally.add(
+                    _run_window(ray, rows, run.name, shards, run.batch_size, tops, run.writers)
+                )
             _fill(report, tally, t0)
             if on_window is not None:
                 on_window(n, report)
-        timings["accept"] = time.perf_counter() - t1
+        run.timings["accept"] = time.perf_counter() - t1
         t1 = time.perf_counter()
-        derived = _derive(ray, actors, watermarks, shards)
-        timings["derive"] = time.perf_counter() - t1
+        derived = _derive(ray, actors, marks, shards)
+        run.timings["derive"] = time.perf_counter() - t1
         summaries = ray.get([a.summary.remote() for a in actors])
         ray.get([a.close.remote() for a in actors])
     finally:
         for a in actors:
             ray.kill(a)
     _fill(report, tally, t0)
-    _write_rejects(report, tally, rejects_path)
+    return _report(report, run, config.store, summaries, res, derived)
+
+
+def _report(
+    report: IngestReport,
+    run: _Run,
+    store: str,
+    summaries: list[dict[str, Any]],
+    res: Any,
+    derived: dict[str, Any],
+) -> dict[str, Any]:
+    tally, shards = run.tally, run.shards
     report.batches = sum(s["batches"] for s in summaries)
     report.llm_calls = sum(s["llm_calls"] for s in summaries)
     report.pending = sum(s["pending"] for s in summaries)
-    report.store_counts = _sum_counts(config.store, summaries)
-    report.timings = {k: round(v, 4) for k, v in timings.items()}
+    report.store_counts = _sum_counts(store, summaries)
+    report.timings = {k: round(v, 4) for k, v in run.timings.items()}
     report.peak_rss_mb = round(_peak_rss_mb(), 1)
     out = report.to_dict()
     out["shards"] = [
@@ -377,14 +499,14 @@ def ingest_ray(
             "rejected": tally.per[i]["rejected"],
             "users": len(tally.users[i]),
             "pages_per_s": tally.per[i]["accepted"] / report.elapsed_s if report.elapsed_s else 0,
-            "store": shard_store(config.store, i, shards),
+            "store": shard_store(store, i, shards),
             "exit_code": 0,
             **summaries[i],
         }
         for i in range(shards)
     ]
     out["ray"] = {
-        "run": run,
+        "run": run.name,
         "shards": shards,
         "shard_gpus": res.gpus,
         "shard_cpus": res.cpus,
@@ -393,7 +515,27 @@ def ingest_ray(
     return out
 
 
+def _check_writers(store: str, shards: int) -> None:
+    """Refuse, before Ray starts, a shard store that another process holds for writing (a
+    ``serve``, ``serve --ray``, another ``ingest``): its StoreLockedError names the holder,
+    as the single-process path's refusal does. The claim is taken and given back at once;
+    a writer that comes in between is refused by the shard actor's own claim instead
+    (:meth:`ShardIngestActor.info`). PostgreSQL shards are claimed by the actors only."""
+    if is_shared_store(store):
+        return
+    from memoryos_gpu.store.writer import SQLiteWriterLock
+
+    for i in range(shards):
+        db = Path(shard_store(store, i, shards)) / STORE_FILE
+        if db.is_file():
+            lock = SQLiteWriterLock(db)
+            lock.acquire()
+            lock.release()
+
+
 def _start_actors(ray: Any, config: EngineConfig, shards: int, run: str, res: Any) -> list[Any]:
+    """One actor per shard, each with its store open; an actor's open error is raised here as
+    itself (the actors are killed first)."""
     cls = _actor_class(ray)
     actors = [
         cls.options(
@@ -409,7 +551,13 @@ def _start_actors(ray: Any, config: EngineConfig, shards: int, run: str, res: An
         )
         for i in range(shards)
     ]
-    ray.get([a.info.remote() for a in actors])  # fail early when a store cannot be opened
+    try:
+        for info in ray.get([a.info.remote() for a in actors]):
+            unbox(info)  # fail early when a store cannot be opened
+    except BaseException:
+        for a in actors:
+            ray.kill(a)
+        raise
     return actors
 
 
@@ -441,21 +589,9 @@ def _run_window(
     return list(out.iter_rows())
 
 
-def _derive(ray: Any, actors: list[Any], watermarks: list[int], shards: int) -> dict[str, Any]:
+def _derive(ray: Any, actors: list[Any], marks: list[list[int]], shards: int) -> dict[str, Any]:
     """Keyword exchange, each shard's derived work, assistant facts to their owners."""
-    deltas: dict[int, Any] = {}
-
-    def take(i: int) -> Callable[[], dict[str, Any]]:
-        return lambda: deltas.setdefault(
-            i, ray.get(actors[i].keyword_delta_since.remote(watermarks[i]))
-        )
-
-    pending: list[Any] = []
-    docs = exchange_keywords(
-        [take(i) for i in range(shards)],
-        [lambda d, a=a: pending.append(a.apply_keyword_delta.remote(d)) for a in actors],
-    )
-    ray.get(pending)
+    docs = _exchange_keywords(ray, actors, marks)
     done: Counter[str] = Counter()
     for d in ray.get([a.process.remote() for a in actors]):
         done.update(d)
@@ -467,6 +603,28 @@ def _derive(ray: Any, actors: list[Any], watermarks: list[int], shards: int) -> 
         lambda s, e: ray.get(actors[s].replicate_assistant_entries.remote(e)),
     )
     return {"keyword_docs_exchanged": docs, **done, "assistant_facts": written}
+
+
+def _exchange_keywords(ray: Any, actors: list[Any], marks: list[list[int]]) -> int:
+    """Give every shard the keyword statistics of the other shards' pages it has not counted
+    yet: receiver ``j`` gets shard ``i``'s pages above ``marks[j][i]`` (saved with its
+    statistics, :meth:`ShardIngestActor.exchange_marks`), so pages committed by an earlier run
+    that stopped before its exchange are counted too, and none twice. Returns the documents
+    sent (each shard's pages above its lowest mark)."""
+    n = len(actors)
+    since = [sorted({marks[j][i] for j in range(n) if j != i}) for i in range(n)]
+    sent = ray.get([a.keyword_deltas.remote(since[i]) for i, a in enumerate(actors)])
+    through = [int(part["top"]) for part in sent]
+    ray.get(
+        [
+            a.apply_exchange.remote(
+                merge_deltas([sent[i]["deltas"][marks[j][i]] for i in range(n) if i != j]),
+                through,
+            )
+            for j, a in enumerate(actors)
+        ]
+    )
+    return sum(int(sent[i]["deltas"][since[i][0]]["n_docs"]) for i in range(n) if since[i])
 
 
 def _fill(report: IngestReport, tally: _Tally, t0: float) -> None:

@@ -50,9 +50,9 @@ import numpy as np
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine import InvalidInputError, MemoryEngine, clean_queries, validate_pages
 from memoryos_gpu.engine.state import Fact
-from memoryos_gpu.errors import UnknownUserError
+from memoryos_gpu.errors import UnknownItemError, UnknownUserError
 from memoryos_gpu.ingest import shard_of
-from memoryos_gpu.store import SHARDS_FILE, open_store
+from memoryos_gpu.store import SHARDS_FILE, check_store_dir, open_store
 from memoryos_gpu.store.sqlite import ArenaExtent
 from memoryos_gpu.text.keywords import KeywordExtractor
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
@@ -66,6 +66,7 @@ __all__ = [
     "ShardEngine",
     "ShardMap",
     "ShardedEngine",
+    "check_layout",
     "is_shared_store",
     "prepare_layout",
     "shard_store",
@@ -114,14 +115,19 @@ def shard_store(store: str, index: int, count: int) -> str:
     return str(Path(store) / f"shard-{index}")
 
 
-def prepare_layout(store: str, count: int) -> None:
-    """Check (and write, for a new store) the shard manifest of a sharded SQLite directory.
+def check_layout(store: str, count: int) -> bool:
+    """Whether ``store`` can be opened with ``count`` shards, writing nothing; True when its
+    shard manifest must still be written (a new sharded directory).
 
-    Users are placed by ``hash mod count``, so a store sharded N ways must be reopened with N
-    shards; an unsharded store (``STORE/memory.sqlite3``) cannot be reopened sharded.
+    Separate from :func:`prepare_layout` so a caller with a slow start-up (``ingest --ray``
+    starts Ray: ~15 s) refuses a wrong store first, and leaves no directory behind when
+    it then cannot start. Users are placed by ``hash mod count``, so a store sharded N ways
+    must be reopened with N shards; an unsharded store (``STORE/memory.sqlite3``) cannot be
+    reopened sharded; a path through a regular file is refused as the single-store commands
+    refuse it (:func:`~memoryos_gpu.store.check_store_dir`).
     """
     if is_shared_store(store) or store == ":memory:":
-        return
+        return False
     base = Path(store)
     if base.suffix in (".sqlite", ".sqlite3", ".db"):
         raise ValueError(
@@ -130,22 +136,34 @@ def prepare_layout(store: str, count: int) -> None:
         )
     manifest = base / SHARDS_FILE
     if manifest.exists():
-        try:
-            found = int(json.loads(manifest.read_text())["count"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(
-                f"{manifest} is unreadable ({exc}); move it away to start over"
-            ) from None
-        if found != count:
-            raise ValueError(
-                f"{base} holds {found} shards; users are placed by hash mod count, so open it "
-                f"with {found} shards (or use a new store)"
-            )
-        return
+        _check_manifest(manifest, count)
+        return False
+    check_store_dir(base)  # a file in the path: refused as for one store
     if (base / "memory.sqlite3").exists():
         raise ValueError(f"{base} holds an unsharded store; use a new store directory")
+    return True
+
+
+def _check_manifest(manifest: Path, count: int) -> None:
+    try:
+        found = int(json.loads(manifest.read_text())["count"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{manifest} is unreadable ({exc}); move it away to start over") from None
+    if found != count:
+        raise ValueError(
+            f"{manifest.parent} holds {found} shards; users are placed by hash mod count, so "
+            f"open it with {found} shards (or use a new store)"
+        )
+
+
+def prepare_layout(store: str, count: int) -> None:
+    """Check (:func:`check_layout`) and write, for a new store, the shard manifest of a
+    sharded SQLite directory."""
+    if not check_layout(store, count):
+        return
+    base = Path(store)
     base.mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps({"count": count, "hash": _HASH_NAME}))
+    (base / SHARDS_FILE).write_text(json.dumps({"count": count, "hash": _HASH_NAME}))
 
 
 # ============================================================================ shared-store view
@@ -906,13 +924,14 @@ class ShardedEngine:
     ) -> dict[str, Any]:
         """Edit one of the user's pages: what its old text taught goes on every shard as for
         :meth:`delete_page`, and the page is re-analysed on its shard (the next
-        ``process_pending`` derives what the new text says). KeyError when the user has no
-        such page; bad text is refused before anything is forgotten."""
+        ``process_pending`` derives what the new text says). :class:`UnknownItemError` (a
+        KeyError; 404 over HTTP) when the user has no such page, also when a delete won the
+        race for it; bad text is refused before anything is forgotten."""
         sharded_forget.check_edit(user_input, agent_response)
         with self._lock:
             home = self.engine_for(user_id)
             if not _holds(home, user_id, page_id):
-                raise KeyError(f"user {user_id!r} has no page {page_id}")
+                raise UnknownItemError(f"user {user_id!r} has no page {page_id}")
             return sharded_forget.forget_everywhere(
                 self._call,
                 lambda: home.update_page(
