@@ -40,6 +40,7 @@ from memoryos_gpu.store.sqlite import (
     emb_blob,
     kw_matrix,
 )
+from memoryos_gpu.text.keywords import KeywordExtractor
 from memoryos_gpu.types import PageInput
 
 LOCOMO = default_locomo_path()
@@ -1484,3 +1485,25 @@ def test_cli_takes_a_postgres_url(pg: Backend, tmp_path: Path) -> None:
     assert st.rows_about("alice") == 0
     st.close()
     assert not Path("postgresql:").exists()
+
+
+def test_keyword_statistics_saved_while_empty_count_the_pages_added_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A saved keyword state whose watermark is 0 (saved while the store was empty, then a
+    crash before the next save) covers no page: the reopen refits every page. It was read as
+    "no watermark" (0 is falsy), i.e. as covering every page, and the IDF left them out."""
+    path = tmp_path / "memory.sqlite3"
+    e = open_engine(path, mode="extractive")
+    ingest(e, locomo_pages(("conv-26",), per_user=12))
+    fitted = e.extractor.to_dict()
+    empty = {**KeywordExtractor().to_dict(), "page_watermark": 0}
+    e.store.set_meta("keyword_extractor", json.dumps(empty))  # as if saved before the pages
+    monkeypatch.setattr(e._derived, "save_extractor", lambda: None)  # the crash: no last save
+    e.close()
+    e = open_engine(path, mode="extractive")
+    try:
+        assert e.extractor.n_docs == fitted["n_docs"] > 0
+        assert e.extractor.to_dict() == fitted
+    finally:
+        e.close()

@@ -210,11 +210,10 @@ class Rebuild:
         watermark = 0
         if blob:
             saved = json.loads(blob)
-            # a state saved without a watermark covered every page there was
-            watermark = int(
-                saved.pop("page_watermark", None)
-                or s.store.query("SELECT COALESCE(MAX(page_id), 0) FROM pages")[0][0]
-            )
+            mark = saved.pop("page_watermark", None)
+            if mark is None:  # a state saved without a watermark covered every page there was
+                mark = s.store.query("SELECT COALESCE(MAX(page_id), 0) FROM pages")[0][0]
+            watermark = int(mark)  # 0: saved while the store was empty, covers no page
             s.extractor.__dict__.update(KeywordExtractor.from_dict(saved).__dict__)
         for (text,) in s.store.query(
             "SELECT user_input || ' ' || agent_response FROM pages WHERE page_id > ?", (watermark,)
