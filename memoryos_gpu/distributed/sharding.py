@@ -377,6 +377,20 @@ class ShardEngine(MemoryEngine):
         with self._kw_lock:
             self._kw_texts.extend(texts)
 
+    def _unlearn_keywords(self, texts: list[str]) -> None:
+        """A rolled-back batch's texts out of the statistics and out of the next exchange
+        (those an exchange already took are the other shards' to count: they stay)."""
+        super()._unlearn_keywords(texts)
+        owed = Counter(texts)
+        with self._kw_lock:
+            kept = []
+            for t in reversed(self._kw_texts):  # the batch's are the latest
+                if owed[t] > 0:
+                    owed[t] -= 1
+                else:
+                    kept.append(t)
+            self._kw_texts = kept[::-1]
+
     # ------------------------------------------------------------------ keyword statistics
     def _scratch_extractor(self) -> KeywordExtractor:
         ex = self.extractor

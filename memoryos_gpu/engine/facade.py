@@ -221,6 +221,11 @@ class MemoryEngine:
         (a shard engine also keeps them for its exchange with the other shards)."""
         self.extractor.update(texts)
 
+    def _unlearn_keywords(self, texts: list[str]) -> None:
+        """Hook: take back :meth:`_learn_keywords` of a batch whose transaction rolled back
+        (the statistics count committed pages only, once each)."""
+        self.extractor.remove(texts)
+
     def process_pending(
         self, max_batch: int | None = None, max_rounds: int | None = None
     ) -> dict[str, int]:

@@ -52,8 +52,10 @@ class Rebuild:
     def reload(self) -> None:
         """The in-memory state loaded again from the store, after an apply failed halfway
         (:meth:`EngineState.write_transaction`): what the store committed is the truth.
-        The keyword statistics stay (they learn a page only once it is committed) and the
-        pending work stays pending for the next round. Under the engine lock."""
+        The keyword statistics stay (refitting them would reread page texts): a failed write
+        takes what it taught them back out itself (``write_transaction``'s ``undo``), so they
+        count committed pages only. The pending work stays pending for the next round. Under
+        the engine lock."""
         with self._s.replaced():
             self._load()
         return_free_memory()

@@ -94,6 +94,8 @@ class EngineHooks(Protocol):
 
     def _learn_keywords(self, texts: list[str]) -> None: ...
 
+    def _unlearn_keywords(self, texts: list[str]) -> None: ...
+
     def add_many(self, pages: Iterable[PageInput | dict[str, Any]]) -> list[AddResult]: ...
 
     def retrieve_many(self, queries: Sequence[tuple[str, str]], **kw: Any) -> list[Retrieval]: ...
@@ -199,7 +201,11 @@ class EngineState:
 
     @contextmanager
     def write_transaction(
-        self, durability: Durability = "none", *, reload_on_error: bool = True
+        self,
+        durability: Durability = "none",
+        *,
+        reload_on_error: bool = True,
+        undo: Callable[[], None] | None = None,
     ) -> Iterator[Any]:
         """The engine lock and a store transaction for a write that changes the in-memory
         state as it goes (accepting pages, applying derived work), committed once the engine
@@ -223,7 +229,15 @@ class EngineState:
         (the store still unreachable) is owed, done first by the next write. If the
         COMMIT fails, the state is reloaded: what the store committed is the truth, and
         derived work is redone from its pending rows. A caller that holds the engine lock
-        already commits under it."""
+        already commits under it.
+
+        ``undo``: what takes the body's changes to state the reload does not rebuild (the
+        keyword statistics: a reload keeps them) back out, run under the engine lock before
+        the reload whenever the body or the COMMIT fails, so that state counts committed rows
+        only. After a failed COMMIT it runs once the engine lock is free again: a keyword
+        statistics save that got the store first (``close``, a derived round's periodic save)
+        may still persist the body's texts under a watermark without them, until the next
+        save (``close``'s) rewrites the copy."""
         with self.lock:
             self.check_open()
             self.reload_if_owed()
@@ -235,15 +249,25 @@ class EngineState:
                 try:
                     tx.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
                 finally:
-                    if reload_on_error or self.reload_owed:
-                        self._reload()
+                    self._failed(undo, reload_on_error or self.reload_owed)
                 raise
         try:
             tx.__exit__(None, None, None)  # the COMMIT, without the engine lock
         except BaseException:
             with self.lock:
-                self._reload()
+                self._failed(undo, True)
             raise
+
+    def _failed(self, undo: Callable[[], None] | None, reload: bool) -> None:
+        """After a write transaction rolled back (under the engine lock): its ``undo``, then
+        the reload if asked -- which runs even if the undo fails (memory must follow the
+        store)."""
+        try:
+            if undo is not None:
+                undo()
+        finally:
+            if reload:
+                self._reload()
 
     def check_open(self) -> None:
         """EngineClosedError once the engine is closed (call under the lock). Checked where a

@@ -75,10 +75,20 @@ class ShortTerm:
         transaction goes; if a statement fails, that state is restored and new users' arena
         slots are released, so memory and store agree (a failed commit reloads the state).
         Retrievals may show the pages, and the keyword statistics learn them, from the end of
-        the transaction's statements.
+        the transaction's statements: learning them there, under the engine lock and before
+        the store lock is released, keeps a save of the statistics (engine lock, then a store
+        read of the newest page id) from ever seeing the pages committed but not learned. If
+        a statement after the learning or the COMMIT fails, they are taken back out
+        (:meth:`_unlearn`): a reload does not refit the statistics, and a copy of them saved
+        later, with the newest committed page id as watermark, would count the batch twice
+        once it is accepted again. A failed ``sync`` after the COMMIT leaves them: the pages
+        are committed.
         """
         s = self._s
-        with s.write_transaction("deferred", reload_on_error=False) as db:
+        learned: list[str] = []  # the texts the statistics learned, filled by _show
+        with s.write_transaction(
+            "deferred", reload_on_error=False, undo=lambda: self._unlearn(learned)
+        ) as db:
             known = s.store.known_sources(p.source for p in items if p.source)
             fresh = [i for i, p in enumerate(items) if not (p.source and p.source in known)]
             prep = prepared or Prepared({}, {})
@@ -88,7 +98,7 @@ class ShortTerm:
                 prep = Prepared({**prep.vec_of, **more.vec_of}, {**prep.blob_of, **more.blob_of})
             results = self._insert_restoring(db, items, known, prep)
             try:
-                self._show(items, fresh, results, prep.blob_of)
+                self._show(items, fresh, results, prep.blob_of, learned)
             except BaseException:
                 s.reload_owed = True  # memory half-updated: reloaded after the rollback
                 raise
@@ -139,22 +149,33 @@ class ShortTerm:
         fresh: list[int],
         results: list[AddResult],
         blob_of: dict[int, bytes],
+        learned: list[str],
     ) -> None:
         """The written pages into the views (retrievals show them), the keyword statistics
-        and the users' vocabularies (from the term rows' blobs, vectorised)."""
+        and the users' vocabularies (from the term rows' blobs, vectorised). The texts the
+        statistics learned go to ``learned``, once learned: ``remove`` of texts never added
+        would un-count other pages."""
         s = self._s
         s.views.put_pages(
             [(r.page_id, p) for p, r in zip(items, results, strict=True) if not r.duplicate],
             s.users,
         )
-        self._hooks._learn_keywords(
-            [f"{items[i].user_input} {items[i].agent_response}" for i in fresh]
-        )
+        texts = [f"{items[i].user_input} {items[i].agent_response}" for i in fresh]
+        self._hooks._learn_keywords(texts)
+        learned.extend(texts)
         s.vocabulary.add(
             [items[i].user_id for i in fresh],
             terms_from_blobs([blob_of[i] for i in fresh]),
             np.fromiter((not results[i].duplicate for i in fresh), bool, len(fresh)),
         )
+
+    def _unlearn(self, texts: list[str]) -> None:
+        """Take the texts of a batch whose transaction rolled back out of the keyword
+        statistics (under the engine lock, as they were learned): they count committed pages
+        only, once each, so the copy ``close`` saves, and what a reopen refits from it, match
+        an ingestion that never failed."""
+        if texts:
+            self._hooks._unlearn_keywords(texts)
 
     def _insert_pages(
         self,
