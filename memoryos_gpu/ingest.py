@@ -49,6 +49,7 @@ from memoryos_gpu.formats import (
     open_binary,
     read_records,
 )
+from memoryos_gpu.formats.readers import LongLine, is_stream, iter_capped_lines, open_head
 from memoryos_gpu.store import is_url
 
 __all__ = [
@@ -209,15 +210,17 @@ def store_dir(store: str | os.PathLike[str]) -> Path:
 
 
 def _blank(path: str | os.PathLike[str]) -> bool:
-    """Whether the input holds nothing but whitespace (and a BOM)."""
-    with open_binary(path) as f:
+    """Whether the input holds nothing but whitespace (and a BOM). A pipe is judged from its
+    read-ahead (:func:`~memoryos_gpu.formats.readers.open_head`): it can be read only once."""
+    f, complete = open_head(path)
+    with f:
         while True:
             try:
                 chunk = f.read(1 << 12)
             except (EOFError, zlib.error, OSError):
                 return False  # corrupt: not blank; the reader reports where it breaks
             if not chunk:
-                return True
+                return complete  # blank so far; more of a pipe may follow
             if chunk.replace(b"\xef\xbb\xbf", b"").strip():
                 return False
 
@@ -230,12 +233,18 @@ def resolve_formats(paths: Sequence[str | os.PathLike[str]], fmt: str = "auto") 
     if fmt != "auto" and fmt not in FORMATS:
         raise FormatError(f"unknown format {fmt!r}; expected 'auto' or one of {', '.join(FORMATS)}")
     out: dict[str, str] = {}
+    streams: set[tuple[int, int]] = set()
     for p in paths:
         sp = os.fspath(p)
         if not os.path.exists(sp):
             raise FileNotFoundError(f"no such file: {sp}")
         if os.path.isdir(sp):
             raise IsADirectoryError(f"{sp} is a directory; give the chat-log files")
+        if is_stream(sp):
+            st = os.stat(sp)
+            if (st.st_dev, st.st_ino) in streams:
+                raise FormatError(f"{sp} is a pipe given twice: a pipe can be read only once")
+            streams.add((st.st_dev, st.st_ino))
         if _blank(sp):
             out[sp] = "empty"
         elif fmt == "auto":
@@ -250,17 +259,23 @@ def resolve_formats(paths: Sequence[str | os.PathLike[str]], fmt: str = "auto") 
     return out
 
 
+_COUNT_LINE_BYTES = 1 << 16  # the counting pass holds at most this much of a line
+
+
 def _count_records(files: dict[str, str]) -> int | None:
-    """Records in the inputs when knowable cheaply: JSONL pages are one per non-blank line."""
+    """Records in the inputs when knowable cheaply: JSONL pages are one per non-blank line
+    (a line too long for the reader counts too: it is one reject). None for other formats and
+    for pipes, which the reader alone may read (no ETA for a pipe)."""
     total = 0
     for path, fmt in files.items():
         if fmt == "empty":
             continue
-        if fmt != "jsonl":
+        if fmt != "jsonl" or is_stream(path):
             return None
         with open_binary(path) as f:
             n = 0
-            for line in f:
+            for item in iter_capped_lines(f, _COUNT_LINE_BYTES):
+                line = item.prefix if isinstance(item, LongLine) else item
                 stripped = line.strip()
                 if not stripped:
                     continue

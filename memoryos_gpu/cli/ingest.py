@@ -154,14 +154,22 @@ def ingest(
 
     \b
     Exit codes: 0 all accepted or already present, 3 some records rejected,
-    130 interrupted, 2 usage error, 1 runtime error.
+    130 interrupted (--workers: 128 + the signal, e.g. 143 for SIGTERM), 2 usage error,
+    1 runtime error.
     """
+    _die_with_parent()
     from memoryos_gpu.formats import FormatError
+    from memoryos_gpu.formats.readers import is_stream
     from memoryos_gpu.ingest import Shard, resolve_formats, store_dir
     from memoryos_gpu.ingest import ingest as run_ingest
 
     o = options_of(ctx, kwargs)
     cfg = build_config(o)
+    if (use_ray or workers > 1) and any(is_stream(f) for f in files):
+        raise UsageFailure(
+            "--workers and --ray read the input once per shard: a pipe can be read only once; "
+            "write it to a file first"
+        )
     try:
         formats = resolve_formats(files, fmt)
     except FormatError as exc:
@@ -228,6 +236,35 @@ def ingest(
     if as_json:
         click.echo(json_text(report))
     ctx.exit(int(report["exit_code"]))
+
+
+# Set by ``ingest --workers`` in each shard process's environment: the parent's pid.
+_ENV_PARENT = "MEMORYOS_GPU_INGEST_PARENT"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# What ``ingest --workers`` forwards to its shard processes (as SIGINT: finish the batch, stop).
+_FORWARDED = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+def _die_with_parent() -> None:
+    """In a shard process of ``ingest --workers``: be sent SIGTERM when the parent dies, even
+    by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere a no-op), so that no orphan keeps
+    writing (and holding) its shard's store. The children run in their own session (see
+    :func:`_ingest_workers`), so nothing else would stop them. A parent that died before the
+    prctl took effect is seen by the parent pid no longer being it: exit at once."""
+    parent = os.environ.pop(_ENV_PARENT, None)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError, ValueError):
+        return
+    if str(os.getppid()) != parent:
+        os._exit(128 + int(signal.SIGTERM))
 
 
 def _raw_rejects(cfg: Any, rejects_path: str | None) -> bool:
@@ -356,8 +393,69 @@ def _ingest_workers(
         gpus = int(ops.build_info().get("cuda_device_count", 0))
     except Exception:
         gpus = 0
+    env[_ENV_PARENT] = str(os.getpid())
     procs: list[subprocess.Popen] = []
+    stopper = _Stopper(procs)
+    old = {sig: signal.signal(sig, stopper) for sig in _FORWARDED}
     t0 = time.perf_counter()
+    try:
+        _spawn(
+            procs, stopper, files, o, base, workers, env, gpus, fmt, batch_size, process, part_base
+        )
+        outputs = _collect(procs, workers, progress, t0)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    return _merge(procs, outputs, stopper, files, base, workers, rejects_path, part_base, t0)
+
+
+class _Stopper:
+    """The signal handler of ``ingest --workers`` for SIGINT, SIGTERM and SIGHUP (what
+    ``timeout``, ``systemctl stop``, CI cancellation and a closed terminal send): the first one
+    asks every shard process to finish its batch in flight and stop (SIGINT, as for Ctrl-C;
+    they run in their own session, so only this forwarding reaches them), and the merged
+    report then exits with 128 + that signal; a second one kills them."""
+
+    def __init__(self, procs: list[subprocess.Popen]) -> None:
+        self.procs = procs
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+            raise KeyboardInterrupt
+        self.signum = signum
+        click.echo(
+            f"{signal.Signals(signum).name}: asking the shard processes to finish their batch "
+            "(Ctrl-C again to kill them)",
+            err=True,
+        )
+        for p in self.procs:
+            self.forward(p)
+
+    def forward(self, p: subprocess.Popen) -> None:
+        """Ask shard process ``p`` to stop (when a stop was asked and ``p`` still runs)."""
+        if self.signum is not None and p.poll() is None:
+            p.send_signal(signal.SIGINT)
+
+
+def _spawn(
+    procs: list[subprocess.Popen],
+    stopper: _Stopper,
+    files: list[str],
+    o: EngineOptions,
+    base: Path,
+    workers: int,
+    env: dict[str, str],
+    gpus: int,
+    fmt: str,
+    batch_size: int,
+    process: str,
+    part_base: str | None,
+) -> None:
+    """Start shard process i of ``workers`` (into ``base/shard-i``) for every i."""
     for i in range(workers):
         cmd = [
             sys.executable,
@@ -390,71 +488,76 @@ def _ingest_workers(
         procs.append(
             subprocess.Popen(cmd, stdout=subprocess.PIPE, env=child_env, start_new_session=True)
         )
+        stopper.forward(procs[-1])  # a stop asked while the processes were being started
 
-    interrupted = threading.Event()
 
-    def forward(signum: int, frame: Any) -> None:
-        if interrupted.is_set():
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            raise KeyboardInterrupt
-        interrupted.set()
-        click.echo(
-            "interrupted: asking the shard processes to finish their batch "
-            "(Ctrl-C again to kill them)",
-            err=True,
-        )
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-
-    old = signal.signal(signal.SIGINT, forward)
+def _collect(procs: list[subprocess.Popen], workers: int, progress: bool, t0: float) -> list[bytes]:
+    """Wait for the shard processes (a status line when ``progress``); their stdout."""
     outputs: list[bytes] = [b""] * workers
+    readers = []
+    for i, p in enumerate(procs):
+
+        def read(i: int = i, p: subprocess.Popen = p) -> None:
+            outputs[i] = p.stdout.read() if p.stdout else b""
+
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        readers.append(t)
+    status = None
+    if progress:
+        from rich.console import Console
+
+        status = Console(stderr=True).status(f"ingesting with {workers} shard processes")
+        status.start()
     try:
-        readers = []
-        for i, p in enumerate(procs):
-
-            def read(i: int = i, p: subprocess.Popen = p) -> None:
-                outputs[i] = p.stdout.read() if p.stdout else b""
-
-            t = threading.Thread(target=read, daemon=True)
-            t.start()
-            readers.append(t)
-        status = None
-        if progress:
-            from rich.console import Console
-
-            status = Console(stderr=True).status(f"ingesting with {workers} shard processes")
-            status.start()
-        try:
-            while any(p.poll() is None for p in procs):
-                if status is not None:
-                    done = sum(p.poll() is not None for p in procs)
-                    status.update(
-                        f"ingesting with {workers} shard processes: {done} done, "
-                        f"{time.perf_counter() - t0:.0f} s"
-                    )
-                time.sleep(0.2)
-        finally:
+        while any(p.poll() is None for p in procs):
             if status is not None:
-                status.stop()
-        for t in readers:
-            t.join()
+                done = sum(p.poll() is not None for p in procs)
+                status.update(
+                    f"ingesting with {workers} shard processes: {done} done, "
+                    f"{time.perf_counter() - t0:.0f} s"
+                )
+            time.sleep(0.2)
     finally:
-        signal.signal(signal.SIGINT, old)
+        if status is not None:
+            status.stop()
+    for t in readers:
+        t.join()
+    return outputs
 
-    shards: list[dict[str, Any]] = []
-    for i, (p, out) in enumerate(zip(procs, outputs, strict=True)):
-        lines = [ln for ln in out.decode("utf-8", "replace").splitlines() if ln.strip()]
-        try:
-            rep = json.loads(lines[-1])
-        except (IndexError, ValueError):
-            raise CLIError(
-                f"shard {i}/{workers} failed (exit {p.returncode}) without a report; "
-                "see its messages above"
-            ) from None
-        shards.append(rep)
+
+def _shard_report(i: int, workers: int, p: subprocess.Popen, out: bytes, stopped: bool) -> dict:
+    """Shard process ``i``'s report (the last line of its stdout). One stopped before it could
+    report (a stop asked while it was starting) counts as interrupted with nothing done."""
+    lines = [ln for ln in out.decode("utf-8", "replace").splitlines() if ln.strip()]
+    try:
+        return dict(json.loads(lines[-1]))
+    except (IndexError, ValueError):
+        if stopped:
+            return {"shard": f"{i}/{workers}", "interrupted": True, "exit_code": p.returncode}
+        raise CLIError(
+            f"shard {i}/{workers} failed (exit {p.returncode}) without a report; "
+            "see its messages above"
+        ) from None
+
+
+def _merge(
+    procs: list[subprocess.Popen],
+    outputs: list[bytes],
+    stopper: _Stopper,
+    files: list[str],
+    base: Path,
+    workers: int,
+    rejects_path: str | None,
+    part_base: str | None,
+    t0: float,
+) -> dict[str, Any]:
+    """The merged report of the shard processes; their rejects concatenated into one file."""
+    stopped = stopper.signum is not None
+    shards = [
+        _shard_report(i, workers, p, out, stopped)
+        for i, (p, out) in enumerate(zip(procs, outputs, strict=True))
+    ]
     elapsed = time.perf_counter() - t0
 
     merged_rejects = Path(rejects_path) if rejects_path else base / "rejects.jsonl"
@@ -481,7 +584,7 @@ def _ingest_workers(
     for r in shards:
         for k, v in r.get("reject_reasons", {}).items():
             reasons[k] = reasons.get(k, 0) + v
-    interrupted_any = interrupted.is_set() or any(r.get("interrupted") for r in shards)
+    interrupted_any = stopped or any(r.get("interrupted") for r in shards)
     merged.update(
         pages_per_s=merged["accepted"] / elapsed if elapsed else 0.0,
         elapsed_s=elapsed,
@@ -494,12 +597,27 @@ def _ingest_workers(
         files=files,
         formats=shards[0].get("formats", {}) if shards else {},
         peak_rss_mb=max((r.get("peak_rss_mb", 0.0) for r in shards), default=0.0),
+        store_counts=_sum_dicts(r.get("store_counts", {}) for r in shards),
+        timings=_sum_dicts(r.get("timings", {}) for r in shards),
         shards=shards,
     )
-    if interrupted_any:
+    if stopper.signum is not None:
+        merged["exit_code"] = 128 + int(stopper.signum)  # 130 SIGINT, 143 SIGTERM, 129 SIGHUP
+    elif interrupted_any:
         merged["exit_code"] = EXIT_INTERRUPTED
     elif any(r.get("exit_code") not in (EXIT_OK, EXIT_REJECTED) for r in shards):
         merged["exit_code"] = EXIT_ERROR
     else:
         merged["exit_code"] = EXIT_REJECTED if merged["rejected"] else EXIT_OK
     return merged
+
+
+def _sum_dicts(dicts: Any) -> dict[str, Any]:
+    """Key-wise sums of the shards' ``store_counts`` (rows per table) or ``timings`` (seconds
+    per stage, added over the processes: CPU-like totals, not wall time)."""
+    out: dict[str, Any] = {}
+    for d in dicts:
+        for k, v in d.items():
+            if isinstance(v, int | float):
+                out[k] = out.get(k, 0) + v
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in sorted(out.items())}

@@ -15,14 +15,27 @@ See ``docs/formats.md`` for the field-by-field rules.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import re
+import stat
+import threading
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from .records import FormatError, Record, Reject, make_source, normalise_text
+from .records import (
+    MAX_SOURCE_CHARS,
+    RAW_LIMIT,
+    FormatError,
+    Record,
+    Reject,
+    fit_name,
+    make_source,
+    normalise_text,
+)
 from .timestamps import parse_timestamp
 
 try:  # optional: streaming of JSON documents
@@ -33,10 +46,15 @@ except ImportError:  # pragma: no cover - exercised only without ijson
 __all__ = [
     "FORMATS",
     "HAVE_IJSON",
+    "MAX_LINE_BYTES",
+    "LongLine",
     "detect_format",
+    "is_stream",
+    "iter_capped_lines",
     "iter_locomo_conversations",
     "locomo_conversation_records",
     "open_binary",
+    "open_head",
     "read_records",
 ]
 
@@ -51,6 +69,21 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _UTF8_BOM = b"\xef\xbb\xbf"
 _SNIFF_LINES = 100  # auto-detection looks at up to this many non-blank lines
 _SESSION_RE = re.compile(r"session_(\d+)")
+
+# The engine's limit of a page's text field (memoryos_gpu.engine.validation.MAX_TEXT_CHARS; not
+# imported: the engine package is heavy).
+_PAGE_TEXT_CHARS = 1_000_000
+#: The longest input line read. A JSONL page at the engine's limits is at most two text fields of
+#: ``_PAGE_TEXT_CHARS`` characters, each up to 12 bytes as JSON (an astral character written with
+#: ``ensure_ascii``: two ``\\uXXXX`` escapes), plus its other fields (1 MiB). A longer line cannot
+#: be a valid page, so it is rejected and read past without being held: one huge or unterminated
+#: line must not take the memory that reading it whole would (bytes, text and parse: ~4x its size).
+MAX_LINE_BYTES = 2 * _PAGE_TEXT_CHARS * 12 + (1 << 20)
+_SKIP_CHUNK = 1 << 20  # bytes per read while skipping the rest of a line too long
+# Read ahead from a pipe to detect its format (it cannot be read twice), and the most that the
+# read-ahead of a gzip pipe may decompress to.
+_HEAD_BYTES = 4 << 20
+_HEAD_PLAIN_BYTES = 16 << 20
 
 _SHAREGPT_ROLES = {
     "human": "user",
@@ -82,11 +115,94 @@ _TEXT_PART_TYPES = ("text", "input_text", "output_text")
 # opening and sniffing
 
 
+def is_stream(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a pipe, socket or terminal (``/dev/stdin`` fed by a pipe, a process
+    substitution ``<(...)``): readable once, not seekable. Such an input is sniffed from a
+    read-ahead kept in memory (:func:`open_head`) and read in full only once (:func:`open_binary`).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISBLK(mode) or stat.S_ISDIR(mode))
+
+
+class _Chain(io.RawIOBase):
+    """The bytes already read ahead from a pipe, then the rest of the pipe."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
+        self._head = memoryview(head)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        if self._head:
+            n = min(len(buf), len(self._head))
+            buf[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._rest.readinto(buf)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self._head = memoryview(b"")
+        self._rest.close()
+        super().close()
+
+
+@dataclass
+class _Pipe:
+    """A stream input: its read-ahead (raw and, for gzip, decompressed), the open stream."""
+
+    head: bytes
+    plain: bytes  # ``head`` decompressed when gzip (a prefix of the content), else ``head``
+    eof: bool  # the read-ahead holds the whole input
+    rest: IO[bytes] | None  # None once handed to the full read
+
+
+_PIPES: dict[tuple[int, int], _Pipe] = {}
+_PIPES_LOCK = threading.Lock()
+
+
+def _pipe(path: str | os.PathLike[str]) -> _Pipe:
+    """The one :class:`_Pipe` of a stream input (keyed by device and inode, so ``/dev/stdin``
+    and ``/dev/fd/0`` are the same), opened and read ahead on first use."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino)
+    with _PIPES_LOCK:
+        got = _PIPES.get(key)
+        if got is None:
+            f = open(path, "rb")  # noqa: SIM115 - kept until the full read takes it
+            head = f.read(_HEAD_BYTES)
+            plain = head
+            if head[:2] == _GZIP_MAGIC:
+                try:
+                    plain = zlib.decompressobj(31).decompress(head, _HEAD_PLAIN_BYTES)
+                except zlib.error:
+                    plain = b""  # corrupt: the full read reports where it breaks
+            got = _PIPES[key] = _Pipe(head, plain, len(head) < _HEAD_BYTES, f)
+        return got
+
+
+def open_head(path: str | os.PathLike[str]) -> tuple[IO[bytes], bool]:
+    """``(stream, complete)`` to sniff ``path`` from: the file itself (``complete``), or for a
+    stream input (:func:`is_stream`) its read-ahead, decompressed (``complete`` when it holds
+    the whole input). Reading it does not consume the input."""
+    if not is_stream(path):
+        return open_binary(path), True
+    p = _pipe(path)
+    return io.BytesIO(p.plain), p.eof
+
+
 def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
     """Open ``path`` for binary reading, gunzipping transparently when it starts with gzip magic.
 
-    Detection is by content (the two magic bytes), not by file extension.
+    Detection is by content (the two magic bytes), not by file extension. A stream input
+    (:func:`is_stream`) can be opened so only once: ``OSError`` the second time.
     """
+    if is_stream(path):
+        return _open_stream(path)
     f = open(path, "rb")  # noqa: SIM115 - returned to the caller
     try:
         magic = f.read(2)
@@ -100,11 +216,25 @@ def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
     return f
 
 
-class _Opened:
-    """``with _Opened(path) as f``: :func:`open_binary` as a context manager."""
+def _open_stream(path: str | os.PathLike[str]) -> IO[bytes]:
+    """The whole of a stream input: its read-ahead, then the rest (gunzipped when gzip)."""
+    p = _pipe(path)
+    with _PIPES_LOCK:
+        rest, p.rest = p.rest, None
+    if rest is None:
+        raise OSError(f"{os.fspath(path)} is a pipe and was read already: it can be read once")
+    gz = p.head[:2] == _GZIP_MAGIC
+    raw = io.BufferedReader(_Chain(p.head, rest), 1 << 16)
+    p.head = b""  # the chain holds it now; ``plain`` stays for later sniffing
+    return gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw  # type: ignore[return-value]
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.f = open_binary(path)
+
+class _Opened:
+    """``with _Opened(path) as f``: :func:`open_binary` (``sniff``: :func:`open_head`) as a
+    context manager."""
+
+    def __init__(self, path: str | os.PathLike[str], sniff: bool = False) -> None:
+        self.f = open_head(path)[0] if sniff else open_binary(path)
 
     def __enter__(self) -> IO[bytes]:
         return self.f
@@ -113,11 +243,51 @@ class _Opened:
         self.f.close()
 
 
+@dataclass(frozen=True)
+class LongLine:
+    """A line longer than the cap of :func:`iter_capped_lines`: its first bytes and its size
+    (newline included), not its content."""
+
+    prefix: bytes
+    size: int
+
+
+def iter_capped_lines(f: IO[bytes], cap: int | None = None) -> Iterator[bytes | LongLine]:
+    """The lines of ``f`` (newline included), each at most ``cap`` bytes before its newline
+    (default :data:`MAX_LINE_BYTES`); a longer one is read past in chunks and yields a
+    :class:`LongLine`, so memory stays bounded by ``cap`` whatever the input."""
+    limit = MAX_LINE_BYTES if cap is None else cap
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        prefix, size = line[: 4 * RAW_LIMIT], len(line)
+        del line
+        yield LongLine(prefix, _skip_line(f, size))
+
+
+def _skip_line(f: IO[bytes], size: int) -> int:
+    """Read ``f`` past the end of the current line; the line's total size."""
+    while True:
+        chunk = f.readline(_SKIP_CHUNK)
+        size += len(chunk)
+        if not chunk or chunk.endswith(b"\n"):
+            return size
+
+
+def _line_bytes(item: bytes | LongLine, first: bool) -> bytes:
+    """A line's bytes (a long line's prefix), without the BOM of the input's first line."""
+    line = item.prefix if isinstance(item, LongLine) else item
+    return line[len(_UTF8_BOM) :] if first and line.startswith(_UTF8_BOM) else line
+
+
 def _first_nonblank_line(f: IO[bytes]) -> bytes | None:
-    for i, line in enumerate(f):
-        if i == 0 and line.startswith(_UTF8_BOM):
-            line = line[len(_UTF8_BOM) :]
-        stripped = line.strip()
+    """The first non-blank line, stripped (only its start when it is very long)."""
+    for i, item in enumerate(iter_capped_lines(f, _SKIP_CHUNK)):
+        stripped = _line_bytes(item, i == 0).strip()
         if stripped:
             return stripped
     return None
@@ -125,7 +295,7 @@ def _first_nonblank_line(f: IO[bytes]) -> bytes | None:
 
 def _container(path: str | os.PathLike[str]) -> str:
     """``"lines"``, ``"array"``, ``"document"`` or ``"empty"``."""
-    with _Opened(path) as f:
+    with _Opened(path, sniff=True) as f:
         first = _first_nonblank_line(f)
     if first is None:
         return "empty"
@@ -137,7 +307,12 @@ def _container(path: str | os.PathLike[str]) -> str:
 
 
 def _skip_bom(f: IO[bytes]) -> IO[bytes]:
-    if f.read(3) != _UTF8_BOM:
+    """``f`` past a leading UTF-8 BOM; by peeking where it can (a pipe cannot seek back)."""
+    peek = getattr(f, "peek", None)
+    if peek is not None:
+        if peek(3)[:3] == _UTF8_BOM:
+            f.read(3)
+    elif f.read(3) != _UTF8_BOM:
         f.seek(0)
     return f
 
@@ -175,16 +350,17 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     if container == "empty":
         raise FormatError(f"cannot detect the format of {os.fspath(path)!r}: the input is empty")
     if container == "lines":
-        with _Opened(path) as f:
+        with _Opened(path, sniff=True) as f:
             seen = 0
-            for i, line in enumerate(f):
-                if i == 0 and line.startswith(_UTF8_BOM):
-                    line = line[len(_UTF8_BOM) :]
+            for i, item in enumerate(iter_capped_lines(f)):
+                line = _line_bytes(item, i == 0)
                 if not line.strip():
                     continue
                 seen += 1
                 if seen > _SNIFF_LINES:
                     break
+                if isinstance(item, LongLine):
+                    continue
                 try:
                     fmt = _classify(json.loads(line.decode("utf-8")))
                 except (ValueError, RecursionError):
@@ -196,10 +372,15 @@ def detect_format(path: str | os.PathLike[str]) -> str:
             f"{min(seen, _SNIFF_LINES)} non-blank lines is a recognisable record; {_DETECT_HINT}"
         )
     try:
-        first = next(iter(_iter_document_items(path, container)), None)
+        first = next(iter(_iter_document_items(path, container, sniff=True)), None)
     except _DOC_ERRORS as exc:
+        ahead = (
+            f"; a pipe is sniffed from its first {_HEAD_BYTES} bytes: give the format"
+            if is_stream(path)
+            else ""
+        )
         raise FormatError(
-            f"cannot detect the format of {os.fspath(path)!r}: invalid JSON ({exc})"
+            f"cannot detect the format of {os.fspath(path)!r}: invalid JSON ({exc}){ahead}"
         ) from None
     fmt = _classify(first[1]) if first is not None else None
     if fmt is None:
@@ -331,13 +512,20 @@ def _convert_page(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
     ]
 
 
+def _fallback_user(ctx: _Ctx) -> str:
+    """``"{basename}:{position}"``: the user of a conversation that names none; its basename
+    shortened (:func:`fit_name`) only where the id would pass the engine's id limit."""
+    tail = f":{ctx.position}"
+    return fit_name(ctx.basename, MAX_SOURCE_CHARS - len(tail)) + tail
+
+
 def _conversation_user(obj: dict, ctx: _Ctx) -> str:
     if obj.get("user_id") is not None:
         user_id = _text(obj["user_id"], "user_id")
     elif isinstance(obj.get("id"), (str, int)) and not isinstance(obj.get("id"), bool):
         user_id = normalise_text(str(obj["id"]))
     else:
-        user_id = f"{ctx.basename}:{ctx.position}"
+        user_id = _fallback_user(ctx)
     if not user_id:
         raise _Invalid("user id is empty")
     return user_id
@@ -467,7 +655,7 @@ def _convert_locomo(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
     user_id = (
         normalise_text(str(sample_id))
         if isinstance(sample_id, (str, int)) and not isinstance(sample_id, bool)
-        else f"{ctx.basename}:{ctx.position}"
+        else _fallback_user(ctx)
     )
     assistant_id = f"{user_id}:{normalise_text(speaker_b)}" if speaker_b else None
     sessions = sorted(
@@ -584,11 +772,12 @@ def _iter_lines(path: str | os.PathLike[str], fmt: str) -> Iterator[Record | Rej
     spath = os.fspath(path)
     basename = os.path.basename(spath)
     with _Opened(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if lineno == 1 and line.startswith(_UTF8_BOM):
-                line = line[len(_UTF8_BOM) :]
-            stripped = line.strip()
+        for lineno, item in enumerate(iter_capped_lines(f), 1):
+            stripped = _line_bytes(item, lineno == 1).strip()
             if not stripped:
+                continue
+            if isinstance(item, LongLine):
+                yield _long_line_reject(spath, lineno, item)
                 continue
             try:
                 text = stripped.decode("utf-8")
@@ -607,8 +796,14 @@ def _iter_lines(path: str | os.PathLike[str], fmt: str) -> Iterator[Record | Rej
             yield from _convert(convert, obj, _Ctx(basename, lineno), spath, lambda t=text: t)
 
 
+def _long_line_reject(path: str, lineno: int, item: LongLine) -> Reject:
+    """The reject of a line too long to be read (:func:`iter_capped_lines`)."""
+    reason = f"line longer than {MAX_LINE_BYTES} bytes ({item.size} bytes); skipped"
+    return Reject(path, lineno, reason, item.prefix.decode("utf-8", "replace"))
+
+
 def _iter_document_items(
-    path: str | os.PathLike[str], container: str
+    path: str | os.PathLike[str], container: str, sniff: bool = False
 ) -> Iterator[tuple[int, object]]:
     """(1-based index, item) of a JSON array, or (1, object) of a single-object document.
 
@@ -616,7 +811,7 @@ def _iter_document_items(
     whole document with ``json.load`` (memory: the whole document). Raises ``ValueError``
     (or ``ijson``'s errors, which subclass it) on malformed JSON.
     """
-    with _Opened(path) as f:
+    with _Opened(path, sniff) as f:
         stream = _skip_bom(f)
         if ijson is not None:
             prefix = "item" if container == "array" else ""
@@ -714,11 +909,12 @@ def iter_locomo_conversations(
 def _iter_raw_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict | Reject]]:
     spath = os.fspath(path)
     with _Opened(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if lineno == 1 and line.startswith(_UTF8_BOM):
-                line = line[len(_UTF8_BOM) :]
-            stripped = line.strip()
+        for lineno, item in enumerate(iter_capped_lines(f), 1):
+            stripped = _line_bytes(item, lineno == 1).strip()
             if not stripped:
+                continue
+            if isinstance(item, LongLine):
+                yield lineno, _long_line_reject(spath, lineno, item)
                 continue
             try:
                 obj = json.loads(stripped.decode("utf-8"))

@@ -11,17 +11,22 @@ from typing import Any
 from .timestamps import parse_timestamp
 
 __all__ = [
+    "MAX_SOURCE_CHARS",
     "RAW_LIMIT",
     "FormatError",
     "Record",
     "Reject",
     "content_hash",
+    "fit_name",
     "make_source",
     "normalise_text",
 ]
 
 #: ``Reject.raw`` is truncated to this many characters.
 RAW_LIMIT = 2000
+#: The engine's limit of an id (``memoryos_gpu.engine.validation.MAX_ID_CHARS``; not imported:
+#: the engine package is heavy), which a page's ``source`` key must respect.
+MAX_SOURCE_CHARS = 256
 
 # C0 controls except \t (0x09) and \n (0x0a), DEL, C1 controls; lone UTF-16 surrogates
 # (``json`` turns an unpaired ``"\ud800"`` escape into one; it cannot be encoded to UTF-8 later).
@@ -74,9 +79,25 @@ def make_source(
     agent_response: str,
     timestamp: str | float | None,
 ) -> str:
-    """``f"{basename}:{position}:{sub_index}:{content_hash}"``: the page's idempotency key."""
+    """``f"{basename}:{position}:{sub_index}:{content_hash}"``: the page's idempotency key.
+
+    A key longer than the engine's id limit (:data:`MAX_SOURCE_CHARS`; a file name of ~235+
+    characters) would get every record of the file refused, so only then the basename part is
+    shortened by :func:`fit_name` (deterministic: a re-run finds the same keys). Every key that
+    fits is unchanged, so stores ingested before keep skipping their pages on a re-run.
+    """
     digest = content_hash(user_id, assistant_id, user_input, agent_response, timestamp)
-    return f"{basename}:{position}:{sub_index}:{digest}"
+    tail = f":{position}:{sub_index}:{digest}"
+    return fit_name(basename, MAX_SOURCE_CHARS - len(tail)) + tail
+
+
+def fit_name(name: str, limit: int) -> str:
+    """``name`` if it has at most ``limit`` characters, else a prefix of it plus ``~`` and 12 hex
+    digits of SHA-256 of the whole name (two long names sharing a prefix stay distinct)."""
+    if len(name) <= limit:
+        return name
+    tag = "~" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return name[: max(0, limit - len(tag))] + tag
 
 
 @dataclass(frozen=True)
