@@ -15,13 +15,29 @@ background worker calls every second and the engine calls before derived work, o
 still live and has pages not yet analysed) is queued as pending promotion work, which
 ``process_pending`` runs like any derived work. A crash loses the visits and promotion flags of
 the last interval, never a page (docs/storage.md).
+
+A derived round checks heat as each wave of pages joins MTM (:meth:`Heat.refresh`, the paper's
+rule: a segment is promoted when a page makes it hot), and the check *claims* the hot segments'
+pages there and then: their ``L_interaction`` (and ``N_visit`` with
+``reset_visits_on_promotion``) restarts at 0 in the wave's transaction, and the claim records
+the newest page it covers (the user's chain tail). The promotion itself runs after the round,
+batched with every other user's (:mod:`~memoryos_gpu.engine.lpm`), on the claimed pages only;
+pages that join the segment later count towards its next claim. So which promotions a user gets,
+and from which pages, follow from the user's own pages alone: not from where a round was cut,
+which depends on how many other users' pages were pending (``derived_max_batch``, server load,
+the shard the user is on). A segment claimed twice before its promotion runs (a round of many
+waves) gets two promotions, in claim order. The claims are kept in memory (one pending row per
+segment in the store); a promotion without one (after a restart or a reload, or queued by
+retrieval heat, a forced promotion or a re-analysis) takes every unanalysed page of its
+segment, as before, and restarts its counters when applied.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +45,10 @@ import numpy as np
 from memoryos_gpu import ops
 
 from .state import EngineHooks, EngineState, UserState
+
+#: A claim on a segment's unanalysed pages for a queued promotion: (claim order, the newest page
+#: id claimed; None: every unanalysed page of the segment when the promotion runs).
+Claim = tuple[int, int | None]
 
 
 class Heat:
@@ -43,6 +63,9 @@ class Heat:
         self._flagged: list[tuple[np.ndarray, np.ndarray]] = []
         self._buffers = threading.Lock()
         self._writer = threading.Lock()  # one write-behind's store write at a time
+        # segment id -> the claims of its queued promotion, oldest first (engine lock)
+        self._claims: dict[int, list[Claim]] = {}
+        self._claim_order = itertools.count()
 
     def credit(
         self,
@@ -62,9 +85,12 @@ class Heat:
                 self._flagged.append((user_slots[pr], segments[pr, pc]))
 
     def discard(self) -> None:
-        """Drop the credits not yet written (they name slots of an arena being replaced)."""
+        """Drop the credits not yet written (they name slots of an arena being replaced) and
+        the promotion claims (a reload after a failed apply: a claim may have been rolled
+        back; a queued promotion without one takes every unanalysed page of its segment)."""
         with self._buffers:
             self._visits, self._flagged = [], []
+        self._claims.clear()
 
     def pending_marks(self) -> int:
         """Credited pairs not yet written (for stats)."""
@@ -150,10 +176,13 @@ class Heat:
         ]
 
     def refresh(self, db: Any, users: Sequence[UserState], at: float | None = None) -> int:
-        """Recompute heat for users at their "now" and queue promotions: segments at or over
-        tau that hold pages not yet analysed (L_interaction > 0; after a promotion it is 0, so
-        a segment hot from visits alone is not promoted again and again). Runs on the write
-        path (a derived round, a promotion), inside its transaction ``db``."""
+        """Recompute heat for users at their "now" and claim the hot segments for promotion:
+        segments at or over tau that hold pages not yet claimed (L_interaction > 0; a claim
+        sets it to 0, so a segment hot from visits alone is not promoted again and again).
+        Runs on the write path (each wave of a derived round, after a promotion batch), inside
+        its transaction ``db``: the claimed segments' counters restart (:meth:`reset`), their
+        promotions are queued, and each claim covers the user's pages up to its chain tail
+        (every page of the segment so far: a user's pages join in order)."""
         s = self._s
         uniq = list({u.user_id: u for u in users}.values())
         if not uniq:
@@ -166,13 +195,53 @@ class Heat:
         rows, cols = np.nonzero(promote)
         if not rows.size:
             return 0
+        uslots = slots[rows]
+        sids = s.segment_of[uslots, cols].tolist()
+        self.reset(db, uslots, cols, sids)
         t = time.time()
+        owners = [uniq[r] for r in rows.tolist()]
         db.executemany(
             "INSERT INTO pending(user_id, kind, ref, created) "
             "VALUES (?, 'promote', ?, ?) ON CONFLICT DO NOTHING",
-            [
-                (uniq[r].user_id, int(s.segment_of[uniq[r].slot, c]), t)
-                for r, c in zip(rows, cols, strict=True)
-            ],
+            [(u.user_id, sid, t) for u, sid in zip(owners, sids, strict=True)],
         )
+        self.claim(sids, [u.chain_tail for u in owners])
         return int(rows.size)
+
+    def reset(self, db: Any, uslots: np.ndarray, slots: np.ndarray, segment_ids: list[int]) -> None:
+        """Restart promoted segments' counters: ``L_interaction`` (and, when
+        ``reset_visits_on_promotion``, ``N_visit``) to 0, in the arena and the store."""
+        if not segment_ids:
+            return
+        s = self._s
+        zeros = np.zeros(len(segment_ids), np.int32)
+        visits = s.memory.reset_visits_on_promotion
+        s.arena.set_segment_stats(
+            uslots, slots, l_interaction=zeros, **({"n_visit": zeros} if visits else {})
+        )
+        db.executemany(
+            "UPDATE segments SET l_interaction = 0"
+            + (", n_visit = 0" if visits else "")
+            + " WHERE segment_id = ?",
+            [(sid,) for sid in segment_ids],
+        )
+
+    # ---------------------------------------------------------------- claims (engine lock)
+    def claim(self, segment_ids: Iterable[int], upto: Iterable[int | None]) -> None:
+        """Record claims on segments' pages up to page ids ``upto`` (None: all, when the
+        promotion runs) for their queued promotions."""
+        for sid, last in zip(segment_ids, upto, strict=True):
+            self._claims.setdefault(int(sid), []).append((next(self._claim_order), last))
+
+    def claims(self, segment_ids: Sequence[int]) -> list[list[Claim]]:
+        """The claims on each queued segment, oldest first. Claims on segments not queued any
+        more are dropped: their pending row went with the segment (evicted) or its user."""
+        queued = set(segment_ids)
+        for sid in [k for k in self._claims if k not in queued]:
+            del self._claims[sid]
+        return [self._claims.get(sid, []) for sid in segment_ids]
+
+    def release(self, segment_ids: Iterable[int]) -> None:
+        """Forget the claims of promotions applied (or gone)."""
+        for sid in segment_ids:
+            self._claims.pop(int(sid), None)

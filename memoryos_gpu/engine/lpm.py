@@ -8,6 +8,13 @@ pages are marked analysed and the segment's ``L_interaction`` resets, so it is n
 again until new pages join it. Like a page round (:mod:`~memoryos_gpu.engine.derived`), a batch
 reads under the engine lock, runs its stage and embeds the facts without it, and applies under
 it only the promotions whose inputs still hold.
+
+A segment whose heat a derived round found at tau was *claimed* in that wave
+(:class:`~memoryos_gpu.engine.heat.Heat`): its promotion takes the pages up to the claim, not
+those that joined later in the round, and its counters restarted at the claim; a segment claimed
+twice before the batch ran is promoted twice, and a user's promotions apply in claim order. So
+a user's promotions are the same however the rounds were cut, whatever other users' pages
+shared them. A queued promotion without a claim takes every unanalysed page of its segment.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import numpy as np
 
 from memoryos_gpu.stages import PromotionOutcome, PromotionWork
 from memoryos_gpu.store.derivations import PROFILE, record
+from memoryos_gpu.store.rounds import rank_within
 
-from .heat import Heat
+from .heat import Claim, Heat
 from .knowledge_ring import KnowledgeRing
 from .state import EngineHooks, EngineState, Fact, UserState, WorkItem, pending_left
 
@@ -31,15 +39,28 @@ KNOWN_SHOWN = 30
 
 
 @dataclass
+class _Part:
+    """One promotion of a batch: the queued row it belongs to (by index), its pages (page id,
+    input, response, time; the row's pages up to its claim) and whether applying it restarts
+    the segment's counters (a promotion without a claim: its claim did that already)."""
+
+    row: int
+    pages: list[tuple]
+    reset: bool
+
+
+@dataclass
 class _PromotionInput:
-    """What a promotion batch read under the lock, per queued promotion: its pending row, the
-    user record (None: gone), the unanalysed pages (page id, input, response, time) and the
-    profile the stage saw; the stage inputs of those with pages; the engine's edit count."""
+    """What a promotion batch read under the lock, per queued row: its pending row, the user
+    record (None: gone), the segment's unanalysed pages (page id, input, response, time) and
+    the profile the stage saw; the promotions (``parts``, one per claim, in the order they
+    apply) and the stage inputs of those with pages and a user; the engine's edit count."""
 
     items: list[WorkItem]
     users: list[UserState | None]
     pages: list[list[tuple]]
     profiles: list[dict[str, Any]]
+    parts: list[_Part]
     work: list[PromotionWork]
     edits: int
 
@@ -68,7 +89,7 @@ class LongTerm:
         if not read.items:
             return 0
         found = iter(s.stages.promotions(read.work))
-        outcomes = [next(found) if pages else None for pages in read.pages]
+        outcomes = [next(found) if _staged(read, p) else None for p in read.parts]
         facts, fact_of = self._facts(read, outcomes)
         fact_emb = s.embedder.encode([f[2] for f in facts]) if facts else None
         with s.write_transaction() as db:  # redone from pending if lost
@@ -76,32 +97,41 @@ class LongTerm:
 
     def _read_promotions(self) -> _PromotionInput:
         """The queued promotions and their stage inputs (one query for every promoted
-        segment's unanalysed pages); a promotion whose user is gone or that has nothing left
-        to analyse gets no stage input and is only taken off the queue."""
+        segment's unanalysed pages, split by the segments' claims: :func:`_parts`); a
+        promotion whose user is gone or that has nothing left to analyse gets no stage input
+        and is only taken off the queue."""
         s = self._s
         items = s.store.pending("promote")
         if not items:
-            return _PromotionInput([], [], [], [], [], s.edits)
-        unanalysed = self._unanalysed([sid for _, _, sid in items])
+            return _PromotionInput([], [], [], [], [], [], s.edits)
+        sids = [sid for _, _, sid in items]
+        unanalysed = self._unanalysed(sids)
         profiles = s.store.profiles({uid for _, uid, _ in items})
         users = [s.users.get(uid) for _, uid, _ in items]
         pages = [
             unanalysed.get(sid, []) if u is not None else []
-            for (_, _, sid), u in zip(items, users, strict=True)
+            for sid, u in zip(sids, users, strict=True)
         ]
         read_profiles = [profiles.get(uid, {}) for _, uid, _ in items]
+        parts = _parts(pages, self._heat.claims(sids))
         known = s.stages.mode == "llm"  # only an LLM is shown the live entries
-        work = [
-            PromotionWork(
-                profile,
-                [{"user_input": p[1], "agent_response": p[2], "timestamp": p[3]} for p in rows],
-                self._known(u.owner) if known else [],
-                self._known(s.assistant_slot(u.assistant_id)) if known else [],
+        work = []
+        for part in parts:
+            u = users[part.row]
+            if u is None or not part.pages:
+                continue
+            work.append(
+                PromotionWork(
+                    read_profiles[part.row],
+                    [
+                        {"user_input": p[1], "agent_response": p[2], "timestamp": p[3]}
+                        for p in part.pages
+                    ],
+                    self._known(u.owner) if known else [],
+                    self._known(s.assistant_slot(u.assistant_id)) if known else [],
+                )
             )
-            for profile, rows, u in zip(read_profiles, pages, users, strict=True)
-            if rows and u is not None
-        ]
-        return _PromotionInput(items, users, pages, read_profiles, work, s.edits)
+        return _PromotionInput(items, users, pages, read_profiles, parts, work, s.edits)
 
     def _known(self, owner: int) -> list[tuple[int, str]]:
         """The newest live entries of a ring (id, text), at most ``KNOWN_SHOWN``: what a fused
@@ -127,15 +157,16 @@ class LongTerm:
     def _facts(
         self, read: _PromotionInput, outcomes: list[PromotionOutcome | None]
     ) -> tuple[list[Fact], np.ndarray]:
-        """The facts the stage found, and for each the index of the promotion it came from
-        (so the facts of a promotion that is not applied are left out)."""
+        """The facts the stage found, and for each the index of the promotion (part) it came
+        from (so the facts of a promotion that is not applied are left out)."""
         facts: list[Fact] = []
         of: list[int] = []
-        for i, (user, out) in enumerate(zip(read.users, outcomes, strict=True)):
+        for i, (part, out) in enumerate(zip(read.parts, outcomes, strict=True)):
+            user = read.users[part.row]
             if out is None or user is None:
                 continue
             uid, aid = user.user_id, user.assistant_id
-            rows = read.pages[i]
+            rows = part.pages
             every = tuple(int(p[0]) for p in rows)
             newest = max(float(p[3]) for p in rows)
             picks = out.user_fact_pages
@@ -190,31 +221,44 @@ class LongTerm:
         fact_emb: np.ndarray | None,
     ) -> int:
         """Apply the current promotions in the transaction ``db`` (profile merge, analysed
-        flags, segment reset, facts, pending-row deletes); returns how many left the queue."""
+        flags, segment reset, facts, pending-row deletes); returns how many rows left the
+        queue."""
         s = self._s
         queued, current = self._current(read)
         taken = np.flatnonzero(current).tolist()
-        done = [i for i in taken if outcomes[i] is not None]
+        done = [j for j, p in enumerate(read.parts) if current[p.row] and outcomes[j] is not None]
         db.executemany(
             "DELETE FROM pending WHERE work_id = ?", [(read.items[i][0],) for i in taken]
         )
+        self._heat.release(read.items[i][2] for i in np.flatnonzero(current | ~queued).tolist())
         new_profiles = self._merge_profiles(db, read, outcomes, done)
         db.executemany(
             "UPDATE pages SET analysed = 1 WHERE page_id = ?",
-            [(p[0],) for i in done for p in read.pages[i]],
+            [(p[0],) for j in done for p in read.parts[j].pages],
         )
-        self._reset_segments(db, [read.items[i] for i in done])
+        rows = [read.items[read.parts[j].row] for j in done]  # each promotion's queued row
         s.store.audit_many(
             db,
-            [(read.items[i][1], "promote", "segment", read.items[i][2]) for i in done],
-            [{"pages": len(read.pages[i]), "mode": outcomes[i].mode} for i in done],
+            [(uid, "promote", "segment", sid) for _, uid, sid in rows],
+            [{"pages": len(read.parts[j].pages), "mode": outcomes[j].mode} for j in done],
+        )
+        self._reset_segments(
+            db, [r for r, j in zip(rows, done, strict=True) if read.parts[j].reset]
         )
         s.counters["promotions"] += len(done)
-        keep = current[fact_of]
+        part_rows = np.fromiter((p.row for p in read.parts), np.int64, len(read.parts))
+        keep = current[part_rows][fact_of]
         if keep.any():
-            self._hooks._push_knowledge(
-                db, [f for f, k in zip(facts, keep, strict=True) if k], fact_emb[keep]
-            )
+            # in waves: each user's first promotion of the batch, then each one's second, ...
+            # (each wave batched across users): a user's facts reach the rings promotion after
+            # promotion, as if each promotion had run in a batch of its own
+            _, user_code = np.unique([read.items[r][1] for r in part_rows], return_inverse=True)
+            fact_wave = rank_within(user_code)[fact_of]
+            for w in np.unique(fact_wave[keep]).tolist():
+                sel = keep & (fact_wave == w)
+                self._hooks._push_knowledge(
+                    db, [facts[i] for i in np.flatnonzero(sel).tolist()], fact_emb[sel]
+                )
         self._heat.refresh(db, [u for i in taken if (u := read.users[i]) is not None])
         s.profiles.update(new_profiles)  # a failed commit reloads them with the rest
         return int((~queued).sum() + current.sum())
@@ -226,17 +270,21 @@ class LongTerm:
         outcomes: list[PromotionOutcome | None],
         done: list[int],
     ) -> dict[str, dict[str, Any]]:
-        """Write the profile updates of promotions ``done`` (in order: a user's later
+        """Write the profile updates of promotions (parts) ``done`` (in order: a user's later
         promotion of the batch updates on top of its earlier one) with their provenance;
         returns the users' new profiles."""
         new_profiles: dict[str, dict[str, Any]] = {}
         sources: list[tuple[int, str, list[int], str]] = []
-        for i in done:
-            out, uid = outcomes[i], read.items[i][1]
+        for j in done:
+            part = read.parts[j]
+            out, uid = outcomes[j], read.items[part.row][1]
             if not out.profile_updates:
                 continue
-            new_profiles[uid] = {**new_profiles.get(uid, read.profiles[i]), **out.profile_updates}
-            page_ids = [p[0] for p in read.pages[i]]
+            new_profiles[uid] = {
+                **new_profiles.get(uid, read.profiles[part.row]),
+                **out.profile_updates,
+            }
+            page_ids = [p[0] for p in part.pages]
             sources += [(0, k, page_ids, uid) for k in out.profile_updates]
         db.executemany(
             "UPDATE users SET profile = ? WHERE user_id = ?",
@@ -247,25 +295,15 @@ class LongTerm:
         return new_profiles
 
     def _reset_segments(self, db: Any, items: list[WorkItem]) -> None:
-        """Promoted segments' pages are analysed: ``L_interaction`` (and, when
-        ``reset_visits_on_promotion``, ``N_visit``) back to 0, in the arena and the store."""
+        """Segments promoted without a claim have every page analysed: their counters restart
+        (:meth:`Heat.reset`)."""
         if not items:
             return
         s = self._s
         uslots = np.fromiter((s.users[uid].slot for _, uid, _ in items), np.int32, len(items))
         sids = np.fromiter((sid for _, _, sid in items), np.int64, len(items))
         slots = np.argmax(s.segment_of[uslots] == sids[:, None], axis=1)  # each is live there
-        zeros = np.zeros(len(items), np.int32)
-        visits = s.memory.reset_visits_on_promotion
-        s.arena.set_segment_stats(
-            uslots, slots, l_interaction=zeros, **({"n_visit": zeros} if visits else {})
-        )
-        db.executemany(
-            "UPDATE segments SET l_interaction = 0"
-            + (", n_visit = 0" if visits else "")
-            + " WHERE segment_id = ?",
-            [(sid,) for _, _, sid in items],
-        )
+        self._heat.reset(db, uslots, slots, sids.tolist())
 
     def push_knowledge(self, db: Any, facts: list[Fact], emb: np.ndarray) -> None:
         """Write facts into their owners' rings, arena and store, each compared first with
@@ -304,22 +342,22 @@ class LongTerm:
         ring.finish()
 
     def queue_promotions(self, user_id: str, segment_slot: int | None = None) -> None:
-        """Queue a user's live segments (or one slot) for promotion, whatever their heat."""
+        """Queue a user's live segments (or one slot) for promotion, whatever their heat: of
+        every unanalysed page (a claim on all of them, after any the segment has already)."""
         s = self._s
         user = s.user(user_id)
         slots = (
             s.arena.live_segments(user.slot) if segment_slot is None else np.array([segment_slot])
         )
+        sids = [int(s.segment_of[user.slot, slot]) for slot in slots]
+        sids = [sid for sid in sids if sid >= 0]
         with s.store.transaction() as db:
             db.executemany(
                 "INSERT INTO pending(user_id, kind, ref, created) "
                 "VALUES (?, 'promote', ?, ?) ON CONFLICT DO NOTHING",
-                [
-                    (user_id, int(s.segment_of[user.slot, slot]), time.time())
-                    for slot in slots
-                    if s.segment_of[user.slot, slot] >= 0
-                ],
+                [(user_id, sid, time.time()) for sid in sids],
             )
+        self._heat.claim(sids, [None] * len(sids))
 
     # ---------------------------------------------------------------- reads
     def profile(self, user_id: str) -> dict[str, str]:
@@ -344,3 +382,41 @@ _NAMING = ("merge", "outdated")
 
 def _nth(decisions: list[tuple[str, int | None]] | None, j: int) -> tuple[str, int | None] | None:
     return decisions[j] if decisions is not None and j < len(decisions) else None
+
+
+def _staged(read: _PromotionInput, part: _Part) -> bool:
+    """Whether a promotion went to the stage (it has pages and its user a record)."""
+    return bool(part.pages) and read.users[part.row] is not None
+
+
+def _parts(pages: list[list[tuple]], claims: list[list[Claim]]) -> list[_Part]:
+    """The promotions of queued rows (their unanalysed pages ``pages``, in segment order, and
+    their claims), in the order they apply: the rows without a claim first (each takes every
+    page), then the claimed ones in claim order, each claim taking the pages (of a user's, in
+    page-id order) after the claim before it up to its own; a claim on all pages (None) takes
+    the rest. Pages that joined after a row's last claim stay for its next one."""
+    keyed: list[tuple[int, _Part]] = []
+    for row, (rows, made) in enumerate(zip(pages, claims, strict=True)):
+        if not made:
+            keyed.append((-1, _Part(row, rows, True)))
+            continue
+        ids = [p[0] for p in rows]
+        first: dict[int, int] = {}  # a bound -> the first claim that named it
+        for order, upto in made:
+            if upto is not None:
+                first.setdefault(upto, order)
+        low = None
+        for upto in sorted(first):
+            taken = [
+                p for p, i in zip(rows, ids, strict=True) if i <= upto and (low is None or i > low)
+            ]
+            if taken:
+                keyed.append((first[upto], _Part(row, taken, False)))
+            low = upto
+        everything = [order for order, upto in made if upto is None]
+        if everything:
+            rest = [p for p, i in zip(rows, ids, strict=True) if low is None or i > low]
+            if rest:
+                keyed.append((max(order for order, _ in made), _Part(row, rest, True)))
+    keyed.sort(key=lambda k: k[0])  # stable: rows without a claim in queue order
+    return [part for _, part in keyed]

@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["round_order", "tenant_of"]
+__all__ = ["rank_within", "round_order", "tenant_of"]
 
 
 def tenant_of(user_id: str) -> str:
@@ -35,17 +35,17 @@ def round_order(user_ids: Sequence[str], per_user: int, limit: int) -> np.ndarra
     if n == 0 or limit <= 0 or per_user <= 0:
         return np.zeros(0, np.int64)
     first = _first_codes(user_ids, n)  # a code per user
-    wave = _rank_within(first)
+    wave = rank_within(first)
     keep = np.flatnonzero(wave < per_user)
     wave = wave[keep]
     tenant = _tenant_codes(user_ids)[keep]
     # a group per (wave, tenant); within it, queue order
-    turn = _rank_within(wave * (int(tenant.max()) + 1) + tenant)
+    turn = rank_within(wave * (int(tenant.max()) + 1) + tenant)
     order = np.lexsort((keep, turn, wave))  # wave, then turn, then queue order
     return keep[order[:limit]]
 
 
-def _rank_within(groups: np.ndarray) -> np.ndarray:
+def rank_within(groups: np.ndarray) -> np.ndarray:
     """Each item's position among the items of its group, in input order (0 for the first)."""
     by_group = np.argsort(groups, kind="stable")
     sorted_groups = groups[by_group]
