@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Script, TableEmbedder
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import MemoryEngine
@@ -36,7 +35,7 @@ FACT_MARK = "zqfactmark"
 HOLD_S = 0.3  # how long a reader keeps its statement open once the delete reaches the log
 
 
-def open_engine(store: Path) -> MemoryEngine:
+def open_engine(store: Path, kit: Any) -> MemoryEngine:
     cfg = EngineConfig(
         memory=preset("paper", stm_capacity=1),
         llm=LLMConfig(mode="llm", backend="scripted"),
@@ -45,14 +44,14 @@ def open_engine(store: Path) -> MemoryEngine:
         store=str(store),
         auto_process=False,
     )
-    llm = ScriptedBackend(Script(promotion={"user_facts": [FACT]}))
-    return MemoryEngine(cfg, embedder=TableEmbedder(), llm=llm)
+    llm = ScriptedBackend(kit.Script(promotion={"user_facts": [FACT]}))
+    return MemoryEngine(cfg, embedder=kit.TableEmbedder(), llm=llm)
 
 
 @pytest.fixture
-def eng(tmp_path: Path) -> Iterator[MemoryEngine]:
+def eng(tmp_path: Path, kit: Any) -> Iterator[MemoryEngine]:
     """User ``u``: three pages (the first two in MTM, the fact derived from them)."""
-    e = open_engine(tmp_path / "store.db")
+    e = open_engine(tmp_path / "store.db", kit)
     lines = [f"I ride {PAGE_MARK} daily", "I ride to work", "I ride at night"]
     for i, line in enumerate(lines):
         e.add("u", line, "ok", timestamp=1.0 + i)
