@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import platform
 import random
 import re
@@ -45,6 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from cli_args import check_output, positive_int, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "conflicts.json"
@@ -221,9 +222,10 @@ def _score(e: Any, scripts: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="12 users (CI, a few seconds)")
-    ap.add_argument("--users", type=int, default=None, help="users to script (default 60)")
+    ap.add_argument("--users", type=positive_int, default=None, help="users to script (default 60)")
     ap.add_argument("--json", type=Path, default=None, help=f"write results (default {RESULTS})")
     args = ap.parse_args(argv)
+    check_output(ap, args.json)  # a bad output path fails now, not after the run
     users = args.users or (12 if args.quick else 60)
     rows = {
         "in order": run(users, reverse=False),
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     path = args.json or (None if args.quick else RESULTS)
     if path is not None:
-        path.write_text(json.dumps(out, indent=2) + "\n")
+        write_json(path, out)
         print(f"wrote {path}")
     return 0
 

@@ -19,7 +19,6 @@ Usage: python benchmarks/derived_latency.py [--users 4] [--llm-seconds 1.0] [--q
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -27,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from cli_args import check_output, positive_int, write_json
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import MemoryEngine
@@ -131,11 +132,12 @@ def run(users: int, llm_seconds: float, lock_held: bool) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--users", type=int, default=4)
+    ap.add_argument("--users", type=positive_int, default=4)
     ap.add_argument("--llm-seconds", type=float, default=1.0)
     ap.add_argument("--quick", action="store_true", help="a 0.1 s LLM (seconds in all)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    check_output(ap, args.json)  # a bad output path fails now, not after the run
     llm_s = 0.1 if args.quick else args.llm_seconds
     res: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     print("round s: " + ", ".join(f"{r['mode']} {r['round_s']}" for r in res["runs"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=2) + "\n")
+        write_json(args.json, res)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Usage: python benchmarks/embedders.py [--quick] [--json OUT] [--budgets 5 10 20]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -25,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from cli_args import check_input, check_output, positive_int, write_json
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as benchmarks/ingest.py and the CLI
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -157,16 +158,18 @@ def print_table(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data", type=Path, default=default_locomo_path())
-    p.add_argument("--budgets", type=int, nargs="+", default=[5, 10, 20])
+    p.add_argument("--budgets", type=positive_int, nargs="+", default=[5, 10, 20])
     p.add_argument("--quick", action="store_true", help="1 conversation, 80 pages (CI)")
     p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument("--cache-dir", help="ONNX export cache (default: memoryos-gpu's cache dir)")
     args = p.parse_args(argv)
+    check_output(p, args.json)  # a bad output path fails now, not after the run
+    check_input(p, args.data)
     report = run(args)
     print_table(report)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
     return 0
 
 

@@ -28,12 +28,13 @@ Usage: python benchmarks/history.py [--users 4] [--checkpoints 20 100 500 2000] 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from cli_args import check_output, positive_int, write_json
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -186,7 +187,7 @@ def plot(rows: list[dict[str, Any]], out: Path, users: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--users", type=int, default=4, help="users (their pages interleave)")
+    p.add_argument("--users", type=positive_int, default=4, help="users (their pages interleave)")
     p.add_argument(
         "--checkpoints",
         type=int,
@@ -194,12 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[20, 100, 500, 2000],
         help="pages per user at which to measure",
     )
-    p.add_argument("--batch", type=int, default=100, help="pages per add_many call")
-    p.add_argument("--queries", type=int, default=1024, help="questions per checkpoint")
+    p.add_argument("--batch", type=positive_int, default=100, help="pages per add_many call")
+    p.add_argument("--queries", type=positive_int, default=1024, help="questions per checkpoint")
     p.add_argument("--quick", action="store_true", help="2 users, checkpoints 20 and 100")
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--plot", type=Path, help="write the two curves here (PNG)")
     args = p.parse_args(argv)
+    check_output(p, args.json, args.plot)  # a bad output path fails now, not after the run
     if args.users < 1 or min(args.checkpoints) < 1 or args.batch < 1 or args.queries < 1:
         p.error("--users, --checkpoints, --batch and --queries must be >= 1")
     if args.quick:
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             "hardware": hardware(),
             "results": rows,
         }
-        args.json.write_text(json.dumps(report, indent=1, default=str))
+        write_json(args.json, report, indent=1, default=str)
     if args.plot:
         plot(rows, args.plot, args.users)
     return 0

@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from cli_args import check_output, handle_sigterm, machine_info, positive_int, today, write_json
 
 # as the CLI does: OpenMP threads sleep instead of spinning between the kernels' tiny parallel
 # regions (a spinning wait costs a scheduler quantum per call whenever the CPUs are shared)
@@ -413,11 +416,13 @@ def with_encrypted_twins(configs: list[dict[str, Any]], notes: list[str]) -> lis
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--users", type=int, nargs="+", default=None)
-    ap.add_argument("--pages", type=int, default=None, help="pages of the input (default all)")
+    ap.add_argument("--users", type=positive_int, nargs="+", default=None)
+    ap.add_argument(
+        "--pages", type=positive_int, default=None, help="pages of the input (default all)"
+    )
     ap.add_argument("--embedder", choices=["minilm", "hashing"], default=None)
     ap.add_argument("--embedding-dtype", choices=["float32", "bfloat16"], default=None)
-    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--batch-size", type=positive_int, default=512)
     ap.add_argument("--process", choices=["auto", "batch"], default="auto")
     ap.add_argument(
         "--prefetch",
@@ -443,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also each user count with provenance off (MemoryConfig(provenance=False))",
     )
     ap.add_argument("--llm", action="store_true", help="also LLM mode on a small subset")
-    ap.add_argument("--llm-pages", type=int, default=24)
+    ap.add_argument("--llm-pages", type=positive_int, default=24)
     ap.add_argument("--profile", action="store_true", help="cProfile top functions per run")
     ap.add_argument(
         "--quick", action="store_true", help="a few seconds: hashing, 150 pages, 1 and 100 users"
@@ -454,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(run_one(json.loads(args.child))))
         return 0
+    out = args.json or (None if args.quick else RESULTS)
+    check_output(ap, out)  # before the run, not after it
+    handle_sigterm()  # kill / timeout: the finally below still removes the scratch folder
     if not LOCOMO.is_file():
         print(f"LoCoMo data not found at {LOCOMO} (set MEMORYOS_GPU_LOCOMO)", file=sys.stderr)
         return 2
@@ -461,102 +469,105 @@ def main(argv: list[str] | None = None) -> int:
     users = args.users or ([1, 100] if args.quick else [1, 100, 1000])
     pages = args.pages if args.pages is not None else (150 if args.quick else None)
     workdir = tempfile.mkdtemp(prefix="memoryos-ingest-bench-")
-    base = {
-        "workdir": workdir,
-        "pages": pages,
-        "embedder": embedder,
-        "embedding_dtype": args.embedding_dtype,
-        "batch_size": args.batch_size,
-        "process": args.process,
-        "prefetch": {"auto": None, "on": True, "off": False}[args.prefetch],
-        "profile": args.profile,
-    }
-    configs = [
-        {**base, "users": u, "name": f"{embedder} u{u} b{args.batch_size} {args.process}"}
-        for u in users
-    ]
-    notes: list[str] = []
-    if args.encryption == "both":
-        configs = with_encrypted_twins(configs, notes)
-    elif args.encryption == "on":
-        base["encrypted"] = True  # the variants below too
-        configs = [{**c, "encrypted": True, "name": c["name"] + " enc"} for c in configs]
-    if args.provenance_cost:  # each user count's plain run, then the same without provenance
+    try:
+        base = {
+            "workdir": workdir,
+            "pages": pages,
+            "embedder": embedder,
+            "embedding_dtype": args.embedding_dtype,
+            "batch_size": args.batch_size,
+            "process": args.process,
+            "prefetch": {"auto": None, "on": True, "off": False}[args.prefetch],
+            "profile": args.profile,
+        }
         configs = [
-            run
-            for c in configs
-            for run in (
-                (c, {**c, "provenance": False, "name": f"{c['name']} no-provenance"})
-                if not c.get("encrypted")
-                else (c,)
-            )
+            {**base, "users": u, "name": f"{embedder} u{u} b{args.batch_size} {args.process}"}
+            for u in users
         ]
-    if args.variants:
-        u = 100 if 100 in users else users[-1]
-        configs += [
-            {**base, "users": u, "process": "batch", "name": f"{embedder} u{u} process=batch"},
-            {**base, "users": u, "prefetch": True, "name": f"{embedder} u{u} prefetch on"},
-            {**base, "users": u, "batch_size": 128, "name": f"{embedder} u{u} b128"},
-        ]
-        if embedder == "minilm":
-            configs.append(
-                {
-                    **base,
-                    "users": u,
-                    "embedding_dtype": "bfloat16",
-                    "name": f"{embedder} u{u} bfloat16",
-                }
-            )
-    if args.llm:
-        why = llm_available()
-        if why:
-            notes.append(f"LLM mode skipped: {why}")
-            print(notes[-1], file=sys.stderr)
-        else:
-            configs.append(
-                {
-                    **base,
-                    "users": 2,
-                    "pages": args.llm_pages,
-                    "llm": True,
-                    "name": f"{embedder} LLM(SmolLM2) u2",
-                }
-            )
-    rows = []
-    for cfg in configs:
-        print(f"running {cfg['name']} ...", file=sys.stderr, flush=True)
-        rows.append(run_child(cfg, args.timeout))
-    print_table(rows)
-    analysis = analyse(rows)
-    print(
-        "\nwhere the time goes (share of end-to-end time; with prefetch on, the ingest "
-        "thread's wait for the embedding thread counts as embedding):"
-    )
-    for line in analysis:
-        print("  " + line)
-    cost = encryption_cost(rows)
-    print_encryption(cost)
-    result = {
-        "benchmark": "ingest",
-        "host": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        },
-        "input": str(LOCOMO),
-        "quick": args.quick,
-        "notes": notes,
-        "analysis": analysis,
-        "encryption": cost,
-        "runs": rows,
-    }
-    out = args.json or (None if args.quick else RESULTS)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"results -> {out}", file=sys.stderr)
-    return 0 if all("error" not in r for r in rows) else 1
+        notes: list[str] = []
+        if args.encryption == "both":
+            configs = with_encrypted_twins(configs, notes)
+        elif args.encryption == "on":
+            base["encrypted"] = True  # the variants below too
+            configs = [{**c, "encrypted": True, "name": c["name"] + " enc"} for c in configs]
+        if args.provenance_cost:  # each user count's plain run, then the same without provenance
+            configs = [
+                run
+                for c in configs
+                for run in (
+                    (c, {**c, "provenance": False, "name": f"{c['name']} no-provenance"})
+                    if not c.get("encrypted")
+                    else (c,)
+                )
+            ]
+        if args.variants:
+            u = 100 if 100 in users else users[-1]
+            configs += [
+                {**base, "users": u, "process": "batch", "name": f"{embedder} u{u} process=batch"},
+                {**base, "users": u, "prefetch": True, "name": f"{embedder} u{u} prefetch on"},
+                {**base, "users": u, "batch_size": 128, "name": f"{embedder} u{u} b128"},
+            ]
+            if embedder == "minilm":
+                configs.append(
+                    {
+                        **base,
+                        "users": u,
+                        "embedding_dtype": "bfloat16",
+                        "name": f"{embedder} u{u} bfloat16",
+                    }
+                )
+        if args.llm:
+            why = llm_available()
+            if why:
+                notes.append(f"LLM mode skipped: {why}")
+                print(notes[-1], file=sys.stderr)
+            else:
+                configs.append(
+                    {
+                        **base,
+                        "users": 2,
+                        "pages": args.llm_pages,
+                        "llm": True,
+                        "name": f"{embedder} LLM(SmolLM2) u2",
+                    }
+                )
+        rows = []
+        for cfg in configs:
+            print(f"running {cfg['name']} ...", file=sys.stderr, flush=True)
+            rows.append(run_child(cfg, args.timeout))
+        print_table(rows)
+        analysis = analyse(rows)
+        print(
+            "\nwhere the time goes (share of end-to-end time; with prefetch on, the ingest "
+            "thread's wait for the embedding thread counts as embedding):"
+        )
+        for line in analysis:
+            print("  " + line)
+        cost = encryption_cost(rows)
+        print_encryption(cost)
+        result = {
+            "benchmark": "ingest",
+            "date": today(),
+            "host": {
+                "cpu": machine_info()["cpu"],
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "loadavg_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
+            },
+            "input": str(LOCOMO),
+            "quick": args.quick,
+            "notes": notes,
+            "analysis": analysis,
+            "encryption": cost,
+            "runs": rows,
+        }
+        if out is not None:
+            write_json(out, result)
+            print(f"results -> {out}", file=sys.stderr)
+        return 0 if all("error" not in r for r in rows) else 1
+    finally:  # also on Ctrl-C / SIGTERM: the stores and inputs are only scratch
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

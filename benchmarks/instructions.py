@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cli_args import check_output, positive_int, write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
@@ -166,13 +168,18 @@ def ratios(this: list[dict[str, Any]], base: list[dict[str, Any]] | None) -> dic
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--single", type=int, default=300, help="pages of the one-user history")
-    ap.add_argument("--users", type=int, default=200, help="users of the interleaved workload")
-    ap.add_argument("--pages-per-user", type=int, default=20)
+    ap.add_argument(
+        "--single", type=positive_int, default=300, help="pages of the one-user history"
+    )
+    ap.add_argument(
+        "--users", type=positive_int, default=200, help="users of the interleaved workload"
+    )
+    ap.add_argument("--pages-per-user", type=positive_int, default=20)
     ap.add_argument("--base", metavar="REV", help="also count git revision REV's Python code")
     ap.add_argument("--quick", action="store_true", help="tiny workloads: a minute or two")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    check_output(ap, args.json)  # a bad output path fails now, not after the run
     if args.child:
         child(json.loads(args.child))
         return 0
@@ -198,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     report(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
+        write_json(args.json, result, indent=1)
         print(f"JSON: {args.json}")
     return 0
 

@@ -13,7 +13,7 @@ message in flight. Reported per side: the ROUTER process's CPU a message and rou
 second, alternated ``--rounds`` times (medians), and asyncio's CPU a message over the loop
 reader's.
 
-    python benchmarks/ipc_channel.py --json results/ipc_channel.json
+    python benchmarks/ipc_channel.py --json benchmarks/results/ipc_channel.json
     python benchmarks/ipc_channel.py --quick
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import pickle
 import platform
@@ -32,6 +31,7 @@ import time
 from typing import Any
 
 import zmq
+from cli_args import check_output, positive_int, write_json
 
 SIDES = ("loop-reader", "zmq.asyncio")
 
@@ -124,12 +124,13 @@ def run_side(side: str, messages: int, per_msg: int, workdir: str) -> dict[str, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--messages", type=int, default=20000)
+    ap.add_argument("--messages", type=positive_int, default=20000)
     ap.add_argument("--per-msg", type=int, default=4, help="Requests a message carries.")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=positive_int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    check_output(ap, args.json)  # a bad output path fails now, not after the run
     if args.quick:
         args.messages, args.rounds = 2000, 1
     runs: dict[str, list[dict[str, float]]] = {s: [] for s in SIDES}
@@ -153,8 +154,7 @@ def main() -> None:
             "median": med,
             "asyncio_over_loop_reader_cpu": ratio,
         }
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.json, result, indent=1)
 
 
 if __name__ == "__main__":

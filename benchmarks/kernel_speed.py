@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cli_args import check_output, positive_int, write_json
 
 from memoryos_gpu import ops
 from memoryos_gpu.arena import Arena, ArenaConfig
@@ -584,7 +585,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--routine", choices=["engine", "kernel-only", "all"], default="all")
-    p.add_argument("--users", type=int, nargs="+", default=[1000, 10000])
+    p.add_argument("--users", type=positive_int, nargs="+", default=[1000, 10000])
     p.add_argument(
         "--pages-per-segment",
         type=int,
@@ -594,8 +595,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--slots", type=int, default=200)
     p.add_argument("--dim", type=int, default=384)
-    p.add_argument("--batch", type=int, default=1024)
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--batch", type=positive_int, default=1024)
+    p.add_argument("--repeat", type=positive_int, default=5)
     p.add_argument(
         "--dtypes",
         nargs="+",
@@ -613,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes: a few seconds, for CI")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    check_output(p, args.json)  # a bad output path fails now, not after the run
     if args.quick:
         args.users, args.pages_per_segment, args.batch, args.repeat = [64], [4], 64, 2
         args.reference_queries = 32
@@ -641,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         report["results"] = results
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+        write_json(args.json, report)
     return 0
 
 

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cli_args import check_input, check_output, positive_int, write_json
+
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.eval.locomo import default_locomo_path, load_locomo
@@ -164,14 +166,16 @@ def respond(engine: MemoryEngine, questions: list[tuple[str, str]]) -> dict[str,
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    p.add_argument("--users", type=int, default=4)
-    p.add_argument("--pages", type=int, default=8, help="pages per user")
+    p.add_argument("--users", type=positive_int, default=4)
+    p.add_argument("--pages", type=positive_int, default=8, help="pages per user")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--separate", action="store_true", help="also the paper's separate calls")
-    p.add_argument("--responses", type=int, default=1, help="questions answered per user")
+    p.add_argument("--responses", type=positive_int, default=1, help="questions answered per user")
     p.add_argument("--quick", action="store_true", help="2 users x 5 pages, 24 tokens")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    check_output(p, args.json)  # a bad output path fails now, not after the run
+    check_input(p, args.data)
     if args.quick:
         args.users, args.pages, args.max_tokens = 2, 5, 24
     from memoryos_gpu.embed import Embedder
@@ -233,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+        write_json(args.json, report)
     return 0
 
 

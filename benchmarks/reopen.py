@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cli_args import check_output, machine_info, positive_int, today, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -488,7 +489,7 @@ def _rss_gib() -> float:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--users", type=int, default=10_000)
+    ap.add_argument("--users", type=positive_int, default=10_000)
     ap.add_argument("--segments", type=int, default=200, help="MTM segments per user")
     ap.add_argument("--quick", action="store_true", help="200 users (CI)")
     ap.add_argument("--stm-pages", type=int, default=0, help="STM pages per user")
@@ -507,6 +508,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--force", action="store_true", help="reopen the engine even if it won't fit")
     ap.add_argument("--out", type=Path, help=f"JSON results (default for a full run: {RESULTS})")
     args = ap.parse_args(argv)
+    check_output(ap, args.out)  # a bad output path fails now, not after the run
     if args.quick:
         args.users = 200
     tmp = None
@@ -518,7 +520,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "users": args.users,
         "segments_per_user": args.segments,
         "stm_pages_per_user": args.stm_pages,
+        "date": today(),
         "machine": {
+            "cpu": machine_info()["cpu"],
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "sqlite": sqlite3.sqlite_version,
@@ -574,7 +578,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         slim = {k: v for k, v in result.items() if k != "profile_top"}
-        out.write_text(json.dumps(slim, indent=2) + "\n")
+        write_json(out, slim)
         print(f"wrote {out}")
     return result
 

@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cli_args import check_input, check_output, positive_int, write_json
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from throughput import hardware, iter_pages, load_corpus, make_embedder
@@ -347,12 +349,12 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--users", type=int, nargs="+", default=[1000, 10000, 100000])
-    p.add_argument("--pages-per-user", type=int, default=20)
+    p.add_argument("--users", type=positive_int, nargs="+", default=[1000, 10000, 100000])
+    p.add_argument("--pages-per-user", type=positive_int, default=20)
     p.add_argument("--embedder", choices=["hashing", "minilm"], default="hashing")
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--queries", type=int, default=4096)
-    p.add_argument("--ingest-batch", type=int, default=2048)
+    p.add_argument("--batch", type=positive_int, default=256)
+    p.add_argument("--queries", type=positive_int, default=4096)
+    p.add_argument("--ingest-batch", type=positive_int, default=2048)
     p.add_argument("--data", type=Path, default=default_locomo_path())
     p.add_argument(
         "--store",
@@ -372,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
     args = p.parse_args(argv)
+    check_output(p, args.json, args.plot)  # a bad output path fails now, not after the run
+    check_input(p, args.data)
     if args.quick:
         args.users, args.queries, args.batch, args.baseline = [30, 100], 512, 128, 30
     corpus, questions = load_corpus(args.data)
@@ -392,12 +396,17 @@ def main(argv: list[str] | None = None) -> int:
             "hardware": hardware(),
             "build": ops.build_info(),
             "embedder": getattr(embedder, "model_id", args.embedder),
-            "settings": {k: str(v) for k, v in vars(args).items() if k not in ("json", "plot")},
+            # JSON values (numbers, lists, null), paths as strings
+            "settings": {
+                k: str(v) if isinstance(v, Path) else v
+                for k, v in vars(args).items()
+                if k not in ("json", "plot")
+            },
             "results": rows,
         }
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(report, indent=2))
+            write_json(args.json, report)
     if baseline is not None:
         baseline.engine.close()
         if args.store is None:

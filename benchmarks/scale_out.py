@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cli_args import check_output, positive_int, write_json
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 TOPICS = [
@@ -189,17 +191,18 @@ def retrieve_sharded(ray: Any, store: str, embedder: str, shards: int, rounds: l
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small input, CI-sized (< 1 min)")
-    ap.add_argument("--users", type=int, default=400)
-    ap.add_argument("--pages", type=int, default=25, help="pages per user")
-    ap.add_argument("--shards", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--batch", type=int, default=64, help="queries per retrieval round")
-    ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--ingest-batch", type=int, default=512)
+    ap.add_argument("--users", type=positive_int, default=400)
+    ap.add_argument("--pages", type=positive_int, default=25, help="pages per user")
+    ap.add_argument("--shards", type=positive_int, nargs="+", default=[1, 2])
+    ap.add_argument("--batch", type=positive_int, default=64, help="queries per retrieval round")
+    ap.add_argument("--rounds", type=positive_int, default=40)
+    ap.add_argument("--ingest-batch", type=positive_int, default=512)
     ap.add_argument("--embedder", choices=["hashing", "minilm"], default="hashing")
     ap.add_argument("--address", default=None, help="Ray cluster address (default: local)")
     ap.add_argument("--num-cpus", type=int, default=None, help="local Ray's CPUs")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args(argv)
+    check_output(ap, args.json_out)  # a bad output path fails now, not after the run
     if args.quick:
         args.users, args.pages, args.rounds, args.batch = 40, 10, 5, 32
 
@@ -237,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print_table(out)
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.json_out, out)
     return out
 
 

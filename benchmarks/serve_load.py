@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -48,10 +47,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from cli_args import (
+    check_output,
+    handle_sigterm,
+    machine_info,
+    nonnegative_int,
+    positive_int,
+    today,
+    write_json,
+)
 from serve_load_client import ADMIN_KEY, KEY, load, preload, run_loop
 from serve_load_report import fairness, mode_ratios, paired_ratios, plot, table
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "serve_load.json"
 
 
 def _free_port() -> int:
@@ -199,10 +208,13 @@ def run_scenario(
             cpu = _cpu_seconds(server.proc.pid) - cpu0
             res["preload_s"] = round(pre, 2)
             # the load generator's own CPU: on a small box it shares the cores with the server
-            ok = max(1, res["requests_ok"])
-            res["client_cpu_ms_per_request"] = round(res["client_cpu_s"] * 1000 / ok, 3)
+            # (no per-request figure from 0 answered requests: null in the JSON, "-" printed)
+            ok = res["requests_ok"]
+            res["client_cpu_ms_per_request"] = (
+                round(res["client_cpu_s"] * 1000 / ok, 3) if ok else None
+            )
             # CPU the server spent per answered request: independent of other load on the box
-            res["server_cpu_ms_per_request"] = round(cpu * 1000 / ok, 3)
+            res["server_cpu_ms_per_request"] = round(cpu * 1000 / ok, 3) if ok else None
             res["server_cpu_utilisation"] = round(cpu / res["wall_s"], 2) if res["wall_s"] else 0
             return res
 
@@ -273,13 +285,16 @@ def _interleaved(
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--serve-json", help=argparse.SUPPRESS)
-    p.add_argument("--users", type=int, nargs="+", default=[100, 1000])
-    p.add_argument("--requests", type=int, default=6000, help="Requests per run (bound).")
+    p.add_argument("--users", type=positive_int, nargs="+", default=[100, 1000])
+    p.add_argument("--requests", type=positive_int, default=6000, help="Requests per run (bound).")
     p.add_argument("--time-limit", type=float, default=60.0, help="Seconds per run (bound).")
     p.add_argument("--write-frac", type=float, default=0.3)
     p.add_argument("--think-ms", type=float, default=0.0, help="Mean think time (0: saturate).")
     p.add_argument(
-        "--paced-users", type=int, default=100, help="Users of the extra paced (think-time) run."
+        "--paced-users",
+        type=positive_int,
+        default=100,
+        help="Users of the extra paced (think-time) run.",
     )
     p.add_argument(
         "--paced-think-ms",
@@ -287,8 +302,10 @@ def main(argv: list[str] | None = None) -> None:
         default=500.0,
         help="Think time of the paced run (0: no paced run): latency below saturation.",
     )
-    p.add_argument("--preload-pages", type=int, default=10, help="Pages per user before load.")
-    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument(
+        "--preload-pages", type=nonnegative_int, default=10, help="Pages per user before load."
+    )
+    p.add_argument("--max-batch", type=positive_int, default=64)
     p.add_argument("--max-wait-ms", type=float, default=2.0)
     p.add_argument("--embedder", default="hashing", choices=["hashing", "transformers"])
     p.add_argument("--no-unbatched", action="store_true", help="Only the batched runs.")
@@ -301,14 +318,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument(
         "--client-procs",
-        type=int,
+        type=positive_int,
         default=1,
         help="Load-generator processes the users are dealt over: one saturates a core near "
         "10,000 requests/s, so a many-core box needs several.",
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=nonnegative_int,
         nargs="+",
         default=[0],
         help="Server layouts to compare: 0 = the single-process server, N = N HTTP workers in "
@@ -316,25 +333,35 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument(
         "--rounds",
-        type=int,
+        type=positive_int,
         default=1,
         help="Runs of each (mode, layout), interleaved over layouts; ratios use the median run "
         "(the upper one of an even count) and are also given per round.",
     )
     p.add_argument(
         "--engines",
-        type=int,
+        type=positive_int,
         default=1,
         help="Engine processes behind the workers of every N >= 1 layout (serve --engines): "
         "more than one shards the users over them.",
     )
     p.add_argument("--plot", metavar="PNG", help="Draw throughput over workers into this file.")
     p.add_argument("--quick", action="store_true", help="Small run for CI.")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serve_load.json"))
+    p.add_argument(
+        "--out",
+        default=None,
+        help=f"JSON results (default for a full run: {RESULTS}; --quick writes none unless given)",
+    )
     args = p.parse_args(argv)
     if args.serve_json:
         _serve(args.serve_json)
         return
+    if not 0.0 <= args.write_frac <= 1.0:
+        p.error(f"--write-frac must be between 0 and 1, got {args.write_frac}")
+    # --quick (CI) never overwrites the committed results
+    out = Path(args.out) if args.out else (None if args.quick else RESULTS)
+    check_output(p, out, args.plot)
+    handle_sigterm()  # kill / timeout: the finally blocks stop the servers, remove the stores
     if args.quick:
         args.users = [50]
         args.requests = min(args.requests, 600)
@@ -370,11 +397,10 @@ def main(argv: list[str] | None = None) -> None:
                     worker_ratios[name] = round(r["throughput_rps"] / b["throughput_rps"], 2)
     report = {
         "benchmark": "serve_load",
+        "date": today(),
         "machine": {
-            "cpus": os.cpu_count(),
+            **machine_info(),
             "loadavg_at_start": [round(x, 2) for x in load_start],
-            "python": platform.python_version(),
-            "platform": platform.platform(),
         },
         "args": {k: v for k, v in vars(args).items() if k not in ("serve_json", "out")},
         "results": results,
@@ -384,14 +410,13 @@ def main(argv: list[str] | None = None) -> None:
         "throughput_ratio_over_workers_per_round": paired_ratios(results),
         "fair": fairness(load_start, results),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    if out is not None:
+        write_json(out, report)
     print(table(results, {**ratios, **worker_ratios}, cpu_ratios))
     for name, per_round in report["throughput_ratio_over_workers_per_round"].items():
         print(f"per round, {name}: " + ", ".join(f"{x:.2f}x" for x in per_round))
     print(f"fair: {report['fair']['verdict']}")
-    print(f"\nJSON: {out}")
+    print(f"\nJSON: {out}" if out else "\nJSON: not written (--quick without --out)")
     if args.plot:
         plot(results, Path(args.plot), report["fair"])
         print(f"plot: {args.plot}")

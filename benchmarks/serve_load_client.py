@@ -67,11 +67,18 @@ def _text(rng: random.Random, user: int) -> str:
 
 
 def pct(values: list[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (NaN when empty: see ``pct_ms``)."""
     if not values:
         return float("nan")
     s = sorted(values)
     i = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
     return s[i]
+
+
+def pct_ms(values: list[float], q: float, scale: float = 1000.0) -> float | None:
+    """The ``q``-th percentile of ``values`` times ``scale`` (seconds to ms), rounded; None
+    (JSON null) when there are no samples."""
+    return round(pct(values, q) * scale, 2) if values else None
 
 
 async def pending_derived(client: httpx.AsyncClient) -> float:
@@ -263,6 +270,14 @@ def _started(_: int) -> int:
     return os.getpid()
 
 
+async def _pool_map(pool: Any, fn: Any, items: Any) -> list[Any]:
+    """``pool.map`` without blocking the event loop or a thread: an interrupt cancels it."""
+    res = pool.map_async(fn, items)
+    while not res.ready():
+        await asyncio.sleep(0.05)
+    return res.get()
+
+
 async def _simulate_in_processes(
     procs: int, base: str, users: int, requests: int, **kw: Any
 ) -> tuple[dict[str, list[float]], dict[str, int], float, float]:
@@ -271,8 +286,12 @@ async def _simulate_in_processes(
     below what a many-core box serves. Returns the merged latencies and errors, the wall time
     and the children's CPU."""
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(procs) as pool:
-        pool.map(_started, range(procs))  # every process up and importing done
+    # map_async polled from the event loop, not pool.map in a thread: Ctrl-C / SIGTERM reach
+    # the loop at once, and leaving the block terminates the pool (a worker killed by the
+    # interrupt would otherwise leave pool.map, and the thread waiting on it, hanging forever)
+    pool = ctx.Pool(procs)
+    try:
+        await _pool_map(pool, _started, range(procs))  # every process up and importing done
         specs = [
             dict(
                 base=base,
@@ -283,8 +302,12 @@ async def _simulate_in_processes(
             for i in range(procs)
         ]
         t0 = time.perf_counter()
-        parts = await asyncio.to_thread(pool.map, _simulate_in_process, specs)
+        parts = await _pool_map(pool, _simulate_in_process, specs)
         wall = time.perf_counter() - t0
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
     lat: dict[str, list[float]] = {"retrieve": [], "write": []}
     errors: dict[str, int] = {}
     for part_lat, part_errors, _ in parts:
@@ -364,8 +387,8 @@ async def load(
     for op, values in lat.items():
         out[op] = {
             "n": len(values),
-            "p50_ms": round(pct(values, 50) * 1000, 2),
-            "p95_ms": round(pct(values, 95) * 1000, 2),
-            "p99_ms": round(pct(values, 99) * 1000, 2),
+            "p50_ms": pct_ms(values, 50),
+            "p95_ms": pct_ms(values, 95),
+            "p99_ms": pct_ms(values, 99),
         }
     return out

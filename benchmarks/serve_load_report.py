@@ -7,6 +7,11 @@ from pathlib import Path
 from typing import Any
 
 
+def _f(value: float | None, width: int, digits: int = 1) -> str:
+    """A number right-aligned in ``width``; "-" for none (no samples)."""
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
 def table(
     results: list[dict[str, Any]], ratios: dict[str, float], cpu_ratios: dict[str, float]
 ) -> str:
@@ -21,13 +26,13 @@ def table(
         lines.append(
             f"{r['users']:>6} {r['think_ms']:>6g} {r.get('workers', 0):>7} "
             f"{r.get('engines', 1):>7} {r['mode']:>18} "
-            f"{r['throughput_rps']:>8.1f} {r['retrieve']['p50_ms']:>8.1f} "
-            f"{r['retrieve']['p95_ms']:>8.1f} {r['retrieve']['p99_ms']:>8.1f} "
-            f"{r['write']['p50_ms']:>8.1f} {r['write']['p95_ms']:>8.1f} "
-            f"{r['write']['p99_ms']:>8.1f} "
+            f"{r['throughput_rps']:>8.1f} {_f(r['retrieve']['p50_ms'], 8)} "
+            f"{_f(r['retrieve']['p95_ms'], 8)} {_f(r['retrieve']['p99_ms'], 8)} "
+            f"{_f(r['write']['p50_ms'], 8)} {_f(r['write']['p95_ms'], 8)} "
+            f"{_f(r['write']['p99_ms'], 8)} "
             f"{mb.get('retrieve', 0):>4.1f}/{mb.get('write', 0):<5.1f} "
-            f"{r.get('server_cpu_ms_per_request', 0):>10.2f} "
-            f"{r.get('client_cpu_ms_per_request', 0):>9.2f} "
+            f"{_f(r.get('server_cpu_ms_per_request'), 10, 2)} "
+            f"{_f(r.get('client_cpu_ms_per_request'), 9, 2)} "
             f"{sum(r['errors'].values()):>7}"
         )
     lines.append("")

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cli_args import check_output, nonnegative_int, positive_int, write_json
 from throughput import DATA, EmbedMeter, hardware, load_corpus, make_embedder, make_pages
 
 from memoryos_gpu import ops
@@ -156,15 +157,16 @@ def print_table(rows: list[dict[str, Any]], users: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--users", type=int, default=10000)
+    p.add_argument("--users", type=positive_int, default=10000)
     p.add_argument("--warm-pages", type=int, default=10, help="pages per user before timing")
     p.add_argument("--waves", type=int, default=40)
     p.add_argument("--wave", type=int, default=256, help="pages per wave (one add_many)")
-    p.add_argument("--cache-mb", type=int, nargs="+", default=[0, 64])
-    p.add_argument("--repeat", type=int, default=2, help="alternated runs per cache size")
+    p.add_argument("--cache-mb", type=nonnegative_int, nargs="+", default=[0, 64])
+    p.add_argument("--repeat", type=positive_int, default=2, help="alternated runs per cache size")
     p.add_argument("--quick", action="store_true", help="200 users, 4 waves of 32: seconds")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    check_output(p, args.json)  # a bad output path fails now, not after the run
     if args.quick:
         args.users, args.warm_pages, args.waves, args.wave, args.repeat = 200, 4, 4, 32, 1
     corpus, _ = load_corpus(DATA)
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": runs,
             "summary": rows,
         }
-        args.json.write_text(json.dumps(report, indent=2, default=str))
+        write_json(args.json, report, default=str)
     return 0
 
 

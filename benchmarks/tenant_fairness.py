@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cli_args import check_output, handle_sigterm, positive_int, write_json
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serve_load import _free_port, _serve  # one server launcher for both benchmarks
@@ -250,11 +252,13 @@ async def scenario(args: argparse.Namespace, store: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--serve-json", help=argparse.SUPPRESS)
-    p.add_argument("--pages", type=int, default=80, help="Pages per heavy request.")
-    p.add_argument("--chars", type=int, default=100_000, help="Characters per heavy page.")
-    p.add_argument("--heavy-clients", type=int, default=2, help="Heavy requests at a time.")
-    p.add_argument("--idle-writes", type=int, default=60)
-    p.add_argument("--loaded-writes", type=int, default=150)
+    p.add_argument("--pages", type=positive_int, default=80, help="Pages per heavy request.")
+    p.add_argument("--chars", type=positive_int, default=100_000, help="Characters per heavy page.")
+    p.add_argument(
+        "--heavy-clients", type=positive_int, default=2, help="Heavy requests at a time."
+    )
+    p.add_argument("--idle-writes", type=positive_int, default=60)
+    p.add_argument("--loaded-writes", type=positive_int, default=150)
     p.add_argument("--think-ms", type=float, default=40.0, help="Light tenant's think time.")
     p.add_argument("--warmup-s", type=float, default=1.0)
     p.add_argument("--settings", default="{}", help="ServerSettings overrides, as JSON.")
@@ -264,6 +268,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.serve_json:
         _serve(args.serve_json)
         return
+    try:
+        json.loads(args.settings)
+    except ValueError as e:
+        p.error(f"--settings is not JSON: {e}")
+    check_output(p, args.json_out)  # before the run, not after it
+    handle_sigterm()  # kill / timeout: the finally blocks stop the server, remove the store
     if args.quick:
         args.pages, args.chars = 8, 20_000
         args.idle_writes, args.loaded_writes = 10, 20
@@ -295,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     verdict = "met" if res["target"]["met"] else "MISSED (see the load average)"
     print(f"target: light p95 while heavy writes < {TARGET_P95_MS:.0f} ms: {verdict}")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res, indent=2) + "\n")
+        write_json(args.json_out, res)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cli_args import check_input, check_output, positive_int, write_json
+
 # as the CLI and the servers: idle OpenMP threads sleep instead of spinning (faiss, which the
 # reference runs between the engine's batches, brings an OpenMP runtime of its own, and two
 # runtimes' spinning threads take each other's cores)
@@ -720,25 +722,25 @@ def write_report(
     }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2, default=str))
+        write_json(args.json, report, default=str)
     if args.plot:
         plot(results, args.plot, f"throughput vs users ({embedder}, {hw['machine']})")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--users", type=int, nargs="+", default=[1, 10, 100, 1000])
-    p.add_argument("--pages-per-user", type=int, default=20)
+    p.add_argument("--users", type=positive_int, nargs="+", default=[1, 10, 100, 1000])
+    p.add_argument("--pages-per-user", type=positive_int, default=20)
     p.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm")
-    p.add_argument("--ingest-batch", type=int, default=512, help="pages per add_many call")
-    p.add_argument("--batch", type=int, default=64, help="queries per retrieve_many call")
+    p.add_argument("--ingest-batch", type=positive_int, default=512, help="pages per add_many call")
+    p.add_argument("--batch", type=positive_int, default=64, help="queries per retrieve_many call")
     p.add_argument(
         "--queries",
         type=int,
         default=2048,
         help="retrieval queries: the engine's in batches, the reference's one at a time",
     )
-    p.add_argument("--latency-queries", type=int, default=64, help="single-query calls")
+    p.add_argument("--latency-queries", type=positive_int, default=64, help="single-query calls")
     p.add_argument("--reference-max-users", type=int, default=100)
     p.add_argument(
         "--encryption-max-users",
@@ -772,6 +774,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
     args = p.parse_args(argv)
+    check_output(p, args.json, args.plot)  # a bad output path fails now, not after the run
+    check_input(p, args.data)
     if args.quick:
         args.users, args.pages_per_user, args.embedder = [1, 10], 5, "hashing"
         args.queries = args.latency_queries = 16

@@ -1,0 +1,140 @@
+"""Small helpers the benchmark scripts share: argparse types, early output checks, strict JSON
+and SIGTERM handling.
+
+The scripts run as ``python benchmarks/X.py``, so this directory is on ``sys.path`` and they
+import it as ``cli_args``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (counts: users, pages, repeats, batch sizes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (counts where 0 means "all" or "none")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def check_output(parser: argparse.ArgumentParser, *paths: str | Path | None) -> None:
+    """Before a long run: create each output file's folder and check it can be written, so a
+    bad ``--json``/``--out``/``--plot`` fails at once (``parser.error``: one line, exit 2)."""
+    for p in paths:
+        if p is None:
+            continue
+        path = Path(p)
+        if path.is_dir():
+            parser.error(f"output {path} is a directory")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            parser.error(f"cannot create the folder of {path}: {e.strerror or e}")
+        target = path if path.exists() else path.parent
+        if not os.access(target, os.W_OK):
+            parser.error(f"cannot write {path}: permission denied")
+
+
+def check_input(parser: argparse.ArgumentParser, *paths: str | Path | None) -> None:
+    """A missing input file (``--data``) is a one-line error, not a traceback."""
+    for p in paths:
+        if p is not None and not Path(p).exists():
+            parser.error(f"no such file: {p}")
+
+
+def strict(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None (JSON null)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [strict(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """Strict JSON (no NaN/Infinity tokens: those become null)."""
+    return json.dumps(strict(obj), allow_nan=False, **kw)
+
+
+def write_json(path: str | Path, obj: Any, *, indent: int | None = 2, **kw: Any) -> Path:
+    """Write ``obj`` as strict JSON (NaN/inf -> null) with a trailing newline."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(obj, indent=indent, **kw) + "\n")
+    return path
+
+
+_first_sigterm: list[float] = []
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    # as Ctrl-C: the finally blocks run (servers stopped, temporary stores removed)
+    import time
+
+    now = time.monotonic()
+    if not _first_sigterm:
+        _first_sigterm.append(now)
+        raise KeyboardInterrupt(f"signal {signum}")
+    # `timeout` signals the process and then its group: that echo must not cut the cleanup
+    # short; a SIGTERM sent later, while cleanup hangs, ends the process outright
+    if now - _first_sigterm[0] > 2.0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def handle_sigterm() -> None:
+    """Turn SIGTERM (``kill``, ``timeout``) into KeyboardInterrupt in the main thread."""
+    if sys.platform != "win32":
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def today() -> str:
+    """The run's date and time (UTC), as the JSON reports record it."""
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on: CPU model and count, platform, Python."""
+    import platform
+
+    model = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
