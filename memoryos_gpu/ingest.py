@@ -17,8 +17,8 @@ the input size:
 
 Idempotent: every record carries a stable ``source`` key, so re-running the same input adds
 nothing twice and an interrupted run resumes where it stopped. A stop request (``stop_event``,
-or SIGINT with ``handle_sigint=True``) finishes the batch in flight, then returns a report with
-``interrupted=True``; what was accepted is committed.
+or SIGINT, SIGTERM or SIGHUP with ``handle_sigint=True``) finishes the batch in flight, then
+returns a report with ``interrupted=True``; what was accepted is committed.
 """
 
 from __future__ import annotations
@@ -68,6 +68,11 @@ __all__ = [
 
 DEFAULT_BATCH_SIZE = 512
 EXIT_OK, EXIT_REJECTED, EXIT_INTERRUPTED = 0, 3, 130
+#: What stops a run after its batch in flight (with ``handle_sigint``): Ctrl-C, and what
+#: ``timeout``, ``systemctl stop``, CI cancellation and a closed terminal send.
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 _READ_CHUNK = 256  # records per reader -> prepare hand-off
 _PREFETCH_CHUNK = 64  # texts per embedder call when embedding ahead (keeps its lock short)
 _POLL_S = 0.2
@@ -188,12 +193,14 @@ class IngestReport:
     timings: dict[str, float] = field(default_factory=dict)
     store_counts: dict[str, int] = field(default_factory=dict)
     peak_rss_mb: float = 0.0
+    stop_signal: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM, SIGHUP)
 
     @property
     def exit_code(self) -> int:
-        """130 when interrupted, else 3 when anything was rejected, else 0."""
+        """128 + the stopping signal when interrupted (130 for Ctrl-C or a ``stop_event``, 143
+        SIGTERM, 129 SIGHUP), else 3 when anything was rejected, else 0."""
         if self.interrupted:
-            return EXIT_INTERRUPTED
+            return 128 + self.stop_signal if self.stop_signal else EXIT_INTERRUPTED
         return EXIT_REJECTED if self.rejected else EXIT_OK
 
     def to_dict(self) -> dict[str, Any]:
@@ -570,7 +577,7 @@ def ingest(
         GPU, or LLM work done elsewhere (``openai``/``vllm`` backends); on CPU-only runs two
         concurrent forward passes just oversubscribe the cores.
     stop_event, handle_sigint:
-        Setting ``stop_event`` (or SIGINT when ``handle_sigint`` and running in the main
+        Setting ``stop_event`` (or SIGINT, SIGTERM, SIGHUP when ``handle_sigint`` and in the main
         thread; a second SIGINT aborts) ends the run after the batch in flight.
     reject_log, reject_log_limit:
         Where each reject is reported as ``file:line: rejected: reason`` (default stderr) and
@@ -661,7 +668,7 @@ def ingest(
             mid = len(items) // 2
             return add(items[:mid]) + add(items[mid:])
 
-    old_handler = None
+    old_handlers: dict[int, Any] = {}
     sigints = 0
 
     def on_sigint(signum: int, frame: Any) -> None:
@@ -669,14 +676,17 @@ def ingest(
         sigints += 1
         if sigints > 1:
             raise KeyboardInterrupt
+        report.stop_signal = signum
         stop.set()
         display.log(
             sys.stderr,
-            "interrupted: finishing the batch in flight, then stopping (Ctrl-C again to abort)",
+            f"{signal.Signals(signum).name}: finishing the batch in flight, then stopping "
+            "(Ctrl-C again to abort)",
         )
 
     if handle_sigint and threading.current_thread() is threading.main_thread():
-        old_handler = signal.signal(signal.SIGINT, on_sigint)
+        for sig in STOP_SIGNALS:  # `timeout`, systemd and CI stop with SIGTERM: as Ctrl-C
+            old_handlers[sig] = signal.signal(sig, on_sigint)
 
     pipe = _Pipeline(
         engine,
@@ -735,8 +745,8 @@ def ingest(
     finally:
         pipe.close()
         display.stop()
-        if old_handler is not None:
-            signal.signal(signal.SIGINT, old_handler)
+        for sig, old in old_handlers.items():
+            signal.signal(sig, old)
         if rejects_file is not None:
             rejects_file.close()
         report.elapsed_s = time.perf_counter() - t_start

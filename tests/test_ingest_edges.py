@@ -134,7 +134,7 @@ def test_sigterm_to_workers_parent_stops_the_shards(tmp_path):
     _assert_gone(kids, within=5)
     assert parent.returncode == 143, (tmp_path / "err.log").read_text()[-2000:]
     rep = _last_json(out.decode())
-    assert rep["interrupted"] and rep["exit_code"] == 143
+    assert rep["interrupted"] and rep["exit_code"] == 143 and rep["stop_signal"] == 15
     assert (store / "rejects.jsonl").exists()
     _rerun_completes(src, store, pages)
 
@@ -147,6 +147,40 @@ def test_sigkill_of_workers_parent_kills_the_shards(tmp_path):
     parent.communicate(timeout=30)
     _assert_gone(kids, within=3)
     _rerun_completes(src, store, pages)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_single_process_ingest_stops_on_sigterm_as_on_ctrl_c(tmp_path, sig):
+    """SIGTERM (``timeout``, ``systemctl stop``, CI cancellation) and SIGHUP stop a plain
+    ``ingest`` as Ctrl-C does: the batch in flight finishes, the report says interrupted, the
+    exit status is 128 + the signal, and a re-run adds exactly the rest. It died at once."""
+    src, store, pages = _write_jsonl(tmp_path / "in.jsonl", 8000), tmp_path / "s", 8000
+    args = ("ingest", str(src), "--store", str(store), "--batch-size", "1", "--json")
+    with open(tmp_path / "err.log", "wb") as err:
+        p = subprocess.Popen(_cmd(*args), stdout=subprocess.PIPE, stderr=err, env=_env())
+    deadline = time.monotonic() + 90
+    while not (store / "memory.sqlite3").exists() and time.monotonic() < deadline:
+        assert p.poll() is None, (tmp_path / "err.log").read_text()[-2000:]
+        time.sleep(0.05)
+    time.sleep(1.0)  # into its batches (of one page: seconds of them)
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=120)
+    log = (tmp_path / "err.log").read_text()
+    assert p.returncode == 128 + sig, log[-2000:]
+    rep = _last_json(out.decode())
+    assert rep["interrupted"] and rep["exit_code"] == 128 + sig == 128 + rep["stop_signal"]
+    assert signal.Signals(sig).name in log
+    again = subprocess.run(
+        _cmd("ingest", str(src), "--store", str(store), "--json"),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    rest = _last_json(again.stdout)
+    assert rest["skipped"] == rep["accepted"] > 0
+    assert rest["accepted"] + rest["skipped"] == pages
 
 
 def test_workers_report_has_store_counts_and_timings(tmp_path):

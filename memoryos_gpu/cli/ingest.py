@@ -143,10 +143,11 @@ def ingest(
     """Load chat logs into the store: streamed, batched across users, resumable.
 
     Re-running the same input skips what was already accepted (each record has a stable
-    source key), so an interrupted run (Ctrl-C: finishes the batch in flight, exit 130) is
-    resumed by running it again. Malformed records are reported (file:line: reason) and
-    written to the rejects file; the run continues and exits with 3. The rejects file is plain
-    text: into an encrypted store its default one leaves the records' content out.
+    source key), so an interrupted run (Ctrl-C, SIGTERM or SIGHUP: finishes the batch in
+    flight, exit 130, 143 or 129) is resumed by running it again. Malformed records are
+    reported (file:line: reason) and written to the rejects file; the run continues and exits
+    with 3. The rejects file is plain text: into an encrypted store its default one leaves the
+    records' content out.
 
     One process writes a store at a time: ingesting into a store that a running engine
     holds (e.g. `serve`) is refused, naming that process (exit 1); send the pages to its
@@ -154,7 +155,7 @@ def ingest(
 
     \b
     Exit codes: 0 all accepted or already present, 3 some records rejected,
-    130 interrupted (--workers: 128 + the signal, e.g. 143 for SIGTERM), 2 usage error,
+    128 + the signal when stopped (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), 2 usage error,
     1 runtime error.
     """
     _die_with_parent()
@@ -241,10 +242,6 @@ def ingest(
 # Set by ``ingest --workers`` in each shard process's environment: the parent's pid.
 _ENV_PARENT = "MEMORYOS_GPU_INGEST_PARENT"
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
-# What ``ingest --workers`` forwards to its shard processes (as SIGINT: finish the batch, stop).
-_FORWARDED = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
-)
 
 
 def _die_with_parent() -> None:
@@ -396,7 +393,9 @@ def _ingest_workers(
     env[_ENV_PARENT] = str(os.getpid())
     procs: list[subprocess.Popen] = []
     stopper = _Stopper(procs)
-    old = {sig: signal.signal(sig, stopper) for sig in _FORWARDED}
+    from memoryos_gpu.ingest import STOP_SIGNALS  # forwarded as SIGINT: finish the batch, stop
+
+    old = {sig: signal.signal(sig, stopper) for sig in STOP_SIGNALS}
     t0 = time.perf_counter()
     try:
         _spawn(
@@ -599,6 +598,7 @@ def _merge(
         peak_rss_mb=max((r.get("peak_rss_mb", 0.0) for r in shards), default=0.0),
         store_counts=_sum_dicts(r.get("store_counts", {}) for r in shards),
         timings=_sum_dicts(r.get("timings", {}) for r in shards),
+        stop_signal=None if stopper.signum is None else int(stopper.signum),
         shards=shards,
     )
     if stopper.signum is not None:
