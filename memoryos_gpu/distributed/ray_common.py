@@ -65,20 +65,26 @@ def check_address(address: str, named: str = f"${ENV_RAY_ADDRESS}") -> None:
     :data:`CONNECT_TIMEOUT_S`. Why before ``ray.init``: it retries an unreachable GCS for
     minutes ("Failed to connect to GCS") and has no timeout argument."""
     try:
-        host, port = _host_port(_resolve(address))
+        resolved = _resolve(address)
+        if resolved is None:  # this Ray has no lookup we know: ray.init says what it finds
+            return
+        host, port = _host_port(resolved)
         with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
             pass
     except (OSError, ValueError) as exc:  # ConnectionError (auto: none found) is an OSError
         raise RayUnavailableError(_unreachable(address, named, exc)) from None
 
 
-def _resolve(address: str) -> str:
+def _resolve(address: str) -> str | None:
     """``address`` as ``host:port``: ``auto`` becomes the Ray cluster running on this machine
-    (Ray's own lookup; ConnectionError when there is none)."""
+    (Ray's own lookup, a private function: ConnectionError when there is none, None when this
+    Ray version lacks it)."""
     if address != "auto":
         return address.removeprefix("ray://")
-    from ray._private.services import canonicalize_bootstrap_address_or_die
-
+    try:
+        from ray._private.services import canonicalize_bootstrap_address_or_die
+    except ImportError:
+        return None
     return canonicalize_bootstrap_address_or_die(address)
 
 
