@@ -13,30 +13,30 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (counts: users, pages, repeats, batch sizes)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (counts of users, pages, repeats, batches: 1;
+    counts where 0 means "all" or "none": 0), with a one-line error otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    parse.__name__ = f"int >= {low}"  # what argparse names in "invalid ... value"
+    return parse
 
 
-def nonnegative_int(text: str) -> int:
-    """argparse type: an integer >= 0 (counts where 0 means "all" or "none")."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+positive_int = int_at_least(1)
+nonnegative_int = int_at_least(0)
 
 
 def check_output(parser: argparse.ArgumentParser, *paths: str | Path | None) -> None:

@@ -17,7 +17,6 @@ import errno
 import os
 import shutil
 import subprocess
-import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+from test_encryption import _cli  # one way to run the CLI with a key
 
 pytest.importorskip("sqlcipher3")
 
@@ -106,18 +106,6 @@ def test_the_key_variable_follows_the_apis_rule_exactly(
     assert enc.file_state(store) == "encrypted"
     monkeypatch.delenv(enc.ENV_KEY)
     open_store(str(store), key="  ", writer=False).close()
-
-
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("MEMORYOS_GPU_")}
-    full.update({"MEMORYOS_GPU_EMBEDDER": "hashing", **env})
-    return subprocess.run(
-        [sys.executable, "-m", "memoryos_gpu", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=full,
-    )
 
 
 def test_cli_ingest_with_an_empty_key_variable_writes_nothing(tmp_path: Path) -> None:
