@@ -63,6 +63,11 @@ class PageTerms:
     tf: np.ndarray  # int32
     length: np.ndarray  # int32 [n]
 
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(offsets, ids, tf, length)``, as ``Arena.write_terms`` takes them: the arrays
+        themselves (``dataclasses.astuple`` deep-copies each one, on every derived wave)."""
+        return self.offsets, self.ids, self.tf, self.length
+
     def row(self, i: int) -> tuple[np.ndarray, np.ndarray, int]:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.ids[a:b], self.tf[a:b], int(self.length[i])

@@ -9,7 +9,6 @@ so the next retrieval sees the change.
 
 from __future__ import annotations
 
-from dataclasses import astuple
 from typing import Any
 
 import numpy as np
@@ -101,7 +100,7 @@ class Items:
             slots = np.flatnonzero(s.page_of_slot == page_id)
             if slots.size:
                 s.arena.write_page_embeddings(slots, vec[None])
-                s.arena.write_terms(slots, *astuple(terms))
+                s.arena.write_terms(slots, *terms.columns())
             self._forget.apply(s.users.get(row["user_id"]), redone)
             return self.get_page(page_id)
 

@@ -15,7 +15,7 @@ rows share one transaction; heat is recomputed and promotions queued in it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -289,7 +289,7 @@ class Segments:
         # positions are the ones the store just gave them), and their term rows
         pools = s.arena.append_pages(uslots, round_.seg_slot, embs)
         s.map_pages(pools, np.asarray(page_ids, np.int64))
-        s.arena.write_terms(pools, *astuple(terms))
+        s.arena.write_terms(pools, *terms.columns())
         self._heat.refresh(db, users)
         s.views.link_pages(page_ids, chains, [o.meta for o in outcomes])
 

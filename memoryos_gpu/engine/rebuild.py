@@ -15,7 +15,6 @@ arena.
 from __future__ import annotations
 
 import json
-from dataclasses import astuple
 
 import numpy as np
 
@@ -152,7 +151,7 @@ class Rebuild:
                 raise StoreError("an MTM page names a missing segment; the store is corrupt")
             slots = s.arena.place_pages(uslots[idx], sslots[idx], c["seg_pos"])
             s.arena.write_pages(slots, c["embedding"])
-            s.arena.write_terms(slots, *astuple(terms_from_blobs(c["terms"])))
+            s.arena.write_terms(slots, *terms_from_blobs(c["terms"]).columns())
             s.map_pages(slots, c["page_id"])
 
     def _backfill_terms(self) -> None:
