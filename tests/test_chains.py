@@ -94,7 +94,9 @@ def test_a_schema_4_store_keeps_each_chains_newest_meta(
 
     spec = backend.spec("v4")
     monkeypatch.setattr(sq, "SCHEMA_VERSION", 4)
-    monkeypatch.setattr(sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"chains", "page_vectors"})
+    monkeypatch.setattr(
+        sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"chains", "page_vectors", "claims"}
+    )
     st = backend.open(spec)
     rows = [
         _page_row(1, 0, "evicted", 1, "older meta"),

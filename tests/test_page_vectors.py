@@ -41,7 +41,7 @@ def test_a_schema_5_store_keeps_every_pages_vectors(
 
     spec = backend.spec("v5")
     monkeypatch.setattr(sq, "SCHEMA_VERSION", 5)
-    monkeypatch.setattr(sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"page_vectors"})
+    monkeypatch.setattr(sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"page_vectors", "claims"})
     st = backend.open(spec)
     rows = _v5_pages(np.random.default_rng(0), 8)
     with st.transaction() as db:

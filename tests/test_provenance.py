@@ -234,7 +234,9 @@ def test_a_schema_2_store_migrates(backend: Backend, monkeypatch: pytest.MonkeyP
     spec = backend.spec("v2")
     monkeypatch.setattr(sq, "SCHEMA_VERSION", 2)
     monkeypatch.setattr(
-        sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"provenance", "chains", "page_vectors"}
+        sq,
+        "_REQUIRED_TABLES",
+        sq._REQUIRED_TABLES - {"provenance", "chains", "page_vectors", "claims"},
     )
     st = backend.open(spec)
     assert st.schema_version == 2 and "provenance" not in st._table_names()
@@ -267,7 +269,9 @@ def test_a_schema_3_store_migrates_provenance_keyed_by_user(
 
     spec = backend.spec("v3")
     monkeypatch.setattr(sq, "SCHEMA_VERSION", 3)
-    monkeypatch.setattr(sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"chains", "page_vectors"})
+    monkeypatch.setattr(
+        sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"chains", "page_vectors", "claims"}
+    )
     st = backend.open(spec)
     row = "INSERT INTO provenance(item_kind, item_id, item_key, page_id, user_id) VALUES "
     with st.transaction() as db:

@@ -26,15 +26,16 @@ pages that join the segment later count towards its next claim. So which promoti
 and from which pages, follow from the user's own pages alone: not from where a round was cut,
 which depends on how many other users' pages were pending (``derived_max_batch``, server load,
 the shard the user is on). A segment claimed twice before its promotion runs (a round of many
-waves) gets two promotions, in claim order. The claims are kept in memory (one pending row per
-segment in the store); a promotion without one (after a restart or a reload, or queued by
-retrieval heat, a forced promotion or a re-analysis) takes every unanalysed page of its
-segment, as before, and restarts its counters when applied.
+waves) gets two promotions, in claim order. The claims are rows of the store (``claims``: the
+segment, the claim's order, its bound), written in the wave's transaction and deleted in the
+promotion's, so a crash or a reload between the two keeps them: the promotion that resumes
+takes the pages it would have taken. A promotion without a claim (queued by retrieval heat, a
+forced promotion or a re-analysis) takes every unanalysed page of its segment and restarts its
+counters when applied.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -49,6 +50,8 @@ from .state import EngineHooks, EngineState, UserState
 #: A claim on a segment's unanalysed pages for a queued promotion: (claim order, the newest page
 #: id claimed; None: every unanalysed page of the segment when the promotion runs).
 Claim = tuple[int, int | None]
+#: Segment ids per query when the claims are read (one ``IN`` list within SQLite's limits).
+CLAIM_READ_CHUNK = 500
 
 
 class Heat:
@@ -63,9 +66,9 @@ class Heat:
         self._flagged: list[tuple[np.ndarray, np.ndarray]] = []
         self._buffers = threading.Lock()
         self._writer = threading.Lock()  # one write-behind's store write at a time
-        # segment id -> the claims of its queued promotion, oldest first (engine lock)
-        self._claims: dict[int, list[Claim]] = {}
-        self._claim_order = itertools.count()
+        # the next claim's order (engine lock): read from the store at the first claim, so a
+        # reopened store's new claims come after the ones it holds
+        self._claim_order: int | None = None
 
     def credit(
         self,
@@ -85,12 +88,9 @@ class Heat:
                 self._flagged.append((user_slots[pr], segments[pr, pc]))
 
     def discard(self) -> None:
-        """Drop the credits not yet written (they name slots of an arena being replaced) and
-        the promotion claims (a reload after a failed apply: a claim may have been rolled
-        back; a queued promotion without one takes every unanalysed page of its segment)."""
+        """Drop the credits not yet written: they name slots of an arena being replaced."""
         with self._buffers:
             self._visits, self._flagged = [], []
-        self._claims.clear()
 
     def pending_marks(self) -> int:
         """Credited pairs not yet written (for stats)."""
@@ -205,7 +205,7 @@ class Heat:
             "VALUES (?, 'promote', ?, ?) ON CONFLICT DO NOTHING",
             [(u.user_id, sid, t) for u, sid in zip(owners, sids, strict=True)],
         )
-        self.claim(sids, [u.chain_tail for u in owners])
+        self.claim(db, sids, [u.chain_tail for u in owners])
         return int(rows.size)
 
     def reset(self, db: Any, uslots: np.ndarray, slots: np.ndarray, segment_ids: list[int]) -> None:
@@ -227,21 +227,45 @@ class Heat:
         )
 
     # ---------------------------------------------------------------- claims (engine lock)
-    def claim(self, segment_ids: Iterable[int], upto: Iterable[int | None]) -> None:
+    def claim(self, db: Any, segment_ids: Sequence[int], upto: Sequence[int | None]) -> None:
         """Record claims on segments' pages up to page ids ``upto`` (None: all, when the
-        promotion runs) for their queued promotions."""
-        for sid, last in zip(segment_ids, upto, strict=True):
-            self._claims.setdefault(int(sid), []).append((next(self._claim_order), last))
+        promotion runs) for their queued promotions, in the transaction ``db`` that queues
+        them: both are committed, or neither."""
+        if not len(segment_ids):
+            return
+        if self._claim_order is None:
+            top = db.execute("SELECT COALESCE(MAX(claim_order), 0) FROM claims").fetchone()[0]
+            self._claim_order = int(top) + 1
+        first = self._claim_order
+        self._claim_order += len(segment_ids)  # a rolled-back claim leaves a gap, no reuse
+        db.executemany(
+            "INSERT INTO claims(segment_id, claim_order, upto) VALUES (?, ?, ?)",
+            [
+                (int(sid), first + i, None if last is None else int(last))
+                for i, (sid, last) in enumerate(zip(segment_ids, upto, strict=True))
+            ],
+        )
 
     def claims(self, segment_ids: Sequence[int]) -> list[list[Claim]]:
-        """The claims on each queued segment, oldest first. Claims on segments not queued any
-        more are dropped: their pending row went with the segment (evicted) or its user."""
-        queued = set(segment_ids)
-        for sid in [k for k in self._claims if k not in queued]:
-            del self._claims[sid]
-        return [self._claims.get(sid, []) for sid in segment_ids]
+        """The claims on each queued segment, oldest first (one query). A segment's claims go
+        with it (evicted, its user deleted: the rows cascade) or with its promotion
+        (:meth:`release`)."""
+        if not segment_ids:
+            return []
+        made: dict[int, list[Claim]] = {}
+        ids = list(dict.fromkeys(int(x) for x in segment_ids))
+        for at in range(0, len(ids), CLAIM_READ_CHUNK):
+            chunk = ids[at : at + CLAIM_READ_CHUNK]
+            for sid, order, upto in self._s.store.query(
+                "SELECT segment_id, claim_order, upto FROM claims "
+                f"WHERE segment_id IN ({','.join('?' * len(chunk))})",
+                chunk,
+            ):
+                made.setdefault(int(sid), []).append((int(order), upto))
+        for rows in made.values():
+            rows.sort()
+        return [made.get(int(sid), []) for sid in segment_ids]
 
-    def release(self, segment_ids: Iterable[int]) -> None:
-        """Forget the claims of promotions applied (or gone)."""
-        for sid in segment_ids:
-            self._claims.pop(int(sid), None)
+    def release(self, db: Any, segment_ids: Iterable[int]) -> None:
+        """Delete the claims of promotions applied (or gone), in their transaction ``db``."""
+        db.executemany("DELETE FROM claims WHERE segment_id = ?", [(int(x),) for x in segment_ids])

@@ -230,7 +230,9 @@ class LongTerm:
         db.executemany(
             "DELETE FROM pending WHERE work_id = ?", [(read.items[i][0],) for i in taken]
         )
-        self._heat.release(read.items[i][2] for i in np.flatnonzero(current | ~queued).tolist())
+        self._heat.release(
+            db, (read.items[i][2] for i in np.flatnonzero(current | ~queued).tolist())
+        )
         new_profiles = self._merge_profiles(db, read, outcomes, done)
         db.executemany(
             "UPDATE pages SET analysed = 1 WHERE page_id = ?",
@@ -357,7 +359,7 @@ class LongTerm:
                 "VALUES (?, 'promote', ?, ?) ON CONFLICT DO NOTHING",
                 [(user_id, sid, time.time()) for sid in sids],
             )
-        self._heat.claim(sids, [None] * len(sids))
+            self._heat.claim(db, sids, [None] * len(sids))
 
     # ---------------------------------------------------------------- reads
     def profile(self, user_id: str) -> dict[str, str]:

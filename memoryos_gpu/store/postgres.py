@@ -228,6 +228,14 @@ DROP INDEX pages_unanalysed;
 CREATE INDEX pages_unanalysed ON pages(segment_id, seg_pos)
   WHERE analysed = 0 AND segment_id IS NOT NULL
 """,  # sqlite.MIGRATIONS[5]: embeddings and term rows out of the page rows
+    6: """
+CREATE TABLE claims(
+  segment_id BIGINT NOT NULL REFERENCES segments(segment_id) ON DELETE CASCADE,
+  claim_order BIGINT NOT NULL,
+  upto BIGINT,
+  PRIMARY KEY (segment_id, claim_order)
+)
+""",  # sqlite.MIGRATIONS[6]: promotion claims in the store
 }
 
 #: The key column that stands for SQLite's ``rowid`` in tables whose INTEGER PRIMARY KEY is

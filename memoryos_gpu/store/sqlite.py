@@ -40,7 +40,7 @@ from memoryos_gpu.store.wal import BACKSTOP_PAGES, WalCheckpointer
 
 log = logging.getLogger("memoryos_gpu.store")
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 SYNCHRONOUS = "FULL"  # an acknowledged page survives power loss, not only a process crash
 
 #: The tables whose new rows take their ids from :meth:`SQLiteStore.new_ids`, and the id column.
@@ -296,6 +296,7 @@ _REQUIRED_TABLES = frozenset(
         "provenance",
         "chains",
         "page_vectors",
+        "claims",
     }
 )
 
@@ -398,6 +399,20 @@ CREATE INDEX pages_chain ON pages(chain_id) WHERE chain_id IS NOT NULL;
 DROP INDEX pages_unanalysed;
 CREATE INDEX pages_unanalysed ON pages(segment_id, seg_pos)
   WHERE analysed = 0 AND segment_id IS NOT NULL
+""",
+    # 6 -> 7: promotion claims (memoryos_gpu/engine/heat.py) in the store: the wave that makes
+    # a segment hot claims its pages up to its own (``upto``; NULL: every unanalysed page), in
+    # the wave's transaction, and the promotion deletes them in its own. Held only in memory
+    # before, a crash between the two made the resumed promotion take every unanalysed page,
+    # later ones included, and merged a segment's queued promotions into one. Older stores
+    # start without claims: their queued promotions take every page, as they did.
+    6: """
+CREATE TABLE claims(
+  segment_id INTEGER NOT NULL REFERENCES segments(segment_id) ON DELETE CASCADE,
+  claim_order INTEGER NOT NULL,
+  upto INTEGER,
+  PRIMARY KEY (segment_id, claim_order)
+) WITHOUT ROWID
 """,
 }
 
