@@ -574,8 +574,14 @@ def _kw_blob(row: np.ndarray) -> bytes:
 
 
 def _merge_summary(old: str, new: str, cap: int) -> str:
-    """A segment's summary: its pages' topic summaries, newest last, capped at ``cap`` chars."""
+    """A segment's summary: its pages' topic summaries, newest last, capped at ``cap`` chars.
+    The oldest words go first, whole: a summary never opens mid-word (nor on a separator)."""
     if not new or new in old:
         return old
     merged = f"{old} | {new}" if old else new
-    return merged if len(merged) <= cap else merged[-cap:]
+    if len(merged) <= cap:
+        return merged
+    tail = merged[-cap:]
+    if merged[-cap - 1] != " " and " " in tail:  # the cut fell inside a word: drop its rest
+        tail = tail[tail.index(" ") + 1 :]
+    return tail.lstrip(" |")
