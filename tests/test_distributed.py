@@ -250,6 +250,29 @@ def test_sharded_engine_reopens_and_isolates(backend, tmp_path):
         assert len(eng.users()) == len(before) - 1
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_shard_without_segments_reopens(backend, tmp_path):
+    """One shard's users have MTM segments, the other shard's none yet: on a shared store the
+    second shard's view of a chunk of MTM pages is empty, which was read as "an MTM page names
+    a missing segment; the store is corrupt" (every sharded open, ``serve --ray`` and a resumed
+    ``ingest --ray`` failed until a shard got a segment)."""
+    from memoryos_gpu.ingest import shard_of
+
+    store = store_for(backend, tmp_path)
+    a = next(f"u{i}" for i in range(100) if shard_of(f"u{i}", 2) == 0)
+    b = next(f"u{i}" for i in range(100) if shard_of(f"u{i}", 2) == 1)
+    with ShardedEngine(engine_config(store), shards=2) as eng:
+        for i in range(12):  # past the STM: segments for a
+            eng.add(a, f"I went hiking on trail {i} near the lake", "Nice hike.")
+        eng.add(b, "hello there", "hi")  # b: one page, still in STM
+        eng.flush()
+        segments = [len(eng.export_user(u)["segments"]) for u in (a, b)]
+    assert segments[0] > 0 and segments[1] == 0
+    with ShardedEngine(engine_config(store), shards=2) as eng:
+        assert [len(eng.export_user(u)["segments"]) for u in (a, b)] == segments
+        assert eng.retrieve(a, "hiking").all_pages()
+
+
 def _assistant_script(req: Any) -> Any:
     """A scripted LLM whose promotions find one assistant fact per promoted segment."""
     content = req.messages[-1]["content"]

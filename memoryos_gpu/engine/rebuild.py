@@ -145,6 +145,8 @@ class Rebuild:
         """Stream MTM pages into their segments' blocks, each at its stored position."""
         s = self._s
         for c in s.store.iter_mtm_pages(s.embedder.dim):
+            if not c["segment_id"].size:  # a shard's view of a chunk of other shards' pages
+                continue
             idx = np.searchsorted(seg_ids, c["segment_id"])
             idx = np.minimum(idx, max(seg_ids.size - 1, 0))
             if not seg_ids.size or (seg_ids[idx] != c["segment_id"]).any():
