@@ -17,6 +17,11 @@
 A replica that dies is restarted by Serve and reopens its shard from the store: acknowledged
 pages are there, queued derived work resumes. Requests to its users fail (503) meanwhile.
 
+**Shutdown** (:func:`finish_app`, before the application is deleted): the router refuses new
+requests, the shards drain and finish derived work, one last exchange, then each shard saves
+its keyword statistics and closes its store. A replica stopped without it (``serve delete``)
+closes itself in Serve's shutdown hook, without the last exchange.
+
 Run it: ``memoryos-gpu serve --ray --shards N --store DIR`` (local Ray, or $RAY_ADDRESS), or
 ``serve run deploy/ray-serve.yaml`` (see that file), whose import path is :func:`app_builder`.
 """
@@ -60,6 +65,7 @@ __all__ = [
     "add_by_shard",
     "app_builder",
     "build_app",
+    "finish_app",
     "run",
 ]
 
@@ -67,6 +73,7 @@ log = logging.getLogger("memoryos_gpu.server")
 APP_NAME = "memoryos"
 DEFAULT_SYNC_S = 2.0
 REPLICA_CONCURRENCY = 1024  # requests a replica takes at once: micro-batches form inside it
+SHUTDOWN_S = 120.0  # how long Serve lets a shard replica close before it kills it
 
 
 # ============================================================================ shard replica
@@ -81,10 +88,15 @@ class ShardReplica:
 
         cfg = EngineConfig.model_validate({**config, "auto_process": False})
         self.shard, self.count = shard, count
+        # the replica closes the engine itself (close()): the router's last exchange of keyword
+        # statistics and facts comes between the service's end and the engine's
         self.service = MemoryService(
-            lambda: ShardEngine(cfg, shard=shard, count=count), ServerSettings(**settings)
+            lambda: ShardEngine(cfg, shard=shard, count=count),
+            ServerSettings(**{**settings, "close_engine": False}),
         )
         self._starting: asyncio.Lock | None = None
+        self._finishing: asyncio.Future | None = None
+        self._closing: asyncio.Future | None = None
 
     async def _ready(self) -> Any:
         if self.service.state == "created":
@@ -105,6 +117,52 @@ class ShardReplica:
     def check_health(self) -> None:
         if self.service.state == "failed":
             raise RuntimeError(f"shard {self.shard}: {self.service.error}")
+
+    # ------------------------------------------------------------------ shutdown
+    async def finish(self) -> None:
+        """Stop taking requests, drain the queues and finish derived work (the service's
+        close); the engine stays open for the router's last exchange
+        (:meth:`RouterService.finish_shards`), then :meth:`close` closes it. Idempotent:
+        a second caller waits for the first."""
+        if self._finishing is None:
+            self._finishing = asyncio.ensure_future(self.service.close())
+        await asyncio.shield(self._finishing)
+
+    async def close(self) -> None:
+        """:meth:`finish`, then close the engine: buffered heat written, keyword statistics
+        saved (without that, a reopened shard would lack the other shards' pages of the run),
+        the store closed. Idempotent."""
+        await self.finish()
+        if self._closing is None:
+            engine = self.service.engine
+            done = asyncio.sleep(0) if engine is None else asyncio.to_thread(engine.close)
+            self._closing = asyncio.ensure_future(done)
+        await asyncio.shield(self._closing)
+
+    async def __del__(self) -> None:
+        """Serve's shutdown hook (awaited once, when the replica stops): :meth:`close`. Under
+        ``serve --ray`` the router has done it already, with a last exchange before it
+        (:func:`finish_app`); under ``serve run`` / ``serve delete`` this is the only close,
+        and the statistics saved are those of the last periodic sync."""
+        try:
+            await self.close()
+        except Exception:
+            log.exception("shard %d did not close cleanly", self.shard)
+
+    async def _final_call(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """An engine method by name once :meth:`finish` ran (the router's last exchange): on a
+        thread of its own, the service's executors being gone."""
+        try:
+            return await asyncio.to_thread(self._target(name), *args, **kwargs)
+        except Exception as exc:
+            return BoxedError.of(exc)
+
+    def _target(self, name: str) -> Any:
+        """The engine's method ``name`` (``store.x``: the store's)."""
+        target = self.service.engine
+        for part in name.split("."):
+            target = getattr(target, part)
+        return target
 
     async def add_pages(self, pages: list[PageInput]) -> list[AddResult] | BoxedError:
         return await self._boxed(self.service.add_pages, pages)
@@ -129,13 +187,14 @@ class ShardReplica:
         return await self._boxed(go)
 
     async def call(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-        """An engine method by name (``store.x`` for the store), on the service's executor."""
+        """An engine method by name (``store.x`` for the store), on the service's executor
+        (on a thread of its own after :meth:`finish`: the router's last exchange)."""
+        if self._finishing is not None:
+            await asyncio.shield(self._finishing)
+            return await self._final_call(name, args, kwargs)
 
         async def go() -> Any:
-            target = self.service.engine
-            for part in name.split("."):
-                target = getattr(target, part)
-            return await self.service.call(target, *args, **kwargs)
+            return await self.service.call(self._target(name), *args, **kwargs)
 
         return await self._boxed(go)
 
@@ -327,12 +386,55 @@ class RouterService(RetrievalBodies):
             await self._loading
         self.state = "closing"
         if self._task is not None:  # a syncing router syncs a last time
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await self._stop_sync_loop()
             with contextlib.suppress(Exception):
                 await self.sync()
         self.state = "closed"
+
+    async def finish_shards(self) -> dict[str, int]:
+        """The orderly end of a serving run (:func:`finish_app`): refuse new requests (503),
+        stop the sync loop, let every shard drain its queues and finish its derived work,
+        exchange keyword statistics and assistant facts a last time, then have every shard save
+        and close its engine. Why here and not in each replica's shutdown hook: Serve stops an
+        application's deployments all at once, so a shard closing on its own saves keyword
+        statistics without the other shards' latest pages, and facts found by its last derived
+        work never reach their owners. A shard that fails a step is logged; the others go on."""
+        if self.state in ("closing", "closed"):
+            return {}
+        if self._loading is not None and not self._loading.done():
+            await self._loading
+        self.state = "closing"
+        await self._stop_sync_loop()
+        out: dict[str, int] = {}
+        async with self._exchange_lock():  # a sync or a change across shards finishes first
+            finished = await self._each("finish")
+            if all(finished):
+                try:
+                    out = await self._sync()
+                except Exception:
+                    log.exception("the shards' last exchange failed")
+            else:
+                log.error("not every shard finished: no last exchange (see above)")
+            await self._each("close")
+        self.state = "closed"
+        return out
+
+    async def _each(self, method: str) -> list[bool]:
+        """``method()`` on every shard at once; whether each succeeded (failures logged)."""
+        res = await asyncio.gather(
+            *(self.ask(i, method) for i in self._shards), return_exceptions=True
+        )
+        for i, r in enumerate(res):
+            if isinstance(r, BaseException):
+                log.error("shard %d: %s failed: %s: %s", i, method, type(r).__name__, r)
+        return [not isinstance(r, BaseException) for r in res]
+
+    async def _stop_sync_loop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
 
     async def _sync_loop(self) -> None:
         while True:
@@ -597,11 +699,19 @@ class Router:
         self.api_keys = api_keys
         self.settings = ServerSettings(**settings)
         self.sync_interval_s = sync_interval_s
+        self.service: RouterService | None = None
+
+    async def finish(self) -> dict[str, int]:
+        """The shards' orderly end (:meth:`RouterService.finish_shards`), asked by
+        :func:`finish_app` through a handle before the application is deleted."""
+        if self.service is None:
+            return {}
+        return await self.service.finish_shards()
 
     def __serve_build_asgi_app__(self) -> Any:
         from memoryos_gpu.server.app import create_app
 
-        service = RouterService(
+        service = self.service = RouterService(
             self.shards, self.config, self.settings, sync_interval_s=self.sync_interval_s
         )
         return create_app(
@@ -637,6 +747,8 @@ def build_app(
         max_ongoing_requests=REPLICA_CONCURRENCY,
         ray_actor_options=res.options(),
         health_check_period_s=5,
+        # a replica stopped on its own (serve delete) drains and finishes derived work first
+        graceful_shutdown_timeout_s=SHUTDOWN_S,
     )
     parts = [
         replica.options(name=f"shard-{i}").bind(
@@ -705,8 +817,9 @@ def run(
     **kw: Any,
 ) -> None:
     """Start the application on Ray Serve (local Ray, or ``address`` / $RAY_ADDRESS) and, with
-    ``blocking``, serve until Ctrl-C, then shut the application down (replicas drain their
-    queues and finish derived work as they stop)."""
+    ``blocking``, serve until Ctrl-C or SIGTERM, then shut the application down: the shards
+    drain their queues, finish derived work, exchange keyword statistics and facts a last time,
+    save and close their stores (:func:`finish_app`), then the application is deleted."""
     ensure_ray(address)
     serve = _serve()
     serve.start(http_options={"host": host, "port": int(port)})
@@ -722,5 +835,24 @@ def run(
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
-    finally:
-        serve.delete(APP_NAME)
+    finally:  # Ctrl-C, or SIGTERM (Ray's handler in the driver raises SystemExit)
+        try:
+            finish_app(serve)
+        finally:
+            serve.delete(APP_NAME)
+
+
+def finish_app(serve: Any) -> None:
+    """Before the application is deleted: the router drains the shards, exchanges keyword
+    statistics and facts a last time, and has every shard save and close its engine
+    (:meth:`RouterService.finish_shards`). A second Ctrl-C stops waiting (each replica then
+    closes on its own as Serve stops it, without the last exchange)."""
+    log.warning("stopping: the shards finish their queues and derived work, then save")
+    try:
+        done = serve.get_app_handle(APP_NAME).finish.remote().result()
+    except KeyboardInterrupt:
+        log.warning("second Ctrl-C: the shards close without a last exchange")
+    except Exception:
+        log.exception("the shards' orderly end failed; each closes on its own as it stops")
+    else:
+        log.warning("shards closed (last exchange: %s)", done)

@@ -524,6 +524,42 @@ class _Connection(_PsycopgConnection):  # type: ignore[misc, valid-type]
             ) from None
 
 
+class _ConnectFailures:
+    """The last error met opening a pooled connection, and when (``monotonic()``).
+
+    Why: psycopg_pool opens connections in its background workers and only logs why one failed;
+    a caller waiting for a connection then gets a bare ``PoolTimeout``, which cannot tell a
+    server that refuses connections (``too many connections for role``, a database not
+    accepting them) from a busy pool. The store's timeout message names this error instead."""
+
+    def __init__(self) -> None:
+        self.text: str | None = None
+        self.at = 0.0
+
+    def note(self, exc: BaseException) -> None:
+        self.text, self.at = " ".join(str(exc).split()), monotonic()
+
+    def within(self, seconds: float) -> str | None:
+        """The last error, if it was met in the last ``seconds`` (during a caller's wait)."""
+        return self.text if self.text and monotonic() - self.at <= seconds else None
+
+
+def _noting_failures(failures: _ConnectFailures) -> type:
+    """A :class:`_Connection` class whose ``connect`` notes its errors in ``failures`` (one
+    class per store: the pool makes its connections from a class, not from a function)."""
+
+    class _PooledConnection(_Connection):
+        @classmethod
+        def connect(cls, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().connect(*args, **kwargs)
+            except psycopg.Error as exc:
+                failures.note(exc)
+                raise
+
+    return _PooledConnection
+
+
 class PgConnection:
     """sqlite3.Connection's ``execute``/``executemany`` over one psycopg connection.
 
@@ -629,12 +665,14 @@ class PostgresStore(SQLiteStore):
                 f"store {self.path} uses server encoding {encoding}; memoryos-gpu needs a UTF8 "
                 "database (CREATE DATABASE ... ENCODING 'UTF8')"
             )
+        #: why the pool last failed to open a connection (named when a caller times out)
+        self._connect_failures = _ConnectFailures()
         self._pool = ConnectionPool(
             url,
             min_size=1,
             max_size=max(2, pool_size),  # opening holds one for the lock, one to work
             kwargs={"autocommit": True, **self.connect_kwargs},
-            connection_class=_Connection,
+            connection_class=_noting_failures(self._connect_failures),
             configure=functools.partial(_set_limit, limit=limit),
             name="memoryos-gpu",
             timeout=30.0,
@@ -650,6 +688,7 @@ class PostgresStore(SQLiteStore):
             self._pool.close()
             raise StoreUnavailableError(
                 f"cannot connect to store {self.path}: no connection within {connect_timeout} s"
+                f"{self._refused(connect_timeout)}"
             ) from None
         self._closed = False
         try:
@@ -668,7 +707,22 @@ class PostgresStore(SQLiteStore):
                 f"{self.path} is not a usable memoryos-gpu store: {self._clean(exc)}"
             ) from None
 
-    def _clean(self, exc: BaseException) -> str:
+    def _refused(self, seconds: float) -> str:
+        """``": opening one failed: <the server's words>"``: why no pooled connection came
+        within ``seconds`` when the pool met an error opening one meanwhile (the server refused
+        it: too many connections, ...); else ``""``."""
+        cause = self._connect_failures.within(seconds)
+        if cause is None:
+            return ""
+        text = f": opening one failed: {self._clean(cause)}"
+        if "too many connections" in cause:
+            text += (
+                " (the role's or the server's connection limit is reached: run fewer shards or "
+                "processes on this store, or raise the limit)"
+            )
+        return text
+
+    def _clean(self, exc: BaseException | str) -> str:
         """An error's text without the URL's password, should a driver ever echo it."""
         text = " ".join(str(exc).split())  # libpq's messages span lines: one line per error
         for secret in self._secrets:
@@ -704,9 +758,13 @@ class PostgresStore(SQLiteStore):
         if psycopg is None:
             return None
         if isinstance(exc, PoolTimeout):
+            seconds = self._pool.timeout
             return StoreUnavailableError(
-                f"no connection to store {self.path} within {self._pool.timeout:g} s (server "
-                "down or unreachable, or every pooled connection busy)"
+                f"no connection to store {self.path} within {seconds:g} s"
+                + (
+                    self._refused(seconds)
+                    or " (server down or unreachable, or every pooled connection busy)"
+                )
             )
         if not isinstance(exc, psycopg.Error):
             return None
