@@ -556,7 +556,8 @@ def ingest(
         Pages per ``add_many`` call, across users.
     rejects_path:
         JSONL file of rejected items (``file``, ``line``, ``reason``, ``raw``, ``stage``,
-        ``source``); truncated at the start of the run. ``None``: not written.
+        ``source``); truncated at the start of the run, each row flushed as it is rejected
+        (a killed run's file lists what it rejected). ``None``: not written.
     rejects_raw:
         Whether each rejects-file row holds the record's content (``raw``). False: where
         (``file``, ``line``, ``source``) and why only; ``memoryos-gpu ingest`` passes it for
@@ -578,7 +579,8 @@ def ingest(
         concurrent forward passes just oversubscribe the cores.
     stop_event, handle_sigint:
         Setting ``stop_event`` (or SIGINT, SIGTERM, SIGHUP when ``handle_sigint`` and in the main
-        thread; a second SIGINT aborts) ends the run after the batch in flight.
+        thread; a SIGINT after any of them aborts, a repeated SIGTERM or SIGHUP does not)
+        ends the run after the batch in flight.
     reject_log, reject_log_limit:
         Where each reject is reported as ``file:line: rejected: reason`` (default stderr) and
         how many such lines at most (the rejects file holds all of them).
@@ -648,6 +650,9 @@ def ingest(
         reasons[_reason_kind(row.reason)] += 1
         if rejects_file is not None:
             rejects_file.write(row.as_json(raw=rejects_raw))
+            # in the file (the OS's) at once: a run killed outright (SIGKILL, OOM) after a
+            # batch was acknowledged lists that batch's rejects; buffered, they were lost
+            rejects_file.flush()
         if logged < reject_log_limit:
             display.log(log, row.message())
         elif logged == reject_log_limit:
@@ -669,13 +674,18 @@ def ingest(
             return add(items[:mid]) + add(items[mid:])
 
     old_handlers: dict[int, Any] = {}
-    sigints = 0
 
     def on_sigint(signum: int, frame: Any) -> None:
-        nonlocal sigints
-        sigints += 1
-        if sigints > 1:
-            raise KeyboardInterrupt
+        """The first stop signal: finish the batch in flight, then stop. After it only Ctrl-C
+        aborts (KeyboardInterrupt, wherever the main thread is); a repeated SIGTERM or SIGHUP
+        is the same request again: the kernel sends a shard process of ``ingest --workers``
+        its parent-death SIGTERM once per thread of the dying parent
+        (:mod:`memoryos_gpu.parent_death`), and taking the second for an abort interrupted
+        the very write the first had promised to finish."""
+        if report.stop_signal is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
         report.stop_signal = signum
         stop.set()
         display.log(

@@ -256,6 +256,32 @@ def test_rekey_failing_before_the_rename_leaves_the_store_as_it_was(
     assert not Path(f"{store}.rekey-tmp").exists()
 
 
+def test_the_copy_of_a_rekey_that_died_is_removed_by_the_next_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rekey that dies before its rename (here: the rename fails, leaving what SIGKILL
+    there leaves: the complete copy, plus the journal a kill during the copy leaves) used to
+    leave them until a rerun of rekey. An engine opening the store for writing removes them;
+    the store is the one it was, under its old key."""
+    store = tmp_path / "s.sqlite3"
+    fill(store, KEY)
+    before = _pages(store, KEY)
+
+    def killed(*_: object) -> None:
+        raise OSError("killed")
+
+    with monkeypatch.context() as m:
+        m.setattr(enc.os, "replace", killed)
+        with pytest.raises(OSError, match="killed"):
+            enc.rekey(store, SecretStr(KEY), SecretStr("new"))
+    copy, journal = Path(f"{store}.rekey-tmp"), Path(f"{store}.rekey-tmp-journal")
+    journal.write_bytes(b"\0" * 512)
+    assert copy.stat().st_size > 0
+    MemoryEngine(config(store, KEY)).close()
+    assert not copy.exists() and not journal.exists()
+    assert _pages(store, KEY) == before
+
+
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("MEMORYOS_GPU_")}
     full.update({"MEMORYOS_GPU_EMBEDDER": "hashing", **env})

@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import shutil
+import signal
 import threading
 from pathlib import Path
 
@@ -187,6 +188,31 @@ def test_rejects_file_and_engine_validation(tmp_path):
     assert sum(rep.reject_reasons.values()) == 4
 
 
+def test_each_reject_is_in_the_file_once_its_batch_is_acknowledged(tmp_path):
+    """A run killed outright (SIGKILL, the OOM killer) lists in its rejects file what it
+    rejected up to its last acknowledged batch: each row reaches the file as it is rejected.
+    Read here from another open of the file right after the batch (the run still going, the
+    file not closed): before, the rows sat in the writer's buffer until the run ended, and a
+    killed run left an empty file although it had reported the rejects."""
+    rows = [json.dumps(r) for r in synthetic(users=2, per_user=4)]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join([*rows[:2], "{not json", *rows[2:]]) + "\n", encoding="utf-8")
+    rejects = tmp_path / "rejects.jsonl"
+    seen: list[str] = []
+    with MemoryEngine(cfg()) as engine:
+        rep = ingest(
+            [path],
+            engine,
+            rejects_path=rejects,
+            progress=False,
+            batch_size=4,
+            reject_log=io.StringIO(),
+            on_batch=lambda _: seen.append(rejects.read_text(encoding="utf-8")),
+        )
+    assert (rep.accepted, rep.rejected, rep.batches) == (8, 1, 2)
+    assert [json.loads(x)["line"] for x in seen[0].splitlines()] == [3]
+
+
 class _PickyEngine(MemoryEngine):
     """An engine refusing pages only inside add_many (no per-record pre-validation)."""
 
@@ -230,6 +256,49 @@ def test_stop_event_finishes_the_batch_and_resumes(tmp_path):
         got = page_rows(engine)
         assert len(got) == 200 and len({r[3] for r in got}) == 200
         assert engine.store.count_pending() == 0
+
+
+def _signalling_add_many(engine: MemoryEngine, signals: list[int]) -> None:
+    """Make ``engine.add_many`` receive ``signals`` (their handlers run at once, in this
+    thread) before it writes: signals that arrive while a batch is in flight."""
+    real = engine.add_many
+
+    def add_many(pages):
+        for sig in signals:
+            signal.raise_signal(sig)
+        return real(pages)
+
+    engine.add_many = add_many
+
+
+def test_a_repeated_sigterm_still_finishes_the_batch_in_flight(tmp_path):
+    """The kernel sends a shard process of ``ingest --workers`` whose parent was SIGKILLed its
+    parent-death SIGTERM once per thread of the parent (memoryos_gpu/parent_death.py). The
+    first asks to finish the batch in flight; the repeats must not abort it (they did: the
+    second raised KeyboardInterrupt inside the write, which rolled back, and the shard logged
+    "an apply failed halfway" next to "SIGTERM: finishing the batch in flight")."""
+    path = write_jsonl(tmp_path / "in.jsonl", synthetic(users=4, per_user=5))
+    with MemoryEngine(cfg()) as engine:
+        _signalling_add_many(engine, [signal.SIGTERM] * 3)
+        try:
+            rep = ingest([path], engine, progress=False, batch_size=5, handle_sigint=True)
+        except KeyboardInterrupt:
+            pytest.fail("a repeated SIGTERM aborted the batch in flight")
+        assert rep.interrupted and rep.stop_signal == signal.SIGTERM and rep.exit_code == 143
+        assert rep.accepted == 5 == len(page_rows(engine))
+
+
+def test_ctrl_c_after_a_sigterm_still_aborts(tmp_path):
+    """Only a repeated stop that is Ctrl-C aborts at once (docs/cli.md): nothing of the batch
+    in flight is written."""
+    path = write_jsonl(tmp_path / "in.jsonl", synthetic(users=4, per_user=5))
+    before = signal.getsignal(signal.SIGTERM)
+    with MemoryEngine(cfg()) as engine:
+        _signalling_add_many(engine, [signal.SIGTERM, signal.SIGINT])
+        with pytest.raises(KeyboardInterrupt):
+            ingest([path], engine, progress=False, batch_size=5, handle_sigint=True)
+        assert page_rows(engine) == []
+    assert signal.getsignal(signal.SIGTERM) is before  # the handlers were put back
 
 
 def test_process_defer_leaves_work_pending(tmp_path):

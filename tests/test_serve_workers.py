@@ -448,7 +448,7 @@ def test_a_status_request_lost_with_the_engine_does_not_hide_its_death(tmp_path:
         ctx = zmq.asyncio.Context()
         engine = ctx.socket(zmq.ROUTER)
         engine.bind(address)
-        pid = [1234]
+        pid = [os.getpid()]  # a running process: the worker takes a dead one's pid for none
         service = RemoteService(address, lambda: pid[0])
         await service.start(wait=False)
         try:
@@ -469,7 +469,7 @@ def test_a_status_request_lost_with_the_engine_does_not_hide_its_death(tmp_path:
                 assert time.monotonic() < t0 + 4, "still ready 4 s after the engine died"
                 await asyncio.sleep(0.005)
             noticed = time.monotonic() - t0
-            pid[0] = 5678  # the new engine: it has not answered anything yet
+            pid[0] = os.getppid()  # the new engine: it has not answered anything yet
             await asyncio.sleep(0.3)
             return noticed, service.ready
         finally:
@@ -515,7 +515,7 @@ def test_a_request_is_not_refused_for_the_workers_older_view(tmp_path: Path) -> 
                 await engine.send_multipart([ident, dump(out)])
 
         server = asyncio.get_running_loop().create_task(answer())
-        service = RemoteService(address, lambda: 1234)
+        service = RemoteService(address, os.getpid)  # a running "engine process"
         await service.start(wait=False)
         try:
             while "status" not in asked:
@@ -536,6 +536,64 @@ def test_a_request_is_not_refused_for_the_workers_older_view(tmp_path: Path) -> 
     got, asked = asyncio.run(go())
     assert [(r.page_id, r.user_id) for r in got] == [(7, "u")]
     assert asked[0] == "status" and "add_pages" in asked
+
+
+def test_an_engine_gone_while_its_pid_is_still_published_fails_what_waits(tmp_path: Path) -> None:
+    """A supervisor killed by SIGKILL unpublishes nothing: its engine process stops (the
+    kernel's SIGTERM) while the workers still publish its pid. The worker sees the process
+    gone itself: the write waiting for its answer fails with EngineGone (503 + Retry-After)
+    and the worker reports not-ready, instead of the write waiting until the worker's own
+    graceful shutdown cancelled it (a 500)."""
+    import zmq
+    import zmq.asyncio
+
+    from memoryos_gpu.server.ipc import EngineGone, dump, load
+    from memoryos_gpu.server.remote_service import RemoteService
+    from memoryos_gpu.types import PageInput
+
+    engine_proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+
+    async def go() -> bool:
+        address = f"ipc://{tmp_path}/engine.sock"
+        ctx = zmq.asyncio.Context()
+        engine = ctx.socket(zmq.ROUTER)
+        engine.bind(address)
+        writes: list[int] = []
+
+        async def answer() -> None:  # status: ready; a write: never answered (it dies)
+            while True:
+                ident, payload = await engine.recv_multipart()
+                out = []
+                for rid, method, _args, _kw in load(payload):
+                    if method == "status":
+                        out.append((rid, True, {"state": "ready"}))
+                    else:
+                        writes.append(rid)
+                if out:
+                    await engine.send_multipart([ident, dump(out)])
+
+        server = asyncio.get_running_loop().create_task(answer())
+        service = RemoteService(address, lambda: engine_proc.pid)
+        await service.start(wait=True)
+        try:
+            write = asyncio.ensure_future(service.add_pages([PageInput("u", "hi")]))
+            while not writes:
+                await asyncio.sleep(0.01)
+            engine_proc.kill()  # its pid stays published: no supervisor to clear it
+            with pytest.raises(EngineGone):
+                await asyncio.wait_for(write, 30)
+            return service.ready
+        finally:
+            server.cancel()
+            await service.close()
+            engine.close(0)
+            ctx.term()
+
+    try:
+        assert asyncio.run(go()) is False
+    finally:
+        engine_proc.kill()
+        engine_proc.wait()
 
 
 def test_an_engine_error_fails_only_its_request_in_a_batch_of_answers(tmp_path: Path) -> None:
@@ -613,3 +671,42 @@ def test_sigterm_drains_and_stops_every_process(tmp_path: Path) -> None:
         assert eng.pending_count() == 0  # the derived work was finished before the store closed
     finally:
         eng.close()
+
+
+def _wait_gone(pids: list[int], within: float) -> list[int]:
+    """Poll until none of ``pids`` runs or ``within`` seconds passed; those still running are
+    SIGKILLed (no orphan outlives the test) and returned."""
+    deadline = time.monotonic() + within
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in pids if _alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    return left
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_sigkill_of_the_supervisor_stops_its_processes_and_frees_the_store(
+    tmp_path: Path,
+) -> None:
+    """The supervisor killed outright (SIGKILL: no shutdown of its own) under a write load: the
+    engine process and the worker get SIGTERM from the kernel and stop as on a normal
+    shutdown, so a new ``serve`` on the same store opens it (before, they were reparented to
+    PID 1, kept answering on the old port and kept the store's writer claim: the new server's
+    engine was refused with StoreLockedError), and every write acknowledged before is there."""
+    s = Supervised(tmp_path / "store", tmp_path / "server.log", workers=1, **UNLIMITED)
+    try:
+        s.wait_ready()
+        children = s.pids("engine process") + s.pids("HTTP worker 0")
+        res = _under_load(s.base, s.proc.kill, seconds=1.0)
+        s.proc.wait(30)
+        left = _wait_gone(children, within=90)  # generous: each drains and closes first
+        assert not left, f"orphans {left} still running:\n{s.log.read_text()[-3000:]}"
+    finally:
+        s.stop()
+    again = Supervised(tmp_path / "store", tmp_path / "server2.log", workers=1, **UNLIMITED)
+    try:
+        again.wait_ready()
+        _assert_stored(again.base, res["acked"])
+    finally:
+        assert again.stop() == 0, again.log.read_text()[-3000:]

@@ -192,6 +192,26 @@ def test_sqlite_lock_file_and_its_record(tmp_path: Path) -> None:
     open_store(":memory:").close()
 
 
+def test_an_open_for_writing_removes_what_a_killed_rekey_left(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``rekey`` killed before its rename leaves its copy of the store (about the store's
+    size) and the copy's journal beside it; only a rerun of rekey removed them. Now the next
+    open for writing does, once it holds the claim (a running rekey holds it, so the copy
+    is a dead one's), and says so; a read-only open, which claims nothing, leaves them."""
+    db = tmp_path / "s" / "memory.sqlite3"
+    open_store(str(tmp_path / "s")).close()
+    leftovers = [Path(f"{db}.rekey-tmp"), Path(f"{db}.rekey-tmp-journal")]
+    for f in leftovers:
+        f.write_bytes(b"\0" * 4096)
+    open_store(str(tmp_path / "s"), writer=False).close()
+    assert all(f.exists() for f in leftovers)
+    with caplog.at_level("WARNING", logger="memoryos_gpu.store"):
+        open_store(str(tmp_path / "s")).close()
+    assert not any(f.exists() for f in leftovers)
+    assert "interrupted rekey" in caplog.text and "memory.sqlite3.rekey-tmp-journal" in caplog.text
+
+
 def test_holder_command_line_hides_secrets() -> None:
     line = command_line(
         [

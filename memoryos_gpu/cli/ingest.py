@@ -241,27 +241,20 @@ def ingest(
 
 # Set by ``ingest --workers`` in each shard process's environment: the parent's pid.
 _ENV_PARENT = "MEMORYOS_GPU_INGEST_PARENT"
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _die_with_parent() -> None:
     """In a shard process of ``ingest --workers``: be sent SIGTERM when the parent dies, even
-    by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere a no-op), so that no orphan keeps
-    writing (and holding) its shard's store. The children run in their own session (see
-    :func:`_ingest_workers`), so nothing else would stop them. A parent that died before the
-    prctl took effect is seen by the parent pid no longer being it: exit at once."""
-    parent = os.environ.pop(_ENV_PARENT, None)
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
+    by SIGKILL (:func:`memoryos_gpu.parent_death.die_with_parent`; Linux only), so that no
+    orphan keeps writing (and holding) its shard's store. The children run in their own
+    session (see :func:`_ingest_workers`), so nothing else would stop them. The SIGTERM is
+    the run's ordinary stop: the batch in flight finishes (the kernel may send it more than
+    once; only a repeated Ctrl-C aborts, :func:`memoryos_gpu.ingest.ingest`)."""
+    from memoryos_gpu.parent_death import die_with_parent
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError, ValueError):
-        return
-    if str(os.getppid()) != parent:
-        os._exit(128 + int(signal.SIGTERM))
+    parent = os.environ.pop(_ENV_PARENT, None)
+    if parent and parent.isdigit():
+        die_with_parent(int(parent))
 
 
 def _raw_rejects(cfg: Any, rejects_path: str | None) -> bool:

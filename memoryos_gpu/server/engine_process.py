@@ -12,7 +12,9 @@ passes: an add is answered after its commit; ``wait_for_user`` sees every worker
 writes of the user; the tenant write-queue shares and the queue bounds are global; SIGTERM
 (sent by the supervisor once the workers have stopped) drains every queue, finishes the derived
 work and closes the store. SIGINT is ignored: a Ctrl-C reaches the whole process group, and the
-engine must outlive the workers that are still answering their last requests.
+engine must outlive the workers that are still answering their last requests. The kernel sends
+the same SIGTERM if the supervisor dies without stopping it (SIGKILL;
+:mod:`memoryos_gpu.parent_death`), so no orphan keeps the store's writer claim.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import zmq
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.distributed.ray_common import BoxedError
+from memoryos_gpu.server.batching import Unavailable
 from memoryos_gpu.server.ipc import LoopSocket, dump, load
 from memoryos_gpu.server.scope import with_known
 from memoryos_gpu.server.service import MemoryService
@@ -46,7 +49,13 @@ def serve_engine(spec: dict[str, Any]) -> None:
     ``spec``: ``config`` (the :class:`EngineConfig` itself, its key included), ``settings``
     (ServerSettings fields), ``address`` (the ``ipc://`` endpoint to bind), ``log_level``,
     ``argv`` (the command line the store's writer lock shows), ``shard`` (``[i, K]`` with
-    ``--engines K``, else absent)."""
+    ``--engines K``, else absent), ``parent`` (the supervisor's pid: its death is a SIGTERM
+    here; absent: not watched). A SIGTERM before the event loop handles it ends the process
+    by default, which is harmless then: nothing is open yet."""
+    from memoryos_gpu.parent_death import die_with_parent
+
+    if spec.get("parent"):
+        die_with_parent(int(spec["parent"]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the store's writer lock records the command line: the server's, not multiprocessing's
     sys.argv = list(spec.get("argv") or sys.argv)
@@ -78,7 +87,7 @@ async def _serve(spec: dict[str, Any]) -> None:
     server.sock.start()
     await stop.wait()
     log.info("engine process: draining the queues and finishing derived work")
-    server.sock.pause()  # no new requests; the answers of those admitted still go out
+    server.refuse_new(service.settings.retry_after_s)  # those admitted are still answered
     await service.close()
     await server.finish()
     metrics.close()
@@ -126,6 +135,7 @@ class EngineServer:
         self.sock.sock.bind(address)
         self.tasks: set[asyncio.Task] = set()
         self.outbox: dict[bytes, list[tuple[int, bool, Any]]] = {}
+        self.refusal: BoxedError | None = None  # set by refuse_new: the answer to new requests
         s = service
         self.handlers: dict[str, Handler] = {
             "add_pages": s.add_pages,
@@ -139,9 +149,27 @@ class EngineServer:
             "status": self.status,
         }
 
+    def refuse_new(self, retry_after: int) -> None:
+        """From now on (the process is stopping) answer every request that arrives with
+        ``Unavailable`` (the worker's 503 + Retry-After) instead of starting it.
+
+        Why not stop reading: on a normal shutdown the workers have stopped before this
+        process is told to, but when the supervisor is killed outright the kernel stops the
+        workers and this process at once (:mod:`memoryos_gpu.parent_death`), and a request a
+        worker sent to an engine that no longer reads hung until the worker's graceful
+        shutdown gave up on it (a 500)."""
+        self.refusal = BoxedError.of(
+            Unavailable("the engine process is stopping; retry", retry_after)
+        )
+
     def on_message(self, frames: list[bytes]) -> None:
-        """One worker's message: its requests, each started at once (on the loop's thread)."""
+        """One worker's message: its requests, each started at once (on the loop's thread),
+        or each refused once the process is stopping (:meth:`refuse_new`)."""
         ident, payload = frames
+        if self.refusal is not None:
+            for request in load(payload):
+                self._post(ident, (request[0], False, self.refusal))
+            return
         loop = asyncio.get_running_loop()
         for request in load(payload):
             if request[1] == "retrieve_body":  # the hot path: no task of its own

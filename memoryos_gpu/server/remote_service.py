@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from memoryos_gpu.parent_death import running
 from memoryos_gpu.server.batching import check_state
 from memoryos_gpu.server.ipc import EngineClient, EngineGone
 from memoryos_gpu.server.settings import ServerSettings
@@ -132,7 +133,8 @@ class RemoteService:
         self.address = address
         self.settings = settings or ServerSettings()
         self.metrics = metrics
-        self._engine_pid = engine_pid
+        self._published_pid = engine_pid
+        self._gone = 0  # an engine process seen dead while its pid is still published
         self.client = EngineClient(address, self.settings.retry_after_s)
         self.engine = RemoteEngine(self)
         self._status: dict[str, Any] = {"state": "starting"}
@@ -144,6 +146,21 @@ class RemoteService:
         self._loop_thread: int | None = None
         self._restarting = False  # an engine process died; the next one is not ready yet
         self._confirming: asyncio.Future | None = None  # a status request ensure_ready awaits
+
+    def _engine_pid(self) -> int:
+        """The engine process's pid; 0 while none runs, also for one that died while its pid
+        is still published (:meth:`_note_death`)."""
+        pid = self._published_pid()
+        return 0 if pid == self._gone else pid
+
+    def _note_death(self) -> None:
+        """Take a published engine pid whose process is gone for no engine. The supervisor
+        unpublishes a dead engine itself, but not once it is dead too (SIGKILL): then its
+        engine process and this worker stop at once, and the requests this worker sends
+        after the engine has gone would wait out the graceful-shutdown timeout (500s)
+        instead of failing with 503 + Retry-After as when the engine dies alone."""
+        pid = self._published_pid()
+        self._gone = pid if pid and not running(pid) else 0  # a pid used again runs again
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, *, wait: bool = True) -> None:
@@ -182,6 +199,7 @@ class RemoteService:
         refreshing: asyncio.Task | None = None
         try:
             while True:
+                self._note_death()
                 pid = self._engine_pid()
                 if pid != seen:
                     if seen:

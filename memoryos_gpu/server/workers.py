@@ -23,7 +23,11 @@ process that dies is started again; meanwhile, and until it has reopened the sto
 worker answers 503 + Retry-After (``/ready`` too) and the requests in flight fail the same way
 (with K engines: the requests of that engine's users; the other shards' users are served).
 Shutdown (SIGTERM / Ctrl-C): the workers stop first (uvicorn answers what it has), then the
-engine process drains its queues, finishes the derived work and closes the store.
+engine process drains its queues, finishes the derived work and closes the store. A supervisor
+killed outright (SIGKILL, the OOM killer) runs no shutdown: each child is then sent SIGTERM by
+the kernel (Linux, :mod:`memoryos_gpu.parent_death`) and stops as above on its own (a worker
+answers what it has; the engine process drains, finishes and closes the store, giving up its
+writer claim), so a restarted ``serve`` finds the port and the store free.
 """
 
 from __future__ import annotations
@@ -96,7 +100,13 @@ def _listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
 
 # ============================================================================ worker process
 def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pids: list[Any]) -> None:
-    """Worker process entry point: the HTTP app over the engine process, on ``sock``."""
+    """Worker process entry point: the HTTP app over the engine process, on ``sock``. Stopped
+    by SIGTERM (uvicorn's graceful shutdown), also the one the kernel sends if the supervisor
+    (``spec["parent"]``) dies."""
+    from memoryos_gpu.parent_death import die_with_parent
+
+    if spec.get("parent"):  # first: an orphan must not go on serving the old port
+        die_with_parent(int(spec["parent"]))
     import uvicorn
 
     from memoryos_gpu.host_memory import freeze_long_lived
@@ -192,6 +202,7 @@ class Supervisor:
                 "address": address,
                 "log_level": log_level,
                 "argv": [*sys.argv, f"[engine process of pid {os.getpid()}]"],
+                "parent": os.getpid(),  # SIGTERM to it when this supervisor dies
                 **({"shard": [i, engines]} if engines > 1 else {}),
             }
             for i, address in enumerate(addresses)
@@ -204,6 +215,7 @@ class Supervisor:
             "limits_path": str(limits_path),
             "log_level": log_level,
             "graceful_timeout_s": graceful_timeout_s,
+            "parent": os.getpid(),
         }
         self.n_workers = workers
         self.graceful_timeout_s = graceful_timeout_s

@@ -32,12 +32,14 @@ from memoryos_gpu.store.sqlite import StoreError, StoreFullError, disk_full, ope
 __all__ = [
     "ENV_KEY",
     "ENV_NEW_KEY",
+    "REKEY_SUFFIX",
     "as_secret",
     "connect",
     "env_key",
     "file_state",
     "rekey",
     "rekey_all",
+    "remove_rekey_leftovers",
     "resolve_key",
 ]
 
@@ -45,6 +47,10 @@ __all__ = [
 ENV_KEY = "MEMORYOS_GPU_KEY"
 #: The new key for ``memoryos-gpu rekey`` (prompted for when unset).
 ENV_NEW_KEY = "MEMORYOS_GPU_NEW_KEY"
+#: The copy :func:`rekey` writes beside a store (``memory.sqlite3.rekey-tmp``) before renaming
+#: it over the store.
+REKEY_SUFFIX = ".rekey-tmp"
+_SQLITE_SIDECARS = ("", "-journal", "-wal", "-shm")
 _PLAIN_HEADER = b"SQLite format 3\x00"
 _EXTRA = "pip install 'memoryos-gpu[encryption]'"
 _KEY_HELP = f"EngineConfig(encryption_key=...) or ${ENV_KEY}"
@@ -205,8 +211,8 @@ def rekey(path: str | os.PathLike[str], old_key: SecretStr | None, new_key: Secr
 
     Crash-safe by construction: the store is copied (``sqlcipher_export``) to a temporary file
     beside it, checked and fsynced, then renamed over the original; a crash before the rename
-    leaves the original untouched (the temporary file is removed by the next rekey), after it
-    the new file is complete."""
+    leaves the original untouched (the temporary file is removed by the next open for writing,
+    :func:`remove_rekey_leftovers`), after it the new file is complete."""
     from memoryos_gpu.store.writer import SQLiteWriterLock
 
     path = os.fspath(path)
@@ -222,12 +228,37 @@ def rekey(path: str | os.PathLike[str], old_key: SecretStr | None, new_key: Secr
     try:
         # open it as a store first: a wrong key, a foreign database or a newer schema stop here
         _check_opens(path, old_key)
-        tmp = f"{path}.rekey-tmp"
-        Path(tmp).unlink(missing_ok=True)
+        tmp = f"{path}{REKEY_SUFFIX}"
+        remove_rekey_leftovers(path)  # the claim did already where it can (not on Windows)
         _copy(path, old_key, tmp, new_key)
         _replace(tmp, path)
     finally:
         lock.release()
+
+
+def remove_rekey_leftovers(path: str | os.PathLike[str]) -> list[tuple[Path, int]]:
+    """Remove what a :func:`rekey` of the store ``path`` that died before its rename left
+    beside it: the copy (``memory.sqlite3.rekey-tmp``, about the store's size) and its
+    journal. Returns each removed file with its size in bytes; a file that cannot be removed
+    stays (an ``OSError`` would fail an open that does not need it gone).
+
+    Call it only while holding the store's writer claim (the claim does, at every open for
+    writing: ``SQLiteWriterLock.acquire``): a rekey holds the claim from before it writes the
+    copy until after the rename, so under the claim no rekey runs and any copy is a dead one's.
+    Both the path as given and its real path are looked at (a store opened through a symlink
+    has its copy beside the link)."""
+    removed: list[tuple[Path, int]] = []
+    bases = dict.fromkeys((os.fspath(path), os.path.realpath(path)))
+    for base in bases:
+        for side in _SQLITE_SIDECARS:
+            leftover = Path(f"{base}{REKEY_SUFFIX}{side}")
+            try:
+                size = leftover.stat().st_size
+                leftover.unlink()
+            except OSError:  # none there (mostly), or not ours to remove
+                continue
+            removed.append((leftover, size))
+    return removed
 
 
 def rekey_all(
@@ -296,8 +327,8 @@ def _copy(src: str, old_key: SecretStr | None, dst: str, new_key: SecretStr) -> 
         _export(src, old_key, dst, new_key)
     except BaseException as exc:
         said = _copy_error(src, exc) if isinstance(exc, driver().Error) else None
-        for leftover in (dst, f"{dst}-journal", f"{dst}-wal", f"{dst}-shm"):
-            Path(leftover).unlink(missing_ok=True)
+        for side in _SQLITE_SIDECARS:
+            Path(f"{dst}{side}").unlink(missing_ok=True)
         if said is not None:
             raise said from exc
         raise

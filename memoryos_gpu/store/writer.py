@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import socket
@@ -43,6 +44,8 @@ except ImportError:  # pragma: no cover - Windows: no flock; the lock is not enf
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["Holder", "SQLiteWriterLock", "StoreLockedError", "lock_path", "this_process"]
+
+log = logging.getLogger("memoryos_gpu.store")
 
 #: Longest command line kept in a holder record (the rest is cut, marked with "...").
 MAX_COMMAND_CHARS = 300
@@ -157,7 +160,9 @@ class SQLiteWriterLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Claim the store, or raise :class:`StoreLockedError` naming the holder."""
+        """Claim the store, or raise :class:`StoreLockedError` naming the holder. Once
+        claimed, what a killed ``rekey`` left beside the store is removed (:func:`_after_claim`).
+        """
         if fcntl is None or self._fd is not None:
             return
         try:
@@ -184,6 +189,7 @@ class SQLiteWriterLock:
                 raise self._lock_file_error("write", exc) from None
             raise
         self._fd = fd
+        _after_claim(self.store)
 
     def _lock_file_error(self, doing: str, exc: OSError) -> StoreError:
         """A failed open of, or write to, the lock file, said for an operator: a full disk (the
@@ -208,6 +214,18 @@ class SQLiteWriterLock:
             os.ftruncate(fd, 0)
         finally:
             os.close(fd)  # closing the file drops the flock
+
+
+def _after_claim(store: str) -> None:
+    """Remove the copy of the store that a ``rekey`` killed before its rename left (about the
+    store's size; before, only a rerun of rekey removed it). Safe only here, under the claim:
+    a running rekey holds it (``encryption.remove_rekey_leftovers``)."""
+    from memoryos_gpu.store.encryption import remove_rekey_leftovers
+
+    removed = remove_rekey_leftovers(store)
+    if removed:
+        what = ", ".join(f"{p.name} ({size / 2**20:.1f} MiB)" for p, size in removed)
+        log.warning("removed what an interrupted rekey left beside store %s: %s", store, what)
 
 
 def _read_holder(fd: int) -> Holder | None:
