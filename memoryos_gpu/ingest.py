@@ -179,7 +179,7 @@ class IngestReport:
     other_shards: int = 0  # records left to other shards
     elapsed_s: float = 0.0
     interrupted: bool = False
-    llm_calls: int = 0
+    llm_calls: int = 0  # LLM requests since the run opened its engine (resumed work included)
     pending: int = 0  # derived work still queued in the store at the end
     batches: int = 0
     batch_size: int = DEFAULT_BATCH_SIZE
@@ -634,7 +634,9 @@ def ingest(
     users: set[str] = set()
     reasons: Counter = Counter()
     timings: Counter = Counter()
-    llm_before = _llm_calls(engine)
+    # an engine this run opened counts from its open: resuming the store's pending work (an
+    # interrupted run's) is this run's work too, and took place before this line
+    llm_before = 0 if own_engine else _llm_calls(engine)
 
     rejects_file: IO[str] | None = None
     if rejects_path is not None:

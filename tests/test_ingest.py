@@ -313,6 +313,37 @@ def test_process_defer_leaves_work_pending(tmp_path):
     assert rep.skipped == 24 and rep.pending == 0
 
 
+def _scripted(req):
+    """A scripted LLM's answer for each stage (LLM mode without a model)."""
+    if req.stage == "page":
+        return {"continuous": False, "meta": "m", "summary": "s", "keywords": ["k"]}
+    if req.stage == "promotion":
+        return {"profile_updates": {}, "user_facts": ["a fact"], "assistant_facts": []}
+    return "ok"
+
+
+def test_the_report_counts_the_llm_calls_of_resumed_work(tmp_path, monkeypatch):
+    """A run that opens the store resumes what an interrupted (or deferred) run left pending,
+    with LLM calls of its own: the report counted only those after the open (0 here)."""
+    import memoryos_gpu.engine as engine_module
+    from memoryos_gpu.config import LLMConfig
+    from memoryos_gpu.llm.scripted import ScriptedBackend
+
+    class Scripted(MemoryEngine):
+        def _make_llm(self):
+            return ScriptedBackend(_scripted)
+
+    monkeypatch.setattr(engine_module, "MemoryEngine", Scripted)  # what ingest() opens
+    path = write_jsonl(tmp_path / "in.jsonl", synthetic(users=2, per_user=12))
+    store = tmp_path / "store"
+    config = cfg(store, llm=LLMConfig(mode="llm", backend="scripted"))
+    rep = ingest([path], config, progress=False, process="defer")
+    assert rep.pending == 2 * (12 - 7) and rep.llm_calls == 0
+    rep = ingest([path], config, progress=False, process="batch")  # resumes at its open
+    assert rep.skipped == 24 and rep.pending == 0
+    assert rep.llm_calls >= 2 * (12 - 7)  # one page call each, at least
+
+
 def test_process_defer_refuses_an_engine_that_processes_inline(tmp_path):
     path = write_jsonl(tmp_path / "in.jsonl", synthetic(users=1, per_user=2))
     with MemoryEngine(cfg(tmp_path / "store")) as engine:  # auto_process: the default
