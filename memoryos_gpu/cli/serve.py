@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from .options import (
     CLIError,
@@ -156,10 +158,31 @@ def _serve_ray(
     add_help_option=False,
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def mcp_command(args: tuple[str, ...]) -> None:
+@click.pass_context
+def mcp_command(ctx: click.Context, args: tuple[str, ...]) -> None:
     """Serve MCP (python -m memoryos_gpu.server.mcp_server); its own flags follow `mcp`:
     --config config.json (the reference's) or engine.toml, --store, --user-id, --transport
     stdio|streamable-http, --stateless, --json-response, ... (`memoryos-gpu mcp --help`)."""
     from memoryos_gpu.server.mcp_server import main as mcp_main
 
+    ignored = _flags_given(ctx.parent)
+    if ignored:
+        raise UsageFailure(
+            f"engine options before `mcp` do not apply to the MCP server: {', '.join(ignored)}. "
+            "Give the server's own flags after `mcp` (`memoryos-gpu mcp --help`: --config, "
+            "--store, --embedder, --device; an LLM: --config FILE.toml with an [llm] table)"
+        )
     mcp_main(list(args), prog="memoryos-gpu mcp")
+
+
+def _flags_given(group: click.Context | None) -> list[str]:
+    """The engine options given on the command line before a subcommand (``memoryos-gpu
+    --llm-mode llm mcp``), as flags; values from the environment (``$MEMORYOS_GPU_LLM_API_KEY``)
+    do not count, the user did not type them for this command."""
+    if group is None:
+        return []
+    return [
+        f"--{f.name.replace('_', '-')}"
+        for f in fields(EngineOptions)
+        if group.get_parameter_source(f.name) is ParameterSource.COMMANDLINE
+    ]

@@ -3,7 +3,9 @@
 The prompt is built by :func:`memoryos_gpu.prompts.response` from what the retrieval returned
 (STM, MTM pages with their chain meta, profile, user and assistant knowledge). The exchange is
 then remembered like any other page; a failed generation is returned with its error and not
-stored.
+stored, and so is an answer longer than ``llm.max_tokens`` could have made
+(:func:`answer_limit`): the LLM server ignored the bound, and a page must not outgrow what the
+write routes accept (it is embedded and shown in every later prompt).
 """
 
 from __future__ import annotations
@@ -18,6 +20,32 @@ from memoryos_gpu.types import PageInput, Response, Retrieval, RetrievedPage
 
 from .state import DEFAULT_ASSISTANT, EngineHooks, EngineState
 from .validation import MAX_TEXT_CHARS, clean_queries
+
+#: Characters an answer may hold per token of ``llm.max_tokens``. Tokens average about four
+#: characters of English and rarely more than ten of code or whitespace runs; only a server
+#: that ignored ``max_tokens`` (or a model stuck repeating a token longer than 32 characters)
+#: goes past it. 32 x the default 256 tokens = 8,192 characters.
+MAX_CHARS_PER_TOKEN = 32
+
+
+def answer_limit(max_tokens: int) -> int:
+    """The longest answer remembered as a page: what ``max_tokens`` tokens can hold
+    (:data:`MAX_CHARS_PER_TOKEN` each), never more than a page may hold. A longer one comes
+    from a server that ignored ``max_tokens``; storing it would bypass the write routes' text
+    limits (the server's ``max_text_chars``, 100,000 by default)."""
+    return min(MAX_TEXT_CHARS, MAX_CHARS_PER_TOKEN * max_tokens)
+
+
+def too_long(text: str | None, max_tokens: int) -> str | None:
+    """Why an answer is returned but not remembered (:func:`answer_limit`), or None."""
+    n, limit = len(text or ""), answer_limit(max_tokens)
+    if n <= limit:
+        return None
+    return (
+        f"the answer ({n:,} characters) is over a page's limit of {limit:,} characters for an "
+        f"answer ({MAX_CHARS_PER_TOKEN} per token of max_tokens={max_tokens}, at most "
+        f"{MAX_TEXT_CHARS:,}; did the LLM server ignore max_tokens?): returned, not remembered"
+    )
 
 
 class Responder:
@@ -38,7 +66,8 @@ class Responder:
 
         A user with no memory yet is answered from empty memory (and created by the add).
         A failed generation is returned with its error and not stored as a page; so is an
-        answer longer than a page may be (its text is returned whole).
+        answer longer than ``max_tokens`` allows (:func:`answer_limit`; its text is returned
+        whole, with the error saying why it was not remembered).
         """
         s = self._s
         if not isinstance(s.stages, LLMStages):
@@ -67,11 +96,10 @@ class Responder:
             for r, a in zip(retrievals, assistants, strict=True)
         ]
         results = s.stages.respond(messages)
-        refused = {  # a page holds at most MAX_TEXT_CHARS: shown, but not remembered
-            i: f"the answer ({len(res.text):,} characters) is over a page's limit of "
-            f"{MAX_TEXT_CHARS:,}: returned, not remembered"
+        refused = {
+            i: why
             for i, res in enumerate(results)
-            if not res.error and len(res.text or "") > MAX_TEXT_CHARS
+            if not res.error and (why := too_long(res.text, s.stages.max_tokens))
         }
         ok = [i for i, res in enumerate(results) if not res.error and i not in refused]
         added = self._hooks.add_many(

@@ -58,7 +58,8 @@ from memoryos_gpu.reference import (
     stamp,
     user_meta,
 )
-from memoryos_gpu.server.scope import user_id_problem
+from memoryos_gpu.server.memory_routes import check_meta
+from memoryos_gpu.server.scope import ApiError, user_id_problem
 from memoryos_gpu.server.service import MemoryService, Overloaded, Unavailable
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import PageInput
@@ -237,6 +238,34 @@ def _checked_user(user_id: str) -> str:
     return user_id
 
 
+def _checked_meta(meta: dict[str, Any] | None, limit: int) -> dict[str, Any] | None:
+    """``meta`` if the HTTP API's write routes accept it too (their rule:
+    :func:`~memoryos_gpu.server.memory_routes.check_meta`), else ValueError saying why: the
+    SDK reads arguments more loosely than the HTTP API reads bodies (an integer past 64 bits,
+    NaN), and what one way in stores the other must be able to serve."""
+    try:
+        check_meta(meta or {}, limit)
+    except ApiError as exc:
+        raise ValueError(exc.detail) from None
+    return meta
+
+
+def _strict_tool(fn: Callable[..., Any], annotations: Any) -> Any:
+    """The SDK's tool for ``fn``, refusing arguments ``fn`` does not declare. The SDK's
+    argument models ignore unknown names, so a misspelt optional argument (``userid``) would
+    silently fall back to its default (another user's memory); refused, the caller's SDK
+    error names it. The schema says so too (``additionalProperties: false``)."""
+    from mcp.server.mcpserver.tools import Tool
+    from pydantic import ConfigDict
+
+    tool = Tool.from_function(fn, annotations=annotations)
+    loose = tool.fn_metadata.arg_model
+    strict = type(loose.__name__, (loose,), {"model_config": ConfigDict(extra="forbid")})
+    tool.fn_metadata.arg_model = strict
+    tool.parameters = strict.model_json_schema(by_alias=True)
+    return tool
+
+
 def build_mcp(
     service: MemoryService | Callable[[], MemoryService],
     *,
@@ -256,7 +285,6 @@ def build_mcp(
     def svc() -> MemoryService:
         return get() if get is not None else service  # type: ignore[return-value]
 
-    mcp = MCPServer("MemoryOS", instructions=INSTRUCTIONS, version=__version__)
     text = Field(min_length=1, max_length=max_text_chars)
     UserId = Annotated[
         str | None,
@@ -271,7 +299,6 @@ def build_mcp(
         """The tool's user: its argument, else the server's; refused as the HTTP API would."""
         return _checked_user(user_id or default_user)
 
-    @mcp.tool(annotations=_annotations("Add memory", read_only=False, idempotent=False))
     async def add_memory(
         user_input: Annotated[str, text, Field(description="The user's input or question.")],
         agent_response: Annotated[
@@ -294,7 +321,7 @@ def build_mcp(
         try:
             uid = user_of(user_id)
             epoch, kept = read_timestamp(timestamp)
-            meta = user_meta(meta_data, kept)
+            meta = user_meta(_checked_meta(meta_data, max_text_chars), kept)
             page = PageInput(uid, user_input, agent_response, epoch, assistant_id, None, meta)
             s = svc()
             (res,) = await s.add_pages([page])
@@ -320,7 +347,6 @@ def build_mcp(
             )
         )
 
-    @mcp.tool(annotations=_annotations("Retrieve memory", read_only=True, idempotent=False))
     async def retrieve_memory(
         query: Annotated[str, text, Field(description="What to find (e.g. the user's message).")],
         relationship_with_user: Annotated[
@@ -372,7 +398,6 @@ def build_mcp(
             )
         )
 
-    @mcp.tool(annotations=_annotations("Get user profile", read_only=True, idempotent=True))
     async def get_user_profile(
         include_knowledge: Annotated[
             bool, Field(description="Include the knowledge held about the user.")
@@ -411,7 +436,16 @@ def build_mcp(
             out.assistant_knowledge_count = len(kn["assistant"])
         return _ok(out)
 
-    return mcp
+    tools = [
+        _strict_tool(add_memory, _annotations("Add memory", read_only=False, idempotent=False)),
+        _strict_tool(
+            retrieve_memory, _annotations("Retrieve memory", read_only=True, idempotent=False)
+        ),
+        _strict_tool(
+            get_user_profile, _annotations("Get user profile", read_only=True, idempotent=True)
+        ),
+    ]
+    return MCPServer("MemoryOS", instructions=INSTRUCTIONS, version=__version__, tools=tools)
 
 
 # ====================================================================== CLI
@@ -563,6 +597,38 @@ def _serve_stdio(service: MemoryService, mcp: Any) -> None:
     anyio.run(serve)
 
 
+class _BodyFirst:
+    """ASGI middleware: reads a POST's body before the SDK does, so that a client hanging up
+    before its body arrived is one INFO line, as on the HTTP API, and not an ERROR with a
+    ``ClientDisconnect`` traceback per request (the SDK's handler reads the body whole all
+    the same, then gets it replayed from here)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":  # nobody is left to answer
+                log.info("client disconnected before its request was read")
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body: list[bytes] = [b"".join(chunks)]
+
+        async def replay() -> Any:
+            if body:
+                return {"type": "http.request", "body": body.pop(), "more_body": False}
+            return await receive()  # then the connection's own messages (a disconnect)
+
+        await self.app(scope, replay, send)
+
+
 def http_app(
     service: MemoryService,
     mcp: Any,
@@ -576,6 +642,7 @@ def http_app(
     app = mcp.streamable_http_app(
         streamable_http_path=path, host=host, stateless_http=stateless, json_response=json_response
     )
+    app.add_middleware(_BodyFirst)
     inner = app.router.lifespan_context
 
     @asynccontextmanager

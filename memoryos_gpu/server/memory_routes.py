@@ -7,13 +7,20 @@ the two hottest routes also have a direct path that skips FastAPI's routing
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import json
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
+from memoryos_gpu.llm.base import LLMBackendError
+from memoryos_gpu.llm.breaker import DEFAULT_COOLDOWN_S
 from memoryos_gpu.server import models as m
+from memoryos_gpu.server.batching import Unavailable
+from memoryos_gpu.server.bodies import parse_body
 from memoryos_gpu.server.edge import DirectRoute
 from memoryos_gpu.server.scope import (
     ApiError,
@@ -30,7 +37,52 @@ from memoryos_gpu.server.scope import (
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import PageInput
 
-__all__ = ["add_memory_routes"]
+__all__ = ["add_memory_routes", "check_meta"]
+
+log = logging.getLogger("memoryos_gpu.server")
+#: Seconds a client is told to wait when the LLM server cannot be used: an HTTP LLM backend's
+#: circuit breaker (by default) fails every call at once for this long after it opened.
+LLM_RETRY_AFTER = int(DEFAULT_COOLDOWN_S)
+
+
+def check_meta(meta: Mapping[str, Any], limit: int) -> None:
+    """Refuse a page's ``meta`` as every way in refuses it, with :class:`ApiError`: 422
+    ``invalid_input`` unless it reads as the HTTP API reads a request body
+    (:func:`~memoryos_gpu.server.bodies.parse_body`: no integer outside 64 bits, no lone
+    surrogate, no NaN), 413 ``too_large`` past ``limit`` bytes of JSON. The HTTP routes read
+    their bodies so already; the MCP server's tools get arguments the SDK read, which keeps
+    all three, so one rule here keeps MCP from storing what HTTP refuses."""
+    if not meta:
+        return
+    try:
+        size = len(dumps(meta))
+        exact = json.dumps(meta).encode()  # exact integers, NaN as NaN, surrogates escaped
+    except (TypeError, ValueError) as exc:
+        raise ApiError(422, "invalid_input", f"meta is not JSON: {exc}") from None
+    if size > limit:
+        raise ApiError(413, "too_large", f"meta is {size} bytes of JSON; the limit is {limit}")
+    try:
+        parse_body(exact, "application/json")
+    except RequestValidationError as exc:
+        (first, *_) = exc.errors()
+        # an int_out_of_range error's loc names the key; a json_invalid one's is a position
+        wide = first["type"] == "int_out_of_range"
+        where = "".join(f"[{k!r}]" for k in first["loc"][1:]) if wide else ""
+        raise ApiError(
+            422, "invalid_input", f"meta{where}: {first['msg']} ({first['type']})"
+        ) from None
+
+
+def _llm_outage(exc: LLMBackendError) -> Unavailable:
+    """What a respond answers when its LLM cannot be used at all (unreachable, failing every
+    request, its circuit breaker open, or refusing the key or model: the message says which):
+    503 ``unavailable`` with Retry-After, as for any part of the server that cannot serve now,
+    since the same call may succeed once it is back; one log line for the operator and no
+    traceback (nothing in this server failed)."""
+    log.warning("respond: the LLM cannot be used: %s", exc)
+    return Unavailable(
+        f"the LLM cannot be used now; nothing was remembered: {exc}", LLM_RETRY_AFTER
+    )
 
 
 def add_memory_routes(
@@ -45,16 +97,7 @@ def add_memory_routes(
 
     def _page_input(scope: Scope, user_id: str, p: m.PageIn) -> PageInput:
         check_text(settings, user_input=p.user_input, agent_response=p.agent_response)
-        try:
-            meta_size = len(dumps(p.meta))
-        except TypeError as exc:
-            raise ApiError(422, "invalid_input", f"meta is not JSON: {exc}") from None
-        if meta_size > settings.max_text_chars:
-            raise ApiError(
-                413,
-                "too_large",
-                f"meta is {meta_size} bytes of JSON; the limit is {settings.max_text_chars}",
-            )
+        check_meta(p.meta, settings.max_text_chars)
         return PageInput(
             user_id=scope.user(user_id),
             user_input=p.user_input,
@@ -183,15 +226,29 @@ def add_memory_routes(
         summary="Chat with memory",
         description="Retrieve, prompt the LLM with the memory, answer, and remember the exchange. "
         "Needs an engine in LLM mode: 501 `llm_unavailable` otherwise. 404 for a user with no "
-        "memory yet.",
+        "memory yet. 502 `llm_error` when the LLM's call failed (or its answer was longer than "
+        "`max_tokens` allows), 503 `unavailable` with Retry-After when the LLM server cannot "
+        "be used now (unreachable, or failing every request); either way nothing is remembered.",
         response_model=m.RespondOut,
-        responses={501: {"model": m.ErrorOut, "description": "The server runs without an LLM."}},
+        responses={
+            501: {"model": m.ErrorOut, "description": "The server runs without an LLM."},
+            502: {"model": m.ErrorOut, "description": "The LLM's call failed."},
+            503: {"model": m.ErrorOut, "description": "The LLM server cannot be used now."},
+        },
     )
     async def respond(body: m.RespondIn, user_id: UserId, request: Request) -> Any:
         scope = tenancy(request)
         check_text(settings, query=body.query)
         uid = scope.user(user_id)
-        r = await service.respond(uid, body.query, timestamp=body.timestamp)
+        try:
+            r = await service.respond(uid, body.query, timestamp=body.timestamp)
+        except LLMBackendError as exc:
+            raise _llm_outage(exc) from None
+        if r.error is not None:  # a gateway's answer: the upstream (the LLM) failed
+            log.warning("respond: no usable answer from the LLM: %s", r.error)
+            raise ApiError(
+                502, "llm_error", f"no usable answer from the LLM (nothing remembered): {r.error}"
+            )
         return json_response(
             {
                 "user_id": user_id,
@@ -200,7 +257,7 @@ def add_memory_routes(
                 "page_id": r.page_id,
                 "prompt_tokens": r.prompt_tokens,
                 "completion_tokens": r.completion_tokens,
-                "error": r.error,
+                "error": None,
                 "retrieval": _retrieval_out(scope, r.retrieval),
             }
         )

@@ -163,11 +163,15 @@ class RespondIn(_Strict):
 class RespondOut(BaseModel):
     user_id: str
     query: str
-    text: str | None = Field(..., description="The LLM's answer (None if the call failed).")
-    page_id: int | None = Field(None, description="The stored exchange.")
+    text: str = Field(..., description="The LLM's answer.")
+    page_id: int = Field(..., description="The stored exchange.")
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    error: str | None = None
+    error: None = Field(
+        None,
+        description="Always null: a failed LLM call answers 502 `llm_error` (503 "
+        "`unavailable` when the LLM cannot be used now), not 200 (kept for older clients).",
+    )
     retrieval: RetrievalOut
 
 
