@@ -416,3 +416,43 @@ def test_a_deletion_waits_for_the_facts_a_sync_has_in_flight(tmp_path: Path) -> 
         assert "zqflightsecret" not in json.dumps(assistant_texts(e, home))
     finally:
         e.close()
+
+
+def test_cli_delete_keeps_the_exchange_marks_of_the_statistics_it_rewrites(
+    tmp_path: Path,
+) -> None:
+    """The offline delete rewrites the other shards' saved keyword statistics without the
+    victim's texts; the marks saying which pages of every shard they count stay with them (a
+    resumed ``ingest --ray`` reads them: without, it took the statistics for fully exchanged)."""
+    import sqlite3
+
+    from click.testing import CliRunner
+
+    from memoryos_gpu.cli import cli
+    from memoryos_gpu.distributed.sharding import EXCHANGE_MARKS
+
+    victim, _beside, home = users()
+    store = str(tmp_path / "store")
+    with sharded(store) as e:
+        talk(e, home, ["I like tea.", "I swim.", "I read.", "I cook."], 1.7e9)
+        talk(e, victim, [f"I keep a zqmarks {i} note." for i in range(4)], 1.8e9)
+    marks = {"count": 2, "through": [3, 4]}
+    saved = "SELECT value FROM meta WHERE key = 'keyword_extractor'"
+    files = []  # the shards whose statistics were saved (a shard's first save comes later)
+    for f in sorted(Path(store).glob("shard-*/memory.sqlite3")):
+        with sqlite3.connect(f) as db:
+            row = db.execute(saved).fetchone()
+            if row is None:
+                continue
+            state = {**json.loads(row[0]), EXCHANGE_MARKS: marks}
+            db.execute(
+                "UPDATE meta SET value = ? WHERE key = 'keyword_extractor'", (json.dumps(state),)
+            )
+            files.append(f)
+    other = Path(store) / f"shard-{ShardMap(2).shard(home)}" / "memory.sqlite3"
+    assert other in files and ShardMap(2).shard(home) != ShardMap(2).shard(victim)
+    res = CliRunner().invoke(cli, ["delete", "--store", store, "--user", victim, "--yes"])
+    assert res.exit_code == 0, res.output
+    with sqlite3.connect(other) as db:  # rewritten without the victim's texts, marks kept
+        state = json.loads(db.execute(saved).fetchone()[0])
+    assert "zqmarks" not in json.dumps(state) and state[EXCHANGE_MARKS] == marks

@@ -88,14 +88,22 @@ def open_store_at(store: str, *, writer: bool, key: SecretStr | None) -> Any:
 
 
 def store_shards(store: str) -> int:
-    """The shard count a store directory was written with (``ingest --workers``), else 1."""
-    dirs = shard_dirs(store)
-    return len(dirs) if dirs else 1
+    """The shard count a store was written with (a directory by ``ingest --workers`` or
+    ``--ray``, a PostgreSQL store by ``ingest --ray`` or a sharded server), else 1."""
+    return _sharded_count(store) or 1
 
 
 def ray_shards(store: str, shards: int | None) -> int:
     """--shards, else the count the store was sharded with, else 2."""
-    if shards:
-        return shards
-    dirs = shard_dirs(store) if "://" not in store else None
-    return len(dirs) if dirs else 2
+    return shards or _sharded_count(store) or 2
+
+
+def _sharded_count(store: str) -> int | None:
+    """The count of a sharded store: its directory's shards, or the count a PostgreSQL store
+    records (``sharding.shared_shards``; opening it says when the server is not there)."""
+    if is_url(store):
+        from memoryos_gpu.distributed.sharding import shared_shards
+
+        return shared_shards(store)
+    dirs = shard_dirs(store)
+    return len(dirs) if dirs else None

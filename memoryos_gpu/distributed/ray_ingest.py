@@ -27,7 +27,9 @@ mid-term placement, promotion) and the assistant facts go to their owner shards 
 interrupted and run again (tests check).
 
 Same report (``IngestReport``), rejects file and idempotence as the single-process path: every
-record keeps its stable ``source``, so a re-run adds nothing.
+record keeps its stable ``source``, so a re-run adds nothing. Same stop signals too (SIGINT,
+SIGTERM, SIGHUP: :class:`_Stop`): the shard actors finish their chunks in flight, the run
+reports what it did and exits 128 + the signal, and the re-run does the rest.
 
 **Worker death.** Shard actors run with ``max_restarts=-1`` and ``max_task_retries=-1``: a dead
 actor is restarted, reopens its shard from the store (everything acknowledged is there), and Ray
@@ -40,6 +42,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -61,15 +66,18 @@ from memoryos_gpu.distributed.sharding import (
     AssistantEntry,
     ShardMap,
     check_layout,
+    exchange_receipts,
+    exchange_senders,
     is_shared_store,
-    merge_deltas,
     prepare_layout,
     route_assistant_facts,
+    sent_documents,
     shard_store,
 )
 from memoryos_gpu.formats import Reject
 from memoryos_gpu.ingest import (
     DEFAULT_BATCH_SIZE,
+    STOP_SIGNALS,
     IngestReport,
     RejectRow,
     _peak_rss_mb,
@@ -82,10 +90,7 @@ from memoryos_gpu.ingest import (
 
 __all__ = ["DEFAULT_WINDOW", "ShardIngestActor", "actor_name", "ingest_ray"]
 
-#: The engine's saved keyword statistics (meta key) and the exchange marks this module adds to
-#: that record (:meth:`ShardIngestActor.exchange_marks`).
-EXTRACTOR_KEY = "keyword_extractor"
-EXCHANGE_MARKS = "ray_exchanged"
+UNSENT = "unsent"  # a row a stopped shard actor sent back undone
 STORE_FILE = "memory.sqlite3"  # a shard directory's database (``open_store``)
 DEFAULT_WINDOW = 200_000  # records per Ray dataset (bounds the driver's memory)
 BUCKETS_PER_SHARD = 4  # groups per shard: parallel writers per shard, smaller groups
@@ -109,6 +114,7 @@ class ShardIngestActor:
 
         _quiet()
         self.batches = 0
+        self._stopped = False
         self._engine: Any = None
         self._failed: BoxedError | None = None
         try:
@@ -141,6 +147,8 @@ class ShardIngestActor:
         from memoryos_gpu.engine import InvalidInputError
         from memoryos_gpu.types import PageInput
 
+        if self._stopped:
+            return [_outcome(row, UNSENT) for row in rows]
         out: dict[int, dict[str, Any]] = {}
         valid: list[tuple[dict[str, Any], Any]] = []
         for row in rows:
@@ -172,47 +180,23 @@ class ShardIngestActor:
             return self._accept(valid[:mid], refused) + self._accept(valid[mid:], refused)
 
     def exchange_marks(self, tops: list[int]) -> list[int]:
-        """Receiver side: through which page id of each shard's store (``[i]``) this shard's
-        keyword statistics count that shard's pages. Statistics never saved count none (an
-        engine refits them from its own pages on open): zeros. Saved by this module: the
-        marks saved with them by the last exchange that reached this shard. Saved by an engine
-        (it writes no marks, and saves after its exchanges): every page there is, ``tops``,
-        saved now with the statistics, so that a run interrupted before its exchange leaves
-        marks below the pages it committed and the next run sends those pages too."""
-        raw = self.engine.store.get_meta(EXTRACTOR_KEY)
-        if raw is None:
-            return [0] * self.engine.shard_count
-        saved = json.loads(raw).get(EXCHANGE_MARKS)
-        if isinstance(saved, dict) and saved.get("count") == self.engine.shard_count:
-            return [int(m) for m in saved["through"]]
-        self._save_keywords(list(tops))
-        return list(tops)
+        """:meth:`ShardEngine.exchange_marks`: through which page of each shard this shard's
+        keyword statistics count (saved now as ``tops`` when an engine saved them last)."""
+        return self.engine.exchange_marks(tops)
 
     def keyword_deltas(self, since: list[int]) -> dict[str, Any]:
-        """Sender side: this shard's last page id (``top``) and the document frequencies of its
-        pages above each mark of ``since``, up to ``top`` (nothing is accepted meanwhile: the
-        driver exchanges after the last window)."""
-        top = self.engine.page_watermark()
-        return {"top": top, "deltas": {m: self.engine.keyword_delta_since(m) for m in since}}
+        """:meth:`ShardEngine.keyword_deltas` (the driver exchanges after the last window:
+        nothing is accepted meanwhile)."""
+        return self.engine.keyword_deltas(since)
 
     def apply_exchange(self, delta: dict[str, Any], through: list[int]) -> None:
-        """Receiver side: add the other shards' frequencies and save them with the new marks in
-        one write, so a statistic and the mark that says it is counted are never apart."""
-        with self.engine._lock:
-            self.engine.apply_keyword_delta(delta)
-            self._save_keywords(list(through))
+        """:meth:`ShardEngine.apply_exchange`: the statistics and their new marks, one write."""
+        self.engine.apply_exchange(delta, through)
 
-    def _save_keywords(self, through: list[int]) -> None:
-        """The engine's saved keyword statistics (``save_extractor``'s record: the state and the
-        page watermark the reopen refits from), plus the exchange marks."""
-        e = self.engine
-        with e._lock:
-            state = {
-                **e.extractor.to_dict(),
-                "page_watermark": e.page_watermark(),
-                EXCHANGE_MARKS: {"count": e.shard_count, "through": through},
-            }
-            e.store.set_meta(EXTRACTOR_KEY, json.dumps(state))
+    def stop(self) -> None:
+        """The run was asked to stop: the chunks in flight finish, later ones are sent back
+        undone (``unsent``), so the driver's window ends at once."""
+        self._stopped = True
 
     def process(self) -> dict[str, int]:
         self.engine.release()
@@ -351,6 +335,8 @@ class _Tally:
 
     def add(self, outcomes: Iterable[dict[str, Any]]) -> None:
         for o in outcomes:
+            if o["status"] == UNSENT:  # a stopped actor's: not read, as in the plain path
+                continue
             shard = int(o["shard"])
             self.per[shard][o["status"]] += 1
             if o["status"] == "rejected":
@@ -394,7 +380,8 @@ def ingest_ray(
     Everything that can be refused without Ray is refused before Ray starts (~15 s): the
     arguments, the store layout (:func:`check_layout`) and a shard held by another writer
     (:func:`_check_writers`). An error a shard actor raises comes out as itself (e.g. a
-    StoreLockedError), not as Ray's wrapper (:func:`ray_error_cause`).
+    StoreLockedError), not as Ray's wrapper (:func:`ray_error_cause`). Called from the main
+    thread, SIGINT, SIGTERM and SIGHUP stop the run with its report (:class:`_Stop`).
     """
     require_ray("data")
     path_list = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
@@ -405,8 +392,6 @@ def ingest_ray(
         raise ValueError("ingest --ray needs a durable store: --store DIR or a PostgreSQL URL")
     check_layout(config.store, shards)
     _check_writers(config.store, shards)
-    ray = ensure_ray(address, num_cpus)
-    prepare_layout(config.store, shards)
     report = IngestReport(
         batch_size=batch_size,
         files=list(files),
@@ -414,21 +399,89 @@ def ingest_ray(
         store=config.store,
         rejects_path=os.fspath(rejects_path) if rejects_path is not None else None,
     )
-    run = _Run(ray, run_id or uuid.uuid4().hex[:8], shards, batch_size, writers)
+    stop = _Stop()
     try:
-        out = _ingest(run, config, files, report, shard_cpus, shard_gpus, window, on_window)
-    except ray.exceptions.RayError as exc:
-        raise ray_error_cause(exc) from exc
+        stop.install()
+        ray = ensure_ray(address, num_cpus)
+        stop.install()  # again: ray.init gives the driver its own SIGTERM handler (exit 15)
+        prepare_layout(config.store, shards)
+        run = _Run(ray, run_id or uuid.uuid4().hex[:8], shards, batch_size, writers, stop)
+        try:
+            out = _ingest(run, config, files, report, shard_cpus, shard_gpus, window, on_window)
+        except ray.exceptions.RayError as exc:
+            raise ray_error_cause(exc) from exc
+    finally:
+        stop.restore()
     _write_rejects(report, run.tally, rejects_path)
     return out
+
+
+class _Stop:
+    """What SIGINT, SIGTERM and SIGHUP do to a run (``STOP_SIGNALS``: Ctrl-C, ``timeout``,
+    ``systemctl stop``, a closed terminal), as in the single-process path: the first one asks
+    the shard actors to finish their chunk in flight and send the rest back undone, and the
+    run ends with its report (``interrupted``, exit 128 + the signal), leaving the derived
+    work to the next run; a second one aborts (KeyboardInterrupt). Installed in the driver
+    only (signals reach the main thread alone); without it Ray's own SIGTERM handler exits
+    15 with a stack dump, and SIGHUP kills the driver while the actors go on writing."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._actors: list[Any] = []
+        self._old: dict[int, Any] = {}
+
+    @property
+    def stopped(self) -> bool:
+        return self.signum is not None
+
+    def install(self) -> None:
+        """Take the stop signals (again, after Ray took SIGTERM); :meth:`restore` gives back
+        the handlers found the last time another one held them."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in STOP_SIGNALS:
+            old = signal.signal(sig, self._on_signal)
+            if old != self._on_signal:
+                self._old[sig] = old
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def attach(self, actors: list[Any]) -> None:
+        """The shard actors to stop (at once when the stop came first)."""
+        self._actors = actors
+        if self.stopped:
+            self._stop_actors()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.stopped:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(
+            f"{signal.Signals(signum).name}: finishing the chunks in flight, then stopping "
+            "(Ctrl-C again to abort)",
+            file=sys.stderr,
+            flush=True,
+        )
+        # not from the handler itself: it interrupts the main thread inside Ray's own calls
+        threading.Thread(target=self._stop_actors, name="ingest-stop", daemon=True).start()
+
+    def _stop_actors(self) -> None:
+        for a in self._actors:
+            a.stop.remote()
 
 
 class _Run:
     """One ``ingest_ray`` call's Ray handles and running state."""
 
-    def __init__(self, ray: Any, name: str, shards: int, batch_size: int, writers: int | None):
+    def __init__(
+        self, ray: Any, name: str, shards: int, batch_size: int, writers: int | None, stop: _Stop
+    ) -> None:
         self.ray, self.name, self.shards = ray, name, shards
         self.batch_size, self.writers = batch_size, writers
+        self.stop = stop
         self.tally = _Tally(shards)
         self.timings: Counter[str] = Counter()
 
@@ -443,17 +496,25 @@ def _ingest(
     window: int,
     on_window: Callable[[int, IngestReport], None] | None,
 ) -> dict[str, Any]:
-    """Start the shard actors, accept every window, derive; the actors go however it ends."""
-    ray, shards, tally = run.ray, run.shards, run.tally
+    """Start the shard actors, accept every window, derive; the actors go however it ends.
+    A stopped run (:class:`_Stop`) accepts no further window and derives nothing (after a
+    keyword exchange in flight, it stops before the derived work), and its actors are not
+    closed: closing saves keyword statistics without exchange marks, as after an exchange,
+    and the next run would then not send the pages this one committed."""
+    ray, shards, tally, stop = run.ray, run.shards, run.tally, run.stop
     t0 = time.perf_counter()
     res = shard_resources(shards, cpus=shard_cpus, gpus=shard_gpus)
     actors = _start_actors(ray, config, shards, run.name, res)
+    stop.attach(actors)
+    derived: dict[str, Any] | None = None
     try:
         tops = ray.get([a.page_watermark.remote() for a in actors])
         marks = ray.get([a.exchange_marks.remote(tops) for a in actors])
         t1 = time.perf_counter()
         records = _records(files, shards, BUCKETS_PER_SHARD)
         for n, (rows, rejects) in enumerate(_windows(records, window)):
+            if stop.stopped:
+                break
             tally.rejects += [(0, r) for r in rejects]  # read-stage rejects
             if rows:
                 tally.add(
@@ -464,15 +525,19 @@ def _ingest(
                 on_window(n, report)
         run.timings["accept"] = time.perf_counter() - t1
         t1 = time.perf_counter()
-        derived = _derive(ray, actors, marks, shards)
+        if not stop.stopped:
+            derived = _derive(ray, actors, marks, shards, stop)
         run.timings["derive"] = time.perf_counter() - t1
         summaries = ray.get([a.summary.remote() for a in actors])
-        ray.get([a.close.remote() for a in actors])
+        if derived is not None:
+            ray.get([a.close.remote() for a in actors])
     finally:
         for a in actors:
             ray.kill(a)
     _fill(report, tally, t0)
-    return _report(report, run, config.store, summaries, res, derived)
+    report.interrupted = stop.stopped
+    report.stop_signal = stop.signum
+    return _report(report, run, config.store, summaries, res, derived or {})
 
 
 def _report(
@@ -589,9 +654,14 @@ def _run_window(
     return list(out.iter_rows())
 
 
-def _derive(ray: Any, actors: list[Any], marks: list[list[int]], shards: int) -> dict[str, Any]:
-    """Keyword exchange, each shard's derived work, assistant facts to their owners."""
+def _derive(
+    ray: Any, actors: list[Any], marks: list[list[int]], shards: int, stop: _Stop
+) -> dict[str, Any] | None:
+    """Keyword exchange, each shard's derived work, assistant facts to their owners; None
+    when a stop came during the exchange (the work stays pending for the next run)."""
     docs = _exchange_keywords(ray, actors, marks)
+    if stop.stopped:
+        return None
     done: Counter[str] = Counter()
     for d in ray.get([a.process.remote() for a in actors]):
         done.update(d)
@@ -608,23 +678,15 @@ def _derive(ray: Any, actors: list[Any], marks: list[list[int]], shards: int) ->
 def _exchange_keywords(ray: Any, actors: list[Any], marks: list[list[int]]) -> int:
     """Give every shard the keyword statistics of the other shards' pages it has not counted
     yet: receiver ``j`` gets shard ``i``'s pages above ``marks[j][i]`` (saved with its
-    statistics, :meth:`ShardIngestActor.exchange_marks`), so pages committed by an earlier run
+    statistics, :meth:`ShardEngine.exchange_marks`), so pages committed by an earlier run
     that stopped before its exchange are counted too, and none twice. Returns the documents
     sent (each shard's pages above its lowest mark)."""
-    n = len(actors)
-    since = [sorted({marks[j][i] for j in range(n) if j != i}) for i in range(n)]
+    since = exchange_senders(marks)
     sent = ray.get([a.keyword_deltas.remote(since[i]) for i, a in enumerate(actors)])
     through = [int(part["top"]) for part in sent]
-    ray.get(
-        [
-            a.apply_exchange.remote(
-                merge_deltas([sent[i]["deltas"][marks[j][i]] for i in range(n) if i != j]),
-                through,
-            )
-            for j, a in enumerate(actors)
-        ]
-    )
-    return sum(int(sent[i]["deltas"][since[i][0]]["n_docs"]) for i in range(n) if since[i])
+    receipts = exchange_receipts(marks, sent)
+    ray.get([a.apply_exchange.remote(receipts[j], through) for j, a in enumerate(actors)])
+    return sent_documents(marks, sent)
 
 
 def _fill(report: IngestReport, tally: _Tally, t0: float) -> None:

@@ -241,10 +241,12 @@ def forget_in_stores(
         if saved:
             state = json.loads(saved)
             ex = KeywordExtractor.from_dict(state).remove(texts)
-            watermark = (
-                {"page_watermark": state["page_watermark"]} if "page_watermark" in state else {}
-            )
-            st.set_meta(_EXTRACTOR_KEY, json.dumps({**ex.to_dict(), **watermark}))
+            # what the record says it counts stays with it: the page watermark the open refits
+            # from and the exchange marks (sharding.EXCHANGE_MARKS) a resumed ingest --ray reads
+            from .sharding import EXCHANGE_MARKS  # (sharding imports this module)
+
+            kept = {k: state[k] for k in ("page_watermark", EXCHANGE_MARKS) if k in state}
+            st.set_meta(_EXTRACTOR_KEY, json.dumps({**ex.to_dict(), **kept}))
         st.checkpoint()
     for j, pages in sorted(reanalysis_by_shard(learned, shard_map).items()):
         with stores[j].transaction() as db:

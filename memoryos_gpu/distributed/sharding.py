@@ -8,8 +8,9 @@ shard's engine (its arena on one GPU, or on the CPU) is the only writer of the u
 
 **Stores.** With SQLite every shard has its own file, in the layout ``ingest --workers`` writes
 (``STORE/shard-I/memory.sqlite3`` plus ``STORE/shards.json``, so ``retrieve``, ``stats`` and
-``export`` find a user's shard); with a PostgreSQL URL every shard uses the same database and
-each engine loads only its own users (:class:`OwnedStore`).
+``export`` find a user's shard); with a PostgreSQL URL every shard uses the same database,
+which records the shard count (meta :data:`LAYOUT_KEY`), and each engine loads only its own
+users (:class:`OwnedStore`). Either way a store sharded N ways is reopened with N shards only.
 
 **Assistant knowledge** is the one thing shared across users, hence across shards. Rule: *one
 writer, read replicas everywhere*. The writer of assistant ``A`` is its owner shard,
@@ -31,7 +32,11 @@ in one engine. Shards exchange the frequencies of the pages they accepted
 (:meth:`ShardEngine.take_keyword_delta` / :meth:`ShardEngine.apply_keyword_delta`) so every shard
 ranks keywords as if it had seen every page. With that, a :class:`ShardedEngine` produces the
 same pages, segments and retrievals as one :class:`~memoryos_gpu.engine.MemoryEngine` fed the
-same calls (tests/test_distributed.py checks it).
+same calls (tests/test_distributed.py checks it). Pages no exchange has given the other shards
+yet (an ``ingest --ray`` stopped before its exchange) are found by the *exchange marks* saved
+with each shard's statistics: through which page of every shard they count
+(:meth:`ShardEngine.exchange_marks`); the Ray ingest driver and a :class:`ShardedEngine`'s open
+send the pages above them (:func:`catch_up_keywords`).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from memoryos_gpu.engine.state import Fact
 from memoryos_gpu.errors import UnknownItemError, UnknownUserError
 from memoryos_gpu.ingest import shard_of
 from memoryos_gpu.store import SHARDS_FILE, check_store_dir, open_store
+from memoryos_gpu.store.pg_urls import redact
 from memoryos_gpu.store.sqlite import ArenaExtent
 from memoryos_gpu.text.keywords import KeywordExtractor
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
@@ -70,10 +76,16 @@ __all__ = [
     "is_shared_store",
     "prepare_layout",
     "shard_store",
+    "shared_shards",
 ]
 
 _HASH_NAME = "blake2b-64(user_id) mod count"
 _EXTRACTOR_KEY = "keyword_extractor"
+#: A shared store's layout (meta key): ``{"count": N, "hash": ...}``, as a sharded directory's
+#: ``shards.json``.
+LAYOUT_KEY = "shard_layout"
+#: The exchange marks saved with a shard's keyword statistics (:meth:`ShardEngine.exchange_marks`).
+EXCHANGE_MARKS = "ray_exchanged"
 
 
 # ============================================================================ the map
@@ -116,18 +128,23 @@ def shard_store(store: str, index: int, count: int) -> str:
 
 
 def check_layout(store: str, count: int) -> bool:
-    """Whether ``store`` can be opened with ``count`` shards, writing nothing; True when its
-    shard manifest must still be written (a new sharded directory).
+    """Whether ``store`` can be opened with ``count`` shards; True when its layout must still
+    be recorded (a new sharded directory, or a shared store with no count recorded).
 
     Separate from :func:`prepare_layout` so a caller with a slow start-up (``ingest --ray``
     starts Ray: ~15 s) refuses a wrong store first, and leaves no directory behind when
-    it then cannot start. Users are placed by ``hash mod count``, so a store sharded N ways
-    must be reopened with N shards; an unsharded store (``STORE/memory.sqlite3``) cannot be
-    reopened sharded; a path through a regular file is refused as the single-store commands
-    refuse it (:func:`~memoryos_gpu.store.check_store_dir`).
+    it then cannot start (a directory is only read; a PostgreSQL database is opened, which
+    creates its tables when new: the database itself is there already). Users are placed by
+    ``hash mod count``, so a store sharded N ways must be reopened with N shards, a directory
+    (``shards.json``) or a PostgreSQL store (:func:`shared_shards`) alike; an unsharded
+    directory (``STORE/memory.sqlite3``) cannot be reopened sharded; a path through a regular
+    file is refused as the single-store commands refuse it
+    (:func:`~memoryos_gpu.store.check_store_dir`).
     """
-    if is_shared_store(store) or store == ":memory:":
+    if store == ":memory:":
         return False
+    if is_shared_store(store):
+        return _shared_layout(store, count, record=False)
     base = Path(store)
     if base.suffix in (".sqlite", ".sqlite3", ".db"):
         raise ValueError(
@@ -149,21 +166,71 @@ def _check_manifest(manifest: Path, count: int) -> None:
         found = int(json.loads(manifest.read_text())["count"])
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{manifest} is unreadable ({exc}); move it away to start over") from None
+    _check_count(str(manifest.parent), found, count)
+
+
+def _check_count(where: str, found: int, count: int) -> None:
     if found != count:
         raise ValueError(
-            f"{manifest.parent} holds {found} shards; users are placed by hash mod count, so "
+            f"{where} holds {found} shards; users are placed by hash mod count, so "
             f"open it with {found} shards (or use a new store)"
         )
 
 
 def prepare_layout(store: str, count: int) -> None:
-    """Check (:func:`check_layout`) and write, for a new store, the shard manifest of a
-    sharded SQLite directory."""
+    """Check (:func:`check_layout`) and record, for a new store, the layout: a sharded SQLite
+    directory's manifest, a shared store's meta key."""
+    if is_shared_store(store):
+        _shared_layout(store, count, record=True)
+        return
     if not check_layout(store, count):
         return
     base = Path(store)
     base.mkdir(parents=True, exist_ok=True)
     (base / SHARDS_FILE).write_text(json.dumps({"count": count, "hash": _HASH_NAME}))
+
+
+def shared_shards(url: str) -> int | None:
+    """The shard count a shared (PostgreSQL) store was laid out with; None when it has none
+    (new, or only ever opened by one engine)."""
+    store = open_store(url)
+    try:
+        return _layout_of(store)
+    finally:
+        store.close()
+
+
+def _shared_layout(url: str, count: int, *, record: bool) -> bool:
+    """:func:`check_layout` of a shared store (``record``: and record ``count`` when it has no
+    count yet); True when no count is recorded. The store is opened as its one writer for a
+    moment, so no shard engine writes it meanwhile (a running one is named by the refusal)."""
+    store = open_store(url)
+    try:
+        found = _layout_of(store)
+        if found is not None:
+            _check_count(redact(url), found, count)
+        missing = store.get_meta(LAYOUT_KEY) is None
+        if record and missing:
+            store.set_meta(LAYOUT_KEY, json.dumps({"count": count, "hash": _HASH_NAME}))
+        return missing
+    finally:
+        store.close()
+
+
+def _layout_of(store: Any) -> int | None:
+    """A shared store's recorded shard count; without one (written before counts were
+    recorded), the count its shards' saved keyword statistics are keyed by, when they agree."""
+    raw = store.get_meta(LAYOUT_KEY)
+    if raw is not None:
+        try:
+            return int(json.loads(raw)["count"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"{store.path}: its {LAYOUT_KEY} record is unreadable ({exc})"
+            ) from None
+    keys = store.query("SELECT key FROM meta WHERE key LIKE ?", (f"{_EXTRACTOR_KEY}@shard-%",))
+    counts = {int(k.rpartition("-of-")[2]) for (k,) in keys if k.rpartition("-of-")[2].isdigit()}
+    return counts.pop() if len(counts) == 1 else None
 
 
 # ============================================================================ shared-store view
@@ -432,6 +499,50 @@ class ShardEngine(MemoryEngine):
         """The largest page id in the store (pages added later have larger ids)."""
         return int(self.store.query("SELECT COALESCE(MAX(page_id), 0) FROM pages")[0][0])
 
+    # ------------------------------------------------------------------ exchange by marks
+    def exchange_marks(self, tops: list[int]) -> list[int]:
+        """Receiver side of an exchange by marks (:func:`catch_up_keywords`, the Ray ingest
+        driver): through which page id of each shard's store (``[i]``) this shard's keyword
+        statistics count that shard's pages. Statistics never saved count none (the open
+        refits them from this shard's own pages): zeros. Saved with marks (by an exchange by
+        marks): those marks. Saved by an engine (it writes no marks, and saves after its
+        exchanges): every page there is, ``tops``, saved now with the statistics, so that a
+        run stopped before its exchange leaves marks below the pages it committed and the
+        next exchange by marks sends those pages too."""
+        raw = self.store.get_meta(_EXTRACTOR_KEY)
+        if raw is None:
+            return [0] * self.shard_count
+        saved = json.loads(raw).get(EXCHANGE_MARKS)
+        if isinstance(saved, dict) and saved.get("count") == self.shard_count:
+            return [int(m) for m in saved["through"]]
+        self.save_keywords(list(tops))
+        return list(tops)
+
+    def keyword_deltas(self, since: Sequence[int]) -> dict[str, Any]:
+        """Sender side: this shard's last page id (``top``) and the document frequencies of its
+        pages above each mark of ``since``, up to ``top`` (the caller accepts nothing
+        meanwhile)."""
+        top = self.page_watermark()
+        return {"top": top, "deltas": {m: self.keyword_delta_since(m) for m in since}}
+
+    def apply_exchange(self, delta: dict[str, Any], through: list[int]) -> None:
+        """Receiver side: add the other shards' frequencies and save them with the new marks in
+        one write, so a statistic and the mark that says it is counted are never apart."""
+        with self._lock:
+            self.apply_keyword_delta(delta)
+            self.save_keywords(through)
+
+    def save_keywords(self, through: list[int]) -> None:
+        """The keyword statistics as the engine saves them (the state and the page watermark
+        the open refits from), plus the exchange marks ``through``."""
+        with self._lock:
+            state = {
+                **self.extractor.to_dict(),
+                "page_watermark": self.page_watermark(),
+                EXCHANGE_MARKS: {"count": self.shard_count, "through": list(through)},
+            }
+            self.store.set_meta(_EXTRACTOR_KEY, json.dumps(state))
+
     # ------------------------------------------------------------------ assistant knowledge
     def _push_knowledge(self, db: Any, facts: list[Fact], emb: np.ndarray) -> None:
         """User facts go to the ring as usual; assistant facts wait in the outbox for the
@@ -672,6 +783,46 @@ def merge_deltas(deltas: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"n_docs": sum(int(d["n_docs"]) for d in deltas), "df": dict(df)}
 
 
+def exchange_senders(marks: Sequence[Sequence[int]]) -> list[list[int]]:
+    """For an exchange by marks (``marks[j][i]``: through which page of shard ``i`` receiver
+    ``j`` counts), the marks each shard ``i`` sends its pages above (one delta per distinct
+    mark, ascending)."""
+    n = len(marks)
+    return [sorted({marks[j][i] for j in range(n) if j != i}) for i in range(n)]
+
+
+def exchange_receipts(
+    marks: Sequence[Sequence[int]], sent: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """What each receiver ``j`` adds: every other shard ``i``'s delta above ``marks[j][i]``
+    (``sent[i]``: :meth:`ShardEngine.keyword_deltas` of :func:`exchange_senders`' marks)."""
+    n = len(marks)
+    return [
+        merge_deltas([sent[i]["deltas"][marks[j][i]] for i in range(n) if i != j]) for j in range(n)
+    ]
+
+
+def sent_documents(marks: Sequence[Sequence[int]], sent: Sequence[dict[str, Any]]) -> int:
+    """The documents an exchange by marks sent: each shard's pages above its lowest mark."""
+    since = exchange_senders(marks)
+    return sum(int(sent[i]["deltas"][s[0]]["n_docs"]) for i, s in enumerate(since) if s)
+
+
+def catch_up_keywords(engines: Sequence[ShardEngine]) -> int:
+    """Exchange by marks between shard engines in one process, before they accept anything:
+    each gets the keyword statistics of the other shards' pages its own do not count yet
+    (those an ``ingest --ray`` committed before it was stopped), and saves them with the
+    marks that say so. Returns the documents sent."""
+    tops = [e.page_watermark() for e in engines]
+    marks = [e.exchange_marks(tops) for e in engines]
+    sent = [e.keyword_deltas(s) for e, s in zip(engines, exchange_senders(marks), strict=True)]
+    through = [int(part["top"]) for part in sent]
+    for j, (e, delta) in enumerate(zip(engines, exchange_receipts(marks, sent), strict=True)):
+        if any(marks[j][i] != through[i] for i in range(len(engines)) if i != j):
+            e.apply_exchange(delta, through)  # (nothing new for it: no write)
+    return sent_documents(marks, sent)
+
+
 def _emb_blob(vec: np.ndarray) -> bytes:
     from memoryos_gpu.store.sqlite import emb_blob
 
@@ -727,7 +878,13 @@ class ShardedEngine:
     :meth:`delete_page` and :meth:`update_page`, which take the user and reach every shard.
 
     ``shards``: how many; ``config.store``: a directory (one SQLite store per shard, the
-    ``ingest --workers`` layout), a PostgreSQL URL (shared) or ``:memory:``.
+    ``ingest --workers`` layout), a PostgreSQL URL (shared) or ``:memory:``; a store laid out
+    for another count is refused (:func:`prepare_layout`).
+
+    On open, before the work the store owes runs, the shards catch up on the keyword
+    statistics of the pages no exchange gave them (:func:`catch_up_keywords`: an ``ingest
+    --ray`` stopped before its exchange), so the engines derive, and save, what one engine
+    holding every page would.
     """
 
     def __init__(
@@ -747,14 +904,21 @@ class ShardedEngine:
                 cfg = self.config.model_copy(
                     update={"store": shard_store(self.config.store, i, shards)}
                 )
-                self.engines.append(
-                    ShardEngine(cfg, shard=i, count=shards, embedder=embedder, llm=llm)
+                self.engines.append(  # the work owed waits for the keyword catch-up
+                    ShardEngine(
+                        cfg, shard=i, count=shards, embedder=embedder, llm=llm, hold_pending=True
+                    )
                 )
+            catch_up_keywords(self.engines)
         except BaseException:
             for e in self.engines:
                 e.close()
             raise
         self._lock = threading.RLock()
+        for e in self.engines:
+            e.release()
+            if e.pending_count():
+                e._process_owed()  # as an engine does on open: a failure leaves it pending
         self.sync_shards()
 
     # ------------------------------------------------------------------ routing

@@ -15,6 +15,7 @@ arena.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -206,8 +207,12 @@ class Rebuild:
             s.views.knowledge.update(zip(c["entry_id"].tolist(), c["text"], strict=True))
 
     def _refit_extractor(self) -> None:
-        """Restore the keyword statistics: the saved copy plus every page accepted after it
-        (a crash between saves must not leave pages out of the IDF for good)."""
+        """Restore the keyword statistics: the saved copy plus every page of this engine's
+        users accepted after it (a crash between saves must not leave pages out of the IDF for
+        good). This engine's users only: a shard's view of a shared store (PostgreSQL) sees
+        the other shards' pages too, and those reach a shard's statistics through the keyword
+        exchange alone (counted here as well, an interrupted ``ingest --ray`` counted them
+        twice once resumed)."""
         s = self._s
         blob = s.store.get_meta("keyword_extractor")
         watermark = 0
@@ -218,7 +223,16 @@ class Rebuild:
                 mark = s.store.query("SELECT COALESCE(MAX(page_id), 0) FROM pages")[0][0]
             watermark = int(mark)  # 0: saved while the store was empty, covers no page
             s.extractor.__dict__.update(KeywordExtractor.from_dict(saved).__dict__)
-        for (text,) in s.store.query(
-            "SELECT user_input || ' ' || agent_response FROM pages WHERE page_id > ?", (watermark,)
-        ):
+        for text in self._own_page_texts(watermark):
             s.extractor.update(text)
+
+    def _own_page_texts(self, watermark: int) -> Iterator[str]:
+        """The texts of the loaded users' pages with ``page_id > watermark`` (the users this
+        engine loaded are the ones it owns: all of a store's, or a shard's share of it, as
+        :meth:`_count_vocabulary` counts them)."""
+        users = self._s.users
+        rows = self._s.store.query(
+            "SELECT user_id, user_input || ' ' || agent_response FROM pages WHERE page_id > ?",
+            (watermark,),
+        )
+        return (text for uid, text in rows if uid in users)

@@ -101,6 +101,7 @@ def check_store_dir(base: Path) -> None:
     if manifest.is_file() and not (base / "memory.sqlite3").exists():
         raise StoreError(
             f"{base} is a sharded store (its users are in {base}/shard-I, {manifest.name}): "
-            "write it with `ingest --workers N` or `serve --engines N` as it was written, or "
-            "open one shard's directory"
+            "write it as it was written, with `ingest --workers N`, `ingest --ray --shards N` "
+            f"or `serve --engines N` (N: the count in its {manifest.name}), or open one "
+            "shard's directory"
         )
