@@ -294,6 +294,15 @@ class EngineConfig(BaseModel):
         "user, then the next, so each user's order holds); 1 = one page at a time, as the "
         "reference does.",
     )
+    shutdown_drain_s: float = Field(
+        20.0,
+        ge=0,
+        description="How long a server's shutdown (SIGTERM; MemoryService.close) goes on "
+        "running derived work; then what is left stays pending in the store (the next start "
+        "resumes it) and LLM requests in flight are cancelled, so a hung LLM server cannot "
+        "keep the process alive until an orchestrator kills it (Kubernetes after 30 s). "
+        "0 = leave every pending round for the next start.",
+    )
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> EngineConfig:

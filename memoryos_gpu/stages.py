@@ -6,8 +6,11 @@ Two modes share one interface so the engine never branches on it:
   :class:`~memoryos_gpu.llm.LLMBackend` as one batch. ``fused=True`` asks one structured call per
   evicted page (continuity + chain meta + topic summary + keywords) and one per promoted
   segment (profile + user facts + assistant facts); ``fused=False`` makes the paper's separate
-  calls. Invalid output falls back to the extractive result for that item (counted), so a bad
-  model answer never loses a page.
+  calls. Invalid output falls back to the extractive result for that item (counted in
+  ``stats.fallbacks`` per stage, and logged), so a bad model answer never loses a page. A
+  backend that fails a whole batch (an unreachable server, or one whose every request failed
+  server-side: :class:`~memoryos_gpu.llm.LLMBackendError`) fails the stage instead, and the
+  round's work stays pending: a fallback is stored for good, an outage is waited out.
 - :class:`ExtractiveStages` makes no LLM call: continuity by embedding similarity, keywords by
   the TF-IDF extractor weighed against the user's own vocabulary (words the page shares with
   the user's other pages, so pages on one topic share keywords and form segments), extractive
@@ -18,6 +21,7 @@ Two modes share one interface so the engine never branches on it:
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 import threading
 from collections import Counter
@@ -34,6 +38,10 @@ from memoryos_gpu.text.keywords import (
 )
 from memoryos_gpu.text.topics import topic_keywords, topic_weights
 from memoryos_gpu.text.vocabulary import UserVocabulary
+
+log = logging.getLogger("memoryos_gpu.stages")
+#: why an item fell back when no request failed: its output did not parse for its stage
+UNUSABLE_OUTPUT = "the model's output did not fit the stage's schema"
 
 
 @dataclass
@@ -333,17 +341,31 @@ class LLMStages:
             out.extend(results)
         return out
 
-    def _run(self, stage: str, built: list[tuple[list[dict], dict | None]]) -> list[Any]:
+    def _run(
+        self, stage: str, built: list[tuple[list[dict], dict | None]]
+    ) -> tuple[list[Any], str | None]:
         """Structured stage calls: the parsed JSON (or the raw text, for the stage parser to
-        repair) per prompt, None where the request failed."""
-        return [
-            r.parsed if r.parsed is not None else (r.text if not r.error else None)
-            for r in self._generate(stage, built)
+        repair) per prompt, None where the request failed; and the first request's error (why
+        items fell back, for the log)."""
+        results = self._generate(stage, built)
+        values = [
+            r.parsed if r.parsed is not None else (r.text if not r.error else None) for r in results
         ]
+        return values, next((r.error for r in results if r.error), None)
 
-    def _count_fallbacks(self, stage: str, n: int) -> None:
-        if n:
-            self.stats.add_fallbacks(stage, n)
+    def _count_fallbacks(self, stage: str, n: int, reason: str | None) -> None:
+        """Count and log ``n`` items of ``stage`` stored with the extractive fallback: they are
+        not redone, so a downgrade must show (``stats.fallbacks``, ``/v1/stats``, the log)."""
+        if not n:
+            return
+        self.stats.add_fallbacks(stage, n)
+        log.warning(
+            "LLM stage %r: %d item(s) stored with the extractive fallback "
+            "(mode 'llm-fallback', not redone): %s",
+            stage,
+            n,
+            reason or UNUSABLE_OUTPUT,
+        )
 
     # ------------------------------------------------------------------ pages
     def pages(self, work: Sequence[PageWork]) -> list[PageOutcome]:
@@ -357,7 +379,7 @@ class LLMStages:
         return page_waves_in_order(self.pages, waves)
 
     def _pages_fused(self, work: Sequence[PageWork]) -> list[PageOutcome]:
-        raw = self._run(
+        raw, error = self._run(
             "page", [prompts.fused_page(w.prev_page, w.prev_meta, w.page) for w in work]
         )
         out, failed = [], 0
@@ -369,26 +391,28 @@ class LLMStages:
             else:
                 continuous = r.continuous and w.prev_page is not None
                 out.append(PageOutcome(continuous, r.meta, r.summary, r.keywords, "llm"))
-        self._count_fallbacks("page", failed)
+        self._count_fallbacks("page", failed, error)
         return out
 
     def _pages_separate(self, work: Sequence[PageWork]) -> list[PageOutcome]:
         has_prev = [w for w in work if w.prev_page is not None]
-        cont_raw = self._run(
+        cont_raw, cont_error = self._run(
             "continuity", [prompts.continuity(w.prev_page, w.page) for w in has_prev]
         )
         continuity: dict[int, bool | None] = {
             id(w): prompts.parse_continuity(v) for w, v in zip(has_prev, cont_raw, strict=True)
         }
         flags = [bool(continuity.get(id(w))) for w in work]
-        meta_raw = self._run(
+        meta_raw, meta_error = self._run(
             "chain_meta",
             [
                 prompts.chain_meta(w.prev_meta if c else None, w.page)
                 for w, c in zip(work, flags, strict=True)
             ],
         )
-        topic_raw = self._run("topic_summary", [prompts.topic_summary([w.page]) for w in work])
+        topic_raw, topic_error = self._run(
+            "topic_summary", [prompts.topic_summary([w.page]) for w in work]
+        )
         out, failed = [], 0
         for w, c, mv, tv in zip(work, flags, meta_raw, topic_raw, strict=True):
             meta = prompts.parse_chain_meta(mv) if mv is not None else None
@@ -408,7 +432,7 @@ class LLMStages:
                 )
             else:
                 out.append(PageOutcome(c, meta, topic.summary, topic.keywords, "llm"))
-        self._count_fallbacks("page", failed)
+        self._count_fallbacks("page", failed, cont_error or meta_error or topic_error)
         return out
 
     def _fallback_page(self, w: PageWork) -> PageOutcome:
@@ -421,7 +445,7 @@ class LLMStages:
         if not work:
             return []
         if self.fused:
-            raw = self._run(
+            raw, error = self._run(
                 "promotion",
                 [
                     prompts.fused_promotion(
@@ -435,11 +459,16 @@ class LLMStages:
             )
             parsed = [prompts.parse_fused_promotion(v) if v is not None else None for v in raw]
         else:
-            prof = self._run("profile", [prompts.profile_update(w.profile, w.pages) for w in work])
-            uk = self._run("user_knowledge", [prompts.user_knowledge(w.pages) for w in work])
-            ak = self._run(
+            prof, p_error = self._run(
+                "profile", [prompts.profile_update(w.profile, w.pages) for w in work]
+            )
+            uk, u_error = self._run(
+                "user_knowledge", [prompts.user_knowledge(w.pages) for w in work]
+            )
+            ak, a_error = self._run(
                 "assistant_knowledge", [prompts.assistant_knowledge(w.pages) for w in work]
             )
+            error = p_error or u_error or a_error
             parsed = []
             for p, u, a in zip(prof, uk, ak, strict=True):
                 pu = prompts.parse_profile_update(p) if p is not None else None
@@ -468,7 +497,7 @@ class LLMStages:
                         assistant_decisions=_known(r.assistant_decisions, w.known_assistant),
                     )
                 )
-        self._count_fallbacks("promotion", failed)
+        self._count_fallbacks("promotion", failed, error)
         return out
 
     # ------------------------------------------------------------------ response

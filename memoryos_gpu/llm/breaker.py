@@ -9,6 +9,11 @@ batch paid ``timeout x tries`` on its own, and every later round of derived work
   server). ``closed`` → ``open`` once ``threshold`` of them happened in a row (a half-open probe
   failing reopens at once) → ``half_open`` after ``cooldown_s`` → ``closed`` on a connection.
   While open, requests fail at once instead of connecting.
+  :meth:`CircuitBreaker.trip` opens it at once for a server that answers but failed *every*
+  request of a batch after their retries (5xx, 429, timeouts: the backend decides): the next
+  batches would fail alike, each paying ``tries x backoff`` against a server that cannot
+  serve. It is not a connect failure and does not count towards ``threshold``; after the
+  cool-down the next batch goes as usual, and its first connection closes the breaker again.
 * :class:`ConnectGate` lets only one request at a time connect while the endpoint is unproven
   (before the first connection, after a connect failure, in half-open): the others of the
   batch wait for that probe's outcome instead of each waiting out its own connect timeout, so
@@ -61,11 +66,13 @@ class EndpointUnreachable(Exception):
 class Outage:
     """What an open (or failing) breaker knows, for the error message."""
 
-    what: str  # "connect timed out", "connection refused", "connect failed"
+    what: str  # "connect timed out", "connection refused", "connect failed"; for a failing
+    # server what failed ("all 4 requests of a batch, 3 tries each")
     tries: int  # consecutive connect failures
     detail: str  # the last failure, e.g. "ConnectError: [Errno 111] Connection refused"
     ago_s: float  # since the breaker opened (0 when it is not open)
     retry_in_s: float  # until half-open (0 when it is not open)
+    failing: bool = False  # opened by trip(): the server answered but failed everything
 
 
 class CircuitBreaker:
@@ -93,6 +100,7 @@ class CircuitBreaker:
         self._opened_at: float | None = None
         self._what = ""
         self._detail = ""
+        self._failing = False  # the last opening was trip()'s, not connect failures'
 
     @property
     def state(self) -> str:
@@ -116,6 +124,16 @@ class CircuitBreaker:
         with self._lock:
             self._failures = 0
             self._opened_at = None
+            self._failing = False
+
+    def trip(self, what: str, detail: str) -> None:
+        """Open now: the server answered but failed every request of a batch after their
+        retries (``what`` says how many, ``detail`` the last error). The tries are spent
+        already, so no threshold applies; the consecutive connect failures are untouched."""
+        with self._lock:
+            self._what, self._detail = what, detail
+            self._failing = True
+            self._opened_at = self.clock()
 
     def record_failure(self, what: str, detail: str) -> bool:
         """A connect failed; True when it (re)opened the breaker: it reached the threshold, or
@@ -124,6 +142,7 @@ class CircuitBreaker:
         with self._lock:
             self._failures += 1
             self._what, self._detail = what, detail
+            self._failing = False
             tripped = self._state() == HALF_OPEN or self._failures >= self.threshold
             if tripped:
                 self._opened_at = self.clock()
@@ -135,7 +154,14 @@ class CircuitBreaker:
             now = self.clock()
             ago = 0.0 if self._opened_at is None else now - self._opened_at
             left = max(0.0, self.cooldown_s - ago) if self._state() == OPEN else 0.0
-            return Outage(self._what, self._failures, self._detail, ago_s=ago, retry_in_s=left)
+            return Outage(
+                self._what,
+                self._failures,
+                self._detail,
+                ago_s=ago,
+                retry_in_s=left,
+                failing=self._failing,
+            )
 
 
 class Attempt:

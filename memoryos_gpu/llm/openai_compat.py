@@ -42,8 +42,11 @@ succeeded, which raise :class:`LLMBackendError` (wrong key, wrong URL, wrong mod
 server that cannot be connected to after the retries (refused, or the connect timed out)
 raises :class:`LLMBackendError` too, whether or not it answered before: every request of the
 batch would fail the same way, and the caller must retry the work later rather than take the
-failure as the model's answer. A malformed 200 answer (not JSON, not OpenAI's shape) is that
-request's error alone.
+failure as the model's answer. So does a batch whose requests *all* failed for a server-side
+reason after their retries (5xx, 429, a timeout, a dropped connection): a gateway answering
+502, a crashed model, a hung one. A malformed 200 answer (not JSON, not OpenAI's shape) and a
+4xx other than 429 are that request's error alone, and so is a server-side failure among
+answers: one request the server failed is not an outage.
 
 Unreachable endpoint (:mod:`~memoryos_gpu.llm.breaker`): connect failures are counted per
 backend instance. While the endpoint is unproven (before the first connection, after a connect
@@ -52,13 +55,20 @@ sent to a dead endpoint makes ``max_retries + 1`` connect attempts in all, not t
 request. After ``max_retries + 1`` consecutive connect failures the circuit breaker opens:
 every request fails at once with :class:`LLMBackendError` for ``breaker_cooldown_s`` (30 s),
 then one probe may connect (success closes the breaker, failure reopens it). HTTP answers of
-any status and read timeouts of a reachable server never count: a failing or slow model is
-not an unreachable one.
+any status and read timeouts of a reachable server never count as connect failures: a failing
+or slow model is not an unreachable one. A batch whose every request failed server-side opens
+the breaker at once (:meth:`CircuitBreaker.trip`) with a message saying the server answers but
+cannot serve: the next batches would fail alike, each paying its retries.
+
+:meth:`OpenAICompatBackend.close` cancels the batches in flight: their callers get
+:class:`LLMBackendError` at once instead of waiting for a server that may never answer (a
+server's shutdown deadline relies on it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import email.utils
 import json
@@ -238,53 +248,79 @@ class OpenAICompatBackend(LLMBackend):
     # ------------------------------------------------------------------ loop management
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        """The backend's event loop, started on first use; the caller holds ``_start_lock``."""
         if self._closed:
             raise LLMBackendError("OpenAICompatBackend is closed")
-        with self._start_lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
 
-                def run() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
 
-                t = threading.Thread(target=run, name="memoryos-llm-http", daemon=True)
-                t.start()
-                ready.wait()
-                self._loop, self._thread = loop, t
-        assert self._loop is not None
+            t = threading.Thread(target=run, name="memoryos-llm-http", daemon=True)
+            t.start()
+            ready.wait()
+            self._loop, self._thread = loop, t
         return self._loop
 
     def _submit(self, requests: list[ChatRequest]) -> Future[list[ChatResult]]:
-        loop = self._ensure_loop()
-        if threading.current_thread() is self._thread:
-            raise LLMBackendError("generate() called from the backend's own event loop thread")
-        return asyncio.run_coroutine_threadsafe(self._run_batch(requests), loop)
+        """Schedule a batch on the loop. Under ``_start_lock``, as :meth:`close` marks the
+        backend closed: a batch is either scheduled before close cancels what is in flight,
+        or refused, never left on a stopped loop (its caller would wait for good)."""
+        with self._start_lock:
+            loop = self._ensure_loop()
+            if threading.current_thread() is self._thread:
+                raise LLMBackendError("generate() called from the backend's own event loop thread")
+            return asyncio.run_coroutine_threadsafe(self._run_batch(requests), loop)
 
     # ------------------------------------------------------------------ public API
 
     def _generate_batch(self, requests: list[ChatRequest]) -> list[ChatResult]:
-        return self._submit(requests).result()
+        try:
+            return self._submit(requests).result()
+        except concurrent.futures.CancelledError:  # close() cancelled it
+            raise LLMBackendError(self._closed_in_flight()) from None
 
     async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
         reqs = _check_requests(requests)
         if not reqs:
             return []
-        results = await asyncio.wrap_future(self._submit(reqs))
+        try:
+            results = await asyncio.wrap_future(self._submit(reqs))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._closed or (task is not None and task.cancelling()):
+                raise  # the caller was cancelled, not the batch
+            raise LLMBackendError(self._closed_in_flight()) from None
         self.stats.record_batch(reqs, results)
         return results
 
+    def _closed_in_flight(self) -> str:
+        return (
+            f"the LLM backend for {self._shown_url} was closed while this batch was in flight: "
+            "it was not answered"
+        )
+
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        loop, thread = self._loop, self._thread
+        """Cancel the batches in flight (their callers get :class:`LLMBackendError` now, not
+        when a hung server answers), close the HTTP client and stop the loop. Idempotent."""
+        with self._start_lock:
+            if self._closed:
+                return
+            self._closed = True
+            loop, thread = self._loop, self._thread
         if loop is None:
             return
 
         async def shutdown() -> None:
+            me = asyncio.current_task()
+            in_flight = [t for t in asyncio.all_tasks() if t is not me]
+            for t in in_flight:
+                t.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
             if self._client is not None:
                 await self._client.aclose()
 
@@ -308,7 +344,7 @@ class OpenAICompatBackend(LLMBackend):
 
     async def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResult]:
         if self.breaker.state == OPEN:  # fail the whole batch at once, no task started
-            raise LLMBackendError(self._unreachable())
+            raise LLMBackendError(self._refusal())
         if self._client is None:
             limits = httpx.Limits(
                 max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency
@@ -320,12 +356,29 @@ class OpenAICompatBackend(LLMBackend):
             self._sem = asyncio.Semaphore(self.max_concurrency)
         tasks = [asyncio.ensure_future(self._one(r)) for r in requests]
         try:
-            return list(await asyncio.gather(*tasks))
+            outcomes = await asyncio.gather(*tasks)
         except _Fatal as e:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise LLMBackendError(str(e)) from None
+        results = [r for r, _ in outcomes]
+        if all(server_side for _, server_side in outcomes):
+            raise LLMBackendError(self._failed_everything(results))
+        return results
+
+    def _failed_everything(self, results: list[ChatResult]) -> str:
+        """Open the breaker for a batch whose every request failed server-side after its
+        retries, and say so: taking those failures as the model's answers would store the
+        callers' fallbacks for good, and the next batches would pay the retries again."""
+        tries = self.max_retries + 1
+        n = len(results)
+        what = (
+            f"{'the one request' if n == 1 else f'all {n} requests'} of a batch failed, "
+            f"{tries} {'try' if tries == 1 else 'tries'} each"
+        )
+        self.breaker.trip(what, results[-1].error or "")
+        return self._failing()
 
     def style_for(self, stage: str) -> str:
         """The ``response_format`` style requests of ``stage`` are sent with now."""
@@ -422,7 +475,9 @@ class OpenAICompatBackend(LLMBackend):
                 self.url, json=body, headers=self._headers, extensions=ext
             )
 
-    async def _one(self, req: ChatRequest) -> ChatResult:
+    async def _one(self, req: ChatRequest) -> tuple[ChatResult, bool]:
+        """One request with its retries and resends: its result, and whether it failed for a
+        server-side reason (5xx, 429, a timeout, a dropped connection) after its retries."""
         assert self._client is not None and self._sem is not None
         attempt = 0  # retries used
         resends = 0  # immediate resends after a 400 that changed the body (bounded: a server
@@ -438,7 +493,7 @@ class OpenAICompatBackend(LLMBackend):
                 resp = await self._attempt(body)
                 status, content, headers = resp.status_code, resp.content, resp.headers
             except EndpointUnreachable:
-                raise _Fatal(self._unreachable()) from None
+                raise _Fatal(self._refusal()) from None
             except _ConnectFailed as e:  # short of opening the breaker: retried
                 last_error, status, connect_failed = str(e), None, True
                 if attempt >= self.max_retries:  # this request's tries are spent all the same
@@ -460,9 +515,9 @@ class OpenAICompatBackend(LLMBackend):
                             self.stats.add(retries=1)
                             await asyncio.sleep(self._backoff(attempt - 1, None))
                             continue
-                        return ChatResult.failed(last_error)
+                        return ChatResult.failed(last_error), False
                     self._contacted = True
-                    return self._result(req, data, content)
+                    return self._result(req, data, content), False
                 err = parse_error(content)
                 last_error = f"HTTP {status}: {err.message}"
                 if resends < _MAX_RESENDS and (
@@ -484,15 +539,33 @@ class OpenAICompatBackend(LLMBackend):
                     url = redact_url(self.url)
                     raise _Fatal(f"LLM server at {url} answered {last_error} ({hint})")
                 if status not in _RETRY_STATUS and status < 500:
-                    return ChatResult.failed(last_error)
+                    return ChatResult.failed(last_error), False
                 retry_after = _retry_after(headers)
-            if attempt >= self.max_retries:
-                return ChatResult.failed(f"{last_error} (gave up after {attempt} retries)")
+            if attempt >= self.max_retries:  # server-side: 5xx, 429, a timeout, a dropped line
+                gave_up = ChatResult.failed(f"{last_error} (gave up after {attempt} retries)")
+                return gave_up, status is None or status >= 500 or status == 429
             # after a connect failure the gate paces the next try, shared by the whole batch
             delay = 0.0 if connect_failed else self._backoff(attempt, retry_after)
             attempt += 1
             self.stats.add(retries=1)
             await asyncio.sleep(delay)
+
+    def _refusal(self) -> str:
+        """Why a batch is refused while the breaker is open: unreachable, or failing."""
+        return self._failing() if self.breaker.outage().failing else self._unreachable()
+
+    def _failing(self) -> str:
+        """The message of the LLMBackendError raised while the breaker is open because the
+        server answered but failed every request of a batch (:meth:`_failed_everything`)."""
+        out = self.breaker.outage()
+        ago = f", {out.ago_s:.0f} s ago" if out.ago_s >= 1 else ""
+        wait = f"; not trying again for {out.retry_in_s:.3g} s" if out.retry_in_s > 0 else ""
+        return (
+            f"the LLM server at {self._shown_url} answers but cannot serve ({out.what}{ago})"
+            f"{wait}. Check the server and what is in front of it: a gateway answering 502/503, "
+            "a crashed or overloaded model, a rate limit's 429, or a model slower than "
+            f"timeout_s ({self.timeout_s:g} s). Last error: {out.detail}"
+        )
 
     def _unreachable(self, failure: _ConnectFailed | None = None, tries: int = 1) -> str:
         """The message of the LLMBackendError raised when the server cannot be connected to:

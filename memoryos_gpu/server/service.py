@@ -13,8 +13,11 @@
   latency does not include it. :meth:`MemoryService.wait_for_user` is the read-your-writes
   barrier.
 * Every engine call runs on a dedicated executor thread, never on the event loop.
-* Shutdown (:meth:`MemoryService.close`) refuses new work, drains every queue, finishes the
-  derived work and closes the engine (when the service built it).
+* Shutdown (:meth:`MemoryService.close`) refuses new work, drains every queue, runs derived
+  work until a deadline (``EngineConfig.shutdown_drain_s``) and closes the engine (when the
+  service built it). What is left then stays pending in the store, where the next open
+  resumes it; LLM requests in flight are cancelled, so a hung LLM server cannot hold the
+  process past the deadline (an orchestrator would kill it, mid-write, soon after).
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ log = logging.getLogger("memoryos_gpu.server")
 T = TypeVar("T")
 #: The longest wait between tries of a derived-work round that keeps failing (_derived_loop).
 DERIVED_RETRY_MAX_S = 60.0
+#: How long close() still waits, once the deadline passed and the LLM backend was closed, for
+#: the derived round in flight to unwind (its requests are cancelled at once; the round then
+#: fails like any round whose LLM failed, and its work stays pending).
+ABORT_GRACE_S = 5.0
 #: The longest wait between tries to load the engine while its store is unavailable (_load).
 LOAD_RETRY_MAX_S = 30.0
 LOAD_RETRY_FIRST_S = 1.0
@@ -161,6 +168,9 @@ class MemoryService:
     health checks answer while a large store loads), a ready ``MemoryEngine`` (used as is; not
     closed on shutdown unless ``settings.close_engine``), or a zero-argument factory.
     """
+
+    #: what :meth:`close` did, for the server's last log line
+    closed_message = "queues drained, derived work done, engine closed"
 
     def __init__(
         self,
@@ -332,7 +342,15 @@ class MemoryService:
                 return None  # closed while waiting
 
     async def close(self) -> None:
-        """Stop accepting, drain the queues, finish derived work, close the engine if owned."""
+        """Stop accepting, drain the queues, run derived work until the shutdown deadline,
+        close the engine if owned.
+
+        The deadline (``EngineConfig.shutdown_drain_s`` after the call) bounds the wait for
+        the LLM: past it, an engine the service closes has its LLM backend closed, which fails
+        the requests in flight (the round they belong to fails and its work stays pending, as
+        for any LLM failure; a response waiting for them fails), and no new round starts.
+        Pending work is durable: the next open resumes it. An engine the service does not
+        close keeps its backend; a round in flight then finishes in the background."""
         if self.state in ("closing", "closed"):
             return
         if self._loading is not None and not self._loading.done():
@@ -340,35 +358,104 @@ class MemoryService:
             await self._loading
         was_ready = self.state == "ready"
         self.state = "closing"
+        deadline = time.monotonic() + self._shutdown_drain_s()
         if was_ready:
-            # writes first (they are the only thing that must not be lost), then the rest
-            await self._batchers["write"].drain()
-            await asyncio.gather(
-                self._batchers["retrieve"].drain(), self._batchers["respond"].drain()
-            )
+            await self._drain_queues(deadline)
         self._derived_stop.set()
         self._derived_wake.set()
         self._derived_urgent.set()
-        loop = asyncio.get_running_loop()
-        if self._derived_thread is not None:
-            await loop.run_in_executor(None, self._derived_thread.join)
         if self.engine is not None:
-            close = self.settings.close_engine
-            if close is None:
-                close = self._owns_engine
-            await loop.run_in_executor(self._write_exec, self._finish_engine, close)
+            await self._finish_engine(deadline)
         for ex in (self._read_exec, self._write_exec, self._misc_exec, self._respond_exec):
             if ex is not None:
                 ex.shutdown(wait=True)
         self.state = "closed"
 
-    def _finish_engine(self, close: bool) -> None:
+    async def _drain_queues(self, deadline: float) -> None:
+        """Writes first (they are the only thing that must not be lost), then the rest; a
+        response still waiting for the LLM at the ``deadline`` gets its LLM closed."""
+        await self._batchers["write"].drain()
+        others = asyncio.gather(
+            self._batchers["retrieve"].drain(), self._batchers["respond"].drain()
+        )
+        if not await _done_by(others, deadline):
+            await self._abort_llm("responses")
+        await others
+
+    async def _finish_engine(self, deadline: float) -> None:
+        """Derived work until the ``deadline``, then the engine closed (when owned);
+        :attr:`closed_message` says what was left pending."""
+        await self._drain_derived(deadline)
+        loop = asyncio.get_running_loop()
+        left = await loop.run_in_executor(self._write_exec, self._pending_left)
+        closes = self._closes_engine()
+        self.closed_message = f"queues drained, {left}" + (", engine closed" if closes else "")
+        if closes:
+            await loop.run_in_executor(self._write_exec, self.engine.close)
+
+    def _pending_left(self) -> str:
+        """What shutdown's derived work left, in words."""
         try:
-            self.engine.process_pending()
-        except Exception:
-            log.exception("derived work failed at shutdown (it stays pending in the store)")
-        if close:
-            self.engine.close()
+            left = int(self.engine.pending_count())
+        except Exception:  # a store that failed: the close goes on, the message says less
+            return "derived work stopped"
+        if left:
+            return f"{left} derived item(s) left pending in the store for the next start"
+        return "derived work done"
+
+    def _closes_engine(self) -> bool:
+        close = self.settings.close_engine
+        return self._owns_engine if close is None else close
+
+    def _shutdown_drain_s(self) -> float:
+        """The engine's ``shutdown_drain_s`` (EngineConfig's default for an engine without)."""
+        default = EngineConfig.model_fields["shutdown_drain_s"].default
+        return float(getattr(getattr(self.engine, "config", None), "shutdown_drain_s", default))
+
+    async def _drain_derived(self, deadline: float) -> None:
+        """Let the round in flight finish, then run rounds until nothing is pending or the
+        ``deadline`` passed (:meth:`_drain_rounds`, on a thread of its own so that waiting on
+        it can stop at the deadline); past it, abort the LLM and give the round
+        :data:`ABORT_GRACE_S` to unwind."""
+        drain = threading.Thread(
+            target=self._drain_rounds, args=(deadline,), name="memoryos-drain", daemon=True
+        )
+        drain.start()
+        if await _joined_by(drain, deadline):
+            return
+        await self._abort_llm("derived work")
+        if self._closes_engine():
+            await _joined_by(drain, time.monotonic() + ABORT_GRACE_S)
+
+    def _drain_rounds(self, deadline: float) -> None:
+        """Shutdown's derived work: after the derived thread's round in flight, one round at a
+        time while time is left and rounds take work; a failure ends it (the work stays
+        pending in the store)."""
+        _limit_native_threads(self._native_threads)
+        if self._derived_thread is not None:
+            self._derived_thread.join()
+        while time.monotonic() < deadline:
+            try:
+                done = self.engine.process_pending(max_batch=self._derived_max_batch, max_rounds=1)
+            except Exception as exc:
+                _log_failure("derived work failed at shutdown; it stays pending in the store", exc)
+                return
+            if not (sum(done.values()) if isinstance(done, dict) else 0):
+                return
+
+    async def _abort_llm(self, what: str) -> None:
+        """The shutdown deadline passed with ``what`` still waiting: close the LLM backend of
+        an engine the service closes anyway, cancelling its requests in flight."""
+        llm = getattr(self.engine, "llm", None) if self._closes_engine() else None
+        log.warning(
+            "shutdown: %s still running after %g s (shutdown_drain_s)%s; unfinished derived "
+            "work stays pending in the store for the next start",
+            what,
+            self._shutdown_drain_s(),
+            "; cancelling the LLM requests in flight" if llm is not None else "",
+        )
+        if llm is not None:
+            await asyncio.get_running_loop().run_in_executor(None, llm.close)
 
     # ================================================================== state
     @property
@@ -685,13 +772,11 @@ class MemoryService:
             try:
                 self._derived_round()
             except Exception as exc:
+                if self._derived_stop.is_set():  # e.g. the LLM closed at the shutdown deadline
+                    _log_failure("derived work stopped by shutdown; it stays pending", exc)
+                    break
                 delay = next(delays)
-                if isinstance(exc, MemoryOSError):  # says what happened: no traceback needed
-                    log.error(
-                        "derived work failed: %s; it stays pending, next try in %g s", exc, delay
-                    )
-                else:
-                    log.exception("derived work failed; it stays pending, next try in %g s", delay)
+                _log_failure(f"derived work failed; it stays pending, next try in {delay:g} s", exc)
                 self._derived_stop.wait(delay)
             else:
                 delays = doubling(1.0, DERIVED_RETRY_MAX_S)
@@ -719,3 +804,29 @@ class MemoryService:
             self.metrics.observe_batch("derived", "process_pending", n, dt)
         if n:
             self._derived_wake.set()  # the rest, and what came meanwhile, gather next
+
+
+def _log_failure(what: str, exc: Exception) -> None:
+    """Log a failed derived round: our own errors say what happened (no traceback needed), a
+    bug gets its traceback."""
+    if isinstance(exc, MemoryOSError):
+        log.error("%s: %s", what, exc)
+    else:
+        log.error("%s", what, exc_info=exc)
+
+
+async def _done_by(aw: Any, deadline: float) -> bool:
+    """Whether ``aw`` finished by ``deadline`` (``time.monotonic()``); it is not cancelled
+    when it did not."""
+    done, _ = await asyncio.wait({asyncio.ensure_future(aw)}, timeout=_left(deadline))
+    return bool(done)
+
+
+async def _joined_by(thread: threading.Thread, deadline: float) -> bool:
+    """Whether ``thread`` ended by ``deadline``, waited for off the event loop."""
+    await asyncio.get_running_loop().run_in_executor(None, thread.join, _left(deadline))
+    return not thread.is_alive()
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
