@@ -134,6 +134,19 @@ def score_tol(cpu: float) -> float:
     return cpu if TEST_DEVICE == "cpu" else max(cpu, 2e-3)
 
 
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[Any]:
+    """One local Ray for a test module (2 CPUs, no dashboard, workers' logs not echoed):
+    started unless one runs, shut down after the module; skips without Ray."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'memoryos-gpu[ray]'")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def kit() -> SimpleNamespace:
     """The helpers above, as a fixture: ``from conftest import`` is ambiguous because

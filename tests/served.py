@@ -38,15 +38,9 @@ def hashing(store: Path | str = ":memory:", **kw: Any) -> EngineConfig:
 
 
 @contextmanager
-def serve(
-    source: Any,
-    *,
-    keys: dict[str, str] | None = KEYS,
-    wait_ready: bool = True,
-    **settings: Any,
-) -> Iterator[httpx.Client]:
-    """A real uvicorn server in a thread; yields an httpx client bound to it."""
-    app = create_app(source, api_keys=keys, settings=ServerSettings(**settings), use_env_keys=False)
+def running(app: Any) -> Iterator[tuple[int, uvicorn.Server]]:
+    """An ASGI app on a real uvicorn server in a thread, started within 30 s; yields its port
+    and the server, stopped (and its thread joined) on exit."""
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
@@ -57,17 +51,34 @@ def serve(
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
         time.sleep(0.01)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-    client.app = app  # type: ignore[attr-defined]
-    client.server = server  # type: ignore[attr-defined]
     try:
-        if wait_ready:
-            while client.get("/ready").status_code != 200:
-                assert time.monotonic() < deadline, client.get("/ready").json()
-                time.sleep(0.02)
-        yield client
+        yield port, server
     finally:
-        client.close()
         server.should_exit = True
         thread.join(30)
         assert not thread.is_alive()
+
+
+@contextmanager
+def serve(
+    source: Any,
+    *,
+    keys: dict[str, str] | None = KEYS,
+    wait_ready: bool = True,
+    **settings: Any,
+) -> Iterator[httpx.Client]:
+    """The app over ``source`` (:func:`running`); yields an httpx client bound to it."""
+    app = create_app(source, api_keys=keys, settings=ServerSettings(**settings), use_env_keys=False)
+    with running(app) as (port, server):
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        client.app = app  # type: ignore[attr-defined]
+        client.server = server  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 30
+        try:
+            if wait_ready:
+                while client.get("/ready").status_code != 200:
+                    assert time.monotonic() < deadline, client.get("/ready").json()
+                    time.sleep(0.02)
+            yield client
+        finally:
+            client.close()

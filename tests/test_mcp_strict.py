@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +21,7 @@ pytest.importorskip("mcp.server.mcpserver")
 uvicorn = pytest.importorskip("uvicorn")
 
 from mcp import Client  # noqa: E402
-from served import free_port  # noqa: E402
+from served import running  # noqa: E402
 
 from memoryos_gpu.config import EngineConfig  # noqa: E402
 from memoryos_gpu.server.mcp_server import build_mcp, http_app  # noqa: E402
@@ -110,21 +109,8 @@ def _mcp_http() -> Iterator[int]:
     """A streamable HTTP MCP server (stateless, JSON answers) in a thread; yields its port."""
     service = _service()
     app = http_app(service, build_mcp(service), stateless=True, json_response=True)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
+    with running(app) as (port, _):
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def test_a_client_gone_before_its_body_is_one_info_line(

@@ -170,18 +170,6 @@ def test_address_auto_with_no_cluster_says_so(monkeypatch):
 
 
 # ====================================================================== with Ray
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 def test_a_shard_actor_open_error_comes_out_as_itself(ray_local, tmp_path):
     """A writer that takes a shard after the driver's check: the actor's StoreLockedError is
     raised as itself (was: an ActorDiedError wrapping its traceback, after crash dumps)."""

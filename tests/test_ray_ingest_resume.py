@@ -40,18 +40,6 @@ needs_pg = pytest.mark.skipif(not PG_URL, reason="MEMORYOS_GPU_TEST_PG_URL is no
 KW: dict[str, Any] = {"batch_size": 16, "shard_cpus": 0.25}
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 class _Stop(Exception):
     """Stands for a crash (or a Ctrl-C under the old code) between two windows."""
 

@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_distributed import _start_serve
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.distributed.sharding import ShardedEngine, ShardMap
+
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
 
 PAGES = [
     {
@@ -30,42 +33,6 @@ PAGES = [
     }
     for i in range(6)
 ]
-
-
-@pytest.fixture(scope="module")
-def ray_local() -> Any:
-    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'memoryos-gpu[ray]'")
-    pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_serve(serve: Any, attempts: int = 3) -> int:
-    """Serve's HTTP proxy on a free port (retried: its start can time out on 2 busy cores)."""
-    import ray
-
-    for attempt in range(attempts):
-        port = _free_port()
-        try:
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            return port
-        except (ray.exceptions.RayError, TimeoutError):
-            serve.shutdown()
-            if attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")
 
 
 def _config(store: Path) -> EngineConfig:
