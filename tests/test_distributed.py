@@ -333,15 +333,10 @@ def test_assistant_knowledge_is_the_same_on_every_shard(backend, tmp_path):
 
 # ------------------------------------------------------------------------------ local Ray
 @pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'memoryos-gpu[ray]'")
+def ray_local(ray_local):
+    """conftest's local Ray, for the tests here that also need Ray Data (ingest_ray)."""
     pytest.importorskip("ray.data", reason="Ray Data is not installed")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
+    return ray_local
 
 
 def write_input(path: Path, rows: list[dict[str, Any]]) -> Path:

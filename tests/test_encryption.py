@@ -235,10 +235,9 @@ def test_rekey_is_refused_while_a_writer_holds_the_store(tmp_path: Path) -> None
     assert len(_pages(store, KEY)) == PAGES
 
 
-def test_rekey_failing_before_the_rename_leaves_the_store_as_it_was(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = tmp_path / "s.sqlite3"
+def _rekey_failing_at_the_rename(store: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """A store filled under KEY whose rekey to "new" fails at its final rename (what a crash
+    there leaves: the complete copy beside the store); returns the store's pages before."""
     fill(store, KEY)
     before = _pages(store, KEY)
 
@@ -249,6 +248,14 @@ def test_rekey_failing_before_the_rename_leaves_the_store_as_it_was(
         m.setattr(enc.os, "replace", fail)
         with pytest.raises(OSError, match="disk went away"):
             enc.rekey(store, SecretStr(KEY), SecretStr("new"))
+    return before
+
+
+def test_rekey_failing_before_the_rename_leaves_the_store_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = tmp_path / "s.sqlite3"
+    before = _rekey_failing_at_the_rename(store, monkeypatch)
     assert Path(f"{store}.rekey-tmp").exists()  # what a crash there would leave
     assert _pages(store, KEY) == before  # the old key still opens everything
     enc.rekey(store, SecretStr(KEY), SecretStr("new"))  # and a rerun replaces the leftover
@@ -264,16 +271,7 @@ def test_the_copy_of_a_rekey_that_died_is_removed_by_the_next_writer(
     leave them until a rerun of rekey. An engine opening the store for writing removes them;
     the store is the one it was, under its old key."""
     store = tmp_path / "s.sqlite3"
-    fill(store, KEY)
-    before = _pages(store, KEY)
-
-    def killed(*_: object) -> None:
-        raise OSError("killed")
-
-    with monkeypatch.context() as m:
-        m.setattr(enc.os, "replace", killed)
-        with pytest.raises(OSError, match="killed"):
-            enc.rekey(store, SecretStr(KEY), SecretStr("new"))
+    before = _rekey_failing_at_the_rename(store, monkeypatch)
     copy, journal = Path(f"{store}.rekey-tmp"), Path(f"{store}.rekey-tmp-journal")
     journal.write_bytes(b"\0" * 512)
     assert copy.stat().st_size > 0

@@ -97,6 +97,7 @@ from memoryos_gpu.llm.breaker import (
     CircuitBreaker,
     ConnectGate,
     EndpointUnreachable,
+    Outage,
     describe,
 )
 from memoryos_gpu.llm.jsonfix import parse_json_output
@@ -558,8 +559,7 @@ class OpenAICompatBackend(LLMBackend):
         """The message of the LLMBackendError raised while the breaker is open because the
         server answered but failed every request of a batch (:meth:`_failed_everything`)."""
         out = self.breaker.outage()
-        ago = f", {out.ago_s:.0f} s ago" if out.ago_s >= 1 else ""
-        wait = f"; not trying again for {out.retry_in_s:.3g} s" if out.retry_in_s > 0 else ""
+        ago, wait = _since_and_until(out)
         return (
             f"the LLM server at {self._shown_url} answers but cannot serve ({out.what}{ago})"
             f"{wait}. Check the server and what is in front of it: a gateway answering 502/503, "
@@ -575,9 +575,8 @@ class OpenAICompatBackend(LLMBackend):
         out = self.breaker.outage()
         what, detail = (out.what, out.detail) if failure is None else (failure.kind, failure.detail)
         tries = out.tries if failure is None else tries
-        ago = f", {out.ago_s:.0f} s ago" if out.ago_s >= 1 else ""
+        ago, wait = _since_and_until(out)
         before = "; it answered earlier: did it stop?" if self._contacted else ""
-        wait = f"; not trying again for {out.retry_in_s:.3g} s" if out.retry_in_s > 0 else ""
         return (
             f"cannot connect to the LLM server at {self._shown_url}: unreachable ({what} after "
             f"{tries} {'try' if tries == 1 else 'tries'}{ago}{before}){wait}. Is it running "
@@ -625,3 +624,11 @@ def _retry_after(headers: httpx.Headers) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, dt.timestamp() - time.time())
+
+
+def _since_and_until(out: Outage) -> tuple[str, str]:
+    """The parts of a refusal that say since when the breaker is open and until when nothing
+    is tried (each empty when it does not apply)."""
+    ago = f", {out.ago_s:.0f} s ago" if out.ago_s >= 1 else ""
+    wait = f"; not trying again for {out.retry_in_s:.3g} s" if out.retry_in_s > 0 else ""
+    return ago, wait

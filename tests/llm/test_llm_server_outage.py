@@ -19,6 +19,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,16 +154,29 @@ def test_client_errors_and_malformed_answers_are_each_requests_own(
         assert b.breaker.state == "closed"
 
 
-def test_close_cancels_a_batch_in_flight(server: FakeServer) -> None:
-    """A hung server: close() fails the batch now instead of after timeout_s x tries."""
+def _late(n: int, body: dict) -> Reply:
+    return 200, {}, ok_body("late"), 0
+
+
+def hang(
+    server: FakeServer, seconds: float, answer: Callable[[int, dict], Reply] = _late
+) -> tuple[threading.Event, threading.Event]:
+    """Script ``server`` to hold every request until released (at most ``seconds``), then
+    give ``answer``; returns (a request arrived, release)."""
     got, release = threading.Event(), threading.Event()
 
-    def hang(n: int, body: dict) -> Reply:
+    def held(n: int, body: dict) -> Reply:
         got.set()
-        release.wait(60)
-        return 200, {}, ok_body("late"), 0
+        release.wait(seconds)
+        return answer(n, body)
 
-    server.script = hang
+    server.script = held
+    return got, release
+
+
+def test_close_cancels_a_batch_in_flight(server: FakeServer) -> None:
+    """A hung server: close() fails the batch now instead of after timeout_s x tries."""
+    got, release = hang(server, 60)
     b = backend(server, timeout_s=60, max_retries=4)
     raised: list[BaseException] = []
 
@@ -277,14 +291,7 @@ def test_shutdown_with_a_hung_llm_ends_by_the_deadline_and_leaves_the_work_pendi
 ) -> None:
     """Defaults that make one wave cost 5 x 60 s: shutdown still ends by the deadline (plus
     the round's unwinding), and the round's pages stay pending in the store."""
-    got, release = threading.Event(), threading.Event()
-
-    def hang(n: int, body: dict) -> Reply:
-        got.set()
-        release.wait(120)
-        return stage_answer(n, body)
-
-    server.script = hang
+    got, release = hang(server, 120, stage_answer)
     store = tmp_path / "memory.sqlite3"
     drain_s = 1.0
 
@@ -319,14 +326,7 @@ def test_shutdown_with_a_hung_llm_ends_by_the_deadline_and_leaves_the_work_pendi
 def test_shutdown_with_a_response_waiting_for_a_hung_llm_ends_by_the_deadline(
     server: FakeServer,
 ) -> None:
-    got, release = threading.Event(), threading.Event()
-
-    def hang(n: int, body: dict) -> Reply:
-        got.set()
-        release.wait(120)
-        return 200, {}, ok_body("late"), 0
-
-    server.script = hang
+    got, release = hang(server, 120)
 
     def make() -> MemoryEngine:
         llm = backend(server, timeout_s=60, max_retries=4)
