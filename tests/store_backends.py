@@ -78,7 +78,7 @@ class RawPostgres:
     def __init__(self, url: str) -> None:
         import psycopg
 
-        from memoryos_gpu.store.postgres import PgConnection
+        from memoryos_gpu.store.pg_connection import PgConnection
 
         self._conn = psycopg.connect(url, autocommit=True)
         self._db = PgConnection(self._conn)
@@ -101,12 +101,12 @@ class Backend:
         if kind == "postgres":
             import psycopg
 
-            import memoryos_gpu.store.postgres as module
+            import memoryos_gpu.store.postgres_schema as module
 
             self.IntegrityError: type[Exception] = psycopg.IntegrityError
             self.module: Any = module
         else:
-            import memoryos_gpu.store.sqlite as module
+            import memoryos_gpu.store.sqlite_schema as module
 
             self.IntegrityError = sqlite3.IntegrityError
             self.module = module

@@ -90,12 +90,12 @@ def _page_row(pid: int, seq: int, tier: str, chain: int | None, meta: str | None
 def test_a_schema_4_store_keeps_each_chains_newest_meta(
     backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memoryos_gpu.store.sqlite as sq
+    import memoryos_gpu.store.sqlite_schema as sq
 
     spec = backend.spec("v4")
     monkeypatch.setattr(sq, "SCHEMA_VERSION", 4)
     monkeypatch.setattr(
-        sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"chains", "page_vectors", "claims"}
+        sq, "REQUIRED_TABLES", sq.REQUIRED_TABLES - {"chains", "page_vectors", "claims"}
     )
     st = backend.open(spec)
     rows = [

@@ -129,11 +129,11 @@ def test_a_kill_between_a_round_and_its_promotions_changes_no_promotion(tmp_path
 def test_a_schema_6_store_gets_the_claims_table(
     backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memoryos_gpu.store.sqlite as sq
+    import memoryos_gpu.store.sqlite_schema as sq
 
     spec = backend.spec("v6")
     monkeypatch.setattr(sq, "SCHEMA_VERSION", 6)
-    monkeypatch.setattr(sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"claims"})
+    monkeypatch.setattr(sq, "REQUIRED_TABLES", sq.REQUIRED_TABLES - {"claims"})
     st = backend.open(spec)
     assert "claims" not in st._table_names()
     st.close()

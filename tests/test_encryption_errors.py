@@ -32,7 +32,7 @@ from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.store import StoreError, StoreFullError, StoreLockedError, open_store
 from memoryos_gpu.store import encryption as enc
-from memoryos_gpu.store import sqlite as sqlite_store
+from memoryos_gpu.store import errors as store_errors
 from memoryos_gpu.store import writer as writer_mod
 from memoryos_gpu.store.sqlite import SQLiteStore
 from memoryos_gpu.store.writer import SQLiteWriterLock, lock_path
@@ -214,7 +214,7 @@ def test_a_read_only_file_system_is_said_alike_for_plain_and_encrypted(
     store = tmp_path / "s.sqlite3"
     make_store(store, key)
     _unopenable_index(store, "cantopen")  # SQLite's error on a read-only mount
-    monkeypatch.setattr(sqlite_store, "_on_read_only_fs", lambda _: True)
+    monkeypatch.setattr(store_errors, "_on_read_only_fs", lambda _: True)
     with pytest.raises(StoreError, match="its file system is read-only") as err:
         open_store(str(store), key=key, writer=False)
     assert WRONG_KEY not in str(err.value) and not isinstance(err.value, StoreFullError)
@@ -228,7 +228,7 @@ def test_a_full_disk_at_open_is_a_store_full_error(
     store = tmp_path / "s.sqlite3"
     make_store(store, key)
     _unopenable_index(store, how)  # what a full tmpfs does to the -shm index
-    monkeypatch.setattr(sqlite_store, "_low_on_space", lambda _: True, raising=False)
+    monkeypatch.setattr(store_errors, "_low_on_space", lambda _: True, raising=False)
     with pytest.raises(StoreFullError, match="the disk is full") as err:
         open_store(str(store), key=key, writer=False)
     assert WRONG_KEY not in str(err.value)

@@ -925,7 +925,7 @@ def test_a_reopen_widens_segment_rows_and_rings_before_it_loads_them(
     """A reopen reserves the stored segment slots and ring positions while the arena is empty
     (store.arena_extent): widening a filled arena holds its old and new rows at once, which
     at 100,000 users was the reopen's peak memory."""
-    import memoryos_gpu.store.sqlite as sqlite_store
+    import memoryos_gpu.store.reads as store_reads
     from memoryos_gpu.arena import Arena
 
     facts = [f"wide fact {i}" for i in range(10)]
@@ -952,7 +952,7 @@ def test_a_reopen_widens_segment_rows_and_rings_before_it_loads_them(
 
     monkeypatch.setattr(Arena, "_grow_width", _grow_width)
     monkeypatch.setattr(Arena, "_fit_rings", _fit_rings)
-    monkeypatch.setattr(sqlite_store, "LOAD_CHUNK_BYTES", 1)  # a row a chunk
+    monkeypatch.setattr(store_reads, "LOAD_CHUNK_BYTES", 1)  # a row a chunk
     again = make_engine(store=store, script=script, **memory)
     assert widened_with_rows == []
     assert again.arena.segment_width >= 11 and again.arena.knowledge_width >= 10
@@ -1133,7 +1133,7 @@ def test_a_reopen_lays_each_users_pages_together_in_the_pool(make_engine, tmp_pa
     interleaves users; a reopen sizes the pool in (user, segment) order, so a query reads its
     user's page rows from one stretch of memory -- also when the segments stream in many
     chunks, as a large store's do. Retrievals do not change."""
-    monkeypatch.setattr("memoryos_gpu.store.sqlite.LOAD_CHUNK_BYTES", 1)  # a segment a chunk
+    monkeypatch.setattr("memoryos_gpu.store.reads.LOAD_CHUNK_BYTES", 1)  # a segment a chunk
     path = str(tmp_path / "mem.sqlite")
     users = [f"u{i}" for i in range(5)]
     topics = ["chess openings", "hiking boots", "tax forms", "sourdough bread", "jazz piano"]

@@ -12,7 +12,7 @@ import pytest
 
 from memoryos_gpu.config import EngineConfig, preset
 from memoryos_gpu.engine import MemoryEngine
-from memoryos_gpu.store.sqlite import emb_blob
+from memoryos_gpu.store.rows import emb_blob
 
 
 def _v5_pages(rng: np.random.Generator, dim: int) -> list[tuple]:
@@ -37,11 +37,11 @@ def _v5_pages(rng: np.random.Generator, dim: int) -> list[tuple]:
 def test_a_schema_5_store_keeps_every_pages_vectors(
     backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memoryos_gpu.store.sqlite as sq
+    import memoryos_gpu.store.sqlite_schema as sq
 
     spec = backend.spec("v5")
     monkeypatch.setattr(sq, "SCHEMA_VERSION", 5)
-    monkeypatch.setattr(sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"page_vectors", "claims"})
+    monkeypatch.setattr(sq, "REQUIRED_TABLES", sq.REQUIRED_TABLES - {"page_vectors", "claims"})
     st = backend.open(spec)
     rows = _v5_pages(np.random.default_rng(0), 8)
     with st.transaction() as db:

@@ -27,10 +27,11 @@ psycopg = pytest.importorskip("psycopg")
 
 from store_backends import Backend, make_backend  # noqa: E402
 
-from memoryos_gpu.store import StoreUnavailableError, postgres  # noqa: E402
+from memoryos_gpu.store import StoreUnavailableError, pg_connection  # noqa: E402
+from memoryos_gpu.store.errors import StoreError  # noqa: E402
+from memoryos_gpu.store.pg_connection import KEEPALIVES, PgCursor  # noqa: E402
 from memoryos_gpu.store.pg_urls import check_url, redact  # noqa: E402
-from memoryos_gpu.store.postgres import KEEPALIVES, PgCursor, PostgresStore  # noqa: E402
-from memoryos_gpu.store.sqlite import StoreError  # noqa: E402
+from memoryos_gpu.store.postgres import PostgresStore  # noqa: E402
 
 SPECIAL = ["Se#cret99", "Se/cret99", "Se?cret99", "Se[cret99", "Se@cret99", "S@e/cret99"]
 
@@ -430,7 +431,7 @@ def test_a_backend_that_stops_in_a_transaction_or_a_fetch_fails_the_call(
 ) -> None:
     """The limit covers every round trip: a statement inside a write transaction (nothing of
     it is committed), the COMMIT itself, and a FETCH from a streaming snapshot."""
-    monkeypatch.setattr(postgres, "NO_ANSWER_MARGIN", 1.0, raising=False)  # 0.5 s + 1 s
+    monkeypatch.setattr(pg_connection, "NO_ANSWER_MARGIN", 1.0, raising=False)  # 0.5 s + 1 s
     spec = pg.spec(f"stopped_{where}")
     st = PostgresStore(timed_out(spec, 500))
     stopper = Stopper()
@@ -472,7 +473,7 @@ def test_a_statement_within_the_statement_timeout_is_not_cut(
     """The limit is on silence, not on the length of a call: a statement that runs almost its
     whole statement_timeout, and a stream of FETCHes longer in all than the limit, complete; a
     statement past the statement_timeout is still the server's "timed out"."""
-    monkeypatch.setattr(postgres, "NO_ANSWER_MARGIN", 0.3, raising=False)  # 1.5 s + 0.3 s
+    monkeypatch.setattr(pg_connection, "NO_ANSWER_MARGIN", 0.3, raising=False)  # 1.5 s + 0.3 s
     spec = pg.spec("not_cut")
     pg.open(spec).close()
     st = PostgresStore(timed_out(spec, 1500), writer=False)
@@ -491,11 +492,15 @@ def test_a_statement_within_the_statement_timeout_is_not_cut(
 
 
 def test_the_limit_is_derived_from_the_statement_timeout() -> None:
-    assert postgres._Limit.of(500).seconds == pytest.approx(0.5 + postgres.NO_ANSWER_MARGIN)
-    assert postgres._Limit.of(0).seconds == postgres.NO_ANSWER_LIMIT  # none set: 300 s
+    assert pg_connection.StatementLimit.of(500).seconds == pytest.approx(
+        0.5 + pg_connection.NO_ANSWER_MARGIN
+    )
+    assert (
+        pg_connection.StatementLimit.of(0).seconds == pg_connection.NO_ANSWER_LIMIT
+    )  # none set: 300 s
     shown = ["0", "150ms", "30s", "2min", "1h", "1d"]  # as SHOW statement_timeout writes it
     ms = [0, 150, 30_000, 120_000, 3_600_000, 86_400_000]
-    assert [postgres._milliseconds(x) for x in shown] == ms
+    assert [pg_connection.milliseconds(x) for x in shown] == ms
 
 
 def test_a_stopped_server_fails_opening_within_the_connect_timeout(pg: Backend) -> None:
@@ -555,7 +560,7 @@ def test_a_reader_does_not_create_a_store(pg: Backend) -> None:
 def test_driver_errors_are_named_by_their_class() -> None:
     """A deadlock is retryable but not "the server cannot be reached"; a full disk and a
     statement timeout keep their own words; a constraint violation is left as it is."""
-    from memoryos_gpu.store.sqlite import StoreFullError
+    from memoryos_gpu.store.errors import StoreFullError
 
     store = PostgresStore.__new__(PostgresStore)  # only what _failure reads
     store.path, store._secrets = "postgresql://u:***@h/db", []

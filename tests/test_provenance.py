@@ -229,14 +229,14 @@ def test_extractive_duplicates_merge_and_survive_one_deletion(backend: Backend) 
 def test_a_schema_2_store_migrates(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """A store written before provenance opens: entries keep their text, gain validity and
     (user entries) their source user, and the provenance table exists (both dialects)."""
-    import memoryos_gpu.store.sqlite as sq
+    import memoryos_gpu.store.sqlite_schema as sq
 
     spec = backend.spec("v2")
     monkeypatch.setattr(sq, "SCHEMA_VERSION", 2)
     monkeypatch.setattr(
         sq,
-        "_REQUIRED_TABLES",
-        sq._REQUIRED_TABLES - {"provenance", "chains", "page_vectors", "claims"},
+        "REQUIRED_TABLES",
+        sq.REQUIRED_TABLES - {"provenance", "chains", "page_vectors", "claims"},
     )
     st = backend.open(spec)
     assert st.schema_version == 2 and "provenance" not in st._table_names()
@@ -265,12 +265,12 @@ def test_a_schema_3_store_migrates_provenance_keyed_by_user(
 ) -> None:
     """3 -> 4: provenance rows are kept, and one page id of two users (two shards' files
     number their pages alike) is two sources of the same item."""
-    import memoryos_gpu.store.sqlite as sq
+    import memoryos_gpu.store.sqlite_schema as sq
 
     spec = backend.spec("v3")
     monkeypatch.setattr(sq, "SCHEMA_VERSION", 3)
     monkeypatch.setattr(
-        sq, "_REQUIRED_TABLES", sq._REQUIRED_TABLES - {"chains", "page_vectors", "claims"}
+        sq, "REQUIRED_TABLES", sq.REQUIRED_TABLES - {"chains", "page_vectors", "claims"}
     )
     st = backend.open(spec)
     row = "INSERT INTO provenance(item_kind, item_id, item_key, page_id, user_id) VALUES "

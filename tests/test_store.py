@@ -33,13 +33,10 @@ from memoryos_gpu.llm.base import ChatRequest
 from memoryos_gpu.llm.scripted import ScriptedBackend
 from memoryos_gpu.profile_dims import DIMENSION_KEYS
 from memoryos_gpu.store import sqlite as sqlite_mod
-from memoryos_gpu.store.sqlite import (
-    SQLiteStore,
-    StoreError,
-    StoreFullError,
-    emb_blob,
-    kw_matrix,
-)
+from memoryos_gpu.store import sqlite_schema
+from memoryos_gpu.store.errors import StoreError, StoreFullError
+from memoryos_gpu.store.rows import emb_blob, kw_matrix
+from memoryos_gpu.store.sqlite import SQLiteStore
 from memoryos_gpu.text.keywords import KeywordExtractor
 from memoryos_gpu.types import PageInput
 
@@ -800,7 +797,7 @@ def test_newer_schema_is_refused(backend: Backend) -> None:
     before = table_dump(db)
     db.close()
     raw = Path(path).read_bytes() if backend.kind == "sqlite" else None
-    supports = rf"supports \({sqlite_mod.SCHEMA_VERSION}\)"
+    supports = rf"supports \({sqlite_schema.SCHEMA_VERSION}\)"
     with pytest.raises(StoreError, match=r"schema version 99, newer than .* " + supports):
         open_engine(path)
     with pytest.raises(StoreError, match="upgrade memoryos-gpu"):
@@ -859,7 +856,8 @@ def test_corrupt_schema_version_and_missing_tables_are_refused(backend: Backend)
     with pytest.raises(StoreError, match="unreadable schema_version"):
         backend.open(path)
     db.execute(
-        "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(sqlite_mod.SCHEMA_VERSION),)
+        "UPDATE meta SET value = ? WHERE key = 'schema_version'",
+        (str(sqlite_schema.SCHEMA_VERSION),),
     )
     db.execute("DROP TABLE audit")
     db.close()
@@ -869,7 +867,7 @@ def test_corrupt_schema_version_and_missing_tables_are_refused(backend: Backend)
 
 # ============================================================================ migrations
 V2 = "ALTER TABLE pages ADD COLUMN lang TEXT; CREATE INDEX pages_lang ON pages(lang)"
-BASE = sqlite_mod.SCHEMA_VERSION  # the real version; the tests add steps after it
+BASE = sqlite_schema.SCHEMA_VERSION  # the real version; the tests add steps after it
 
 
 def _steps(backend: Backend, *extra: Any) -> dict[int, Any]:
@@ -881,7 +879,7 @@ def test_forward_migration_upgrades_an_older_store(backend: Backend, monkeypatch
     path = backend.spec("old")
     _make_store(path)
     before = dump_of(backend, path)
-    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", BASE + 1)
+    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", BASE + 1)
     monkeypatch.setattr(backend.module, "MIGRATIONS", _steps(backend, V2))
     s = backend.open(path)
     assert s.schema_version == BASE + 1
@@ -914,7 +912,7 @@ def test_callable_migration_and_new_stores_take_the_same_path(
 
     old = backend.spec("old")
     _make_store(old)
-    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", BASE + 2)
+    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", BASE + 2)
     monkeypatch.setattr(backend.module, "MIGRATIONS", _steps(backend, V2, backfill))
     s = backend.open(old)
     assert s.schema_version == BASE + 2
@@ -932,13 +930,13 @@ def test_failed_or_missing_migration_leaves_the_store_as_it_was(backend: Backend
     path = backend.spec("old")
     _make_store(path)
     before = dump_of(backend, path)
-    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", BASE + 1)
+    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", BASE + 1)
     monkeypatch.setattr(backend.module, "MIGRATIONS", _steps(backend, V2 + "; THIS IS NOT SQL"))
     with pytest.raises(StoreError):
         backend.open(path)
     assert "lang" not in backend.columns(path, "pages")  # the half-done migration rolled back
     assert dump_of(backend, path) == before
-    monkeypatch.setattr(sqlite_mod, "SCHEMA_VERSION", BASE + 2)
+    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", BASE + 2)
     monkeypatch.setattr(backend.module, "MIGRATIONS", _steps(backend, V2))
     with pytest.raises(StoreError, match=f"no migration from it to {BASE + 2}"):
         backend.open(path)
@@ -984,7 +982,7 @@ def test_arena_extent_counts_live_ring_positions(backend: Backend) -> None:
 def test_a_shards_arena_extent_counts_only_what_it_loads(backend: Backend) -> None:
     """A shard reserves for its own users' segments and rings and every assistant's ring (it
     loads all assistant knowledge): the shards' segments and blocks add up to the store's."""
-    from memoryos_gpu.distributed.sharding import OwnedStore
+    from memoryos_gpu.distributed.layout import OwnedStore
     from memoryos_gpu.ingest import shard_of
 
     s = backend.open(backend.spec("owned"))
@@ -1028,9 +1026,9 @@ def test_bulk_loaders_stream_in_chunks_and_vectorise_keywords(
 ) -> None:
     """The loaders stream bounded chunks (segments in id order), every row exactly once, with
     its own embedding, whatever the row order; the keyword matrix is built without a loop."""
-    import memoryos_gpu.store.sqlite as sqlite_store
+    import memoryos_gpu.store.reads as store_reads
 
-    monkeypatch.setattr(sqlite_store, "LOAD_CHUNK", 5)
+    monkeypatch.setattr(store_reads, "LOAD_CHUNK", 5)
     s = backend.open(backend.spec("bulk"))
     rng = np.random.default_rng(0)
     d = 8
@@ -1095,7 +1093,7 @@ def test_bulk_loaders_stream_in_chunks_and_vectorise_keywords(
 def test_reopen_streams_chunks_and_keeps_deleted_page_holes(backend: Backend, monkeypatch) -> None:
     """A reopen that reads every table in many small chunks rebuilds the same arena, and a page
     deleted from a segment leaves the same empty position after the reopen as before it."""
-    import memoryos_gpu.store.sqlite as sqlite_store
+    import memoryos_gpu.store.reads as store_reads
 
     path = backend.spec("holes")
     e = open_engine(path)
@@ -1110,7 +1108,7 @@ def test_reopen_streams_chunks_and_keeps_deleted_page_holes(backend: Backend, mo
     e.process_pending()  # facts the page supported are derived again from their other pages
     before = arena_snapshot(e)
     e.close()
-    monkeypatch.setattr(sqlite_store, "LOAD_CHUNK", 3)
+    monkeypatch.setattr(store_reads, "LOAD_CHUNK", 3)
     e2 = open_engine(path)
     assert e2.store.load_stats["mtm_pages"]["rows"] > 3  # several chunks were read
     assert_same_arena(before, arena_snapshot(e2))
@@ -1386,7 +1384,8 @@ def test_shard_engines_creating_the_same_new_assistants_at_once_both_commit(pg: 
     they name in opposite orders: each insert of an assistant the other inserted first waits for
     that transaction, so the engines must take them in one order. (They did not: about one
     such write in three failed with a deadlock, and the server's request with it.)"""
-    from memoryos_gpu.distributed.sharding import ShardEngine, ShardMap
+    from memoryos_gpu.distributed.layout import ShardMap
+    from memoryos_gpu.distributed.sharding import ShardEngine
 
     shards = ShardMap(2)
     cfg = config(pg.spec("assistants"), auto_process=False, mode="extractive")
@@ -1437,8 +1436,8 @@ def test_postgres_errors_are_store_errors_without_the_password(pg: Backend) -> N
 
 
 def test_sql_translation_keeps_literals_and_maps_rowid() -> None:
+    from memoryos_gpu.store.pg_connection import translate
     from memoryos_gpu.store.pg_urls import redact
-    from memoryos_gpu.store.postgres import translate
 
     assert translate("SELECT a FROM pages WHERE b = ? AND c LIKE 'x%?''y' ORDER BY rowid") == (
         "SELECT a FROM pages WHERE b = %s AND c LIKE 'x%%?''y' ORDER BY page_id"

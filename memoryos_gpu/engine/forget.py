@@ -42,7 +42,7 @@ from memoryos_gpu import prompts
 from memoryos_gpu.lexical import terms_from_blobs
 from memoryos_gpu.stages import PageWork
 from memoryos_gpu.store.derivations import Forgotten, forget_pages
-from memoryos_gpu.store.sqlite import blob_matrix, emb_blob
+from memoryos_gpu.store.rows import blob_matrix, emb_blob
 from memoryos_gpu.text.keywords import keyword_tokens
 
 from .mtm import _kw_blob, _merge_summary

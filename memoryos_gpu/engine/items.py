@@ -15,7 +15,7 @@ import numpy as np
 
 from memoryos_gpu.errors import UnknownItemError, UnknownUserError
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
-from memoryos_gpu.store.sqlite import emb_blob
+from memoryos_gpu.store.rows import emb_blob
 
 from .conflicts import fact_key
 from .forget import Forgetting

@@ -24,7 +24,7 @@ import numpy as np
 
 from memoryos_gpu import ops
 from memoryos_gpu.store.derivations import KNOWLEDGE, record
-from memoryos_gpu.store.sqlite import blob_matrix, emb_blob
+from memoryos_gpu.store.rows import blob_matrix, emb_blob
 
 from .conflicts import Decision, LiveEntry, decide, fact_key
 from .state import EngineState, Fact, to_host

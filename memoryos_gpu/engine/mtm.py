@@ -25,7 +25,7 @@ from memoryos_gpu.arena import NO_ID
 from memoryos_gpu.json_codec import dumps_text, loads
 from memoryos_gpu.lexical import terms_from_blobs
 from memoryos_gpu.stages import PageOutcome, PageWork
-from memoryos_gpu.store.sqlite import blob_matrix, emb_blob, select_in
+from memoryos_gpu.store.rows import blob_matrix, emb_blob, select_in
 from memoryos_gpu.text.keywords import keyword_tokens
 
 from .heat import Heat

@@ -22,7 +22,8 @@ import numpy as np
 from memoryos_gpu import ops
 from memoryos_gpu.host_memory import return_free_memory
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
-from memoryos_gpu.store.sqlite import LOAD_CHUNK, StoreError
+from memoryos_gpu.store.errors import StoreError
+from memoryos_gpu.store.reads import LOAD_CHUNK
 from memoryos_gpu.text.keywords import KeywordExtractor
 
 from .page_text import page_terms_of

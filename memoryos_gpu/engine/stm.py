@@ -17,7 +17,7 @@ import numpy as np
 
 from memoryos_gpu.json_codec import dumps_text
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
-from memoryos_gpu.store.sqlite import emb_blob
+from memoryos_gpu.store.rows import emb_blob
 from memoryos_gpu.types import AddResult, PageInput
 
 from .page_text import page_terms_of, page_text

@@ -28,7 +28,7 @@ from memoryos_gpu.server.metrics import ServerMetrics
 from memoryos_gpu.server.scope import TENANCY, ApiError, Scope, error_response
 from memoryos_gpu.server.service import LLMUnavailableError, PartialWriteError
 from memoryos_gpu.server.settings import ServerSettings
-from memoryos_gpu.store.sqlite import StoreFullError, StoreUnavailableError
+from memoryos_gpu.store.errors import StoreFullError, StoreUnavailableError
 
 log = logging.getLogger("memoryos_gpu.server")
 

@@ -5,14 +5,9 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from memoryos_gpu.store.sqlite import (
-    DEFAULT_CACHE_MB,
-    SCHEMA_VERSION,
-    SQLiteStore,
-    StoreError,
-    StoreFullError,
-    StoreUnavailableError,
-)
+from memoryos_gpu.store.errors import StoreError, StoreFullError, StoreUnavailableError
+from memoryos_gpu.store.sqlite import DEFAULT_CACHE_MB, SQLiteStore
+from memoryos_gpu.store.sqlite_schema import SCHEMA_VERSION
 from memoryos_gpu.store.writer import StoreLockedError
 
 #: The manifest a sharded store directory holds (``STORE/shards.json``, beside ``STORE/shard-I``):

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from memoryos_gpu.store.batched_sql import batched_connection
-from memoryos_gpu.store.sqlite import StoreError, StoreFullError, disk_full, open_error
+from memoryos_gpu.store.errors import StoreError, StoreFullError, disk_full, open_error
 
 __all__ = [
     "ENV_KEY",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
-from memoryos_gpu.store.sqlite import StoreError
+from memoryos_gpu.store.errors import StoreError
 
 __all__ = ["URL_SCHEMES", "check_url", "credentials_end", "redact"]
 

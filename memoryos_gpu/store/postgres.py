@@ -2,23 +2,24 @@
 engine processes on several machines can share.
 
 Why a subclass of :class:`SQLiteStore`: the engine and the store speak one SQL for everything
-both databases run unchanged (nearly all of it), so that SQL is written once, in sqlite.py.
-What differs is kept here, in one place:
+both databases run unchanged (nearly all of it), so that SQL is written once, in sqlite.py
+and reads.py. What differs is kept here, and in two modules beside this one:
 
 * connections: a :class:`psycopg_pool.ConnectionPool`; reads outside a write transaction take
   any pooled connection, a write transaction holds one connection from ``BEGIN`` to ``COMMIT``
   (re-entrant: nested calls are savepoints, as in SQLite), and bulk loads read one
   ``REPEATABLE READ`` snapshot through server-side cursors (rows stream in chunks, not all at
   once);
-* :class:`PgConnection`, a thin adapter that gives a psycopg connection sqlite3's
-  ``execute``/``executemany`` surface: ``?`` placeholders become ``%s`` (outside string
+* :class:`~memoryos_gpu.store.pg_connection.PgConnection`
+  (:mod:`memoryos_gpu.store.pg_connection`), a thin adapter that gives a psycopg connection
+  sqlite3's ``execute``/``executemany`` surface: ``?`` placeholders become ``%s`` (outside string
   literals), a literal ``%`` is doubled, and ``rowid`` becomes the key of the statement's table
   (``pages`` -> ``page_id``, ...). ``users`` and ``assistants``, whose SQLite rowid is their
   insertion order, have a real ``rowid`` identity column here;
-* the DDL (:data:`_SCHEMA_V1`: BIGINT identity keys, DOUBLE PRECISION times, BYTEA blobs,
-  ``COLLATE "C"`` ids so ordering is bytewise as in SQLite), the list of tables, this dialect's
-  :data:`MIGRATIONS` (the mechanism and the version check are sqlite.py's), the integrity
-  check and delete_user's housekeeping.
+* the DDL (:mod:`memoryos_gpu.store.postgres_schema`: BIGINT identity keys, DOUBLE PRECISION
+  times, BYTEA blobs, ``COLLATE "C"`` ids so ordering is bytewise as in SQLite) and this
+  dialect's migrations there (the mechanism and the version check are sqlite.py's), the list
+  of tables, the integrity check and delete_user's housekeeping.
 
 Requires ``pip install 'memoryos-gpu[postgres]'`` (psycopg 3 and psycopg-pool) and a UTF-8
 database. Errors name the server by its URL with any password masked, and every driver error
@@ -28,573 +29,55 @@ reached or dropped the connection, a "statement timed out" StoreError for ``stat
 :class:`StoreFullError` for a full disk. Connections carry TCP keepalives and
 ``tcp_user_timeout`` (:data:`KEEPALIVES`) so that a dead server or a cut network is noticed,
 and a call gives up on a server that sends nothing for longer than its ``statement_timeout``
-allows (:class:`_Connection`: a stopped or stuck backend, a hung host, which TCP cannot tell
+allows (:class:`WatchedConnection`: a stopped or stuck backend, a hung host, which TCP cannot tell
 from a slow statement), so that no call waits without limit.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import os
-import re
-import select
 import socket
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from time import monotonic
 from typing import Any
 
-from memoryos_gpu.store import sqlite as _sqlite
-from memoryos_gpu.store.pg_urls import check_url, credentials_end, redact
-from memoryos_gpu.store.sqlite import (
-    Durability,
-    Migration,
-    SQLiteStore,
+from memoryos_gpu.store import postgres_schema, sqlite_schema
+from memoryos_gpu.store.errors import (
     StoreClosedError,
     StoreError,
     StoreFullError,
     StoreUnavailableError,
 )
+from memoryos_gpu.store.pg_connection import (
+    KEEPALIVES,
+    NO_ANSWER,
+    NO_ANSWER_MARGIN,
+    ConnectFailures,
+    PgConnection,
+    StatementLimit,
+    WatchedConnection,
+    check_connection,
+    milliseconds,
+    noting_failures,
+    set_limit,
+)
+from memoryos_gpu.store.pg_urls import check_url, credentials_end, redact
+from memoryos_gpu.store.sqlite import ID_COLUMNS, Durability, SQLiteStore
+from memoryos_gpu.store.sqlite_schema import Migration, run_sql
 
 try:
     import psycopg
     from psycopg.pq import TransactionStatus
     from psycopg_pool import ConnectionPool, PoolTimeout
-
-    _PsycopgConnection = psycopg.Connection
 except ImportError:  # pragma: no cover - exercised only without the extra installed
     psycopg = None  # type: ignore[assignment]
-    _PsycopgConnection = object  # type: ignore[assignment, misc]
-
-_SCHEMA_V1 = """
-CREATE TABLE meta(key TEXT COLLATE "C" PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE assistants(
-  assistant_id TEXT COLLATE "C" PRIMARY KEY,
-  created DOUBLE PRECISION NOT NULL,
-  knowledge_head BIGINT NOT NULL DEFAULT 0,
-  rowid BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE
-);
-CREATE TABLE users(
-  user_id TEXT COLLATE "C" PRIMARY KEY,
-  assistant_id TEXT COLLATE "C" NOT NULL REFERENCES assistants(assistant_id),
-  created DOUBLE PRECISION NOT NULL,
-  clock DOUBLE PRECISION NOT NULL DEFAULT 0,
-  next_seq BIGINT NOT NULL DEFAULT 0,
-  chain_tail BIGINT,
-  chain_meta TEXT,
-  profile TEXT NOT NULL DEFAULT '{}',
-  knowledge_head BIGINT NOT NULL DEFAULT 0,
-  rowid BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE
-);
-CREATE TABLE segments(
-  segment_id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-  user_id TEXT COLLATE "C" NOT NULL REFERENCES users(user_id) ON DELETE CASCADE,
-  slot BIGINT NOT NULL,
-  summary TEXT NOT NULL,
-  keywords TEXT NOT NULL,
-  kw_ids BYTEA NOT NULL,
-  embedding BYTEA NOT NULL,
-  n_visit BIGINT NOT NULL DEFAULT 0,
-  l_interaction BIGINT NOT NULL DEFAULT 0,
-  last_access DOUBLE PRECISION NOT NULL,
-  created DOUBLE PRECISION NOT NULL,
-  n_pages BIGINT NOT NULL DEFAULT 0,
-  UNIQUE(user_id, slot)
-);
-CREATE TABLE pages(
-  page_id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-  user_id TEXT COLLATE "C" NOT NULL REFERENCES users(user_id) ON DELETE CASCADE,
-  seq BIGINT NOT NULL,
-  user_input TEXT NOT NULL,
-  agent_response TEXT NOT NULL,
-  timestamp DOUBLE PRECISION NOT NULL,
-  tier TEXT COLLATE "C" NOT NULL CHECK (tier IN ('stm', 'pending', 'mtm', 'evicted')),
-  segment_id BIGINT REFERENCES segments(segment_id) ON DELETE SET NULL,
-  seg_pos BIGINT,
-  prev_page BIGINT,
-  next_page BIGINT,
-  chain_id BIGINT,
-  meta TEXT,
-  summary TEXT,
-  keywords TEXT,
-  analysed BIGINT NOT NULL DEFAULT 0,
-  mode TEXT,
-  embedding BYTEA NOT NULL,
-  source TEXT COLLATE "C" UNIQUE,
-  extra TEXT NOT NULL DEFAULT '{}',
-  created DOUBLE PRECISION NOT NULL,
-  UNIQUE(user_id, seq)
-);
-CREATE INDEX pages_segment ON pages(segment_id, seg_pos);
-CREATE INDEX pages_tier ON pages(user_id, tier, seq);
-CREATE INDEX pages_chain ON pages(chain_id);
-CREATE TABLE knowledge(
-  entry_id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-  owner_kind TEXT COLLATE "C" NOT NULL CHECK (owner_kind IN ('user', 'assistant')),
-  owner_id TEXT COLLATE "C" NOT NULL,
-  seq BIGINT NOT NULL,
-  text TEXT NOT NULL,
-  embedding BYTEA NOT NULL,
-  live BIGINT NOT NULL DEFAULT 1,
-  mode TEXT NOT NULL,
-  source_user TEXT COLLATE "C",
-  created DOUBLE PRECISION NOT NULL,
-  UNIQUE(owner_kind, owner_id, seq)
-);
-CREATE INDEX knowledge_live ON knowledge(owner_kind, owner_id, live);
-CREATE TABLE pending(
-  work_id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-  user_id TEXT COLLATE "C" NOT NULL REFERENCES users(user_id) ON DELETE CASCADE,
-  kind TEXT COLLATE "C" NOT NULL CHECK (kind IN ('page', 'promote')),
-  ref BIGINT NOT NULL,
-  created DOUBLE PRECISION NOT NULL,
-  UNIQUE(kind, ref)
-);
-CREATE INDEX pending_user ON pending(user_id);
-CREATE TABLE audit(
-  event_id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-  user_id TEXT COLLATE "C" NOT NULL,
-  ts DOUBLE PRECISION NOT NULL,
-  action TEXT NOT NULL,
-  item_kind TEXT NOT NULL,
-  item_id BIGINT,
-  detail TEXT NOT NULL DEFAULT '{}'
-);
-CREATE INDEX audit_user ON audit(user_id, event_id);
-"""
-# (pending_user is the one index SQLite does not have: PostgreSQL does not index the referencing
-# side of a foreign key, and deleting a user cascades into pending by user_id.)
-
-#: This dialect's forward migrations, as :data:`memoryos_gpu.store.sqlite.MIGRATIONS` (same
-#: versions, same rules; a callable step gets a :class:`PgConnection`). Add a step to both.
-MIGRATIONS: dict[int, Migration] = {
-    1: "ALTER TABLE pages ADD COLUMN terms BYTEA",  # sqlite.MIGRATIONS[1]: page term rows
-    2: """
-CREATE TABLE provenance(
-  item_kind TEXT COLLATE "C" NOT NULL CHECK (item_kind IN ('knowledge', 'profile')),
-  item_id BIGINT NOT NULL,
-  item_key TEXT COLLATE "C" NOT NULL DEFAULT '',
-  page_id BIGINT NOT NULL,
-  user_id TEXT COLLATE "C" NOT NULL,
-  PRIMARY KEY (item_kind, item_id, item_key, page_id)
-);
-CREATE INDEX provenance_page ON provenance(page_id);
-CREATE INDEX provenance_user ON provenance(user_id, item_kind);
-ALTER TABLE knowledge ADD COLUMN valid_from DOUBLE PRECISION;
-ALTER TABLE knowledge ADD COLUMN valid_to DOUBLE PRECISION;
-ALTER TABLE knowledge ADD COLUMN superseded_by BIGINT;
-ALTER TABLE knowledge ADD COLUMN fact_key TEXT COLLATE "C";
-ALTER TABLE knowledge ADD COLUMN strength BIGINT NOT NULL DEFAULT 1;
-CREATE INDEX knowledge_superseded ON knowledge(superseded_by) WHERE superseded_by IS NOT NULL;
-CREATE INDEX knowledge_learned ON knowledge(source_user) WHERE owner_kind = 'assistant';
-UPDATE knowledge SET valid_from = created, source_user = CASE WHEN owner_kind = 'user' THEN
-  owner_id END
-""",  # sqlite.MIGRATIONS[2]: provenance, knowledge validity
-    3: """
-ALTER TABLE provenance DROP CONSTRAINT provenance_pkey;
-ALTER TABLE provenance ADD PRIMARY KEY (item_kind, item_id, item_key, page_id, user_id)
-""",  # sqlite.MIGRATIONS[3]: a provenance row is keyed by its page's user too
-    4: """
-CREATE TABLE chains(
-  chain_id BIGINT PRIMARY KEY,
-  user_id TEXT COLLATE "C" NOT NULL REFERENCES users(user_id) ON DELETE CASCADE,
-  meta TEXT
-);
-CREATE INDEX chains_user ON chains(user_id);
-CREATE INDEX pages_unanalysed ON pages(segment_id, seg_pos) WHERE analysed = 0;
-INSERT INTO chains(chain_id, user_id, meta)
-  SELECT DISTINCT ON (chain_id) chain_id, user_id, meta FROM pages WHERE chain_id IS NOT NULL
-  ORDER BY chain_id, seq DESC;
-ALTER TABLE pages DROP COLUMN meta;
-ALTER TABLE users DROP COLUMN chain_meta
-""",  # sqlite.MIGRATIONS[4]: a chain's meta once, in its own row
-    5: """
-CREATE TABLE page_vectors(
-  page_id BIGINT PRIMARY KEY REFERENCES pages(page_id) ON DELETE CASCADE,
-  embedding BYTEA NOT NULL,
-  terms BYTEA
-);
-INSERT INTO page_vectors(page_id, embedding, terms) SELECT page_id, embedding, terms FROM pages;
-ALTER TABLE pages DROP COLUMN embedding;
-ALTER TABLE pages DROP COLUMN terms;
-DROP INDEX pages_segment;
-CREATE INDEX pages_segment ON pages(segment_id, seg_pos) WHERE segment_id IS NOT NULL;
-DROP INDEX pages_chain;
-CREATE INDEX pages_chain ON pages(chain_id) WHERE chain_id IS NOT NULL;
-DROP INDEX pages_unanalysed;
-CREATE INDEX pages_unanalysed ON pages(segment_id, seg_pos)
-  WHERE analysed = 0 AND segment_id IS NOT NULL
-""",  # sqlite.MIGRATIONS[5]: embeddings and term rows out of the page rows
-    6: """
-CREATE TABLE claims(
-  segment_id BIGINT NOT NULL REFERENCES segments(segment_id) ON DELETE CASCADE,
-  claim_order BIGINT NOT NULL,
-  upto BIGINT,
-  PRIMARY KEY (segment_id, claim_order)
-)
-""",  # sqlite.MIGRATIONS[6]: promotion claims in the store
-}
-
-#: The key column that stands for SQLite's ``rowid`` in tables whose INTEGER PRIMARY KEY is
-#: their rowid. ``users`` and ``assistants`` have a real ``rowid`` column instead.
-ROWID_KEY = {
-    "pages": "page_id",
-    "segments": "segment_id",
-    "knowledge": "entry_id",
-    "pending": "work_id",
-    "audit": "event_id",
-}
-
-#: libpq connection parameters that bound how long a dead server or a cut network goes
-#: unnoticed, given to every connection whose URL does not set them itself (the URL wins):
-#: an idle connection, or one waiting for an answer, is probed after 10 s of silence, then
-#: every 5 s, and dropped after 3 probes unanswered (~25 s); data sent and not acknowledged
-#: for 30 s (``tcp_user_timeout``, milliseconds; Linux) drops it too. A server that still
-#: answers TCP but whose backend is stuck is not noticed by these: :data:`NO_ANSWER_MARGIN` is.
-KEEPALIVES: dict[str, int] = {
-    "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 30_000,
-}
-
-#: How long (seconds) a call waits beyond the connections' ``statement_timeout`` for a server
-#: that sends nothing before it gives up (:class:`_Connection`): the server itself cancels a
-#: statement at its ``statement_timeout``, so one that is silent for longer has a backend that
-#: is stopped or stuck, or a host that hangs, which keepalives do not notice (the kernel still
-#: acknowledges TCP) and a cancel request does not reach.
-NO_ANSWER_MARGIN = 5.0
-
-#: How long (seconds) a call waits for a silent server when the connections have no
-#: ``statement_timeout`` (0: no limit on the server). Schema migrations at open, which may
-#: rewrite every row, wait without limit then.
-NO_ANSWER_LIMIT = 300.0
-
-#: Rows per round trip when iterating a server-side cursor.
-ITER_ROWS = 10_000
 
 # Held (session-level) while a store is created or migrated, so two engines opening a new
 # database at once do not both create the schema. Any constant unique to memoryos-gpu.
 _MIGRATE_LOCK = 0x6D656D6F_7367
-
-_ROWID = re.compile(r"\browid\b", re.IGNORECASE)
-_FROM = re.compile(r"\bFROM\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
-_READS = re.compile(r"\s*(SELECT|WITH)\b", re.IGNORECASE)
-_cursor_names = itertools.count()
-
-
-@functools.lru_cache(maxsize=2048)
-def translate(sql: str) -> str:
-    """SQLite-style SQL to psycopg's: ``?`` -> ``%s`` and ``%`` -> ``%%`` (psycopg reads ``%``
-    everywhere, literals included), and ``rowid`` -> the key of the table the statement reads
-    (:data:`ROWID_KEY`), all outside quoted literals and identifiers. Cached: the engine sends a
-    few dozen distinct statements."""
-    out: list[str] = []
-    code: list[str] = []  # the current run of text outside quotes
-
-    def flush() -> None:
-        if code:
-            text = "".join(code)
-            out.append(_ROWID.sub(_rowid_key(sql), text) if "rowid" in text else text)
-            code.clear()
-
-    i, n = 0, len(sql)
-    while i < n:
-        c = sql[i]
-        if c in ("'", '"'):
-            flush()
-            j = sql.find(c, i + 1)
-            while j != -1 and j + 1 < n and sql[j + 1] == c:  # doubled quote inside
-                j = sql.find(c, j + 2)
-            j = n - 1 if j == -1 else j
-            out.append(sql[i : j + 1].replace("%", "%%"))
-            i = j + 1
-            continue
-        code.append("%s" if c == "?" else "%%" if c == "%" else c)
-        i += 1
-    flush()
-    return "".join(out)
-
-
-def _rowid_key(sql: str) -> str:
-    m = _FROM.search(sql)
-    return ROWID_KEY.get(m.group(1).lower(), "rowid") if m else "rowid"
-
-
-class PgCursor:
-    """A psycopg cursor with sqlite3's leniency: fetching from a statement without a result
-    gives ``None``/``[]`` instead of raising, so the engine's code runs unchanged."""
-
-    __slots__ = ("_cur",)
-
-    def __init__(self, cur: Any) -> None:
-        self._cur = cur
-
-    @property
-    def rowcount(self) -> int:
-        return self._cur.rowcount
-
-    @property
-    def description(self) -> Any:
-        return self._cur.description
-
-    def fetchone(self) -> tuple | None:
-        if self._cur.description is None:
-            return None
-        with self._fetching():
-            return self._cur.fetchone()
-
-    def fetchmany(self, size: int) -> list[tuple]:
-        if self._cur.description is None:
-            return []
-        with self._fetching():
-            return self._cur.fetchmany(size)
-
-    def fetchall(self) -> list[tuple]:
-        if self._cur.description is None:
-            return []
-        with self._fetching():
-            return self._cur.fetchall()
-
-    def __iter__(self) -> Iterator[tuple]:
-        return self._rows() if self._cur.description is not None else iter(())
-
-    def _rows(self) -> Iterator[tuple]:
-        with self._fetching():
-            yield from self._cur
-
-    @contextmanager
-    def _fetching(self) -> Iterator[None]:
-        """Raise the error a failed fetch stands for (:func:`_fetch_error`)."""
-        try:
-            yield
-        except psycopg.InternalError as exc:
-            raise _fetch_error(self._cur, exc) from exc
-
-
-def _set_limit(conn: Any, *, limit: _Limit) -> None:
-    """The pool's ``configure``: a new connection gets its store's :class:`_Limit`."""
-    conn._limit = limit
-
-
-def _check_connection(conn: Any) -> None:
-    """The pool's check before it hands a connection out (raise: replace it). A connection
-    the server closed (a restart, ``pg_terminate_backend``, an idle timeout) has the server's
-    goodbye waiting on its socket: only then, or when that cannot be told, does the full check
-    run (psycopg_pool's ``check_connection``, one round trip), so a healthy connection costs
-    none (a full check on every call doubled a small query's time)."""
-    if conn.closed:
-        raise psycopg.OperationalError("the connection is closed")
-    try:
-        poller = select.poll()
-        poller.register(conn.fileno(), select.POLLIN | select.POLLPRI)
-        idle = not poller.poll(0)
-    except (AttributeError, OSError, ValueError):  # no poll() here
-        idle = False
-    if not idle:
-        ConnectionPool.check_connection(conn)
-
-
-def _fetch_error(cur: Any, exc: BaseException) -> BaseException:
-    """The error a failed fetch stands for. psycopg (3.3) raises InternalError "received 2
-    results from command 'FETCH FORWARD ...'" when a server-side cursor's FETCH fails after part
-    of its rows were sent (a statement timeout mid-chunk): the server's own error is then the
-    connection's last message, and the transaction is aborted."""
-    conn = cur.connection
-    msg = conn.pgconn.error_message.decode("utf-8", "replace").strip()
-    if conn.closed:
-        return psycopg.OperationalError(msg or str(exc))
-    if conn.info.transaction_status != TransactionStatus.INERROR or not msg:
-        return exc
-    msg = msg.removeprefix("ERROR:").strip()
-    if msg.startswith("canceling statement"):
-        return psycopg.errors.QueryCanceled(msg)
-    return psycopg.DatabaseError(msg)
-
-
-class _Limit:
-    """How long a call may wait on a silent server (``seconds``; None: without limit) and why
-    (``why``, for the message), shared by a store's connections: :meth:`PostgresStore._migrate`
-    lifts it for the migration when no ``statement_timeout`` is set."""
-
-    __slots__ = ("seconds", "why")
-
-    def __init__(self, seconds: float | None, why: str) -> None:
-        self.seconds = seconds
-        self.why = why
-
-    @classmethod
-    def of(cls, statement_timeout_ms: int) -> _Limit:
-        """The limit for connections with this ``statement_timeout`` (0: none)."""
-        if statement_timeout_ms > 0:
-            return cls(
-                statement_timeout_ms / 1000 + NO_ANSWER_MARGIN,
-                f"the statement_timeout of {statement_timeout_ms} ms + {NO_ANSWER_MARGIN:g} s",
-            )
-        return cls(NO_ANSWER_LIMIT, "no statement_timeout is set")
-
-
-_MS = {"": 1, "ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def _milliseconds(shown: str) -> int:
-    """A time setting as SHOW writes it ("0", "500ms", "30s", "2min", "1h", "1d") in
-    milliseconds; 0 for one it does not write so."""
-    m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", shown)
-    return int(m[1]) * _MS[m[2]] if m and m[2] in _MS else 0
-
-
-_NO_ANSWER = "no answer from the server"  # how _Connection's error begins, for _failure
-_TICK = 0.05  # a resume this long after the one before may be psycopg's 0.1 s tick
-
-
-class _NoAnswer(Exception):
-    """Raised into psycopg's wait by :func:`_answered` (not a psycopg error: only
-    :meth:`_Connection.wait` sees it)."""
-
-
-def _answered(gen: Any, limit: float, pgconn: Any) -> Any:
-    """psycopg's generator ``gen`` (one round trip: it yields what it waits for on the socket,
-    1 read, 2 write, 3 both, and is sent what became ready), given up with :class:`_NoAnswer`
-    once the server has sent nothing and taken nothing for ``limit`` seconds; any traffic starts
-    the count again, so a long exchange that makes progress is never cut.
-
-    In silence psycopg's wait resumes the generator every 0.1 s with "nothing ready" (0), or
-    (the C wait of early psycopg 3.2 releases) with the state it waits for, as if it were
-    ready: a resume that comes a tick or more after the one before is checked against the
-    socket itself (one poll, only for a round trip already slow). One clock reading a resume."""
-    last = prev = monotonic()  # the last sign of life; the last resume
-    try:
-        state = next(gen)
-        while True:
-            ready = yield state
-            now = monotonic()
-            if ready and (now - prev < _TICK or _ready_now(pgconn.socket, state)):
-                last = now
-            elif now - last >= limit:
-                raise _NoAnswer
-            prev = now
-            state = gen.send(ready)
-    except StopIteration as stop:
-        return stop.value
-
-
-def _ready_now(fd: int, state: int) -> bool:
-    """Whether the socket is ready for ``state`` (1 read, 2 write, 3 either) at once."""
-    try:
-        poller = select.poll()
-    except AttributeError:  # no poll() (Windows)
-        r, w, _ = select.select([fd] if state & 1 else [], [fd] if state & 2 else [], [], 0)
-        return bool(r or w)
-    poller.register(fd, (select.POLLIN if state & 1 else 0) | (select.POLLOUT if state & 2 else 0))
-    return bool(poller.poll(0))
-
-
-class _Connection(_PsycopgConnection):  # type: ignore[misc, valid-type]
-    """A psycopg connection whose every round trip (a statement, a FETCH, COMMIT, ROLLBACK, the
-    pool's check and reset: everything psycopg waits for through :meth:`wait`) gives up on a
-    server that sends nothing for ``_limit.seconds`` (:func:`_answered`): the connection is
-    closed (the server rolls its transaction back when it notices) and the call fails with an
-    OperationalError, a :class:`StoreUnavailableError` for the store; the pool discards the
-    closed connection instead of lending it again. Connecting is bounded by the
-    ``connect_timeout`` instead (psycopg's connect does not come here).
-
-    Why not a timer that cancels the query: a stopped or stuck backend does not act on a cancel
-    request (nor on its own ``statement_timeout``), and a timer per call costs more than this
-    (measured in docs/storage.md)."""
-
-    _limit = _Limit(NO_ANSWER_LIMIT, "no statement_timeout is set")  # each store sets its own
-
-    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
-        limit = self._limit
-        seconds = limit.seconds
-        if seconds is None:
-            return super().wait(gen, *args, **kwargs)
-        try:
-            return super().wait(_answered(gen, seconds, self.pgconn), *args, **kwargs)
-        except _NoAnswer:
-            self.pgconn.finish()  # mid-exchange: the connection cannot be used again
-            raise psycopg.OperationalError(
-                f"{_NO_ANSWER} for {seconds:g} s ({limit.why}): its backend is stopped or "
-                "stuck, or its host hangs; the connection was closed"
-            ) from None
-
-
-class _ConnectFailures:
-    """The last error met opening a pooled connection, and when (``monotonic()``).
-
-    Why: psycopg_pool opens connections in its background workers and only logs why one failed;
-    a caller waiting for a connection then gets a bare ``PoolTimeout``, which cannot tell a
-    server that refuses connections (``too many connections for role``, a database not
-    accepting them) from a busy pool. The store's timeout message names this error instead."""
-
-    def __init__(self) -> None:
-        self.text: str | None = None
-        self.at = 0.0
-
-    def note(self, exc: BaseException) -> None:
-        self.text, self.at = " ".join(str(exc).split()), monotonic()
-
-    def within(self, seconds: float) -> str | None:
-        """The last error, if it was met in the last ``seconds`` (during a caller's wait)."""
-        return self.text if self.text and monotonic() - self.at <= seconds else None
-
-
-def _noting_failures(failures: _ConnectFailures) -> type:
-    """A :class:`_Connection` class whose ``connect`` notes its errors in ``failures`` (one
-    class per store: the pool makes its connections from a class, not from a function)."""
-
-    class _PooledConnection(_Connection):
-        @classmethod
-        def connect(cls, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return super().connect(*args, **kwargs)
-            except psycopg.Error as exc:
-                failures.note(exc)
-                raise
-
-    return _PooledConnection
-
-
-class PgConnection:
-    """sqlite3.Connection's ``execute``/``executemany`` over one psycopg connection.
-
-    ``server_side``: SELECTs run as server-side cursors, fetched in round trips of
-    ``fetchmany(n)`` or :data:`ITER_ROWS` rows, so a bulk scan never holds the whole result in
-    the client; they only exist inside a transaction, and :meth:`close_cursors` closes them
-    before it ends. Results come in binary format (bytea without hex decoding).
-    """
-
-    def __init__(self, conn: Any, *, server_side: bool = False) -> None:
-        self.conn = conn
-        self._server_side = server_side
-        self._open: list[Any] = []
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> PgCursor:
-        query = translate(sql)
-        if self._server_side and _READS.match(sql):
-            cur = self.conn.cursor(name=f"memoryos_gpu_{next(_cursor_names)}", binary=True)
-            cur.itersize = ITER_ROWS
-            self._open.append(cur)
-        else:
-            cur = self.conn.cursor(binary=True)
-        cur.execute(query, tuple(params))
-        return PgCursor(cur)
-
-    def executemany(self, sql: str, seq: Any) -> PgCursor:
-        cur = self.conn.cursor()
-        cur.executemany(translate(sql), [tuple(p) for p in seq])
-        return PgCursor(cur)
-
-    def close_cursors(self) -> None:
-        for cur in self._open:
-            with suppress(Exception):
-                cur.close()
-        self._open.clear()
 
 
 class PostgresStore(SQLiteStore):
@@ -645,8 +128,8 @@ class PostgresStore(SQLiteStore):
             "connect_timeout": timeout,
         }
         try:  # one direct connection first: the pool retries silently, this says what failed
-            with _Connection.connect(url, **self.connect_kwargs) as probe:
-                probe._limit = _Limit(
+            with WatchedConnection.connect(url, **self.connect_kwargs) as probe:
+                probe._limit = StatementLimit(
                     timeout + NO_ANSWER_MARGIN,
                     f"the connect timeout of {timeout} s + {NO_ANSWER_MARGIN:g} s",
                 )
@@ -656,31 +139,31 @@ class PostgresStore(SQLiteStore):
                 statement_timeout = probe.execute("SHOW statement_timeout").fetchone()[0]
         except psycopg.Error as exc:
             raise self._connect_error(exc) from None
-        #: how long a call waits on a silent server (:class:`_Connection`), from the
+        #: how long a call waits on a silent server (:class:`WatchedConnection`), from the
         #: statement_timeout the connections get (the URL's, the role's or the server's)
-        self._statement_timeout_ms = _milliseconds(statement_timeout)
-        self._limit = limit = _Limit.of(self._statement_timeout_ms)
+        self._statement_timeout_ms = milliseconds(statement_timeout)
+        self._limit = limit = StatementLimit.of(self._statement_timeout_ms)
         if encoding.upper() not in ("UTF8", "UTF-8"):
             raise StoreError(
                 f"store {self.path} uses server encoding {encoding}; memoryos-gpu needs a UTF8 "
                 "database (CREATE DATABASE ... ENCODING 'UTF8')"
             )
         #: why the pool last failed to open a connection (named when a caller times out)
-        self._connect_failures = _ConnectFailures()
+        self._connect_failures = ConnectFailures()
         self._pool = ConnectionPool(
             url,
             min_size=1,
             max_size=max(2, pool_size),  # opening holds one for the lock, one to work
             kwargs={"autocommit": True, **self.connect_kwargs},
-            connection_class=_noting_failures(self._connect_failures),
-            configure=functools.partial(_set_limit, limit=limit),
+            connection_class=noting_failures(self._connect_failures),
+            configure=functools.partial(set_limit, limit=limit),
             name="memoryos-gpu",
             timeout=30.0,
             open=False,
             # a connection is looked at before it is handed out: one the server dropped (a
             # restart, an idle timeout, pg_terminate_backend) is replaced instead of failing
             # the call that took it
-            check=_check_connection,
+            check=check_connection,
         )
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
@@ -752,7 +235,7 @@ class PostgresStore(SQLiteStore):
           :class:`StoreUnavailableError` (nothing of the failed call was committed, unless the
           connection was lost during the COMMIT itself: see docs/storage.md), a transaction
           the server rolled back (class 40: a deadlock, a serialization failure) too, in its
-          own words, and a server that stopped answering (:class:`_Connection`) too; a program
+          own words, and a server that stopped answering (:class:`WatchedConnection`) too; a program
           limit (class 54) a plain StoreError.
         """
         if psycopg is None:
@@ -788,7 +271,7 @@ class PostgresStore(SQLiteStore):
                     f"store {self.path}: the server rolled the transaction back ({text}); "
                     "nothing of it was committed: retry"
                 )
-            if text.startswith(_NO_ANSWER):  # _Connection gave a silent server up
+            if text.startswith(NO_ANSWER):  # WatchedConnection gave a silent server up
                 return StoreUnavailableError(f"store {self.path} is unavailable: {text}; retry")
             return StoreUnavailableError(
                 f"store {self.path} is unavailable: {text} (the server cannot be reached or "
@@ -818,10 +301,10 @@ class PostgresStore(SQLiteStore):
         }
 
     def _create_schema(self, db: Any) -> None:
-        _sqlite._run_sql(db, _SCHEMA_V1)
+        run_sql(db, postgres_schema.SCHEMA_V1)
 
     def _migrations(self) -> dict[int, Migration]:
-        return MIGRATIONS
+        return postgres_schema.MIGRATIONS
 
     def _migrate(self) -> None:
         if self._reader and not self._table_names():
@@ -964,7 +447,7 @@ class PostgresStore(SQLiteStore):
         gives a number twice, whichever of the engines sharing the database asks."""
         if n <= 0:
             return []
-        column = _sqlite.ID_COLUMNS[table]
+        column = ID_COLUMNS[table]
         rows = db.execute(
             "SELECT nextval(pg_get_serial_sequence(?, ?)) FROM generate_series(1, ?)",
             (table, column, n),
@@ -975,7 +458,8 @@ class PostgresStore(SQLiteStore):
         """A light check: PostgreSQL enforces the constraints itself, so what is left to find is
         a missing table, a constraint left NOT VALID, or an invalid index (a failed
         ``CREATE INDEX CONCURRENTLY``)."""
-        out = [f"missing table {t}" for t in sorted(_sqlite._REQUIRED_TABLES - self._table_names())]
+        missing = sqlite_schema.REQUIRED_TABLES - self._table_names()
+        out = [f"missing table {t}" for t in sorted(missing)]
         out += [
             f"constraint {r[0]} on {r[1]} is not validated"
             for r in self.query(
@@ -1059,7 +543,7 @@ class WriterClaim:
         name = f"{_short(command_line())} pid {os.getpid()} on {socket.gethostname()}"
         self._name = name.encode()[:63].decode("utf-8", "ignore")  # the server keeps 63 bytes
         try:
-            self._conn = _Connection.connect(
+            self._conn = WatchedConnection.connect(
                 store.url,
                 autocommit=True,
                 **{**store.connect_kwargs, "connect_timeout": timeout},

@@ -1,6 +1,6 @@
 """The order of a derived-work round: waves of users' pending items, tenants in turn.
 
-:meth:`~memoryos_gpu.store.sqlite.SQLiteStore.pending_round` reads the pending items of a kind
+:meth:`~memoryos_gpu.store.reads.StoreReads.pending_round` reads the pending items of a kind
 in queue order and hands them here. The order is computed with array sorts rather than by
 the database: as two SQL window functions and a sort, SQLite took ~1 ms for a round read of
 330 items (~3 us an item: a derived round's largest statement at ingestion), where the plain

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from memoryos_gpu.store.sqlite import StoreError, StoreFullError
+from memoryos_gpu.store.errors import StoreError, StoreFullError
 
 try:
     import fcntl

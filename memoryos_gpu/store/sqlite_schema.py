@@ -1,0 +1,250 @@
+"""The SQLite store's schema: the version-1 tables and the forward migrations to the current
+:data:`SCHEMA_VERSION`.
+
+Why a module of its own: the schema text is long and changes only by adding a migration, while
+:class:`~memoryos_gpu.store.sqlite.SQLiteStore` runs it (``_migrate``, the version check) and
+reads it at open from here (as module attributes, so tests can patch them). PostgreSQL's own
+dialect of the same versions is :mod:`memoryos_gpu.store.postgres_schema`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+#: The version this code writes: a store at an older one is migrated up (:data:`MIGRATIONS`).
+SCHEMA_VERSION = 7
+
+SCHEMA_V1 = """
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE assistants(
+  assistant_id TEXT PRIMARY KEY,
+  created REAL NOT NULL,
+  knowledge_head INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE users(
+  user_id TEXT PRIMARY KEY,
+  assistant_id TEXT NOT NULL REFERENCES assistants(assistant_id),
+  created REAL NOT NULL,
+  clock REAL NOT NULL DEFAULT 0,
+  next_seq INTEGER NOT NULL DEFAULT 0,
+  chain_tail INTEGER,
+  chain_meta TEXT,
+  profile TEXT NOT NULL DEFAULT '{}',
+  knowledge_head INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE segments(
+  segment_id INTEGER PRIMARY KEY,
+  user_id TEXT NOT NULL REFERENCES users(user_id) ON DELETE CASCADE,
+  slot INTEGER NOT NULL,
+  summary TEXT NOT NULL,
+  keywords TEXT NOT NULL,
+  kw_ids BLOB NOT NULL,
+  embedding BLOB NOT NULL,
+  n_visit INTEGER NOT NULL DEFAULT 0,
+  l_interaction INTEGER NOT NULL DEFAULT 0,
+  last_access REAL NOT NULL,
+  created REAL NOT NULL,
+  n_pages INTEGER NOT NULL DEFAULT 0,
+  UNIQUE(user_id, slot)
+);
+CREATE TABLE pages(
+  page_id INTEGER PRIMARY KEY,
+  user_id TEXT NOT NULL REFERENCES users(user_id) ON DELETE CASCADE,
+  seq INTEGER NOT NULL,
+  user_input TEXT NOT NULL,
+  agent_response TEXT NOT NULL,
+  timestamp REAL NOT NULL,
+  tier TEXT NOT NULL CHECK (tier IN ('stm', 'pending', 'mtm', 'evicted')),
+  segment_id INTEGER REFERENCES segments(segment_id) ON DELETE SET NULL,
+  seg_pos INTEGER,
+  prev_page INTEGER,
+  next_page INTEGER,
+  chain_id INTEGER,
+  meta TEXT,
+  summary TEXT,
+  keywords TEXT,
+  analysed INTEGER NOT NULL DEFAULT 0,
+  mode TEXT,
+  embedding BLOB NOT NULL,
+  source TEXT UNIQUE,
+  extra TEXT NOT NULL DEFAULT '{}',
+  created REAL NOT NULL,
+  UNIQUE(user_id, seq)
+);
+CREATE INDEX pages_segment ON pages(segment_id, seg_pos);
+CREATE INDEX pages_tier ON pages(user_id, tier, seq);
+CREATE INDEX pages_chain ON pages(chain_id);
+CREATE TABLE knowledge(
+  entry_id INTEGER PRIMARY KEY,
+  owner_kind TEXT NOT NULL CHECK (owner_kind IN ('user', 'assistant')),
+  owner_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  text TEXT NOT NULL,
+  embedding BLOB NOT NULL,
+  live INTEGER NOT NULL DEFAULT 1,
+  mode TEXT NOT NULL,
+  source_user TEXT,
+  created REAL NOT NULL,
+  UNIQUE(owner_kind, owner_id, seq)
+);
+CREATE INDEX knowledge_live ON knowledge(owner_kind, owner_id, live);
+CREATE TABLE pending(
+  work_id INTEGER PRIMARY KEY,
+  user_id TEXT NOT NULL REFERENCES users(user_id) ON DELETE CASCADE,
+  kind TEXT NOT NULL CHECK (kind IN ('page', 'promote')),
+  ref INTEGER NOT NULL,
+  created REAL NOT NULL,
+  UNIQUE(kind, ref)
+);
+CREATE TABLE audit(
+  event_id INTEGER PRIMARY KEY,
+  user_id TEXT NOT NULL,
+  ts REAL NOT NULL,
+  action TEXT NOT NULL,
+  item_kind TEXT NOT NULL,
+  item_id INTEGER,
+  detail TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX audit_user ON audit(user_id, event_id);
+"""
+
+# The tables every store at the current version has (checked on open).
+REQUIRED_TABLES = frozenset(
+    {
+        "meta",
+        "assistants",
+        "users",
+        "segments",
+        "pages",
+        "knowledge",
+        "pending",
+        "audit",
+        "provenance",
+        "chains",
+        "page_vectors",
+        "claims",
+    }
+)
+
+# Forward migrations: MIGRATIONS[v] upgrades a store at version v to v + 1. A value is either
+# SQL text (statements separated by ";", no ";" inside literals) or a callable taking the open
+# connection; each migration runs in one transaction together with its version bump, so a crash
+# mid-migration leaves the store at the old version. A new store is created at version 1
+# (``SCHEMA_V1``) and brought forward through the same chain, so every store of a version has
+# the same schema however it was made.
+Migration = str | Callable[[sqlite3.Connection], None]
+MIGRATIONS: dict[int, Migration] = {
+    # 1 -> 2: each page keeps its BM25 term row (memoryos_gpu.lexical.terms_to_blobs), so a
+    # reopen loads the lexical index with the embeddings; rows of older pages are computed
+    # from their text on the first open (MemoryEngine rebuild) and written back
+    1: "ALTER TABLE pages ADD COLUMN terms BLOB",
+    # 2 -> 3: provenance (which pages each knowledge entry and profile value was derived
+    # from) and the validity of knowledge entries (a newer contradicting fact supersedes an
+    # older one; both are kept). Entries of older stores have no provenance rows: they start
+    # valid from when they were made (memoryos_gpu/store/derivations.py, docs/storage.md).
+    2: """
+CREATE TABLE provenance(
+  item_kind TEXT NOT NULL CHECK (item_kind IN ('knowledge', 'profile')),
+  item_id INTEGER NOT NULL,
+  item_key TEXT NOT NULL DEFAULT '',
+  page_id INTEGER NOT NULL,
+  user_id TEXT NOT NULL,
+  PRIMARY KEY (item_kind, item_id, item_key, page_id)
+) WITHOUT ROWID;
+CREATE INDEX provenance_page ON provenance(page_id);
+CREATE INDEX provenance_user ON provenance(user_id, item_kind);
+ALTER TABLE knowledge ADD COLUMN valid_from REAL;
+ALTER TABLE knowledge ADD COLUMN valid_to REAL;
+ALTER TABLE knowledge ADD COLUMN superseded_by INTEGER;
+ALTER TABLE knowledge ADD COLUMN fact_key TEXT;
+ALTER TABLE knowledge ADD COLUMN strength INTEGER NOT NULL DEFAULT 1;
+CREATE INDEX knowledge_superseded ON knowledge(superseded_by) WHERE superseded_by IS NOT NULL;
+CREATE INDEX knowledge_learned ON knowledge(source_user) WHERE owner_kind = 'assistant';
+UPDATE knowledge SET valid_from = created, source_user = CASE WHEN owner_kind = 'user' THEN
+  owner_id END
+""",
+    # 3 -> 4: a provenance row is keyed by its page's user too. Under per-shard stores an
+    # assistant's owner shard records the pages of users on other shards, whose ids are
+    # numbered by their own files: page 7 of one shard and page 7 of another are two sources.
+    3: """
+CREATE TABLE provenance_v4(
+  item_kind TEXT NOT NULL CHECK (item_kind IN ('knowledge', 'profile')),
+  item_id INTEGER NOT NULL,
+  item_key TEXT NOT NULL DEFAULT '',
+  page_id INTEGER NOT NULL,
+  user_id TEXT NOT NULL,
+  PRIMARY KEY (item_kind, item_id, item_key, page_id, user_id)
+) WITHOUT ROWID;
+INSERT INTO provenance_v4 SELECT item_kind, item_id, item_key, page_id, user_id FROM provenance;
+DROP TABLE provenance;
+ALTER TABLE provenance_v4 RENAME TO provenance;
+CREATE INDEX provenance_page ON provenance(page_id);
+CREATE INDEX provenance_user ON provenance(user_id, item_kind)
+""",
+    # 4 -> 5: a dialogue chain's meta summary is kept once, in its own row, instead of on
+    # every page of the chain: it changes each time the chain grows, and rewriting it on
+    # every page cost O(chain length) a page (O(n^2) over a long conversation). A chain's id
+    # stays the id of its first page; its meta is the one its latest page carried. A user's
+    # current chain meta is its tail's chain's (users.chain_meta, a copy, goes). And the
+    # pages a promotion analyses are found without reading the segment's analysed ones.
+    4: """
+CREATE TABLE chains(
+  chain_id INTEGER PRIMARY KEY,
+  user_id TEXT NOT NULL REFERENCES users(user_id) ON DELETE CASCADE,
+  meta TEXT
+);
+CREATE INDEX chains_user ON chains(user_id);
+CREATE INDEX pages_unanalysed ON pages(segment_id, seg_pos) WHERE analysed = 0;
+INSERT INTO chains(chain_id, user_id, meta) SELECT chain_id, user_id, meta FROM (
+  SELECT chain_id, user_id, meta, MAX(seq) FROM pages WHERE chain_id IS NOT NULL
+  GROUP BY chain_id
+);
+ALTER TABLE pages DROP COLUMN meta;
+ALTER TABLE users DROP COLUMN chain_meta
+""",
+    # 5 -> 6: a page's embedding and BM25 term row (~1.7 KB, written once) move to a table of
+    # their own, so the page row that a page's passage through the tiers rewrites (stm ->
+    # pending -> mtm: tier, segment, chain) is the narrow one: SQLite rewrites a whole row on
+    # any update, and the wide row made each of those updates ~3x dearer (benchmarks/README.md).
+    # The indexes by segment and by chain leave out the pages on none (STM, pending): an
+    # accepted page no longer writes three index entries it has no use for (still used by
+    # the lookups and the foreign key, whose terms imply IS NOT NULL)
+    5: """
+CREATE TABLE page_vectors(
+  page_id INTEGER PRIMARY KEY REFERENCES pages(page_id) ON DELETE CASCADE,
+  embedding BLOB NOT NULL,
+  terms BLOB
+);
+INSERT INTO page_vectors(page_id, embedding, terms) SELECT page_id, embedding, terms FROM pages;
+ALTER TABLE pages DROP COLUMN embedding;
+ALTER TABLE pages DROP COLUMN terms;
+DROP INDEX pages_segment;
+CREATE INDEX pages_segment ON pages(segment_id, seg_pos) WHERE segment_id IS NOT NULL;
+DROP INDEX pages_chain;
+CREATE INDEX pages_chain ON pages(chain_id) WHERE chain_id IS NOT NULL;
+DROP INDEX pages_unanalysed;
+CREATE INDEX pages_unanalysed ON pages(segment_id, seg_pos)
+  WHERE analysed = 0 AND segment_id IS NOT NULL
+""",
+    # 6 -> 7: promotion claims (memoryos_gpu/engine/heat.py) in the store: the wave that makes
+    # a segment hot claims its pages up to its own (``upto``; NULL: every unanalysed page), in
+    # the wave's transaction, and the promotion deletes them in its own. Held only in memory
+    # before, a crash between the two made the resumed promotion take every unanalysed page,
+    # later ones included, and merged a segment's queued promotions into one. Older stores
+    # start without claims: their queued promotions take every page, as they did.
+    6: """
+CREATE TABLE claims(
+  segment_id INTEGER NOT NULL REFERENCES segments(segment_id) ON DELETE CASCADE,
+  claim_order INTEGER NOT NULL,
+  upto INTEGER,
+  PRIMARY KEY (segment_id, claim_order)
+) WITHOUT ROWID
+""",
+}
+
+
+def run_sql(db: sqlite3.Connection, script: str) -> None:
+    for stmt in script.split(";"):
+        if stmt.strip():
+            db.execute(stmt)
