@@ -159,8 +159,8 @@ def retrieve_single(store: str, embedder: str, rounds: list) -> dict[str, Any]:
 
 
 def retrieve_sharded(ray: Any, store: str, embedder: str, shards: int, rounds: list) -> dict:
+    from memoryos_gpu.distributed.layout import ShardMap, shard_store
     from memoryos_gpu.distributed.ray_common import shard_resources
-    from memoryos_gpu.distributed.sharding import ShardMap, shard_store
 
     res = shard_resources(shards)
     cls = ray.remote(RetrieveActor)

@@ -29,7 +29,6 @@ import json
 import os
 import queue
 import re
-import signal
 import sys
 import threading
 import time
@@ -50,6 +49,7 @@ from memoryos_gpu.formats import (
     read_records,
 )
 from memoryos_gpu.formats.readers import LongLine, is_stream, iter_capped_lines, open_head
+from memoryos_gpu.stop_signals import StopSignals
 from memoryos_gpu.store import is_url
 
 __all__ = [
@@ -68,11 +68,6 @@ __all__ = [
 
 DEFAULT_BATCH_SIZE = 512
 EXIT_OK, EXIT_REJECTED, EXIT_INTERRUPTED = 0, 3, 130
-#: What stops a run after its batch in flight (with ``handle_sigint``): Ctrl-C, and what
-#: ``timeout``, ``systemctl stop``, CI cancellation and a closed terminal send.
-STOP_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
-)
 _READ_CHUNK = 256  # records per reader -> prepare hand-off
 _PREFETCH_CHUNK = 64  # texts per embedder call when embedding ahead (keeps its lock short)
 _POLL_S = 0.2
@@ -579,8 +574,8 @@ def ingest(
         concurrent forward passes just oversubscribe the cores.
     stop_event, handle_sigint:
         Setting ``stop_event`` (or SIGINT, SIGTERM, SIGHUP when ``handle_sigint`` and in the main
-        thread; a SIGINT after any of them aborts, a repeated SIGTERM or SIGHUP does not)
-        ends the run after the batch in flight.
+        thread) ends the run after the batch in flight; after such a signal a Ctrl-C aborts,
+        a repeated SIGTERM or SIGHUP does not (:mod:`memoryos_gpu.stop_signals`).
     reject_log, reject_log_limit:
         Where each reject is reported as ``file:line: rejected: reason`` (default stderr) and
         how many such lines at most (the rejects file holds all of them).
@@ -675,30 +670,16 @@ def ingest(
             mid = len(items) // 2
             return add(items[:mid]) + add(items[mid:])
 
-    old_handlers: dict[int, Any] = {}
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        """The first stop signal: finish the batch in flight, then stop. After it only Ctrl-C
-        aborts (KeyboardInterrupt, wherever the main thread is); a repeated SIGTERM or SIGHUP
-        is the same request again: the kernel sends a shard process of ``ingest --workers``
-        its parent-death SIGTERM once per thread of the dying parent
-        (:mod:`memoryos_gpu.parent_death`), and taking the second for an abort interrupted
-        the very write the first had promised to finish."""
-        if report.stop_signal is not None:
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            return
+    def on_stop(signum: int) -> None:
+        """The first stop signal: finish the batch in flight, then stop (the rule, repeats
+        included: :mod:`memoryos_gpu.stop_signals`)."""
         report.stop_signal = signum
         stop.set()
-        display.log(
-            sys.stderr,
-            f"{signal.Signals(signum).name}: finishing the batch in flight, then stopping "
-            "(Ctrl-C again to abort)",
-        )
+        display.log(sys.stderr, signals.notice("finishing the batch in flight, then stopping"))
 
-    if handle_sigint and threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:  # `timeout`, systemd and CI stop with SIGTERM: as Ctrl-C
-            old_handlers[sig] = signal.signal(sig, on_sigint)
+    signals = StopSignals(on_stop)
+    if handle_sigint:  # `timeout`, systemd and CI stop with SIGTERM: as Ctrl-C
+        signals.install()
 
     pipe = _Pipeline(
         engine,
@@ -757,8 +738,7 @@ def ingest(
     finally:
         pipe.close()
         display.stop()
-        for sig, old in old_handlers.items():
-            signal.signal(sig, old)
+        signals.restore()
         if rejects_file is not None:
             rejects_file.close()
         report.elapsed_s = time.perf_counter() - t_start

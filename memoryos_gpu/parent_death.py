@@ -30,7 +30,8 @@ def die_with_parent(parent_pid: int, signum: int = signal.SIGTERM) -> bool:
     * the signal fires when the parent *thread* that started this process exits, and again
       each time this process is handed to another of the parent's threads as they exit in
       turn: a multi-threaded parent killed by SIGKILL may send it several times. Its handler
-      must therefore be idempotent (a repeated SIGTERM is no "abort now");
+      must therefore be idempotent (a repeated SIGTERM is no "abort now": the rule of
+      :mod:`memoryos_gpu.stop_signals`, which ingestion's handlers follow);
     * a parent that died before the ``prctl`` took effect sends nothing. That is seen here by
       the parent pid no longer being ``parent_pid`` (this process was reparented), and this
       process then exits at once with 128 + ``signum``, before it has opened anything.

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
-from memoryos_gpu.distributed.sharding import ShardedEngine, ShardMap, prepare_layout, shard_store
+from memoryos_gpu.distributed.layout import ShardMap, prepare_layout, shard_store
+from memoryos_gpu.distributed.sharding import ShardedEngine
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.llm.scripted import ScriptedBackend

@@ -22,8 +22,9 @@ import pytest
 from test_distributed import conversation, engine_config, user_snapshot
 
 from memoryos_gpu.distributed import ray_common, ray_ingest
+from memoryos_gpu.distributed.layout import prepare_layout, shard_store
 from memoryos_gpu.distributed.ray_ingest import ingest_ray
-from memoryos_gpu.distributed.sharding import ShardedEngine, prepare_layout, shard_store
+from memoryos_gpu.distributed.sharding import ShardedEngine
 from memoryos_gpu.errors import MemoryOSError
 from memoryos_gpu.store import StoreError, StoreLockedError, open_store
 

@@ -9,7 +9,8 @@ store's shard count kept, and the stop signals answered as the single-process pa
   statistics counted again under the new count).
 * SIGINT, SIGTERM and SIGHUP end the run after the chunks in flight with its report, exit
   128 + the signal (was: SIGTERM exit 15 with a stack dump, SIGHUP killed the driver while
-  the actors went on writing, SIGINT no report).
+  the actors went on writing, SIGINT no report); a repeated SIGTERM changes nothing (was: it
+  aborted).
 
 One local Ray for the module (as tests/test_ray_ingest_edges.py); skipped without Ray.
 PostgreSQL tests need ``MEMORYOS_GPU_TEST_PG_URL``.
@@ -29,8 +30,9 @@ from test_distributed import PG_URL, conversation, engine_config, store_for
 from test_ray_ingest_edges import _keyword_state, _wait_released, cli, write_chats
 
 from memoryos_gpu.distributed import ray_ingest
+from memoryos_gpu.distributed.layout import prepare_layout
 from memoryos_gpu.distributed.ray_ingest import ingest_ray
-from memoryos_gpu.distributed.sharding import ShardedEngine, prepare_layout
+from memoryos_gpu.distributed.sharding import ShardedEngine
 from memoryos_gpu.store import StoreLockedError, open_store
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'memoryos-gpu[ray]'")
@@ -174,6 +176,7 @@ def test_cli_ingest_ray_on_sigterm_prints_its_report_and_exits_143(
     def then_sigterm(*args: Any, **kw: Any) -> Any:
         out = window(*args, **kw)
         os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # repeated: no abort (was: KeyboardInterrupt)
         return out
 
     monkeypatch.setattr(ray_ingest, "_run_window", then_sigterm)
@@ -184,3 +187,4 @@ def test_cli_ingest_ray_on_sigterm_prints_its_report_and_exits_143(
     assert report["interrupted"] and report["exit_code"] == 143
     assert report["accepted"] == len(rows) and report["ray"]["derived"] == {}
     assert "SIGTERM: finishing the chunks in flight" in res.output
+    assert res.output.count("SIGTERM:") == 1  # the repeat changed nothing

@@ -21,7 +21,8 @@ import pytest
 from test_distributed import _start_serve
 
 from memoryos_gpu.config import EngineConfig
-from memoryos_gpu.distributed.sharding import ShardedEngine, ShardMap
+from memoryos_gpu.distributed.layout import ShardMap
+from memoryos_gpu.distributed.sharding import ShardedEngine
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
 

@@ -30,7 +30,8 @@ import pytest
 pytest.importorskip("zmq")
 pytest.importorskip("uvicorn")
 
-from memoryos_gpu.distributed.sharding import ShardEngine, ShardMap, prepare_layout, shard_store
+from memoryos_gpu.distributed.layout import ShardMap, prepare_layout, shard_store
+from memoryos_gpu.distributed.sharding import ShardEngine
 from memoryos_gpu.llm.scripted import ScriptedBackend
 from memoryos_gpu.types import PageInput
 from tests.served import HA, ROOT

@@ -22,15 +22,9 @@ import pytest
 from test_distributed import BACKENDS, PG_URL, conversation, engine_config, store_for
 
 from memoryos_gpu.cli.stores import ray_shards, store_shards
-from memoryos_gpu.distributed.sharding import (
-    EXCHANGE_MARKS,
-    LAYOUT_KEY,
-    ShardedEngine,
-    ShardEngine,
-    check_layout,
-    prepare_layout,
-    shard_store,
-)
+from memoryos_gpu.distributed.exchange import EXCHANGE_MARKS
+from memoryos_gpu.distributed.layout import LAYOUT_KEY, check_layout, prepare_layout, shard_store
+from memoryos_gpu.distributed.sharding import ShardedEngine, ShardEngine
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.ingest import shard_of
 from memoryos_gpu.store import open_store
@@ -202,9 +196,11 @@ def test_a_stopped_shard_actor_sends_chunks_back_undone(tmp_path):
     assert (tally.total("accepted"), tally.total("unsent"), len(tally.users[0])) == (2, 0, 1)
 
 
-def test_the_driver_stops_on_the_first_signal_and_aborts_on_the_second():
-    """``ingest --ray``'s handler: the first signal asks for a stop (and says so), a second
-    one aborts; the handlers found before are given back."""
+def test_the_driver_stops_on_the_first_signal_and_aborts_on_a_second_ctrl_c():
+    """``ingest --ray``'s handler, by the rule of every ingest (memoryos_gpu/stop_signals.py):
+    the first signal asks for a stop (and says so), a repeated SIGTERM or SIGHUP changes
+    nothing, a second Ctrl-C aborts; the handlers found before are given back (was: any
+    second signal aborted)."""
     from memoryos_gpu.distributed.ray_ingest import _Stop
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -212,11 +208,14 @@ def test_the_driver_stops_on_the_first_signal_and_aborts_on_the_second():
     stop.install()
     stop.install()  # twice (around ray.init): what is restored is still what was there
     try:
-        assert signal.getsignal(signal.SIGHUP) == stop._on_signal
-        stop._on_signal(signal.SIGHUP, None)
+        assert signal.getsignal(signal.SIGHUP) == stop.handle
+        stop.handle(signal.SIGHUP, None)
+        assert stop.stopped and stop.signum == signal.SIGHUP
+        stop.handle(signal.SIGTERM, None)  # ignored: still the graceful stop
+        stop.handle(signal.SIGHUP, None)
         assert stop.stopped and stop.signum == signal.SIGHUP
         with pytest.raises(KeyboardInterrupt):
-            stop._on_signal(signal.SIGTERM, None)
+            stop.handle(signal.SIGINT, None)
     finally:
         stop.restore()
     assert {s: signal.getsignal(s) for s in before} == before

@@ -17,7 +17,8 @@ import pytest
 from test_distributed import BACKENDS, store_for
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
-from memoryos_gpu.distributed.sharding import ShardedEngine, ShardMap
+from memoryos_gpu.distributed.layout import ShardMap
+from memoryos_gpu.distributed.sharding import ShardedEngine
 from memoryos_gpu.engine import InvalidInputError
 from memoryos_gpu.llm.base import ChatRequest
 from memoryos_gpu.llm.scripted import ScriptedBackend
@@ -429,7 +430,7 @@ def test_cli_delete_keeps_the_exchange_marks_of_the_statistics_it_rewrites(
     from click.testing import CliRunner
 
     from memoryos_gpu.cli import cli
-    from memoryos_gpu.distributed.sharding import EXCHANGE_MARKS
+    from memoryos_gpu.distributed.exchange import EXCHANGE_MARKS
 
     victim, _beside, home = users()
     store = str(tmp_path / "store")

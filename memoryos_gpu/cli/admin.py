@@ -127,8 +127,8 @@ def _forget_on_other_shards(
     assistants' owner shards and copied to every shard, go from every shard's store too, and
     the other shards' saved keyword statistics un-count the user's ``texts``
     (``distributed/sharded_forget.py``)."""
+    from memoryos_gpu.distributed.layout import ShardMap
     from memoryos_gpu.distributed.sharded_forget import forget_in_stores
-    from memoryos_gpu.distributed.sharding import ShardMap
 
     dirs = None if is_url(store) or store_file(store).exists() else shard_dirs(store)
     if not dirs:

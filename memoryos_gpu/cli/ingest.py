@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from memoryos_gpu.stop_signals import StopSignals
+
 from .options import (
     ENV_LLM_API_KEY,
     EXIT_ERROR,
@@ -249,7 +251,7 @@ def _die_with_parent() -> None:
     orphan keeps writing (and holding) its shard's store. The children run in their own
     session (see :func:`_ingest_workers`), so nothing else would stop them. The SIGTERM is
     the run's ordinary stop: the batch in flight finishes (the kernel may send it more than
-    once; only a repeated Ctrl-C aborts, :func:`memoryos_gpu.ingest.ingest`)."""
+    once; only a repeated Ctrl-C aborts, :mod:`memoryos_gpu.stop_signals`)."""
     from memoryos_gpu.parent_death import die_with_parent
 
     parent = os.environ.pop(_ENV_PARENT, None)
@@ -385,57 +387,48 @@ def _ingest_workers(
         gpus = 0
     env[_ENV_PARENT] = str(os.getpid())
     procs: list[subprocess.Popen] = []
-    stopper = _Stopper(procs)
-    from memoryos_gpu.ingest import STOP_SIGNALS  # forwarded as SIGINT: finish the batch, stop
-
-    old = {sig: signal.signal(sig, stopper) for sig in STOP_SIGNALS}
     t0 = time.perf_counter()
-    try:
+    with _supervisor_stop(procs) as stopper:
         _spawn(
             procs, stopper, files, o, base, workers, env, gpus, fmt, batch_size, process, part_base
         )
         outputs = _collect(procs, workers, progress, t0)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
     return _merge(procs, outputs, stopper, files, base, workers, rejects_path, part_base, t0)
 
 
-class _Stopper:
-    """The signal handler of ``ingest --workers`` for SIGINT, SIGTERM and SIGHUP (what
-    ``timeout``, ``systemctl stop``, CI cancellation and a closed terminal send): the first one
-    asks every shard process to finish its batch in flight and stop (SIGINT, as for Ctrl-C;
-    they run in their own session, so only this forwarding reaches them), and the merged
-    report then exits with 128 + that signal; a second one kills them."""
+def _supervisor_stop(procs: list[subprocess.Popen]) -> StopSignals:
+    """The stop signals of ``ingest --workers`` (the rule: :mod:`memoryos_gpu.stop_signals`):
+    the first one asks every shard process in ``procs`` to finish its batch in flight and
+    stop (SIGINT, as for Ctrl-C; they run in their own session, so only this forwarding
+    reaches them), and the merged report then exits with 128 + that signal; a second Ctrl-C
+    kills them; a repeated SIGTERM or SIGHUP changes nothing."""
 
-    def __init__(self, procs: list[subprocess.Popen]) -> None:
-        self.procs = procs
-        self.signum: int | None = None
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:
-            for p in self.procs:
-                if p.poll() is None:
-                    p.kill()
-            raise KeyboardInterrupt
-        self.signum = signum
+    def on_stop(signum: int) -> None:
         click.echo(
-            f"{signal.Signals(signum).name}: asking the shard processes to finish their batch "
-            "(Ctrl-C again to kill them)",
+            stopper.notice("asking the shard processes to finish their batch", "kill them"),
             err=True,
         )
-        for p in self.procs:
-            self.forward(p)
+        for p in procs:
+            _forward_stop(stopper, p)
 
-    def forward(self, p: subprocess.Popen) -> None:
-        """Ask shard process ``p`` to stop (when a stop was asked and ``p`` still runs)."""
-        if self.signum is not None and p.poll() is None:
-            p.send_signal(signal.SIGINT)
+    def on_abort() -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+    stopper = StopSignals(on_stop, on_abort)
+    return stopper
+
+
+def _forward_stop(stopper: StopSignals, p: subprocess.Popen) -> None:
+    """Ask shard process ``p`` to stop (when a stop was asked and ``p`` still runs)."""
+    if stopper.stopped and p.poll() is None:
+        p.send_signal(signal.SIGINT)
 
 
 def _spawn(
     procs: list[subprocess.Popen],
-    stopper: _Stopper,
+    stopper: StopSignals,
     files: list[str],
     o: EngineOptions,
     base: Path,
@@ -480,7 +473,7 @@ def _spawn(
         procs.append(
             subprocess.Popen(cmd, stdout=subprocess.PIPE, env=child_env, start_new_session=True)
         )
-        stopper.forward(procs[-1])  # a stop asked while the processes were being started
+        _forward_stop(stopper, procs[-1])  # a stop asked while the processes were started
 
 
 def _collect(procs: list[subprocess.Popen], workers: int, progress: bool, t0: float) -> list[bytes]:
@@ -536,7 +529,7 @@ def _shard_report(i: int, workers: int, p: subprocess.Popen, out: bytes, stopped
 def _merge(
     procs: list[subprocess.Popen],
     outputs: list[bytes],
-    stopper: _Stopper,
+    stopper: StopSignals,
     files: list[str],
     base: Path,
     workers: int,

@@ -100,9 +100,9 @@ def ray_shards(store: str, shards: int | None) -> int:
 
 def _sharded_count(store: str) -> int | None:
     """The count of a sharded store: its directory's shards, or the count a PostgreSQL store
-    records (``sharding.shared_shards``; opening it says when the server is not there)."""
+    records (``layout.shared_shards``; opening it says when the server is not there)."""
     if is_url(store):
-        from memoryos_gpu.distributed.sharding import shared_shards
+        from memoryos_gpu.distributed.layout import shared_shards
 
         return shared_shards(store)
     dirs = shard_dirs(store)

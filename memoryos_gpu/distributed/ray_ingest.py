@@ -27,9 +27,10 @@ mid-term placement, promotion) and the assistant facts go to their owner shards 
 interrupted and run again (tests check).
 
 Same report (``IngestReport``), rejects file and idempotence as the single-process path: every
-record keeps its stable ``source``, so a re-run adds nothing. Same stop signals too (SIGINT,
-SIGTERM, SIGHUP: :class:`_Stop`): the shard actors finish their chunks in flight, the run
-reports what it did and exits 128 + the signal, and the re-run does the rest.
+record keeps its stable ``source``, so a re-run adds nothing. Same stop signals too, by the
+same rule (SIGINT, SIGTERM, SIGHUP: :mod:`memoryos_gpu.stop_signals`, :class:`_Stop`): the
+shard actors finish their chunks in flight, the run reports what it did and exits 128 + the
+signal, and the re-run does the rest; only a second Ctrl-C aborts.
 
 **Worker death.** Shard actors run with ``max_restarts=-1`` and ``max_task_retries=-1``: a dead
 actor is restarted, reopens its shard from the store (everything acknowledged is there), and Ray
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -54,6 +54,14 @@ from pathlib import Path
 from typing import Any
 
 from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.distributed.exchange import exchange_receipts, exchange_senders, sent_documents
+from memoryos_gpu.distributed.layout import (
+    ShardMap,
+    check_layout,
+    is_shared_store,
+    prepare_layout,
+    shard_store,
+)
 from memoryos_gpu.distributed.ray_common import (
     BoxedError,
     ensure_ray,
@@ -62,22 +70,10 @@ from memoryos_gpu.distributed.ray_common import (
     shard_resources,
     unbox,
 )
-from memoryos_gpu.distributed.sharding import (
-    AssistantEntry,
-    ShardMap,
-    check_layout,
-    exchange_receipts,
-    exchange_senders,
-    is_shared_store,
-    prepare_layout,
-    route_assistant_facts,
-    sent_documents,
-    shard_store,
-)
+from memoryos_gpu.distributed.replicas import AssistantEntry, route_assistant_facts
 from memoryos_gpu.formats import Reject
 from memoryos_gpu.ingest import (
     DEFAULT_BATCH_SIZE,
-    STOP_SIGNALS,
     IngestReport,
     RejectRow,
     _peak_rss_mb,
@@ -87,6 +83,7 @@ from memoryos_gpu.ingest import (
     shard_of,
     store_dir,
 )
+from memoryos_gpu.stop_signals import StopSignals
 
 __all__ = ["DEFAULT_WINDOW", "ShardIngestActor", "actor_name", "ingest_ray"]
 
@@ -416,38 +413,19 @@ def ingest_ray(
     return out
 
 
-class _Stop:
-    """What SIGINT, SIGTERM and SIGHUP do to a run (``STOP_SIGNALS``: Ctrl-C, ``timeout``,
-    ``systemctl stop``, a closed terminal), as in the single-process path: the first one asks
-    the shard actors to finish their chunk in flight and send the rest back undone, and the
-    run ends with its report (``interrupted``, exit 128 + the signal), leaving the derived
-    work to the next run; a second one aborts (KeyboardInterrupt). Installed in the driver
-    only (signals reach the main thread alone); without it Ray's own SIGTERM handler exits
-    15 with a stack dump, and SIGHUP kills the driver while the actors go on writing."""
+class _Stop(StopSignals):
+    """The driver's stop signals (:class:`~memoryos_gpu.stop_signals.StopSignals`: SIGINT,
+    SIGTERM, SIGHUP; the first stops gracefully, a second Ctrl-C aborts, a repeated SIGTERM
+    or SIGHUP changes nothing), as in the single-process path. The first one asks the shard
+    actors to finish their chunk in flight and send the rest back undone, and the run ends
+    with its report (``interrupted``, exit 128 + the signal), leaving the derived work to the
+    next run. Installed in the driver only (signals reach the main thread alone), and again
+    after ``ray.init``: without it Ray's own SIGTERM handler exits 15 with a stack dump, and
+    SIGHUP kills the driver while the actors go on writing."""
 
     def __init__(self) -> None:
-        self.signum: int | None = None
+        super().__init__(self._stopping)
         self._actors: list[Any] = []
-        self._old: dict[int, Any] = {}
-
-    @property
-    def stopped(self) -> bool:
-        return self.signum is not None
-
-    def install(self) -> None:
-        """Take the stop signals (again, after Ray took SIGTERM); :meth:`restore` gives back
-        the handlers found the last time another one held them."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in STOP_SIGNALS:
-            old = signal.signal(sig, self._on_signal)
-            if old != self._on_signal:
-                self._old[sig] = old
-
-    def restore(self) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old.clear()
 
     def attach(self, actors: list[Any]) -> None:
         """The shard actors to stop (at once when the stop came first)."""
@@ -455,13 +433,9 @@ class _Stop:
         if self.stopped:
             self._stop_actors()
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.stopped:
-            raise KeyboardInterrupt
-        self.signum = signum
+    def _stopping(self, signum: int) -> None:
         print(
-            f"{signal.Signals(signum).name}: finishing the chunks in flight, then stopping "
-            "(Ctrl-C again to abort)",
+            self.notice("finishing the chunks in flight, then stopping"),
             file=sys.stderr,
             flush=True,
         )

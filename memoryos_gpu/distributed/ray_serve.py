@@ -12,7 +12,10 @@
   shard (a batch of pages is split by shard and answered in request order).
 * **Sync loop** in the router (every ``sync_interval_s``): exchanges the shards' keyword
   statistics and routes assistant facts to their owner shard and its replicas (the rule in
-  :mod:`memoryos_gpu.distributed.sharding`), refreshes the user list and queue statistics.
+  :mod:`memoryos_gpu.distributed.replicas`), refreshes the user list and queue statistics.
+  Its first sync (or first deletion across shards) first has the shards catch up on the
+  keyword statistics of the pages no exchange gave them (an ``ingest --ray`` stopped before
+  its exchange), as a ``ShardedEngine`` does on open (:meth:`RouterService._catch_up`).
 
 A replica that dies is restarted by Serve and reopens its shard from the store: acknowledged
 pages are there, queued derived work resumes. Requests to its users fail (503) meanwhile.
@@ -39,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.distributed.exchange import catch_up_async, exchange_keywords
+from memoryos_gpu.distributed.layout import ShardMap, prepare_layout, shard_store
 from memoryos_gpu.distributed.ray_common import (
     BoxedError,
     ensure_ray,
@@ -47,12 +52,6 @@ from memoryos_gpu.distributed.ray_common import (
     unbox,
 )
 from memoryos_gpu.distributed.sharded_forget import check_edit, forget_everywhere_async
-from memoryos_gpu.distributed.sharding import (
-    ShardMap,
-    exchange_keywords,
-    prepare_layout,
-    shard_store,
-)
 from memoryos_gpu.errors import UnknownItemError
 from memoryos_gpu.server.scope import RetrievalBodies
 from memoryos_gpu.server.settings import ServerSettings
@@ -340,6 +339,7 @@ class RouterService(RetrievalBodies):
         # held by a sync (facts taken from the outboxes until the owners committed them) and by
         # a deletion or edit across shards: a fact in flight never lands after its pages went
         self._exchange: asyncio.Lock | None = None
+        self._caught_up = False  # see _catch_up
 
     def _exchange_lock(self) -> Any:
         """Held by a sync and by a change across shards (an async context manager)."""
@@ -452,7 +452,22 @@ class RouterService(RetrievalBodies):
         async with self._exchange_lock():
             return await self._sync()
 
+    async def _catch_up(self) -> None:
+        """Once, before this router's first exchange (a sync, or a change across shards; under
+        the exchange lock): the shards catch up on the keyword statistics of the pages no
+        exchange gave them, those of an ``ingest --ray`` stopped before its exchange, as a
+        ``ShardedEngine`` does on open (:func:`~memoryos_gpu.distributed.exchange.catch_up_rounds`;
+        harmless when another router did it: the saved marks then say every page is counted).
+        Not done: tried again by the next exchange."""
+        if self._caught_up:
+            return
+        docs = await catch_up_async(self._on_shard, self.shard_map.count)
+        self._caught_up = True
+        if docs:
+            log.info("the shards caught up on the keyword statistics of %d pages", docs)
+
     async def _sync(self) -> dict[str, int]:
+        await self._catch_up()
         parts = await self._ask_all("call", "take_sync", (), {})  # what each gathered since
         pending: list[Any] = []
         docs = exchange_keywords(
@@ -471,8 +486,8 @@ class RouterService(RetrievalBodies):
 
     async def _route_facts(self, facts: list[Any]) -> int:
         """The owner numbers and commits an assistant's facts (``Fact``s, with their
-        provenance), then every other shard copies the numbered entries (the sharding
-        module's rule)."""
+        provenance), then every other shard copies the numbered entries (the rule of
+        :mod:`~memoryos_gpu.distributed.replicas`)."""
         by_owner: dict[int, list[Any]] = {}
         for f in facts:
             by_owner.setdefault(self.shard_map.assistant_owner(f[1]), []).append(f)
@@ -669,6 +684,7 @@ class RouterService(RetrievalBodies):
         """``change`` on the user's shard with what the pages taught forgotten on every shard
         (``sharded_forget.py``), under the exchange lock: no sync has facts in flight."""
         async with self._exchange_lock():
+            await self._catch_up()  # what is forgotten is then what every shard counts
             return await forget_everywhere_async(
                 self._on_shard, change, self.shard_map, user_id, pages
             )

@@ -2,7 +2,7 @@
 
 Why a step of its own: a user's pages, profile and own facts live on the user's shard, but the
 facts those pages taught an assistant are written by the assistant's *owner* shard and copied to
-every other shard (``sharding.py``, "one writer, read replicas everywhere"). Each such fact
+every other shard (``replicas.py``, "one writer, read replicas everywhere"). Each such fact
 travels to its owner with its provenance (the source user and page ids, ``Fact`` in the
 shard's outbox), so the owner records it like a single engine does; deleting the user, or
 deleting or editing one of its pages, must then reach every shard. The same steps serve both,
@@ -43,10 +43,13 @@ from memoryos_gpu.engine.validation import _clean_text
 from memoryos_gpu.store.derivations import Forgotten, forget_learned, reanalyse
 from memoryos_gpu.text.keywords import KeywordExtractor
 
-if TYPE_CHECKING:
-    from .sharding import ShardEngine, ShardMap
+from .exchange import EXCHANGE_MARKS
+from .layout import EXTRACTOR_KEY
 
-_EXTRACTOR_KEY = "keyword_extractor"  # a shard's saved keyword statistics (meta)
+if TYPE_CHECKING:
+    from .layout import ShardMap
+    from .sharding import ShardEngine
+
 Learned = dict[str, list[tuple[Any, Any]]]  # {"entries": [(aid, seq)], "elsewhere": [(p, u)]}
 
 
@@ -237,16 +240,14 @@ def forget_in_stores(
                 "DELETE FROM knowledge WHERE owner_kind = 'assistant' AND owner_id = ? AND seq = ?",
                 removed,
             )
-        saved = st.get_meta(_EXTRACTOR_KEY) if j != home else None
+        saved = st.get_meta(EXTRACTOR_KEY) if j != home else None
         if saved:
             state = json.loads(saved)
             ex = KeywordExtractor.from_dict(state).remove(texts)
             # what the record says it counts stays with it: the page watermark the open refits
-            # from and the exchange marks (sharding.EXCHANGE_MARKS) a resumed ingest --ray reads
-            from .sharding import EXCHANGE_MARKS  # (sharding imports this module)
-
+            # from and the exchange marks (exchange.EXCHANGE_MARKS) a resumed ingest --ray reads
             kept = {k: state[k] for k in ("page_watermark", EXCHANGE_MARKS) if k in state}
-            st.set_meta(_EXTRACTOR_KEY, json.dumps({**ex.to_dict(), **kept}))
+            st.set_meta(EXTRACTOR_KEY, json.dumps({**ex.to_dict(), **kept}))
         st.checkpoint()
     for j, pages in sorted(reanalysis_by_shard(learned, shard_map).items()):
         with stores[j].transaction() as db:

@@ -3,7 +3,7 @@
 Why: with one engine process, that process does the engine's work for the whole box, and on a
 many-core box it is the cap while the other cores idle (benchmarks/README.md). With
 ``--engines K`` the users are sharded over K engine processes by the hash of
-:mod:`memoryos_gpu.distributed.sharding` (one store per shard, ``STORE/shard-I``: the layout
+:mod:`memoryos_gpu.distributed.layout` (one store per shard, ``STORE/shard-I``: the layout
 ``ingest --workers K`` writes, so a store ingested that way is served as it is). Each engine
 process runs a :class:`~memoryos_gpu.distributed.sharding.ShardEngine` behind its own ZeroMQ
 socket, and every HTTP worker sends each request to its user's engine: the router of
@@ -12,11 +12,13 @@ of :class:`~memoryos_gpu.server.remote_service.RemoteService` instead of Ray han
 
 What crosses shards works as it does on Ray: a batch of pages is split by shard and answered
 in order; keyword statistics and assistant facts are exchanged by a sync loop (worker 0 runs
-it); deleting a user or a page forgets what its pages taught the assistants on every shard.
-A sync and a deletion take the *exchange lock*, here a file lock (``flock``) in the server's
-private runtime directory that every worker shares (:class:`ExchangeLock`): a deletion in one
-worker waits for the facts another worker's sync has in flight, as in a single router; the
-kernel releases the lock of a worker that dies.
+it; its first sync, or a worker's first deletion, first has the shards catch up on the keyword
+statistics of the pages no exchange gave them, as a ``ShardedEngine`` does on open:
+``RouterService._catch_up``); deleting a user or a page forgets what its pages taught the
+assistants on every shard. A sync and a deletion take the *exchange lock*, here a file lock
+(``flock``) in the server's private runtime directory that every worker shares
+(:class:`ExchangeLock`): a deletion in one worker waits for the facts another worker's sync
+has in flight, as in a single router; the kernel releases the lock of a worker that dies.
 
 Per shard, failures stay per shard: an engine process that dies makes its users' requests fail
 with 503 + Retry-After until it has reopened its store, while the other shards' users are
@@ -35,13 +37,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.distributed.layout import ShardMap
 from memoryos_gpu.distributed.ray_serve import (
     DEFAULT_SYNC_S,
     RouterService,
     _Remote,
     add_by_shard,
 )
-from memoryos_gpu.distributed.sharding import ShardMap
 from memoryos_gpu.server.remote_service import RemoteService, _Stages
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval

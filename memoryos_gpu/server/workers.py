@@ -336,8 +336,8 @@ class Supervisor:
 def _check_shardable(store: str, engines: int) -> None:
     """``--engines K`` shards the users over K stores (``STORE/shard-I``, or one PostgreSQL
     database): refused for an in-memory store (each engine would hold a private one) and for
-    a store laid out for another count (sharding.prepare_layout says why)."""
-    from memoryos_gpu.distributed.sharding import prepare_layout
+    a store laid out for another count (layout.prepare_layout says why)."""
+    from memoryos_gpu.distributed.layout import prepare_layout
 
     if store == ":memory:":
         raise ValueError(
@@ -350,7 +350,7 @@ def _shard_config(config: EngineConfig, index: int, count: int) -> EngineConfig:
     """Engine ``index``'s config: its shard's store (the same URL for PostgreSQL)."""
     if count == 1:
         return config
-    from memoryos_gpu.distributed.sharding import shard_store
+    from memoryos_gpu.distributed.layout import shard_store
 
     return config.model_copy(update={"store": shard_store(config.store, index, count)})
 

@@ -1,0 +1,117 @@
+"""What SIGINT, SIGTERM and SIGHUP do to an ingestion run: the one rule, in one handler.
+
+Every ingestion command (a plain ``memoryos-gpu ingest``, the ``ingest --workers``
+supervisor, the ``ingest --ray`` driver) takes these signals with :class:`StopSignals`:
+
+* the **first** SIGINT, SIGTERM or SIGHUP is a graceful stop: the work in flight (a batch, a
+  shard process's batch, a shard actor's chunk) finishes and is committed, the report is
+  written, and the run exits 128 + that signal (130, 143, 129);
+* a **second SIGINT** (Ctrl-C again) aborts at once (``KeyboardInterrupt``);
+* a repeated SIGTERM or SIGHUP changes nothing: the stop goes on gracefully.
+
+Why Ctrl-C alone escalates: SIGINT comes from a person at a terminal, and a second Ctrl-C is
+that person saying "now". SIGTERM and SIGHUP come from machinery that may send them more than
+once without meaning more. The kernel's parent-death signal (``PR_SET_PDEATHSIG``,
+:mod:`memoryos_gpu.parent_death`) reaches a shard process of ``ingest --workers`` whose parent
+was killed once per thread of that parent, and taking the repeat for an abort interrupted
+the very write the first signal had promised to finish (the store rolled it back and the shard
+logged "an apply failed halfway"). ``systemctl stop``, ``timeout``, a process group's
+SIGTERM or a closed terminal's SIGHUP can likewise arrive twice; whoever wants a stop that
+does not wait escalates with SIGKILL (``timeout -k``, systemd's ``TimeoutStopSec``), which no
+handler sees. The three commands once had three handlers and two rules (the ``--ray`` driver
+and the ``--workers`` supervisor aborted on any second signal); they now share this one.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import Any
+
+__all__ = ["STOP_SIGNALS", "StopSignals"]
+
+#: What stops a run after its work in flight: Ctrl-C, and what ``timeout``, ``systemctl
+#: stop``, CI cancellation and a closed terminal send.
+STOP_SIGNALS: tuple[int, ...] = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+class StopSignals:
+    """The handler of :data:`STOP_SIGNALS` for one run, by the rule of this module.
+
+    ``on_stop(signum)`` runs once, in the main thread, on the first stop signal (say so; ask
+    the work to stop: set an event, forward a signal, tell actors); ``on_abort()`` runs on the
+    second SIGINT just before ``KeyboardInterrupt`` is raised (e.g. kill child processes).
+    :attr:`signum` is the signal that stopped the run (None while none came).
+
+    Use it as a context manager, or :meth:`install` / :meth:`restore`. Handlers can be set
+    from the main thread only (signals are run there alone): elsewhere :meth:`install` does
+    nothing and returns False. :meth:`install` may be called again, to take the signals back
+    from a library that set its own (``ray.init`` sets a SIGTERM handler); :meth:`restore`
+    puts back, for each signal, the handler that held it when it was last taken (Ray's, once
+    Ray has set one: what the process would have without this run).
+    """
+
+    def __init__(
+        self,
+        on_stop: Callable[[int], None] | None = None,
+        on_abort: Callable[[], None] | None = None,
+    ) -> None:
+        self.signum: int | None = None
+        self._on_stop = on_stop
+        self._on_abort = on_abort
+        self._old: dict[int, Any] = {}
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop signal came."""
+        return self.signum is not None
+
+    def notice(self, doing: str, abort: str = "abort") -> str:
+        """The line telling the user what the stop does, e.g. ``SIGTERM: finishing the batch
+        in flight, then stopping (Ctrl-C again to abort)``."""
+        name = signal.Signals(self.signum).name if self.signum is not None else "stop"
+        return f"{name}: {doing} (Ctrl-C again to {abort})"
+
+    def handle(self, signum: int, frame: FrameType | None = None) -> None:
+        """The signal handler: the rule of this module."""
+        if self.signum is not None:
+            if signum == signal.SIGINT:
+                if self._on_abort is not None:
+                    self._on_abort()
+                raise KeyboardInterrupt
+            return  # a repeated SIGTERM / SIGHUP (e.g. parent death, once per thread)
+        self.signum = signum
+        if self._on_stop is not None:
+            self._on_stop(signum)
+
+    def install(self) -> bool:
+        """Take the stop signals (again); whether they are now this handler's."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for sig in STOP_SIGNALS:
+            old = signal.signal(sig, self.handle)
+            if old != self.handle:  # taken from another handler (not just taken again)
+                self._old[sig] = old
+        return True
+
+    def restore(self) -> None:
+        """Give back the handlers :meth:`install` took the signals from."""
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def __enter__(self) -> StopSignals:
+        self.install()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.restore()
