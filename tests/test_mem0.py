@@ -230,6 +230,25 @@ def test_run_and_agent_ids_narrow_a_users_memories(memory: Memory) -> None:
     assert memory.get_all(filters={"user_id": "bo", "agent_id": "other"})["count"] == 0
 
 
+def test_scope_arguments_narrow_as_filters_do(memory: Memory) -> None:
+    """mem0 1's ``agent_id=`` / ``run_id=`` arguments (were a TypeError) mean what the same
+    keys in ``filters`` and the HTTP routes mean, in search, get_all and delete_all alike."""
+    memory.add("first session talk", user_id="bo", run_id="s1")
+    memory.add("second session talk", user_id="bo", run_id="s2")
+    hits = memory.search("session talk", user_id="bo", run_id="s1")["results"]
+    assert [r["memory"] for r in hits] == ["User: first session talk"]
+    assert len(memory.search("session talk", user_id="bo", agent_id="default")["results"]) == 2
+    assert memory.search("session talk", user_id="bo", agent_id="other")["results"] == []
+    got = memory.get_all(user_id="bo", run_id="s2")["results"]
+    assert [r["memory"] for r in got] == ["User: second session talk"]
+    assert memory.get_all(user_id="bo", agent_id="default")["count"] == 2
+    memory.delete_all(user_id="bo", agent_id="other")  # selects nothing: deletes nothing
+    memory.delete_all(user_id="bo", run_id="s1")  # that run's memories; the user stays
+    got = memory.get_all(user_id="bo")["results"]
+    assert [r["memory"] for r in got] == ["User: second session talk"]
+    assert memory.engine.users() == ["bo"]
+
+
 def test_update_delete_and_history(memory: Memory) -> None:
     (pid,) = _chat(memory, "cy", 1)
     assert memory.update(pid, "cy moved to Boston") == {"message": "Memory updated successfully!"}
@@ -262,6 +281,8 @@ def test_knowledge_update_and_delete(memory: Memory) -> None:
     fact = next(r for r in memory.get_all(user_id="di")["results"] if r["kind"] == "knowledge")
     memory.update(fact["id"], data="Di keeps three hives.")
     assert memory.get(fact["id"])["memory"] == "Di keeps three hives."
+    added, edited = memory.history(fact["id"])
+    assert added["created_at"] == fact["created_at"] != edited["created_at"]  # not the edit's
     with pytest.raises(ValueError, match="no agent_response"):
         memory.update(fact["id"], agent_response="x")
     memory.delete(fact["id"])
@@ -290,11 +311,37 @@ def test_delete_all_and_reset(memory: Memory) -> None:
         (lambda m: m.get_all(user_id="a", page_size=5000), "page_size"),
         (lambda m: m.add("x"), "give user_id"),
         (lambda m: m.update("page-1", "a", data="b"), "not both"),
+        (lambda m: m.search("q", user_id="a", run_id="r1", filters={"run_id": "r2"}), "disagree"),
+        (lambda m: m.get_all(user_id="a", agent_id=" "), "agent_id must be a non-empty"),
+        (lambda m: m.delete_all(run_id="r1"), "give user_id"),
+        (lambda m: m.search("q", user_id="a", top_k=3, limit=4), "not both"),
+        (lambda m: m.add("x", user_id="a", metadata={"tier": "gold"}), r"\['tier'\] name item"),
+        (lambda m: m.add("x", user_id="a", run_id="r1", metadata={"run_id": "r2"}), "disagree"),
     ],
 )
 def test_bad_calls_say_why(memory: Memory, call: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call(memory)
+
+
+def test_metadata_keys_are_what_filters_select(memory: Memory) -> None:
+    """A refused ``{"tier": "gold"}`` (a filter on ``tier`` tests the item's tier) left nothing
+    stored; any other key is stored and filtered on as metadata."""
+    with pytest.raises(ValueError, match="reserved: agent_id, created_at, hash, id, kind"):
+        memory.add("gold member", user_id="ivy", metadata={"tier": "gold", "kind": "purchase"})
+    assert memory.get_all(user_id="ivy")["count"] == 0
+    memory.add("gold member", user_id="ivy", metadata={"plan_tier": "gold"})
+    memory.add("free member", user_id="ivy", metadata={"plan_tier": "free"})
+    got = memory.get_all(filters={"user_id": "ivy", "plan_tier": "gold"})["results"]
+    assert [r["memory"] for r in got] == ["User: gold member"]
+    assert memory.get_all(filters={"user_id": "ivy", "tier": "stm"})["count"] == 2
+
+
+def test_a_page_is_not_blanked_by_update(memory: Memory) -> None:
+    (added,) = memory.add("I love sushi", user_id="jo")["results"]
+    with pytest.raises(ValueError, match="both sides of the page blank"):
+        memory.update(added["id"], text="")
+    assert memory.get(added["id"])["memory"] == "User: I love sushi"
 
 
 def test_from_config_refuses_mem0_settings_and_builds_an_engine(tmp_path: Any) -> None:
@@ -378,6 +425,41 @@ def test_http_mem0_roundtrip_and_tenancy() -> None:
         r = c.delete("/v1/mem0/memories", params={"user_id": "ana"}, headers=HB)
         assert r.status_code == 200
         assert c.get("/v1/users", headers=HB).json() == {"users": []}
+
+
+def test_http_scope_ids_narrow_search_listing_and_deletion() -> None:
+    """``DELETE /v1/mem0/memories?user_id=&run_id=`` deletes that run's memories only (it
+    ignored run_id and deleted the whole user); body ids and filters must agree."""
+    pytest.importorskip("fastapi")
+    from served import HA, hashing, serve
+
+    with serve(hashing()) as c:
+        s1 = _http_add(c, "ana", "I like tea", HA, agent_id="helper", run_id="s1")
+        s2 = _http_add(c, "ana", "I like coffee", HA, agent_id="helper", run_id="s2")
+        body = {"query": "drinks", "user_id": "ana", "run_id": "s1"}
+        r = c.post("/v1/mem0/search", json=body, headers=HA)
+        assert [h["id"] for h in r.json()["results"]] == [s1]
+        for bad, why in (
+            ({**body, "filters": {"run_id": "s2"}}, "disagree"),
+            ({**body, "top_k": 1, "limit": 2}, "not both"),
+        ):
+            r = c.post("/v1/mem0/search", json=bad, headers=HA)
+            assert r.status_code == 422 and why in r.json()["detail"], bad
+        r = c.put(f"/v1/mem0/memories/{s1}", json={"text": ""}, headers=HA)  # "ok" stays
+        assert r.status_code == 200, r.text
+        r = c.put(f"/v1/mem0/memories/{s1}", json={"text": "", "agent_response": ""}, headers=HA)
+        assert r.status_code == 422 and "blank" in r.json()["detail"]
+        q = {"user_id": "ana", "run_id": "s1"}
+        assert c.delete("/v1/mem0/memories", params=q, headers=HA).status_code == 200
+        r = c.get("/v1/mem0/memories", params={"user_id": "ana"}, headers=HA)
+        assert [x["id"] for x in r.json()["results"]] == [s2]
+        q = {"user_id": "ana", "agent_id": "helper"}  # the tenant's own name for its assistant
+        assert c.delete("/v1/mem0/memories", params=q, headers=HA).status_code == 200
+        r = c.get("/v1/mem0/memories", params={"user_id": "ana"}, headers=HA)
+        assert r.json()["count"] == 0
+        meta = {"messages": "x", "user_id": "ana", "metadata": {"hash": "h"}}
+        r = c.post("/v1/mem0/memories", json=meta, headers=HA)
+        assert r.status_code == 422 and "['hash']" in r.json()["detail"]
 
 
 @pytest.mark.parametrize(

@@ -48,8 +48,11 @@ def _clean_text(value: Any, what: str) -> str:
 
 
 def _clean_id(value: Any, what: str) -> str:
-    """An id as given, if it is a non-blank string of at most ``MAX_ID_CHARS`` printable
-    characters (ids are keys: they are checked, never rewritten)."""
+    """An id to look up, as given, if it is a non-blank string of at most ``MAX_ID_CHARS``
+    characters without control characters (ids are keys: they are checked, never rewritten).
+
+    Lenient on purpose: a store made before :func:`_new_identity` existed may hold a user id
+    that rule refuses, and its reads must keep finding it."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidInputError(f"{what} must be a non-empty string")
     if len(value) > MAX_ID_CHARS or not (
@@ -57,6 +60,35 @@ def _clean_id(value: Any, what: str) -> str:
         or not any(unicodedata.category(c) in ("Cc", "Cs") for c in value)
     ):
         raise InvalidInputError(f"{what} must be at most {MAX_ID_CHARS} printable characters")
+    return value
+
+
+#: Characters an identity may not contain: control, format (invisible: U+200B zero width
+#: space, U+202E right-to-left override, ...), surrogate, line and paragraph separators.
+_UNSEEN = ("Cc", "Cf", "Cs", "Zl", "Zp")
+
+
+def _new_identity(value: Any, what: str) -> str:
+    """A user or assistant id a page is written under: :func:`_clean_id`, and visible and in
+    Unicode NFC, else :class:`InvalidInputError`.
+
+    Why: ids are compared as code points, so "Zoë" precomposed and decomposed, or "alice" and
+    "ali\u200bce", would be distinct users that print the same. Refused, not rewritten: a
+    rewritten id would no longer find a user an older store holds under the id as given."""
+    value = _clean_id(value, what)
+    if value.isascii():  # printable ASCII (checked above) is NFC and visible
+        return value
+    unseen = next((c for c in value if unicodedata.category(c) in _UNSEEN), None)
+    if unseen is not None:
+        raise InvalidInputError(
+            f"{what} must be printable characters: it contains U+{ord(unseen):04X}, an "
+            "invisible (format) or line-separator character"
+        )
+    if not unicodedata.is_normalized("NFC", value):
+        raise InvalidInputError(
+            f"{what} must be in Unicode NFC form (composed characters, as most keyboards "
+            "type them), so that ids that look alike are equal"
+        )
     return value
 
 
@@ -123,13 +155,13 @@ def validate_page(p: PageInput | dict[str, Any]) -> PageInput:
             f"meta is {len(encoded)} bytes as JSON; the limit is {MAX_META_BYTES}"
         )
     return PageInput(
-        user_id=_clean_id(p.user_id, "user_id"),
+        user_id=_new_identity(p.user_id, "user_id"),
         user_input=_clean_text(p.user_input, "user_input"),
         agent_response=_clean_text(
             p.agent_response if p.agent_response is not None else "", "agent_response"
         ),
         timestamp=_timestamp(p.timestamp),
-        assistant_id=_clean_id(p.assistant_id, "assistant_id") if p.assistant_id else None,
+        assistant_id=_new_identity(p.assistant_id, "assistant_id") if p.assistant_id else None,
         source=_clean_id(p.source, "source") if p.source else None,
         meta=p.meta,
     )

@@ -7,6 +7,8 @@ filters; several keys in one dict must all match. Keys are looked up on the item
 (``user_id``, ``agent_id``, ``run_id``, ``kind``, ``tier``, ``memory``) and then in its
 ``metadata``; ``created_at`` / ``updated_at`` compare as times (ISO-8601 text, a zone-less
 one read as UTC, or epoch seconds). An item without the key matches only ``ne`` and ``nin``.
+So a metadata key named like an item field could never be filtered on: ``add`` refuses those
+names (:data:`RESERVED_METADATA_KEYS`) rather than store a key its filter cannot reach.
 
 Filters are checked when a search or listing is asked for (:func:`compile_filter`), so a typo
 in an operator is an error, never a filter that silently matches nothing.
@@ -18,11 +20,14 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["SCOPE_KEYS", "compile_filter", "split_scope", "to_epoch"]
+__all__ = ["RESERVED_METADATA_KEYS", "SCOPE_KEYS", "compile_filter", "split_scope", "to_epoch"]
 
 SCOPE_KEYS = ("user_id", "agent_id", "run_id")
 _TIME_KEYS = ("created_at", "updated_at")
 _ITEM_KEYS = ("user_id", "agent_id", "run_id", "kind", "tier", "memory", "id", "hash")
+#: Metadata keys a filter would test on the item instead (``run_id`` is not one: the item's
+#: ``run_id`` is the one kept in its metadata).
+RESERVED_METADATA_KEYS = tuple(sorted({*_ITEM_KEYS, *_TIME_KEYS} - {"run_id"}))
 _LOGIC = ("AND", "OR", "NOT")
 _MISSING = object()
 

@@ -25,7 +25,10 @@ from .filters import compile_filter, split_scope
 from .ops import Mem0Ops, MemoryNotFound
 from .shapes import messages_to_pages
 
-__all__ = ["Memory", "resolve_user"]
+__all__ = ["SEARCH_DEFAULT", "Memory", "resolve_user", "result_count"]
+
+#: Results a search gives when neither ``top_k`` nor ``limit`` is given: mem0 2's default.
+SEARCH_DEFAULT = 20
 
 # keys only mem0's config has, and mem0's {"provider": ..., "config": ...} form of the shared ones
 _MEM0_ONLY_KEYS = ("vector_store", "graph_store", "history_db_path", "version")
@@ -83,8 +86,6 @@ class Memory:
         derives long-term facts from it in the background, so both values store the same."""
         del infer
         uid = _need_user(user_id)
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise ValueError(f"metadata must be a dict, got {type(metadata).__name__}")
         pages = messages_to_pages(
             messages,
             user_id=uid,
@@ -102,18 +103,23 @@ class Memory:
         query: str,
         *,
         user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
         filters: Mapping[str, Any] | None = None,
         top_k: int | None = None,
         limit: int | None = None,
         threshold: float | None = None,
     ) -> dict[str, Any]:
-        """The user's memories for ``query``, best first (``score``: cosine similarity).
+        """The user's memories for ``query``, best first (``score``: cosine similarity), at most
+        ``top_k`` (or ``limit``): default 20, mem0 2's ``top_k`` default (mem0 1's ``limit``
+        defaulted to 100: pass ``limit=100`` for that).
 
         Candidates are what MemoryOS retrieves (the top mid-term pages, the whole short-term
-        memory, the top user and assistant knowledge); ``filters`` narrow them (see
-        :mod:`memoryos_gpu.mem0.filters`), ``threshold`` drops those scored below it."""
-        uid, rest = resolve_user(user_id, filters)
-        k = _top_k(top_k, limit, 20)
+        memory, the top user and assistant knowledge); ``agent_id``, ``run_id`` and
+        ``filters`` narrow them (see :func:`resolve_user`, :mod:`memoryos_gpu.mem0.filters`),
+        ``threshold`` drops those scored below it."""
+        uid, rest = resolve_user(user_id, filters, agent_id=agent_id, run_id=run_id)
+        k = result_count(top_k, limit, SEARCH_DEFAULT)
         if threshold is not None and (
             isinstance(threshold, bool) or not isinstance(threshold, int | float)
         ):
@@ -135,16 +141,19 @@ class Memory:
         self,
         *,
         user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
         filters: Mapping[str, Any] | None = None,
         page: int = 1,
         page_size: int | None = None,
         top_k: int | None = None,
         limit: int | None = None,
     ) -> dict[str, Any]:
-        """The user's memories, oldest first, ``page_size`` per page (``top_k`` / ``limit``:
-        mem0's names for the size of the first page). Adds ``count`` and ``has_more``."""
-        uid, rest = resolve_user(user_id, filters)
-        size = page_size if page_size is not None else _top_k(top_k, limit, 100)
+        """The user's memories (narrowed as :meth:`search` narrows them), oldest first,
+        ``page_size`` per page (``top_k`` / ``limit``: mem0's names for the size of the first
+        page, default 100). Adds ``count`` and ``has_more``."""
+        uid, rest = resolve_user(user_id, filters, agent_id=agent_id, run_id=run_id)
+        size = page_size if page_size is not None else result_count(top_k, limit, 100)
         keep = compile_filter(rest) if rest else None
         return self._ops.list(uid, page=page, page_size=size, keep=keep)
 
@@ -180,9 +189,21 @@ class Memory:
         except MemoryNotFound as exc:
             raise ValueError(str(exc)) from None
 
-    def delete_all(self, *, user_id: str | None = None) -> dict[str, Any]:
-        """Delete a user with all their memory (``reset()`` deletes every user)."""
-        self.engine.delete_user(_need_user(user_id))
+    def delete_all(
+        self,
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Delete a user with all their memory; with ``agent_id`` / ``run_id`` only the user's
+        memories those select (as :meth:`get_all` lists them), the user staying. ``reset()``
+        deletes every user."""
+        uid, rest = resolve_user(user_id, None, agent_id=agent_id, run_id=run_id)
+        if rest:
+            self._ops.delete_matching(uid, compile_filter(rest))
+        else:
+            self.engine.delete_user(uid)
         return {"message": "Memories deleted successfully!"}
 
     def reset(self) -> None:
@@ -217,16 +238,30 @@ def add_results(pages: list[Any], results: list[Any]) -> list[dict[str, Any]]:
 
 
 def resolve_user(
-    user_id: str | None, filters: Mapping[str, Any] | None
+    user_id: str | None,
+    filters: Mapping[str, Any] | None,
+    *,
+    agent_id: str | None = None,
+    run_id: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The user a search or listing is about (``user_id=`` or ``filters["user_id"]``, mem0's
-    two spellings) and the remaining filters."""
+    """The user a search, listing or deletion is about and the filters that narrow their
+    memories: the one rule of the facade and the ``/v1/mem0`` routes.
+
+    Each scope id may come as an argument (mem0 1's spelling) or in ``filters`` (mem0 2's); the
+    two must agree. ``user_id`` is required (memory is kept per user); ``agent_id`` and
+    ``run_id`` become filters on the user's items."""
     scope, rest = split_scope(filters)
-    named = scope.pop("user_id", None)
-    if user_id is not None and named is not None and user_id != named:
-        raise ValueError(f"user_id={user_id!r} and filters['user_id']={named!r} disagree")
-    rest.update(scope)  # agent_id / run_id: filters on the user's items
-    return _need_user(user_id if user_id is not None else named), rest
+    for key, value in (("user_id", user_id), ("agent_id", agent_id), ("run_id", run_id)):
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{key} must be a non-empty string, got {value!r}")
+        named = scope.setdefault(key, value)
+        if named != value:
+            raise ValueError(f"{key}={value!r} and filters[{key!r}]={named!r} disagree")
+    uid = _need_user(scope.pop("user_id", None))
+    rest.update(scope)
+    return uid, rest
 
 
 def _need_user(user_id: str | None) -> str:
@@ -238,7 +273,9 @@ def _need_user(user_id: str | None) -> str:
     return user_id
 
 
-def _top_k(top_k: int | None, limit: int | None, default: int) -> int:
+def result_count(top_k: int | None, limit: int | None, default: int) -> int:
+    """How many results a call asks for: ``top_k`` or ``limit`` (mem0's two names, which
+    must agree when both are given), else ``default``."""
     if top_k is not None and limit is not None and top_k != limit:
         raise ValueError("give top_k or limit, not both")
     k = top_k if top_k is not None else limit if limit is not None else default

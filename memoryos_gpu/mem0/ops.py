@@ -79,9 +79,13 @@ class Mem0Ops:
             start = max(0, offset - n_pages)
             items += knowledge[start : start + room] if room > 0 else []
             return _listing(items, n_pages + len(knowledge), page, page_size)
-        everything = self._page_items(user_id, user["assistant_id"], store.user_pages(user_id))
-        everything = [i for i in everything + self._knowledge_items(user_id) if keep(i)]
+        everything = self._matching(user_id, user["assistant_id"], keep)
         return _listing(everything[offset : offset + page_size], len(everything), page, page_size)
+
+    def _matching(self, user_id: str, assistant: str | None, keep: Predicate) -> list[dict]:
+        """Every memory of the user that ``keep`` accepts, oldest first (pages, knowledge)."""
+        pages = self._page_items(user_id, assistant, self.engine.store.user_pages(user_id))
+        return [i for i in pages + self._knowledge_items(user_id) if keep(i)]
 
     def rank(
         self,
@@ -162,20 +166,24 @@ class Mem0Ops:
         adds = [i for i, e in enumerate(events) if e["action"] == "add"]
         if found is not None and adds:  # SQLite may reuse a deleted page's id: the live one's
             events = events[adds[-1] :]
-        return history_events(mid, events, found[0]["memory"] if found else None)
+        item = found[0] if found else {}
+        return history_events(mid, events, item.get("memory"), item.get("_created_at_ts"))
 
     # ------------------------------------------------------------------ edits
     def update(
         self, memory_id: str, text: str | None = None, agent_response: str | None = None
     ) -> dict[str, Any]:
-        """Replace a memory's text (a page: the user's side, ``agent_response`` the other).
+        """Replace a memory's text (a page: the user's side, ``agent_response`` the other; not
+        both blank, :func:`_check_not_blanked`).
         :class:`MemoryNotFound` also when the memory is deleted after :meth:`_require` found
         it (a concurrent delete: the engine's ``UnknownItemError``)."""
-        mid = self._require(memory_id)
+        mid, item = self._require(memory_id)
         if text is None and agent_response is None:
             raise ValueError("give the new text")
         if mid.kind == "knowledge" and agent_response is not None:
             raise ValueError("a knowledge entry has no agent_response")
+        if mid.kind == "page":
+            _check_not_blanked(item, text, agent_response)
         try:
             if mid.kind == "page":
                 self.engine.update_page(mid.number, user_input=text, agent_response=agent_response)
@@ -188,7 +196,7 @@ class Mem0Ops:
     def delete(self, memory_id: str) -> dict[str, Any]:
         """Delete a memory; :class:`MemoryNotFound` when there is none, also when a concurrent
         delete took it after :meth:`_require` found it (as a second delete is answered)."""
-        mid = self._require(memory_id)
+        mid, _ = self._require(memory_id)
         if mid.kind == "page":
             deleted = self.engine.delete_page(mid.number)
         else:
@@ -196,6 +204,21 @@ class Mem0Ops:
         if not deleted:
             raise MemoryNotFound(memory_id)
         return {"message": "Memory deleted successfully!"}
+
+    def delete_matching(self, user_id: str, keep: Predicate) -> int:
+        """Delete the user's memories that ``keep`` accepts (mem0's ``delete_all`` narrowed by
+        ``agent_id`` / ``run_id``); the user and the rest of their memory stay. The number
+        deleted: a fact that went with a deleted page it was derived from is not counted."""
+        user = self.engine.store.user_row(user_id)
+        if user is None:
+            return 0
+        deleted = 0
+        for item in self._matching(user_id, user["assistant_id"], keep):
+            mid = parse_memory_id(item["id"])
+            assert mid is not None
+            delete = self.engine.delete_page if mid.kind == "page" else self.engine.delete_knowledge
+            deleted += bool(delete(mid.number))
+        return deleted
 
     def reset(self, owns: Callable[[str], bool] = lambda _: True) -> int:
         """Delete every user ``owns`` accepts, with their memory; the number deleted."""
@@ -205,12 +228,14 @@ class Mem0Ops:
         return len(users)
 
     # ------------------------------------------------------------------ helpers
-    def _require(self, memory_id: str) -> MemoryId:
-        if self._find(memory_id) is None:
+    def _require(self, memory_id: str) -> tuple[MemoryId, dict[str, Any]]:
+        """The memory's parsed id and its item; :class:`MemoryNotFound` when there is none."""
+        found = self._find(memory_id)
+        if found is None:
             raise MemoryNotFound(memory_id)
         mid = parse_memory_id(memory_id)
         assert mid is not None
-        return mid
+        return mid, found[0]
 
     def _find(self, memory_id: str) -> tuple[dict[str, Any], str] | None:
         """(the item, its audit owner) or None."""
@@ -279,6 +304,16 @@ class Mem0Ops:
             )
             for r in store.owner_knowledge("user", uid)
         ]
+
+
+def _check_not_blanked(page: dict[str, Any], text: str | None, agent_response: str | None) -> None:
+    """Refuse a page edit that leaves both sides blank: mem0's ``add`` refuses a memory of no
+    words, so ``update`` does too (as for a knowledge entry). The engine itself keeps blank
+    pages, on add and edit alike (it never drops a page it is given)."""
+    user_side = page["user_input"] if text is None else text
+    agent_side = page["agent_response"] if agent_response is None else agent_response
+    if not (str(user_side).strip() or str(agent_side).strip()):
+        raise ValueError("the update leaves both sides of the page blank: delete it instead")
 
 
 def _fields(p: Any) -> dict[str, Any]:

@@ -23,6 +23,8 @@ from typing import Any
 
 from memoryos_gpu.types import PageInput
 
+from .filters import RESERVED_METADATA_KEYS
+
 __all__ = [
     "MemoryId",
     "history_events",
@@ -73,9 +75,7 @@ def messages_to_pages(
     answer (or an answer with no question) is a page with that side empty. ``system`` and
     ``tool`` messages are context for an LLM, not memory: they are skipped. ``run_id`` is kept
     in the page's metadata (so filters can select it)."""
-    meta = dict(metadata or {})
-    if run_id is not None:
-        meta["run_id"] = run_id
+    meta = _checked_metadata(metadata, run_id)
     pairs = _pairs(_message_list(messages))
     return [
         PageInput(
@@ -88,6 +88,26 @@ def messages_to_pages(
         )
         for u, a in pairs
     ]
+
+
+def _checked_metadata(metadata: Mapping[str, Any] | None, run_id: str | None) -> dict[str, Any]:
+    """The page's metadata with ``run_id`` in it. Keys named like an item field are refused:
+    a filter on such a key tests the item's field, so the metadata value could never be
+    selected (mem0 filters are metadata filters; a silent miss is worse than an error)."""
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ValueError(f"metadata must be a dict, got {type(metadata).__name__}")
+    meta = dict(metadata or {})
+    shadowed = sorted(k for k in meta if k in RESERVED_METADATA_KEYS)
+    if shadowed:
+        raise ValueError(
+            f"metadata keys {shadowed} name item fields, which filters test instead; rename "
+            f"them (reserved: {', '.join(RESERVED_METADATA_KEYS)})"
+        )
+    if run_id is not None:
+        if meta.get("run_id", run_id) != run_id:
+            raise ValueError(f"run_id={run_id!r} and metadata['run_id'] disagree")
+        meta["run_id"] = run_id
+    return meta
 
 
 def _message_list(messages: Any) -> list[tuple[str, str]]:
@@ -234,17 +254,21 @@ _EVENTS = {"add": "ADD", "update": "UPDATE", "delete": "DELETE"}
 
 
 def history_events(
-    memory_id: MemoryId, events: list[dict[str, Any]], current: str | None
+    memory_id: MemoryId,
+    events: list[dict[str, Any]],
+    current: str | None,
+    created: float | None = None,
 ) -> list[dict[str, Any]]:
     """The audit events of one memory in mem0's history shape, oldest first.
 
     The audit keeps the text before and after each edit, so the text a memory was added with is
-    the first edit's "before" (or the current text when it was never edited)."""
+    the first edit's "before" (or the current text when it was never edited). A knowledge
+    entry's creation is not audited: its ADD is dated ``created`` (the entry's own time, what
+    ``get`` answers; None once it is deleted), never the first edit's time."""
     texts = [_texts(memory_id.kind, e.get("detail") or {}) for e in events]
     first_before = next((b for b, _ in texts if b is not None), None)
     out: list[dict[str, Any]] = []
     if memory_id.kind == "knowledge" and not any(e["action"] == "add" for e in events):
-        created = None if not events else events[0]["ts"]
         added = first_before or current
         out.append(_event(f"{memory_id}-add", memory_id, "ADD", None, added, created))
     for e, (before, after) in zip(events, texts, strict=True):

@@ -16,8 +16,8 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 
-from memoryos_gpu.mem0.filters import compile_filter
-from memoryos_gpu.mem0.memory import add_results, resolve_user
+from memoryos_gpu.mem0.filters import Predicate, compile_filter
+from memoryos_gpu.mem0.memory import SEARCH_DEFAULT, add_results, resolve_user, result_count
 from memoryos_gpu.mem0.ops import Mem0Ops, MemoryNotFound
 from memoryos_gpu.mem0.shapes import messages_to_pages
 from memoryos_gpu.server import models as m
@@ -109,14 +109,12 @@ def add_mem0_routes(
     async def mem0_search(body: m.Mem0SearchIn, request: Request) -> Any:
         scope = _tenancy(request)
         check_text(settings, query=body.query)
-        filters = {**(body.filters or {})}
-        for key in ("agent_id", "run_id"):
-            if getattr(body, key) is not None:
-                filters[key] = getattr(body, key)
         try:
-            user, rest = resolve_user(body.user_id, filters)
+            user, rest = resolve_user(
+                body.user_id, body.filters, agent_id=body.agent_id, run_id=body.run_id
+            )
             keep = compile_filter(_scoped_filter(scope, rest))
-            k = body.top_k or body.limit or 20
+            k = result_count(body.top_k, body.limit, SEARCH_DEFAULT)
         except ValueError as exc:
             raise invalid(exc) from None
         uid = scope.user(user)
@@ -150,13 +148,11 @@ def add_mem0_routes(
         top_k: Annotated[int | None, Query(ge=1, le=1000, description="Also page_size.")] = None,
     ) -> Any:
         scope = _tenancy(request)
-        uid = scope.user(user_id)
         sizes = {v for v in (page_size, limit, top_k) if v is not None}
         if len(sizes) > 1:
             raise ApiError(422, "invalid_input", "give one of page_size, limit and top_k")
         page_size = sizes.pop() if sizes else 100
-        flt = {k: v for k, v in (("agent_id", agent_id), ("run_id", run_id)) if v is not None}
-        keep = compile_filter(_scoped_filter(scope, flt)) if flt else None
+        uid, keep = _narrowed(scope, user_id, agent_id, run_id)
         listing = await service.call(ops().list, uid, page=page, page_size=page_size, keep=keep)
         return out(scope, listing)
 
@@ -164,16 +160,22 @@ def add_mem0_routes(
         "/v1/mem0/memories",
         tags=_TAG,
         summary="Delete a user's memories (mem0)",
-        description="Delete the user and everything held about them.",
+        description="Delete the user and everything held about them; with `agent_id` / "
+        "`run_id` only the user's memories those select (the user stays).",
         response_model=m.Mem0MessageOut,
     )
     async def mem0_delete_all(
         request: Request,
         user_id: Annotated[str, Query(min_length=1, description="Whose memories.")],
+        agent_id: Annotated[str | None, Query(description="Only this assistant's.")] = None,
+        run_id: Annotated[str | None, Query(description="Only this session's.")] = None,
     ) -> Any:
-        uid = _tenancy(request).user(user_id)
-        ops()
-        await service.delete_user(uid)
+        uid, keep = _narrowed(_tenancy(request), user_id, agent_id, run_id)
+        o = ops()
+        if keep is None:
+            await service.delete_user(uid)
+        else:
+            await service.call(o.delete_matching, uid, keep)
         return {"message": "Memories deleted successfully!"}
 
     @app.get(
@@ -254,6 +256,18 @@ def add_mem0_routes(
         for uid in [u for u in await service.users() if scope.owns(u)]:
             await service.delete_user(uid)
         return {"message": "Memories reset successfully!"}
+
+
+def _narrowed(
+    scope: Scope, user_id: str, agent_id: str | None, run_id: str | None
+) -> tuple[str, Predicate | None]:
+    """The stored user id and the predicate ``agent_id`` / ``run_id`` make (None: the user's
+    whole memory), by the facade's rule (:func:`resolve_user`); 422 for a blank id."""
+    try:
+        user, rest = resolve_user(user_id, None, agent_id=agent_id, run_id=run_id)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_input", str(exc)) from None
+    return scope.user(user), compile_filter(_scoped_filter(scope, rest)) if rest else None
 
 
 def _scoped_filter(scope: Scope, flt: dict[str, Any]) -> dict[str, Any]:
