@@ -72,6 +72,17 @@ class PageTerms:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.ids[a:b], self.tf[a:b], int(self.length[i])
 
+    def take(self, rows: np.ndarray) -> PageTerms:
+        """The term rows of pages ``rows``, in that order (a derived round reads its pages'
+        rows once and hands each wave its own)."""
+        rows = np.asarray(rows, np.int64)
+        starts = self.offsets[rows]
+        counts = self.offsets[rows + 1] - starts
+        offsets = np.zeros(rows.size + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        at = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
+        return PageTerms(offsets, self.ids[at], self.tf[at], self.length[rows])
+
 
 @cache
 def _splitter() -> object:

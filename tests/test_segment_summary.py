@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memoryos_gpu.engine.mtm import _merge_summary
+from memoryos_gpu.engine.mtm_rounds import merge_summary
 
 words = st.lists(st.text("abcdefgh", min_size=1, max_size=12), min_size=1, max_size=8).map(" ".join)
 
@@ -16,8 +16,8 @@ words = st.lists(st.text("abcdefgh", min_size=1, max_size=12), min_size=1, max_s
 def test_the_summary_keeps_the_newest_whole_words_within_the_cap(
     old: str, new: str, cap: int
 ) -> None:
-    old = _merge_summary("", old, cap)  # a summary as stored: within the cap
-    summary = _merge_summary(old, new, cap)
+    old = merge_summary("", old, cap)  # a summary as stored: within the cap
+    summary = merge_summary(old, new, cap)
     if new in old:
         assert summary == old
         return
@@ -31,5 +31,5 @@ def test_the_summary_keeps_the_newest_whole_words_within_the_cap(
 
 def test_a_word_cut_by_the_cap_is_dropped_whole() -> None:
     old = "The user discussed marathon training"
-    assert _merge_summary(old, "puppy training dog", 40) == "marathon training | puppy training dog"
-    assert _merge_summary("x" * 50, "y", 10) == "y"  # a word longer than the cap goes whole
+    assert merge_summary(old, "puppy training dog", 40) == "marathon training | puppy training dog"
+    assert merge_summary("x" * 50, "y", 10) == "y"  # a word longer than the cap goes whole

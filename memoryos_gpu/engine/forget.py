@@ -33,6 +33,7 @@ with the other pages behind it, so what its new text says is derived again.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +46,10 @@ from memoryos_gpu.store.derivations import Forgotten, forget_pages
 from memoryos_gpu.store.rows import blob_matrix, emb_blob
 from memoryos_gpu.text.keywords import keyword_tokens
 
-from .mtm import _kw_blob, _merge_summary
+from .mtm_rounds import kw_blob, merge_summary
 from .state import EngineState, UserState, keyword_rows
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -78,6 +81,19 @@ class Forgetting:
             s.entry_of_ring[where[:, 0], where[:, 1]] = -1
             s.views.drop_knowledge(forgotten.entries)
         s.profiles.update(forgotten.profiles)
+
+    def drop_rejects(self, user_id: str) -> None:
+        """Remove a deleted user's rows from the rejects files ``memoryos-gpu ingest`` left in
+        the store's folder (:func:`memoryos_gpu.ingest.forget_rejects`): they hold the user's
+        refused records in plain text. Called after the deletion, outside the engine lock (a
+        large file takes a while); a file that cannot be rewritten is logged, not raised: the
+        store's rows are gone and memory has followed, so the deletion itself succeeded."""
+        from memoryos_gpu.ingest import forget_rejects
+
+        try:
+            forget_rejects(self._s.config.store, user_id)
+        except OSError as exc:
+            log.warning("user %r deleted, but a rejects file keeps their rows: %s", user_id, exc)
 
     def delete_page(self, page_id: int) -> bool:
         """Remove a page from every tier and everything derived from it (module docstring)."""
@@ -250,14 +266,14 @@ class Forgetting:
         for r in rows:
             for w in json.loads(r[1]) if r[1] else []:
                 counts[w] = counts.get(w, 0) + 1
-            summary = _merge_summary(summary, r[0] or "", cap) if summary else (r[0] or "")[:cap]
+            summary = merge_summary(summary, r[0] or "", cap) if summary else (r[0] or "")[:cap]
         width = s.memory.keyword_width
         ranked = sorted(counts, key=lambda w: -counts[w])  # stable: first seen wins ties
         kw_row = keyword_rows([ranked[:width]], width)
         db.execute(
             "UPDATE segments SET summary = ?, keywords = ?, kw_ids = ?, embedding = ? "
             "WHERE segment_id = ?",
-            (summary, json.dumps(counts), _kw_blob(kw_row[0]), emb_blob(emb), sid),
+            (summary, json.dumps(counts), kw_blob(kw_row[0]), emb_blob(emb), sid),
         )
         return sid, emb, kw_row
 

@@ -15,7 +15,6 @@ rows share one transaction; heat is recomputed and promotions queued in it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,16 @@ from memoryos_gpu.store.rows import blob_matrix, emb_blob, select_in
 from memoryos_gpu.text.keywords import keyword_tokens
 
 from .heat import Heat
+from .mtm_rounds import (
+    Round,
+    RoundInput,
+    RoundOutput,
+    RoundWrites,
+    SegmentRow,
+    Wave,
+    kw_blob,
+    merge_summary,
+)
 from .state import (
     EngineState,
     UserState,
@@ -38,28 +47,6 @@ from .state import (
     still_pending,
     to_host,
 )
-
-
-@dataclass
-class _RoundInput:
-    """What a round read under the lock: its items, the stage inputs, and what they depend on
-    (each user's record, chain tail and meta as read, the engine's edit count)."""
-
-    items: list[WorkItem]
-    users: list[UserState]
-    tails: list[tuple[int | None, str | None]]
-    embs: np.ndarray
-    work: list[PageWork]
-    edits: int
-
-
-@dataclass
-class _RoundOutput:
-    """What the stages made of a round, before anything is applied."""
-
-    outcomes: list[PageOutcome]
-    summary_emb: np.ndarray
-    kw_rows: np.ndarray
 
 
 class Segments:
@@ -93,9 +80,13 @@ class Segments:
         with s.write_transaction() as db:
             # redone from pending if lost; the waves share the transaction (not a savepoint
             # each: SQLite copies every page a savepoint changes to a journal of its own)
-            return gone + sum(self._apply_round(db, r, d) for r, d in zip(waves, done, strict=True))
+            writes = RoundWrites()
+            for read, out in zip(waves, done, strict=True):
+                gone += self._apply_round(db, read, out, writes)
+            writes.flush(db, s.arena)
+            return gone + len(writes.done)
 
-    def _read_round(self, items: list[WorkItem]) -> tuple[list[_RoundInput], int]:
+    def _read_round(self, items: list[WorkItem]) -> tuple[list[RoundInput], int]:
         """A round's stage inputs by wave, read under the lock: the pages, their embeddings
         and each user's chain tail (for a later wave, the user's page of the wave before;
         its chain meta is that page's outcome, filled in by :meth:`_run_stages`). Items whose
@@ -124,12 +115,14 @@ class Segments:
         page_ids = [ref for wave in waves for _, _, ref in wave]
         emb = s.store.page_embeddings(page_ids, d)  # wave after wave: a wave's rows are a slice
         emb_of = dict(zip(page_ids, emb, strict=True))
+        stored = s.store.page_terms(page_ids)
+        terms = terms_from_blobs([stored.get(p) for p in page_ids])
         first = [s.users[uid] for _, uid, _ in waves[0]] if waves else []
         tails = {u.user_id: (u.chain_tail, u.chain_meta) for u in first}
         prev_ids = [p for p, _ in tails.values() if p is not None]
         prev_rows = self._work_rows([(p, uid) for uid, (p, _) in tails.items() if p is not None])
         prev_embs = dict(zip(prev_ids, s.store.page_embeddings(prev_ids, d), strict=True))
-        out: list[_RoundInput] = []
+        out: list[RoundInput] = []
         at = 0
         for wave in waves:
             users = [s.users[uid] for _, uid, _ in wave]
@@ -142,8 +135,9 @@ class Segments:
                 wave_tails.append((prev, meta))
                 tails[uid] = (ref, None)  # the next wave's context: meta once staged
                 prev_rows[ref], prev_embs[ref] = rows[ref], emb_of[ref]
+            part = np.arange(at, at + len(wave))
             out.append(
-                _RoundInput(wave, users, wave_tails, emb[at : at + len(wave)], work, s.edits)
+                RoundInput(wave, users, wave_tails, emb[part], work, s.edits, terms.take(part))
             )
             at += len(wave)
         return out, gone
@@ -173,7 +167,7 @@ class Segments:
             out.update(self._s.store.page_rows(missing))
         return out
 
-    def _run_stages(self, waves: list[_RoundInput]) -> list[_RoundOutput]:
+    def _run_stages(self, waves: list[RoundInput]) -> list[RoundOutput]:
         """The round's stages without the engine lock: they read only what the waves hold
         (and the keyword statistics, which only grow). The stage object decides how the
         waves go (:meth:`~memoryos_gpu.stages.ExtractiveStages.page_waves`: one batch without
@@ -196,15 +190,15 @@ class Segments:
             [w.page for read in waves for w in read.work],
         )
         kw_rows = keyword_rows([o.keywords for o in outcomes], s.memory.keyword_width)
-        out: list[_RoundOutput] = []
+        out: list[RoundOutput] = []
         at = 0
         for wave in done:
             part = slice(at, at + len(wave))
-            out.append(_RoundOutput(wave, summary_emb[part], kw_rows[part]))
+            out.append(RoundOutput(wave, summary_emb[part], kw_rows[part]))
             at += len(wave)
         return out
 
-    def _current(self, read: _RoundInput) -> tuple[np.ndarray, np.ndarray]:
+    def _current(self, read: RoundInput) -> tuple[np.ndarray, np.ndarray]:
         """Under the lock, after the stages: (still pending, still current) per item. Current
         means the pending row, the user and its chain tail and meta are the ones read, and --
         when an item-level edit happened meanwhile -- the page and chain-tail texts too (the
@@ -224,7 +218,7 @@ class Segments:
             current &= self._texts_unchanged(read)
         return pending, current
 
-    def _texts_unchanged(self, read: _RoundInput) -> np.ndarray:
+    def _texts_unchanged(self, read: RoundInput) -> np.ndarray:
         """Whether each item's page and chain-tail texts are still the ones its stages saw."""
         page_ids = [ref for _, _, ref in read.items]
         fresh = self._s.store.page_rows(page_ids + [p for p, _ in read.tails if p is not None])
@@ -238,37 +232,34 @@ class Segments:
             len(page_ids),
         )
 
-    def _apply_round(self, db: Any, read: _RoundInput, done: _RoundOutput) -> int:
-        """Apply the items still current (see :meth:`_current`); returns how many were taken
-        off the queue (applied, or gone with their page or user)."""
+    def _apply_round(
+        self, db: Any, read: RoundInput, done: RoundOutput, writes: RoundWrites
+    ) -> int:
+        """Apply the wave's items still current (see :meth:`_current`), noting them in
+        ``writes``; returns how many are gone (with their page or user)."""
         pending, current = self._current(read)
         gone = int((~pending).sum())
         if not current.any():
             return gone
-        items, users, embs = read.items, read.users, read.embs
+        items, users, embs, terms = read.items, read.users, read.embs, read.terms
         outcomes, summary_emb, kw_rows = done.outcomes, done.summary_emb, done.kw_rows
         if not current.all():  # the common case (nothing changed) copies nothing
             keep = np.flatnonzero(current)
             items, users = [items[i] for i in keep], [users[i] for i in keep]
             outcomes = [outcomes[i] for i in keep]
             embs, summary_emb, kw_rows = embs[keep], summary_emb[keep], kw_rows[keep]
-        self._apply(db, items, users, embs, outcomes, summary_emb, kw_rows)
-        return gone + len(items)
+            terms = terms.take(keep)
+        self._apply(db, Wave(items, users, embs, terms, outcomes, summary_emb, kw_rows), writes)
+        return gone
 
-    def _apply(
-        self,
-        db: Any,
-        items: list[WorkItem],
-        users: list[UserState],
-        embs: np.ndarray,
-        outcomes: list[PageOutcome],
-        summary_emb: np.ndarray,
-        kw_rows: np.ndarray,
-    ) -> None:
+    def _apply(self, db: Any, wave: Wave, writes: RoundWrites) -> None:
         """Match the pages against their users' segments now, make room, and write the
-        wave's segments, chain links and pending-row deletes in the round's transaction
-        ``db``, each kind of row with one statement for the whole wave."""
+        wave's segments and chain links in the round's transaction ``db``, each kind of row
+        with one statement for the whole wave; its pending rows go with the round's
+        (``writes``)."""
         s = self._s
+        items, users, embs, outcomes = wave.items, wave.users, wave.embs, wave.outcomes
+        summary_emb, kw_rows = wave.summary_emb, wave.kw_rows
         if len({u.slot for u in users}) < len(users):  # the waves' rule (_read_round)
             raise RuntimeError("a wave of pages holds at most one page per user")
         page_ids = [ref for _, _, ref in items]
@@ -276,20 +267,18 @@ class Segments:
         best_score, best_slot = ops.match_segments(s.arena, summary_emb, uslots, kw_rows)
         best_score, best_slot = to_host(best_score), to_host(best_slot)
         join = (best_slot >= 0) & (best_score >= s.memory.theta)
-        self._make_room(db, [u for u, j in zip(users, join, strict=True) if not j])
-        stored = s.store.page_terms(page_ids)
-        terms = terms_from_blobs([stored.get(p) for p in page_ids])
+        self._make_room(db, [u for u, j in zip(users, join, strict=True) if not j], writes)
         now = np.array([s.now(u) for u in users], np.float64)
-        round_ = _Round(users, uslots, outcomes, summary_emb, now)
-        self._join_segments(db, round_, np.flatnonzero(join), best_slot)
-        self._open_segments(db, round_, np.flatnonzero(~join))
-        chains = self._link_pages(db, round_, page_ids)
-        db.executemany("DELETE FROM pending WHERE work_id = ?", [(w,) for w, _, _ in items])
+        round_ = Round(users, uslots, outcomes, summary_emb, now)
+        self._join_segments(round_, np.flatnonzero(join), best_slot, writes)
+        self._open_segments(db, round_, np.flatnonzero(~join), writes)
+        chains = self._link_pages(db, round_, page_ids, writes)
+        writes.done += [w for w, _, _ in items]
         # the wave's pages into their segments' blocks, in wave order (each segment's
         # positions are the ones the store just gave them), and their term rows
         pools = s.arena.append_pages(uslots, round_.seg_slot, embs)
         s.map_pages(pools, np.asarray(page_ids, np.int64))
-        s.arena.write_terms(pools, *terms.columns())
+        s.arena.write_terms(pools, *wave.terms.columns())
         self._heat.refresh(db, users)
         s.views.link_pages(page_ids, chains, [o.meta for o in outcomes])
 
@@ -311,29 +300,30 @@ class Segments:
         )
 
     def _segment_rows(
-        self, segment_ids: list[int]
-    ) -> tuple[list[str], list[dict[str, int]], np.ndarray, np.ndarray]:
-        """Current summaries, keyword counts (a fresh dict each), embeddings and page counts of
-        segments, in the order given (one query)."""
-        marks = ",".join("?" * len(segment_ids))
-        by_id = {
-            r[0]: r
-            for r in self._s.store.query(
+        self, segment_ids: list[int], uslots: np.ndarray, slots: np.ndarray, writes: RoundWrites
+    ) -> list[SegmentRow]:
+        """The rows of segments (at ``uslots``, ``slots``) as the round has them so far: those
+        it has not touched yet from the store (one query), kept in ``writes``."""
+        have = writes.segments
+        missing = [x for x in segment_ids if x not in have]
+        if missing:
+            marks = ",".join("?" * len(missing))
+            read = self._s.store.query(
                 "SELECT segment_id, summary, keywords, embedding, n_pages "
                 f"FROM segments WHERE segment_id IN ({marks})",
-                segment_ids,
+                missing,
             )
-        }
-        rows = [by_id[x] for x in segment_ids]
-        return (
-            [r[1] for r in rows],
-            [loads(r[2]) for r in rows],
-            blob_matrix([r[3] for r in rows], self._s.embedder.dim),
-            np.fromiter((r[4] for r in rows), np.int64, len(rows)),
-        )
+            emb = blob_matrix([r[3] for r in read], self._s.embedder.dim)
+            at = {x: i for i, x in enumerate(segment_ids)}
+            for r, e in zip(read, emb, strict=True):
+                i = at[r[0]]
+                have[r[0]] = SegmentRow(
+                    r[1], loads(r[2]), e, np.empty(0, np.int32), r[4], int(uslots[i]), int(slots[i])
+                )
+        return [have[x] for x in segment_ids]
 
     # ---------------------------------------------------------------- eviction
-    def _make_room(self, db: Any, users: Sequence[UserState]) -> None:
+    def _make_room(self, db: Any, users: Sequence[UserState], writes: RoundWrites) -> None:
         """Users about to open a segment with every slot live lose their lowest-heat one."""
         s = self._s
         slots = np.fromiter((u.slot for u in users), np.int32, len(users))
@@ -348,13 +338,13 @@ class Segments:
         )
         evicted: list[int] = []
         for u, v in zip(full, victims, strict=True):
-            evicted += self._evict_segment(db, u, int(v))
+            evicted += self._evict_segment(db, u, int(v), writes)
         chains = s.views.drop_pages(evicted)  # pages out of MTM are not retrieved any more
         s.views.drop_chains(chains - s.store.live_chains(chains))
 
-    def _evict_segment(self, db: Any, user: UserState, slot: int) -> list[int]:
+    def _evict_segment(self, db: Any, user: UserState, slot: int, writes: RoundWrites) -> list[int]:
         """Free a segment's arena rows, blocks and term rows; its pages leave MTM (tier
-        ``evicted``). Returns their page ids."""
+        ``evicted``), its row the store and the round's ``writes``. Returns their page ids."""
         s = self._s
         sid = int(s.segment_of[user.slot, slot])
         pool = s.arena.segment_pages(user.slot, slot)
@@ -367,61 +357,56 @@ class Segments:
         )
         db.execute("DELETE FROM pending WHERE kind = 'promote' AND ref = ?", (sid,))
         db.execute("DELETE FROM segments WHERE segment_id = ?", (sid,))
+        writes.segments.pop(sid, None)
         s.store.audit(db, user.user_id, "evict", "segment", sid, {"slot": slot})
         s.counters["segments_evicted"] += 1
         return page_ids
 
     # ---------------------------------------------------------------- applying a round
-    def _join_segments(self, db: Any, r: _Round, idx: np.ndarray, slots: np.ndarray) -> None:
+    def _join_segments(
+        self, r: Round, idx: np.ndarray, slots: np.ndarray, writes: RoundWrites
+    ) -> None:
         """Fold pages ``idx`` of the round into live segments (their ``slots``): the running
-        mean embedding, keyword counts and summary grow, L_interaction counts the page."""
+        mean embedding, keyword counts and summary grow, L_interaction counts the page. The
+        rows change in ``writes`` (written once for the round), the arena now."""
         if not idx.size:
             return
         s = self._s
         slots = slots[idx].astype(np.int32)
-        sids = s.segment_of[r.uslots[idx], slots]
-        # a wave holds one page a user, so each segment joins once: its counts are updated in
-        # place
-        old_summaries, counts, old_emb, n = self._segment_rows(sids.tolist())
+        uslots = r.uslots[idx]
+        sids = s.segment_of[uslots, slots]
+        # a wave holds one page a user, so each segment joins once: its row changes in place
+        rows = self._segment_rows(sids.tolist(), uslots, slots, writes)
+        n = np.fromiter((row.n_pages for row in rows), np.int64, len(rows))
         add = _unit_rows(r.summary_emb[idx])
-        emb = _unit_rows(old_emb * n[:, None] + add)
-        summaries = []
+        emb = _unit_rows(np.stack([row.emb for row in rows]) * n[:, None] + add)
         cap = s.memory.summary_chars
-        for i, kw, old in zip(idx.tolist(), counts, old_summaries, strict=True):
+        for i, row in zip(idx.tolist(), rows, strict=True):
             out = r.outcomes[i]
             for w in out.keywords:
-                kw[w] = kw.get(w, 0) + 1
-            summaries.append(_merge_summary(old, out.summary, cap))
+                row.counts[w] = row.counts.get(w, 0) + 1
+            row.summary = merge_summary(row.summary, out.summary, cap)
         # the heat statistics from the arena, not the store: the store's last_access waits for
         # the heat write-behind, and a retrieval that credited the segment while this round's
         # stages ran must not be rolled back by the join
-        heat = s.arena.pull_heat(r.uslots[idx])
+        heat = s.arena.pull_heat(uslots)
         at = (np.arange(idx.size), slots)
         l_inter = heat["l_interaction"][at].astype(np.int64) + 1
         last = np.maximum(heat["last_access"][at], r.now[idx])
-        kw_rows = self._kw_matrix(counts)
-        db.executemany(
-            "UPDATE segments SET summary = ?, keywords = ?, kw_ids = ?, embedding = ?, "
-            "l_interaction = ?, last_access = ?, n_pages = ? WHERE segment_id = ?",
-            zip(
-                summaries,
-                map(dumps_text, counts),
-                map(_kw_blob, kw_rows),
-                map(emb_blob, emb),
-                l_inter.tolist(),
-                last.tolist(),
-                (n + 1).tolist(),
-                sids.tolist(),
-                strict=True,
-            ),
-        )
-        s.arena.write_segments(
-            r.uslots[idx], slots, emb, kw_rows, l_interaction=l_inter, last_access=last
-        )
+        kw_rows = self._kw_matrix([row.counts for row in rows])
+        for row, e, k in zip(rows, emb, kw_rows, strict=True):  # as the store keeps them
+            row.emb, row.kw_row, row.n_pages, row.joined = (
+                e.astype(np.float32),
+                k,
+                row.n_pages + 1,
+                True,
+            )
+        s.arena.write_segments(uslots, slots, emb, kw_rows, l_interaction=l_inter, last_access=last)
         r.seg_slot[idx], r.segment_id[idx], r.seg_pos[idx] = slots, sids, n
 
-    def _open_segments(self, db: Any, r: _Round, idx: np.ndarray) -> None:
-        """A new segment for each of pages ``idx`` in its user's lowest free slot."""
+    def _open_segments(self, db: Any, r: Round, idx: np.ndarray, writes: RoundWrites) -> None:
+        """A new segment for each of pages ``idx`` in its user's lowest free slot (its row
+        also in ``writes``, for a later wave that joins it)."""
         if not idx.size:
             return
         s = self._s
@@ -442,7 +427,7 @@ class Segments:
                     int(slots[j]),
                     r.outcomes[i].summary[:cap],
                     dumps_text(counts[j]),
-                    _kw_blob(kw_rows[j]),
+                    kw_blob(kw_rows[j]),
                     emb_blob(emb[j]),
                     float(r.now[i]),
                     float(r.now[i]),
@@ -462,40 +447,45 @@ class Segments:
         )
         s.grow_maps()  # the arena may have widened for these slots
         s.segment_of[r.uslots[idx], slots] = sids
+        for j, i in enumerate(idx.tolist()):
+            writes.segments[ids[j]] = SegmentRow(
+                r.outcomes[i].summary[:cap],
+                counts[j],
+                emb[j].astype(np.float32),
+                kw_rows[j],
+                1,
+                int(r.uslots[i]),
+                int(slots[j]),
+            )
         s.counters["segments_created"] += int(idx.size)
         r.seg_slot[idx], r.segment_id[idx], r.seg_pos[idx] = slots, sids, 0
 
-    def _link_pages(self, db: Any, r: _Round, page_ids: list[int]) -> list[int]:
+    def _link_pages(self, db: Any, r: Round, page_ids: list[int], writes: RoundWrites) -> list[int]:
         """The pages' MTM rows and the dialogue chain: a continuous page links to its user's
         previous evicted page and joins its chain, whose meta (one row per chain, however long
         it grows) is regenerated; any other page starts a chain of its own. Returns each
-        page's chain id."""
+        page's chain id. The links, metas and tails go with the round's (``writes``)."""
+        chain_of = writes.chains
         prev = [
             u.chain_tail if o.continuous else None for u, o in zip(r.users, r.outcomes, strict=True)
         ]
         linked = [i for i, p in enumerate(prev) if p is not None]
-        chain_of = dict(
-            select_in(
-                db,
-                "SELECT page_id, COALESCE(chain_id, page_id) FROM pages WHERE page_id IN",
-                [prev[i] for i in linked],
+        unknown = [prev[i] for i in linked if prev[i] not in chain_of]
+        if unknown:
+            chain_of.update(
+                select_in(
+                    db,
+                    "SELECT page_id, COALESCE(chain_id, page_id) FROM pages WHERE page_id IN",
+                    unknown,
+                )
             )
-        )
         chains = [
             chain_of[prev[i]] if prev[i] is not None else pid for i, pid in enumerate(page_ids)
         ]
-        db.executemany(
-            "UPDATE pages SET next_page = ? WHERE page_id = ?",
-            [(page_ids[i], prev[i]) for i in linked],
-        )
-        db.executemany(
-            "INSERT INTO chains(chain_id, user_id, meta) VALUES (?, ?, ?) "
-            "ON CONFLICT(chain_id) DO UPDATE SET meta = excluded.meta",
-            [
-                (chain, u.user_id, o.meta)
-                for chain, u, o in zip(chains, r.users, r.outcomes, strict=True)
-            ],
-        )
+        chain_of.update(zip(page_ids, chains, strict=True))
+        writes.next_page += [(page_ids[i], prev[i]) for i in linked]
+        for chain, u, o in zip(chains, r.users, r.outcomes, strict=True):
+            writes.chain_meta[chain] = (u.user_id, o.meta)
         db.executemany(
             "UPDATE pages SET tier = 'mtm', segment_id = ?, seg_pos = ?, prev_page = ?, "
             "chain_id = ?, summary = ?, keywords = ?, mode = ? WHERE page_id = ?",
@@ -513,12 +503,9 @@ class Segments:
                 for i, (pid, o) in enumerate(zip(page_ids, r.outcomes, strict=True))
             ],
         )
-        db.executemany(
-            "UPDATE users SET chain_tail = ? WHERE user_id = ?",
-            [(pid, u.user_id) for pid, u in zip(page_ids, r.users, strict=True)],
-        )
         for pid, o, u in zip(page_ids, r.outcomes, r.users, strict=True):
             u.chain_tail, u.chain_meta = pid, o.meta
+            writes.tails[u.user_id] = pid
         return chains
 
     def _kw_matrix(self, counts: Sequence[dict[str, int]]) -> np.ndarray:
@@ -531,25 +518,6 @@ class Segments:
             for c in counts
         ]
         return keyword_rows(ranked, width)
-
-
-@dataclass
-class _Round:
-    """The pages of a round being applied, by position: their users, outcomes, what each
-    contributes to its segment's embedding, and (filled in as it goes) the segment each joins
-    or opens and its position there."""
-
-    users: list[UserState]
-    uslots: np.ndarray
-    outcomes: list[PageOutcome]
-    summary_emb: np.ndarray
-    now: np.ndarray
-
-    def __post_init__(self) -> None:
-        n = len(self.users)
-        self.seg_slot = np.full(n, -1, np.int32)
-        self.segment_id = np.full(n, -1, np.int64)
-        self.seg_pos = np.zeros(n, np.int64)
 
 
 def _unit_rows(m: np.ndarray) -> np.ndarray:
@@ -566,22 +534,3 @@ def _same_text(before: dict[str, Any] | None, now: dict[str, Any] | None) -> boo
         and now is not None
         and all(before[k] == now[k] for k in ("user_input", "agent_response", "timestamp"))
     )
-
-
-def _kw_blob(row: np.ndarray) -> bytes:
-    """The store's copy of a segment's hashed keyword ids (its ``[K]`` arena row, unpadded)."""
-    return np.ascontiguousarray(row[row >= 0], "<i4").tobytes()
-
-
-def _merge_summary(old: str, new: str, cap: int) -> str:
-    """A segment's summary: its pages' topic summaries, newest last, capped at ``cap`` chars.
-    The oldest words go first, whole: a summary never opens mid-word (nor on a separator)."""
-    if not new or new in old:
-        return old
-    merged = f"{old} | {new}" if old else new
-    if len(merged) <= cap:
-        return merged
-    tail = merged[-cap:]
-    if merged[-cap - 1] != " " and " " in tail:  # the cut fell inside a word: drop its rest
-        tail = tail[tail.index(" ") + 1 :]
-    return tail.lstrip(" |")
