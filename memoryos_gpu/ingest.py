@@ -2,7 +2,8 @@
 
 :func:`ingest` is the library form of ``memoryos-gpu ingest`` (the CLI and the benchmarks call
 it). Three stages run concurrently, connected by bounded queues so memory stays flat whatever
-the input size:
+the input size (but for the 16-32 bytes a page that number identical pages of a file,
+:class:`~memoryos_gpu.formats.PageCounter`):
 
 1. **reader** thread: :func:`memoryos_gpu.formats.read_records` streams every file in order
    (one user's records therefore stay in file order), drops the records of other shards;
@@ -15,10 +16,13 @@ the input size:
    a page whose ``source`` was accepted before is skipped), then the derived work (chain, MTM,
    promotion: the engine's LLM stages, batched across the users of the batch).
 
-Idempotent: every record carries a stable ``source`` key, so re-running the same input adds
-nothing twice and an interrupted run resumes where it stopped. A stop request (``stop_event``,
-or SIGINT, SIGTERM or SIGHUP with ``handle_sigint=True``) finishes the batch in flight, then
-returns a report with ``interrupted=True``; what was accepted is committed.
+Idempotent: every record carries a stable ``source`` key made from its content (not from its
+file or line: :func:`memoryos_gpu.formats.page_source`), so re-running the same input adds
+nothing twice - also after lines were removed or added, or the file was renamed, moved or
+compressed - and an interrupted run resumes where it stopped. Pages stored by versions whose
+keys named the line are recognised by that key too (:func:`_held_under_legacy_keys`). A stop
+request (``stop_event``, or SIGINT, SIGTERM or SIGHUP with ``handle_sigint=True``) finishes the
+batch in flight, then returns a report with ``interrupted=True``; what was accepted is committed.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import tzinfo
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -49,6 +54,8 @@ from memoryos_gpu.formats import (
     read_records,
 )
 from memoryos_gpu.formats.readers import LongLine, is_stream, iter_capped_lines, open_head
+from memoryos_gpu.formats.records import normalise_text
+from memoryos_gpu.formats.timestamps import naive_zone, parse_timestamp, refusal_kind
 from memoryos_gpu.stop_signals import StopSignals
 from memoryos_gpu.store import is_url
 
@@ -57,9 +64,13 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_REJECTED",
+    "REJECTS_FILE",
     "IngestReport",
     "RejectRow",
     "Shard",
+    "count_rejects",
+    "default_rejects_files",
+    "forget_rejects",
     "ingest",
     "resolve_formats",
     "shard_of",
@@ -92,7 +103,7 @@ def read_files(files: dict[str, str]) -> Iterator[tuple[str, Record | Reject, in
                 items = iter(())
             if item is None:
                 break
-            last = item.line if isinstance(item, Reject) else _line_of(item)
+            last = item.line
             yield path, item, last
 
 
@@ -147,17 +158,20 @@ class RejectRow:
     raw: str = ""
     stage: str = "read"  # "read" (the reader refused it) or "validate" (the engine did)
     source: str | None = None
+    # the record's user (validate stage; the reader trusts no user id of what it refused):
+    # what `delete --user` finds the user's rows by (forget_rejects)
+    user_id: str | None = None
 
     def message(self) -> str:
         return f"{self.file}:{self.line}: rejected: {self.reason}"
 
     def as_json(self, *, raw: bool = True) -> str:
         """The row as one line of the rejects file. ``raw=False`` leaves the record's content
-        out (where and why stay): the file is plain text, so beside an encrypted store it must
-        not hold what the store encrypts."""
+        and user out (where and why stay): the file is plain text, so beside an encrypted store
+        it must not hold what the store encrypts."""
         row = asdict(self)
         if not raw:
-            del row["raw"]
+            del row["raw"], row["user_id"]
         return json.dumps(row, ensure_ascii=False) + "\n"
 
 
@@ -169,6 +183,9 @@ class IngestReport:
     rejected: int = 0  # input items refused (bad line, bad record, engine validation)
     skipped: int = 0  # pages already in the store (their source was accepted before)
     users: int = 0  # distinct users among this run's accepted + skipped pages
+    # conversations that named no user (no user_id, no id): their user id was derived from the
+    # conversation's content (``conv-...``, docs/formats.md); counted once per id
+    generated_users: int = 0
     pages_per_s: float = 0.0
     records: int = 0  # records read for this shard (accepted + skipped + engine-refused)
     other_shards: int = 0  # records left to other shards
@@ -209,6 +226,119 @@ def store_dir(store: str | os.PathLike[str]) -> Path:
     """The directory of a store given as a directory or as a ``.sqlite3``/``.db`` file."""
     p = Path(store)
     return p.parent if p.suffix in (".sqlite", ".sqlite3", ".db") else p
+
+
+# ============================================================================ rejects file
+REJECTS_FILE = "rejects.jsonl"  # `memoryos-gpu ingest`'s default rejects file, in the store dir
+# One scrub at a time in a process: two deletions rewriting one file at once would each rename
+# a copy holding the other's user over it. Across processes the store's writer claim, which
+# every deleting process holds, keeps them apart.
+_SCRUBBING = threading.Lock()
+
+
+def default_rejects_files(store: str | os.PathLike[str]) -> list[Path]:
+    """The rejects files ``memoryos-gpu ingest`` leaves in a store's folder by default and
+    that exist: ``STORE/rejects.jsonl`` (a plain run; ``--workers``' merged file; ``--ray``'s)
+    and ``STORE/shard-*/rejects.jsonl`` (each ``--workers`` shard process's). None for a
+    PostgreSQL URL or ``:memory:``: no folder (only ``--rejects FILE`` writes one there)."""
+    spec = os.fspath(store)
+    if spec == ":memory:" or is_url(spec):
+        return []
+    base = store_dir(spec)
+    found = [base / REJECTS_FILE, *sorted(base.glob(f"shard-*/{REJECTS_FILE}"))]
+    return [f for f in found if f.is_file()]
+
+
+def forget_rejects(store: str | os.PathLike[str], user_id: str) -> int:
+    """Remove ``user_id``'s rows from the store's default rejects files
+    (:func:`default_rejects_files`); the number of rows removed. Why: those rows hold the
+    user's rejected records in plain text, and a deletion must leave nothing of the user (a
+    ``--rejects FILE`` elsewhere is the user's to delete). Each file changed is replaced
+    atomically (a copy fsynced, then renamed over it): a crash leaves the old file or the new."""
+    with _SCRUBBING:
+        return sum(_scrub_rejects(f, user_id) for f in default_rejects_files(store))
+
+
+def count_rejects(store: str | os.PathLike[str], user_id: str) -> int:
+    """How many rows of the store's default rejects files are ``user_id``'s (what
+    :func:`forget_rejects` would remove): ``delete`` names them before it asks, and deletes
+    them even for a user none of whose records was accepted."""
+    total = 0
+    for f in default_rejects_files(store):
+        with open(f, encoding="utf-8", errors="surrogateescape") as src:
+            total += sum(_names_user(line, user_id) for line in src)
+    return total
+
+
+def _scrub_rejects(path: Path, user_id: str) -> int:
+    """Rewrite the rejects file ``path`` without ``user_id``'s rows (streamed: the file may be
+    large); the rows removed. Left as it is when none names the user."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    removed = 0
+    try:
+        with (
+            open(path, encoding="utf-8", errors="surrogateescape") as src,
+            open(tmp, "w", encoding="utf-8", errors="surrogateescape") as out,
+        ):
+            for line in src:
+                if _names_user(line, user_id):
+                    removed += 1
+                else:
+                    out.write(line)
+            out.flush()
+            os.fsync(out.fileno())
+        if removed:
+            os.chmod(tmp, os.stat(path).st_mode & 0o7777)  # the file keeps who may read it
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return removed
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (where directories can be opened: POSIX)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _names_user(line: str, user_id: str) -> bool:
+    """Whether a rejects-file row is ``user_id``'s: its ``user_id`` (a record the engine
+    refused), else the user its ``raw`` record names (the reader refused it: no user was
+    trusted, but the record still holds the user's words). A row of an encrypted store's
+    default file has neither: it holds no content."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return False
+    if not isinstance(row, dict):
+        return False
+    if row.get("user_id") is not None:
+        return row["user_id"] == user_id
+    raw = row.get("raw")
+    return isinstance(raw, str) and _raw_names(raw, user_id)
+
+
+def _raw_names(raw: str, user_id: str) -> bool:
+    """Whether a rejected record's raw text names ``user_id``: its ``user_id`` field (a
+    conversation's ``id`` when it has none, as the readers take it), found in the text when
+    it was cut short (``RAW_LIMIT``) and no longer parses."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        keys = {json.dumps(user_id), json.dumps(user_id, ensure_ascii=False)}
+        return any(re.search(r'"user_id"\s*:\s*' + re.escape(k), raw) for k in keys)
+    if not isinstance(obj, dict):
+        return False
+    named = obj.get("user_id", obj.get("id"))
+    if isinstance(named, int) and not isinstance(named, bool):
+        named = str(named)  # a conversation's numeric id, as the readers take it
+    return isinstance(named, str) and normalise_text(named) == user_id
 
 
 def _blank(path: str | os.PathLike[str]) -> bool:
@@ -308,14 +438,6 @@ def _llm_calls(engine: Any) -> int:
         return 0
 
 
-def _line_of(record: Record) -> int:
-    """The 1-based line (or item index) of a record, from its source key ``name:pos:sub:hash``."""
-    try:
-        return int(record.source.rsplit(":", 3)[1])
-    except (IndexError, ValueError):
-        return 0
-
-
 class _Failure:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
@@ -330,6 +452,38 @@ class _Item:
     line: int
     record: Record
     page: Any  # PageInput
+
+
+@dataclass(frozen=True)
+class _Held:
+    """What ``add_many`` would answer for a page the store holds under its legacy key."""
+
+    duplicate: bool = True
+
+
+def _held_under_legacy_keys(
+    store: Any, items: list[_Item]
+) -> tuple[list[_Item], list[tuple[_Item, _Held]]]:
+    """``(to add, held)``: the batch split by whether the store has a page under the key an
+    earlier version gave the record (:attr:`~memoryos_gpu.formats.Record.legacy_source`,
+    position-based). Such a page is counted as skipped, not added again: a store filled before
+    the keys became position-free is not filled twice by a re-run of the same input. Stores
+    filled since hold no such keys, so this is one indexed lookup per batch that finds none."""
+    olds = [i.record.legacy_source for i in items if i.record.legacy_source]
+    known = store.known_sources(olds) if olds else {}
+    if not known:
+        return items, []
+    fresh = [i for i in items if i.record.legacy_source not in known]
+    return fresh, [(i, _Held()) for i in items if i.record.legacy_source in known]
+
+
+def _generated_note(count: int) -> str:
+    """The one stderr line saying how many conversations got a generated user id."""
+    what = "conversation" if count == 1 else "conversations"
+    return (
+        f"{count} {what} named no user (no user_id or id) and got a generated user id "
+        "conv-<hash of the conversation>, the same wherever it is read (docs/formats.md)"
+    )
 
 
 def _put(q: queue.Queue, item: Any, stop: threading.Event) -> bool:
@@ -364,6 +518,7 @@ class _Pipeline:
         prefetch: bool,
         stop: threading.Event,
         queue_batches: int,
+        zone: tzinfo | None,
     ) -> None:
         from memoryos_gpu.engine import InvalidInputError
         from memoryos_gpu.types import PageInput
@@ -373,6 +528,7 @@ class _Pipeline:
         self.batch_size = batch_size
         self.shard = shard
         self.prefetch = prefetch
+        self.zone = zone  # timestamps without a zone are read in it (None: local time)
         self.stop = stop  # set: stop reading; the main loop finishes its batch
         self.halt = threading.Event()  # set: worker threads exit now
         self.records_q: queue.Queue = queue.Queue(maxsize=8)
@@ -478,12 +634,16 @@ class _Pipeline:
         _put(self.batches_q, _END, self.halt)
 
     def _page(self, path: str, rec: Record) -> _Item | RejectRow:
-        line = _line_of(rec)
+        line = rec.line
+        try:
+            epoch = None if rec.timestamp is None else parse_timestamp(rec.timestamp, self.zone)
+        except ValueError as exc:  # a wall time its zone moves past the year 9999 (or 1)
+            return _record_reject(path, rec, f"timestamp: {exc}")
         page = self.PageInput(
             user_id=rec.user_id,
             user_input=rec.user_input,
             agent_response=rec.agent_response,
-            timestamp=rec.epoch,
+            timestamp=epoch,
             assistant_id=rec.assistant_id,
             source=rec.source,
             meta=dict(rec.meta),
@@ -491,8 +651,7 @@ class _Pipeline:
         try:
             page = self.validate(page)
         except self.InvalidInputError as exc:
-            raw = json.dumps(rec.to_page(), ensure_ascii=False)[:2000]
-            return RejectRow(path, line, str(exc), raw, "validate", rec.source)
+            return _record_reject(path, rec, str(exc))
         return _Item(path, line, rec, page)
 
     def _emit(self, batch: list[_Item], rejects: list[RejectRow]) -> bool:
@@ -504,8 +663,13 @@ class _Pipeline:
         """Warm the embedder's cache with the batch's new pages (skipping known sources)."""
         t0 = time.perf_counter()
         try:
-            known = self.engine.store.known_sources(i.page.source for i in batch)
-            texts = [self.page_text(i.page) for i in batch if i.page.source not in known]
+            keys = [k for i in batch for k in (i.page.source, i.record.legacy_source) if k]
+            known = self.engine.store.known_sources(keys)
+            texts = [
+                self.page_text(i.page)
+                for i in batch
+                if i.page.source not in known and i.record.legacy_source not in known
+            ]
             for j in range(0, len(texts), _PREFETCH_CHUNK):
                 if self._stopping():
                     break
@@ -533,6 +697,7 @@ def ingest(
     reject_log_limit: int = 100,
     on_batch: Callable[[IngestReport], None] | None = None,
     queue_batches: int = 2,
+    timezone: str = "UTC",
 ) -> IngestReport:
     """Ingest chat logs into an engine's store; return an :class:`IngestReport`.
 
@@ -581,6 +746,11 @@ def ingest(
         how many such lines at most (the rejects file holds all of them).
     on_batch:
         Called with the running report after each batch.
+    timezone:
+        The zone of timestamps written without one (``2025-01-01 04:00:00``, LoCoMo's):
+        ``"UTC"``, ``"local"`` (this machine's) or an IANA name (``"Asia/Tokyo"``); see
+        :func:`~memoryos_gpu.formats.timestamps.naive_zone`. Timestamps with an offset and
+        epoch seconds are unchanged. ``ValueError`` for an unknown zone, before anything is read.
     """
     from memoryos_gpu.config import EngineConfig
     from memoryos_gpu.engine import InvalidInputError, MemoryEngine
@@ -591,6 +761,7 @@ def ingest(
     if process not in ("auto", "batch", "defer"):
         raise ValueError(f"process must be 'auto', 'batch' or 'defer', got {process!r}")
     shard_obj = Shard.parse(shard) if shard is not None else None
+    zone = naive_zone(timezone)
     files = resolve_formats(path_list, fmt)
 
     own_engine = not isinstance(engine_or_config, MemoryEngine)
@@ -627,6 +798,7 @@ def ingest(
     stop = stop_event or threading.Event()
     log = reject_log if reject_log is not None else sys.stderr
     users: set[str] = set()
+    generated: set[str] = set()  # the conv-... user ids this run derived
     reasons: Counter = Counter()
     timings: Counter = Counter()
     # an engine this run opened counts from its open: resuming the store's pending work (an
@@ -663,9 +835,7 @@ def ingest(
             return list(zip(items, engine.add_many([i.page for i in items]), strict=True))
         except InvalidInputError as exc:
             if len(items) == 1:
-                i = items[0]
-                raw = json.dumps(i.record.to_page(), ensure_ascii=False)[:2000]
-                reject(RejectRow(i.path, i.line, str(exc), raw, "validate", i.record.source))
+                reject(_record_reject(items[0].path, items[0].record, str(exc)))
                 return []
             mid = len(items) // 2
             return add(items[:mid]) + add(items[mid:])
@@ -689,6 +859,7 @@ def ingest(
         prefetch=prefetch,
         stop=stop,
         queue_batches=queue_batches,
+        zone=zone,
     )
     t_start = time.perf_counter()
     try:
@@ -711,7 +882,8 @@ def ingest(
                 reject(row)
             if items:
                 t0 = time.perf_counter()
-                done = add(items)
+                fresh, done = _held_under_legacy_keys(engine.store, items)
+                done += add(fresh) if fresh else []
                 timings["add"] += time.perf_counter() - t0
                 if process_after_batch:
                     t0 = time.perf_counter()
@@ -720,6 +892,8 @@ def ingest(
                 report.batches += 1
                 for item, res in done:
                     users.add(item.page.user_id)
+                    if item.record.generated_user:
+                        generated.add(item.page.user_id)
                     if res.duplicate:
                         report.skipped += 1
                     else:
@@ -744,6 +918,7 @@ def ingest(
         report.elapsed_s = time.perf_counter() - t_start
         report.pages_per_s = report.accepted / report.elapsed_s if report.elapsed_s else 0.0
         report.users = len(users)
+        report.generated_users = len(generated)
         report.other_shards = pipe.other_shards
         report.llm_calls = _llm_calls(engine) - llm_before
         report.reject_reasons = dict(reasons.most_common())
@@ -754,6 +929,8 @@ def ingest(
             report.pending = int(engine.store.count_pending())
         if own_engine:
             engine.close()
+    if report.generated_users:
+        display.log(log, _generated_note(report.generated_users))
     return report
 
 
@@ -771,9 +948,38 @@ def _default_prefetch(engine: Any) -> bool:
     return llm.mode == "llm" and llm.backend in ("openai", "vllm")
 
 
+_DETAILS = re.compile(r"\s*\([^()]*\)")  # "(column 5)", "(2,000,000 bytes)"
+_QUOTED_VALUE = re.compile(r"\s*('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
+_FIELD_NAME = re.compile(r"[A-Za-z_][\w.]{0,39}")
+_INDEX = re.compile(r"\[\d+\]")  # conversations[3] -> conversations[i]
+_VALUE_NUMBER = re.compile(r"(?<![\w.-])\d+(?:\.\d+)?(?![\w.])")
+_KIND_CHARS = 80
+
+
 def _reason_kind(reason: str) -> str:
-    """A bucket for the summary: the reason without its details (numbers, parentheses)."""
-    return re.sub(r"(?<![\w-])\d+(?!\w)", "N", reason.split(" (", 1)[0]).strip()[:80]
+    """The kind a reject is counted under in the report (``reject_reasons``): short, and the
+    same for every record broken the same way, or the counts scatter over as many kinds as
+    there are values. A timestamp refusal is named by its rule (:func:`refusal_kind`); another
+    reason loses what differs from record to record - quoted values (a quoted field name
+    stays), numbers standing alone, item indices, parenthesised details - and is shortened at
+    a word boundary, never inside a word."""
+    kind = refusal_kind(reason)
+    if kind is not None:
+        return kind
+    text = _DETAILS.sub("", reason)
+    text = _QUOTED_VALUE.sub(lambda m: m[0] if _FIELD_NAME.fullmatch(m[1][1:-1]) else "", text)
+    text = _VALUE_NUMBER.sub("N", _INDEX.sub("[i]", text))
+    text = " ".join(text.split()).strip(" :;,")
+    if len(text) <= _KIND_CHARS:
+        return text
+    return text[: _KIND_CHARS - 1].rsplit(" ", 1)[0].rstrip(" :;,") + "\u2026"
+
+
+def _record_reject(path: str, rec: Record, reason: str) -> RejectRow:
+    """A record the engine refused, as a rejects-file row: its page (as the engine would have
+    taken it, truncated) and its user."""
+    raw = json.dumps(rec.to_page(), ensure_ascii=False)[:2000]
+    return RejectRow(path, rec.line, reason, raw, "validate", rec.source, rec.user_id)
 
 
 # ============================================================================ progress display

@@ -17,13 +17,11 @@ way and a data path means the same store to both.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import json
 import math
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -244,22 +242,6 @@ def stamp(ts: float | None = None) -> str:
         return str(ts)
 
 
-def _is_naive(text: str) -> bool:
-    """Whether a timestamp string names no zone (epoch numbers are absolute)."""
-    t = text.strip()
-    try:
-        float(t)
-        return False
-    except ValueError:
-        pass
-    if t[-1:] in ("z", "Z"):
-        return False
-    try:
-        return datetime.fromisoformat(t).tzinfo is None
-    except ValueError:
-        return True  # the other accepted forms (LoCoMo's) carry no zone
-
-
 def read_timestamp(value: str | float | None) -> tuple[float | None, str | None]:
     """``(epoch seconds for the engine, text to keep under GIVEN_KEY or None)``.
 
@@ -270,11 +252,7 @@ def read_timestamp(value: str | float | None) -> tuple[float | None, str | None]
         return value, None
     from memoryos_gpu.formats import parse_timestamp
 
-    epoch = parse_timestamp(value)
-    if _is_naive(value):
-        # parse_timestamp read the wall time as UTC; read it as local instead
-        with contextlib.suppress(OverflowError, OSError, ValueError):
-            epoch = datetime.fromtimestamp(epoch, UTC).replace(tzinfo=None).timestamp()
+    epoch = parse_timestamp(value, None)  # a wall time without a zone: local time
     keep = None if math.isfinite(epoch) and stamp(epoch) == value else value
     return epoch, keep
 

@@ -70,12 +70,16 @@ def test_jsonl_records_and_rejects_with_line_numbers():
     assert rejs[0].raw.startswith('{"user_id": "carol"')
 
 
-def test_same_content_on_another_line_gets_another_key():
+def test_identical_pages_of_an_input_are_numbered_by_occurrence():
     recs, _ = split(list(read_records(DATA / "pages.jsonl")))
     assert recs[0].to_page() | {"source": None} == recs[3].to_page() | {"source": None}
-    assert recs[0].source != recs[3].source
-    assert recs[0].source.startswith("pages.jsonl:1:0:")
-    assert recs[3].source.startswith("pages.jsonl:12:0:")
+    assert (recs[0].line, recs[3].line) == (1, 12)
+    first, again = recs[0].source, recs[3].source
+    assert first.startswith("pg-") and first.endswith("-1")
+    assert again == first[:-1] + "2"  # same content, second occurrence: kept distinct
+    # the key earlier versions gave the page, looked for so their stores are not filled twice
+    assert recs[0].legacy_source.startswith("pages.jsonl:1:0:")
+    assert recs[3].legacy_source.startswith("pages.jsonl:12:0:")
 
 
 @pytest.mark.parametrize("name", ["pages.jsonl.gz", "pages.jsonl", "pages_no_extension"])
@@ -94,8 +98,8 @@ def test_gzip_detected_by_magic_bytes(tmp_path, name):
                 b.agent_response,
                 b.timestamp,
             )
-            # same position and content hash; only the file name differs
-            assert a.source.split(":", 1)[1] == b.source.split(":", 1)[1]
+            assert a.source == b.source  # the key does not name the file
+            assert a.legacy_source.split(":", 1)[1] == b.legacy_source.split(":", 1)[1]
         else:
             assert (a.line, a.reason) == (b.line, b.reason)
 
@@ -196,8 +200,9 @@ def test_sharegpt_jsonl():
         ("conv-1", "Thanks, bye.", ""),
         ("u-77", "", "Welcome back! How was Kyoto?"),
         ("u-77", "Amazing, the temples were beautiful.", "Which one did you like most?"),
-        ("sharegpt.jsonl:3", "no id here", "fallback id"),
+        (recs[5].user_id, "no id here", "fallback id"),
     ]
+    assert recs[5].user_id.startswith("conv-") and recs[5].generated_user
     assert recs[0].meta == {"turns": [1, 2], "conversation_id": "conv-1"}
     assert recs[3].timestamp == "2023-11-05" and recs[0].timestamp is None
     assert [r.line for r in rejs] == [4, 5]
@@ -213,7 +218,9 @@ def test_sharegpt_json_array():
     assert [(r.user_input, r.agent_response) for r in recs] == [
         (r.user_input, r.agent_response) for r in lines
     ]
-    assert recs[-1].user_id == "sharegpt_array.json:3"  # item index for documents
+    # the same conversation as the JSONL file's third line: the same generated user
+    assert recs[-1].user_id == lines[-1].user_id and recs[-1].user_id.startswith("conv-")
+    assert [r.source for r in recs] == [r.source for r in lines]
 
 
 def test_truncated_json_array_rejects_and_stops(tmp_path):
@@ -233,8 +240,10 @@ def test_openai_messages():
     assert [(r.user_id, r.user_input, r.agent_response) for r in recs] == [
         ("maria", "Book a table in Porto for Friday.", "Booked for 8 pm\nat Cantinho."),
         ("maria", "Here is the menu", "Looks tasty."),
-        ("openai.jsonl:2", "Only a question", ""),
+        (recs[2].user_id, "Only a question", ""),
     ]
+    assert recs[2].user_id.startswith("conv-") and recs[2].generated_user
+    assert not recs[0].generated_user
     assert recs[1].meta["turns"] == [3, 6]
     assert [r.line for r in rejs] == [3]
     assert "content" in rejs[0].reason
@@ -327,7 +336,6 @@ def test_idempotency_keys_stable_across_reads_and_content_sensitive(tmp_path):
     after = [r.source for r in read_records(copy) if isinstance(r, Record)]
     changed = [i for i, (x, y) in enumerate(zip(before, after, strict=True)) if x != y]
     assert changed == [4]
-    assert before[4].rsplit(":", 1)[0] == after[4].rsplit(":", 1)[0]  # same position
 
 
 # ------------------------------------------------------------------------------------ timestamps

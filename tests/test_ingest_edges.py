@@ -18,7 +18,7 @@ import pytest
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.formats import Record, Reject, read_records, readers
-from memoryos_gpu.formats.records import content_hash, make_source
+from memoryos_gpu.formats.records import content_hash, legacy_source
 from memoryos_gpu.ingest import _count_records, ingest
 
 LINUX = sys.platform.startswith("linux")
@@ -277,7 +277,7 @@ def test_library_ingest_of_a_pipe_reads_it_once(tmp_path, gz):
 
 
 # ------------------------------------------------------------------ 4. a very long file name
-def _old_make_source(basename: str, position: int, sub: int, *content: object) -> str:
+def _old_source(basename: str, position: int, sub: int, *content: object) -> str:
     return f"{basename}:{position}:{sub}:{content_hash(*content)}"  # type: ignore[arg-type]
 
 
@@ -285,15 +285,15 @@ def _old_make_source(basename: str, position: int, sub: int, *content: object) -
 def test_source_of_names_that_fit_is_unchanged(name):
     content = ("u1", None, "hi", "hello", 1_700_000_000.0)
     for pos in (1, 12345):
-        assert make_source(name, pos, 0, *content) == _old_make_source(name, pos, 0, *content)
+        assert legacy_source(name, pos, 0, *content) == _old_source(name, pos, 0, *content)
 
 
 def test_long_names_get_short_distinct_stable_sources():
     content = ("u1", None, "hi", "hello", None)
-    a = make_source("x" * 300 + "a.jsonl", 10**9, 7, *content)
-    b = make_source("x" * 300 + "b.jsonl", 10**9, 7, *content)
+    a = legacy_source("x" * 300 + "a.jsonl", 10**9, 7, *content)
+    b = legacy_source("x" * 300 + "b.jsonl", 10**9, 7, *content)
     assert len(a) == len(b) == 256 and a != b
-    assert a == make_source("x" * 300 + "a.jsonl", 10**9, 7, *content)
+    assert a == legacy_source("x" * 300 + "a.jsonl", 10**9, 7, *content)
     tag = hashlib.sha256(("x" * 300 + "a.jsonl").encode()).hexdigest()[:12]
     assert f"~{tag}:" in a
 

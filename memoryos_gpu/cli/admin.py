@@ -153,34 +153,67 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
     """Delete every row held about a user (pages, segments, knowledge, pending work, audit) and
     what was derived from the user's pages (the assistant's facts learned from them, the saved
     keyword statistics; on a sharded store directory, on every shard); the audit keeps the
-    deletion, without content. Refused while another process writes the store (a server:
-    delete through its HTTP API)."""
+    deletion, without content. The user's rejected records go too from the rejects files
+    `ingest` wrote in the store's folder (STORE/rejects.jsonl, STORE/shard-*/rejects.jsonl; a
+    --rejects FILE elsewhere is yours to delete). Refused while another process writes the
+    store (a server: delete through its HTTP API)."""
+    from memoryos_gpu.ingest import count_rejects
+
     o = options_of(ctx, kwargs)
     store, key = checked_store(o), store_key(o)
     st = open_store_at(user_store(store, user_id), writer=True, key=key)
     try:
         rows = st.rows_about(user_id)
-        if st.user_row(user_id) is None and not rows:
+        known = st.user_row(user_id) is not None or rows > 0
+        rejected = count_rejects(store, user_id)
+        if not known and not rejected:
             raise CLIError(f"unknown user {user_id!r}")
         if not yes:
-            click.confirm(f"delete user {user_id!r} ({rows:,} rows)?", abort=True, err=True)
-        texts = [
-            t
-            for (t,) in st.query(
-                "SELECT user_input || ' ' || agent_response FROM pages WHERE user_id = ?",
-                (user_id,),
-            )
-        ]
-        st.delete_user(user_id)
-        left = st.rows_about(user_id)
+            what = f"{rows:,} rows, {rejected:,} rejected records"
+            click.confirm(f"delete user {user_id!r} ({what})?", abort=True, err=True)
+        texts, left = _delete_rows(st, user_id) if known else ([], 0)
+        rejected, failed = _forget_rejects(store, user_id)  # under the claim: no ingest writes
     finally:
         st.close()
     _forget_on_other_shards(store, user_id, texts, key)
     click.echo(
-        f"deleted user {user_id}: {rows:,} rows removed" + (f" ({left} left!)" if left else "")
+        f"deleted user {user_id}: {rows:,} rows removed"
+        + (f" ({left} left!)" if left else "")
+        + (f", {rejected:,} rejected records removed from the rejects files" if rejected else "")
     )
+    if failed is not None:
+        raise CLIError(
+            f"a rejects file still holds {user_id!r}'s refused records: {failed}; "
+            "fix that and run the delete again"
+        )
     if left:
         ctx.exit(EXIT_ERROR)
+
+
+def _forget_rejects(store: str, user_id: str) -> tuple[int, OSError | None]:
+    """The user's rows removed from the store folder's rejects files: ``(rows removed, the
+    error that stopped it or None)``. An error is reported after the other shards' part of the
+    deletion, not instead of it: the store's rows are gone by then."""
+    from memoryos_gpu.ingest import forget_rejects
+
+    try:
+        return forget_rejects(store, user_id), None
+    except OSError as exc:
+        return 0, exc
+
+
+def _delete_rows(st: Any, user_id: str) -> tuple[list[str], int]:
+    """Delete the user's rows from its store; ``(the texts of its pages, rows left)``: the
+    texts for the other shards' keyword statistics, the rows left to check it worked."""
+    texts = [
+        t
+        for (t,) in st.query(
+            "SELECT user_input || ' ' || agent_response FROM pages WHERE user_id = ?",
+            (user_id,),
+        )
+    ]
+    st.delete_user(user_id)
+    return texts, st.rows_about(user_id)
 
 
 @click.command()

@@ -65,7 +65,21 @@ from .stores import (
     type=click.IntRange(1),
     default=512,
     show_default=True,
-    help="Pages per engine batch (across users).",
+    help="Pages per engine batch (across users). It shapes the derived memory, not only the "
+    "speed: a batch's pages all enter the keyword statistics before its derived rounds pick "
+    "their keywords, and hot segments are promoted after each batch's rounds, so segments "
+    "and facts differ between batch sizes (deterministic for one size; --batch-size 1 "
+    "matches pages added one at a time, each processed before the next).",
+)
+@click.option(
+    "--timezone",
+    metavar="ZONE",
+    default="UTC",
+    show_default=True,
+    help='The zone of timestamps written without one ("2025-01-01 04:00:00", LoCoMo\'s): '
+    "UTC, local (this machine's) or an IANA name such as Asia/Tokyo. BAI-LAB MemoryOS wrote "
+    "its local time: give the zone it ran in. Timestamps with an offset and epoch seconds "
+    "are unchanged.",
 )
 @click.option(
     "--rejects",
@@ -131,6 +145,7 @@ def ingest(
     fmt: str,
     as_json: bool,
     batch_size: int,
+    timezone: str,
     rejects_path: str | None,
     shard: str | None,
     workers: int,
@@ -163,11 +178,12 @@ def ingest(
     _die_with_parent()
     from memoryos_gpu.formats import FormatError
     from memoryos_gpu.formats.readers import is_stream
-    from memoryos_gpu.ingest import Shard, resolve_formats, store_dir
+    from memoryos_gpu.ingest import REJECTS_FILE, Shard, resolve_formats, store_dir
     from memoryos_gpu.ingest import ingest as run_ingest
 
     o = options_of(ctx, kwargs)
     cfg = build_config(o)
+    _check_timezone(timezone)
     if (use_ray or workers > 1) and any(is_stream(f) for f in files):
         raise UsageFailure(
             "--workers and --ray read the input once per shard: a pipe can be read only once; "
@@ -195,6 +211,7 @@ def ingest(
             shards,
             fmt=fmt,
             batch_size=batch_size,
+            timezone=timezone,
             rejects_path=rejects_path,
             raw=raw,
         )
@@ -206,6 +223,7 @@ def ingest(
             workers,
             fmt=fmt,
             batch_size=batch_size,
+            timezone=timezone,
             rejects_path=rejects_path,
             process=process,
             progress=progress,
@@ -215,7 +233,7 @@ def ingest(
         rejects = rejects_path or (
             None
             if cfg.store == ":memory:" or is_url(cfg.store)
-            else str(store_dir(cfg.store) / "rejects.jsonl")
+            else str(store_dir(cfg.store) / REJECTS_FILE)
         )
         quiet_model_loading()
         report = run_ingest(  # given the config, it opens (and closes) an engine for `process`
@@ -230,6 +248,7 @@ def ingest(
             process=process,
             prefetch=prefetch,
             handle_sigint=True,
+            timezone=timezone,
         ).to_dict()
     if summary:
         print_ingest_summary(report, err=as_json)
@@ -257,6 +276,17 @@ def _die_with_parent() -> None:
     parent = os.environ.pop(_ENV_PARENT, None)
     if parent and parent.isdigit():
         die_with_parent(int(parent))
+
+
+def _check_timezone(timezone: str) -> None:
+    """Refuse an unknown ``--timezone`` (exit 2) before anything is read: a misspelt zone
+    would store every page hours off."""
+    from memoryos_gpu.formats.timestamps import naive_zone
+
+    try:
+        naive_zone(timezone)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--timezone") from None
 
 
 def _raw_rejects(cfg: Any, rejects_path: str | None) -> bool:
@@ -293,6 +323,7 @@ def _ingest_ray(
     *,
     fmt: str,
     batch_size: int,
+    timezone: str,
     rejects_path: str | None,
     raw: bool = True,
 ) -> dict[str, Any]:
@@ -314,6 +345,7 @@ def _ingest_ray(
             ray_shards(cfg.store, shards),
             fmt=fmt,
             batch_size=batch_size,
+            timezone=timezone,
             rejects_path=rejects_path or (default_rejects_path(cfg.store) if raw else None),
         )
         return {**report, "rejects_raw": raw}
@@ -339,6 +371,7 @@ def _ingest_workers(
     *,
     fmt: str,
     batch_size: int,
+    timezone: str,
     rejects_path: str | None,
     process: str,
     progress: bool,
@@ -389,9 +422,8 @@ def _ingest_workers(
     procs: list[subprocess.Popen] = []
     t0 = time.perf_counter()
     with _supervisor_stop(procs) as stopper:
-        _spawn(
-            procs, stopper, files, o, base, workers, env, gpus, fmt, batch_size, process, part_base
-        )
+        run_args = ["--format", fmt, "--batch-size", str(batch_size), "--timezone", timezone]
+        _spawn(procs, stopper, files, o, base, workers, env, gpus, run_args, process, part_base)
         outputs = _collect(procs, workers, progress, t0)
     return _merge(procs, outputs, stopper, files, base, workers, rejects_path, part_base, t0)
 
@@ -435,12 +467,12 @@ def _spawn(
     workers: int,
     env: dict[str, str],
     gpus: int,
-    fmt: str,
-    batch_size: int,
+    run_args: list[str],
     process: str,
     part_base: str | None,
 ) -> None:
-    """Start shard process i of ``workers`` (into ``base/shard-i``) for every i."""
+    """Start shard process i of ``workers`` (into ``base/shard-i``) for every i; ``run_args``:
+    the options each passes on as given (format, batch size, time zone)."""
     for i in range(workers):
         cmd = [
             sys.executable,
@@ -452,10 +484,7 @@ def _spawn(
             str(base / f"shard-{i}"),
             "--shard",
             f"{i}/{workers}",
-            "--format",
-            fmt,
-            "--batch-size",
-            str(batch_size),
+            *run_args,
             "--process",
             process,
             "--json",
@@ -538,6 +567,8 @@ def _merge(
     t0: float,
 ) -> dict[str, Any]:
     """The merged report of the shard processes; their rejects concatenated into one file."""
+    from memoryos_gpu.ingest import REJECTS_FILE
+
     stopped = stopper.signum is not None
     shards = [
         _shard_report(i, workers, p, out, stopped)
@@ -545,7 +576,7 @@ def _merge(
     ]
     elapsed = time.perf_counter() - t0
 
-    merged_rejects = Path(rejects_path) if rejects_path else base / "rejects.jsonl"
+    merged_rejects = Path(rejects_path) if rejects_path else base / REJECTS_FILE
     merged_rejects.parent.mkdir(parents=True, exist_ok=True)
     with open(merged_rejects, "w", encoding="utf-8") as out_f:
         for rep in shards:
@@ -563,6 +594,7 @@ def _merge(
         "llm_calls",
         "pending",
         "batches",
+        "generated_users",
     )
     merged: dict[str, Any] = {k: sum(int(r.get(k, 0)) for r in shards) for k in keys}
     reasons: dict[str, int] = {}

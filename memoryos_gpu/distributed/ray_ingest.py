@@ -50,6 +50,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
+from datetime import UTC, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +73,14 @@ from memoryos_gpu.distributed.ray_common import (
 )
 from memoryos_gpu.distributed.replicas import AssistantEntry, route_assistant_facts
 from memoryos_gpu.formats import Reject
+from memoryos_gpu.formats.timestamps import naive_zone
 from memoryos_gpu.ingest import (
     DEFAULT_BATCH_SIZE,
     IngestReport,
     RejectRow,
     _peak_rss_mb,
     _reason_kind,
+    _record_reject,
     read_files,
     resolve_formats,
     shard_of,
@@ -148,7 +151,11 @@ class ShardIngestActor:
             return [_outcome(row, UNSENT) for row in rows]
         out: dict[int, dict[str, Any]] = {}
         valid: list[tuple[dict[str, Any], Any]] = []
+        held = self._held_under_legacy_keys(rows)
         for row in rows:
+            if row["seq"] in held:
+                out[row["seq"]] = _outcome(row, "skipped")
+                continue
             try:
                 page = PageInput(**json.loads(row["page"]), meta=json.loads(row["meta"]))
                 valid.append((row, self.engine.validate_page(page)))
@@ -162,6 +169,14 @@ class ShardIngestActor:
                 out[row["seq"]] = _outcome(row, "accepted" if fresh else "skipped")
         self.batches += 1
         return [out[r["seq"]] for r in rows]
+
+    def _held_under_legacy_keys(self, rows: list[dict[str, Any]]) -> set[int]:
+        """The rows (by ``seq``) whose page the store holds under the key an earlier version
+        gave it (``memoryos_gpu.ingest._held_under_legacy_keys``: a store filled before the
+        keys became position-free is not filled twice)."""
+        olds = [r["legacy_source"] for r in rows if r.get("legacy_source")]
+        known = self.engine.store.known_sources(olds) if olds else {}
+        return {r["seq"] for r in rows if known and r.get("legacy_source") in known}
 
     def _accept(self, valid: list[tuple[dict, Any]], refused: type) -> list[tuple[dict, Any]]:
         """accept_many, splitting the chunk when the engine refuses one of its pages."""
@@ -282,14 +297,20 @@ def _actor_class(ray: Any) -> Any:
 
 
 def _records(
-    files: dict[str, str], shards: int, buckets: int
+    files: dict[str, str], shards: int, buckets: int, zone: tzinfo | None = UTC
 ) -> Iterator[dict[str, Any] | RejectRow]:
-    """Every record (as a dataset row) and read-stage reject, in input order."""
+    """Every record (as a dataset row) and read-stage reject, in input order; timestamps
+    written without a zone read in ``zone`` (``--timezone``)."""
     seq = 0
     for path, item, last in read_files(files):
         seq += 1
         if isinstance(item, Reject):
             yield RejectRow(item.path, item.line, item.reason, item.raw, "read")
+            continue
+        try:
+            page = item.to_page(zone)
+        except ValueError as exc:  # a wall time its zone moves past the year 9999 (or 1)
+            yield _record_reject(path, item, f"timestamp: {exc}")
             continue
         bucket = shard_of(item.user_id, shards * buckets)
         yield {
@@ -298,9 +319,10 @@ def _records(
             "line": last,
             "user_id": item.user_id,
             "source": item.source,
+            "legacy_source": item.legacy_source or "",
             "bucket": bucket,
             "shard": bucket % shards,
-            "page": json.dumps(item.to_page(), ensure_ascii=False),
+            "page": json.dumps(page, ensure_ascii=False),
             "meta": json.dumps(item.meta, ensure_ascii=False),
         }
 
@@ -355,6 +377,7 @@ def ingest_ray(
     *,
     fmt: str = "auto",
     batch_size: int = DEFAULT_BATCH_SIZE,
+    timezone: str = "UTC",
     rejects_path: str | os.PathLike[str] | None = None,
     window: int = DEFAULT_WINDOW,
     writers: int | None = None,
@@ -373,6 +396,8 @@ def ingest_ray(
     one per shard). ``shard_cpus`` / ``shard_gpus``: what each shard actor reserves (default: a
     GPU each when the cluster has one per shard). ``address``: a Ray cluster to join (default:
     $RAY_ADDRESS, else a local Ray with ``num_cpus``). ``on_window``: called after each window.
+    ``timezone``: the zone of timestamps written without one, as :func:`memoryos_gpu.ingest.ingest`
+    takes it.
 
     Everything that can be refused without Ray is refused before Ray starts (~15 s): the
     arguments, the store layout (:func:`check_layout`) and a shard held by another writer
@@ -384,6 +409,7 @@ def ingest_ray(
     path_list = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     if batch_size < 1 or window < 1:
         raise ValueError("batch_size and window must be >= 1")
+    zone = naive_zone(timezone)
     files = resolve_formats(path_list, fmt)
     if config.store == ":memory:":
         raise ValueError("ingest --ray needs a durable store: --store DIR or a PostgreSQL URL")
@@ -402,7 +428,7 @@ def ingest_ray(
         ray = ensure_ray(address, num_cpus)
         stop.install()  # again: ray.init gives the driver its own SIGTERM handler (exit 15)
         prepare_layout(config.store, shards)
-        run = _Run(ray, run_id or uuid.uuid4().hex[:8], shards, batch_size, writers, stop)
+        run = _Run(ray, run_id or uuid.uuid4().hex[:8], shards, batch_size, writers, stop, zone)
         try:
             out = _ingest(run, config, files, report, shard_cpus, shard_gpus, window, on_window)
         except ray.exceptions.RayError as exc:
@@ -451,10 +477,18 @@ class _Run:
     """One ``ingest_ray`` call's Ray handles and running state."""
 
     def __init__(
-        self, ray: Any, name: str, shards: int, batch_size: int, writers: int | None, stop: _Stop
+        self,
+        ray: Any,
+        name: str,
+        shards: int,
+        batch_size: int,
+        writers: int | None,
+        stop: _Stop,
+        zone: tzinfo | None = UTC,
     ) -> None:
         self.ray, self.name, self.shards = ray, name, shards
         self.batch_size, self.writers = batch_size, writers
+        self.zone = zone  # of timestamps written without one (ingest --timezone)
         self.stop = stop
         self.tally = _Tally(shards)
         self.timings: Counter[str] = Counter()
@@ -485,7 +519,7 @@ def _ingest(
         tops = ray.get([a.page_watermark.remote() for a in actors])
         marks = ray.get([a.exchange_marks.remote(tops) for a in actors])
         t1 = time.perf_counter()
-        records = _records(files, shards, BUCKETS_PER_SHARD)
+        records = _records(files, shards, BUCKETS_PER_SHARD, run.zone)
         for n, (rows, rejects) in enumerate(_windows(records, window)):
             if stop.stopped:
                 break

@@ -196,7 +196,9 @@ class Items:
 
     def delete_user(self, user_id: str) -> bool:
         """Remove every row and arena slot held about the user, and everything derived from
-        the user's pages elsewhere (assistant knowledge, keyword statistics)."""
+        the user's pages elsewhere (assistant knowledge, keyword statistics), and the user's
+        rows of the rejects files ``memoryos-gpu ingest`` left in the store's folder (their
+        records in plain text; :meth:`Forgetting.drop_rejects`)."""
         s = self._s
         with s.lock:
             pages = s.store.query(
@@ -220,7 +222,8 @@ class Items:
                 return False
             s.extractor.remove(t for _, t in pages)
             self._forget.drop(forgotten)
-            return True
+        self._forget.drop_rejects(user_id)
+        return True
 
 
 def _audit_owner(row: dict[str, Any]) -> str:

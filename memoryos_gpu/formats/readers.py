@@ -15,6 +15,7 @@ See ``docs/formats.md`` for the field-by-field rules.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -30,11 +31,14 @@ from .records import (
     MAX_SOURCE_CHARS,
     RAW_LIMIT,
     FormatError,
+    PageCounter,
     Record,
     Reject,
     fit_name,
-    make_source,
+    legacy_source,
     normalise_text,
+    page_digest,
+    page_source,
 )
 from .timestamps import parse_timestamp
 
@@ -49,6 +53,7 @@ __all__ = [
     "MAX_LINE_BYTES",
     "LongLine",
     "detect_format",
+    "generated_user",
     "is_stream",
     "iter_capped_lines",
     "iter_locomo_conversations",
@@ -412,6 +417,7 @@ class _Bad:
 class _Ctx:
     basename: str
     position: int  # 1-based line (lines) or item index (documents)
+    seen: PageCounter  # the input's pages so far: one counter per input (page_source)
 
 
 def _text(value: object, what: str) -> str:
@@ -447,25 +453,24 @@ def _record(
     agent_response: str,
     timestamp: str | float | None,
     meta: dict,
+    generated: bool = False,
 ) -> Record:
-    source = make_source(
-        ctx.basename,
-        ctx.position,
-        sub,
-        user_id,
-        assistant_id,
-        user_input,
-        agent_response,
-        timestamp,
-    )
+    """The page, keyed by its content and its occurrence among identical pages of the input
+    (:func:`page_source`); ``generated``: ``user_id`` was derived, the input named none."""
+    content = (user_id, assistant_id, user_input, agent_response, timestamp)
+    digest = page_digest(*content)
+    old_user = _legacy_user(ctx) if generated else user_id
     return Record(
         user_id=user_id,
         user_input=user_input,
         agent_response=agent_response,
         assistant_id=assistant_id,
         timestamp=timestamp,
-        source=source,
+        source=page_source(digest, ctx.seen.occurrence(digest)),
         meta=meta,
+        line=ctx.position,
+        legacy_source=legacy_source(ctx.basename, ctx.position, sub, old_user, *content[1:]),
+        generated_user=generated,
     )
 
 
@@ -512,23 +517,39 @@ def _convert_page(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
     ]
 
 
-def _fallback_user(ctx: _Ctx) -> str:
-    """``"{basename}:{position}"``: the user of a conversation that names none; its basename
-    shortened (:func:`fit_name`) only where the id would pass the engine's id limit."""
+def _legacy_user(ctx: _Ctx) -> str:
+    """``"{basename}:{position}"``: the user earlier versions gave a conversation that names
+    none; needed only to rebuild the :func:`legacy_source` of its pages."""
     tail = f":{ctx.position}"
     return fit_name(ctx.basename, MAX_SOURCE_CHARS - len(tail)) + tail
 
 
-def _conversation_user(obj: dict, ctx: _Ctx) -> str:
+def generated_user(content: object) -> str:
+    """``"conv-{16 hex}"``: the user of a conversation that names none, from its content.
+
+    A hash of the conversation itself (not of the file, its name or the line) so the same
+    conversation gets the same user wherever and however it is read (renamed, moved, gzipped,
+    piped), and two different conversations never share one (64 bits: a collision is unlikely
+    below billions of conversations). ``conv-`` marks it as generated.
+    """
+    payload = json.dumps(content, ensure_ascii=False, sort_keys=True, default=str)
+    digest = hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"conv-{digest[:16]}"
+
+
+def _conversation_user(obj: dict, turns: list[tuple[str, int, str, object]]) -> tuple[str, bool]:
+    """``(user_id, generated)``: ``user_id``, else ``id``, else :func:`generated_user` of the
+    dialogue (roles, texts, timestamps, assistant)."""
     if obj.get("user_id") is not None:
         user_id = _text(obj["user_id"], "user_id")
     elif isinstance(obj.get("id"), (str, int)) and not isinstance(obj.get("id"), bool):
         user_id = normalise_text(str(obj["id"]))
     else:
-        user_id = _fallback_user(ctx)
+        dialogue = [[t[0], t[2], t[3]] for t in turns]
+        return generated_user([obj.get("assistant_id"), obj.get("timestamp"), dialogue]), True
     if not user_id:
         raise _Invalid("user id is empty")
-    return user_id
+    return user_id, False
 
 
 def _convert_turns(
@@ -537,7 +558,7 @@ def _convert_turns(
     turns: list[tuple[str, int, str, object]],
 ) -> list[Record | _Bad]:
     """Shared tail of sharegpt/openai: ``turns`` = (role, index, text, turn timestamp)."""
-    user_id = _conversation_user(obj, ctx)
+    user_id, generated = _conversation_user(obj, turns)
     assistant_id = _opt_str(obj, "assistant_id")
     conv_ts = _timestamp(obj.get("timestamp"))
     conv_id = obj.get("id")
@@ -561,6 +582,7 @@ def _convert_turns(
                 a[2] if a is not None else "",
                 ts,
                 meta,
+                generated,
             )
         )
     return out
@@ -652,11 +674,8 @@ def _convert_locomo(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
     speaker_b = conv.get("speaker_b")
     speaker_b = speaker_b if isinstance(speaker_b, str) else None
     sample_id = obj.get("sample_id")
-    user_id = (
-        normalise_text(str(sample_id))
-        if isinstance(sample_id, (str, int)) and not isinstance(sample_id, bool)
-        else _fallback_user(ctx)
-    )
+    generated = not isinstance(sample_id, (str, int)) or isinstance(sample_id, bool)
+    user_id = generated_user(conv) if generated else normalise_text(str(sample_id))
     assistant_id = f"{user_id}:{normalise_text(speaker_b)}" if speaker_b else None
     sessions = sorted(
         (int(m.group(1)), key)
@@ -708,6 +727,7 @@ def _convert_locomo(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
                     a[0] if a is not None else "",
                     ts,
                     meta,
+                    generated,
                 )
             )
             sub += 1
@@ -771,6 +791,7 @@ def _iter_lines(path: str | os.PathLike[str], fmt: str) -> Iterator[Record | Rej
     convert = _CONVERTERS[fmt]
     spath = os.fspath(path)
     basename = os.path.basename(spath)
+    seen = PageCounter()
     with _Opened(path) as f:
         for lineno, item in enumerate(iter_capped_lines(f), 1):
             stripped = _line_bytes(item, lineno == 1).strip()
@@ -793,7 +814,8 @@ def _iter_lines(path: str | os.PathLike[str], fmt: str) -> Iterator[Record | Rej
             except (ValueError, RecursionError) as exc:
                 yield Reject(spath, lineno, f"invalid JSON: {exc}", text)
                 continue
-            yield from _convert(convert, obj, _Ctx(basename, lineno), spath, lambda t=text: t)
+            ctx = _Ctx(basename, lineno, seen)
+            yield from _convert(convert, obj, ctx, spath, lambda t=text: t)
 
 
 def _long_line_reject(path: str, lineno: int, item: LongLine) -> Reject:
@@ -832,6 +854,7 @@ def _iter_document(
     convert = _CONVERTERS[fmt]
     spath = os.fspath(path)
     basename = os.path.basename(spath)
+    seen = PageCounter()
     index = 0
     items = _iter_document_items(path, container)
     while True:
@@ -845,7 +868,8 @@ def _iter_document(
         if got is None:
             return
         index, obj = got
-        yield from _convert(convert, obj, _Ctx(basename, index), spath, lambda o=obj: _dump(o))
+        ctx = _Ctx(basename, index, seen)
+        yield from _convert(convert, obj, ctx, spath, lambda o=obj: _dump(o))
 
 
 def read_records(path: str | os.PathLike[str], format: str = "auto") -> Iterator[Record | Reject]:
@@ -943,7 +967,8 @@ def _iter_raw_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict | 
 def locomo_conversation_records(
     conversation: dict, index: int, path: str | os.PathLike[str]
 ) -> list[Record | Reject]:
-    """The pages of one raw LoCoMo conversation, exactly as :func:`read_records` produces them."""
+    """The pages of one raw LoCoMo conversation, as :func:`read_records` produces them (a page
+    repeated in an earlier conversation of the same user in the file is numbered from 1 here)."""
     spath = os.fspath(path)
-    ctx = _Ctx(os.path.basename(spath), index)
+    ctx = _Ctx(os.path.basename(spath), index, PageCounter())
     return list(_convert(_convert_locomo, conversation, ctx, spath, lambda: _dump(conversation)))

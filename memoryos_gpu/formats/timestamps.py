@@ -1,12 +1,18 @@
-"""Timestamp parsing: ISO-8601, epoch seconds, and LoCoMo's ``"1:56 pm on 8 May, 2023"``."""
+"""Timestamp parsing: ISO-8601, epoch seconds, and LoCoMo's ``"1:56 pm on 8 May, 2023"``.
+
+A wall time without a zone (``2025-01-01 04:00:00``, LoCoMo's) names no instant until a zone
+is chosen: UTC by default, or the zone the writer's clock ran in (:func:`naive_zone`): BAI-LAB
+MemoryOS wrote its local time, so its logs are read in the zone it ran in.
+"""
 
 from __future__ import annotations
 
 import math
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-__all__ = ["parse_timestamp"]
+__all__ = ["naive_zone", "parse_timestamp", "refusal_kind"]
 
 _MONTHS = {
     name: i + 1
@@ -40,10 +46,23 @@ _NUMBER_RE = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 _EXPECTED = "expected ISO-8601, epoch seconds, or LoCoMo style '1:56 pm on 8 May, 2023'"
 
 
-def _utc(dt: datetime) -> float:
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
+def naive_zone(name: str) -> tzinfo | None:
+    """The zone ``name`` names for timestamps without one: ``UTC`` (any case), ``local`` (any
+    case; ``None``: the system's local time, daylight saving included, as ``datetime`` reads a
+    naive value), or an IANA name (``Asia/Tokyo``). Raises ``ValueError`` naming the choices
+    otherwise: a misspelt zone must stop a run before it stores every page hours off."""
+    key = name.strip()
+    if key.lower() == "local":
+        return None
+    if key.upper() == "UTC":
+        return UTC
+    try:
+        return ZoneInfo(key)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ValueError(
+            f"unknown time zone {name!r}: give 'local', 'UTC' or an IANA name such as "
+            "'Asia/Tokyo' or 'Europe/Berlin'"
+        ) from None
 
 
 # Epoch seconds of 0001-01-01 and 9999-12-31T23:59:59 UTC, the dates ISO-8601 can name. A
@@ -66,8 +85,24 @@ def _epoch_seconds(out: float, value: object) -> float:
     return out
 
 
-def parse_timestamp(value: object) -> float:
-    """Return ``value`` as epoch seconds (UTC).
+def _epoch_of(dt: datetime, zone: tzinfo | None, value: object) -> float:
+    """``dt`` as epoch seconds, a naive ``dt`` read in ``zone`` (``None``: local time). An
+    offset or zone can carry a date of year 1 or 9999 past what a timestamp may hold."""
+    try:
+        if dt.tzinfo is None:
+            out = dt.timestamp() if zone is None else dt.replace(tzinfo=zone).timestamp()
+        else:
+            out = dt.timestamp()
+    except (OverflowError, OSError, ValueError):  # the local clock cannot place year 1
+        out = math.inf
+    if not MIN_EPOCH_S <= out <= MAX_EPOCH_S:
+        raise ValueError(f"timestamp {value!r} is outside the years 1-9999 in UTC")
+    return out
+
+
+def parse_timestamp(value: object, zone: tzinfo | None = UTC) -> float:
+    """Return ``value`` as epoch seconds (UTC); a wall time without a zone is read in ``zone``
+    (default UTC; ``None``: local time; see :func:`naive_zone`).
 
     Accepted:
 
@@ -75,8 +110,8 @@ def parse_timestamp(value: object) -> float:
       ``bool`` is refused);
     * a string holding a number (epoch seconds);
     * ISO-8601 dates and date-times (``2023-05-08``, ``2023-05-08T13:56:00Z``, with offsets);
-      naive values are taken as UTC;
-    * LoCoMo's ``"1:56 pm on 8 May, 2023"`` (taken as UTC).
+      naive values are read in ``zone``;
+    * LoCoMo's ``"1:56 pm on 8 May, 2023"`` (read in ``zone``).
 
     Raises ``ValueError`` with the offending value for anything else.
     """
@@ -106,18 +141,48 @@ def parse_timestamp(value: object) -> float:
             raise ValueError(f"unparseable timestamp {value!r}: bad month, hour or minute")
         hour = hour % 12 + (12 if m["ampm"].lower() == "p" else 0)
         try:
-            return _utc(datetime(int(m["y"]), month, int(m["d"]), hour, minute))
+            wall = datetime(int(m["y"]), month, int(m["d"]), hour, minute)
         except ValueError as exc:
             raise ValueError(f"unparseable timestamp {value!r}: {exc}") from None
+        return _epoch_of(wall, zone, value)
     iso = text
     if iso[-1:] in ("z", "Z"):
         iso = iso[:-1] + "+00:00"
     try:
-        out = _utc(datetime.fromisoformat(iso))
+        parsed = datetime.fromisoformat(iso)
     except ValueError:
-        pass
-    else:  # an offset can carry 9999-12-31 past the last second a timestamp may hold
-        if not MIN_EPOCH_S <= out <= MAX_EPOCH_S:
-            raise ValueError(f"timestamp {value!r} is outside the years 1-9999 in UTC")
-        return out
-    raise ValueError(f"unparseable timestamp {value!r}: {_EXPECTED}")
+        raise ValueError(f"unparseable timestamp {value!r}: {_EXPECTED}") from None
+    return _epoch_of(parsed, zone, value)
+
+
+# Each refusal above, by a phrase of its rule, and the short kind a report counts it under: the
+# messages name the value (which differs from record to record), the kind only the rule.
+_REFUSALS = (
+    ("after the year 9999 in epoch", "after the year 9999 in epoch seconds (milliseconds?)"),
+    ("before the year 1 in epoch seconds", "before the year 1 in epoch seconds"),
+    ("outside the years 1-9999", "outside the years 1-9999"),
+    ("not a finite number", "not a finite number"),
+    ("booleans are not timestamps", "a boolean"),
+    ("an integer of", "an integer too large for a date"),
+    ("bad month, hour or minute", "bad month, hour or minute"),
+    ("empty string", "an empty string"),
+    ("; expected ISO-8601", "not a number or a string"),
+    ("unparseable timestamp", "unparseable"),
+)
+
+
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+
+
+def refusal_kind(message: str) -> str | None:
+    """``"timestamp: <rule>"`` for a message holding a :func:`parse_timestamp` refusal (also
+    wrapped: ``"turn 3 timestamp: ..."``, the engine's ``"timestamp ... does not parse: ..."``),
+    else None. Why: ``ingest --json`` counts rejects by kind; a kind cut out of the message
+    would split one rule into as many kinds as there are values."""
+    rule = _QUOTED.sub("", message)  # a value may hold any phrase; the rule is outside quotes
+    if "timestamp" not in rule:
+        return None
+    for phrase, kind in _REFUSALS:
+        if phrase in rule:
+            return f"timestamp: {kind}"
+    return None
