@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -134,6 +135,21 @@ def score_tol(cpu: float) -> float:
     return cpu if TEST_DEVICE == "cpu" else max(cpu, 2e-3)
 
 
+def pipe(data: bytes) -> tuple[str, int, threading.Thread]:
+    """A pipe fed ``data`` by a thread, as a shell's ``<(zcat x.gz)`` gives one: ``(its
+    /dev/fd path, its read descriptor, the feeder)``. Close the descriptor once read, and the
+    next pipe gets the same number, as the shell's do."""
+    r, w = os.pipe()
+
+    def feed() -> None:
+        with os.fdopen(w, "wb") as f:
+            f.write(data)
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    return f"/dev/fd/{r}", r, t
+
+
 @pytest.fixture(scope="module")
 def ray_local() -> Iterator[Any]:
     """One local Ray for a test module (2 CPUs, no dashboard, workers' logs not echoed):
@@ -157,6 +173,7 @@ def kit() -> SimpleNamespace:
         current_user_input=current_user_input,
         device=TEST_DEVICE,
         score_tol=score_tol,
+        pipe=pipe,
     )
 
 

@@ -16,7 +16,8 @@ from click.testing import CliRunner, Result
 from memoryos_gpu.cli import cli
 from memoryos_gpu.config import EngineConfig, LLMConfig
 from memoryos_gpu.engine import MemoryEngine
-from memoryos_gpu.ingest import count_rejects, forget_rejects, ingest
+from memoryos_gpu.ingest import ingest
+from memoryos_gpu.rejects import count_rejects, forget_rejects
 
 SECRET = "my secret is 4242"
 
@@ -165,7 +166,7 @@ def test_a_rejects_file_that_cannot_be_rewritten(
     def full(path: Path, user_id: str) -> int:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("memoryos_gpu.ingest._scrub_rejects", full)
+    monkeypatch.setattr("memoryos_gpu.rejects._scrub_rejects", full)
     res = _run("delete", "--store", store, "--user", "u1", "--yes")
     assert res.exit_code == 1
     assert "deleted user u1: 3 rows removed" in res.output

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -252,27 +251,16 @@ def test_workers_refuse_a_pipe(tmp_path):
     assert p.returncode == 2 and "pipe" in p.stderr
 
 
-def _pipe_path(data: bytes) -> tuple[str, threading.Thread]:
-    r, w = os.pipe()
-
-    def feed() -> None:
-        with os.fdopen(w, "wb") as f:
-            f.write(data)
-
-    t = threading.Thread(target=feed, daemon=True)
-    t.start()
-    return f"/dev/fd/{r}", t
-
-
 @pytest.mark.skipif(not os.path.isdir("/dev/fd"), reason="needs /dev/fd")
 @pytest.mark.parametrize("gz", [False, True])
-def test_library_ingest_of_a_pipe_reads_it_once(tmp_path, gz):
+def test_library_ingest_of_a_pipe_reads_it_once(tmp_path, gz, kit):
     import gzip
 
     data = "".join(json.dumps(_row(i)) + "\n" for i in range(300)).encode()
-    path, feeder = _pipe_path(gzip.compress(data) if gz else data)
+    path, fd, feeder = kit.pipe(gzip.compress(data) if gz else data)
     rep = ingest(path, EngineConfig(store=":memory:", embedder="hashing"), progress=True)
     feeder.join(5)
+    os.close(fd)
     assert (rep.accepted, rep.rejected) == (300, 0)
 
 

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import shutil
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -149,23 +148,11 @@ def test_same_named_files_in_two_folders_keep_their_users_apart(tmp_path, kit):
     assert line.startswith("2 conversations named no user")
 
 
-def _pipe(data: bytes) -> tuple[str, int, threading.Thread]:
-    r, w = os.pipe()
-
-    def feed() -> None:
-        with os.fdopen(w, "wb") as f:
-            f.write(data)
-
-    t = threading.Thread(target=feed, daemon=True)
-    t.start()
-    return f"/dev/fd/{r}", r, t
-
-
 @pytest.mark.skipif(not os.path.isdir("/dev/fd"), reason="needs /dev/fd")
 def test_piped_conversations_get_their_own_users_and_match_the_file(tmp_path, kit):
     store = tmp_path / "s"
     for text in ("I am Carol from Lima.", "I am Erin from Quito."):
-        path, fd, feeder = _pipe(gzip.compress(_chat(text).encode()))
+        path, fd, feeder = kit.pipe(gzip.compress(_chat(text).encode()))
         assert _run(path, store, kit, reject_log=io.StringIO()).accepted == 1
         feeder.join(5)
         os.close(fd)  # the next pipe gets the same number, as `<(zcat ...)` does

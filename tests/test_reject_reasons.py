@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from memoryos_gpu.config import EngineConfig, LLMConfig
-from memoryos_gpu.ingest import _reason_kind, ingest
+from memoryos_gpu.ingest import ingest
+from memoryos_gpu.rejects import reason_kind
 
 GOOD = {"user_id": "u", "user_input": "hello", "agent_response": "hi"}
 
@@ -76,19 +77,19 @@ def test_typical_rejects_are_counted_by_their_rule(tmp_path: Path) -> None:
     ],
 )
 def test_kind_of_a_reason(reason: str, kind: str) -> None:
-    assert _reason_kind(reason) == kind
+    assert reason_kind(reason) == kind
 
 
 def test_a_long_reason_is_shortened_between_words() -> None:
     reason = "a rule " + " ".join(f"word{i}" for i in range(40))
-    kind = _reason_kind(reason)
+    kind = reason_kind(reason)
     assert len(kind) <= 80 and kind.endswith("\u2026")
     assert kind[:-1].split(" ")[-1] in reason.split(" ")  # the last word is whole
 
 
 def test_the_same_rule_with_other_values_is_one_kind() -> None:
     kinds = {
-        _reason_kind(f"timestamp: unparseable timestamp {v!r}: {rest}")
+        reason_kind(f"timestamp: unparseable timestamp {v!r}: {rest}")
         for v, rest in [
             ("2024-02-30", "expected ISO-8601, epoch seconds, or LoCoMo style '1:56 pm'"),
             ("1:56 pm on 31 Feb, 2023", "day is out of range for month"),

@@ -157,7 +157,7 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
     `ingest` wrote in the store's folder (STORE/rejects.jsonl, STORE/shard-*/rejects.jsonl; a
     --rejects FILE elsewhere is yours to delete). Refused while another process writes the
     store (a server: delete through its HTTP API)."""
-    from memoryos_gpu.ingest import count_rejects
+    from memoryos_gpu.rejects import count_rejects
 
     o = options_of(ctx, kwargs)
     store, key = checked_store(o), store_key(o)
@@ -194,7 +194,7 @@ def _forget_rejects(store: str, user_id: str) -> tuple[int, OSError | None]:
     """The user's rows removed from the store folder's rejects files: ``(rows removed, the
     error that stopped it or None)``. An error is reported after the other shards' part of the
     deletion, not instead of it: the store's rows are gone by then."""
-    from memoryos_gpu.ingest import forget_rejects
+    from memoryos_gpu.rejects import forget_rejects
 
     try:
         return forget_rejects(store, user_id), None

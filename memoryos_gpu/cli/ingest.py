@@ -178,8 +178,9 @@ def ingest(
     _die_with_parent()
     from memoryos_gpu.formats import FormatError
     from memoryos_gpu.formats.readers import is_stream
-    from memoryos_gpu.ingest import REJECTS_FILE, Shard, resolve_formats, store_dir
+    from memoryos_gpu.ingest import Shard, resolve_formats
     from memoryos_gpu.ingest import ingest as run_ingest
+    from memoryos_gpu.rejects import default_rejects_path
 
     o = options_of(ctx, kwargs)
     cfg = build_config(o)
@@ -230,11 +231,7 @@ def ingest(
             encrypted=cfg.encryption_key is not None,
         )
     else:
-        rejects = rejects_path or (
-            None
-            if cfg.store == ":memory:" or is_url(cfg.store)
-            else str(store_dir(cfg.store) / REJECTS_FILE)
-        )
+        rejects = rejects_path or default_rejects_path(cfg.store)
         quiet_model_loading()
         report = run_ingest(  # given the config, it opens (and closes) an engine for `process`
             list(formats),
@@ -336,7 +333,8 @@ def _ingest_ray(
     from memoryos_gpu.errors import MemoryOSError
 
     try:
-        from memoryos_gpu.distributed.ray_ingest import default_rejects_path, ingest_ray
+        from memoryos_gpu.distributed.ray_ingest import ingest_ray
+        from memoryos_gpu.rejects import default_rejects_path
 
         quiet_model_loading()
         report = ingest_ray(
@@ -567,7 +565,7 @@ def _merge(
     t0: float,
 ) -> dict[str, Any]:
     """The merged report of the shard processes; their rejects concatenated into one file."""
-    from memoryos_gpu.ingest import REJECTS_FILE
+    from memoryos_gpu.rejects import REJECTS_FILE
 
     stopped = stopper.signum is not None
     shards = [

@@ -77,15 +77,12 @@ from memoryos_gpu.formats.timestamps import naive_zone
 from memoryos_gpu.ingest import (
     DEFAULT_BATCH_SIZE,
     IngestReport,
-    RejectRow,
     _peak_rss_mb,
-    _reason_kind,
-    _record_reject,
     read_files,
     resolve_formats,
     shard_of,
-    store_dir,
 )
+from memoryos_gpu.rejects import RejectRow, reason_kind, record_reject
 from memoryos_gpu.stop_signals import StopSignals
 
 __all__ = ["DEFAULT_WINDOW", "ShardIngestActor", "actor_name", "ingest_ray"]
@@ -310,7 +307,7 @@ def _records(
         try:
             page = item.to_page(zone)
         except ValueError as exc:  # a wall time its zone moves past the year 9999 (or 1)
-            yield _record_reject(path, item, f"timestamp: {exc}")
+            yield record_reject(path, item, f"timestamp: {exc}")
             continue
         bucket = shard_of(item.user_id, shards * buckets)
         yield {
@@ -705,7 +702,7 @@ def _fill(report: IngestReport, tally: _Tally, t0: float) -> None:
     report.users = len(set().union(*tally.users))
     report.elapsed_s = time.perf_counter() - t0
     report.pages_per_s = report.accepted / report.elapsed_s if report.elapsed_s else 0.0
-    reasons = Counter(_reason_kind(r.reason) for _, r in tally.rejects)
+    reasons = Counter(reason_kind(r.reason) for _, r in tally.rejects)
     report.reject_reasons = dict(reasons.most_common())
 
 
@@ -728,10 +725,3 @@ def _sum_counts(store: str, summaries: list[dict[str, Any]]) -> dict[str, int]:
     for s in summaries:
         total.update(s["store_counts"])
     return dict(total)
-
-
-def default_rejects_path(store: str) -> str | None:
-    """Where the CLI writes rejects by default: ``STORE/rejects.jsonl`` for a directory."""
-    if "://" in store or store == ":memory:":
-        return None
-    return str(store_dir(store) / "rejects.jsonl")

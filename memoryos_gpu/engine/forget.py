@@ -84,11 +84,11 @@ class Forgetting:
 
     def drop_rejects(self, user_id: str) -> None:
         """Remove a deleted user's rows from the rejects files ``memoryos-gpu ingest`` left in
-        the store's folder (:func:`memoryos_gpu.ingest.forget_rejects`): they hold the user's
+        the store's folder (:func:`memoryos_gpu.rejects.forget_rejects`): they hold the user's
         refused records in plain text. Called after the deletion, outside the engine lock (a
         large file takes a while); a file that cannot be rewritten is logged, not raised: the
         store's rows are gone and memory has followed, so the deletion itself succeeded."""
-        from memoryos_gpu.ingest import forget_rejects
+        from memoryos_gpu.rejects import forget_rejects
 
         try:
             forget_rejects(self._s.config.store, user_id)

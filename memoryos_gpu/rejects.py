@@ -1,0 +1,221 @@
+"""The rejects file of ``memoryos-gpu ingest``: its rows, the kinds the report counts them
+under, and the removal of a deleted user's rows.
+
+Why a module of its own: every ingestion path writes these rows (one process, ``--workers``'
+shard processes, ``--ray``'s driver), ``delete`` and the engine's user deletion scrub them (a
+deleted user's refused records are still their words, in plain text beside the store), and
+none of that is the ingestion pipeline's business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from memoryos_gpu.formats import Record, normalise_text
+from memoryos_gpu.formats.timestamps import refusal_kind
+from memoryos_gpu.store import is_url
+
+__all__ = [
+    "REJECTS_FILE",
+    "RejectRow",
+    "count_rejects",
+    "default_rejects_files",
+    "default_rejects_path",
+    "forget_rejects",
+    "reason_kind",
+    "record_reject",
+    "store_dir",
+]
+
+
+@dataclass
+class RejectRow:
+    """One rejected input item: where it was, why, and what it was (truncated)."""
+
+    file: str
+    line: int
+    reason: str
+    raw: str = ""
+    stage: str = "read"  # "read" (the reader refused it) or "validate" (the engine did)
+    source: str | None = None
+    # the record's user (validate stage; the reader trusts no user id of what it refused):
+    # what `delete --user` finds the user's rows by (forget_rejects)
+    user_id: str | None = None
+
+    def message(self) -> str:
+        return f"{self.file}:{self.line}: rejected: {self.reason}"
+
+    def as_json(self, *, raw: bool = True) -> str:
+        """The row as one line of the rejects file. ``raw=False`` leaves the record's content
+        and user out (where and why stay): the file is plain text, so beside an encrypted store
+        it must not hold what the store encrypts."""
+        row = asdict(self)
+        if not raw:
+            del row["raw"], row["user_id"]
+        return json.dumps(row, ensure_ascii=False) + "\n"
+
+
+def store_dir(store: str | os.PathLike[str]) -> Path:
+    """The directory of a store given as a directory or as a ``.sqlite3``/``.db`` file."""
+    p = Path(store)
+    return p.parent if p.suffix in (".sqlite", ".sqlite3", ".db") else p
+
+
+REJECTS_FILE = "rejects.jsonl"  # `memoryos-gpu ingest`'s default rejects file, in the store dir
+# One scrub at a time in a process: two deletions rewriting one file at once would each rename
+# a copy holding the other's user over it. Across processes the store's writer claim, which
+# every deleting process holds, keeps them apart.
+_SCRUBBING = threading.Lock()
+
+
+def default_rejects_path(store: str) -> str | None:
+    """Where ``memoryos-gpu ingest`` writes rejects by default: ``STORE/rejects.jsonl`` for a
+    store in a folder; None for a PostgreSQL URL or ``:memory:`` (no folder)."""
+    if store == ":memory:" or is_url(store):
+        return None
+    return str(store_dir(store) / REJECTS_FILE)
+
+
+def default_rejects_files(store: str | os.PathLike[str]) -> list[Path]:
+    """The rejects files ``memoryos-gpu ingest`` leaves in a store's folder by default and
+    that exist: ``STORE/rejects.jsonl`` (a plain run; ``--workers``' merged file; ``--ray``'s)
+    and ``STORE/shard-*/rejects.jsonl`` (each ``--workers`` shard process's). None for a
+    PostgreSQL URL or ``:memory:``: no folder (only ``--rejects FILE`` writes one there)."""
+    spec = os.fspath(store)
+    if spec == ":memory:" or is_url(spec):
+        return []
+    base = store_dir(spec)
+    found = [base / REJECTS_FILE, *sorted(base.glob(f"shard-*/{REJECTS_FILE}"))]
+    return [f for f in found if f.is_file()]
+
+
+def forget_rejects(store: str | os.PathLike[str], user_id: str) -> int:
+    """Remove ``user_id``'s rows from the store's default rejects files
+    (:func:`default_rejects_files`); the number of rows removed. Why: those rows hold the
+    user's rejected records in plain text, and a deletion must leave nothing of the user (a
+    ``--rejects FILE`` elsewhere is the user's to delete). Each file changed is replaced
+    atomically (a copy fsynced, then renamed over it): a crash leaves the old file or the new."""
+    with _SCRUBBING:
+        return sum(_scrub_rejects(f, user_id) for f in default_rejects_files(store))
+
+
+def count_rejects(store: str | os.PathLike[str], user_id: str) -> int:
+    """How many rows of the store's default rejects files are ``user_id``'s (what
+    :func:`forget_rejects` would remove): ``delete`` names them before it asks, and deletes
+    them even for a user none of whose records was accepted."""
+    total = 0
+    for f in default_rejects_files(store):
+        with open(f, encoding="utf-8", errors="surrogateescape") as src:
+            total += sum(_names_user(line, user_id) for line in src)
+    return total
+
+
+def _scrub_rejects(path: Path, user_id: str) -> int:
+    """Rewrite the rejects file ``path`` without ``user_id``'s rows (streamed: the file may be
+    large); the rows removed. Left as it is when none names the user."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    removed = 0
+    try:
+        with (
+            open(path, encoding="utf-8", errors="surrogateescape") as src,
+            open(tmp, "w", encoding="utf-8", errors="surrogateescape") as out,
+        ):
+            for line in src:
+                if _names_user(line, user_id):
+                    removed += 1
+                else:
+                    out.write(line)
+            out.flush()
+            os.fsync(out.fileno())
+        if removed:
+            os.chmod(tmp, os.stat(path).st_mode & 0o7777)  # the file keeps who may read it
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return removed
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (where directories can be opened: POSIX)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _names_user(line: str, user_id: str) -> bool:
+    """Whether a rejects-file row is ``user_id``'s: its ``user_id`` (a record the engine
+    refused), else the user its ``raw`` record names (the reader refused it: no user was
+    trusted, but the record still holds the user's words). A row of an encrypted store's
+    default file has neither: it holds no content."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return False
+    if not isinstance(row, dict):
+        return False
+    if row.get("user_id") is not None:
+        return row["user_id"] == user_id
+    raw = row.get("raw")
+    return isinstance(raw, str) and _raw_names(raw, user_id)
+
+
+def _raw_names(raw: str, user_id: str) -> bool:
+    """Whether a rejected record's raw text names ``user_id``: its ``user_id`` field (a
+    conversation's ``id`` when it has none, as the readers take it), found in the text when
+    it was cut short (``RAW_LIMIT``) and no longer parses."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        keys = {json.dumps(user_id), json.dumps(user_id, ensure_ascii=False)}
+        return any(re.search(r'"user_id"\s*:\s*' + re.escape(k), raw) for k in keys)
+    if not isinstance(obj, dict):
+        return False
+    named = obj.get("user_id", obj.get("id"))
+    if isinstance(named, int) and not isinstance(named, bool):
+        named = str(named)  # a conversation's numeric id, as the readers take it
+    return isinstance(named, str) and normalise_text(named) == user_id
+
+
+_DETAILS = re.compile(r"\s*\([^()]*\)")  # "(column 5)", "(2,000,000 bytes)"
+_QUOTED_VALUE = re.compile(r"\s*('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
+_FIELD_NAME = re.compile(r"[A-Za-z_][\w.]{0,39}")
+_INDEX = re.compile(r"\[\d+\]")  # conversations[3] -> conversations[i]
+_VALUE_NUMBER = re.compile(r"(?<![\w.-])\d+(?:\.\d+)?(?![\w.])")
+_KIND_CHARS = 80
+
+
+def reason_kind(reason: str) -> str:
+    """The kind a reject is counted under in the report (``reject_reasons``): short, and the
+    same for every record broken the same way, or the counts scatter over as many kinds as
+    there are values. A timestamp refusal is named by its rule (:func:`refusal_kind`); another
+    reason loses what differs from record to record - quoted values (a quoted field name
+    stays), numbers standing alone, item indices, parenthesised details - and is shortened at
+    a word boundary, never inside a word."""
+    kind = refusal_kind(reason)
+    if kind is not None:
+        return kind
+    text = _DETAILS.sub("", reason)
+    text = _QUOTED_VALUE.sub(lambda m: m[0] if _FIELD_NAME.fullmatch(m[1][1:-1]) else "", text)
+    text = _VALUE_NUMBER.sub("N", _INDEX.sub("[i]", text))
+    text = " ".join(text.split()).strip(" :;,")
+    if len(text) <= _KIND_CHARS:
+        return text
+    return text[: _KIND_CHARS - 1].rsplit(" ", 1)[0].rstrip(" :;,") + "\u2026"
+
+
+def record_reject(path: str, rec: Record, reason: str) -> RejectRow:
+    """A record the engine refused, as a rejects-file row: its page (as the engine would have
+    taken it, truncated) and its user."""
+    raw = json.dumps(rec.to_page(), ensure_ascii=False)[:2000]
+    return RejectRow(path, rec.line, reason, raw, "validate", rec.source, rec.user_id)
