@@ -8,6 +8,8 @@ read from a TOML file (:meth:`EngineConfig.from_toml`) and overridden by keyword
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import tomllib
 from pathlib import Path
@@ -18,6 +20,76 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from memoryos_gpu.ops.params import HeatParams
 from memoryos_gpu.store import is_url
 from memoryos_gpu.store.encryption import env_key
+
+log = logging.getLogger(__name__)
+
+#: Every ``MEMORYOS_GPU_*`` environment variable something of this project reads: the package
+#: (store key, CLI defaults, model cache, API keys, the CUDA extension's ``CUDA_SYNC``), its
+#: scripts, tests and benchmarks. Any other is a typo, warned about by :func:`warn_unknown_env`.
+KNOWN_ENV = frozenset(
+    "MEMORYOS_GPU_" + name
+    for name in (
+        "API_KEYS",
+        "CACHE",
+        "CUDA_SYNC",
+        "EMBEDDER",
+        "EMBEDDING_API_KEY",
+        "EXTRAS",
+        "INGEST_PARENT",
+        "KERNEL_GRID",
+        "KEY",
+        "LLAMA_SERVER",
+        "LLM_API_KEY",
+        "LOCOMO",
+        "NEW_KEY",
+        "PG_DIR",
+        "REQUIRE_CUDA",
+        "REQUIRE_PG",
+        "STORE",
+        "TEST_PG_URL",
+    )
+)
+#: Likely names of a known variable that spelling distance would not lead to (the closest
+#: spelling of ``ENCRYPTION_KEY`` is ``API_KEYS``, the wrong secret).
+_ENV_ALIASES = {
+    **dict.fromkeys(
+        ("ENCRYPTION_KEY", "STORE_KEY", "DB_KEY", "SQLCIPHER_KEY", "SECRET_KEY", "PASSPHRASE"),
+        "KEY",
+    ),
+    **dict.fromkeys(("STORE_PATH", "DB", "DB_PATH", "DATA_DIR", "STORAGE"), "STORE"),
+}
+_warned_env: set[str] = set()  # each unknown variable is warned about once per process
+
+
+def warn_unknown_env(environ: Any = None) -> list[str]:
+    """Log a warning, once per process for each, about every ``MEMORYOS_GPU_*`` variable in
+    ``environ`` (default ``os.environ``) that nothing reads, naming the closest known one; the
+    names warned about now are returned.
+
+    Why: a mistyped variable is otherwise silently ignored, and for one, a store key set as
+    ``MEMORYOS_GPU_ENCRYPTION_KEY`` instead of ``MEMORYOS_GPU_KEY``, the engine writes a plain
+    store the operator meant to be encrypted. A warning, not an error: the variable may be
+    meant for another version. Values are never logged (some are secrets)."""
+    env = os.environ if environ is None else environ
+    fresh = sorted(
+        n for n in env if n.startswith("MEMORYOS_GPU_") and n not in KNOWN_ENV | _warned_env
+    )
+    for name in fresh:
+        _warned_env.add(name)
+        suffix = name.removeprefix("MEMORYOS_GPU_")
+        known = sorted(n.removeprefix("MEMORYOS_GPU_") for n in KNOWN_ENV)
+        close = [_ENV_ALIASES[suffix]] if suffix in _ENV_ALIASES else []
+        close = close or difflib.get_close_matches(suffix, known, n=1, cutoff=0.6)
+        hint = f"; did you mean $MEMORYOS_GPU_{close[0]}?" if close else ""
+        log.warning("$%s is set but no setting of memoryos-gpu reads it%s", name, hint)
+    return fresh
+
+
+def _env_store_key() -> SecretStr | None:
+    """``$MEMORYOS_GPU_KEY`` (:func:`env_key`), after warning about mistyped variables."""
+    warn_unknown_env()
+    return env_key()
+
 
 #: The BM25 weight ``locomo.py --cv`` chose in most held-out folds (see ``MemoryConfig``).
 LEXICAL_WEIGHT = 0.67
@@ -154,7 +226,7 @@ def config_key(file_value: object = None) -> SecretStr | None:
     a key given in Python (``EngineConfig(encryption_key=...)``, ``from_toml(path,
     encryption_key=...)``) is at the flag's level and never comes here. The value is never
     put in a message."""
-    env = env_key()
+    env = _env_store_key()
     if env is not None:
         return env
     if file_value is None or isinstance(file_value, SecretStr):
@@ -237,7 +309,7 @@ class EngineConfig(BaseModel):
         return value
 
     encryption_key: SecretStr | None = Field(
-        default_factory=env_key,
+        default_factory=_env_store_key,
         description="Encrypt the SQLite store at rest under this key (SQLCipher; needs the "
         "'encryption' extra). Default: $MEMORYOS_GPU_KEY, else not encrypted. A secret: shown "
         "as '**********' in every dump and message. docs/storage.md.",

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ __all__ = [
     "count_rejects",
     "default_rejects_files",
     "default_rejects_path",
+    "encrypt_rejects",
     "forget_rejects",
     "reason_kind",
     "record_reject",
@@ -54,10 +56,13 @@ class RejectRow:
     def as_json(self, *, raw: bool = True) -> str:
         """The row as one line of the rejects file. ``raw=False`` leaves the record's content
         and user out (where and why stay): the file is plain text, so beside an encrypted store
-        it must not hold what the store encrypts."""
+        it must not hold what the store encrypts. The why is then the reason's kind without any
+        value (:func:`reason_kind`): a reason quotes the record (``unparseable timestamp
+        '...'``, ``user '...' belongs to assistant '...'``)."""
         row = asdict(self)
         if not raw:
             del row["raw"], row["user_id"]
+            row["reason"] = reason_kind(self.reason)
         return json.dumps(row, ensure_ascii=False) + "\n"
 
 
@@ -119,28 +124,76 @@ def count_rejects(store: str | os.PathLike[str], user_id: str) -> int:
 def _scrub_rejects(path: Path, user_id: str) -> int:
     """Rewrite the rejects file ``path`` without ``user_id``'s rows (streamed: the file may be
     large); the rows removed. Left as it is when none names the user."""
+    return _rewrite(path, lambda line: None if _names_user(line, user_id) else line)
+
+
+def _rewrite(path: Path, edit: Callable[[str], str | None], *, always: bool = False) -> int:
+    """Rewrite the file ``path`` line by line through ``edit`` (its new line, or None to drop
+    it), atomically: a copy, fsynced, renamed over it (a crash leaves the old file or the
+    new); the lines dropped or changed. Left as it is when none was, unless ``always``. An
+    exception of ``edit`` leaves the file as it was (the copy is removed)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    removed = 0
+    changed = 0
     try:
         with (
             open(path, encoding="utf-8", errors="surrogateescape") as src,
             open(tmp, "w", encoding="utf-8", errors="surrogateescape") as out,
         ):
             for line in src:
-                if _names_user(line, user_id):
-                    removed += 1
-                else:
-                    out.write(line)
+                new = edit(line)
+                changed += new != line
+                if new is not None:
+                    out.write(new)
             out.flush()
             os.fsync(out.fileno())
-        if removed:
+        if changed or always:
             os.chmod(tmp, os.stat(path).st_mode & 0o7777)  # the file keeps who may read it
             os.replace(tmp, path)
             _fsync_dir(path.parent)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    return removed
+    return changed
+
+
+def encrypt_rejects(store: str | os.PathLike[str]) -> list[tuple[Path, int | None]]:
+    """After ``rekey --encrypt``: rewrite each default rejects file of the store
+    (:func:`default_rejects_files`) as an encrypted store's ingest writes it (each row as
+    ``RejectRow.as_json(raw=False)``: where and why, no content, no user), atomically. A file
+    that is not rejects rows throughout (a line that does not parse as one) is removed: it
+    could hold the records in plain text beside the encrypted store. Each file's path and its
+    lines changed (None: removed)."""
+    done: list[tuple[Path, int | None]] = []
+    with _SCRUBBING:
+        for f in default_rejects_files(store):
+            try:
+                rows = _rewrite(f, _content_free_row, always=True)
+            except ValueError:
+                f.unlink()
+                _fsync_dir(f.parent)
+                done.append((f, None))
+            else:
+                done.append((f, rows))
+    return done
+
+
+def _content_free_row(line: str) -> str:
+    """A rejects-file line as an encrypted store's file has it; ValueError if it is no row."""
+    row = json.loads(line)  # a JSONDecodeError is a ValueError
+    if not isinstance(row, dict):
+        raise ValueError("not a rejects row")
+    file, num, reason = row.get("file"), row.get("line"), row.get("reason")
+    stage, source = row.get("stage", "read"), row.get("source")
+    if not (
+        isinstance(file, str)
+        and isinstance(num, int)
+        and not isinstance(num, bool)
+        and isinstance(reason, str)
+        and stage in ("read", "validate")
+        and (source is None or isinstance(source, str))
+    ):
+        raise ValueError("not a rejects row")
+    return RejectRow(file, num, reason, stage=stage, source=source).as_json(raw=False)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -189,24 +242,49 @@ def _raw_names(raw: str, user_id: str) -> bool:
 
 _DETAILS = re.compile(r"\s*\([^()]*\)")  # "(column 5)", "(2,000,000 bytes)"
 _QUOTED_VALUE = re.compile(r"\s*('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
-_FIELD_NAME = re.compile(r"[A-Za-z_][\w.]{0,39}")
 _INDEX = re.compile(r"\[\d+\]")  # conversations[3] -> conversations[i]
 _VALUE_NUMBER = re.compile(r"(?<![\w.-])\d+(?:\.\d+)?(?![\w.])")
 _KIND_CHARS = 80
 
 
+# the record fields a reason may quote by name ("missing field 'user_id'"): the only quoted
+# words a reason's kind keeps (a quoted user id or role looks like a field name too)
+_RECORD_FIELDS = frozenset(
+    [
+        "user_id",
+        "assistant_id",
+        "user_input",
+        "agent_response",
+        "timestamp",
+        "id",
+        "meta",
+        "source",
+        "from",
+        "value",
+        "role",
+        "content",
+        "text",
+        "messages",
+        "conversations",
+        "conversation",
+        "speaker",
+    ]
+)
+
+
 def reason_kind(reason: str) -> str:
-    """The kind a reject is counted under in the report (``reject_reasons``): short, and the
-    same for every record broken the same way, or the counts scatter over as many kinds as
+    """The kind of a reject: what the report counts it under (``reject_reasons``) and all an
+    encrypted store's rejects file says of why (it holds nothing of the records). Short, and
+    the same for every record broken the same way, or the counts scatter over as many kinds as
     there are values. A timestamp refusal is named by its rule (:func:`refusal_kind`); another
-    reason loses what differs from record to record - quoted values (a quoted field name
-    stays), numbers standing alone, item indices, parenthesised details - and is shortened at
-    a word boundary, never inside a word."""
+    reason loses what differs from record to record - quoted values (a quoted record field's
+    name stays), numbers standing alone, item indices, parenthesised details - and is
+    shortened at a word boundary, never inside a word."""
     kind = refusal_kind(reason)
     if kind is not None:
         return kind
     text = _DETAILS.sub("", reason)
-    text = _QUOTED_VALUE.sub(lambda m: m[0] if _FIELD_NAME.fullmatch(m[1][1:-1]) else "", text)
+    text = _QUOTED_VALUE.sub(lambda m: m[0] if m[1][1:-1] in _RECORD_FIELDS else "", text)
     text = _VALUE_NUMBER.sub("N", _INDEX.sub("[i]", text))
     text = " ".join(text.split()).strip(" :;,")
     if len(text) <= _KIND_CHARS:

@@ -302,18 +302,19 @@ def test_page_and_knowledge_items() -> None:
         assert c.delete("/v1/users/alice/knowledge/424242", headers=HA).status_code == 404
 
 
-def test_ids_beyond_64_bits_are_not_found() -> None:
-    """An id no store key can hold answers 404 on every item route, not a driver overflow."""
+def test_ids_beyond_64_bits_are_invalid_input() -> None:
+    """An id no store key can hold is not a driver overflow but a 422, as 0 or -1 is."""
     with serve(hashing()) as c:
         add(c, "alice", "my cat is called Tom")
         for big in (2**63, 2**64 + 5, -(2**63) - 1):
             page, entry = f"/v1/users/alice/pages/{big}", f"/v1/users/alice/knowledge/{big}"
-            assert c.get(page, headers=HA).status_code == 404
+            assert c.get(page, headers=HA).status_code == 422
             r = c.patch(page, json={"user_input": "x"}, headers=HA)
-            assert r.status_code == 404 and r.json()["error"] == "not_found"
-            assert c.delete(page, headers=HA).status_code == 404
-            assert c.patch(entry, json={"text": "x"}, headers=HA).status_code == 404
-            assert c.delete(entry, headers=HA).status_code == 404
+            assert r.status_code == 422 and r.json()["error"] == "invalid_input"
+            assert c.delete(page, headers=HA).status_code == 422
+            assert c.patch(entry, json={"text": "x"}, headers=HA).status_code == 422
+            assert c.delete(entry, headers=HA).status_code == 422
+            assert c.get(entry, headers=HA).status_code == 422
 
 
 def test_knowledge_entry_edit_and_delete() -> None:

@@ -231,7 +231,8 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
     """Change an encrypted store's key: the current key from $MEMORYOS_GPU_KEY (else the config
     file's encryption_key), the new one from
     $MEMORYOS_GPU_NEW_KEY (each prompted for, hidden, when unset). Every shard of a sharded
-    store is rewritten; refused while another process writes it. See docs/storage.md."""
+    store is rewritten; refused while another process writes it. --encrypt also rewrites the
+    store's default rejects files without the records' content. See docs/storage.md."""
     from pydantic import SecretStr
 
     from memoryos_gpu.store.encryption import ENV_NEW_KEY, rekey_all
@@ -256,5 +257,17 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
     done = rekey_all(list(files), old, new or ask("new key", confirm=True))
     verb = "encrypted" if encrypt else "re-keyed"
     click.echo(f"{verb} {done} of {len(files)} store file(s) under {store}")
+    if encrypt:  # the plain store's rejects files hold its records: not beside the encrypted one
+        from memoryos_gpu.rejects import encrypt_rejects
+
+        for path, rows in encrypt_rejects(store):
+            click.echo(
+                f"removed {path}: not a rejects file throughout, and it could hold records in "
+                "plain text"
+                if rows is None
+                else f"rewrote {path} without the records' content and users (where and why "
+                "stay; as an encrypted store's ingest writes it)",
+                err=True,
+            )
     if not encrypt:
         click.echo(f"from now on open it with the new key (${ENV_NEW_KEY} -> $MEMORYOS_GPU_KEY)")

@@ -35,6 +35,9 @@ from .shapes import (
 __all__ = ["Mem0Ops", "MemoryNotFound"]
 
 MAX_PAGE_SIZE = 1000
+#: The largest offset a listing may start at: SQLite's (and PostgreSQL's) signed 64-bit
+#: integer; a larger one overflows in the database driver.
+MAX_OFFSET = 2**63 - 1
 
 
 class MemoryNotFound(KeyError):
@@ -65,7 +68,7 @@ class Mem0Ops:
         self, user_id: str, *, page: int, page_size: int, keep: Predicate | None = None
     ) -> dict[str, Any]:
         """One page of the user's memories, oldest first: pages, then live knowledge."""
-        _check_paging(page, page_size)
+        check_paging(page, page_size)
         offset = (page - 1) * page_size
         store = self.engine.store
         user = store.user_row(user_id)
@@ -332,13 +335,21 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(n, 1e-12)
 
 
-def _check_paging(page: int, page_size: int) -> None:
+def check_paging(page: int, page_size: int) -> None:
+    """Refuse (``ValueError``) a page or page size a listing cannot serve: the page's offset,
+    ``(page - 1) * page_size``, must fit the store's 64-bit integers (at most
+    :data:`MAX_OFFSET`)."""
     if isinstance(page, bool) or not isinstance(page, int) or page < 1:
         raise ValueError("page must be an integer >= 1")
     if isinstance(page_size, bool) or not isinstance(page_size, int):
         raise ValueError("page_size must be an integer")
     if not 1 <= page_size <= MAX_PAGE_SIZE:
         raise ValueError(f"page_size must be between 1 and {MAX_PAGE_SIZE}")
+    if (page - 1) * page_size > MAX_OFFSET:
+        raise ValueError(
+            f"page is too large: (page - 1) * page_size must be at most {MAX_OFFSET}, "
+            f"got page={page}, page_size={page_size}"
+        )
 
 
 def _listing(items: list[dict], total: int, page: int, page_size: int) -> dict[str, Any]:

@@ -81,8 +81,10 @@ def create_app(
     ``auto_process=False``, at startup, and closes it at shutdown) or a ready engine (used as
     is; construct it with ``auto_process=False`` so derived work stays off the request path).
     ``api_keys``: ``{key: tenant}`` or the path of a ``KEY TENANT`` file; keys from the
-    ``MEMORYOS_GPU_API_KEYS`` variable are added unless ``use_env_keys=False``. No keys at all:
-    the server runs open (single tenant) and says so in its startup log.
+    ``MEMORYOS_GPU_API_KEYS`` variable are added unless ``use_env_keys=False``. No key source
+    at all: the server runs open (single tenant) and says so in its startup log; a source that
+    holds no key (an empty file or mapping, the variable set but empty) raises
+    :class:`~memoryos_gpu.server.auth.KeyFileError` instead of running open.
     ``service``: serve this object instead of a :class:`MemoryService` over the engine (it
     must offer the same methods; the sharded router of ``memoryos-gpu serve --ray`` does, and
     so does each worker of ``serve --workers``). ``limits``: the rate-limit buckets (the
@@ -291,7 +293,9 @@ def run(
     )
     if api_keys is not None and api_keys_file is not None:
         raise ValueError("give api_keys or api_keys_file, not both")
-    keys = api_keys if api_keys is not None else api_keys_file
+    # first, before any engine work: a configured source without keys refuses to start (never
+    # open mode); the environment's keys are merged here, once
+    keys = load_api_keys(api_keys if api_keys is not None else api_keys_file, use_env=True)
     cfg = _engine_config(
         str(store) if store is not None else None,
         config,
@@ -309,13 +313,13 @@ def run(
             workers=workers,
             host=host,
             port=int(port),
-            api_keys=load_api_keys(keys, use_env=True),
+            api_keys=keys,
             log_level=log_level,
             graceful_timeout_s=graceful_timeout_s,
             engines=engines,
         )
         return
-    app = create_app(cfg, api_keys=keys, settings=settings)
+    app = create_app(cfg, api_keys=keys, settings=settings, use_env_keys=False)
     uvicorn.run(
         app,
         host=host,

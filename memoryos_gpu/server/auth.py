@@ -43,18 +43,26 @@ def fingerprint(key: str) -> str:
     return hashlib.sha256(b"fp:" + _digest(key)).hexdigest()[:10]
 
 
-def _check(key: str, tenant: str, where: str) -> None:
+def _check(key: str, tenant: str, where: str, fmt: str = "KEY TENANT") -> None:
+    # The messages never quote the rejected values: with the columns swapped, the "tenant"
+    # is the key.
     if len(key) < MIN_KEY_CHARS or any(c.isspace() for c in key):
-        raise KeyFileError(f"{where}: a key must be >= {MIN_KEY_CHARS} non-space characters")
+        raise KeyFileError(
+            f"{where}: a key must be >= {MIN_KEY_CHARS} non-space characters "
+            f"(the format is {fmt!r}, key first)"
+        )
     if tenant != ADMIN and not TENANT_RE.match(tenant):
         raise KeyFileError(
-            f"{where}: tenant {tenant!r} must match {TENANT_RE.pattern} (letters, digits, _ . -)"
+            f"{where}: the tenant must match {TENANT_RE.pattern} (letters, digits, _ . -) or be "
+            f"'{ADMIN}'; are the columns swapped? The format is {fmt!r}, key first"
         )
 
 
-def parse_key_file(path: str | Path) -> dict[str, str]:
-    """``KEY TENANT`` per line -> {key: tenant}."""
-    out: dict[str, str] = {}
+_Entry = tuple[str, str, str]  # (key, tenant, where)
+
+
+def _file_entries(path: str | Path) -> list[_Entry]:
+    out: list[_Entry] = []
     text = Path(path).read_text(encoding="utf-8")
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -64,13 +72,12 @@ def parse_key_file(path: str | Path) -> dict[str, str]:
         if len(parts) != 2:
             raise KeyFileError(f"{path}:{n}: expected 'KEY TENANT', got {len(parts)} fields")
         _check(parts[0], parts[1], f"{path}:{n}")
-        out[parts[0]] = parts[1]
+        out.append((parts[0], parts[1], f"{path}:{n}"))
     return out
 
 
-def parse_key_env(value: str) -> dict[str, str]:
-    """``"key1:tenant1,key2:tenant2"`` -> {key: tenant}."""
-    out: dict[str, str] = {}
+def _env_entries(value: str) -> list[_Entry]:
+    out: list[_Entry] = []
     for n, item in enumerate(value.split(","), 1):
         item = item.strip()
         if not item:
@@ -78,26 +85,77 @@ def parse_key_env(value: str) -> dict[str, str]:
         key, sep, tenant = item.rpartition(":")
         if not sep:
             raise KeyFileError(f"{ENV_VAR} entry {n}: expected 'KEY:TENANT'")
-        _check(key.strip(), tenant.strip(), f"{ENV_VAR} entry {n}")
-        out[key.strip()] = tenant.strip()
+        key, tenant = key.strip(), tenant.strip()
+        _check(key, tenant, f"{ENV_VAR} entry {n}", fmt="KEY:TENANT")
+        out.append((key, tenant, f"{ENV_VAR} entry {n}"))
     return out
+
+
+def _merge(entries: list[_Entry]) -> dict[str, str]:
+    """{key: tenant}; a key given twice must name the same tenant both times."""
+    out: dict[str, str] = {}
+    seen: dict[str, str] = {}  # key -> where it was first given
+    for key, tenant, where in entries:
+        if key in out and out[key] != tenant:
+            raise KeyFileError(
+                f"{seen[key]} and {where} give the same key (fingerprint {fingerprint(key)}) "
+                "to two different tenants; a key belongs to one tenant"
+            )
+        out[key] = tenant
+        seen.setdefault(key, where)
+    return out
+
+
+def parse_key_file(path: str | Path) -> dict[str, str]:
+    """``KEY TENANT`` per line -> {key: tenant}."""
+    return _merge(_file_entries(path))
+
+
+def parse_key_env(value: str) -> dict[str, str]:
+    """``"key1:tenant1,key2:tenant2"`` -> {key: tenant}."""
+    return _merge(_env_entries(value))
 
 
 def load_api_keys(
     api_keys: Mapping[str, str] | str | Path | None = None, *, use_env: bool = True
 ) -> dict[str, str] | None:
-    """Merge keys from a mapping or file path and the environment; ``None`` when none at all
-    (the server then runs open, single tenant)."""
-    keys: dict[str, str] = {}
+    """Merge keys from a mapping or file path and the environment; ``None`` when no source is
+    configured at all (the server then runs open, single tenant).
+
+    A configured source that holds no key (a file of comments and blank lines, an empty
+    mapping, ``MEMORYOS_GPU_API_KEYS`` set but empty) is a :class:`KeyFileError`, never open
+    mode; so is a key given to two different tenants (in one source or across them).
+    """
+    entries: list[_Entry] = []
     if isinstance(api_keys, str | Path):
-        keys.update(parse_key_file(api_keys))
+        found = _file_entries(api_keys)
+        if not found:
+            raise KeyFileError(
+                f"{api_keys}: the API key file holds no key (only comments or blank lines); "
+                "refusing to run without authentication: add 'KEY TENANT' lines, or leave out "
+                "the key file to run open"
+            )
+        entries += found
     elif api_keys is not None:
-        for k, t in api_keys.items():
-            _check(k, t, "api_keys")
-            keys[k] = t
-    if use_env and os.environ.get(ENV_VAR, "").strip():
-        keys.update(parse_key_env(os.environ[ENV_VAR]))
-    return keys or None
+        if not api_keys:
+            raise KeyFileError(
+                "api_keys: no key given (an empty mapping); refusing to run without "
+                "authentication: pass None to run open"
+            )
+        for n, (k, t) in enumerate(api_keys.items(), 1):
+            _check(k, t, f"api_keys entry {n}")
+            entries.append((k, t, f"api_keys entry {n}"))
+    if use_env and ENV_VAR in os.environ:
+        found = _env_entries(os.environ[ENV_VAR])
+        if not found:
+            raise KeyFileError(
+                f"{ENV_VAR} is set but holds no key; refusing to run without authentication: "
+                "give 'KEY:TENANT' pairs, or unset it to run open"
+            )
+        entries += found
+    if not entries:
+        return None
+    return _merge(entries)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from fastapi import Path as PathParam
 
 from memoryos_gpu.mem0.filters import Predicate, compile_filter
 from memoryos_gpu.mem0.memory import SEARCH_DEFAULT, add_results, resolve_user, result_count
-from memoryos_gpu.mem0.ops import Mem0Ops, MemoryNotFound
+from memoryos_gpu.mem0.ops import Mem0Ops, MemoryNotFound, check_paging
 from memoryos_gpu.mem0.shapes import messages_to_pages
 from memoryos_gpu.server import models as m
 from memoryos_gpu.server.scope import ApiError, Scope, check_count, check_text, json_response
@@ -152,6 +152,10 @@ def add_mem0_routes(
         if len(sizes) > 1:
             raise ApiError(422, "invalid_input", "give one of page_size, limit and top_k")
         page_size = sizes.pop() if sizes else 100
+        try:  # the page's offset must fit the store's 64-bit integers (else a driver 500)
+            check_paging(page, page_size)
+        except ValueError as exc:
+            raise ApiError(422, "invalid_input", str(exc)) from None
         uid, keep = _narrowed(scope, user_id, agent_id, run_id)
         listing = await service.call(ops().list, uid, page=page, page_size=page_size, keep=keep)
         return out(scope, listing)

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
 
+from memoryos_gpu.engine.validation import MAX_ITEM_ID, clean_item_id
 from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.server import models as m
 from memoryos_gpu.server.scope import (
@@ -15,7 +16,6 @@ from memoryos_gpu.server.scope import (
     UserId,
     check_text,
     json_response,
-    storable_id,
     tenancy,
 )
 from memoryos_gpu.server.settings import ServerSettings
@@ -28,8 +28,9 @@ def add_page_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
 
     async def _owned_page(scope: Scope, user_id: str, page_id: int) -> dict[str, Any]:
         uid = scope.user(user_id)
-        if not storable_id(page_id):
-            raise ApiError(404, "not_found", f"no page {page_id}")
+        # an id outside the store's 64-bit keys is a 422, as the engine answers for 0 or -1
+        # (not a 404 above the range and a 422 below it)
+        page_id = clean_item_id(page_id, "page_id")
         row = await service.call(service.engine_for(uid).get_page, page_id)
         if row is None:
             raise ApiError(404, "not_found", f"no page {page_id}")
@@ -50,7 +51,9 @@ def add_page_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
     async def list_pages(
         user_id: UserId,
         request: Request,
-        offset: Annotated[int, Query(ge=0, description="Pages to skip.")] = 0,
+        offset: Annotated[
+            int, Query(ge=0, le=MAX_ITEM_ID, description="Pages to skip.")  # SQLite's int64
+        ] = 0,
         limit: Annotated[int, Query(ge=1, le=1000, description="Pages at most.")] = 100,
     ) -> Any:
         scope = tenancy(request)

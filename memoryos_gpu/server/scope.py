@@ -172,12 +172,6 @@ class Scope:
         return data
 
 
-def storable_id(item_id: int) -> bool:
-    """Whether an id from a URL fits the stores' 64-bit integer keys: a larger one names no
-    page or entry (404), instead of overflowing in the database driver (a 500)."""
-    return -(2**63) <= item_id < 2**63
-
-
 def check_text(settings: ServerSettings, **texts: str | None) -> None:
     limit = settings.max_text_chars
     for name, text in texts.items():

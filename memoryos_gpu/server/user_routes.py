@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
 
+from memoryos_gpu.engine.validation import clean_item_id
 from memoryos_gpu.errors import UnknownUserError
 from memoryos_gpu.server import models as m
 from memoryos_gpu.server.scope import (
@@ -15,7 +16,6 @@ from memoryos_gpu.server.scope import (
     UserId,
     check_text,
     json_response,
-    storable_id,
     tenancy,
 )
 from memoryos_gpu.server.settings import ServerSettings
@@ -28,8 +28,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
 
     async def _owned_entry(scope: Scope, user_id: str, entry_id: int) -> dict[str, Any]:
         uid = scope.user(user_id)
-        if not storable_id(entry_id):
-            raise ApiError(404, "not_found", f"no knowledge entry {entry_id}")
+        entry_id = clean_item_id(entry_id, "entry_id")  # outside the 64-bit keys: a 422
         rows = await service.call(service.engine_for(uid).store.knowledge_rows, [entry_id])
         row = rows.get(entry_id)
         if row is None:
@@ -44,7 +43,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
         """A user's own entry, or one of the user's assistant's (what the user is served)."""
         uid = scope.user(user_id)
         engine = service.engine_for(uid)
-        row = await service.call(engine.get_knowledge, entry_id) if storable_id(entry_id) else None
+        row = await service.call(engine.get_knowledge, clean_item_id(entry_id, "entry_id"))
         if row is not None and not scope.owns(row["owner_id"]):  # as PATCH and DELETE answer
             raise ApiError(403, "forbidden", f"entry {entry_id} belongs to another tenant")
         if row is not None and row["owner_kind"] == "assistant":
