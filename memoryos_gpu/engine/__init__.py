@@ -32,6 +32,7 @@ Where each mechanic lives (one per file, each a small class over the shared stat
 ``stm.py``              accepting pages; the STM FIFO and its overflow into pending work
 ``derived.py``          the rounds that drain pending work; saving the keyword statistics
 ``mtm.py``              segments: matching a round, join / open, eviction, the dialogue chain
+``mtm_rounds.py``       what a round carries between its steps; the rows written once a round
 ``heat.py``             retrieval hits, heat recomputation, promotion queueing, stats write-behind
 ``lpm.py``              promotions into profile and knowledge rings; profile / knowledge reads
 ``knowledge_ring.py``   one promotion's writes to the rings: add, strengthen, supersede
