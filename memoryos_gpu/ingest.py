@@ -52,7 +52,7 @@ from memoryos_gpu.formats import (
     read_records,
 )
 from memoryos_gpu.formats.readers import LongLine, is_stream, iter_capped_lines, open_head
-from memoryos_gpu.formats.timestamps import naive_zone, parse_timestamp
+from memoryos_gpu.formats.timestamps import naive_zone
 from memoryos_gpu.rejects import RejectRow, reason_kind, record_reject
 from memoryos_gpu.stop_signals import StopSignals
 from memoryos_gpu.store import is_url
@@ -309,16 +309,22 @@ class _Held:
     duplicate: bool = True
 
 
+def known_legacy_keys(store: Any, keys: Iterable[str | None]) -> set[str]:
+    """Those of ``keys`` (the keys earlier versions gave records:
+    :attr:`~memoryos_gpu.formats.Record.legacy_source`, position-based; None for none) under
+    which the store holds a page. Such a page is counted as skipped, not added again: a store
+    filled before the keys became position-free is not filled twice by a re-run of the same
+    input. Stores filled since hold no such keys: one indexed lookup a batch, finding none.
+    Every ingestion path asks this (one process, ``--workers``' shards, ``--ray``'s actors)."""
+    olds = [k for k in keys if k]
+    return set(store.known_sources(olds)) if olds else set()
+
+
 def _held_under_legacy_keys(
     store: Any, items: list[_Item]
 ) -> tuple[list[_Item], list[tuple[_Item, _Held]]]:
-    """``(to add, held)``: the batch split by whether the store has a page under the key an
-    earlier version gave the record (:attr:`~memoryos_gpu.formats.Record.legacy_source`,
-    position-based). Such a page is counted as skipped, not added again: a store filled before
-    the keys became position-free is not filled twice by a re-run of the same input. Stores
-    filled since hold no such keys, so this is one indexed lookup per batch that finds none."""
-    olds = [i.record.legacy_source for i in items if i.record.legacy_source]
-    known = store.known_sources(olds) if olds else {}
+    """``(to add, held)``: the batch split by :func:`known_legacy_keys`."""
+    known = known_legacy_keys(store, (i.record.legacy_source for i in items))
     if not known:
         return items, []
     fresh = [i for i in items if i.record.legacy_source not in known]
@@ -484,18 +490,10 @@ class _Pipeline:
     def _page(self, path: str, rec: Record) -> _Item | RejectRow:
         line = rec.line
         try:
-            epoch = None if rec.timestamp is None else parse_timestamp(rec.timestamp, self.zone)
+            fields = rec.to_page(self.zone)
         except ValueError as exc:  # a wall time its zone moves past the year 9999 (or 1)
             return record_reject(path, rec, f"timestamp: {exc}")
-        page = self.PageInput(
-            user_id=rec.user_id,
-            user_input=rec.user_input,
-            agent_response=rec.agent_response,
-            timestamp=epoch,
-            assistant_id=rec.assistant_id,
-            source=rec.source,
-            meta=dict(rec.meta),
-        )
+        page = self.PageInput(**fields, meta=dict(rec.meta))
         try:
             page = self.validate(page)
         except self.InvalidInputError as exc:

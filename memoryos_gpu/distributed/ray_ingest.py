@@ -78,6 +78,7 @@ from memoryos_gpu.ingest import (
     DEFAULT_BATCH_SIZE,
     IngestReport,
     _peak_rss_mb,
+    known_legacy_keys,
     read_files,
     resolve_formats,
     shard_of,
@@ -169,11 +170,9 @@ class ShardIngestActor:
 
     def _held_under_legacy_keys(self, rows: list[dict[str, Any]]) -> set[int]:
         """The rows (by ``seq``) whose page the store holds under the key an earlier version
-        gave it (``memoryos_gpu.ingest._held_under_legacy_keys``: a store filled before the
-        keys became position-free is not filled twice)."""
-        olds = [r["legacy_source"] for r in rows if r.get("legacy_source")]
-        known = self.engine.store.known_sources(olds) if olds else {}
-        return {r["seq"] for r in rows if known and r.get("legacy_source") in known}
+        gave it (:func:`~memoryos_gpu.ingest.known_legacy_keys`)."""
+        known = known_legacy_keys(self.engine.store, (r.get("legacy_source") for r in rows))
+        return {r["seq"] for r in rows if r.get("legacy_source") in known}
 
     def _accept(self, valid: list[tuple[dict, Any]], refused: type) -> list[tuple[dict, Any]]:
         """accept_many, splitting the chunk when the engine refuses one of its pages."""
