@@ -360,12 +360,18 @@ def test_tenant_isolation() -> None:
         assert c.delete("/v1/users/sam", headers=HB).json() == {"deleted": True}
         assert c.get(f"/v1/users/sam/pages/{pa['page_id']}", headers=HA).status_code == 200
         assert c.get("/v1/stats", headers=HB).json()["users"] == 0
-        # a user id that looks like a namespaced id stays inside the caller's tenant
+        # a user id that looks like a namespaced id stays inside the caller's tenant: beta's
+        # "acme/sam" is stored as "beta/acme/sam", a user beta does not have
         r = c.post("/v1/users/acme%2Fsam/retrieve", json={"query": "code"}, headers=HB)
-        assert r.status_code == 404 and "1234" not in r.text
+        assert r.status_code == 200 and "1234" not in r.text
+        assert r.json()["user_id"] == "acme/sam" and not r.json()["known_user"]
         q = {"queries": [{"user_id": "acme/sam", "query": "code"}]}
         r = c.post("/v1/retrieve", json=q, headers=HB)
-        assert r.status_code == 422 and "1234" not in r.text
+        assert r.status_code == 200 and "1234" not in r.text
+        assert not r.json()["results"][0]["known_user"]
+        assert c.get("/v1/users/acme%2Fsam/pages", headers=HB).status_code == 404
+        r = c.post("/v1/users/acme%2Fsam/pages", json={"user_input": "x"}, headers=HB)
+        assert r.status_code == 422 and r.json()["error"] == "invalid_user_id"
 
 
 def test_open_mode_without_keys() -> None:

@@ -31,13 +31,13 @@ from fastapi.responses import Response
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.server import models as m
 from memoryos_gpu.server.auth import KeyLimits, KeyRing, load_api_keys
-from memoryos_gpu.server.bodies import JsonBodyRoute
 from memoryos_gpu.server.edge import Edge, ErrorMapper
 from memoryos_gpu.server.mem0_routes import add_mem0_routes
 from memoryos_gpu.server.memory_routes import add_memory_routes
 from memoryos_gpu.server.metrics import ServerMetrics
 from memoryos_gpu.server.ops_routes import add_probe_routes, add_stats_route
 from memoryos_gpu.server.page_routes import add_page_routes
+from memoryos_gpu.server.paths import ApiRoute
 from memoryos_gpu.server.scope import TENANCY, ApiError, Scope
 from memoryos_gpu.server.service import MemoryService
 from memoryos_gpu.server.settings import ServerSettings
@@ -146,7 +146,8 @@ def create_app(
         # for generated clients, not derived from paths and methods
         generate_unique_id_function=lambda route: route.name,
     )
-    app.router.route_class = JsonBodyRoute  # one reading of every body: memoryos_gpu.server.bodies
+    # one reading of every body (.bodies) and of every path (.paths: "%2F" is part of an id)
+    app.router.route_class = ApiRoute
     app.state.service = service
     app.state.metrics = metrics
     app.state.settings = settings

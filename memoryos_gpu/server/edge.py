@@ -25,6 +25,7 @@ from memoryos_gpu.server.auth import KeyLimits, KeyRing, Principal, RateLimiter,
 from memoryos_gpu.server.batching import Overloaded, Unavailable
 from memoryos_gpu.server.bodies import parse_body
 from memoryos_gpu.server.metrics import ServerMetrics
+from memoryos_gpu.server.paths import path_segments
 from memoryos_gpu.server.scope import TENANCY, ApiError, Scope, error_response
 from memoryos_gpu.server.service import LLMUnavailableError, PartialWriteError
 from memoryos_gpu.server.settings import ServerSettings
@@ -156,9 +157,13 @@ class DirectRoute:
             ) from None
 
 
-def _direct_match(routes: dict[str, DirectRoute], path: str) -> tuple[DirectRoute, str] | None:
-    """``/v1/users/{user_id}/{name}`` -> (route, user_id) for a direct route ``name``."""
-    parts = path.split("/")
+def _direct_match(
+    routes: dict[str, DirectRoute], scope: dict[str, Any]
+) -> tuple[DirectRoute, str] | None:
+    """``/v1/users/{user_id}/{name}`` -> (route, user_id) for a direct route ``name``; the
+    path split as the app's routes split it (:func:`~memoryos_gpu.server.paths.path_segments`:
+    ``%2F`` in a user id is part of it)."""
+    parts = path_segments(scope)
     if len(parts) != 5 or parts[1] != "v1" or parts[2] != "users" or not parts[3]:
         return None
     route = routes.get(parts[4])
@@ -324,7 +329,7 @@ class Edge:
             if length is None and self.keyring is not None:
                 charge = auth.principal.key_id  # a chunked body: charged once it is read
             if self.direct is not None and scope["method"] == "POST":
-                hit = _direct_match(self.direct, scope["path"])
+                hit = _direct_match(self.direct, scope)
                 if hit is not None:
                     await self._serve_direct(*hit, auth, scope, receive, send, charge)
                     return

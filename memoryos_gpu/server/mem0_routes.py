@@ -117,7 +117,7 @@ def add_mem0_routes(
             k = result_count(body.top_k, body.limit, SEARCH_DEFAULT)
         except ValueError as exc:
             raise invalid(exc) from None
-        uid = scope.user(user)
+        uid = scope.named_user(user)
         o = ops()
         if not await service.known(uid):
             return {"results": []}
@@ -271,7 +271,7 @@ def _narrowed(
         user, rest = resolve_user(user_id, None, agent_id=agent_id, run_id=run_id)
     except ValueError as exc:
         raise ApiError(422, "invalid_input", str(exc)) from None
-    return scope.user(user), compile_filter(_scoped_filter(scope, rest)) if rest else None
+    return scope.named_user(user), compile_filter(_scoped_filter(scope, rest)) if rest else None
 
 
 def _scoped_filter(scope: Scope, flt: dict[str, Any]) -> dict[str, Any]:

@@ -141,7 +141,7 @@ def add_memory_routes(
 
     async def _retrieve(scope: Scope, user_id: str, body: m.RetrieveIn) -> Response:
         check_text(settings, query=body.query)
-        uid = scope.user(user_id)
+        uid = scope.named_user(user_id)
         if not body.sources:  # the JSON comes made (under --workers, by the engine process)
             raw = await service.retrieve_body(
                 uid, body.query, top_pages=body.top_pages, top_segments=body.top_segments
@@ -210,7 +210,7 @@ def add_memory_routes(
         check_count(settings, len(body.queries), "queries")
         for q in body.queries:
             check_text(settings, query=q.query)
-        uids = [scope.user(q.user_id) for q in body.queries]
+        uids = [scope.named_user(q.user_id) for q in body.queries]
         res = await asyncio.gather(
             *(
                 service.retrieve(u, q.query, top_pages=q.top_pages, top_segments=q.top_segments)

@@ -1,5 +1,6 @@
 """Request and response bodies of the HTTP API (pydantic; documented in the OpenAPI schema).
 
+Every request body derives from :class:`_Strict`, which reads JSON types as they are written.
 Text length and batch size limits are checked by the handlers (413 with a message), not by
 these models, because they come from :class:`~memoryos_gpu.server.settings.ServerSettings`.
 """
@@ -12,7 +13,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """The base of every request body, so that one rule holds on every route (the direct ones
+    too: they validate with the same models).
+
+    ``extra="forbid"``: an unknown (misspelt) field is a 422, not silently ignored.
+    ``strict=True``: a value must have the JSON type its field documents, or it is a 422
+    naming the field: pydantic's lax mode read ``"top_pages": "3"`` as 3, ``true`` as 1 and
+    ``"true"`` as a boolean, so a client's typing mistake was served rather than reported. A
+    JSON integer still fills a number field (``"threshold": 1``). Query and path parameters
+    are not bodies: they arrive as text and are read by their declared types."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 def _printable_id(value: str | None, what: str) -> str | None:
@@ -26,7 +37,8 @@ def _printable_id(value: str | None, what: str) -> str | None:
 
 
 def _not_bool(value: Any) -> Any:
-    # JSON true would otherwise be read as the number 1 (a 1970 timestamp)
+    """Refuse a boolean timestamp with a message that says so: strict mode refuses it too, but
+    as "not a valid number" and "not a valid string" of the union's two arms."""
     if isinstance(value, bool):
         raise ValueError("timestamp must be epoch seconds or an ISO-8601 string, not a boolean")
     return value
@@ -255,7 +267,7 @@ class PageListOut(BaseModel):
 
 
 # ---------------------------------------------------------------------- mem0-shaped (/v1/mem0)
-class Mem0Message(BaseModel):
+class Mem0Message(_Strict):
     """An OpenAI-style chat message (``content``: text, or a list of text parts)."""
 
     model_config = ConfigDict(extra="allow")  # name, tool_call_id, ...: accepted, not stored

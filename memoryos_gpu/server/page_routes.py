@@ -27,7 +27,7 @@ def add_page_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
     """Declare the ``/v1/users/{user_id}/pages`` list and item routes on ``app``."""
 
     async def _owned_page(scope: Scope, user_id: str, page_id: int) -> dict[str, Any]:
-        uid = scope.user(user_id)
+        uid = scope.named_user(user_id)
         # an id outside the store's 64-bit keys is a 422, as the engine answers for 0 or -1
         # (not a 404 above the range and a 422 below it)
         page_id = clean_item_id(page_id, "page_id")
@@ -57,7 +57,7 @@ def add_page_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
         limit: Annotated[int, Query(ge=1, le=1000, description="Pages at most.")] = 100,
     ) -> Any:
         scope = tenancy(request)
-        uid = scope.user(user_id)
+        uid = scope.named_user(user_id)
         if not await service.known(uid):
             raise UnknownUserError(f"unknown user {uid!r}")
         engine = service.engine_for(uid)
@@ -93,7 +93,7 @@ def add_page_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
         check_text(settings, user_input=body.user_input, agent_response=body.agent_response)
         await _owned_page(scope, user_id, page_id)
         row = await service.call(
-            service.engine_for(scope.user(user_id)).update_page,
+            service.engine_for(scope.named_user(user_id)).update_page,
             page_id,
             user_input=body.user_input,
             agent_response=body.agent_response,
@@ -110,5 +110,5 @@ def add_page_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
     async def delete_page(page_id: int, user_id: UserId, request: Request) -> Any:
         scope = tenancy(request)
         await _owned_page(scope, user_id, page_id)
-        engine = service.engine_for(scope.user(user_id))
+        engine = service.engine_for(scope.named_user(user_id))
         return {"deleted": await service.call(engine.delete_page, page_id)}

@@ -90,21 +90,28 @@ def error_response(
 
 TENANCY = "memoryos_tenancy"
 MAX_ID_CHARS = 256  # the engine's limit of stored ids (tenant prefix included)
-UserId = Annotated[str, PathParam(description="The user's id (within the caller's tenant).")]
+UserId = Annotated[
+    str,
+    PathParam(description="The user's id (within the caller's tenant); a '/' in it as %2F."),
+]
 
 
 # ====================================================================== tenancy
-def user_id_problem(user_id: str) -> str | None:
+def user_id_problem(user_id: str, *, written: bool = True) -> str | None:
     """Why a client's ``user_id`` is refused, or None if it is acceptable.
 
-    One rule for every way in (the HTTP API's :meth:`Scope.user`, the MCP server's tools), so
-    a user made through one is addressable through the other: no '/' keeps the id usable in
-    ``/v1/users/{user_id}/...`` paths and tenant prefixes (``tenant/user``) unambiguous."""
+    Every id: not blank, no control characters. An id pages are written under (``written``:
+    the HTTP routes that add pages, and every tool of the MCP server, which follows this rule
+    so that its users are the HTTP API's) also holds no '/': an open server stores ids as
+    given, and a stored ``team/alice`` would read as tenant ``team``'s user ``alice`` once
+    the server has keys. An id a request reads, edits or deletes (``written=False``) may: the
+    library and ``ingest`` store such ids, and the routes address them (``%2F`` in a path,
+    :mod:`memoryos_gpu.server.paths`)."""
     if not user_id or not user_id.strip():
         return "user_id must not be blank"
     if any(ord(c) < 32 or ord(c) == 127 for c in user_id):
         return "user_id must not contain control characters"
-    if "/" in user_id:
+    if written and "/" in user_id:
         return "user_id must not contain '/'"
     return None
 
@@ -119,9 +126,17 @@ class Scope:
         self.prefix = f"{self.tenant}/" if self.tenant else ""
 
     def user(self, user_id: str) -> str:
-        """The stored id of a client's ``user_id`` (tenant prefix added), or a 422 saying why
-        it is refused (:func:`user_id_problem`, then the length limit)."""
-        problem = user_id_problem(user_id)
+        """The stored id (tenant prefix added) of a client's ``user_id`` that pages are
+        written under, or a 422 saying why it is refused (:func:`user_id_problem`, then the
+        length limit)."""
+        return self._stored(user_id, user_id_problem(user_id))
+
+    def named_user(self, user_id: str) -> str:
+        """The stored id of a client's ``user_id`` that a request reads, edits or deletes: as
+        :meth:`user`, but a '/' is allowed (a user the library stored so is addressable)."""
+        return self._stored(user_id, user_id_problem(user_id, written=False))
+
+    def _stored(self, user_id: str, problem: str | None) -> str:
         if problem:
             raise ApiError(422, "invalid_user_id", problem)
         limit = min(self.settings.max_user_id_chars, MAX_ID_CHARS - len(self.prefix))

@@ -27,7 +27,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
     """Declare the ``/v1/users`` routes (but a user's pages: :mod:`.page_routes`) on ``app``."""
 
     async def _owned_entry(scope: Scope, user_id: str, entry_id: int) -> dict[str, Any]:
-        uid = scope.user(user_id)
+        uid = scope.named_user(user_id)
         entry_id = clean_item_id(entry_id, "entry_id")  # outside the 64-bit keys: a 422
         rows = await service.call(service.engine_for(uid).store.knowledge_rows, [entry_id])
         row = rows.get(entry_id)
@@ -41,7 +41,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
 
     async def _readable_entry(scope: Scope, user_id: str, entry_id: int) -> dict[str, Any]:
         """A user's own entry, or one of the user's assistant's (what the user is served)."""
-        uid = scope.user(user_id)
+        uid = scope.named_user(user_id)
         engine = service.engine_for(uid)
         row = await service.call(engine.get_knowledge, clean_item_id(entry_id, "entry_id"))
         if row is not None and not scope.owns(row["owner_id"]):  # as PATCH and DELETE answer
@@ -75,7 +75,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
     )
     async def profile(user_id: UserId, request: Request) -> Any:
         scope = tenancy(request)
-        uid = scope.user(user_id)
+        uid = scope.named_user(user_id)
         prof = await service.call(service.engine_for(uid).profile, uid)
         return {"user_id": user_id, "profile": prof}
 
@@ -94,7 +94,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
         history: Annotated[bool, Query(description="Superseded and dropped entries too.")] = False,
     ) -> Any:
         scope = tenancy(request)
-        uid = scope.user(user_id)
+        uid = scope.named_user(user_id)
         kn = await service.call(service.engine_for(uid).knowledge, uid, history=history)
         return json_response(scope.strip_ids({"user_id": user_id, **kn}))
 
@@ -124,7 +124,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
         scope = tenancy(request)
         check_text(settings, text=body.text)
         await _owned_entry(scope, user_id, entry_id)
-        uid = scope.user(user_id)
+        uid = scope.named_user(user_id)
         row = await service.call(service.engine_for(uid).update_knowledge, entry_id, body.text)
         return json_response(scope.strip_ids(row))
 
@@ -138,7 +138,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
     async def delete_knowledge(entry_id: int, user_id: UserId, request: Request) -> Any:
         scope = tenancy(request)
         await _owned_entry(scope, user_id, entry_id)
-        engine = service.engine_for(scope.user(user_id))
+        engine = service.engine_for(scope.named_user(user_id))
         return {"deleted": await service.call(engine.delete_knowledge, entry_id)}
 
     @app.get(
@@ -149,7 +149,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
     )
     async def history(user_id: UserId, request: Request) -> Any:
         scope = tenancy(request)
-        uid = scope.user(user_id)
+        uid = scope.named_user(user_id)
         if not await service.known(uid):
             raise UnknownUserError(f"unknown user {uid!r}")
         return json_response(
@@ -165,7 +165,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
     )
     async def export_user(user_id: UserId, request: Request) -> Any:
         scope = tenancy(request)
-        uid = scope.user(user_id)
+        uid = scope.named_user(user_id)
         data = await service.call(service.engine_for(uid).export_user, uid)
         return json_response(scope.strip_ids(data))
 
@@ -179,7 +179,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
     )
     async def delete_user(user_id: UserId, request: Request) -> Any:
         scope = tenancy(request)
-        uid = scope.user(user_id)
+        uid = scope.named_user(user_id)
         service.check_ready()
         if not service._user_writes.get(uid) and not await service.known(uid):
             raise UnknownUserError(f"unknown user {uid!r}")
@@ -199,7 +199,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
         timeout: Annotated[float, Query(gt=0, description="Seconds to wait at most.")] = 10.0,
     ) -> Any:
         scope = tenancy(request)
-        uid = scope.user(user_id)
+        uid = scope.named_user(user_id)
         res = await service.wait_for_user(uid, min(timeout, settings.max_wait_timeout_s))
         res["user_id"] = user_id
         return res
