@@ -30,7 +30,9 @@ Differences a user should know (docs/migrating-from-memoryos.md walks through th
   :class:`~memoryos_gpu.errors.MemoryOSError` explaining how to configure an LLM. As in the
   reference, a failing LLM makes :meth:`get_response` return ``"Error: Could not get response
   from LLM."`` (the exchange is not remembered) and never makes :meth:`add_memory` raise (the
-  page is stored; its derived work is retried by the next call).
+  page is stored; its derived work is retried by the next call). An answer is bounded by the
+  engine's ``llm.max_tokens`` (256 by default, not the reference's 1500): one longer than those
+  tokens can hold is such a failure too, as the HTTP ``respond`` route refuses it.
 * Timestamps print as given: a naive one is local time (as the reference's clock is), the
   default is now; see :mod:`memoryos_gpu.reference`. Epoch seconds and ISO-8601 are accepted too.
 * The reference's JSON files are not read.
@@ -49,6 +51,7 @@ from typing import Any
 from memoryos_gpu import prompts
 from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.engine.responses import too_long
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
 from memoryos_gpu.llm.base import LLMBackendError
 from memoryos_gpu.profile_dims import render_profile
@@ -317,7 +320,11 @@ class Memoryos:
         """Answer ``query`` with memory (STM, retrieved pages, profile, knowledge) and remember
         the exchange. Without an LLM configured it raises :class:`MemoryOSError` saying how to
         configure one; when the LLM fails it returns the reference's error text
-        (``"Error: Could not get response from LLM."``) and remembers nothing."""
+        (``"Error: Could not get response from LLM."``) and remembers nothing. An answer longer
+        than ``llm.max_tokens`` allows (:func:`~memoryos_gpu.engine.responses.answer_limit`)
+        counts as a failure, as ``POST /v1/users/{id}/respond`` refuses it: the LLM server
+        ignored the bound, and remembering it would put an unbounded page in every later
+        prompt."""
         eng = self.engine
         if eng.stages.mode != "llm":
             raise MemoryOSError(_LLM_HELP)
@@ -333,6 +340,9 @@ class Memoryos:
             log.warning("get_response: the LLM failed: %s", result.error)
             return LLM_ERROR_TEXT
         text = result.text or ""
+        if why := too_long(text, eng.stages.max_tokens):
+            log.warning("get_response: no usable answer from the LLM (nothing remembered): %s", why)
+            return LLM_ERROR_TEXT
         self.add_memory(query, text)
         eng.counters["responses"] += 1
         return text

@@ -331,3 +331,22 @@ def test_the_old_store_file_is_not_silently_ignored(tmp_path):
     (tmp_path / compat.LEGACY_STORE_FILE).write_bytes(b"")
     with pytest.raises(MemoryOSError, match="rename it to"):
         _hashing_memo(tmp_path)
+
+
+def test_get_response_is_bounded_by_max_tokens_as_the_respond_route_is(tmp_path):
+    # 4 tokens hold at most 32 x 4 = 128 characters (engine.responses.answer_limit)
+    config = llm_config().model_copy(
+        update={"llm": LLMConfig(mode="llm", backend="scripted", max_tokens=4)}
+    )
+    llm = ScriptedBackend({"response": ["Miso.", "meow " * 40]})
+    memo = Memoryos(
+        "alice", data_storage_path=str(tmp_path), _engine_config=config, llm_backend=llm
+    )
+    assert memo.get_response("What is my cat called?") == "Miso."
+    # an answer the server ignoring max_tokens made: a failure, not remembered
+    assert memo.get_response("And again?") == "Error: Could not get response from LLM."
+    assert [p["user_input"] for p in memo.engine.store.user_pages("alice")] == [
+        "What is my cat called?"
+    ]
+    # the bound reaches the backend with every response request
+    assert [r.max_tokens for r in llm.requests if r.stage == "response"] == [4, 4]

@@ -258,3 +258,32 @@ def test_a_run_interrupted_then_run_again_equals_one_clean_run(ray_local, tmp_pa
     ):
         for u in users:
             assert user_snapshot(b.export_user(u)) == user_snapshot(a.export_user(u)), u
+
+
+def _unnamed_chat(text: str) -> dict[str, Any]:
+    """One OpenAI-format conversation that names no user (no user_id, no id)."""
+    return {"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": "Ok"}]}
+
+
+def test_generated_users_are_reported_as_without_ray(ray_local, tmp_path):
+    """Conversations that name no user get a generated user id (conv-...): ``ingest --ray``
+    counts them in ``generated_users`` and says so on stderr, as plain ``ingest`` does, on a
+    first run and on a re-run that skips them (was: always 0, and no line)."""
+    src = write_chats(
+        tmp_path / "chats.jsonl",
+        [
+            _unnamed_chat("I am Carol from Lima."),
+            _unnamed_chat("I am Dave from Perth."),
+            {**_unnamed_chat("I am Ann from Oslo."), "user_id": "ann"},
+        ],
+    )
+    plain = cli("ingest", str(src), "--store", str(tmp_path / "plain"), "--no-progress", "--json")
+    assert plain.exit_code == 0, plain.output
+    assert json.loads(plain.stdout.strip().splitlines()[-1])["generated_users"] == 2
+    args = ["ingest", str(src), "--ray", "--shards", "2", "--store", str(tmp_path / "ray")]
+    for run, counted in (("first", "accepted"), ("again", "skipped")):
+        res = cli(*args, "--no-progress", "--json")
+        assert res.exit_code == 0, res.output
+        report = json.loads(res.stdout.strip().splitlines()[-1])
+        assert (report["generated_users"], report["users"], report[counted]) == (2, 3, 3), run
+        assert "2 conversations named no user" in res.stderr, run

@@ -5,20 +5,29 @@ Why: the shard replicas never closed their engines, so the statistics were never
 per-shard SQLite store a reopened shard then refitted only its own pages of the session, and
 lost the other shards' for good (1202 and 1204 documents instead of 1206 on both).
 
+``serve --ray`` stopped by SIGTERM exits 0 after that shutdown, as plain ``serve`` does. Why:
+``ray.init`` puts abseil's failure handler in front of Ray's SIGTERM handler, and it arms a
+3-second abort: a shutdown that took longer died of SIGABRT (exit -6).
+
 Local Ray (``ray.init(num_cpus=2)``), 2 shards, a few pages; skipped without Ray Serve.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sqlite3
-import types
-from contextlib import nullcontext
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_distributed import _start_serve
+from test_distributed import _free_port, _start_serve
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.distributed.layout import ShardMap
@@ -40,18 +49,27 @@ def _config(store: Path) -> EngineConfig:
     return EngineConfig(store=str(store), embedder="hashing", device="cpu")
 
 
+def _wait_ready(c: Any, proc: subprocess.Popen | None = None, timeout: float = 180.0) -> None:
+    """Until the app answers ``/ready`` with 200 (the router answers 503 until every shard has
+    loaded; nothing answers while Serve starts), or the serving process ``proc`` has ended."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (proc is None or proc.poll() is None):
+        with contextlib.suppress(httpx.TransportError):
+            if c.get("/ready").status_code == 200:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"not ready within {timeout:.0f} s, or the server ended")
+
+
 def _write_pages(port: int) -> None:
     """Wait for the app, then add :data:`PAGES` (both shards get some)."""
-    import time
-
     import httpx
 
     assert {ShardMap(2).shard(p["user_id"]) for p in PAGES} == {0, 1}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
-        for _ in range(240):  # the router answers 503 until every shard has loaded
-            if c.get("/ready").status_code == 200:
-                break
-            time.sleep(0.5)
+        _wait_ready(c)
         r = c.post("/v1/pages", json={"pages": PAGES})
         assert r.status_code == 201, r.text
 
@@ -77,30 +95,70 @@ def _reopened_documents(store: Path) -> list[int]:
         engine.close()
 
 
-@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_cli_serve_ray_exits_0_on_sigterm(tmp_path: Path) -> None:
+    """``memoryos-gpu serve --ray`` (its own local Ray) stopped by SIGTERM once it answers:
+    the shards close in order and the process exits 0, as plain ``serve`` does (was: -6,
+    SIGABRT, 3 s after the signal, from the abort abseil's SIGTERM handler arms)."""
+    import httpx
+
+    port = _free_port()
+    env = {**os.environ, "MEMORYOS_GPU_EMBEDDER": "hashing", "RAY_ADDRESS": "local"}
+    args = ["serve", "--ray", "--shards", "2", "--store", str(tmp_path / "s"), "--port", str(port)]
+    log = (tmp_path / "stderr.txt").open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memoryos_gpu", *args, "--device", "cpu"],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env=env,
+        start_new_session=True,  # its Ray processes too: killed together if it hangs
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
+            _wait_ready(c, proc)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        # what is left of its session (all of it if it hangs; Ray's processes if it died)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.seek(0)
+        err = log.read()
+        log.close()
+    assert code == 0, err[-4000:]
+    assert "shards closed" in err, err[-4000:]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_serve_ray_stopped_saves_every_shards_statistics_after_a_last_exchange(
-    ray_local: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: type[BaseException]
+    ray_local: Any, tmp_path: Path, sig: signal.Signals
 ) -> None:
-    """``run`` stopped by Ctrl-C (KeyboardInterrupt) or SIGTERM (Ray's driver handler raises
-    SystemExit): every shard's statistics count every page, the other shard's included. No
-    periodic sync runs (a 1-hour interval): the last exchange is the shutdown's."""
+    """``run`` stopped by Ctrl-C or SIGTERM returns after its shutdown: every shard's
+    statistics count every page, the other shard's included. No periodic sync runs (a 1-hour
+    interval): the last exchange is the shutdown's."""
     from ray import serve
 
     from memoryos_gpu.distributed import ray_serve
 
     store = tmp_path / "store"
     port = _start_serve(serve)
+    failed: list[BaseException] = []
 
-    def serve_a_while(_seconds: float) -> None:  # run()'s wait: write, then the signal
-        _write_pages(port)
-        raise stop(15) if stop is SystemExit else stop()
+    def write_then_signal() -> None:  # beside run(): write, then the signal
+        try:
+            _write_pages(port)
+        except BaseException as exc:  # reported by the test, after run() has stopped
+            failed.append(exc)
+        os.kill(os.getpid(), sig)
 
-    monkeypatch.setattr(ray_serve, "time", types.SimpleNamespace(sleep=serve_a_while))
+    writer = threading.Thread(target=write_then_signal, daemon=True)
+    writer.start()
     try:
-        with pytest.raises(SystemExit) if stop is SystemExit else nullcontext():
-            ray_serve.run(_config(store), 2, port=port, sync_interval_s=3600.0)
+        ray_serve.run(_config(store), 2, port=port, sync_interval_s=3600.0)
     finally:
         serve.shutdown()
+    writer.join(10)
+    assert not failed, failed
     saved = _saved_statistics(store)
     assert [s.get("n_docs") for s in saved] == [len(PAGES)] * 2, saved
     assert _reopened_documents(store) == [len(PAGES)] * 2

@@ -77,6 +77,7 @@ from memoryos_gpu.formats.timestamps import naive_zone
 from memoryos_gpu.ingest import (
     DEFAULT_BATCH_SIZE,
     IngestReport,
+    _generated_note,
     _peak_rss_mb,
     known_legacy_keys,
     read_files,
@@ -246,6 +247,7 @@ def _outcome(row: dict[str, Any], status: str, reason: str = "") -> dict[str, An
         "line": row["line"],
         "source": row["source"],
         "raw": row["page"][:_RAW_LIMIT] if status == "rejected" else "",
+        "generated_user": bool(row["generated_user"]),
     }
 
 
@@ -316,6 +318,8 @@ def _records(
             "user_id": item.user_id,
             "source": item.source,
             "legacy_source": item.legacy_source or "",
+            # the user id was derived from the conversation: counted in ``generated_users``
+            "generated_user": item.generated_user,
             "bucket": bucket,
             "shard": bucket % shards,
             "page": json.dumps(page, ensure_ascii=False),
@@ -346,6 +350,7 @@ class _Tally:
     def __init__(self, shards: int) -> None:
         self.per: list[Counter[str]] = [Counter() for _ in range(shards)]
         self.users: list[set[str]] = [set() for _ in range(shards)]
+        self.generated: set[str] = set()  # the conv-... user ids of accepted or skipped pages
         self.rejects: list[tuple[int, RejectRow]] = []
 
     def add(self, outcomes: Iterable[dict[str, Any]]) -> None:
@@ -361,6 +366,8 @@ class _Tally:
                 self.rejects.append((int(o["seq"]), row))
             else:
                 self.users[shard].add(o["user_id"])
+                if o["generated_user"]:
+                    self.generated.add(o["user_id"])
 
     def total(self, status: str) -> int:
         return sum(c[status] for c in self.per)
@@ -432,6 +439,8 @@ def ingest_ray(
     finally:
         stop.restore()
     _write_rejects(report, run.tally, rejects_path)
+    if report.generated_users:  # the single-process path's one line
+        print(_generated_note(report.generated_users), file=sys.stderr, flush=True)
     return out
 
 
@@ -699,6 +708,7 @@ def _fill(report: IngestReport, tally: _Tally, t0: float) -> None:
     report.rejected = len(tally.rejects)
     report.records = report.accepted + report.skipped
     report.users = len(set().union(*tally.users))
+    report.generated_users = len(tally.generated)
     report.elapsed_s = time.perf_counter() - t0
     report.pages_per_s = report.accepted / report.elapsed_s if report.elapsed_s else 0.0
     reasons = Counter(reason_kind(r.reason) for _, r in tally.rejects)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
+import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
@@ -55,6 +55,7 @@ from memoryos_gpu.distributed.sharded_forget import check_edit, forget_everywher
 from memoryos_gpu.errors import UnknownItemError
 from memoryos_gpu.server.scope import RetrievalBodies
 from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.stop_signals import StopSignals
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
 __all__ = [
@@ -833,29 +834,43 @@ def run(
     **kw: Any,
 ) -> None:
     """Start the application on Ray Serve (local Ray, or ``address`` / $RAY_ADDRESS) and, with
-    ``blocking``, serve until Ctrl-C or SIGTERM, then shut the application down: the shards
-    drain their queues, finish derived work, exchange keyword statistics and facts a last time,
-    save and close their stores (:func:`finish_app`), then the application is deleted."""
-    ensure_ray(address)
-    serve = _serve()
-    serve.start(http_options={"host": host, "port": int(port)})
-    app = build_app(config, shards, api_keys=api_keys, settings=settings, **kw)
-    serve.run(app, name=APP_NAME, route_prefix="/")
-    if not blocking:
-        return
-    log.warning(
-        "memoryos-gpu on Ray Serve: http://%s:%d, %d shards; Ctrl-C stops", host, port, shards
-    )
+    ``blocking``, serve until SIGINT, SIGTERM or SIGHUP, then shut the application down and
+    return: the shards drain their queues, finish derived work, exchange keyword statistics and
+    facts a last time, save and close their stores (:func:`finish_app`), then the application
+    is deleted. The signals follow :mod:`memoryos_gpu.stop_signals` (the first stops
+    gracefully, a second Ctrl-C stops waiting for the shards); a stop that comes while the
+    application starts shuts it down as soon as it has started."""
+    stopping = threading.Event()
+    # sets the event and nothing else: it runs in the main thread wherever that is, inside
+    # Ray's calls too, so it must not raise there
+    stop = StopSignals(lambda _signum: stopping.set())
+    if blocking:
+        stop.install()
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:  # Ctrl-C, or SIGTERM (Ray's handler in the driver raises SystemExit)
+        ensure_ray(address)
+        if blocking:
+            # Again: ray.init sets Ray's SIGTERM handlers over ours. Its C++ core chains
+            # abseil's failure handler in front of Python's, and that handler arms a 3-second
+            # SIGALRM abort before it calls Ray's own (sys.exit(15)): a shutdown that took
+            # longer than 3 s (finish_app, the deletion, Ray's own shutdown at exit) was cut
+            # short by SIGABRT (exit -6). Set through signal.signal, ours replaces both.
+            stop.install()
+        serve = _serve()
+        serve.start(http_options={"host": host, "port": int(port)})
+        app = build_app(config, shards, api_keys=api_keys, settings=settings, **kw)
+        serve.run(app, name=APP_NAME, route_prefix="/")
+        if not blocking:
+            return
+        log.warning(
+            "memoryos-gpu on Ray Serve: http://%s:%d, %d shards; Ctrl-C stops", host, port, shards
+        )
+        stopping.wait()
         try:
             finish_app(serve)
-        finally:
+        finally:  # a second Ctrl-C in finish_app's wait, or its failure, is logged there
             serve.delete(APP_NAME)
+    finally:
+        stop.restore()
 
 
 def finish_app(serve: Any) -> None:
