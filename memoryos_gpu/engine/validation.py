@@ -215,8 +215,15 @@ def _plain_id(v: Any) -> bool:
 
 def _plain_text(v: Any) -> bool:
     """An ASCII text within the limit without control characters (what :func:`_clean_text`
-    returns as is)."""
-    return type(v) is str and v.isascii() and len(v) <= MAX_TEXT_CHARS and not _CONTROL.search(v)
+    returns as is). An ASCII text that ``isprintable`` holds no control character at all, so
+    the regex runs only on texts with a tab or a newline (it scanned both texts of every page).
+    """
+    return (
+        type(v) is str
+        and v.isascii()
+        and len(v) <= MAX_TEXT_CHARS
+        and (v.isprintable() or not _CONTROL.search(v))
+    )
 
 
 def _plain_meta(meta: dict[str, Any]) -> bool:
