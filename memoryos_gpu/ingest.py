@@ -51,7 +51,8 @@ from memoryos_gpu.formats import (
     open_binary,
     read_records,
 )
-from memoryos_gpu.formats.readers import LongLine, is_stream, iter_capped_lines, open_head
+from memoryos_gpu.formats.opening import is_stream, open_head
+from memoryos_gpu.formats.readers import LongLine, iter_capped_lines
 from memoryos_gpu.formats.timestamps import naive_zone
 from memoryos_gpu.rejects import RejectRow, reason_kind, record_reject
 from memoryos_gpu.stop_signals import StopSignals
@@ -191,7 +192,7 @@ class IngestReport:
 
 def _blank(path: str | os.PathLike[str]) -> bool:
     """Whether the input holds nothing but whitespace (and a BOM). A pipe is judged from its
-    read-ahead (:func:`~memoryos_gpu.formats.readers.open_head`): it can be read only once."""
+    read-ahead (:func:`~memoryos_gpu.formats.opening.open_head`): it can be read only once."""
     f, complete = open_head(path)
     with f:
         while True:

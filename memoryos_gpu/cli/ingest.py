@@ -177,7 +177,7 @@ def ingest(
     """
     _die_with_parent()
     from memoryos_gpu.formats import FormatError
-    from memoryos_gpu.formats.readers import is_stream
+    from memoryos_gpu.formats.opening import is_stream
     from memoryos_gpu.ingest import Shard, resolve_formats
     from memoryos_gpu.ingest import ingest as run_ingest
     from memoryos_gpu.rejects import default_rejects_path

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..formats import Record, Reject
-from ..formats.readers import iter_locomo_conversations, locomo_conversation_records
+from ..formats.locomo import iter_locomo_conversations, locomo_conversation_records
 
 __all__ = [
     "SCORED_CATEGORIES",

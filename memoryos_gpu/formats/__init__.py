@@ -2,19 +2,18 @@
 
 ``read_records(path, format="auto")`` streams :class:`Record` (one page) and :class:`Reject`
 (one unusable input item, with file, line and reason) objects. See ``docs/formats.md``.
+
+Modules: ``readers`` (container and format detection, reading lines and JSON documents),
+``opening`` (gzip and pipes), ``converters`` (one item -> pages, per format), ``locomo`` (raw
+LoCoMo conversations for the evaluation), ``records`` (``Record`` / ``Reject``, page keys),
+``timestamps``.
 """
 
 from pathlib import Path
 
-from .readers import (
-    FORMATS,
-    HAVE_IJSON,
-    detect_format,
-    iter_locomo_conversations,
-    locomo_conversation_records,
-    open_binary,
-    read_records,
-)
+from .locomo import iter_locomo_conversations, locomo_conversation_records
+from .opening import open_binary
+from .readers import FORMATS, HAVE_IJSON, detect_format, read_records
 from .records import (
     RAW_LIMIT,
     FormatError,

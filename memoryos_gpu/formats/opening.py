@@ -1,0 +1,158 @@
+"""Opening an input for reading: gzip found by content, and pipes that can be read only once.
+
+:func:`open_binary` gunzips transparently when the input starts with the gzip magic bytes (not by
+file extension). A stream input (:func:`is_stream`: ``/dev/stdin`` fed by a pipe, a process
+substitution) cannot be read twice, yet its format is sniffed before it is read: it is read
+ahead once into memory (:func:`open_head` serves the sniffing from that read-ahead) and
+:func:`open_binary` then hands out the read-ahead followed by the rest of the pipe, once.
+
+Kept apart from the readers (:mod:`.readers`) because nothing here knows JSON or the formats:
+it only turns a path into a byte stream.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import stat
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import IO, Any
+
+__all__ = ["is_stream", "open_binary", "open_head"]
+
+_GZIP_MAGIC = b"\x1f\x8b"
+# Read ahead from a pipe to detect its format (it cannot be read twice), and the most that the
+# read-ahead of a gzip pipe may decompress to.
+_HEAD_BYTES = 4 << 20
+_HEAD_PLAIN_BYTES = 16 << 20
+
+
+def is_stream(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a pipe, socket or terminal (``/dev/stdin`` fed by a pipe, a process
+    substitution ``<(...)``): readable once, not seekable. Such an input is sniffed from a
+    read-ahead kept in memory (:func:`open_head`) and read in full only once (:func:`open_binary`).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISBLK(mode) or stat.S_ISDIR(mode))
+
+
+class _Chain(io.RawIOBase):
+    """The bytes already read ahead from a pipe, then the rest of the pipe."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
+        self._head = memoryview(head)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        if self._head:
+            n = min(len(buf), len(self._head))
+            buf[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._rest.readinto(buf)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self._head = memoryview(b"")
+        self._rest.close()
+        super().close()
+
+
+@dataclass
+class _Pipe:
+    """A stream input: its read-ahead (raw and, for gzip, decompressed), the open stream."""
+
+    head: bytes
+    plain: bytes  # ``head`` decompressed when gzip (a prefix of the content), else ``head``
+    eof: bool  # the read-ahead holds the whole input
+    rest: IO[bytes] | None  # None once handed to the full read
+
+
+_PIPES: dict[tuple[int, int], _Pipe] = {}
+_PIPES_LOCK = threading.Lock()
+
+
+def _pipe(path: str | os.PathLike[str]) -> _Pipe:
+    """The one :class:`_Pipe` of a stream input (keyed by device and inode, so ``/dev/stdin``
+    and ``/dev/fd/0`` are the same), opened and read ahead on first use."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino)
+    with _PIPES_LOCK:
+        got = _PIPES.get(key)
+        if got is None:
+            f = open(path, "rb")  # noqa: SIM115 - kept until the full read takes it
+            head = f.read(_HEAD_BYTES)
+            plain = head
+            if head[:2] == _GZIP_MAGIC:
+                try:
+                    plain = zlib.decompressobj(31).decompress(head, _HEAD_PLAIN_BYTES)
+                except zlib.error:
+                    plain = b""  # corrupt: the full read reports where it breaks
+            got = _PIPES[key] = _Pipe(head, plain, len(head) < _HEAD_BYTES, f)
+        return got
+
+
+def open_head(path: str | os.PathLike[str]) -> tuple[IO[bytes], bool]:
+    """``(stream, complete)`` to sniff ``path`` from: the file itself (``complete``), or for a
+    stream input (:func:`is_stream`) its read-ahead, decompressed (``complete`` when it holds
+    the whole input). Reading it does not consume the input."""
+    if not is_stream(path):
+        return open_binary(path), True
+    p = _pipe(path)
+    return io.BytesIO(p.plain), p.eof
+
+
+def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
+    """Open ``path`` for binary reading, gunzipping transparently when it starts with gzip magic.
+
+    Detection is by content (the two magic bytes), not by file extension. A stream input
+    (:func:`is_stream`) can be opened so only once: ``OSError`` the second time.
+    """
+    if is_stream(path):
+        return _open_stream(path)
+    f = open(path, "rb")  # noqa: SIM115 - returned to the caller
+    try:
+        magic = f.read(2)
+    except BaseException:
+        f.close()
+        raise
+    if magic == _GZIP_MAGIC:
+        f.close()
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    f.seek(0)
+    return f
+
+
+def _open_stream(path: str | os.PathLike[str]) -> IO[bytes]:
+    """The whole of a stream input: its read-ahead, then the rest (gunzipped when gzip)."""
+    p = _pipe(path)
+    with _PIPES_LOCK:
+        rest, p.rest = p.rest, None
+    if rest is None:
+        raise OSError(f"{os.fspath(path)} is a pipe and was read already: it can be read once")
+    gz = p.head[:2] == _GZIP_MAGIC
+    raw = io.BufferedReader(_Chain(p.head, rest), 1 << 16)
+    p.head = b""  # the chain holds it now; ``plain`` stays for later sniffing
+    return gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw  # type: ignore[return-value]
+
+
+class _Opened:
+    """``with _Opened(path) as f``: :func:`open_binary` (``sniff``: :func:`open_head`) as a
+    context manager."""
+
+    def __init__(self, path: str | os.PathLike[str], sniff: bool = False) -> None:
+        self.f = open_head(path)[0] if sniff else open_binary(path)
+
+    def __enter__(self) -> IO[bytes]:
+        return self.f
+
+    def __exit__(self, *exc: object) -> None:
+        self.f.close()
