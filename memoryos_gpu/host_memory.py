@@ -4,7 +4,7 @@ Python objects taken out of the garbage collector's scans.
 Why give memory back: opening a store decodes millions of rows in chunks (SQL rows, blobs,
 term arrays, NumPy temporaries) and frees each chunk before the next. glibc's allocator keeps
 what is freed inside its heap for reuse, but the arena's rows live in separate mappings
-(``arena.lazy_zeros``) that never reuse it, so the freed chunks stayed resident beside the
+(``arena_memory.lazy_zeros``) that never reuse it, so the freed chunks stayed resident beside the
 arena for the life of the process (and a reopened engine's predecessor's heap beside its
 successor). ``malloc_trim`` returns every free page of the heap, not only its top.
 

@@ -38,7 +38,7 @@ def test_lazy_arrays_grow_in_place_and_keep_their_rows() -> None:
 def test_moving_live_rows_copies_them_and_releases_the_old_ones(monkeypatch, block_bytes) -> None:
     """A widening's copy: the live rows arrive, the dead ones stay zero, and the old lazy
     array's whole pages are given back as each block is copied (they read zero)."""
-    import memoryos_gpu.arena as arena_mod
+    import memoryos_gpu.arena_memory as arena_mod
 
     monkeypatch.setattr(arena_mod, "_MOVE_BLOCK_BYTES", block_bytes)
     rng = np.random.default_rng(block_bytes)

@@ -589,7 +589,7 @@ def test_the_page_pool_asks_for_huge_pages_and_keeps_them_when_it_grows() -> Non
     """Only the page pool's embeddings (written densely, read at random) are mapped with
     transparent huge pages; sparse arrays (segments, knowledge rings) are not, and a grown
     pool keeps its mapping's advice, in place or copied to a larger reservation."""
-    from memoryos_gpu.arena import _lazy_buffer, lazy_zeros
+    from memoryos_gpu.arena_memory import _lazy_buffer, lazy_zeros
 
     assert _lazy_buffer(lazy_zeros((1024, 1024), np.float32, huge=True)).huge
     assert not _lazy_buffer(lazy_zeros((1024, 1024), np.float32)).huge

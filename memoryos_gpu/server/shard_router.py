@@ -7,7 +7,7 @@ many-core box it is the cap while the other cores idle (benchmarks/README.md). W
 ``ingest --workers K`` writes, so a store ingested that way is served as it is). Each engine
 process runs a :class:`~memoryos_gpu.distributed.sharding.ShardEngine` behind its own ZeroMQ
 socket, and every HTTP worker sends each request to its user's engine: the router of
-``serve --ray`` (:class:`~memoryos_gpu.distributed.ray_serve.RouterService`) over the channels
+``serve --ray`` (:class:`~memoryos_gpu.distributed.ray_router.RouterService`) over the channels
 of :class:`~memoryos_gpu.server.remote_service.RemoteService` instead of Ray handles.
 
 What crosses shards works as it does on Ray: a batch of pages is split by shard and answered
@@ -38,12 +38,8 @@ from typing import Any
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.distributed.layout import ShardMap
-from memoryos_gpu.distributed.ray_serve import (
-    DEFAULT_SYNC_S,
-    RouterService,
-    _Remote,
-    add_by_shard,
-)
+from memoryos_gpu.distributed.ray_router import DEFAULT_SYNC_S, RouterService
+from memoryos_gpu.distributed.ray_routing import _Remote, add_by_shard
 from memoryos_gpu.server.remote_service import RemoteService, _Stages
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
