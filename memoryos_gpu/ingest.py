@@ -578,7 +578,8 @@ def ingest(
         When the derived work (chain, MTM, promotion) runs. ``"auto"``: inside ``add_many``
         when the engine's ``auto_process`` is on, else after each batch; ``"batch"``: after
         each batch; ``"defer"``: not at all (left pending in the store; the next engine to open
-        the store, or ``engine.flush()``, runs it).
+        the store, or ``engine.flush()``, runs it). A deferred run on its own engine does not
+        run the work an earlier run left pending either (it opens with ``hold_pending``).
     prefetch:
         Embed the next batch's pages (warming the embedder's cache) while the current one is
         processed. Default: only where that overlaps with other work - a caching embedder on a
@@ -618,7 +619,8 @@ def ingest(
             raise TypeError("engine_or_config must be a MemoryEngine, an EngineConfig or None")
         if process != "auto" and cfg.auto_process:
             cfg = cfg.model_copy(update={"auto_process": False})
-        engine = MemoryEngine(cfg)
+        # deferred: the work an earlier (interrupted) run left stays pending too, not run at open
+        engine = MemoryEngine(cfg, hold_pending=process == "defer")
     else:
         engine = engine_or_config
     inline = bool(engine.config.auto_process)

@@ -313,6 +313,25 @@ def test_process_defer_leaves_work_pending(tmp_path):
     assert rep.skipped == 24 and rep.pending == 0
 
 
+def test_a_deferred_run_leaves_an_earlier_runs_work_pending(tmp_path):
+    """A second ``process="defer"`` run (a resumed one) runs none of the work the first left
+    pending at its open: it used to run it all before reading a line."""
+    store = tmp_path / "store"
+    first = write_jsonl(tmp_path / "a.jsonl", synthetic(users=2, per_user=12))
+    rep = ingest([first], cfg(store), progress=False, process="defer")
+    assert rep.pending == 2 * (12 - 7)
+    later = [{**r, "user_input": r["user_input"] + " (later)"} for r in synthetic(2, 12)]
+    more = write_jsonl(tmp_path / "b.jsonl", later)
+    rep = ingest([more], cfg(store), progress=False, process="defer")
+    assert rep.accepted == 24 and rep.pending == 2 * (24 - 7)
+    with MemoryEngine(cfg(store), hold_pending=True) as engine:
+        assert engine.process_pending() == {"pages": 0, "promotions": 0}
+        assert engine.store.count_pending() == 2 * (24 - 7)
+        engine.release_pending()
+        engine.process_pending()
+        assert engine.store.count_pending() == 0
+
+
 def _scripted(req):
     """A scripted LLM's answer for each stage (LLM mode without a model)."""
     if req.stage == "page":

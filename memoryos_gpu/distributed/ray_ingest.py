@@ -208,7 +208,7 @@ class ShardIngestActor:
         self._stopped = True
 
     def process(self) -> dict[str, int]:
-        self.engine.release()
+        self.engine.release_pending()
         return self.engine.process_pending()
 
     def take_assistant_facts(self) -> list[Any]:

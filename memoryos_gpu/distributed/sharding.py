@@ -58,14 +58,14 @@ class ShardEngine(KeywordExchange, AssistantReplicas, MemoryEngine):
     facts its promotions find, the owner's commit of them and the ring of every other assistant
     kept as a replica (:class:`~memoryos_gpu.distributed.replicas.AssistantReplicas`);
     ``accept_many`` (commit pages, no derived work) so a router can commit a batch on every
-    shard before any shard derives; and ``hold_pending``, which keeps derived work queued (also
-    on open) until :meth:`release` - a restarted ingest actor then leaves it to the end of the
-    run.
+    shard before any shard derives (with the engine's ``hold_pending``, which keeps derived work
+    queued, also on open, until ``release_pending``, a restarted ingest actor leaves it to the
+    end of the run).
 
     It changes the engine only through the engine's hooks (``MemoryEngine`` Notes):
-    ``_open_store`` (the shared-store view), ``process_pending`` (holding derived work back),
-    and, in the mixins, ``_learn_keywords`` / ``_unlearn_keywords`` (texts for the keyword
-    exchange) and ``_push_knowledge`` (the assistant-fact outbox).
+    ``_open_store`` (the shared-store view), and, in the mixins, ``_learn_keywords`` /
+    ``_unlearn_keywords`` (texts for the keyword exchange) and ``_push_knowledge`` (the
+    assistant-fact outbox).
     """
 
     def __init__(
@@ -74,14 +74,12 @@ class ShardEngine(KeywordExchange, AssistantReplicas, MemoryEngine):
         *,
         shard: int = 0,
         count: int = 1,
-        hold_pending: bool = False,
         **kw: Any,
     ) -> None:
         self.shard_index, self.shard_count = int(shard), int(count)
         self.shard_map = ShardMap(self.shard_count)
         if not 0 <= self.shard_index < self.shard_count:
             raise ValueError(f"shard {shard} of {count}: need 0 <= shard < count")
-        self._hold_pending = hold_pending
         super().__init__(config, **kw)  # the mixins' state, then the engine's open
 
     # ------------------------------------------------------------------ construction hooks
@@ -109,15 +107,6 @@ class ShardEngine(KeywordExchange, AssistantReplicas, MemoryEngine):
         return self._user(user_id).assistant_id
 
     # ------------------------------------------------------------------ pages
-    def process_pending(self, *args: Any, **kw: Any) -> dict[str, int]:
-        if self._hold_pending:
-            return {"pages": 0, "promotions": 0}
-        return super().process_pending(*args, **kw)
-
-    def release(self) -> None:
-        """Stop holding derived work back (the next :meth:`process_pending` runs it)."""
-        self._hold_pending = False
-
     def accept_many(self, pages: Iterable[PageInput | dict[str, Any]]) -> list[AddResult]:
         """Commit pages like ``add_many`` (one transaction, acknowledged once it returns), but
         run no derived work."""
@@ -250,7 +239,7 @@ class ShardedEngine:
             raise
         self._lock = threading.RLock()
         for e in self.engines:
-            e.release()
+            e.release_pending()
             if e.pending_count():
                 e._process_owed()  # as an engine does on open: a failure leaves it pending
         self.sync_shards()

@@ -79,6 +79,11 @@ class MemoryEngine:
         Everything tunable (:class:`~memoryos_gpu.config.EngineConfig`).
     embedder, llm:
         Optional ready-made components (tests pass doubles); built from ``config`` otherwise.
+    hold_pending:
+        Keep derived work queued in the store, the work owed at open included, until
+        :meth:`release_pending`: :meth:`process_pending` runs nothing meanwhile. For writers
+        that leave derived work to another process or to later (``ingest --process defer``,
+        a restarted ingest shard), which must not start on the work an earlier run left.
 
     Notes
     -----
@@ -91,9 +96,15 @@ class MemoryEngine:
     """
 
     def __init__(
-        self, config: EngineConfig | None = None, *, embedder: Any = None, llm: Any = None
+        self,
+        config: EngineConfig | None = None,
+        *,
+        embedder: Any = None,
+        llm: Any = None,
+        hold_pending: bool = False,
     ) -> None:
         self.config = config or EngineConfig()  # first: the construction hooks read it
+        self._hold_pending = hold_pending  # before the open, which resumes owed work
         embedder = embedder or self._make_embedder()
         store = self._open_store(self.config)
         try:
@@ -236,10 +247,17 @@ class MemoryEngine:
         Rounds of at most ``max_batch`` (default ``config.derived_max_batch``) pages, one per
         user, so each user's pages keep their order; safe at any time and after a crash (see
         :mod:`memoryos_gpu.engine.derived`). Also a hook: the rebuild on open resumes pending
-        work through it, so a subclass that holds derived work back holds it there too.
+        work through it. Nothing runs while the engine holds derived work (``hold_pending``).
         """
+        if self._hold_pending:
+            return {"pages": 0, "promotions": 0}
         self._heat.write_behind()
         return self._derived.process_pending(max_batch, max_rounds)
+
+    def release_pending(self) -> None:
+        """Stop holding derived work back (``hold_pending``): the next :meth:`process_pending`
+        runs it."""
+        self._hold_pending = False
 
     def _process_pages(self, items: list[WorkItem]) -> int:
         """Hook: apply one derived round of pages to MTM (segments, chain, heat); returns the
