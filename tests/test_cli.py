@@ -610,6 +610,7 @@ def test_chat_with_an_openai_compatible_backend(tmp_path, fake_llm):
         f'store = "{store}"\n[llm]\nmode = "llm"\nbackend = "openai"\n'
         f'base_url = "{fake_llm}"\nmodel = "fake"\n'
     )
+    assert cli("ingest", "/dev/null", "--config", config).returncode == 0  # an empty store
     p = cli(
         "chat",
         "--config",

@@ -108,7 +108,8 @@ from .stores import (
     default="auto",
     show_default=True,
     help="When derived work (chain, segments, promotion) runs: auto/batch: with each "
-    "batch; defer: later (pending in the store, run when the store is next opened).",
+    "batch; defer: later (pending in the store, run when the store is next opened, except "
+    "by another --process defer run).",
 )
 @click.option(
     "--progress/--no-progress",
@@ -133,7 +134,7 @@ from .stores import (
     "--shards",
     type=click.IntRange(1),
     help="Shards for --ray (STORE/shard-I each, or one PostgreSQL URL) [default: the store's "
-    "shard count, else 2].",
+    "shard count, else 2]; only with --ray (without Ray: --workers N).",
 )
 @click.option("--summary/--no-summary", default=True, hidden=True)
 @engine_options
@@ -183,6 +184,11 @@ def ingest(
     from memoryos_gpu.rejects import default_rejects_path
 
     o = options_of(ctx, kwargs)
+    if shards is not None and not use_ray:  # it would be ignored: one unsharded store
+        raise UsageFailure(
+            f"--shards is for --ray: give --ray --shards {shards}, or, without Ray, "
+            f"--workers {shards} (local processes, shard i into STORE/shard-i)"
+        )
     cfg = build_config(o)
     _check_timezone(timezone)
     if (use_ray or workers > 1) and any(is_stream(f) for f in files):

@@ -21,6 +21,9 @@ from .output import (
     echo_json,
 )
 
+#: bench's default --batch (fewer users: every user)
+_BENCH_BATCH = 256
+
 
 @click.command()
 @click.option("--users", type=click.IntRange(1), default=1000, show_default=True)
@@ -31,9 +34,8 @@ from .output import (
 @click.option(
     "--batch",
     type=click.IntRange(1),
-    default=256,
-    show_default=True,
-    help="Queries per kernel call (distinct users).",
+    help="Queries per kernel call, each for a distinct user: at most --users "
+    f"[default: {_BENCH_BATCH}, or --users when fewer].",
 )
 @click.option("--repeat", type=click.IntRange(1), default=5, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
@@ -45,7 +47,7 @@ def bench(
     users: int,
     slots: int,
     pages_per_segment: int,
-    batch: int,
+    batch: int | None,
     repeat: int,
     as_json: bool,
     **kwargs: Any,
@@ -60,6 +62,7 @@ def bench(
     from memoryos_gpu.arena import Arena, ArenaConfig
 
     o = options_of(ctx, kwargs)
+    batch = _bench_batch(batch, users)
     device = o.device or "auto"
     if device == "auto":
         device = "cuda" if ops.build_info()["cuda_usable"] else "cpu"
@@ -90,7 +93,7 @@ def bench(
             arena.append_pages(pu, ps, rng.standard_normal((pu.size, dim), dtype=np.float32))
     build_s = time.perf_counter() - t0
     q = rng.standard_normal((batch, dim), dtype=np.float32)
-    qu = rng.choice(users, size=batch, replace=batch > users).astype(np.int32)
+    qu = rng.choice(users, size=batch, replace=False).astype(np.int32)
     qkw = np.sort(rng.integers(0, 5000, size=(batch, 8), dtype=np.int32), axis=1)
 
     def once() -> None:
@@ -133,6 +136,20 @@ def bench(
     click.echo(f"full benchmarks: {where} (kernel_speed.py, ingest.py)")
 
 
+def _bench_batch(batch: int | None, users: int) -> int:
+    """``--batch``, whose queries are for distinct users (a kernel call over the same user
+    twice is not the load it stands for): by default 256, or every user when there are fewer;
+    a larger ``--batch`` than ``--users`` is refused rather than silently shrunk or repeated."""
+    if batch is None:
+        return min(_BENCH_BATCH, users)
+    if batch > users:
+        raise UsageFailure(
+            f"--batch {batch} is more than --users {users}: each query of a batch is for a "
+            f"distinct user; give --batch {users} or fewer, or more --users"
+        )
+    return batch
+
+
 # ============================================================================ eval
 @click.command(name="eval")
 @click.argument("locomo_file", type=click.Path(exists=True, dir_okay=False))
@@ -158,12 +175,12 @@ def evaluate(
 ) -> None:
     """LoCoMo evidence recall of the engine's retrieval vs BM25 (no LLM needed).
 
-    Each conversation is ingested as one user into an in-memory store (--store is not
-    touched); each question is retrieved with heat updates off. Recall@k = fraction of a
-    question's evidence turns among the first k pages (mid-term pages by score, then
-    short-term pages newest first). Categories 1-4."""
+    Each conversation is ingested as one user, with the pages `ingest` makes of it (the
+    speakers' names included), into an in-memory store (--store is not touched); each
+    question is retrieved with heat updates off. Recall@k = fraction of a question's evidence
+    turns among the first k pages (mid-term pages by score, then short-term pages newest
+    first). Categories 1-4."""
     from memoryos_gpu.eval import evaluate_rankings, load_locomo, run_baselines
-    from memoryos_gpu.types import PageInput
 
     o = options_of(ctx, kwargs)
     k_list = sorted(set(ks)) or [5, 10, 20]
@@ -180,21 +197,9 @@ def evaluate(
             f"{locomo_file} has no question of categories 1-4 with evidence: nothing to score"
         )
     t0 = time.perf_counter()
+    pages, user_of = _locomo_pages(locomo_file, convs)
     engine = make_engine(build_config(o, store=":memory:"))
     try:
-        pages = [
-            PageInput(
-                c.sample_id,
-                p.user_input,
-                p.agent_response,
-                p.timestamp,
-                None,
-                p.source,
-                {"page_index": p.index},
-            )
-            for c in convs
-            for p in c.pages
-        ]
         for i in range(0, len(pages), 512):
             engine.add_many(pages[i : i + 512])
         engine.flush()
@@ -202,7 +207,7 @@ def evaluate(
 
         def rank(conv: Any, questions: list[Any]) -> list[list[int]]:
             rets = engine.retrieve_many(
-                [(conv.sample_id, q.question) for q in questions],
+                [(user_of[conv.sample_id], q.question) for q in questions],
                 top_pages=max(k_list),
                 update_heat=False,
             )
@@ -255,3 +260,37 @@ def evaluate(
     click.echo("| --- |" + " --- |" * len(k_list))
     for name, rep in (("memoryos (engine)", engine_rep), ("bm25", bm25_rep)):
         click.echo(f"| {name} | " + " | ".join(f"{rep[k].overall:.3f}" for k in k_list) + " |")
+
+
+def _locomo_pages(path: str, convs: list[Any]) -> tuple[list[Any], dict[str, str]]:
+    """The pages ``ingest`` makes of the conversations ``convs`` of the LoCoMo file ``path``
+    (each :class:`~memoryos_gpu.eval.Conversation` in file order, from ``load_locomo``), and
+    the user each conversation is stored under, by ``sample_id``.
+
+    The pages are the reader's own records turned into pages as ingestion does
+    (``Record.to_page``, with the record's meta), so the engine scored here is the one
+    ``ingest`` builds: the meta carries the speakers' names, which the engine's page text is
+    written with (``Nora: ... Ivan: ...``; without them it says ``User``/``Assistant``, and
+    LoCoMo questions name people). The meta adds ``page_index``, the page's position in its
+    conversation, which maps a retrieved page back to its evidence turns."""
+    from memoryos_gpu.formats import Record
+    from memoryos_gpu.formats.locomo import (
+        iter_locomo_conversations,
+        locomo_conversation_records,
+    )
+    from memoryos_gpu.types import PageInput
+
+    pages: list[PageInput] = []
+    user_of: dict[str, str] = {}
+    # load_locomo read the same items in this order (``convs`` may stop early: --quick)
+    for conv, (index, raw) in zip(convs, iter_locomo_conversations(path), strict=False):
+        if not isinstance(raw, dict):  # load_locomo refused such a file: it changed since
+            raise UsageFailure(f"not a LoCoMo file: {raw.path}: item {raw.line}: {raw.reason}")
+        records = [
+            r for r in locomo_conversation_records(raw, index, path) if isinstance(r, Record)
+        ]
+        for page, rec in zip(conv.pages, records, strict=True):
+            pages.append(PageInput(**rec.to_page(), meta={**rec.meta, "page_index": page.index}))
+        # a conversation without pages has no record to name its user: nothing to retrieve
+        user_of[conv.sample_id] = records[0].user_id if records else conv.sample_id
+    return pages, user_of

@@ -101,7 +101,12 @@ def retrieve(
     multiple=True,
     help="Send this message and print the answer instead of an interactive session (repeatable).",
 )
-@click.option("--show-memory", is_flag=True, help="Print the retrieved context before answers.")
+@click.option(
+    "--show-memory",
+    is_flag=True,
+    help="Print the retrieved context (pages, profile, knowledge) before each answer, "
+    "as `retrieve` does.",
+)
 @engine_options
 @click.pass_context
 @handle_errors
@@ -109,22 +114,28 @@ def chat(
     ctx: click.Context, user_id: str, messages: tuple[str, ...], show_memory: bool, **kwargs: Any
 ) -> None:
     """Chat with memory: each answer uses the user's retrieved memory, and each exchange is
-    remembered. Needs an LLM backend (--llm-mode llm). Type /quit or Ctrl-D to leave."""
+    remembered. Needs an LLM backend (--llm-mode llm) and an existing store (`ingest`
+    creates one). Type /quit or Ctrl-D to leave."""
     o = options_of(ctx, kwargs)
+    if any(not m.strip() for m in messages):  # the interactive loop skips blank lines too
+        raise click.BadParameter(
+            "a message is empty or only blanks: there is nothing to answer or remember",
+            param_hint="-m/--message",
+        )
     store = user_store(resolve_store(o), user_id)
     cfg = build_config(o, store=store)
     if cfg.llm.mode != "llm":
         click.echo(_LLM_HELP, err=True)
         ctx.exit(EXIT_USAGE)
+    _require_chat_store(store)
     engine = make_engine(cfg)
     try:
 
         def answer(text: str) -> bool:
             """Print the answer to ``text``; whether it was remembered."""
             r = engine.respond(user_id, text)  # a new user is answered from empty memory
-            if show_memory:
-                n, tokens = len(r.retrieval.all_pages()), r.retrieval.retrieval_tokens
-                click.echo(click.style(f"[memory: {n} pages, ~{tokens} tokens]", dim=True))
+            if show_memory:  # what the answer was generated from, as `retrieve` shows it
+                print_retrieval(r.retrieval)
             if r.error:  # a failed generation (no text) or an answer too long to keep
                 click.echo(
                     f"error: {r.error if r.text else f'the LLM failed: {r.error}'}", err=True
@@ -149,6 +160,20 @@ def chat(
                 answer(text)
     finally:
         engine.close()
+
+
+def _require_chat_store(store: str) -> None:
+    """Refuse a store that does not exist, as ``retrieve`` does: opening it would create it,
+    and a mistyped --store would then answer from an empty memory (and keep the exchange
+    there) without a word. Starting from an empty memory is a deliberate step: the hint
+    names it."""
+    try:
+        require_store(store)
+    except CLIError as exc:  # "no store at ...": the other refusals are StoreErrors
+        raise CLIError(
+            f"{exc.format_message()}; to chat from an empty memory, create an empty store: "
+            f"memoryos-gpu ingest /dev/null --store {store}"
+        ) from None
 
 
 # ============================================================================ profile / stats

@@ -45,7 +45,8 @@ from .stores import (
 @click.option(
     "--shards",
     type=click.IntRange(1),
-    help="Shards for --ray [default: the store's shard count, else 2].",
+    help="Shards for --ray [default: the store's shard count, else 2]; only with --ray "
+    "(without Ray: --engines N).",
 )
 @click.option(
     "--workers",
@@ -84,6 +85,11 @@ def serve(
     import inspect
 
     o = options_of(ctx, kwargs)
+    if shards is not None and not use_ray:  # it would be ignored: one engine, unsharded
+        raise UsageFailure(
+            f"--shards is for --ray: give --ray --shards {shards}, or, without Ray, "
+            f"--engines {shards} (local engine processes, one shard each)"
+        )
     if use_ray:
         if workers or engines:
             raise UsageFailure(
