@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from memoryos_gpu.ops.params import HeatParams
 from memoryos_gpu.store import is_url
@@ -89,6 +89,42 @@ def _env_store_key() -> SecretStr | None:
     """``$MEMORYOS_GPU_KEY`` (:func:`env_key`), after warning about mistyped variables."""
     warn_unknown_env()
     return env_key()
+
+
+def explain_settings_error(exc: ValidationError, model: type[BaseModel]) -> str:
+    """``exc``, raised validating ``model``, as one clause per offending setting: its dotted
+    name and what is wrong (a wrong type: the type given), an unknown one with the closest
+    known name and the known ones.
+
+    Why not ``str(exc)``: pydantic's text is several lines per error with a link, and it
+    shows each value given, while a setting may be a secret (an API key, the store key). A
+    value is never shown here, whichever the setting: one rule, so no secret setting can be
+    forgotten (the models holding secrets also hide values in ``str(exc)``, with
+    ``hide_input_in_errors``, for callers that print it)."""
+    clauses = []
+    for err in exc.errors(include_url=False):
+        path = [str(p) for p in err["loc"]]
+        key = ".".join(path) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            known = _known_settings(model, path[:-1])
+            near = difflib.get_close_matches(path[-1], known, 1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            clauses.append(f"unknown key {key!r} ({hint}known keys: {', '.join(known)})")
+        else:
+            got = f" (got {type(err['input']).__name__})" if err["type"].endswith("_type") else ""
+            clauses.append(f"{key}: {err['msg'].removeprefix('Value error, ')}{got}")
+    return "; ".join(clauses)
+
+
+def _known_settings(model: type[BaseModel], path: list[str]) -> list[str]:
+    """The setting names of the (nested) model at ``path`` inside ``model``."""
+    for name in path:
+        field = model.model_fields.get(name)
+        inner = field.annotation if field is not None else None
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+            return []
+        model = inner
+    return sorted(model.model_fields)
 
 
 #: The BM25 weight ``locomo.py --cv`` chose in most held-out folds (see ``MemoryConfig``).
@@ -239,7 +275,8 @@ def config_key(file_value: object = None) -> SecretStr | None:
 class LLMConfig(BaseModel):
     """Which backend does the LLM work, and how calls are grouped."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # api_key is a secret: errors name it, never show the value given (explain_settings_error)
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     mode: Literal["llm", "extractive"] = Field(
         "extractive",
@@ -284,7 +321,9 @@ class LLMConfig(BaseModel):
 class EngineConfig(BaseModel):
     """Everything an engine needs: memory mechanics, devices, models, store."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # it holds secrets (encryption_key, embedding_api_key, llm.api_key): errors name the
+    # setting, never show the value given (explain_settings_error)
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
@@ -385,7 +424,9 @@ class EngineConfig(BaseModel):
         data["encryption_key"] = config_key(data.get("encryption_key"))
         if "memory" in data and "preset" in data["memory"]:
             mem = dict(data["memory"])
-            data["memory"] = preset(mem.pop("preset"), **mem).model_dump()
+            # the preset's values under the file's, validated with the rest: an error names
+            # memory.<key>, as for any other setting
+            data["memory"] = {**preset(mem.pop("preset")).model_dump(), **mem}
         return cls.model_validate({**data, **overrides})
 
     def resolved_device(self) -> str:

@@ -17,7 +17,6 @@ way and a data path means the same store to both.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import time
@@ -27,7 +26,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from memoryos_gpu.config import EngineConfig, LLMConfig, MemoryConfig, preset
+from memoryos_gpu.config import (
+    EngineConfig,
+    LLMConfig,
+    MemoryConfig,
+    explain_settings_error,
+    preset,
+)
 from memoryos_gpu.errors import MemoryOSError
 
 __all__ = [
@@ -66,8 +71,9 @@ class ReferenceSettings(BaseModel):
     this project's few extras (``llm_backend``, ``llm_options``, ``device``, ``preset``,
     ``memory``)."""
 
-    # strict: a config file's "10" or true is refused, not read as 10 or 1
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    # strict: a config file's "10" or true is refused, not read as 10 or 1; openai_api_key is
+    # a secret: errors name it, never show the value given (explain_settings_error)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, hide_input_in_errors=True)
 
     user_id: str | None = Field(None, min_length=1, description="Whose memory (MCP: default).")
     openai_api_key: str | None = Field(None, description="Key of the OpenAI-compatible server.")
@@ -95,18 +101,9 @@ class ReferenceSettings(BaseModel):
 
 
 def _explain(exc: ValidationError, where: str, model: type[BaseModel]) -> ConfigError:
-    """A pydantic error as one clause per offending key (what a config file's author needs)."""
-    lines = []
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            near = difflib.get_close_matches(key, model.model_fields, 1)
-            hint = f"did you mean {near[0]!r}? " if near else ""
-            known = ", ".join(sorted(model.model_fields))
-            lines.append(f"unknown key {key!r} ({hint}known keys: {known})")
-        else:
-            lines.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
-    return ConfigError(f"{where}: " + "; ".join(lines))
+    """A pydantic error as one clause per offending key (what a config file's author needs;
+    never a value, since openai_api_key is a secret)."""
+    return ConfigError(f"{where}: {explain_settings_error(exc, model)}")
 
 
 def settings(values: Mapping[str, Any], where: str = "settings") -> ReferenceSettings:
@@ -162,7 +159,10 @@ def engine_config(s: ReferenceSettings, **overrides: Any) -> EngineConfig:
     }
     if values.get("embedder", "transformers") in ("transformers", "onnx"):
         values["embedding_model"] = resolve_embedding_model(values.get("embedding_model"))
-    return EngineConfig(**values)
+    try:
+        return EngineConfig(**values)
+    except ValidationError as exc:  # e.g. embedding_model_kwargs' device
+        raise _explain(exc, "settings", EngineConfig) from None
 
 
 def llm_config(s: ReferenceSettings) -> LLMConfig:

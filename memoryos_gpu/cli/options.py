@@ -207,19 +207,23 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
     overrides the resolved store path (e.g. ``":memory:"``)."""
     from pydantic import ValidationError
 
-    from memoryos_gpu.config import EngineConfig, config_key, preset
+    from memoryos_gpu.config import EngineConfig, config_key, explain_settings_error, preset
+    from memoryos_gpu.embed.factory import check_embedder_settings
 
     data: dict[str, Any] = read_toml(o.config) if o.config else {}
     try:
         data["encryption_key"] = config_key(data.get("encryption_key"))
         for table in ("memory", "llm"):
             if not isinstance(data.get(table) or {}, dict):
-                raise ValueError(f"[{table}] must be a table of settings, got {data[table]!r}")
+                kind = type(data[table]).__name__  # not the value: it may be a key
+                raise ValueError(f"[{table}] must be a table of settings, not a {kind}")
         memory = dict(data.get("memory") or {})
         name = o.preset or memory.pop("preset", None)
         memory.pop("preset", None)
         if name or memory:
-            data["memory"] = preset(name or "paper", **memory).model_dump()
+            # the preset's values under the file's, validated with the rest: an error names
+            # memory.<key>, as for any other setting
+            data["memory"] = {**preset(name or "paper").model_dump(), **memory}
         llm = dict(data.get("llm") or {})
         for key, value in (
             ("mode", o.llm_mode),
@@ -245,8 +249,13 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
             if value:
                 data[key] = value
         data["store"] = store if store is not None else resolve_store(o)
-        return EngineConfig.model_validate(data)
-    except (ValidationError, ValueError, TypeError) as exc:
+        config = EngineConfig.model_validate(data)
+        check_embedder_settings(config)  # a missing --embedding-* is a usage error too
+        return config
+    except ValidationError as exc:
+        problems = explain_settings_error(exc, EngineConfig)  # never a value: keys are secrets
+        raise UsageFailure(f"invalid engine configuration: {problems}") from None
+    except (ValueError, TypeError) as exc:
         raise UsageFailure(f"invalid engine configuration: {exc}") from None
 
 

@@ -12,8 +12,13 @@ them. Heavy imports (torch, transformers, onnxruntime) happen only when a backen
 
 from __future__ import annotations
 
-from memoryos_gpu.embed.base import EmbedderProtocol, EmbedderStats, EmbeddingError
-from memoryos_gpu.embed.factory import EMBEDDER_KINDS, make_embedder
+from memoryos_gpu.embed.base import (
+    EmbedderConfigError,
+    EmbedderProtocol,
+    EmbedderStats,
+    EmbeddingError,
+)
+from memoryos_gpu.embed.factory import EMBEDDER_KINDS, check_embedder_settings, make_embedder
 from memoryos_gpu.embed.folder import BUNDLED_MINILM_PACKAGE, bundled_minilm_path
 from memoryos_gpu.embed.hashing import HashingEmbedder
 from memoryos_gpu.embed.local import Embedder
@@ -24,6 +29,7 @@ __all__ = [
     "BUNDLED_MINILM_PACKAGE",
     "EMBEDDER_KINDS",
     "Embedder",
+    "EmbedderConfigError",
     "EmbedderProtocol",
     "EmbedderStats",
     "EmbeddingError",
@@ -31,5 +37,6 @@ __all__ = [
     "OnnxEmbedder",
     "OpenAIEmbedder",
     "bundled_minilm_path",
+    "check_embedder_settings",
     "make_embedder",
 ]

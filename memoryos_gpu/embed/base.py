@@ -17,11 +17,29 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["CachedEmbedder", "EmbedderProtocol", "EmbedderStats", "EmbeddingError", "check_texts"]
+from memoryos_gpu.errors import MemoryOSError
+
+__all__ = [
+    "CachedEmbedder",
+    "EmbedderConfigError",
+    "EmbedderProtocol",
+    "EmbedderStats",
+    "EmbeddingError",
+    "check_texts",
+]
 
 
-class EmbeddingError(RuntimeError):
-    """An embedding backend failed in a way retrying did not fix (bad reply, refused request)."""
+class EmbeddingError(MemoryOSError, RuntimeError):
+    """An embedding backend failed in a way retrying did not fix (a server unreachable or
+    refusing requests, a bad reply). A :class:`~memoryos_gpu.errors.MemoryOSError`, as the
+    LLM's ``LLMBackendError`` is, so that the CLI prints it as one ``error: ...`` line and the
+    servers report it as the engine's own error; a ``RuntimeError`` as it always was."""
+
+
+class EmbedderConfigError(MemoryOSError, ValueError):
+    """The configuration names an embedder without a setting it needs (``openai`` without
+    ``embedding_model`` or ``embedding_base_url``): the LLM's ``LLMConfigError`` for
+    embedders, a ``ValueError`` as before."""
 
 
 @runtime_checkable

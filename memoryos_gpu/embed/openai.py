@@ -110,7 +110,8 @@ class OpenAIEmbedder(CachedEmbedder):
                 if last:
                     raise EmbeddingError(
                         f"embedding server {self.url} unreachable after {attempt + 1} "
-                        f"attempts: {exc!r}"
+                        f"attempts: {exc!r}. Is it running, and is embedding_base_url "
+                        "(--embedding-base-url) right?"
                     ) from exc
                 self._wait(attempt, None)
                 continue

@@ -42,14 +42,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from memoryos_gpu import __version__
 from memoryos_gpu.cli.options import DEFAULT_STORE, ENV_EMBEDDER, ENV_STORE, embedder_choice
-from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.config import EngineConfig, explain_settings_error
 from memoryos_gpu.embed.factory import EMBEDDER_KINDS
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
 from memoryos_gpu.reference import (
+    ConfigError,
     ReferenceSettings,
     engine_config,
     load_config_json,
@@ -449,6 +450,18 @@ def build_mcp(
 
 
 # ====================================================================== CLI
+def _port(text: str) -> int:
+    """A TCP port, 1 to 65535 (``memoryos-gpu serve --port``'s range): the OS would take
+    99999 as 99999 mod 65536, so the server would listen where the URL it prints is not."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not in the range 1 to 65535")
+    return port
+
+
 def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="memoryos-gpu MCP server")
     p.add_argument(
@@ -473,7 +486,7 @@ def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.
         help="stdio (default) or streamable HTTP.",
     )
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--port", type=_port, default=8765, help="1 to 65535 [default: 8765].")
     p.add_argument("--path", default="/mcp", help="Streamable HTTP endpoint path.")
     p.add_argument(
         "--stateless",
@@ -528,10 +541,14 @@ def _config(args: argparse.Namespace) -> tuple[EngineConfig, ReferenceSettings |
     if args.config and _is_json(args.config):
         ref = load_config_json(args.config)
         return engine_config(ref, **update), ref
-    cfg = EngineConfig.from_toml(args.config) if args.config else EngineConfig()
-    if "store" not in cfg.model_fields_set:
-        update.setdefault("store", _default_store())
-    return EngineConfig.model_validate({**cfg.model_dump(), **update}), None
+    try:
+        cfg = EngineConfig.from_toml(args.config) if args.config else EngineConfig()
+        if "store" not in cfg.model_fields_set:
+            update.setdefault("store", _default_store())
+        return EngineConfig.model_validate({**cfg.model_dump(), **update}), None
+    except ValidationError as exc:  # one line naming the keys, never a value (API keys)
+        where = args.config or "settings"
+        raise ConfigError(f"{where}: {explain_settings_error(exc, EngineConfig)}") from None
 
 
 def _default_store() -> str:

@@ -335,7 +335,8 @@ class MemoryService:
                 log.warning("the engine cannot load yet: %s", self.error)
             except Exception as exc:
                 self.state, self.error = "failed", f"{type(exc).__name__}: {exc}; {NOT_RETRIED}"
-                log.exception("the engine failed to load")
+                # another embedder than the store's, a locked store: one line; a bug: traceback
+                _log_failure("the engine failed to load", exc)
                 return None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_loading.wait(), delay)
@@ -807,7 +808,8 @@ class MemoryService:
 
 
 def _log_failure(what: str, exc: Exception) -> None:
-    """Log a failed derived round: our own errors say what happened (no traceback needed), a
+    """Log a failure (a derived round, the engine's load): our own errors say what happened
+    (no traceback needed; the MCP server's stderr, which clients show, stays one line), a
     bug gets its traceback."""
     if isinstance(exc, MemoryOSError):
         log.error("%s: %s", what, exc)
