@@ -274,3 +274,15 @@ def test_a_failed_engine_load_logs_a_traceback_only_for_a_bug(
     assert (record.exc_info is not None) is traceback
     if not traceback:
         assert "built with embedding model hashing-384" in record.getMessage()
+
+
+def test_an_embedding_servers_password_is_never_in_its_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``user:password@`` in ``embedding_base_url`` is masked in what the embedder says,
+    as the LLM backend masks its own."""
+    monkeypatch.setattr(OpenAIEmbedder, "_wait", lambda self, attempt, retry_after: None)
+    url = _closed_port_url().replace("http://", "http://alice:hunter2@")
+    with pytest.raises(EmbeddingError) as exc:
+        OpenAIEmbedder("m", url, max_retries=1)
+    assert "hunter2" not in str(exc.value) and "alice:***@" in str(exc.value)

@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 
 from memoryos_gpu.embed.base import CachedEmbedder, EmbeddingError
+from memoryos_gpu.llm.openai_compat import redact_url
 
 __all__ = ["OpenAIEmbedder"]
 
@@ -78,6 +79,7 @@ class OpenAIEmbedder(CachedEmbedder):
         super().__init__(cache_size)
         self.model = model
         self.url = base_url.rstrip("/") + "/embeddings"
+        self._shown_url = redact_url(self.url)  # for messages: a user:password@ part masked
         self.batch_size, self.max_retries, self.backoff = int(batch_size), max_retries, backoff
         self.normalize = bool(normalize)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -90,7 +92,7 @@ class OpenAIEmbedder(CachedEmbedder):
         self._client.close()
 
     def __repr__(self) -> str:
-        return f"OpenAIEmbedder({self.model!r} at {self.url}, dim={self._dim})"
+        return f"OpenAIEmbedder({self.model!r} at {self._shown_url}, dim={self._dim})"
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         out = np.empty((len(texts), self._dim), dtype=np.float32)
@@ -109,7 +111,7 @@ class OpenAIEmbedder(CachedEmbedder):
             except httpx.TransportError as exc:  # refused, reset, timed out
                 if last:
                     raise EmbeddingError(
-                        f"embedding server {self.url} unreachable after {attempt + 1} "
+                        f"embedding server {self._shown_url} unreachable after {attempt + 1} "
                         f"attempts: {exc!r}. Is it running, and is embedding_base_url "
                         "(--embedding-base-url) right?"
                     ) from exc
@@ -120,7 +122,7 @@ class OpenAIEmbedder(CachedEmbedder):
                 return self._parse(resp, len(texts))
             if not _retryable(resp.status_code) or last:
                 raise EmbeddingError(
-                    f"embedding server {self.url} answered {resp.status_code} "
+                    f"embedding server {self._shown_url} answered {resp.status_code} "
                     f"(model {self.model!r}, after {attempt + 1} attempts): "
                     f"{_server_message(resp)}"
                 )
@@ -142,14 +144,14 @@ class OpenAIEmbedder(CachedEmbedder):
             rows = sorted(data, key=lambda d: int(d["index"]))
             vecs = np.asarray([r["embedding"] for r in rows], dtype=np.float32)
         except (ValueError, KeyError, TypeError) as exc:
-            raise EmbeddingError(f"{self.url}: not an embeddings reply ({exc!r})") from None
+            raise EmbeddingError(f"{self._shown_url}: not an embeddings reply ({exc!r})") from None
         if vecs.ndim != 2 or vecs.shape[0] != n or (self._dim and vecs.shape[1] != self._dim):
             raise EmbeddingError(
-                f"{self.url}: expected {n} vectors of size {self._dim or 'any'}, "
+                f"{self._shown_url}: expected {n} vectors of size {self._dim or 'any'}, "
                 f"got shape {vecs.shape}"
             )
         if not np.isfinite(vecs).all():
-            raise EmbeddingError(f"{self.url}: the reply holds NaN or infinite values")
+            raise EmbeddingError(f"{self._shown_url}: the reply holds NaN or infinite values")
         if self.normalize:
             norms = np.linalg.norm(vecs, axis=1, keepdims=True)
             vecs = vecs / np.maximum(norms, 1e-12)
