@@ -20,7 +20,15 @@ Usage:
   python benchmarks/scale_out.py --json benchmarks/results/scale_out.json
   python benchmarks/scale_out.py --embedder minilm --shards 1 2 4 8 --users 2000   # GPU box
 Options: --users, --pages (per user), --batch (queries per round), --rounds, --address (a Ray
-cluster; default $RAY_ADDRESS, else local Ray with --num-cpus).
+cluster; default $RAY_ADDRESS, else local Ray with --num-cpus), --store (where the stores go).
+
+Stores: by default under a temporary directory of this machine, removed at the end. On a
+cluster of several nodes the shards run on other nodes, so the stores must be where every node
+reaches them: ``--store DIR`` on a shared filesystem (``DIR/single``, ``DIR/sharded-S``) or
+``--store postgresql://...`` (each store one schema of that database: ``scale_out_single``,
+``scale_out_sharded_S``). Those are kept after the run, and a run refuses to start over one it
+would write that exists already (it measures fresh stores). The input file is written and read
+on this machine only (``ingest_ray`` reads it here and hands Ray the records).
 """
 
 from __future__ import annotations
@@ -187,6 +195,143 @@ def retrieve_sharded(ray: Any, store: str, embedder: str, shards: int, rounds: l
     return {"shards": shards, "queries": n, "queries_per_s": round(n / elapsed, 1)}
 
 
+# ============================================================================ stores
+SCHEMA_PREFIX = "scale_out_"
+
+
+def is_url(spec: str) -> bool:
+    """A PostgreSQL ``--store`` (imported here: the engine's modules load after
+    OMP_WAIT_POLICY is set, above)."""
+    from memoryos_gpu.store import is_url as store_is_url
+
+    return store_is_url(spec)
+
+
+class Stores:
+    """Where the benchmark's stores go (``--store``): a directory of this machine or a shared
+    one, or a PostgreSQL database; see the module docstring.
+
+    Why a class: the checks run before Ray starts (a bad ``--store`` is a one-line error
+    at once, not after ~15 s of Ray start-up, or after the single-process baseline), and the
+    stores are made one by one as the run reaches them."""
+
+    def __init__(self, spec: str, labels: list[str], *, temporary: bool) -> None:
+        self.spec = spec
+        self.labels = labels
+        self.temporary = temporary  # made by this run: removed at the end
+
+    def describe(self) -> str:
+        """The stores' place, as the report records it (a URL's password masked)."""
+        if self.temporary:
+            return "temporary directory"
+        if is_url(self.spec):
+            from memoryos_gpu.store.pg_urls import redact
+
+            return redact(self.spec)
+        return self.spec
+
+    def check(self) -> None:
+        """ValueError (one line) when the stores cannot be made there: a path through a file,
+        a folder that cannot be written, an unreachable database, or a store this run would
+        write that exists already."""
+        if is_url(self.spec):
+            self._check_database()
+            return
+        base = Path(self.spec)
+        for at in (base, *base.parents):
+            if at.exists():
+                if not at.is_dir():
+                    raise ValueError(f"--store {base}: {at} is a file, not a directory")
+                break
+        found = [label for label in self.labels if (base / label).exists()]
+        if found:
+            raise ValueError(
+                f"--store {base} holds {', '.join(found)} already (the benchmark measures "
+                "fresh stores): remove it or give another directory"
+            )
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"cannot create --store {base}: {e.strerror or e}") from None
+        if not os.access(base, os.W_OK):
+            raise ValueError(f"cannot write --store {base}: permission denied")
+
+    def _check_database(self) -> None:
+        from memoryos_gpu.store.errors import StoreError
+        from memoryos_gpu.store.pg_urls import check_url, redact
+
+        try:
+            check_url(self.spec)
+            import psycopg
+        except ImportError:
+            raise ValueError(
+                "--store postgresql://... needs psycopg: pip install 'memoryos-gpu[postgres]'"
+            ) from None
+        except StoreError as exc:
+            raise ValueError(str(exc)) from None
+        schemas = [self.schema(label) for label in self.labels]
+        try:
+            with psycopg.connect(self.spec, connect_timeout=10) as db:
+                rows = db.execute(
+                    "SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", (schemas,)
+                ).fetchall()
+        except psycopg.Error as exc:  # its words may quote the URL: only the first line
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"cannot connect to --store {redact(self.spec)}: {why}") from None
+        if rows:
+            raise ValueError(
+                f"--store {redact(self.spec)} holds the schema(s) "
+                f"{', '.join(sorted(r[0] for r in rows))} already (the benchmark measures "
+                "fresh stores): drop them (DROP SCHEMA ... CASCADE) or use another database"
+            )
+
+    @staticmethod
+    def schema(label: str) -> str:
+        return SCHEMA_PREFIX + label.replace("-", "_")
+
+    def make(self, label: str) -> str:
+        """The store spec of ``label`` (``single``, ``sharded-S``): ``DIR/label`` (created by
+        the engine), or the database URL working in a new schema of its own. A database is
+        one store, and a store laid out for S shards refuses any other count: hence one
+        schema per shard count."""
+        if not is_url(self.spec):
+            return str(Path(self.spec) / label)
+        import psycopg
+        from psycopg import sql
+
+        name = self.schema(label)
+        with psycopg.connect(self.spec, connect_timeout=10, autocommit=True) as db:
+            db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        return with_search_path(self.spec, name)
+
+    def remove(self) -> None:
+        """At the end: only a temporary directory (made by this run) is removed."""
+        if self.temporary:
+            shutil.rmtree(self.spec, ignore_errors=True)
+
+
+def with_search_path(url: str, schema: str) -> str:
+    """``url`` whose connections work in ``schema`` (libpq's ``options=-csearch_path=...``,
+    replacing any ``options`` the URL had). The query is found after the credentials as
+    libpq reads them (``pg_urls.credentials_end``), not by ``urllib.parse``, which a password
+    with an unencoded ``?`` or ``#`` misleads."""
+    from urllib.parse import quote
+
+    from memoryos_gpu.store.pg_urls import credentials_end
+
+    start = (credentials_end(url) or 0) + 1
+    qmark = url.find("?", start)
+    head, query = (url, "") if qmark < 0 else (url[:qmark], url[qmark + 1 :])
+    pairs = [p for p in query.split("&") if p and p.partition("=")[0] != "options"]
+    pairs.append("options=" + quote(f"-csearch_path={schema}", safe=""))
+    return f"{head}?{'&'.join(pairs)}"
+
+
+def store_labels(shards: list[int]) -> list[str]:
+    """The stores a run writes: the single-process baseline's, then one per shard count."""
+    return ["single", *dict.fromkeys(f"sharded-{s}" for s in shards)]
+
+
 # ============================================================================ main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -200,28 +345,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--embedder", choices=["hashing", "minilm"], default="hashing")
     ap.add_argument("--address", default=None, help="Ray cluster address (default: local)")
     ap.add_argument("--num-cpus", type=int, default=None, help="local Ray's CPUs")
+    ap.add_argument(
+        "--store",
+        metavar="DIR|URL",
+        default=None,
+        help="where the stores go, kept after the run: a directory every node sees "
+        "(DIR/single, DIR/sharded-S) or a PostgreSQL URL (a schema per store); "
+        "default: a temporary directory here, removed at the end",
+    )
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args(argv)
     check_output(ap, args.json_out)  # a bad output path fails now, not after the run
     if args.quick:
         args.users, args.pages, args.rounds, args.batch = 40, 10, 5, 32
+    labels = store_labels(args.shards)
+    if args.store is not None:
+        stores = Stores(args.store, labels, temporary=False)
+        try:
+            stores.check()  # before Ray starts
+        except ValueError as exc:
+            ap.error(str(exc))
 
     from memoryos_gpu.distributed.ray_common import ensure_ray
 
     ray = ensure_ray(args.address, args.num_cpus)
-    work = Path(tempfile.mkdtemp(prefix="scale-out-"))
+    work = Path(tempfile.mkdtemp(prefix="scale-out-"))  # the input; the stores by default
+    if args.store is None:
+        stores = Stores(str(work), labels, temporary=True)
     try:
         src = work / "chats.jsonl"
         n = write_input(src, args.users, args.pages)
         rounds = queries_for(args.users, args.batch, args.rounds)
-        rows_ing = [ingest_single(src, str(work / "single"), args.embedder, args.ingest_batch)]
-        rows_ret = [retrieve_single(str(work / "single"), args.embedder, rounds)]
-        for s in args.shards:
-            store = str(work / f"sharded-{s}")
+        single = stores.make("single")
+        rows_ing = [ingest_single(src, single, args.embedder, args.ingest_batch)]
+        rows_ret = [retrieve_single(single, args.embedder, rounds)]
+        for s in dict.fromkeys(args.shards):
+            store = stores.make(f"sharded-{s}")
             rows_ing.append(ingest_sharded(src, store, args.embedder, s, args.ingest_batch))
             rows_ret.append(retrieve_sharded(ray, store, args.embedder, s, rounds))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        stores.remove()
+    if not stores.temporary:
+        print(f"stores kept in {stores.describe()}: {', '.join(labels)}")
     out = {
         "benchmark": "scale_out",
         "date": time.strftime("%Y-%m-%d"),
@@ -233,6 +399,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "input": {"users": args.users, "pages_per_user": args.pages, "pages": n},
         "embedder": args.embedder,
+        "store": stores.describe(),
         "retrieval": {"batch": args.batch, "rounds": args.rounds},
         "ingest": rows_ing,
         "retrieve": rows_ret,

@@ -37,6 +37,7 @@ imported from here.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import threading
 from collections.abc import Mapping
@@ -169,26 +170,77 @@ def _serve() -> Any:
     return serve
 
 
+#: The ``args`` of :func:`app_builder` besides the :class:`ServerSettings` fields.
+APP_ARGS = (
+    "store",
+    "shards",
+    "embedder",
+    "device",
+    "config",
+    "api_keys",
+    "sync_interval_s",
+    "shard_cpus",
+    "shard_gpus",
+)
+
+
 def app_builder(args: dict[str, Any]) -> Any:
     """``serve run memoryos_gpu.distributed.ray_serve:app_builder store=DIR shards=2`` (or the
-    ``args`` of deploy/ray-serve.yaml): ``store``, ``shards``, ``embedder``, ``device``,
-    ``config`` (a TOML file), ``api_keys`` (a key file), ``sync_interval_s``, ``shard_cpus``,
-    ``shard_gpus``, and any :class:`ServerSettings` field."""
+    ``args`` of deploy/ray-serve.yaml): ``store``, ``shards`` (default: the count the store
+    was sharded with, else 2, as ``serve --ray``), ``embedder``, ``device``, ``config`` (a
+    TOML file), ``api_keys`` (a key file), ``sync_interval_s``, ``shard_cpus``,
+    ``shard_gpus``, and any :class:`ServerSettings` field.
+
+    Any other name is refused (:func:`check_app_args`) before anything starts: these args come
+    from a hand-edited YAML file, and an ignored typo is silent damage, ``api_key:`` for
+    ``api_keys:`` serving ``/v1`` with no authentication at all."""
     args = dict(args)
-    base = EngineConfig.from_toml(args.pop("config")) if args.get("config") else EngineConfig()
-    update = {k: args.pop(k) for k in ("store", "embedder", "device") if args.get(k)}
+    check_app_args(args)
+    config_file = args.pop("config", None)
+    base = EngineConfig.from_toml(config_file) if config_file else EngineConfig()
+    update = {k: v for k in ("store", "embedder", "device") if (v := args.pop(k, None))}
     config = EngineConfig.model_validate({**base.model_dump(), **update})
-    known = set(ServerSettings.model_fields)
-    settings = ServerSettings(**{k: args.pop(k) for k in list(args) if k in known})
     num = {k: float(args.pop(k)) for k in ("shard_cpus", "shard_gpus") if k in args}
+    shards = _app_shards(config.store, args.pop("shards", None))
+    api_keys = args.pop("api_keys", None)
+    sync = args.pop("sync_interval_s", None)
+    sync_s = DEFAULT_SYNC_S if sync is None else float(sync)
+    settings = ServerSettings(**args)  # what is left: ServerSettings fields only
     return build_app(
-        config,
-        int(args.pop("shards", 1)),
-        api_keys=args.pop("api_keys", None),
-        settings=settings,
-        sync_interval_s=float(args.pop("sync_interval_s", DEFAULT_SYNC_S)),
-        **num,
+        config, shards, api_keys=api_keys, settings=settings, sync_interval_s=sync_s, **num
     )
+
+
+def check_app_args(args: Mapping[str, Any]) -> None:
+    """Refuse (ValueError) the names :func:`app_builder` does not take, each with the closest
+    known name, so ``serve run`` stops with one line that says what to fix."""
+    known = sorted({*APP_ARGS, *ServerSettings.model_fields})
+    unknown = [str(k) for k in args if k not in known]
+    if not unknown:
+        return
+    parts = []
+    for name in unknown:
+        near = difflib.get_close_matches(name, known, n=1)
+        parts.append(f"{name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    raise ValueError(
+        f"app_builder: unknown arg{'s' if len(parts) > 1 else ''} {', '.join(parts)}; it takes "
+        f"{', '.join(APP_ARGS)} and the ServerSettings fields: "
+        f"{', '.join(sorted(ServerSettings.model_fields))}"
+    )
+
+
+def _app_shards(store: str, given: Any) -> int:
+    """``shards``, else the store's own count, else 2: the rule of ``serve --ray --shards``
+    (:func:`memoryos_gpu.cli.stores.ray_shards`), so the YAML file and the command line serve
+    a store the same way by default."""
+    from memoryos_gpu.cli.stores import ray_shards
+
+    if given is None or given == "":
+        return ray_shards(store, None)
+    text = str(given).strip()
+    if isinstance(given, bool) or not text.isdigit() or int(text) < 1:
+        raise ValueError(f"app_builder: shards must be a whole number >= 1, got {given!r}")
+    return int(text)
 
 
 def run(
