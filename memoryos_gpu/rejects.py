@@ -156,18 +156,21 @@ def _rewrite(path: Path, edit: Callable[[str], str | None], *, always: bool = Fa
     return changed
 
 
-def encrypt_rejects(store: str | os.PathLike[str]) -> list[tuple[Path, int | None]]:
+def encrypt_rejects(
+    store: str | os.PathLike[str], *, always: bool = True
+) -> list[tuple[Path, int | None]]:
     """After ``rekey --encrypt``: rewrite each default rejects file of the store
     (:func:`default_rejects_files`) as an encrypted store's ingest writes it (each row as
     ``RejectRow.as_json(raw=False)``: where and why, no content, no user), atomically. A file
     that is not rejects rows throughout (a line that does not parse as one) is removed: it
     could hold the records in plain text beside the encrypted store. Each file's path and its
-    lines changed (None: removed)."""
+    lines changed (None: removed). ``always=False`` leaves a file that is content-free already
+    as it is (and says 0 for it): the re-run of an ``--encrypt`` interrupted before this step."""
     done: list[tuple[Path, int | None]] = []
     with _SCRUBBING:
         for f in default_rejects_files(store):
             try:
-                rows = _rewrite(f, _content_free_row, always=True)
+                rows = _rewrite(f, _content_free_row, always=always)
             except ValueError:
                 f.unlink()
                 _fsync_dir(f.parent)

@@ -121,11 +121,12 @@ def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any
 
 
 def _forget_on_other_shards(
-    store: str, user_id: str, texts: list[str], key: SecretStr | None
+    store: str, user_id: str, pages: list[tuple[int, str]], key: SecretStr | None
 ) -> None:
     """A sharded store directory: the assistant facts the user's pages taught, held by the
     assistants' owner shards and copied to every shard, go from every shard's store too, and
-    the other shards' saved keyword statistics un-count the user's ``texts``
+    the other shards' saved keyword statistics un-count those of the user's ``pages`` (page
+    id, text) the keyword exchange gave them: none on shards that never exchanged
     (``distributed/sharded_forget.py``)."""
     from memoryos_gpu.distributed.layout import ShardMap
     from memoryos_gpu.distributed.sharded_forget import forget_in_stores
@@ -137,7 +138,8 @@ def _forget_on_other_shards(
     try:
         for d in dirs:
             stores.append(open_store_at(str(d), writer=True, key=key))
-        forget_in_stores(stores, ShardMap(len(dirs)), user_id, texts)
+        ids, texts = [p for p, _ in pages], [t for _, t in pages]
+        forget_in_stores(stores, ShardMap(len(dirs)), user_id, texts, ids)
     finally:
         for st in stores:
             st.close()
@@ -171,11 +173,11 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
         if not yes:
             what = f"{rows:,} rows, {rejected:,} rejected records"
             click.confirm(f"delete user {user_id!r} ({what})?", abort=True, err=True)
-        texts, left = _delete_rows(st, user_id) if known else ([], 0)
+        pages, left = _delete_rows(st, user_id) if known else ([], 0)
         rejected, failed = _forget_rejects(store, user_id)  # under the claim: no ingest writes
     finally:
         st.close()
-    _forget_on_other_shards(store, user_id, texts, key)
+    _forget_on_other_shards(store, user_id, pages, key)
     click.echo(
         f"deleted user {user_id}: {rows:,} rows removed"
         + (f" ({left} left!)" if left else "")
@@ -202,18 +204,19 @@ def _forget_rejects(store: str, user_id: str) -> tuple[int, OSError | None]:
         return 0, exc
 
 
-def _delete_rows(st: Any, user_id: str) -> tuple[list[str], int]:
-    """Delete the user's rows from its store; ``(the texts of its pages, rows left)``: the
-    texts for the other shards' keyword statistics, the rows left to check it worked."""
-    texts = [
-        t
-        for (t,) in st.query(
-            "SELECT user_input || ' ' || agent_response FROM pages WHERE user_id = ?",
+def _delete_rows(st: Any, user_id: str) -> tuple[list[tuple[int, str]], int]:
+    """Delete the user's rows from its store; ``(its pages' ids and texts, rows left)``: the
+    pages for the other shards' keyword statistics, the rows left to check it worked."""
+    pages = [
+        (int(p), t)
+        for p, t in st.query(
+            "SELECT page_id, user_input || ' ' || agent_response FROM pages WHERE user_id = ? "
+            "ORDER BY page_id",
             (user_id,),
         )
     ]
     st.delete_user(user_id)
-    return texts, st.rows_about(user_id)
+    return pages, st.rows_about(user_id)
 
 
 @click.command()
@@ -235,7 +238,8 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
     store's default rejects files without the records' content. See docs/storage.md."""
     from pydantic import SecretStr
 
-    from memoryos_gpu.store.encryption import ENV_NEW_KEY, rekey_all
+    from memoryos_gpu.rejects import encrypt_rejects
+    from memoryos_gpu.store.encryption import ENV_NEW_KEY, AlreadyEncryptedError, rekey_all
 
     o = options_of(ctx, kwargs)
     store, key = checked_store(o), store_key(o)
@@ -254,20 +258,36 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
     else:
         given = os.environ.get(ENV_NEW_KEY)
         new = SecretStr(given) if given else None
-    done = rekey_all(list(files), old, new or ask("new key", confirm=True))
+    try:
+        done = rekey_all(list(files), old, new or ask("new key", confirm=True))
+    except AlreadyEncryptedError:
+        # every file is under this key already: an --encrypt killed after the store's rename
+        # may have left plain rejects files beside it; finish that step, else nothing to do
+        scrubbed = [(p, rows) for p, rows in encrypt_rejects(store, always=False) if rows != 0]
+        if not scrubbed:
+            raise
+        click.echo(
+            f"store under {store} already encrypted (under this key); finished what an "
+            f"interrupted --encrypt left: {len(scrubbed)} rejects file(s) with plain records"
+        )
+        _said_rejects(scrubbed)
+        return
     verb = "encrypted" if encrypt else "re-keyed"
     click.echo(f"{verb} {done} of {len(files)} store file(s) under {store}")
     if encrypt:  # the plain store's rejects files hold its records: not beside the encrypted one
-        from memoryos_gpu.rejects import encrypt_rejects
-
-        for path, rows in encrypt_rejects(store):
-            click.echo(
-                f"removed {path}: not a rejects file throughout, and it could hold records in "
-                "plain text"
-                if rows is None
-                else f"rewrote {path} without the records' content and users (where and why "
-                "stay; as an encrypted store's ingest writes it)",
-                err=True,
-            )
+        _said_rejects(encrypt_rejects(store))
     if not encrypt:
         click.echo(f"from now on open it with the new key (${ENV_NEW_KEY} -> $MEMORYOS_GPU_KEY)")
+
+
+def _said_rejects(done: list[tuple[Path, int | None]]) -> None:
+    """Say on stderr what ``rekey --encrypt`` did to each rejects file (encrypt_rejects)."""
+    for path, rows in done:
+        click.echo(
+            f"removed {path}: not a rejects file throughout, and it could hold records in "
+            "plain text"
+            if rows is None
+            else f"rewrote {path} without the records' content and users (where and why "
+            "stay; as an encrypted store's ingest writes it)",
+            err=True,
+        )

@@ -117,6 +117,8 @@ def forget_keyword_delta(e: ShardEngine, delta: dict[str, Any]) -> None:
     """Step 3, every other shard: un-count those frequencies (a word no document holds any
     more is dropped) and rewrite the saved copy at once, so it does not keep them."""
     with e._lock:
+        if e.extractor.n_docs <= _own_pages(e):
+            return  # it counts no other shard's page (never exchanged): nothing of them to take
         df = e.extractor.df
         for tok, n in delta["df"].items():
             left = df.get(tok, 0) - int(n)
@@ -126,6 +128,12 @@ def forget_keyword_delta(e: ShardEngine, delta: dict[str, Any]) -> None:
                 df.pop(tok, None)
         e.extractor.n_docs = max(0, e.extractor.n_docs - int(delta["n_docs"]))
         e._derived.save_extractor()
+
+
+def _own_pages(e: ShardEngine) -> int:
+    """How many pages of its own users the shard's store holds (its statistics count each)."""
+    rows = e.store.query("SELECT user_id, COUNT(*) FROM pages GROUP BY user_id")
+    return sum(int(n) for uid, n in rows if e.owns(uid))
 
 
 def reanalyse_pages(e: ShardEngine, pages: Sequence[tuple[int, str]]) -> list[int]:
@@ -217,15 +225,51 @@ async def forget_everywhere_async(
     return result
 
 
+def given_texts(
+    st: Any,
+    state: dict[str, Any],
+    home: int,
+    count: int,
+    texts: Sequence[str],
+    page_ids: Sequence[int] | None = None,
+) -> list[str]:
+    """Of the texts of shard ``home``'s pages (``page_ids``: theirs, ascending), those that
+    another shard's saved keyword statistics ``state`` (in its store ``st``) count: the pages
+    the keyword exchange gave it. Its statistics count its own pages through its page
+    watermark (all, without one) and, beyond those, only what an exchange gave it: none
+    (``ingest --workers`` / ``--shard``: shards never exchange) -> nothing. With exchange
+    marks (``exchange.EXCHANGE_MARKS``: saved by an exchange by marks, nothing saved since),
+    the home shard's pages through its mark; without (saved by an engine after its
+    exchanges), every page. Never more than the documents of other shards it counts."""
+    mark = state.get("page_watermark")
+    sql, args = "SELECT COUNT(*) FROM pages", ()
+    if mark is not None:
+        sql, args = f"{sql} WHERE page_id <= ?", (int(mark),)
+    others = int(state.get("n_docs", 0)) - int(st.query(sql, args)[0][0])
+    if others <= 0:
+        return []
+    pairs = list(zip(page_ids, texts, strict=True)) if page_ids is not None else None
+    marks = state.get(EXCHANGE_MARKS)
+    if pairs is not None and isinstance(marks, dict) and marks.get("count") == count:
+        top = int(marks["through"][home])
+        texts = [t for p, t in pairs if int(p) <= top]
+    return list(texts)[:others]
+
+
 def forget_in_stores(
-    stores: Sequence[Any], shard_map: ShardMap, user_id: str, texts: Sequence[str]
+    stores: Sequence[Any],
+    shard_map: ShardMap,
+    user_id: str,
+    texts: Sequence[str],
+    page_ids: Sequence[int] | None = None,
 ) -> int:
     """The steps through the shards' stores alone (``memoryos-gpu delete`` on a sharded store
     directory, no engine open; the caller deletes the user on its shard, having read the
     ``texts`` of its pages first): the assistant facts go from every store, the other users'
     pages behind them are re-analysed, and every other shard's saved keyword statistics
-    un-count the texts. The engines read the rows left when they open. Returns the assistant
-    entries removed."""
+    un-count those of the texts they were given (:func:`given_texts`; ``page_ids``: the
+    texts' page ids, in the same order). The engines read the rows left when they open.
+    Returns the assistant entries removed."""
     learned: list[Learned] = []
     for j, st in enumerate(stores):
         st.begin_erasure()
@@ -241,9 +285,10 @@ def forget_in_stores(
                 removed,
             )
         saved = st.get_meta(EXTRACTOR_KEY) if j != home else None
-        if saved:
-            state = json.loads(saved)
-            ex = KeywordExtractor.from_dict(state).remove(texts)
+        state = json.loads(saved) if saved else {}
+        given = given_texts(st, state, home, shard_map.count, texts, page_ids) if saved else []
+        if given:
+            ex = KeywordExtractor.from_dict(state).remove(given)
             # what the record says it counts stays with it: the page watermark the open refits
             # from and the exchange marks (exchange.EXCHANGE_MARKS) a resumed ingest --ray reads
             kept = {k: state[k] for k in ("page_watermark", EXCHANGE_MARKS) if k in state}

@@ -261,6 +261,12 @@ def remove_rekey_leftovers(path: str | os.PathLike[str]) -> list[tuple[Path, int
     return removed
 
 
+class AlreadyEncryptedError(StoreError):
+    """An ``--encrypt`` (:func:`rekey_all` with ``old_key=None``) found every file already
+    encrypted under the key given: nothing left to encrypt (``rekey --encrypt`` still finishes
+    the rejects files of a run interrupted after the store's rename)."""
+
+
 def rekey_all(
     paths: list[str | os.PathLike[str]], old_key: SecretStr | None, new_key: SecretStr
 ) -> int:
@@ -270,7 +276,7 @@ def rekey_all(
     again. Returns how many files were rewritten."""
     todo = [os.fspath(p) for p in paths if not _opens_with(os.fspath(p), new_key)]
     if paths and not todo and old_key is None:
-        raise StoreError(_already_encrypted([os.fspath(p) for p in paths]))
+        raise AlreadyEncryptedError(_already_encrypted([os.fspath(p) for p in paths]))
     for path in todo:  # a wrong old key (or a plain/encrypted mix-up) stops before any write
         state = file_state(path)
         if state != ("plain" if old_key is None else "encrypted"):
