@@ -60,6 +60,7 @@ from memoryos_gpu.store import is_url
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
+    "EXIT_DERIVED_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_REJECTED",
@@ -72,6 +73,9 @@ __all__ = [
 
 DEFAULT_BATCH_SIZE = 512
 EXIT_OK, EXIT_REJECTED, EXIT_INTERRUPTED = 0, 3, 130
+#: The run's derived work failed for the store (a full disk) and stays pending: as the CLI's
+#: runtime error.
+EXIT_DERIVED_FAILED = 1
 _READ_CHUNK = 256  # records per reader -> prepare hand-off
 _PREFETCH_CHUNK = 64  # texts per embedder call when embedding ahead (keeps its lock short)
 _POLL_S = 0.2
@@ -172,13 +176,20 @@ class IngestReport:
     store_counts: dict[str, int] = field(default_factory=dict)
     peak_rss_mb: float = 0.0
     stop_signal: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM, SIGHUP)
+    # why this run's derived work failed and stayed pending (``pending`` > 0): "disk_full" (the
+    # store's disk is full), "store_error" (another store failure), else None. The pages are
+    # committed; the work resumes when the store is next opened or processed with room.
+    derived_failure: str | None = None
 
     @property
     def exit_code(self) -> int:
         """128 + the stopping signal when interrupted (130 for Ctrl-C or a ``stop_event``, 143
-        SIGTERM, 129 SIGHUP), else 3 when anything was rejected, else 0."""
+        SIGTERM, 129 SIGHUP), else 1 when derived work failed for the store and stays pending
+        (:attr:`derived_failure`), else 3 when anything was rejected, else 0."""
         if self.interrupted:
             return 128 + self.stop_signal if self.stop_signal else EXIT_INTERRUPTED
+        if self.derived_failure:
+            return EXIT_DERIVED_FAILED
         return EXIT_REJECTED if self.rejected else EXIT_OK
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,6 +286,25 @@ def _peak_rss_mb() -> float:
         return kb / 1024.0 if sys.platform != "darwin" else kb / 2**20
     except (ImportError, OSError):  # pragma: no cover - non-POSIX
         return 0.0
+
+
+def _store_failures(engine: Any) -> dict[str, int]:
+    """The engine's counts of derived work the store failed (``MemoryEngine._process_owed``)."""
+    with contextlib.suppress(Exception):
+        c = dict(engine.counters)
+        return {k: int(c.get(k, 0)) for k in ("derived_store_failures", "derived_disk_full")}
+    return {}
+
+
+def _derived_failure(engine: Any, before: dict[str, int]) -> str | None:
+    """``"disk_full"`` / ``"store_error"`` when derived work failed for the store since
+    ``before`` (this run: its engine's open included), else None."""
+    now = _store_failures(engine)
+    if now.get("derived_disk_full", 0) > before.get("derived_disk_full", 0):
+        return "disk_full"
+    if now.get("derived_store_failures", 0) > before.get("derived_store_failures", 0):
+        return "store_error"
+    return None
 
 
 def _llm_calls(engine: Any) -> int:
@@ -653,6 +683,7 @@ def ingest(
     # an engine this run opened counts from its open: resuming the store's pending work (an
     # interrupted run's) is this run's work too, and took place before this line
     llm_before = 0 if own_engine else _llm_calls(engine)
+    store_failures_before = {} if own_engine else _store_failures(engine)
 
     rejects_file: IO[str] | None = None
     if rejects_path is not None:
@@ -776,6 +807,8 @@ def ingest(
         with contextlib.suppress(Exception):
             report.store_counts = dict(engine.store.counts())
             report.pending = int(engine.store.count_pending())
+        if report.pending and process != "defer":
+            report.derived_failure = _derived_failure(engine, store_failures_before)
         if own_engine:
             engine.close()
     if report.generated_users:

@@ -260,7 +260,25 @@ def ingest(
             click.echo(note, err=True)
     if as_json:
         click.echo(json_text(report))
+    failed = _derived_failed_line(report)
+    if failed:
+        click.echo(failed, err=True)
     ctx.exit(int(report["exit_code"]))
+
+
+def _derived_failed_line(report: dict[str, Any]) -> str | None:
+    """The one line for a run whose derived work failed for the store (a full disk) and stays
+    pending (``derived_failure``), else None; the pages themselves are committed."""
+    kind = report.get("derived_failure")
+    if not kind or report.get("interrupted"):
+        return None
+    why = "the disk is full" if kind == "disk_full" else "the store failed"
+    return (
+        f"error: store {report.get('store')}: {why}: the pages are committed, but the derived "
+        f"work of {int(report.get('pending', 0)):,} item(s) stays pending; it resumes once "
+        + ("space is freed" if kind == "disk_full" else "the store works again")
+        + " (run ingest again, or open the store)"
+    )
 
 
 # Set by ``ingest --workers`` in each shard process's environment: the parent's pid.
@@ -621,6 +639,9 @@ def _merge(
         store_counts=_sum_dicts(r.get("store_counts", {}) for r in shards),
         timings=_sum_dicts(r.get("timings", {}) for r in shards),
         stop_signal=None if stopper.signum is None else int(stopper.signum),
+        derived_failure=next(
+            (r["derived_failure"] for r in shards if r.get("derived_failure")), None
+        ),
         shards=shards,
     )
     if stopper.signum is not None:

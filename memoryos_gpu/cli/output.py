@@ -130,9 +130,14 @@ def print_ingest_summary(r: dict[str, Any], *, err: bool) -> None:
     table = Table(title="ingest summary", show_header=False, title_justify="left")
     table.add_column("", style="bold")
     table.add_column("")
-    status = (
-        "interrupted (resume by running the same command again)" if r["interrupted"] else "done"
-    )
+    if r["interrupted"]:
+        status = "interrupted (resume by running the same command again)"
+    elif r.get("derived_failure") == "disk_full":
+        status = "derived work failed: the disk is full (it stays pending)"
+    elif r.get("derived_failure"):
+        status = "derived work failed: the store failed (it stays pending)"
+    else:
+        status = "done"
     rows = [
         ("status", status),
         ("accepted pages", f"{r['accepted']:,}"),

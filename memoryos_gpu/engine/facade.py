@@ -22,7 +22,7 @@ from memoryos_gpu.arena import Arena, ArenaConfig
 from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.errors import EngineClosedError
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
-from memoryos_gpu.store import SQLiteStore, derivations, open_store
+from memoryos_gpu.store import SQLiteStore, StoreError, StoreFullError, derivations, open_store
 from memoryos_gpu.text.keywords import KeywordExtractor
 from memoryos_gpu.text.vocabulary import UserVocabulary
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
@@ -320,16 +320,23 @@ class MemoryEngine:
         retried by the next :meth:`process_pending` -- whereas raising would cost an ``add``
         its page ids (a retry would store the pages twice) and an open the whole store (no
         retrieval, which needs no LLM, until the LLM is back). The failure is logged and
-        counted (``stats()["counters"]["derived_failures"]``); an engine closed meanwhile
-        resumes the work when the store is opened again. KeyboardInterrupt and SystemExit
-        still propagate."""
+        counted (``stats()["counters"]["derived_failures"]``; of them, those the store failed
+        also as ``derived_store_failures`` and those for a full disk as ``derived_disk_full``,
+        so that a caller such as ``ingest`` can say the run's work stayed pending); an engine
+        closed meanwhile resumes the work when the store is opened again. KeyboardInterrupt
+        and SystemExit still propagate."""
         try:
             self.process_pending()
         except EngineClosedError:
             log.debug("engine closed during the derived work of an add; it stays pending")
         except Exception as exc:
             with self._lock:
-                self.counters["derived_failures"] += 1
+                c = self.counters
+                c["derived_failures"] += 1
+                if isinstance(exc, StoreError):
+                    c["derived_store_failures"] = c.get("derived_store_failures", 0) + 1
+                if isinstance(exc, StoreFullError):
+                    c["derived_disk_full"] = c.get("derived_disk_full", 0) + 1
             log.warning(
                 "derived work failed; it stays pending and is retried by the next "
                 "process_pending: %s: %s",

@@ -49,6 +49,7 @@ from memoryos_gpu.server.batching import (
 )
 from memoryos_gpu.server.scope import with_known
 from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.store.errors import StoreError, StoreFullError
 from memoryos_gpu.store.rounds import tenant_of
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -392,7 +393,16 @@ class MemoryService:
         closes = self._closes_engine()
         self.closed_message = f"queues drained, {left}" + (", engine closed" if closes else "")
         if closes:
-            await loop.run_in_executor(self._write_exec, self.engine.close)
+            try:
+                await loop.run_in_executor(self._write_exec, self.engine.close)
+            except StoreError as exc:  # the store closed anyway; acknowledged writes are kept
+                why = "the disk is full" if isinstance(exc, StoreFullError) else "store error"
+                log.warning(
+                    "engine closed, but its last writes (keyword statistics, heat) failed (%s): %s",
+                    why,
+                    exc,
+                )
+                self.closed_message += f" (last writes failed: {why})"
 
     def _pending_left(self) -> str:
         """What shutdown's derived work left, in words."""

@@ -17,6 +17,8 @@ import os
 import threading
 from typing import Any
 
+from memoryos_gpu.store.errors import StoreError, disk_full
+
 __all__ = ["BACKSTOP_PAGES", "CHECKPOINT_BYTES", "WalCheckpointer"]
 
 log = logging.getLogger("memoryos_gpu.store")
@@ -51,8 +53,19 @@ class WalCheckpointer:
                     self.checkpoints += 1
             except FileNotFoundError:  # no log yet, or the store is closing
                 continue
-            except Exception:  # the backstop autocheckpoint still runs; say why this did not
-                log.exception("background checkpoint of %s failed", self._wal)
+            except Exception as exc:  # the backstop autocheckpoint still runs; say why not
+                full = disk_full(exc, self._wal)
+                if full or isinstance(exc, StoreError):
+                    # the machine's doing (a full disk), not a bug: one line, no traceback
+                    why = "the disk is full" if full else "a store error"
+                    log.warning(
+                        "background checkpoint of %s failed (%s): %s; retried in 5 s",
+                        self._wal,
+                        why,
+                        exc,
+                    )
+                else:
+                    log.exception("background checkpoint of %s failed", self._wal)
                 self._stop.wait(5.0)
 
     def close(self) -> None:
