@@ -30,7 +30,7 @@ from memoryos_gpu.distributed.ray_routing import (
 )
 from memoryos_gpu.distributed.sharded_forget import check_edit, forget_everywhere_async
 from memoryos_gpu.errors import UnknownItemError
-from memoryos_gpu.server.scope import RetrievalBodies
+from memoryos_gpu.server.scope import RetrievalBodies, done_writing
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -312,10 +312,7 @@ class RouterService(RetrievalBodies):
                 self.shard_map, pages, lambda s, part: self.ask(s, "add_pages", part)
             )
         finally:
-            self._user_writes.subtract(users)
-            for u in users:
-                if self._user_writes[u] <= 0:
-                    del self._user_writes[u]
+            done_writing(self._user_writes, users)
         self._mark({r.user_id for r in out}, True)
         return out
 

@@ -29,6 +29,7 @@ from typing import Any
 from memoryos_gpu.parent_death import running
 from memoryos_gpu.server.batching import check_state
 from memoryos_gpu.server.ipc import EngineClient, EngineGone
+from memoryos_gpu.server.scope import done_writing
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -336,10 +337,7 @@ class RemoteService:
         try:
             results = await self.client.request("add_pages", list(pages))
         finally:
-            self._user_writes.subtract(users)
-            for u in users:
-                if self._user_writes[u] <= 0:
-                    del self._user_writes[u]
+            done_writing(self._user_writes, users)
         self._mark({r.user_id for r in results}, True)
         return results
 

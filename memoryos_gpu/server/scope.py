@@ -7,6 +7,7 @@ native routes, the mem0-shaped routes and the edge middleware answer alike.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -94,6 +95,16 @@ UserId = Annotated[
     str,
     PathParam(description="The user's id (within the caller's tenant); a '/' in it as %2F."),
 ]
+
+
+def done_writing(in_flight: Counter[str], users: Counter[str]) -> None:
+    """Take a finished write's ``users`` (pages per user) out of ``in_flight``, the writes a
+    service has queued per user (a user with one in flight is known before its pages land),
+    dropping users left with none: one rule for every service that counts them."""
+    in_flight.subtract(users)
+    for u in users:
+        if in_flight[u] <= 0:
+            del in_flight[u]
 
 
 # ====================================================================== tenancy

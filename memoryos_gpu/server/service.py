@@ -47,7 +47,7 @@ from memoryos_gpu.server.batching import (
     Unavailable,
     check_state,
 )
-from memoryos_gpu.server.scope import with_known
+from memoryos_gpu.server.scope import done_writing, with_known
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.store.errors import StoreError, StoreFullError
 from memoryos_gpu.store.rounds import tenant_of
@@ -566,10 +566,7 @@ class MemoryService:
     def _writes_done(self, fut: asyncio.Future, users: Counter[str]) -> None:
         if not fut.cancelled():
             fut.exception()  # retrieved here: no "never retrieved" warning if the client left
-        self._user_writes.subtract(users)
-        for u in users:
-            if self._user_writes[u] <= 0:
-                del self._user_writes[u]
+        done_writing(self._user_writes, users)
 
     def _run_writes(self, requests: list[list[PageInput]]) -> list[Any]:
         flat = [p for r in requests for p in r]
