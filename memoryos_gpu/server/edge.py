@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match
 
+from memoryos_gpu.embed.base import EmbeddingError
 from memoryos_gpu.errors import MemoryOSError, UnknownItemError, UnknownUserError
 from memoryos_gpu.server.auth import KeyLimits, KeyRing, Principal, RateLimiter, Refusal
 from memoryos_gpu.server.batching import Overloaded, Unavailable
@@ -63,6 +64,9 @@ class ErrorMapper:
     _REJECTED: ClassVar[dict[int, str]] = {403: "forbidden", 413: "too_large", 429: "rate_limited"}
     #: Seconds a client is told to wait when the store's server cannot be reached.
     STORE_RETRY_AFTER: ClassVar[int] = 5
+    #: Seconds a client is told to wait when the embedding server fails (the embedder has
+    #: already retried with backoff before giving up).
+    EMBEDDER_RETRY_AFTER: ClassVar[int] = 5
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
@@ -100,6 +104,16 @@ class ErrorMapper:
                 "the server's store cannot be reached or dropped the connection: the failed "
                 f"call was not committed; retry after {self.STORE_RETRY_AFTER} s",
                 {"Retry-After": str(self.STORE_RETRY_AFTER)},
+            )
+        if isinstance(exc, EmbeddingError):  # the embedding server down or answering badly
+            log.warning("the embedder cannot be used: %s", exc)  # URL shown password-masked
+            self.metrics.rejected.labels("unavailable").inc()
+            return error_response(
+                503,
+                "unavailable",
+                f"the embedding server cannot be used now; nothing of this request was stored: "
+                f"{exc}; retry after {self.EMBEDDER_RETRY_AFTER} s",
+                {"Retry-After": str(self.EMBEDDER_RETRY_AFTER)},
             )
         if isinstance(exc, PartialWriteError):
             log.error("write failed part way: %s", exc)
