@@ -322,6 +322,36 @@ def test_cli_delete_on_a_sharded_directory_forgets_on_every_shard(tmp_path: Path
         assert "zqclisecret" not in json.dumps([x.extractor.to_dict() for x in e.engines])
 
 
+def test_a_cli_delete_killed_before_the_other_shards_finishes_on_its_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed before the assistant's owner shard forgot the user's facts: the user's own rows
+    are still there (they go last), so the re-run finds it and forgets on every shard."""
+    from click.testing import CliRunner
+
+    from memoryos_gpu.cli import cli
+    from memoryos_gpu.distributed import sharded_forget
+
+    victim, beside, _home = users()
+    store = str(tmp_path / "store")
+    with sharded(store) as e:
+        talk(e, beside, ["I like tea.", "I swim.", "I read.", "I cook."], 1.7e9)
+        talk(e, victim, [f"I keep a zqkilled {i} note." for i in range(4)], 1.8e9)
+        assert "zqkilled" in served(e, beside)  # the owner shard's fact, replicated
+    args = ["delete", "--store", store, "--user", victim, "--yes"]
+
+    def killed(*args: Any, **kw: Any) -> int:
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(sharded_forget, "forget_in_stores", killed)
+    assert CliRunner().invoke(cli, args).exit_code != 0
+    monkeypatch.undo()
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    files = [f for f in Path(store).rglob("*") if f.is_file()]
+    assert files and not [f for f in files if b"zqkilled" in f.read_bytes()]
+
+
 def moves(req: ChatRequest) -> Any:
     """Assistant facts that state an attribute: the city named in the new pages."""
     text = req.messages[-1]["content"].split("New pages:")[-1]

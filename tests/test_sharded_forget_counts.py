@@ -10,6 +10,7 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from memoryos_gpu.cli import cli
@@ -121,3 +122,32 @@ def test_cli_delete_uncounts_only_the_pages_through_the_exchange_mark(tmp_path: 
     delete(store, victim)
     _pages, after, n_after = saved_stats(store, 0)
     assert n_after == n - 2 and after[EXCHANGE_MARKS] == state[EXCHANGE_MARKS]
+
+
+def test_a_cli_delete_stopped_after_the_other_shards_is_finished_by_its_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed once every other shard had un-counted the user's pages, before its own rows
+    went: the re-run still finds the user, deletes it, and un-counts nothing twice."""
+    from memoryos_gpu.distributed import sharded_forget
+
+    store = engine_store(tmp_path)
+    victim = ON[1][0]
+    real = sharded_forget.forget_in_stores
+
+    def then_killed(*args: object, **kw: object) -> int:
+        real(*args, **kw)
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(sharded_forget, "forget_in_stores", then_killed)
+    res = CliRunner().invoke(cli, ["delete", "--store", store, "--user", victim, "--yes"])
+    assert res.exit_code != 0 and saved_stats(store, 0)[2] == 25
+    monkeypatch.setattr(sharded_forget, "forget_in_stores", real)
+    delete(store, victim)
+    assert saved_stats(store, 0)[2] == 25  # once, not 20
+    with sqlite3.connect(Path(store) / "shard-1" / "memory.sqlite3") as db:
+        assert db.execute("SELECT COUNT(*) FROM pages WHERE user_id = ?", (victim,)).fetchone() == (
+            0,
+        )
+    delete(store, ON[1][1])  # another user's pages still un-count
+    assert saved_stats(store, 0)[2] == 20

@@ -121,27 +121,35 @@ def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any
 
 
 def _forget_on_other_shards(
-    store: str, user_id: str, pages: list[tuple[int, str]], key: SecretStr | None
+    store: str, home: Any, user_id: str, pages: list[tuple[int, str]], key: SecretStr | None
 ) -> None:
     """A sharded store directory: the assistant facts the user's pages taught, held by the
     assistants' owner shards and copied to every shard, go from every shard's store too, and
     the other shards' saved keyword statistics un-count those of the user's ``pages`` (page
     id, text) the keyword exchange gave them: none on shards that never exchanged
-    (``distributed/sharded_forget.py``)."""
+    (``distributed/sharded_forget.py``). Run before the user's own rows go from ``home`` (its
+    shard's store, open): a delete stopped part way still finds the user, and its re-run
+    finishes every shard (each un-counts a user's pages once: ``forget_in_stores``)."""
     from memoryos_gpu.distributed.layout import ShardMap
     from memoryos_gpu.distributed.sharded_forget import forget_in_stores
 
     dirs = None if is_url(store) or store_file(store).exists() else shard_dirs(store)
     if not dirs:
         return
-    stores = []
+    mine = user_store(store, user_id)
+    opened: list[Any] = []
     try:
+        stores = []
         for d in dirs:
-            stores.append(open_store_at(str(d), writer=True, key=key))
+            if str(d) == mine:
+                stores.append(home)
+            else:
+                opened.append(open_store_at(str(d), writer=True, key=key))
+                stores.append(opened[-1])
         ids, texts = [p for p, _ in pages], [t for _, t in pages]
         forget_in_stores(stores, ShardMap(len(dirs)), user_id, texts, ids)
     finally:
-        for st in stores:
+        for st in opened:
             st.close()
 
 
@@ -173,11 +181,13 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
         if not yes:
             what = f"{rows:,} rows, {rejected:,} rejected records"
             click.confirm(f"delete user {user_id!r} ({what})?", abort=True, err=True)
-        pages, left = _delete_rows(st, user_id) if known else ([], 0)
+        left = 0
+        if known:
+            _forget_on_other_shards(store, st, user_id, _user_pages(st, user_id), key)
+            left = _delete_rows(st, user_id)
         rejected, failed = _forget_rejects(store, user_id)  # under the claim: no ingest writes
     finally:
         st.close()
-    _forget_on_other_shards(store, user_id, pages, key)
     click.echo(
         f"deleted user {user_id}: {rows:,} rows removed"
         + (f" ({left} left!)" if left else "")
@@ -204,19 +214,19 @@ def _forget_rejects(store: str, user_id: str) -> tuple[int, OSError | None]:
         return 0, exc
 
 
-def _delete_rows(st: Any, user_id: str) -> tuple[list[tuple[int, str]], int]:
-    """Delete the user's rows from its store; ``(its pages' ids and texts, rows left)``: the
-    pages for the other shards' keyword statistics, the rows left to check it worked."""
-    pages = [
-        (int(p), t)
-        for p, t in st.query(
-            "SELECT page_id, user_input || ' ' || agent_response FROM pages WHERE user_id = ? "
-            "ORDER BY page_id",
-            (user_id,),
-        )
-    ]
+def _user_pages(st: Any, user_id: str) -> list[tuple[int, str]]:
+    """The user's pages' ids and texts, ascending: for the other shards' keyword statistics."""
+    sql = (
+        "SELECT page_id, user_input || ' ' || agent_response FROM pages WHERE user_id = ? "
+        "ORDER BY page_id"
+    )
+    return [(int(p), t) for p, t in st.query(sql, (user_id,))]
+
+
+def _delete_rows(st: Any, user_id: str) -> int:
+    """Delete the user's rows from its store; returns the rows left (to check it worked)."""
     st.delete_user(user_id)
-    return pages, st.rows_about(user_id)
+    return st.rows_about(user_id)
 
 
 @click.command()

@@ -34,6 +34,7 @@ runs the steps through a ``call(shard, method, args)`` function, the same way in
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,12 @@ if TYPE_CHECKING:
     from .sharding import ShardEngine
 
 Learned = dict[str, list[tuple[Any, Any]]]  # {"entries": [(aid, seq)], "elsewhere": [(p, u)]}
+
+#: The saved keyword statistics' record of the users whose pages ``forget_in_stores`` took out
+#: of them (user -> digest of the pages), the last ``UNCOUNTED_KEPT``: what makes a re-run of
+#: a delete stopped part way un-count each shard once. A reopened engine's next save drops it.
+UNCOUNTED = "uncounted_users"
+UNCOUNTED_KEPT = 64
 
 
 # ---------------------------------------------------------------------------- one shard's side
@@ -264,12 +271,18 @@ def forget_in_stores(
     page_ids: Sequence[int] | None = None,
 ) -> int:
     """The steps through the shards' stores alone (``memoryos-gpu delete`` on a sharded store
-    directory, no engine open; the caller deletes the user on its shard, having read the
-    ``texts`` of its pages first): the assistant facts go from every store, the other users'
+    directory, no engine open; the caller reads the ``texts`` of the user's pages, calls this,
+    then deletes the user on its shard): the assistant facts go from every store, the other users'
     pages behind them are re-analysed, and every other shard's saved keyword statistics
     un-count those of the texts they were given (:func:`given_texts`; ``page_ids``: the
     texts' page ids, in the same order). The engines read the rows left when they open.
-    Returns the assistant entries removed."""
+    Returns the assistant entries removed.
+
+    Run before the user's own rows go, so a delete stopped part way is finished by running it
+    again: each step but the un-counting finds nothing left to do the second time, and a
+    shard's statistics record the users whose pages they un-counted (``UNCOUNTED``: user ->
+    a digest of those page ids, written with the statistics) so a re-run skips them."""
+    digest = _pages_digest(user_id, page_ids if page_ids is not None else texts)
     learned: list[Learned] = []
     for j, st in enumerate(stores):
         st.begin_erasure()
@@ -286,15 +299,27 @@ def forget_in_stores(
             )
         saved = st.get_meta(EXTRACTOR_KEY) if j != home else None
         state = json.loads(saved) if saved else {}
+        done = state.get(UNCOUNTED, {})
         given = given_texts(st, state, home, shard_map.count, texts, page_ids) if saved else []
-        if given:
+        if given and done.get(user_id) != digest:  # not by a delete stopped before the end
             ex = KeywordExtractor.from_dict(state).remove(given)
             # what the record says it counts stays with it: the page watermark the open refits
             # from and the exchange marks (exchange.EXCHANGE_MARKS) a resumed ingest --ray reads
             kept = {k: state[k] for k in ("page_watermark", EXCHANGE_MARKS) if k in state}
-            st.set_meta(EXTRACTOR_KEY, json.dumps({**ex.to_dict(), **kept}))
+            done = {u: d for u, d in done.items() if u != user_id}
+            done = dict(list(done.items())[-UNCOUNTED_KEPT + 1 :]) | {user_id: digest}
+            st.set_meta(EXTRACTOR_KEY, json.dumps({**ex.to_dict(), **kept, UNCOUNTED: done}))
         st.checkpoint()
     for j, pages in sorted(reanalysis_by_shard(learned, shard_map).items()):
         with stores[j].transaction() as db:
             reanalyse(db, pages)
     return len(removed)
+
+
+def _pages_digest(user_id: str, pages: Sequence[Any]) -> str:
+    """A user's pages, as ``UNCOUNTED`` records them: the same pages give the same digest, so
+    a user id deleted, written again and deleted again is un-counted again."""
+    h = hashlib.sha256(user_id.encode())
+    for p in pages:
+        h.update(b"\0" + str(p).encode())
+    return h.hexdigest()[:32]
