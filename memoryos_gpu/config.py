@@ -91,6 +91,19 @@ def _env_store_key() -> SecretStr | None:
     return env_key()
 
 
+def server_table(data: dict[str, Any]) -> dict[str, Any]:
+    """Take a config file's ``[server]`` table out of its ``data`` and return it: the HTTP
+    server's settings (:class:`~memoryos_gpu.server.settings.ServerSettings` fields, which
+    ``memoryos-gpu serve`` and ``server.app.run`` read), beside the engine's in one file. Not
+    a table: ValueError."""
+    table = data.pop("server", None)
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ValueError(f"[server] must be a table of settings, not a {type(table).__name__}")
+    return table
+
+
 def explain_settings_error(exc: ValidationError, model: type[BaseModel]) -> str:
     """``exc``, raised validating ``model``, as one clause per offending setting: its dotted
     name and what is wrong (a wrong type: the type given), an unknown one with the closest
@@ -421,6 +434,7 @@ class EngineConfig(BaseModel):
         store key: ``overrides``' ``encryption_key``, else as :func:`config_key` resolves it
         (``$MEMORYOS_GPU_KEY`` before the file's)."""
         data = tomllib.loads(Path(path).read_text())
+        server_table(data)  # the HTTP server's settings, not the engine's
         data["encryption_key"] = config_key(data.get("encryption_key"))
         if "memory" in data and "preset" in data["memory"]:
             mem = dict(data["memory"])

@@ -207,11 +207,18 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
     overrides the resolved store path (e.g. ``":memory:"``)."""
     from pydantic import ValidationError
 
-    from memoryos_gpu.config import EngineConfig, config_key, explain_settings_error, preset
+    from memoryos_gpu.config import (
+        EngineConfig,
+        config_key,
+        explain_settings_error,
+        preset,
+        server_table,
+    )
     from memoryos_gpu.embed.factory import check_embedder_settings
 
     data: dict[str, Any] = read_toml(o.config) if o.config else {}
     try:
+        server_table(data)  # the server's settings (serve reads them: server_settings)
         data["encryption_key"] = config_key(data.get("encryption_key"))
         for table in ("memory", "llm"):
             if not isinstance(data.get(table) or {}, dict):
@@ -257,6 +264,27 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
         raise UsageFailure(f"invalid engine configuration: {problems}") from None
     except (ValueError, TypeError) as exc:
         raise UsageFailure(f"invalid engine configuration: {exc}") from None
+
+
+def server_settings(o: EngineOptions) -> dict[str, Any]:
+    """The ``[server]`` table of ``--config`` (``ServerSettings`` fields), checked: a bad one
+    is a usage error naming the key, before anything starts."""
+    from pydantic import ValidationError
+
+    from memoryos_gpu.config import explain_settings_error, server_table
+    from memoryos_gpu.server.settings import ServerSettings
+
+    if not o.config:
+        return {}
+    try:
+        table = server_table(read_toml(o.config))
+        ServerSettings(**table)
+    except ValidationError as exc:
+        problems = explain_settings_error(exc, ServerSettings)
+        raise UsageFailure(f"invalid [server] settings in {o.config}: {problems}") from None
+    except ValueError as exc:
+        raise UsageFailure(f"{o.config}: {exc}") from None
+    return table
 
 
 def store_key(o: EngineOptions) -> SecretStr | None:

@@ -19,6 +19,7 @@ from .options import (
     options_of,
     quiet_model_loading,
     resolve_store,
+    server_settings,
 )
 from .stores import (
     ray_shards,
@@ -106,6 +107,7 @@ def serve(
         ) from None
     store = resolve_store(o)
     cfg = build_config(o, store=store)
+    settings = server_settings(o)
     shards = store_shards(store)
     if engines and shards > 1 and engines != shards:  # users are placed by hash mod count
         raise UsageFailure(f"{store} holds {shards} shards: serve it with --engines {shards}")
@@ -127,6 +129,7 @@ def serve(
         "config": cfg,
         "workers": workers,
         **({"engines": engines} if engines > 1 else {}),
+        **settings,
     }
     params = inspect.signature(run).parameters
     takes_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
@@ -146,11 +149,20 @@ def _serve_ray(
 
     store = resolve_store(o)
     cfg = build_config(o, store=store)
+    settings = server_settings(o)
     quiet_model_loading()
     try:
         from memoryos_gpu.distributed.ray_serve import run as run_ray
+        from memoryos_gpu.server.settings import ServerSettings
 
-        run_ray(cfg, ray_shards(store, shards), host=host, port=port, api_keys=api_keys)
+        run_ray(
+            cfg,
+            ray_shards(store, shards),
+            host=host,
+            port=port,
+            api_keys=api_keys,
+            settings=ServerSettings(**settings),
+        )
     except RayUnavailableError as exc:
         raise CLIError(str(exc)) from None
     except ValueError as exc:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import tomllib
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.config import EngineConfig, server_table
 from memoryos_gpu.server import models as m
 from memoryos_gpu.server.auth import KeyLimits, KeyRing, load_api_keys
 from memoryos_gpu.server.edge import Edge, ErrorMapper
@@ -281,7 +282,8 @@ def run(
 
     ``api_keys`` / ``api_keys_file``: ``{key: tenant}`` or a ``KEY TENANT`` file (either name).
     ``config``: an :class:`EngineConfig` or a TOML path; ``store``, ``embedder``, ``device``
-    override it. Remaining keyword options are :class:`ServerSettings` fields.
+    override it. Remaining keyword options are :class:`ServerSettings` fields, over the TOML's
+    ``[server]`` table.
     """
     import uvicorn
 
@@ -302,6 +304,8 @@ def run(
         config,
         {"embedder": embedder, "device": device},
     )
+    if isinstance(config, str | Path):
+        options = {**server_table(tomllib.loads(Path(config).read_text())), **options}
     settings = ServerSettings(**{"gc_freeze": True, **options})  # this process serves only
     if engines != 1 and not workers:
         raise ValueError(f"engines={engines} needs workers >= 1 (the workers route by shard)")
