@@ -201,3 +201,21 @@ def test_streamable_http_transport(tmp_path: Path, flags: list[str]) -> None:
         assert len(engine.export_user("default_user")["pages"]) == 1
     finally:
         engine.close()
+
+
+def test_the_stdio_server_loads_its_model_without_a_progress_bar(tmp_path: Path) -> None:
+    """stderr is the MCP client's log of the server: the bundled MiniLM (the default
+    embedder) loads without transformers' "Loading weights" bar there."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env.pop("MEMORYOS_GPU_EMBEDDER", None)
+    res = subprocess.run(
+        [*SERVER, "--store", str(tmp_path / "store")],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=str(ROOT),
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "Loading weights" not in res.stderr and "it/s" not in res.stderr, res.stderr

@@ -45,7 +45,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from memoryos_gpu import __version__
-from memoryos_gpu.cli.options import DEFAULT_STORE, ENV_EMBEDDER, ENV_STORE, embedder_choice
+from memoryos_gpu.cli.options import (
+    DEFAULT_STORE,
+    ENV_EMBEDDER,
+    ENV_STORE,
+    embedder_choice,
+    quiet_model_loading,
+)
 from memoryos_gpu.config import EngineConfig, explain_settings_error
 from memoryos_gpu.embed.factory import EMBEDDER_KINDS
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
@@ -567,6 +573,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     configuration exits with a one-line message."""
     args = (_parser(prog) if prog else _parser()).parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before the OpenMP runtime loads
+    quiet_model_loading()  # no progress bar in the client's log of this server's stderr
     logging.basicConfig(  # stderr only: stdout carries the stdio protocol
         stream=sys.stderr,
         level=getattr(logging, args.log_level.upper(), logging.WARNING),
