@@ -187,6 +187,7 @@ class MemoryService:
         self.state = "created"  # created -> starting -> ready -> closing -> closed | failed
         self.error: str | None = None
         self._owns_engine = False
+        self._held_pending = False  # the engine was opened holding its derived work back
         self._known: set[str] = set()
         self._known_lock = threading.Lock()
         self._user_writes: Counter[str] = Counter()
@@ -285,6 +286,8 @@ class MemoryService:
         for b in self._batchers.values():
             b.start()
         if s.derived_enabled:
+            if self._held_pending:
+                engine.release_pending()  # held by _build_engine: resumed below, in the thread
             self._derived_thread = threading.Thread(
                 target=self._derived_loop, name="memoryos-derived", daemon=True
             )
@@ -302,7 +305,12 @@ class MemoryService:
             from memoryos_gpu.engine import MemoryEngine
 
             self._owns_engine = True
-            return MemoryEngine(src.model_copy(update={"auto_process": False}))
+            # the work a previous run left pending is resumed by the derived-work thread once
+            # serving (:meth:`_load` releases it), not inside the open: /ready does not wait
+            # for it, and a shutdown meanwhile is bounded by shutdown_drain_s as for any round
+            self._held_pending = self.settings.derived_enabled
+            config = src.model_copy(update={"auto_process": False})
+            return MemoryEngine(config, hold_pending=self._held_pending)
         if callable(src) and not hasattr(src, "add_many"):
             self._owns_engine = True
             return src()

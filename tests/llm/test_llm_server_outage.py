@@ -323,6 +323,48 @@ def test_shutdown_with_a_hung_llm_ends_by_the_deadline_and_leaves_the_work_pendi
         assert db.execute("SELECT COUNT(*) FROM pages WHERE mode IS NOT NULL").fetchone()[0] == 0
 
 
+def test_a_server_resumes_the_work_left_pending_after_it_is_ready_and_its_shutdown_is_bounded(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    """A store with derived work a previous run left pending, served from its config (as
+    ``memoryos-gpu serve`` does) while the LLM server hangs: the server is ready without
+    waiting for that work (the open ran it, for up to 5 x 60 s a call), the derived-work
+    thread resumes it, and a shutdown meanwhile ends by ``shutdown_drain_s``, the work still
+    pending."""
+    store = str(tmp_path / "memory.sqlite3")
+    server.script = stage_answer
+    with engine(backend(server), store=store, auto_process=False) as eng:
+        eng.add_many(two_pages(["u0", "u1", "u2"]))
+        assert eng.pending_count() == 3
+    got, release = hang(server, 120, stage_answer)
+    llm = LLMConfig(
+        mode="llm", backend="openai", base_url=server.url, model="m",
+        options={"timeout_s": 60, "max_retries": 4},
+    )  # fmt: skip
+    cfg = EngineConfig(
+        store=store, memory=preset("paper", stm_capacity=1), llm=llm, embedder="hashing",
+        device="cpu", shutdown_drain_s=1.0,
+    )  # fmt: skip
+
+    async def scenario() -> float:
+        svc = MemoryService(cfg, ServerSettings(derived_max_wait_ms=0))
+        await asyncio.wait_for(svc.start(), 60)  # the open does not wait for the LLM
+        assert svc.state == "ready"
+        assert await asyncio.to_thread(got.wait, 30)  # the thread resumed the work
+        t0 = time.monotonic()
+        await asyncio.wait_for(svc.close(), 120)
+        assert "3 derived item(s) left pending" in svc.closed_message
+        return time.monotonic() - t0
+
+    try:
+        elapsed = asyncio.run(scenario())
+    finally:
+        release.set()
+    assert elapsed < 1.0 + 20
+    with sqlite3.connect(store) as db:
+        assert db.execute("SELECT COUNT(*) FROM pending").fetchone()[0] == 3
+
+
 def test_shutdown_with_a_response_waiting_for_a_hung_llm_ends_by_the_deadline(
     server: FakeServer,
 ) -> None:
