@@ -42,6 +42,7 @@ Writer actors are Ray Data's own (restarted the same way); a re-sent chunk is id
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -86,6 +87,8 @@ from memoryos_gpu.ingest import (
 )
 from memoryos_gpu.rejects import RejectRow, reason_kind, record_reject
 from memoryos_gpu.stop_signals import StopSignals
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_WINDOW", "ShardIngestActor", "actor_name", "ingest_ray"]
 
@@ -208,8 +211,21 @@ class ShardIngestActor:
         self._stopped = True
 
     def process(self) -> dict[str, int]:
+        """The derived work held back, run now; what it did, by kind. A failure of the store
+        (a full disk) leaves the work pending, as without Ray, and is counted, not raised
+        (``derived_disk_full`` / ``derived_store_failures``): the pages are committed, and
+        the run's report says the work stays pending (``derived_failure``, exit 1)."""
+        from memoryos_gpu.store import StoreError, StoreFullError
+
         self.engine.release_pending()
-        return self.engine.process_pending()
+        try:
+            return dict(self.engine.process_pending())
+        except StoreError as exc:
+            log.warning("shard derived work failed; it stays pending: %s", exc)
+            kind = (
+                "derived_disk_full" if isinstance(exc, StoreFullError) else "derived_store_failures"
+            )
+            return {kind: 1}
 
     def take_assistant_facts(self) -> list[Any]:
         return self.engine.take_assistant_facts()
@@ -568,6 +584,7 @@ def _report(
     report.store_counts = _sum_counts(store, summaries)
     report.timings = {k: round(v, 4) for k, v in run.timings.items()}
     report.peak_rss_mb = round(_peak_rss_mb(), 1)
+    report.derived_failure = derived_failure_of(derived)
     out = report.to_dict()
     out["shards"] = [
         {
@@ -591,6 +608,16 @@ def _report(
         "derived": derived,
     }
     return out
+
+
+def derived_failure_of(derived: dict[str, Any]) -> str | None:
+    """The report's ``derived_failure`` from the shards' derived-work counts (their
+    :meth:`ShardIngestActor.process`), as a single process's ingestion names it."""
+    if derived.get("derived_disk_full"):
+        return "disk_full"
+    if derived.get("derived_store_failures"):
+        return "store_error"
+    return None
 
 
 def _check_writers(store: str, shards: int) -> None:
