@@ -71,14 +71,26 @@ __all__ = ["Memoryos", "close_all"]
 log = logging.getLogger("memoryos_gpu.compat")
 LEGACY_STORE_FILE = "memoryos.sqlite"  # this facade's file before it shared the MCP server's
 
-_LLM_HELP = (
-    "get_response needs an LLM, and this Memoryos runs LLM-free (no openai_api_key, "
-    "openai_base_url or llm_backend was given). Pass openai_api_key=... (OpenAI) and/or "
-    "openai_base_url='http://host:port/v1' (any OpenAI-compatible server: vLLM, llama.cpp, "
-    "Ollama) with llm_model='<served model name>'; or llm_backend='vllm' | 'transformers' "
-    "(llm_options=... for its options). Memory itself (add_memory, retrieve_context, profile "
-    "and knowledge extraction) works without an LLM."
+_LLM_HOW = (
+    "Pass openai_api_key=... (OpenAI) and/or openai_base_url='http://host:port/v1' (any "
+    "OpenAI-compatible server: vLLM, llama.cpp, Ollama) with llm_model='<served model name>'; "
+    "or llm_backend='vllm' | 'transformers' (llm_options=... for its options). Memory itself "
+    "(add_memory, retrieve_context, profile and knowledge extraction) works without an LLM."
 )
+
+
+def _llm_help(llm_backend: str | None) -> str:
+    """Why get_response has no LLM: an explicit ``llm_backend='none'`` (or ``'extractive'``)
+    turns it off whatever credentials are given, so naming missing credentials would send
+    the caller looking for the wrong cause."""
+    if llm_backend is not None:
+        why = f"llm_backend={llm_backend!r} turns LLM calls off (keys and URLs are then unused)"
+        return f"get_response needs an LLM, and {why}. Leave llm_backend out or: {_LLM_HOW}"
+    return (
+        "get_response needs an LLM, and this Memoryos runs LLM-free (no openai_api_key, "
+        f"openai_base_url or llm_backend was given). {_LLM_HOW}"
+    )
+
 
 # one engine per storage folder: {abs path: [engine, open facades]}
 _ENGINES: dict[str, list[Any]] = {}
@@ -164,6 +176,7 @@ class Memoryos:
         self.assistant_id = assistant_id
         self.data_storage_path = os.path.abspath(data_storage_path)
         self.llm_model = s.llm_model
+        self._llm_backend = s.llm_backend
         config = _engine_config or engine_config(
             s,
             store=self.data_storage_path,
@@ -327,7 +340,7 @@ class Memoryos:
         prompt."""
         eng = self.engine
         if eng.stages.mode != "llm":
-            raise MemoryOSError(_LLM_HELP)
+            raise MemoryOSError(_llm_help(self._llm_backend))
         messages = self._response_prompt(
             query, relationship_with_user, style_hint, user_conversation_meta_data
         )

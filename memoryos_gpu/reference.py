@@ -84,7 +84,8 @@ class ReferenceSettings(BaseModel):
     mid_term_capacity: int = Field(2000, ge=1)
     long_term_knowledge_capacity: int = Field(100, ge=1)
     retrieval_queue_capacity: int = Field(7, ge=1, description="MTM pages per retrieval.")
-    mid_term_heat_threshold: float = Field(5.0, description="Heat that promotes a segment.")
+    # ge=0 here, not only on MemoryConfig.tau: the error must name this key, not the field
+    mid_term_heat_threshold: float = Field(5.0, ge=0, description="Heat that promotes a segment.")
     mid_term_similarity_threshold: float = Field(0.6, description="Segment merge threshold.")
     llm_model: str | None = Field(None, description="Model name (openai: gpt-4o-mini).")
     embedding_model_name: str | None = Field("all-MiniLM-L6-v2")

@@ -3,7 +3,8 @@
 What a page leaves behind besides its own row, and what happens to it here:
 
 - **knowledge entries and profile values** derived from it (provenance rows): removed, the
-  other pages they came from re-analysed (:func:`~memoryos_gpu.store.derivations.forget_pages`);
+  other pages they came from re-analysed (:func:`~memoryos_gpu.store.derivations.forget_pages`),
+  each removed entry's deletion audited (:func:`forget_audited`);
 - **its segment's summary, keywords and embedding**: re-derived from the segment's remaining
   pages, replaying the rules that built them (the pages keep their own summary, keywords and
   embedding); a segment left with no page is removed;
@@ -111,7 +112,7 @@ class Forgetting:
             old_terms = terms_from_blobs([s.store.page_terms([page_id]).get(page_id)])
             s.store.begin_erasure()
             with s.store.transaction() as db:
-                forgotten = forget_pages(db, [page_id])
+                forgotten = forget_audited(db, s.store, page_id)
                 touched = self._rederive_followers(db, page_id, chain)
                 self._unlink(db, user, page_id)
                 redone = self._rederive_around(db, user, {sid, *touched}, chain, forgotten)
@@ -143,7 +144,7 @@ class Forgetting:
         uid, sid, chain = db.execute(
             "SELECT user_id, segment_id, chain_id FROM pages WHERE page_id = ?", (int(page_id),)
         ).fetchone()
-        forgotten = forget_pages(db, [page_id], edited=True)
+        forgotten = forget_audited(db, self._s.store, page_id, edited=True)
         touched = self._rederive_followers(db, page_id, chain, include_self=True)
         user = self._s.users.get(uid)
         return self._rederive_around(db, user, {sid, *touched}, chain, forgotten)
@@ -311,6 +312,16 @@ class Forgetting:
         if db.execute(on_chain, (user.chain_tail, chain)).fetchone():
             user.chain_meta = meta
         return meta
+
+
+def forget_audited(db: Any, store: Any, page_id: int, *, edited: bool = False) -> Forgotten:
+    """:func:`forget_pages` for one page, with a ``delete`` audit event for each knowledge
+    entry it removes, as a direct ``delete_knowledge`` writes one: a fact gone with its page
+    (deleted, or edited: its facts are derived again under new ids) must not read in its
+    history as never deleted. One batched statement."""
+    forgotten = forget_pages(db, [page_id], edited=edited)
+    store.audit_many(db, [(owner, "delete", "knowledge", e) for e, owner in forgotten.owners])
+    return forgotten
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

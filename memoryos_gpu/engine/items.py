@@ -15,7 +15,7 @@ import numpy as np
 
 from memoryos_gpu.errors import UnknownItemError, UnknownUserError
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
-from memoryos_gpu.store.rows import emb_blob
+from memoryos_gpu.store.rows import audit_owner, emb_blob
 
 from .conflicts import fact_key
 from .forget import Forgetting
@@ -227,4 +227,4 @@ class Items:
 
 
 def _audit_owner(row: dict[str, Any]) -> str:
-    return row["owner_id"] if row["owner_kind"] == "user" else f"assistant:{row['owner_id']}"
+    return audit_owner(row["owner_kind"], row["owner_id"])

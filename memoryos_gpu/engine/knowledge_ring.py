@@ -24,7 +24,7 @@ import numpy as np
 
 from memoryos_gpu import ops
 from memoryos_gpu.store.derivations import KNOWLEDGE, record
-from memoryos_gpu.store.rows import blob_matrix, emb_blob
+from memoryos_gpu.store.rows import audit_owner, blob_matrix, emb_blob
 
 from .conflicts import Decision, LiveEntry, decide, fact_key
 from .state import EngineState, Fact, to_host
@@ -255,7 +255,7 @@ class KnowledgeRing:
             "UPDATE knowledge SET live = 0, valid_to = ?, superseded_by = ? WHERE entry_id = ?",
             (at, int(new), int(old)),
         )
-        owner = fact.owner_id if fact.kind == "user" else f"assistant:{fact.owner_id}"
+        owner = audit_owner(fact.kind, fact.owner_id)
         self._s.store.audit(self._db, owner, "supersede", "knowledge", int(old), {"by": int(new)})
         self._superseded.append((self.owner_slot(fact.kind, fact.owner_id), int(old)))
 
@@ -430,7 +430,7 @@ def unsupersede(state: EngineState, db: Any, gone: dict[str, Any]) -> Restored |
         "UPDATE knowledge SET superseded_by = ? WHERE entry_id = ?",
         [(int(back), int(r[0])) for r in rest],
     )
-    owner = owner_id if kind == "user" else f"assistant:{owner_id}"
+    owner = audit_owner(kind, owner_id)
     state.store.audit(db, owner, "restore", "knowledge", int(back), {"after_delete": eid})
     vec = blob_matrix([blob], state.embedder.dim)[0]
     return Restored(int(back), o, seq % cap, head, text, vec)

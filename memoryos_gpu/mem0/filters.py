@@ -35,12 +35,51 @@ Predicate = Callable[[Mapping[str, Any]], bool]
 
 
 def split_scope(filters: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``filters`` -> (the plain scope ids it names, everything else)."""
+    """``filters`` -> (the plain scope ids it names, everything else).
+
+    mem0 2 code often names the user inside a top-level ``AND`` (``{"AND": [{"user_id":
+    "bob"}, ...]}``): that plain string is the user too, since every clause of the ``AND``
+    must hold. One inside ``OR`` / ``NOT`` does not pin a user: with no user named where it
+    may be, that is refused saying where ``user_id`` goes."""
     filters = dict(filters or {})
     if not all(isinstance(k, str) for k in filters):
         raise ValueError("filter keys must be strings")
     scope = {k: filters.pop(k) for k in SCOPE_KEYS if isinstance(filters.get(k), str)}
+    if "AND" in filters:
+        filters["AND"], users = _lift_users(filters["AND"])
+        for uid in users:
+            named = scope.setdefault("user_id", uid)
+            if named != uid:
+                raise ValueError(f"filters name two users, {named!r} and {uid!r}: give one")
+    if "user_id" not in scope and _names_user(filters):
+        raise ValueError(
+            "user_id must be a plain string at the top level of filters or in a top-level "
+            "AND, not inside OR / NOT: memoryos-gpu keeps memory per user, so a call names one"
+        )
     return scope, filters
+
+
+def _lift_users(clauses: Any) -> tuple[Any, list[str]]:
+    """An ``AND``'s clauses without their plain ``user_id`` strings, and those ids (a clause
+    list of the wrong shape is left for :func:`compile_filter` to refuse)."""
+    if not isinstance(clauses, list):
+        return clauses, []
+    kept, users = [], []
+    for clause in clauses:
+        if isinstance(clause, Mapping) and isinstance(clause.get("user_id"), str):
+            clause = dict(clause)
+            users.append(clause.pop("user_id"))
+        kept.append(clause)
+    return kept, users
+
+
+def _names_user(filters: Any) -> bool:
+    """Whether ``user_id`` is a key anywhere in ``filters``, at any depth."""
+    if isinstance(filters, Mapping):
+        return "user_id" in filters or any(_names_user(v) for v in filters.values())
+    if isinstance(filters, list):
+        return any(_names_user(v) for v in filters)
+    return False
 
 
 def to_epoch(value: Any) -> float:

@@ -25,7 +25,7 @@ from .filters import compile_filter, split_scope
 from .ops import Mem0Ops, MemoryNotFound
 from .shapes import messages_to_pages
 
-__all__ = ["SEARCH_DEFAULT", "Memory", "resolve_user", "result_count"]
+__all__ = ["SEARCH_DEFAULT", "Memory", "listing_size", "resolve_user", "result_count"]
 
 #: Results a search gives when neither ``top_k`` nor ``limit`` is given: mem0 2's default.
 SEARCH_DEFAULT = 20
@@ -78,13 +78,18 @@ class Memory:
         metadata: Mapping[str, Any] | None = None,
         timestamp: float | str | None = None,
         infer: bool = True,
+        prompt: str | None = None,
+        memory_type: str | None = None,
     ) -> dict[str, Any]:
         """Remember ``messages`` (a string, a message dict or an OpenAI-style list): each user
         message with the assistant's answer becomes one page, stored before this returns.
 
         ``infer`` is accepted for mem0 code: MemoryOS always keeps the exchange verbatim and
-        derives long-term facts from it in the background, so both values store the same."""
+        derives long-term facts from it in the background, so both values store the same.
+        ``prompt`` and ``memory_type`` (mem0's extraction prompt and memory kind) are accepted
+        as None only: see :func:`_refuse_mem0_extraction`."""
         del infer
+        _refuse_mem0_extraction(prompt=prompt, memory_type=memory_type)
         uid = _need_user(user_id)
         pages = messages_to_pages(
             messages,
@@ -153,7 +158,7 @@ class Memory:
         ``page_size`` per page (``top_k`` / ``limit``: mem0's names for the size of the first
         page, default 100). Adds ``count`` and ``has_more``."""
         uid, rest = resolve_user(user_id, filters, agent_id=agent_id, run_id=run_id)
-        size = page_size if page_size is not None else result_count(top_k, limit, 100)
+        size = listing_size(page_size, limit, top_k)
         keep = compile_filter(rest) if rest else None
         return self._ops.list(uid, page=page, page_size=size, keep=keep)
 
@@ -282,6 +287,28 @@ def result_count(top_k: int | None, limit: int | None, default: int) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError("top_k must be an integer >= 1")
     return k
+
+
+def listing_size(page_size: int | None, limit: int | None, top_k: int | None) -> int:
+    """A listing's page size: ``page_size``, or mem0's ``limit`` / ``top_k`` for it (default
+    100). Several that differ are refused, in Python as over HTTP: one of them would be
+    ignored silently otherwise."""
+    if len({v for v in (page_size, limit, top_k) if v is not None}) > 1:
+        raise ValueError("give one of page_size, limit and top_k")
+    return page_size if page_size is not None else result_count(top_k, limit, 100)
+
+
+def _refuse_mem0_extraction(**given: Any) -> None:
+    """Refuse mem0's extraction settings (``prompt``, ``memory_type``) when set: memoryos-gpu
+    derives memories with its own stages (docs/migrating-from-mem0.md), so honouring the call
+    would mean ignoring them silently. None, what mem0 code passes by default, is accepted."""
+    named = sorted(k for k, v in given.items() if v is not None)
+    if named:
+        raise ValueError(
+            f"{', '.join(named)} not supported: memoryos-gpu keeps each exchange verbatim and "
+            "derives memories with its own stages, not a mem0 extraction prompt or memory type "
+            "(see docs/migrating-from-mem0.md)"
+        )
 
 
 def _engine_config(config: EngineConfig | Mapping[str, Any] | None) -> EngineConfig:

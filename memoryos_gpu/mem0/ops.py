@@ -77,7 +77,7 @@ class Mem0Ops:
         if keep is None:  # a window read of the pages; knowledge after them
             pages, n_pages = store.page_window(user_id, offset, page_size)
             items = self._page_items(user_id, user["assistant_id"], pages)
-            knowledge = self._knowledge_items(user_id)
+            knowledge = self._knowledge_items(user_id, user["assistant_id"])
             room = page_size - len(items)
             start = max(0, offset - n_pages)
             items += knowledge[start : start + room] if room > 0 else []
@@ -88,7 +88,7 @@ class Mem0Ops:
     def _matching(self, user_id: str, assistant: str | None, keep: Predicate) -> list[dict]:
         """Every memory of the user that ``keep`` accepts, oldest first (pages, knowledge)."""
         pages = self._page_items(user_id, assistant, self.engine.store.user_pages(user_id))
-        return [i for i in pages + self._knowledge_items(user_id) if keep(i)]
+        return [i for i in pages + self._knowledge_items(user_id, assistant) if keep(i)]
 
     def rank(
         self,
@@ -133,7 +133,7 @@ class Mem0Ops:
                         e.text,
                         created=None,
                         user_id=owner,
-                        assistant_id=None if owner else assistant,
+                        assistant_id=assistant,
                     ),
                 )
                 for e in entries
@@ -157,7 +157,8 @@ class Mem0Ops:
 
     def history(self, memory_id: str) -> list[dict[str, Any]]:
         """mem0's history of a memory (added, each edit, deleted), oldest first; [] for an
-        id that names nothing (a deleted memory keeps its history)."""
+        id that names nothing: neither stored nor named by the audit (a deleted memory keeps
+        its history; an ADD is made up only for a knowledge entry that exists or existed)."""
         mid = parse_memory_id(memory_id)
         if mid is None:
             return []
@@ -165,6 +166,8 @@ class Mem0Ops:
         found = self._find(memory_id)
         owners = self.history_owners(memory_id)
         events = [e for o in owners for e in store.item_history(o, mid.kind, mid.number)]
+        if found is None and not events:
+            return []
         events.sort(key=lambda e: e["event_id"])
         adds = [i for i, e in enumerate(events) if e["action"] == "add"]
         if found is not None and adds:  # SQLite may reuse a deleted page's id: the live one's
@@ -250,11 +253,9 @@ class Mem0Ops:
             row = store.page_rows([mid.number]).get(mid.number)
             if row is None:
                 return None
-            user = store.user_row(row["user_id"]) or {}
             updated = store.last_updates(row["user_id"], "page").get(mid.number)
-            item = page_item(
-                row, user_id=row["user_id"], assistant_id=user.get("assistant_id"), updated=updated
-            )
+            assistant = _user_assistant(store, row["user_id"])
+            item = page_item(row, user_id=row["user_id"], assistant_id=assistant, updated=updated)
             return item, row["user_id"]
         row = store.knowledge_rows([mid.number]).get(mid.number)
         if row is None or not row["live"]:
@@ -266,7 +267,7 @@ class Mem0Ops:
             row["text"],
             created=row["created"],
             user_id=row["owner_id"] if is_user else None,
-            assistant_id=None if is_user else row["owner_id"],
+            assistant_id=_user_assistant(store, row["owner_id"]) if is_user else row["owner_id"],
             updated=store.last_updates(owner, "knowledge").get(mid.number),
         )
         return item, owner
@@ -293,7 +294,9 @@ class Mem0Ops:
             for r in rows
         ]
 
-    def _knowledge_items(self, uid: str) -> list[dict[str, Any]]:
+    def _knowledge_items(self, uid: str, assistant: str | None) -> list[dict[str, Any]]:
+        """The user's live knowledge as items, ``agent_id`` the user's assistant (a user has
+        exactly one: a scope of it keeps the user's own facts, as it keeps their pages)."""
         store = self.engine.store
         updated = store.last_updates(uid, "knowledge")
         return [
@@ -302,11 +305,16 @@ class Mem0Ops:
                 r["text"],
                 created=r["created"],
                 user_id=uid,
-                assistant_id=None,
+                assistant_id=assistant,
                 updated=updated.get(r["entry_id"]),
             )
             for r in store.owner_knowledge("user", uid)
         ]
+
+
+def _user_assistant(store: Any, user_id: str) -> str | None:
+    """The assistant a user belongs to (the ``agent_id`` of all the user's items)."""
+    return (store.user_row(user_id) or {}).get("assistant_id")
 
 
 def _check_not_blanked(page: dict[str, Any], text: str | None, agent_response: str | None) -> None:

@@ -5,8 +5,9 @@ A mem0 "memory" is one of two things here, told apart by its id:
 * ``page-<n>``: a dialogue page (one exchange: the user's message and the assistant's answer),
   in short- or mid-term memory (``tier`` ``"stm"`` / ``"mtm"``). Its ``memory`` text is
   ``"User: ...\\nAssistant: ..."``, its ``metadata`` the page's metadata.
-* ``knowledge-<n>``: a long-term knowledge entry (a fact about the user, or the assistant's
-  knowledge with ``agent_id`` set), ``tier`` ``"lpm"``.
+* ``knowledge-<n>``: a long-term knowledge entry (a fact about the user, with ``user_id`` and
+  the user's assistant as ``agent_id``, or the assistant's knowledge, with ``agent_id`` only),
+  ``tier`` ``"lpm"``.
 
 Both carry mem0's fields (``id``, ``memory``, ``hash``, ``metadata``, ``created_at``,
 ``updated_at``, ``user_id``, ``agent_id``, ``run_id``, and ``score`` in search results) plus
@@ -226,7 +227,8 @@ def knowledge_item(
     assistant_id: str | None,
     updated: float | None = None,
 ) -> dict[str, Any]:
-    """A knowledge entry as a mem0 item (``agent_id`` set for the assistant's knowledge)."""
+    """A knowledge entry as a mem0 item: the user's (``user_id`` and ``agent_id``, the user's
+    assistant) or the assistant's (``agent_id`` only)."""
     return _item(
         MemoryId("knowledge", int(entry_id)),
         text,

@@ -17,7 +17,13 @@ from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 
 from memoryos_gpu.mem0.filters import Predicate, compile_filter
-from memoryos_gpu.mem0.memory import SEARCH_DEFAULT, add_results, resolve_user, result_count
+from memoryos_gpu.mem0.memory import (
+    SEARCH_DEFAULT,
+    add_results,
+    listing_size,
+    resolve_user,
+    result_count,
+)
 from memoryos_gpu.mem0.ops import Mem0Ops, MemoryNotFound, check_paging
 from memoryos_gpu.mem0.shapes import messages_to_pages
 from memoryos_gpu.server import models as m
@@ -148,11 +154,8 @@ def add_mem0_routes(
         top_k: Annotated[int | None, Query(ge=1, le=1000, description="Also page_size.")] = None,
     ) -> Any:
         scope = _tenancy(request)
-        sizes = {v for v in (page_size, limit, top_k) if v is not None}
-        if len(sizes) > 1:
-            raise ApiError(422, "invalid_input", "give one of page_size, limit and top_k")
-        page_size = sizes.pop() if sizes else 100
         try:  # the page's offset must fit the store's 64-bit integers (else a driver 500)
+            page_size = listing_size(page_size, limit, top_k)
             check_paging(page, page_size)
         except ValueError as exc:
             raise ApiError(422, "invalid_input", str(exc)) from None

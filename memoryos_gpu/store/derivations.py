@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memoryos_gpu.store.rows import audit_owner
+
 KNOWLEDGE = "knowledge"
 PROFILE = "profile"
 
@@ -44,6 +46,7 @@ class Forgotten:
     reanalysed: list[int] = field(default_factory=list)  # pages marked for re-analysis
     elsewhere: list[tuple[int, str]] = field(default_factory=list)  # (page, user) not held here
     assistant: list[tuple[str, int]] = field(default_factory=list)  # (assistant, seq) removed
+    owners: list[tuple[int, str]] = field(default_factory=list)  # (entry, its audit owner)
 
 
 def _chunks(ids: Iterable[int], size: int = 500) -> list[list[int]]:
@@ -175,14 +178,13 @@ def _remove(
     ``drop_user`` goes too (its pages are being deleted)."""
     out = Forgotten()
     for chunk in _chunks(entries):
-        out.assistant += [
-            (str(r[0]), int(r[1]))
-            for r in db.execute(
-                "SELECT owner_id, seq FROM knowledge WHERE owner_kind = 'assistant' AND "
-                f"entry_id IN ({_marks(chunk)})",
-                chunk,
-            ).fetchall()
-        ]
+        rows = db.execute(
+            f"SELECT entry_id, owner_kind, owner_id, seq FROM knowledge WHERE entry_id IN "
+            f"({_marks(chunk)})",
+            chunk,
+        ).fetchall()
+        out.owners += [(int(e), audit_owner(str(k), str(o))) for e, k, o, _ in rows]
+        out.assistant += [(str(o), int(q)) for _, k, o, q in rows if k == "assistant"]
         db.execute(
             "DELETE FROM provenance WHERE item_kind = 'knowledge' AND item_id IN "
             f"({_marks(chunk)})",

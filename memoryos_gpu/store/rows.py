@@ -130,3 +130,9 @@ class PageView(NamedTuple):
     chain_id: int | None  # the dialogue chain the page is on (MTM pages)
     meta: str | None  # that chain's meta summary
     extra: dict[str, Any]
+
+
+def audit_owner(owner_kind: str, owner_id: str) -> str:
+    """The audit's owner of a knowledge entry: its user, or ``assistant:<id>`` for an
+    assistant's entry (one name space with the users in the audit's ``user_id`` column)."""
+    return owner_id if owner_kind == "user" else f"assistant:{owner_id}"
