@@ -107,9 +107,17 @@ def test_delete_user_leaves_nothing(backend: Backend) -> None:
     talk(e, "victim", [f"I keep a zqsecretword {i} note." for i in range(6)])
     assert "zqsecretword" in dumped(e, "other")  # the shared assistant learned it
     assert store_holds(backend, spec, "zqsecretword")
+    learned = {k["entry_id"] for k in e.knowledge("other")["assistant"]}
     assert e.delete_user("victim")
     assert e.store.rows_about("victim") == 0
     assert "zqsecretword" not in dumped(e, "other")
+    gone = learned - {k["entry_id"] for k in e.knowledge("other")["assistant"]}
+    deleted = {
+        h["item_id"]
+        for h in e.history("assistant:default")
+        if (h["action"], h["item_kind"]) == ("delete", "knowledge")
+    }
+    assert gone and gone <= deleted  # the assistant's history says what went with the user
     assert "zqsecretword" not in e.extractor.df
     e.close()
     assert store_holds(backend, spec, "zqsecretword") == []

@@ -41,6 +41,7 @@ from memoryos_gpu.store.errors import (
     open_error,
 )
 from memoryos_gpu.store.reads import StoreReads
+from memoryos_gpu.store.rows import audit_owner
 from memoryos_gpu.store.sqlite_schema import SCHEMA_V1, Migration, run_sql
 from memoryos_gpu.store.wal import BACKSTOP_PAGES, WalCheckpointer
 
@@ -617,17 +618,16 @@ class SQLiteStore(StoreReads):
         forgotten = forget_pages(db, pages, drop_user=user_id)
         # assistant entries learned from the user without provenance rows (written with
         # MemoryConfig(provenance=False)) still name the user as their source
-        learned = [
-            int(r[0])
-            for r in db.execute(
-                "SELECT entry_id FROM knowledge WHERE owner_kind = 'assistant' AND source_user = ?",
-                (user_id,),
-            ).fetchall()
-        ]
+        learned = db.execute(
+            "SELECT entry_id, owner_id FROM knowledge WHERE owner_kind = 'assistant' AND "
+            "source_user = ?",
+            (user_id,),
+        ).fetchall()
         db.execute(
             "DELETE FROM knowledge WHERE owner_kind = 'assistant' AND source_user = ?", (user_id,)
         )
-        forgotten.entries = sorted({*forgotten.entries, *learned})
+        forgotten.owners += [(int(e), audit_owner("assistant", str(a))) for e, a in learned]
+        forgotten.entries = sorted({*forgotten.entries, *(int(e) for e, _ in learned)})
         db.execute("DELETE FROM pending WHERE user_id = ?", (user_id,))
         db.execute("DELETE FROM pages WHERE user_id = ?", (user_id,))
         db.execute("DELETE FROM chains WHERE user_id = ?", (user_id,))
@@ -639,4 +639,8 @@ class SQLiteStore(StoreReads):
         if cur.rowcount <= 0:
             return None
         self.audit(db, user_id, "delete", "user", None, {"pages": len(pages)})
+        # the assistants' entries learned from the user: their deletion in the assistant's
+        # history (the user's own events went with the user)
+        others = {(e, o) for e, o in forgotten.owners if o != user_id}
+        self.audit_many(db, [(o, "delete", "knowledge", e) for e, o in sorted(others)])
         return forgotten
