@@ -150,6 +150,7 @@ class EngineState:
         # and whether a failed apply's reload is still owed (write_transaction)
         self.reload: Callable[[], None] | None = None
         self.reload_owed = False
+        self._claims_lost = store.claims_lost  # a new loss: another writer may have written
         # set by MemoryEngine.close (under the lock): every write and retrieval refuses from
         # then on (check_open), the store's statements too (StoreClosedError)
         self.closed = False
@@ -279,7 +280,12 @@ class EngineState:
 
     def reload_if_owed(self) -> None:
         """The reload a failed apply still owes (see :meth:`write_transaction`), done before
-        a derived round reads its inputs, so the round does not read a half-applied state."""
+        a derived round reads its inputs, so the round does not read a half-applied state;
+        also after the store's writer claim was lost (PostgreSQL restarted under it: another
+        writer may have written before the claim was taken again)."""
+        lost = self.store.claims_lost
+        if lost != self._claims_lost:
+            self._claims_lost, self.reload_owed = lost, True
         if self.reload_owed:
             self._reload()
 

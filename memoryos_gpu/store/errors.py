@@ -31,6 +31,14 @@ class StoreUnavailableError(StoreError):
     trying to load an engine whose store was unavailable at start."""
 
 
+class WriterClaimLostError(StoreUnavailableError):
+    """This engine's writer claim on a PostgreSQL store went with the claim's connection (the
+    database server restarted, or dropped the session), found by a write, which was not
+    committed. The claim is taken again at once (or, while another writer holds it, at the
+    next write: refused meanwhile, naming the holder), and the engine reloads its memory from
+    the store before its next write: another writer may have written in between."""
+
+
 class StoreFullError(StoreError):
     """The store's disk is full: the transaction that met it was rolled back, what was
     committed before it is kept."""

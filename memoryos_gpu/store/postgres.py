@@ -36,6 +36,7 @@ from a slow statement), so that no call waits without limit.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import socket
 import threading
@@ -50,6 +51,7 @@ from memoryos_gpu.store.errors import (
     StoreError,
     StoreFullError,
     StoreUnavailableError,
+    WriterClaimLostError,
 )
 from memoryos_gpu.store.pg_connection import (
     KEEPALIVES,
@@ -74,6 +76,8 @@ try:
     from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError:  # pragma: no cover - exercised only without the extra installed
     psycopg = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
 
 # Held (session-level) while a store is created or migrated, so two engines opening a new
 # database at once do not both create the schema. Any constant unique to memoryos-gpu.
@@ -377,6 +381,8 @@ class PostgresStore(SQLiteStore):
                     tx = PgConnection(conn)
                     self._tx, self._tx_owner, self._depth = tx, threading.get_ident(), 1
                     try:
+                        if self._writer is not None:
+                            self._writer.check(conn)
                         yield tx
                         conn.execute("COMMIT")
                     except BaseException:
@@ -435,6 +441,11 @@ class PostgresStore(SQLiteStore):
                 self._closed = True
                 self._pool.close()
                 self._release_writer()
+
+    @property
+    def claims_lost(self) -> int:  # type: ignore[override]
+        """Times the writer claim was found lost (:meth:`WriterClaim.check`)."""
+        return self._writer.lost if self._writer is not None else 0
 
     def _release_writer(self) -> None:
         if self._writer is not None:
@@ -542,11 +553,19 @@ class WriterClaim:
         self.shard = _check_shard(shard)
         name = f"{_short(command_line())} pid {os.getpid()} on {socket.gethostname()}"
         self._name = name.encode()[:63].decode("utf-8", "ignore")  # the server keeps 63 bytes
+        self._owner = store
+        self._timeout = timeout
+        self.lost = 0  # times the claim was found gone (PostgresStore.claims_lost)
+        self._take()
+
+    def _take(self) -> None:
+        """Connect the claim's own session and take the claim on it."""
+        store = self._owner
         try:
             self._conn = WatchedConnection.connect(
                 store.url,
                 autocommit=True,
-                **{**store.connect_kwargs, "connect_timeout": timeout},
+                **{**store.connect_kwargs, "connect_timeout": self._timeout},
                 application_name=self._name,
             )
         except psycopg.Error as exc:
@@ -557,6 +576,46 @@ class WriterClaim:
         except BaseException:
             self._conn.close()
             raise
+        self._pid = self._conn.info.backend_pid
+
+    def check(self, conn: psycopg.Connection) -> None:
+        """Raise :class:`WriterClaimLostError` when the claim's session no longer holds its
+        lock, asked in ``conn``'s open write transaction (one statement): the server dropped
+        it (a restart), so another writer could take the store. The claim is taken again
+        first (or the error names the writer that holds it now); either way the write fails
+        and ``lost`` counts it, so the engine reloads what another writer may have written."""
+        key = _WHOLE if self.shard is None else (self.shard[1] << 16) | self.shard[0]
+        held = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND pid = %s AND classid = %s::bigint::oid AND objid = %s::bigint::oid "
+            "AND objsubid = 2)",
+            (self._pid, self.namespace, key),
+        ).fetchone()[0]
+        if held:
+            return
+        from memoryos_gpu.store.writer import StoreLockedError
+
+        self.lost += 1
+        log.warning(
+            "the writer claim on %s was lost (its session is gone): taking it again", self.store
+        )
+        self.release()
+        try:
+            self._take()
+        except StoreLockedError as exc:
+            raise WriterClaimLostError(
+                f"the writer claim on {self.store} was lost (the database dropped its "
+                f"session) and another writer holds the store now; writes are refused until "
+                f"it is done: {exc}"
+            ) from None
+        except StoreUnavailableError as exc:
+            raise WriterClaimLostError(
+                f"the writer claim on {self.store} was lost: {exc}"
+            ) from None
+        raise WriterClaimLostError(
+            f"the writer claim on {self.store} was lost (the database dropped its session) "
+            "and is taken again; this write was not committed: retry it"
+        )
 
     def _claim(self) -> None:
         schema = self._conn.execute("SELECT current_schema()").fetchone()[0]

@@ -89,6 +89,10 @@ class SQLiteStore(StoreReads):
     fit the file is a :class:`StoreError` at open.
     """
 
+    #: Times this store's writer claim was found lost (PostgreSQL: its session dropped by a
+    #: server restart); a file lock is never lost. The engine reloads when it moves.
+    claims_lost: int = 0
+
     #: Whether the store is encrypted at rest (its key is never kept on the object).
     encrypted: bool = False
 
