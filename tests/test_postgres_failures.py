@@ -574,3 +574,22 @@ def test_driver_errors_are_named_by_their_class() -> None:
     )
     assert type(said) is StoreError and "timed out" in str(said)
     assert store._failure(psycopg.errors.UniqueViolation("duplicate key")) is None
+
+
+@pytest.mark.parametrize("encoding", ["SQL_ASCII", "LATIN1"])
+def test_a_database_not_in_utf8_is_refused_saying_so(pg: Backend, encoding: str) -> None:
+    """SQL_ASCII answered SHOW with bytes, and the open failed with a TypeError traceback."""
+    from memoryos_gpu.store import open_store
+
+    name = f"enc_{encoding.lower()}_{uuid.uuid4().hex[:8]}"
+    admin(
+        pg,
+        f"CREATE DATABASE {name} ENCODING '{encoding}' TEMPLATE template0 "
+        "LC_COLLATE 'C' LC_CTYPE 'C'",
+    )
+    try:
+        url = pg.pg_url.rsplit("/", 1)[0] + f"/{name}"
+        with pytest.raises(StoreError, match=f"server encoding {encoding}; .* needs a UTF8"):
+            open_store(url)
+    finally:
+        admin(pg, f"DROP DATABASE {name}")

@@ -143,15 +143,17 @@ class PostgresStore(SQLiteStore):
                 statement_timeout = probe.execute("SHOW statement_timeout").fetchone()[0]
         except psycopg.Error as exc:
             raise self._connect_error(exc) from None
+        # first: a SQL_ASCII server answers SHOW with bytes, which nothing below parses
+        if isinstance(encoding, bytes) or encoding.upper() not in ("UTF8", "UTF-8"):
+            shown = encoding.decode("ascii", "replace") if isinstance(encoding, bytes) else encoding
+            raise StoreError(
+                f"store {self.path} uses server encoding {shown}; memoryos-gpu needs a UTF8 "
+                "database (CREATE DATABASE ... ENCODING 'UTF8')"
+            )
         #: how long a call waits on a silent server (:class:`WatchedConnection`), from the
         #: statement_timeout the connections get (the URL's, the role's or the server's)
         self._statement_timeout_ms = milliseconds(statement_timeout)
         self._limit = limit = StatementLimit.of(self._statement_timeout_ms)
-        if encoding.upper() not in ("UTF8", "UTF-8"):
-            raise StoreError(
-                f"store {self.path} uses server encoding {encoding}; memoryos-gpu needs a UTF8 "
-                "database (CREATE DATABASE ... ENCODING 'UTF8')"
-            )
         #: why the pool last failed to open a connection (named when a caller times out)
         self._connect_failures = ConnectFailures()
         self._pool = ConnectionPool(
