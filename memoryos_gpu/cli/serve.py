@@ -108,7 +108,7 @@ def serve(
     store = resolve_store(o)
     cfg = build_config(o, store=store)
     settings = server_settings(o)
-    shards = store_shards(store)
+    shards = _layout_shards(store, engines)
     if engines and shards > 1 and engines != shards:  # users are placed by hash mod count
         raise UsageFailure(f"{store} holds {shards} shards: serve it with --engines {shards}")
     engines = engines or shards
@@ -139,6 +139,24 @@ def serve(
         run(**call)
     except ValueError as exc:  # a store laid out for another shard count, ...
         raise UsageFailure(str(exc)) from None
+
+
+def _layout_shards(store: str, engines: int | None) -> int:
+    """The store's shard count; for a PostgreSQL store whose server is not up yet, the
+    ``--engines`` asked for (else 1), said in a warning: the server starts and waits for the
+    database (``/ready`` 503 meanwhile, its load retried), as a server started from Python does,
+    instead of exiting when it and the database start in either order."""
+    from memoryos_gpu.store import StoreUnavailableError
+
+    try:
+        return store_shards(store)
+    except StoreUnavailableError as exc:
+        click.echo(
+            f"warning: {exc}; serving {engines or 1} engine(s) once it answers (/ready says "
+            "503 until then); a store of N shards needs --engines N",
+            err=True,
+        )
+        return engines or 1
 
 
 def _serve_ray(

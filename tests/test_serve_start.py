@@ -1,7 +1,9 @@
-"""The config file's ``[server]`` table: the HTTP server's settings beside the engine's in one
-TOML. ``memoryos-gpu serve`` and ``server.app.run(config=...)`` apply them (a flag or keyword
-given in Python wins), every other command reads the same file and leaves the table alone,
-and a bad table is refused before anything starts, naming the key."""
+"""How ``memoryos-gpu serve`` starts. The config file's ``[server]`` table: the HTTP server's
+settings beside the engine's in one TOML. ``memoryos-gpu serve`` and
+``server.app.run(config=...)`` apply them (a flag or keyword given in Python wins), every other
+command reads the same file and leaves the table alone, and a bad table is refused before
+anything starts, naming the key. A PostgreSQL store whose server is not up yet: serve starts
+and waits for it."""
 
 from __future__ import annotations
 
@@ -112,3 +114,18 @@ def test_run_reads_the_table_under_its_keywords(tmp_path: Path, captured: list[A
     run(store=str(tmp_path / "store"), config=cfg, api_keys={KEY_A: "acme"}, max_text_chars=50)
     settings = captured[0].state.settings
     assert (settings.max_text_chars, settings.rate_limit_per_s) == (50, 3.5)
+
+
+def test_serve_on_a_postgres_store_not_up_yet_starts_and_waits(
+    tmp_path: Path, captured: list[Any]
+) -> None:
+    """Reading the store's shard count opened it before the server started, so `serve` exited
+    with the connection error when the database was not up yet; it starts now (its load
+    retries, /ready 503 meanwhile), saying in a warning what it serves."""
+    pytest.importorskip("psycopg")
+    _cfg, keys = files(tmp_path)
+    down = "postgresql://memoryos@127.0.0.1:1/db"  # nothing listens on port 1
+    args = ["serve", "--store", down, "--embedder", "hashing", "--workers", "0"]
+    res = CliRunner().invoke(cli, [*args, "--api-keys", keys])
+    assert res.exit_code == 0, res.output
+    assert len(captured) == 1 and "serving 1 engine(s) once it answers" in res.output
