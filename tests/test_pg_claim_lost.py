@@ -8,6 +8,7 @@ Skipped without ``$MEMORYOS_GPU_TEST_PG_URL`` (tests/store_backends.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,11 @@ def drop_claim(b: Backend, e: MemoryEngine) -> None:
     pid = e.store._writer._pid
     with psycopg.connect(b.pg_url, autocommit=True) as conn:
         assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+        deadline = time.monotonic() + 30  # the backend ends (and drops its locks) after
+        gone = "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)"
+        while not conn.execute(gone, (pid,)).fetchone()[0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
 
 
 def test_a_lost_claim_is_taken_again_by_the_next_write(pg: Backend) -> None:

@@ -194,6 +194,48 @@ def test_a_server_that_refuses_connections_is_unavailable_until_it_is_back(
         admin(pg, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def test_while_the_server_is_down_calls_fail_fast_after_the_first(pg: Backend) -> None:
+    """Each call waited the pool's whole timeout (30 s) for a connection, under the engine
+    lock for a write: a queue of writes and deletions during an outage was refused one per
+    30 s. Once a call found the server down, the next wait DOWN_WAIT_S; the first call served
+    again ends it."""
+    name = f"pgdown_{uuid.uuid4().hex[:10]}"
+    admin(pg, f'CREATE DATABASE "{name}"')
+    base = pg.pg_url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        st = PostgresStore(named(base, name), connect_timeout=2)
+        try:
+            st._pool.timeout, st.DOWN_WAIT_S = 2.0, 0.2
+            admin(pg, f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+            admin(
+                pg,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+            waited: list[float] = []
+            while len(waited) < 3:  # (a call may meet the terminated connection first)
+                t0 = time.monotonic()
+                with pytest.raises(StoreUnavailableError) as info:
+                    st.query("SELECT 1")
+                if "within" in str(info.value) or waited:
+                    waited.append(time.monotonic() - t0)
+            assert waited[0] >= 1.9 and max(waited[1:]) < 1.0, waited
+            admin(pg, f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    assert st.query("SELECT 1") == [(1,)]
+                    break
+                except StoreUnavailableError:
+                    assert time.monotonic() < deadline
+            assert not st._down
+        finally:
+            st.close()
+    finally:
+        admin(pg, f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+        admin(pg, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 # ====================================================================== the HTTP server
 def test_the_error_mapping_answers_store_unavailable_503_with_retry_after() -> None:
     pytest.importorskip("fastapi")

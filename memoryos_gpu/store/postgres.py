@@ -156,6 +156,8 @@ class PostgresStore(SQLiteStore):
         self._limit = limit = StatementLimit.of(self._statement_timeout_ms)
         #: why the pool last failed to open a connection (named when a caller times out)
         self._connect_failures = ConnectFailures()
+        self._down = False  # the last call found no connection while the server was down
+        self._wait = 30.0  # how long the last call waited for a connection (its error says)
         self._pool = ConnectionPool(
             url,
             min_size=1,
@@ -247,7 +249,7 @@ class PostgresStore(SQLiteStore):
         if psycopg is None:
             return None
         if isinstance(exc, PoolTimeout):
-            seconds = self._pool.timeout
+            seconds = self._wait
             return StoreUnavailableError(
                 f"no connection to store {self.path} within {seconds:g} s"
                 + (
@@ -341,10 +343,26 @@ class PostgresStore(SQLiteStore):
         tx = self._tx
         return tx if tx is not None and self._tx_owner == threading.get_ident() else None
 
+    #: How long a call waits for a pooled connection while the server is known down (the
+    #: call before found none in time, and opening one failed meanwhile), instead of the pool's
+    #: 30 s: a write waits under the engine lock, so a queue of writes and deletions during an
+    #: outage was refused one per 30 s (a deletion answered after 1-2 minutes). The first call
+    #: the pool serves again ends it.
+    DOWN_WAIT_S: float = 1.0
+
     def _getconn(self) -> Any:
         if self._closed:
             raise StoreClosedError(f"store {self.path} is closed")
-        return self._pool.getconn()  # a PoolTimeout: named by the caller's _failures()
+        self._wait = wait = self.DOWN_WAIT_S if self._down else self._pool.timeout
+        try:
+            conn = self._pool.getconn(timeout=wait)
+        except PoolTimeout:  # named by the caller's _failures()
+            # down, not busy: the pool met connection failures while this call waited (and
+            # down it stays until a call is served)
+            self._down = self._down or self._connect_failures.within(wait) is not None
+            raise
+        self._down = False
+        return conn
 
     @contextmanager
     def transaction(  # type: ignore[override]
