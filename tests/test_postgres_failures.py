@@ -635,3 +635,12 @@ def test_a_database_not_in_utf8_is_refused_saying_so(pg: Backend, encoding: str)
             open_store(url)
     finally:
         admin(pg, f"DROP DATABASE {name}")
+
+
+def test_a_search_path_of_no_existing_schema_is_refused_saying_so(pg: Backend) -> None:
+    """It failed creating the tables, with a piece of the CREATE TABLE statement as message."""
+    from memoryos_gpu.store import open_store
+
+    url = f"{pg.pg_url}?options=-csearch_path%3Dno_such_schema_zq"
+    with pytest.raises(StoreError, match=r"no schema of its search_path \(no_such_schema_zq\)"):
+        open_store(url)

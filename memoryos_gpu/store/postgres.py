@@ -141,8 +141,16 @@ class PostgresStore(SQLiteStore):
                 if encoding is None:
                     encoding = probe.execute("SHOW server_encoding").fetchone()[0]
                 statement_timeout = probe.execute("SHOW statement_timeout").fetchone()[0]
+                schema, path = probe.execute(
+                    "SELECT current_schema(), current_setting('search_path')"
+                ).fetchone()
         except psycopg.Error as exc:
             raise self._connect_error(exc) from None
+        if schema is None:  # else creating the tables fails with raw SQL in the message
+            raise StoreError(
+                f"store {self.path}: no schema of its search_path ({path}) exists: create it "
+                "first (CREATE SCHEMA name), or name an existing one"
+            )
         # first: a SQL_ASCII server answers SHOW with bytes, which nothing below parses
         if isinstance(encoding, bytes) or encoding.upper() not in ("UTF8", "UTF-8"):
             shown = encoding.decode("ascii", "replace") if isinstance(encoding, bytes) else encoding
