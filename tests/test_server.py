@@ -104,6 +104,11 @@ def test_probes_auth_and_openapi() -> None:
         for path, ops in spec["paths"].items():
             for meth, op in ops.items():
                 assert op.get("summary") and op.get("description"), (path, meth)
+        probes = {p: set(spec["paths"][p]["get"]["responses"]) for p in ("/health", "/ready")}
+        assert probes == {"/health": {"200"}, "/ready": {"200", "503"}}  # no key: no 401
+        assert {"401", "429"} <= set(spec["paths"]["/v1/users"]["get"]["responses"])
+        for probe in ("/health", "/metrics"):  # what the spec says: 200 with any key or none
+            assert c.get(probe, headers={"Authorization": "Bearer wrong"}).status_code == 200
         for path, meth in v1:
             url = path.replace("{user_id}", "alice").replace("{page_id}", "1")
             url = url.replace("{entry_id}", "1")

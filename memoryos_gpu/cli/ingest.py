@@ -199,7 +199,7 @@ def ingest(
     try:
         formats = resolve_formats(files, fmt)
     except FormatError as exc:
-        raise UsageFailure(f"{exc} (use --format to choose one)") from None
+        raise UsageFailure(str(exc)) from None
     try:
         shard_obj = Shard.parse(shard) if shard else None
     except ValueError as exc:
@@ -629,6 +629,9 @@ def _merge(
         elapsed_s=elapsed,
         interrupted=interrupted_any,
         workers=workers,
+        shard=None,  # the run covers every shard: no record is left to another
+        other_shards=0,
+        batch_size=shards[0].get("batch_size") if shards else None,
         store=str(base),
         rejects_path=str(merged_rejects),
         rejects_raw=all(r.get("rejects_raw", True) for r in shards),

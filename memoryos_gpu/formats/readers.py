@@ -167,7 +167,8 @@ def _classify(obj: object) -> str | None:
 
 _DETECT_HINT = (
     "expected JSON objects with user_input/agent_response (jsonl), conversations (sharegpt), "
-    "messages (openai) or conversation.speaker_a (locomo); pass format= explicitly to override"
+    "messages (openai) or conversation.speaker_a (locomo); name the format to override "
+    "(--format on the command line, format= in Python)"
 )
 
 

@@ -36,7 +36,7 @@ from memoryos_gpu.server.edge import Edge, ErrorMapper
 from memoryos_gpu.server.mem0_routes import add_mem0_routes
 from memoryos_gpu.server.memory_routes import add_memory_routes
 from memoryos_gpu.server.metrics import ServerMetrics
-from memoryos_gpu.server.ops_routes import add_probe_routes, add_stats_route
+from memoryos_gpu.server.ops_routes import PROBE_ANSWERS, add_probe_routes, add_stats_route
 from memoryos_gpu.server.page_routes import add_page_routes
 from memoryos_gpu.server.paths import ApiRoute
 from memoryos_gpu.server.scope import TENANCY, ApiError, Scope
@@ -230,9 +230,12 @@ def _document_security(app: FastAPI, keyed: bool) -> None:
             + ("" if keyed else " (this server runs open: no key needed)"),
         }
         for path, ops in schema.get("paths", {}).items():
-            if path.startswith("/v1/"):
-                for op in ops.values():
+            for op in ops.values():
+                if path.startswith("/v1/"):
                     op["security"] = [{"ApiKey": []}]
+                elif path in PROBE_ANSWERS:  # no key, no body: none of the app-wide refusals
+                    keep = PROBE_ANSWERS[path]
+                    op["responses"] = {c: r for c, r in op["responses"].items() if c in keep}
         app.openapi_schema = schema
         return schema
 

@@ -17,6 +17,15 @@ from memoryos_gpu.server.settings import ServerSettings
 __all__ = ["add_probe_routes", "add_stats_route"]
 
 
+#: What each probe answers (it needs no key and takes no body, so the API description lists
+#: none of the app-wide refusals for it: 401, 403, 413, 415, 422, 429).
+PROBE_ANSWERS: dict[str, tuple[str, ...]] = {
+    "/health": ("200",),
+    "/ready": ("200", "503"),
+    "/metrics": ("200",),
+}
+
+
 def add_probe_routes(
     app: FastAPI, service: Any, settings: ServerSettings, metrics: ServerMetrics
 ) -> None:
