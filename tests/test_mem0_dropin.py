@@ -6,38 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from test_mem0 import _chat, _facts
 
 from memoryos_gpu.mem0 import Memory
 
 
-def _facts(req: Any) -> dict[str, Any]:
-    return {
-        "profile_updates": {},
-        "user_facts": ["Ana keeps bees on her roof."],
-        "assistant_facts": ["The assistant recommended a bee suit."],
-    }
-
-
 @pytest.fixture
 def memory(make_engine: Any, kit: Any) -> Memory:
-    eng = make_engine(script=kit.Script(promotion=_facts), stm_capacity=2)
-    return Memory(engine=eng)
-
-
-def _chat(m: Memory, user: str, n: int, **kw: Any) -> list[str]:
-    ids = []
-    for i in range(n):
-        out = m.add(
-            [
-                {"role": "user", "content": f"{user} message number {i} about bees"},
-                {"role": "assistant", "content": f"answer {i}"},
-            ],
-            user_id=user,
-            timestamp=1_700_000_000 + 60 * i,
-            **kw,
-        )
-        ids.append(out["results"][0]["id"])
-    return ids
+    return Memory(engine=make_engine(script=kit.Script(promotion=_facts), stm_capacity=2))
 
 
 def _with_facts(m: Memory, user: str, **kw: Any) -> list[str]:

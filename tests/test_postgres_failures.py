@@ -3,7 +3,9 @@
 timeout is a StoreError that says so, a backend that stops answering (SIGSTOP: what a stuck
 backend or a hung host looks like) fails the call within its statement_timeout and a margin instead
 of hanging it, connections carry TCP keepalives, a reader does not create a store, and no message
-prints a password, however it is written in the URL.
+prints a password, however it is written in the URL. Once a call found the server down the next
+fail fast; a database that is not UTF-8, or a search_path of no existing schema, is refused
+saying so; a writer claim the server dropped is found by the next write, and taken again.
 
 The server tests use ``$MEMORYOS_GPU_TEST_PG_URL`` (tests/store_backends.py) and skip without
 it; the URL tests need no server.
@@ -17,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,9 @@ psycopg = pytest.importorskip("psycopg")
 
 from store_backends import Backend, make_backend  # noqa: E402
 
+from memoryos_gpu import EngineConfig, MemoryEngine  # noqa: E402
 from memoryos_gpu.store import StoreUnavailableError, pg_connection  # noqa: E402
-from memoryos_gpu.store.errors import StoreError  # noqa: E402
+from memoryos_gpu.store.errors import StoreError, WriterClaimLostError  # noqa: E402
 from memoryos_gpu.store.pg_connection import KEEPALIVES, PgCursor  # noqa: E402
 from memoryos_gpu.store.pg_urls import check_url, redact  # noqa: E402
 from memoryos_gpu.store.postgres import PostgresStore  # noqa: E402
@@ -162,14 +165,19 @@ def test_pooled_connections_the_server_dropped_cost_no_failed_call(pg: Backend) 
         st.close()
 
 
-def test_a_server_that_refuses_connections_is_unavailable_until_it_is_back(
-    pg: Backend,
-) -> None:
-    """What a restart looks like from the store: every connection dropped, none accepted for a
-    while (a database that does not allow connections stands in for a server starting up)."""
+@contextmanager
+def refusing(pg: Backend) -> Iterator[tuple[PostgresStore, Callable[[], None]]]:
+    """What a restart looks like from the store: a store on a database of its own (a pool
+    timeout of 2 s), then every connection dropped and none accepted (a database that does
+    not allow connections stands in for a server starting up); yields the store and what
+    lets connections in again."""
     name = f"pgfail_{uuid.uuid4().hex[:10]}"
     admin(pg, f'CREATE DATABASE "{name}"')
     base = pg.pg_url.rsplit("/", 1)[0] + f"/{name}"
+
+    def allow() -> None:
+        admin(pg, f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+
     try:
         st = PostgresStore(named(base, name), connect_timeout=2)
         try:
@@ -180,18 +188,25 @@ def test_a_server_that_refuses_connections_is_unavailable_until_it_is_back(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
                 (name,),
             )
-            with pytest.raises(StoreUnavailableError):
-                st.query("SELECT 1")
-            with pytest.raises(StoreUnavailableError), st.transaction():
-                pass
-            admin(pg, f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
-            st._pool.timeout = 30.0
-            assert st.query("SELECT 1") == [(1,)]
+            yield st, allow
         finally:
             st.close()
     finally:
-        admin(pg, f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+        allow()
         admin(pg, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_server_that_refuses_connections_is_unavailable_until_it_is_back(
+    pg: Backend,
+) -> None:
+    with refusing(pg) as (st, allow):
+        with pytest.raises(StoreUnavailableError):
+            st.query("SELECT 1")
+        with pytest.raises(StoreUnavailableError), st.transaction():
+            pass
+        allow()
+        st._pool.timeout = 30.0
+        assert st.query("SELECT 1") == [(1,)]
 
 
 def test_while_the_server_is_down_calls_fail_fast_after_the_first(pg: Backend) -> None:
@@ -199,41 +214,25 @@ def test_while_the_server_is_down_calls_fail_fast_after_the_first(pg: Backend) -
     lock for a write: a queue of writes and deletions during an outage was refused one per
     30 s. Once a call found the server down, the next wait DOWN_WAIT_S; the first call served
     again ends it."""
-    name = f"pgdown_{uuid.uuid4().hex[:10]}"
-    admin(pg, f'CREATE DATABASE "{name}"')
-    base = pg.pg_url.rsplit("/", 1)[0] + f"/{name}"
-    try:
-        st = PostgresStore(named(base, name), connect_timeout=2)
-        try:
-            st._pool.timeout, st.DOWN_WAIT_S = 2.0, 0.2
-            admin(pg, f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
-            admin(
-                pg,
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                (name,),
-            )
-            waited: list[float] = []
-            while len(waited) < 3:  # (a call may meet the terminated connection first)
-                t0 = time.monotonic()
-                with pytest.raises(StoreUnavailableError) as info:
-                    st.query("SELECT 1")
-                if "within" in str(info.value) or waited:
-                    waited.append(time.monotonic() - t0)
-            assert waited[0] >= 1.9 and max(waited[1:]) < 1.0, waited
-            admin(pg, f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    assert st.query("SELECT 1") == [(1,)]
-                    break
-                except StoreUnavailableError:
-                    assert time.monotonic() < deadline
-            assert not st._down
-        finally:
-            st.close()
-    finally:
-        admin(pg, f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
-        admin(pg, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with refusing(pg) as (st, allow):
+        st.DOWN_WAIT_S = 0.2
+        waited: list[float] = []
+        while len(waited) < 3:  # (a call may meet the terminated connection first)
+            t0 = time.monotonic()
+            with pytest.raises(StoreUnavailableError) as info:
+                st.query("SELECT 1")
+            if "within" in str(info.value) or waited:
+                waited.append(time.monotonic() - t0)
+        assert waited[0] >= 1.9 and max(waited[1:]) < 1.0, waited
+        allow()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert st.query("SELECT 1") == [(1,)]
+                break
+            except StoreUnavailableError:
+                assert time.monotonic() < deadline
+        assert not st._down
 
 
 # ====================================================================== the HTTP server
@@ -644,3 +643,63 @@ def test_a_search_path_of_no_existing_schema_is_refused_saying_so(pg: Backend) -
     url = f"{pg.pg_url}?options=-csearch_path%3Dno_such_schema_zq"
     with pytest.raises(StoreError, match=r"no schema of its search_path \(no_such_schema_zq\)"):
         open_store(url)
+
+
+# ====================================================================== the writer claim
+# The server drops the claim's session (a restart does; here pg_terminate_backend): the claim
+# was only taken at open, so another writer got in and the engine, its memory stale, failed
+# every write for that user with a UniqueViolation (500) and answered 404 for a user whose
+# pages were in the store. Now a write finds the loss out (one statement in its transaction),
+# is not committed, takes the claim again -- or names the writer that holds it now -- and the
+# engine reloads its memory from the store before the next write.
+def claiming_engine(spec: str) -> MemoryEngine:
+    return MemoryEngine(EngineConfig(store=spec, embedder="hashing", device="cpu"))
+
+
+def drop_claim(b: Backend, e: MemoryEngine) -> None:
+    """What a server restart does to the claim's session: the server ends it."""
+    pid = e.store._writer._pid
+    with psycopg.connect(b.pg_url, autocommit=True) as conn:
+        assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+        deadline = time.monotonic() + 30  # the backend ends (and drops its locks) after
+        gone = "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)"
+        while not conn.execute(gone, (pid,)).fetchone()[0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+
+def test_a_lost_claim_is_taken_again_by_the_next_write(pg: Backend) -> None:
+    spec = pg.spec("claim-again")
+    e = claiming_engine(spec)
+    try:
+        e.add("u1", "I like tea", "ok")
+        drop_claim(pg, e)
+        with pytest.raises(WriterClaimLostError, match="taken again"):
+            e.add("u1", "I like coffee", "ok")
+        e.add("u1", "I like cocoa", "ok")
+        texts = [p["user_input"] for p in e.list_pages("u1")[0]]
+        assert texts == ["I like tea", "I like cocoa"]
+    finally:
+        e.close()
+
+
+def test_a_writer_that_got_in_meanwhile_is_named_then_its_pages_are_loaded(pg: Backend) -> None:
+    spec = pg.spec("claim-taken")
+    e = claiming_engine(spec)
+    try:
+        e.add("u1", "first page", "ok")
+        drop_claim(pg, e)
+        other = claiming_engine(spec)  # what `memoryos-gpu ingest` beside the server did
+        try:
+            other.add("u1", "written by the other writer", "ok")
+            with pytest.raises(WriterClaimLostError, match="another writer holds"):
+                e.add("u1", "refused while the other writes", "ok")
+        finally:
+            other.close()
+        with pytest.raises(WriterClaimLostError, match="taken again"):
+            e.add("u1", "the claim comes back", "ok")
+        e.add("u1", "after the reload", "ok")  # was: UniqueViolation (seq 1 taken)
+        texts = [p["user_input"] for p in e.list_pages("u1")[0]]
+        assert texts == ["first page", "written by the other writer", "after the reload"]
+    finally:
+        e.close()

@@ -286,6 +286,15 @@ def test_an_isolated_failure_falls_back_counted_and_logged(
 # ------------------------------------------------------------------ the server's shutdown
 
 
+async def closed_leaving_three(svc: MemoryService) -> float:
+    """Close ``svc`` while a derived round waits for the hung server; the seconds it took
+    (the three items of ``two_pages`` of three users are left pending)."""
+    t0 = time.monotonic()
+    await asyncio.wait_for(svc.close(), 120)
+    assert "3 derived item(s) left pending" in svc.closed_message
+    return time.monotonic() - t0
+
+
 def test_shutdown_with_a_hung_llm_ends_by_the_deadline_and_leaves_the_work_pending(
     server: FakeServer, tmp_path: Path
 ) -> None:
@@ -308,10 +317,7 @@ def test_shutdown_with_a_hung_llm_ends_by_the_deadline_and_leaves_the_work_pendi
         await svc.start()
         await svc.add_pages(two_pages(["u0", "u1", "u2"]))
         assert await asyncio.to_thread(got.wait, 30)  # a round waits for the hung server
-        t0 = time.monotonic()
-        await asyncio.wait_for(svc.close(), 120)
-        assert "3 derived item(s) left pending" in svc.closed_message
-        return time.monotonic() - t0
+        return await closed_leaving_three(svc)
 
     try:
         elapsed = asyncio.run(scenario())
@@ -351,10 +357,7 @@ def test_a_server_resumes_the_work_left_pending_after_it_is_ready_and_its_shutdo
         await asyncio.wait_for(svc.start(), 60)  # the open does not wait for the LLM
         assert svc.state == "ready"
         assert await asyncio.to_thread(got.wait, 30)  # the thread resumed the work
-        t0 = time.monotonic()
-        await asyncio.wait_for(svc.close(), 120)
-        assert "3 derived item(s) left pending" in svc.closed_message
-        return time.monotonic() - t0
+        return await closed_leaving_three(svc)
 
     try:
         elapsed = asyncio.run(scenario())
