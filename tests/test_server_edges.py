@@ -306,16 +306,29 @@ def test_a_worker_process_answers_these_edges_alike(tmp_path: Path) -> None:
     assert _metric(text, seconds, route="/v1/users/{user_id}/pages", status="413") == 2
 
 
+def _unavailable() -> Exception:
+    from memoryos_gpu.store import StoreUnavailableError
+
+    return StoreUnavailableError("store postgresql://u@db/x: connection refused")
+
+
+def _locked() -> Exception:
+    from memoryos_gpu.store.writer import StoreLockedError
+
+    return StoreLockedError("store s/memory.sqlite3 is open for writing by pid 7 (an engine)")
+
+
+@pytest.mark.parametrize(("failure", "said"), [(_unavailable, "refused"), (_locked, "pid 7")])
 def test_a_server_started_before_its_store_loads_once_the_store_answers(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, failure: Any, said: str
 ) -> None:
-    """A store that is unavailable at start (its database server down) is tried again, with
-    /ready saying why meanwhile; before, the first failure was final and the server stayed
-    not-ready for good while /health said it was alive."""
+    """A store that is unavailable at start (its database server down), or that another
+    writer still holds (the engine process of a killed server, draining behind a slow LLM),
+    is tried again, with /ready saying why meanwhile; before, the first failure was final and
+    the server stayed not-ready for good while /health said it was alive."""
     from memoryos_gpu.config import EngineConfig
     from memoryos_gpu.engine import MemoryEngine
     from memoryos_gpu.server import service as service_mod
-    from memoryos_gpu.store import StoreUnavailableError
 
     monkeypatch.setattr(service_mod, "LOAD_RETRY_FIRST_S", 0.05)
     tries: list[float] = []  # one entry a try
@@ -324,7 +337,7 @@ def test_a_server_started_before_its_store_loads_once_the_store_answers(
     def build() -> MemoryEngine:
         tries.append(0.0)
         if len(tries) < 3:
-            raise StoreUnavailableError("store postgresql://u@db/x: connection refused")
+            raise failure()
         go.wait(30)
         return MemoryEngine(EngineConfig(embedder="hashing", auto_process=False))
 
@@ -345,7 +358,7 @@ def test_a_server_started_before_its_store_loads_once_the_store_answers(
         return waiting[0], waiting[1], ready
 
     state, error, ready = asyncio.run(run())
-    assert state == "starting" and "connection refused" in error
+    assert state == "starting" and said in error
     assert ready == "ready" and len(tries) == 3
 
 

@@ -329,8 +329,12 @@ class MemoryService:
         again after 1, 2, 4, ... up to :data:`LOAD_RETRY_MAX_S` seconds, ``/ready`` saying
         why meanwhile: a server started before its database would otherwise stay not-ready
         for good while looking alive (``/health`` 200), and no orchestrator would restart it.
-        Any other failure (a locked store, another embedding model) is final: state failed."""
+        A store another writer holds is waited for the same way: the holder is often leaving
+        (the engine process of a killed ``serve``, draining up to ``shutdown_drain_s``), and a
+        load that gave up then would leave a restarted server failed for good.
+        Any other failure (another embedding model, a wrong key) is final: state failed."""
         from memoryos_gpu.store import StoreUnavailableError
+        from memoryos_gpu.store.writer import StoreLockedError
 
         delays = doubling(LOAD_RETRY_FIRST_S, LOAD_RETRY_MAX_S)
         while True:
@@ -339,7 +343,7 @@ class MemoryService:
                 return await asyncio.get_running_loop().run_in_executor(
                     self._write_exec, self._build_engine
                 )
-            except StoreUnavailableError as exc:
+            except (StoreUnavailableError, StoreLockedError) as exc:
                 self.error = f"waiting for the store ({exc}); next try in {delay:g} s"
                 log.warning("the engine cannot load yet: %s", self.error)
             except Exception as exc:
