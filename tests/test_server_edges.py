@@ -196,6 +196,29 @@ def test_an_mcp_server_whose_engine_cannot_open_stops_naming_the_cause(
     )
 
 
+def test_an_mcp_server_on_a_store_another_writer_holds_stops_naming_it(tmp_path: Path) -> None:
+    """The HTTP server waits for a held store; an MCP server says so and stops instead (a
+    client shows what it says, a waiting stdio server shows it nothing)."""
+    from memoryos_gpu.engine import MemoryEngine
+    from memoryos_gpu.server.mcp_server import start_serving
+
+    cfg = hashing(tmp_path / "s")
+    holder = MemoryEngine(cfg)
+    try:
+
+        async def start() -> None:
+            service = MemoryService(cfg)
+            try:
+                await asyncio.wait_for(start_serving(service), 60)
+            finally:
+                await service.close()
+
+        with pytest.raises(Unavailable, match=r"cannot be opened now: .*open for writing"):
+            asyncio.run(start())
+    finally:
+        holder.close()
+
+
 # ====================================================================== D7: refusal metrics
 def _metric(text: str, name: str, **labels: str) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())

@@ -33,6 +33,7 @@ behind a proxy that authenticates (the HTTP API in :mod:`memoryos_gpu.server.app
 # types local to build_mcp, so they are evaluated where the tools are defined
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -603,8 +604,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 async def start_serving(service: MemoryService) -> None:
     """Start ``service`` and wait for its engine; raise :class:`Unavailable` naming the cause
     when it cannot open (another embedder than the store's, say), before any client is told
-    the server is up: each tool call would fail alike, and ``initialize`` would pretend."""
-    await service.start()
+    the server is up: each tool call would fail alike, and ``initialize`` would pretend.
+
+    A store it cannot open *yet* (another writer holds it, its database is down) fails it
+    too, where the HTTP server waits: an MCP client starts this process and shows what it
+    says, but a stdio server that waits shows the client nothing."""
+    await service.start(wait=False)
+    while service.state == "starting":
+        if service.error:  # waiting for the store: say why, do not wait
+            await service.close()
+            raise Unavailable(f"the store cannot be opened now: {service.error}", 1)
+        await asyncio.sleep(0.01)
     service.check_ready()
 
 
