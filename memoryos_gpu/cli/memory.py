@@ -75,7 +75,9 @@ def retrieve(
     o = options_of(ctx, kwargs)
     store = user_store(resolve_store(o), user_id)
     require_store(store)
-    engine = make_engine(build_config(o, store=store))
+    # a look at memory, not the place to run the store's pending derived work: with an LLM
+    # down it took minutes, and in another LLM mode than the store's it derived it for good
+    engine = make_engine(build_config(o, store=store), hold_pending=True)
     try:
         r = engine.retrieve_many(
             [(user_id, query)],

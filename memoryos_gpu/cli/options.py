@@ -310,12 +310,13 @@ def quiet_model_loading() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def make_engine(cfg: Any) -> Any:
-    """Open an engine (quietly: no model-loading progress bars)."""
+def make_engine(cfg: Any, *, hold_pending: bool = False) -> Any:
+    """Open an engine (quietly: no model-loading progress bars). ``hold_pending``: it runs
+    none of the store's pending derived work (see ``MemoryEngine``)."""
     from memoryos_gpu.engine import MemoryEngine
 
     quiet_model_loading()
-    return MemoryEngine(cfg)
+    return MemoryEngine(cfg, hold_pending=hold_pending)
 
 
 def handle_errors(fn: Callable) -> Callable:

@@ -21,6 +21,7 @@ from memoryos_gpu import ops
 from memoryos_gpu.arena import Arena, ArenaConfig
 from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.errors import EngineClosedError
+from memoryos_gpu.llm.base import LLMBackendError
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
 from memoryos_gpu.store import SQLiteStore, StoreError, StoreFullError, derivations, open_store
 from memoryos_gpu.text.keywords import KeywordExtractor
@@ -105,6 +106,7 @@ class MemoryEngine:
     ) -> None:
         self.config = config or EngineConfig()  # first: the construction hooks read it
         self._hold_pending = hold_pending  # before the open, which resumes owed work
+        self._mode_checked = False  # _warn_of_another_mode, once
         embedder = embedder or self._make_embedder()
         store = self._open_store(self.config)
         try:
@@ -251,8 +253,26 @@ class MemoryEngine:
         """
         if self._hold_pending:
             return {"pages": 0, "promotions": 0}
+        self._warn_of_another_mode()
         self._heat.write_behind()
         return self._derived.process_pending(max_batch, max_rounds)
+
+    def _warn_of_another_mode(self) -> None:
+        """Once an engine: one without an LLM about to derive the pending work of a store an
+        LLM derived says so -- an operator who left out the LLM settings (or a command run
+        without them) would otherwise turn that work extractive for good, silently."""
+        if self._mode_checked:
+            return
+        self._mode_checked = True
+        pending = self.store.count_pending() if self.stages.mode == "extractive" else 0
+        llm = "SELECT 1 FROM pages WHERE mode IN ('llm', 'llm-fallback') LIMIT 1"
+        if pending and self.store.query(llm):
+            log.warning(
+                "this store's pages were derived by an LLM and this engine runs without one: "
+                "its %d pending derived item(s) are derived extractively, for good (to keep "
+                "the LLM, open the store with its LLM settings: --llm-mode llm ...)",
+                pending,
+            )
 
     def release_pending(self) -> None:
         """Stop holding derived work back (``hold_pending``): the next :meth:`process_pending`
@@ -321,10 +341,12 @@ class MemoryEngine:
         its page ids (a retry would store the pages twice) and an open the whole store (no
         retrieval, which needs no LLM, until the LLM is back). The failure is logged and
         counted (``stats()["counters"]["derived_failures"]``; of them, those the store failed
-        also as ``derived_store_failures`` and those for a full disk as ``derived_disk_full``,
-        so that a caller such as ``ingest`` can say the run's work stayed pending); an engine
-        closed meanwhile resumes the work when the store is opened again. KeyboardInterrupt
-        and SystemExit still propagate."""
+        also as ``derived_store_failures``, those for a full disk as ``derived_disk_full`` and
+        those the LLM could not do (down, failing every request, its breaker open:
+        ``LLMBackendError``) as ``derived_llm_failures``, so that a caller such as ``ingest``
+        can say why the run's work stayed pending); an engine closed meanwhile resumes the
+        work when the store is opened again. KeyboardInterrupt and SystemExit still
+        propagate."""
         try:
             self.process_pending()
         except EngineClosedError:
@@ -337,6 +359,8 @@ class MemoryEngine:
                     c["derived_store_failures"] = c.get("derived_store_failures", 0) + 1
                 if isinstance(exc, StoreFullError):
                     c["derived_disk_full"] = c.get("derived_disk_full", 0) + 1
+                if isinstance(exc, LLMBackendError):
+                    c["derived_llm_failures"] = c.get("derived_llm_failures", 0) + 1
             log.warning(
                 "derived work failed; it stays pending and is retried by the next "
                 "process_pending: %s: %s",
