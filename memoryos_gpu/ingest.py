@@ -177,15 +177,17 @@ class IngestReport:
     peak_rss_mb: float = 0.0
     stop_signal: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM, SIGHUP)
     # why this run's derived work failed and stayed pending (``pending`` > 0): "disk_full" (the
-    # store's disk is full), "store_error" (another store failure), else None. The pages are
-    # committed; the work resumes when the store is next opened or processed with room.
+    # store's disk is full), "store_error" (another store failure), "llm_unavailable" (the LLM
+    # server down, failing every request or its breaker open), else None. The pages are
+    # committed; the work resumes when the store is next opened once the cause is gone.
     derived_failure: str | None = None
 
     @property
     def exit_code(self) -> int:
         """128 + the stopping signal when interrupted (130 for Ctrl-C or a ``stop_event``, 143
-        SIGTERM, 129 SIGHUP), else 1 when derived work failed for the store and stays pending
-        (:attr:`derived_failure`), else 3 when anything was rejected, else 0."""
+        SIGTERM, 129 SIGHUP), else 1 when derived work failed (the store, or an LLM that could
+        not be used) and stays pending (:attr:`derived_failure`), else 3 when anything was
+        rejected, else 0."""
         if self.interrupted:
             return 128 + self.stop_signal if self.stop_signal else EXIT_INTERRUPTED
         if self.derived_failure:
@@ -288,22 +290,31 @@ def _peak_rss_mb() -> float:
         return 0.0
 
 
-def _store_failures(engine: Any) -> dict[str, int]:
-    """The engine's counts of derived work the store failed (``MemoryEngine._process_owed``)."""
+#: the engine's counters of failed derived work (``MemoryEngine._process_owed``), most telling
+#: first, and the report's name for each (:attr:`IngestReport.derived_failure`)
+_FAILURE_KINDS = {
+    "derived_disk_full": "disk_full",
+    "derived_store_failures": "store_error",
+    "derived_llm_failures": "llm_unavailable",
+}
+
+
+def _failure_counts(engine: Any) -> dict[str, int]:
+    """The engine's counts of derived work the store or the LLM failed."""
     with contextlib.suppress(Exception):
         c = dict(engine.counters)
-        return {k: int(c.get(k, 0)) for k in ("derived_store_failures", "derived_disk_full")}
+        return {k: int(c.get(k, 0)) for k in _FAILURE_KINDS}
     return {}
 
 
 def _derived_failure(engine: Any, before: dict[str, int]) -> str | None:
-    """``"disk_full"`` / ``"store_error"`` when derived work failed for the store since
-    ``before`` (this run: its engine's open included), else None."""
-    now = _store_failures(engine)
-    if now.get("derived_disk_full", 0) > before.get("derived_disk_full", 0):
-        return "disk_full"
-    if now.get("derived_store_failures", 0) > before.get("derived_store_failures", 0):
-        return "store_error"
+    """``"disk_full"`` / ``"store_error"`` / ``"llm_unavailable"`` when derived work failed
+    for the store or the LLM since ``before`` (this run: its engine's open included), else
+    None: the work stays pending, and a run that exited 0 would read as done."""
+    now = _failure_counts(engine)
+    for counter, kind in _FAILURE_KINDS.items():
+        if now.get(counter, 0) > before.get(counter, 0):
+            return kind
     return None
 
 
@@ -683,7 +694,7 @@ def ingest(
     # an engine this run opened counts from its open: resuming the store's pending work (an
     # interrupted run's) is this run's work too, and took place before this line
     llm_before = 0 if own_engine else _llm_calls(engine)
-    store_failures_before = {} if own_engine else _store_failures(engine)
+    failures_before = {} if own_engine else _failure_counts(engine)
 
     rejects_file: IO[str] | None = None
     if rejects_path is not None:
@@ -808,7 +819,7 @@ def ingest(
             report.store_counts = dict(engine.store.counts())
             report.pending = int(engine.store.count_pending())
         if report.pending and process != "defer":
-            report.derived_failure = _derived_failure(engine, store_failures_before)
+            report.derived_failure = _derived_failure(engine, failures_before)
         if own_engine:
             engine.close()
     if report.generated_users:

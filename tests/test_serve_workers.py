@@ -661,6 +661,11 @@ def test_sigterm_drains_and_stops_every_process(tmp_path: Path) -> None:
     res = _under_load(s.base, stop, seconds=2.0)
     assert s.stop() == 0, s.log.read_text()[-3000:]
     assert not any(_alive(p) for p in children)
+    # the engine process's last line says what its close left pending (it said "store closed")
+    engine_lines = [ln for ln in s.log.read_text().splitlines() if "[engine]: " in ln]
+    assert engine_lines[-1].endswith(
+        "engine process: queues drained, derived work done, engine closed"
+    ), engine_lines[-3:]
     from memoryos_gpu.engine import MemoryEngine
     from tests.served import hashing
 

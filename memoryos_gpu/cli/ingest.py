@@ -266,18 +266,30 @@ def ingest(
     ctx.exit(int(report["exit_code"]))
 
 
+#: per ``derived_failure``: what failed, when the work resumes, and how to resume it
+_DERIVED_FAILED = {
+    "disk_full": ("the disk is full", "space is freed", "open the store"),
+    "store_error": ("the store failed", "the store works again", "open the store"),
+    "llm_unavailable": (
+        "the LLM could not be used",
+        "the LLM answers",
+        "open the store with the LLM settings",
+    ),
+}
+
+
 def _derived_failed_line(report: dict[str, Any]) -> str | None:
-    """The one line for a run whose derived work failed for the store (a full disk) and stays
-    pending (``derived_failure``), else None; the pages themselves are committed."""
+    """The one line for a run whose derived work failed (the store, a full disk, an LLM that
+    could not be used) and stays pending (``derived_failure``), else None; the pages
+    themselves are committed. The log's warnings say the cause in detail, once per batch."""
     kind = report.get("derived_failure")
     if not kind or report.get("interrupted"):
         return None
-    why = "the disk is full" if kind == "disk_full" else "the store failed"
+    why, once, how = _DERIVED_FAILED.get(kind, _DERIVED_FAILED["store_error"])
     return (
         f"error: store {report.get('store')}: {why}: the pages are committed, but the derived "
         f"work of {int(report.get('pending', 0)):,} item(s) stays pending; it resumes once "
-        + ("space is freed" if kind == "disk_full" else "the store works again")
-        + " (run ingest again, or open the store)"
+        f"{once} (run ingest again, or {how})"
     )
 
 

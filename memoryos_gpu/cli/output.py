@@ -123,6 +123,14 @@ def print_retrieval(r: Any) -> None:
                 c.print(f"  - {escape(e.text)}")
 
 
+#: what the ingest summary's status says for each ``derived_failure``
+_FAILED_BECAUSE = {
+    "disk_full": "the disk is full",
+    "store_error": "the store failed",
+    "llm_unavailable": "the LLM could not be used",
+}
+
+
 def print_ingest_summary(r: dict[str, Any], *, err: bool) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -132,10 +140,9 @@ def print_ingest_summary(r: dict[str, Any], *, err: bool) -> None:
     table.add_column("")
     if r["interrupted"]:
         status = "interrupted (resume by running the same command again)"
-    elif r.get("derived_failure") == "disk_full":
-        status = "derived work failed: the disk is full (it stays pending)"
     elif r.get("derived_failure"):
-        status = "derived work failed: the store failed (it stays pending)"
+        why = _FAILED_BECAUSE.get(r["derived_failure"], "the store failed")
+        status = f"derived work failed: {why} (it stays pending)"
     else:
         status = "done"
     rows = [

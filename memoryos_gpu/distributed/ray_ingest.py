@@ -212,16 +212,20 @@ class ShardIngestActor:
 
     def process(self) -> dict[str, int]:
         """The derived work held back, run now; what it did, by kind. A failure of the store
-        (a full disk) leaves the work pending, as without Ray, and is counted, not raised
-        (``derived_disk_full`` / ``derived_store_failures``): the pages are committed, and
+        (a full disk) or of the LLM (down, failing every request) leaves the work pending, as
+        without Ray, and is counted, not raised (``derived_disk_full`` /
+        ``derived_store_failures`` / ``derived_llm_failures``): the pages are committed, and
         the run's report says the work stays pending (``derived_failure``, exit 1)."""
+        from memoryos_gpu.llm.base import LLMBackendError
         from memoryos_gpu.store import StoreError, StoreFullError
 
         self.engine.release_pending()
         try:
             return dict(self.engine.process_pending())
-        except StoreError as exc:
+        except (StoreError, LLMBackendError) as exc:
             log.warning("shard derived work failed; it stays pending: %s", exc)
+            if isinstance(exc, LLMBackendError):
+                return {"derived_llm_failures": 1}
             kind = (
                 "derived_disk_full" if isinstance(exc, StoreFullError) else "derived_store_failures"
             )
@@ -617,6 +621,8 @@ def derived_failure_of(derived: dict[str, Any]) -> str | None:
         return "disk_full"
     if derived.get("derived_store_failures"):
         return "store_error"
+    if derived.get("derived_llm_failures"):
+        return "llm_unavailable"
     return None
 
 

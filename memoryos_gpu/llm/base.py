@@ -34,7 +34,23 @@ _ROLES = frozenset({"system", "user", "assistant"})
 
 
 class LLMBackendError(MemoryOSError, RuntimeError):
-    """A failure that affects every request: configuration, connection, missing package."""
+    """A failure that affects every request: configuration, connection, missing package.
+
+    ``retry_after``: seconds until the backend tries the server again, when it refuses for a
+    known time (an HTTP backend's open circuit breaker), else None; the server's 503 tells
+    its clients that wait (Retry-After) instead of a guess. An instance attribute (set by
+    :meth:`refusing`) so that it travels with the error between processes."""
+
+    retry_after: float | None = None
+
+    @classmethod
+    def refusing(cls, message: str, retry_after: float) -> LLMBackendError:
+        """The error of a backend that refuses every call for ``retry_after`` more seconds
+        (none when it is 0: the next call tries the server)."""
+        exc = cls(message)
+        if retry_after > 0:
+            exc.retry_after = float(retry_after)
+        return exc
 
 
 class LLMConfigError(MemoryOSError, ValueError):

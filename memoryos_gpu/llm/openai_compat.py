@@ -345,7 +345,7 @@ class OpenAICompatBackend(LLMBackend):
 
     async def _run_batch(self, requests: list[ChatRequest]) -> list[ChatResult]:
         if self.breaker.state == OPEN:  # fail the whole batch at once, no task started
-            raise LLMBackendError(self._refusal())
+            raise self._batch_error(self._refusal())
         if self._client is None:
             limits = httpx.Limits(
                 max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency
@@ -362,11 +362,17 @@ class OpenAICompatBackend(LLMBackend):
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            raise LLMBackendError(str(e)) from None
+            raise self._batch_error(str(e)) from None
         results = [r for r, _ in outcomes]
         if all(server_side for _, server_side in outcomes):
-            raise LLMBackendError(self._failed_everything(results))
+            raise self._batch_error(self._failed_everything(results))
         return results
+
+    def _batch_error(self, message: str) -> LLMBackendError:
+        """The error that fails a whole batch, with the breaker's remaining cool-down as its
+        ``retry_after`` when the breaker is open: the message says "not trying again for N s",
+        and a server answering 503 for it tells its clients the same wait."""
+        return LLMBackendError.refusing(message, self.breaker.outage().retry_in_s)
 
     def _failed_everything(self, results: list[ChatResult]) -> str:
         """Open the breaker for a batch whose every request failed server-side after its

@@ -93,7 +93,9 @@ async def _serve(spec: dict[str, Any]) -> None:
     metrics.close()
     server.sock.close()
     ctx.term()
-    log.info("engine process: store closed")
+    # the last line says what the close left (N derived items pending), as a single-process
+    # server's does: under --workers only this process knows it
+    log.info("engine process: %s", service.closed_message)
 
 
 def _config(config: EngineConfig) -> EngineConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,8 +41,9 @@ from memoryos_gpu.types import PageInput
 __all__ = ["add_memory_routes", "check_meta"]
 
 log = logging.getLogger("memoryos_gpu.server")
-#: Seconds a client is told to wait when the LLM server cannot be used: an HTTP LLM backend's
-#: circuit breaker (by default) fails every call at once for this long after it opened.
+#: Seconds a client is told to wait when the LLM server cannot be used and the error does not
+#: say for how long: an HTTP LLM backend's circuit breaker (by default) fails every call at
+#: once for this long after it opened.
 LLM_RETRY_AFTER = int(DEFAULT_COOLDOWN_S)
 
 
@@ -81,8 +83,18 @@ def _llm_outage(exc: LLMBackendError) -> Unavailable:
     traceback (nothing in this server failed)."""
     log.warning("respond: the LLM cannot be used: %s", exc)
     return Unavailable(
-        f"the LLM cannot be used now; nothing was remembered: {exc}", LLM_RETRY_AFTER
+        f"the LLM cannot be used now; nothing was remembered: {exc}", _llm_retry_after(exc)
     )
+
+
+def _llm_retry_after(exc: LLMBackendError) -> int:
+    """Retry-After for ``exc``: the open breaker's remaining cool-down (whole seconds, rounded
+    up: a client back sooner is refused again), which the body's "not trying again for N s"
+    states too; :data:`LLM_RETRY_AFTER` when the error gives none (never below 1)."""
+    wait = getattr(exc, "retry_after", None)
+    if wait is None:
+        return LLM_RETRY_AFTER
+    return max(1, math.ceil(float(wait)))
 
 
 def add_memory_routes(

@@ -394,3 +394,91 @@ def test_shutdown_with_a_response_waiting_for_a_hung_llm_ends_by_the_deadline(
         release.set()
     assert elapsed < 0.5 + 20  # generous (unwinding: 5 s at most); it could wait 5 x 60 s
     assert isinstance(answered, LLMBackendError)
+
+
+# ------------------------------------------------------------------ ingest: a run that says so
+
+
+def test_ingest_whose_llm_cannot_serve_exits_1_and_says_the_work_stays_pending(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    """The derived work of an ``ingest`` the LLM failed stays pending (no fallback): the run
+    says so (``derived_failure``, one ``error:`` line, exit 1) instead of "done", exit 0; a
+    run once the LLM serves again finishes the work and exits 0."""
+    from memoryos_gpu.cli.ingest import _derived_failed_line
+    from memoryos_gpu.ingest import ingest
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(
+        "\n".join(
+            json.dumps({"user_id": p.user_id, "user_input": p.user_input, "agent_response": "ok"})
+            for p in two_pages(["u0", "u1", "u2"])
+        )
+    )
+    server.script = failing(503)
+    clock = Clock()
+    llm = backend(server)
+    llm.breaker.clock = clock
+    eng = engine(llm, store=str(tmp_path / "store"))
+    try:
+        r = ingest([str(chats)], eng, progress=False)
+        assert (r.accepted, r.pending, r.derived_failure) == (6, 3, "llm_unavailable")
+        assert r.exit_code == 1 and r.to_dict()["exit_code"] == 1
+        assert "llm-fallback" not in modes(eng)
+        line = _derived_failed_line(r.to_dict()) or ""
+        assert line.startswith("error: store ") and "the LLM could not be used" in line
+        assert "the derived work of 3 item(s) stays pending" in line
+        assert "resumes once the LLM answers" in line and "with the LLM settings" in line
+
+        server.script = stage_answer  # the LLM serves again, after the cool-down
+        clock.now += 31
+        r = ingest([str(chats)], eng, progress=False)
+        assert (r.skipped, r.pending, r.derived_failure, r.exit_code) == (6, 0, None, 0)
+    finally:
+        eng.close()
+
+
+# ------------------------------------------------------------------ respond: Retry-After
+
+
+def test_an_open_breakers_error_says_its_remaining_cool_down(server: FakeServer) -> None:
+    """The refusal carries the wait its message states ("not trying again for N s"), and it
+    survives the trip to the HTTP worker of ``serve --workers`` (BoxedError)."""
+    from memoryos_gpu.distributed.ray_common import BoxedError
+    from memoryos_gpu.server.memory_routes import LLM_RETRY_AFTER, _llm_outage
+
+    server.script = failing(503)
+    clock = Clock()
+    with backend(server, breaker_cooldown_s=5) as b:
+        b.breaker.clock = clock
+        with pytest.raises(LLMBackendError, match="not trying again for 5 s") as tripped:
+            b.generate(batch(2))
+        assert tripped.value.retry_after == 5
+        clock.now += 1.5
+        with pytest.raises(LLMBackendError, match=r"not trying again for 3\.5 s") as refused:
+            b.generate(batch(2))
+    assert refused.value.retry_after == 3.5
+    assert _llm_outage(refused.value).retry_after == 4  # whole seconds, rounded up
+    assert BoxedError.of(refused.value).exception().retry_after == 3.5  # type: ignore[attr-defined]
+    assert _llm_outage(LLMBackendError("no vllm")).retry_after == LLM_RETRY_AFTER
+    assert _llm_outage(LLMBackendError.refusing("x", 0.2)).retry_after == 1
+
+
+def test_respond_503_retry_after_follows_the_breakers_cool_down(server: FakeServer) -> None:
+    """``breaker_cooldown_s = 5``: the 503 said ``Retry-After: 30`` while its body said "not
+    trying again for 5 s"."""
+    from served import HA, serve
+
+    server.script = stage_answer
+    eng = engine(backend(server, breaker_cooldown_s=5), auto_process=False)
+    try:
+        with serve(eng, derived_enabled=False) as c:
+            r = c.post("/v1/users/u0/pages", json={"user_input": "I like tea"}, headers=HA)
+            assert r.status_code == 201, r.text
+            server.script = failing(503)
+            r = c.post("/v1/users/u0/respond", json={"query": "what do I like?"}, headers=HA)
+            assert r.status_code == 503, r.text
+            assert "not trying again for 5 s" in r.json()["detail"]
+            assert r.headers["Retry-After"] == "5"
+    finally:
+        eng.close()
