@@ -974,6 +974,8 @@ def test_get_update_delete_page_and_knowledge_with_history(make_engine, kit):
     assert page(eng, p1)["tier"] == "mtm" and page(eng, p3)["tier"] == "stm"
     # update an MTM page: text and the vector retrieval sees both change
     new_text = "completely new question about sailing"
+    implied = [e["entry_id"] for e in eng.knowledge("u")["user"] if p1 in e["sources"]]
+    assert implied  # the edit deletes them (what p1's old text implied), each audited
     row = eng.update_page(p1, user_input=new_text)
     assert row["user_input"] == new_text and row["agent_response"] == "r p1"
     r = peek(eng, "u", f"User: {new_text} Assistant: r p1")
@@ -1015,6 +1017,7 @@ def test_get_update_delete_page_and_knowledge_with_history(make_engine, kit):
     edits = [e for e in events if e[0] in ("update", "delete")]
     assert edits == [
         ("update", "page", p1),
+        *[("delete", "knowledge", e) for e in implied],
         ("update", "page", p3),
         ("delete", "page", p1),
         ("delete", "page", p3),
@@ -1028,7 +1031,8 @@ def test_get_update_delete_page_and_knowledge_with_history(make_engine, kit):
     upd = next(h for h in eng.history("u") if h["action"] == "update" and h["item_id"] == p1)
     assert upd["detail"] == {}
     assert all(h["detail"] == {} for h in eng.history("u") if h["action"] == "delete")
-    kupd = next(h for h in eng.history("u") if h["item_kind"] == "knowledge")
+    updates = [h for h in eng.history("u") if h["action"] == "update"]
+    kupd = next(h for h in updates if h["item_kind"] == "knowledge")
     assert kupd["detail"] == {"before": "User owns a red bike.", "after": "User owns a blue bike."}
 
 
