@@ -36,7 +36,7 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import tzinfo
 from pathlib import Path
@@ -311,7 +311,14 @@ def _derived_failure(engine: Any, before: dict[str, int]) -> str | None:
     """``"disk_full"`` / ``"store_error"`` / ``"llm_unavailable"`` when derived work failed
     for the store or the LLM since ``before`` (this run: its engine's open included), else
     None: the work stays pending, and a run that exited 0 would read as done."""
-    now = _failure_counts(engine)
+    return failure_kind(_failure_counts(engine), before)
+
+
+def failure_kind(now: Mapping[str, int], before: Mapping[str, int] | None = None) -> str | None:
+    """The report's name for the most telling failure counter (``_FAILURE_KINDS``) that rose
+    from ``before`` (none: from 0) to ``now``; one rule for a single process and the
+    ``--ray`` shards' counts."""
+    before = before or {}
     for counter, kind in _FAILURE_KINDS.items():
         if now.get(counter, 0) > before.get(counter, 0):
             return kind

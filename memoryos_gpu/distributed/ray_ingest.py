@@ -80,6 +80,7 @@ from memoryos_gpu.ingest import (
     IngestReport,
     _generated_note,
     _peak_rss_mb,
+    failure_kind,
     known_legacy_keys,
     read_files,
     resolve_formats,
@@ -617,13 +618,7 @@ def _report(
 def derived_failure_of(derived: dict[str, Any]) -> str | None:
     """The report's ``derived_failure`` from the shards' derived-work counts (their
     :meth:`ShardIngestActor.process`), as a single process's ingestion names it."""
-    if derived.get("derived_disk_full"):
-        return "disk_full"
-    if derived.get("derived_store_failures"):
-        return "store_error"
-    if derived.get("derived_llm_failures"):
-        return "llm_unavailable"
-    return None
+    return failure_kind(derived)
 
 
 def _check_writers(store: str, shards: int) -> None:
