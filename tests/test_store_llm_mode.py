@@ -60,3 +60,16 @@ def test_an_engine_without_an_llm_says_it_derives_an_llm_stores_work(
     said = [r.getMessage() for r in caplog.records if "derived by an LLM" in r.getMessage()]
     assert len(said) == 1 and "derived extractively, for good" in said[0]
     assert e.pending_count() == 0  # it did derive it: the warning is the whole change
+
+
+def test_whether_an_llm_derived_a_page_is_read_from_an_index(tmp_path: Path) -> None:
+    """The question the warning asks reads the partial index ``pages_llm`` (schema 8), which
+    an extractive store's pages stay out of: before, it read every page row of such a store
+    (a large one's whole table) the first time an engine derived pending work."""
+    st = open_store(str(tmp_path / "s"))
+    try:
+        plan = " ".join(str(r[-1]) for r in st.query("EXPLAIN QUERY PLAN " + st.LLM_DERIVED_SQL))
+        assert "pages_llm" in plan, plan
+        assert st.llm_derived() is False
+    finally:
+        st.close()

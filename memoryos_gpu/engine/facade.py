@@ -265,8 +265,7 @@ class MemoryEngine:
             return
         self._mode_checked = True
         pending = self.store.count_pending() if self.stages.mode == "extractive" else 0
-        llm = "SELECT 1 FROM pages WHERE mode IN ('llm', 'llm-fallback') LIMIT 1"
-        if pending and self.store.query(llm):
+        if pending and self.store.llm_derived():
             log.warning(
                 "this store's pages were derived by an LLM and this engine runs without one: "
                 "its %d pending derived item(s) are derived extractively, for good (to keep "

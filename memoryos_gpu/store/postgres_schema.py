@@ -178,4 +178,6 @@ CREATE TABLE claims(
   PRIMARY KEY (segment_id, claim_order)
 )
 """,  # sqlite_schema.MIGRATIONS[6]: promotion claims in the store
+    7: "CREATE INDEX pages_llm ON pages(page_id) WHERE mode IN ('llm', 'llm-fallback')",
+    # sqlite_schema.MIGRATIONS[7]: the pages an LLM derived, indexed
 }

@@ -265,6 +265,14 @@ class StoreReads:
             return self.query("SELECT COUNT(*) FROM pending")[0][0]
         return self.query("SELECT COUNT(*) FROM pending WHERE user_id = ?", (user_id,))[0][0]
 
+    #: Whether an LLM derived any page: answered from the partial index ``pages_llm``
+    #: (schema 8), which an extractive store's pages stay out of, not by reading every row.
+    LLM_DERIVED_SQL = "SELECT 1 FROM pages WHERE mode IN ('llm', 'llm-fallback') LIMIT 1"
+
+    def llm_derived(self) -> bool:
+        """Whether an LLM derived any of the store's pages (an LLM's fallback too)."""
+        return bool(self.query(self.LLM_DERIVED_SQL))
+
     # ------------------------------------------------------------------ bulk load (reopen)
     def arena_extent(self, block_size: int, knowledge_capacity: int) -> ArenaExtent:
         """What a reopen's arena must hold (:class:`ArenaExtent`), reserved before streaming

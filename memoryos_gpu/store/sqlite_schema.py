@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Callable
 
 #: The version this code writes: a store at an older one is migrated up (:data:`MIGRATIONS`).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 SCHEMA_V1 = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -241,6 +241,11 @@ CREATE TABLE claims(
   PRIMARY KEY (segment_id, claim_order)
 ) WITHOUT ROWID
 """,
+    # 7 -> 8: the pages an LLM derived, indexed (an extractive store's pages are not in it):
+    # an engine without an LLM asks, before it derives a store's pending work, whether an
+    # LLM derived any of its pages (MemoryEngine._warn_of_another_mode), and without the
+    # index that question read every page row of an extractive store, once an engine
+    7: "CREATE INDEX pages_llm ON pages(page_id) WHERE mode IN ('llm', 'llm-fallback')",
 }
 
 
