@@ -226,9 +226,26 @@ def test_holder_command_line_hides_secrets() -> None:
     )
     assert line.startswith("memoryos-gpu serve --store postgresql://me:***@db/x")
     assert "hunter2" not in line and "sekrit" not in line and "abc" not in line
-    long = command_line(["x", "y" * 1000, "[engine process of pid 7]"])
-    assert len(long) == 300 and long.startswith("x yyy") and " ... " in long
+    long = command_line(["x", "--store", "y" * 1000, "[engine process of pid 7]"])
+    assert len(long) == 300 and long.startswith("x --store yyy") and " ... " in long
     assert long.endswith("[engine process of pid 7]")  # the end says which process holds it
+
+
+def test_holder_command_line_keeps_no_user_data() -> None:
+    """The record sits in plain beside an encrypted store (and names a PostgreSQL claim's
+    session): a user id, a query or a chat log's name must not reach it, while the command
+    and the settings that find the process (store, port, workers) stay."""
+    line = command_line(
+        ["memoryos-gpu", "retrieve", "--store", "s", "--user", "alice", "alice's diagnosis"]
+    )
+    assert line == "memoryos-gpu retrieve --store s --user ... ..."
+    line = command_line(
+        ["memoryos-gpu", "--store=s", "ingest", "--json", "alice.jsonl", "--workers=2", "--port"]
+    )
+    assert line == "memoryos-gpu --store=s ingest --json ... --workers=2 --port"
+    line = command_line(["memoryos-gpu", "serve", "--port", "80", "[engine process of pid 7]"])
+    assert line == "memoryos-gpu serve --port 80 [engine process of pid 7]"
+    assert command_line(["x", "--user=[bob of pid 1]"]) == "x --user=..."
 
 
 # ====================================================================== the CLI

@@ -49,7 +49,28 @@ log = logging.getLogger("memoryos_gpu.store")
 
 #: Longest command line kept in a holder record (the rest is cut, marked with "...").
 MAX_COMMAND_CHARS = 300
-_SECRET_FLAG = re.compile(r"(key|token|secret|password)", re.IGNORECASE)
+#: Options whose values a holder record keeps: settings that tell an operator which process
+#: it is (where it serves, on what store), none of them a user's data. Every other value and
+#: positional argument (a user id, a query, a chat log's path, a key) is shown as "...".
+SHOWN_VALUES = frozenset(
+    {
+        "--store",
+        "--config",
+        "--host",
+        "--port",
+        "--workers",
+        "--engines",
+        "--shards",
+        "--shard",
+        "--device",
+        "--preset",
+        "--llm-mode",
+        "--llm-backend",
+        "--embedder",
+    }
+)
+_COMMAND_WORD = re.compile(r"[a-z][a-z0-9_-]*")
+_NOTE = re.compile(r"\[[a-z ]+ of pid \d+\]")  # what a server adds: [engine process of pid N]
 _URL_PASSWORD = re.compile(r"(://[^/:@\s]+):[^@/\s]+@")
 
 
@@ -91,32 +112,39 @@ class Holder:
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """This process's command line, safe to show: passwords in URLs and the values of options
-    named like keys, tokens, secrets or passwords masked; cut to :data:`MAX_COMMAND_CHARS` in
-    the middle (the program and its first arguments, and the end, where a server's engine
-    process names its supervisor: ``[engine process of pid N]``)."""
+    """This process's command line, safe to show: the program, its command word, the option
+    names, the values of :data:`SHOWN_VALUES` (a URL's password masked) and notes in brackets
+    (``[engine process of pid N]``); any other value or argument becomes ``...``. The record
+    sits in plain beside an encrypted store, and a PostgreSQL claim's session name is visible
+    to the database's other users, so a user id or a query text must not reach it. Cut to
+    :data:`MAX_COMMAND_CHARS` in the middle (the program and its first arguments, and the
+    end, where a server's engine process names its supervisor)."""
     args = list(sys.argv if argv is None else argv) or ["python"]
     out: list[str] = [program_name(args[0])]
-    hide_next = False
+    shown_next = command_seen = False
     for a in args[1:]:
-        if hide_next:
-            out.append("***")
-            hide_next = False
+        flag, eq, value = a.partition("=")
+        if shown_next or _NOTE.fullmatch(a):
+            out.append(_no_password(a))
+        elif a.startswith("-"):
+            shown = flag in SHOWN_VALUES
+            out.append(a if not eq else f"{flag}={_no_password(value) if shown else '...'}")
+            shown_next = shown and not eq
             continue
-        flag, eq, _ = a.partition("=")
-        if flag.startswith("-") and _SECRET_FLAG.search(flag):
-            if eq:
-                out.append(f"{flag}=***")
-            else:
-                out.append(a)
-                hide_next = True
-            continue
-        out.append(_URL_PASSWORD.sub(r"\1:***@", a))
+        elif not command_seen and _COMMAND_WORD.fullmatch(a):  # serve, ingest, ...
+            out.append(a)
+        else:
+            out.append("...")
+        shown_next, command_seen = False, True
     text = " ".join(out)
     if len(text) <= MAX_COMMAND_CHARS:
         return text
     head = (MAX_COMMAND_CHARS - 5) * 2 // 3
     return f"{text[:head]} ... {text[len(text) - (MAX_COMMAND_CHARS - 5 - head) :]}"
+
+
+def _no_password(text: str) -> str:
+    return _URL_PASSWORD.sub(r"\1:***@", text)
 
 
 def program_name(argv0: str) -> str:
