@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+
+from memoryos_gpu.sizes import size_text
 
 from .options import (
     EXIT_ERROR,
@@ -80,7 +81,7 @@ def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
         return
     tiers = ", ".join(f"{k[6:]} {v:,}" for k, v in sorted(c.items()) if k.startswith("pages_"))
     shards = f", {len(data['shards'])} shards" if "shards" in data else ""
-    rows = [("store", f"{data['store']} ({data['bytes'] / 2**20:.1f} MiB{shards})")]
+    rows = [("store", f"{data['store']} ({size_text(data['bytes'])}{shards})")]
     if "embedding_model" in data:
         rows.append(("embeddings", str(data["embedding_model"])))
     rows += [
@@ -249,7 +250,12 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
     from pydantic import SecretStr
 
     from memoryos_gpu.rejects import encrypt_rejects
-    from memoryos_gpu.store.encryption import ENV_NEW_KEY, AlreadyEncryptedError, rekey_all
+    from memoryos_gpu.store.encryption import (
+        ENV_NEW_KEY,
+        AlreadyEncryptedError,
+        env_key,
+        rekey_all,
+    )
 
     o = options_of(ctx, kwargs)
     store, key = checked_store(o), store_key(o)
@@ -262,12 +268,10 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
     def ask(what: str, confirm: bool = False) -> SecretStr:
         return SecretStr(click.prompt(what, hide_input=True, confirmation_prompt=confirm, err=True))
 
+    new = key if encrypt else env_key(ENV_NEW_KEY)  # checked before any prompt
     old = None if encrypt else key or ask("current key")
-    if encrypt:
-        new = key
-    else:
-        given = os.environ.get(ENV_NEW_KEY)
-        new = SecretStr(given) if given else None
+    if not encrypt and new is not None and new.get_secret_value() == old.get_secret_value():
+        raise CLIError(f"${ENV_NEW_KEY} is the current key: nothing to change")
     try:
         done = rekey_all(list(files), old, new or ask("new key", confirm=True))
     except AlreadyEncryptedError:
@@ -283,6 +287,9 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
         _said_rejects(scrubbed)
         return
     verb = "encrypted" if encrypt else "re-keyed"
+    if not done:  # a rekey run again after it finished: every file has the new key already
+        click.echo(f"every store file under {store} has the new key already: nothing re-keyed")
+        return
     click.echo(f"{verb} {done} of {len(files)} store file(s) under {store}")
     if encrypt:  # the plain store's rejects files hold its records: not beside the encrypted one
         _said_rejects(encrypt_rejects(store))

@@ -23,9 +23,11 @@ import sqlite3
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.request import pathname2url
 
 from pydantic import SecretStr
 
+from memoryos_gpu.sizes import size_text
 from memoryos_gpu.store.batched_sql import batched_connection
 from memoryos_gpu.store.errors import StoreError, StoreFullError, disk_full, open_error
 
@@ -56,20 +58,23 @@ _EXTRA = "pip install 'memoryos-gpu[encryption]'"
 _KEY_HELP = f"EngineConfig(encryption_key=...) or ${ENV_KEY}"
 
 
-def env_key() -> SecretStr | None:
-    """``$MEMORYOS_GPU_KEY`` as a checked secret, None when unset. Set but empty (say
-    ``MEMORYOS_GPU_KEY="$KEY"`` with ``$KEY`` unset) is refused as an empty key given to the
-    API is, rather than taken for "no key": that would write a plain store the operator meant
-    to be encrypted. The message names the variable, never its value."""
-    value = os.environ.get(ENV_KEY)
+def env_key(name: str = ENV_KEY) -> SecretStr | None:
+    """``$MEMORYOS_GPU_KEY`` (or the variable ``name``: ``rekey``'s new key) as a checked
+    secret, None when unset. Set but empty (say ``MEMORYOS_GPU_KEY="$KEY"`` with ``$KEY``
+    unset) is refused as an empty key given to the API is, rather than taken for "no key":
+    that would write a plain store the operator meant to be encrypted (or prompt for a new key
+    where a script meant to give one). The message names the variable, never its value."""
+    value = os.environ.get(name)
     if value is None:
         return None
     secret = SecretStr(value)
     try:
         _check_key(secret)
     except StoreError as exc:
-        hint = f"; unset ${ENV_KEY} for a store that is not encrypted" if not value else ""
-        raise StoreError(f"${ENV_KEY}: {exc}{hint}") from None
+        hint = f"; unset ${name} for a store that is not encrypted" if not value else ""
+        if name != ENV_KEY and not value:
+            hint = f"; unset ${name} to be asked for the new key"
+        raise StoreError(f"${name}: {exc}{hint}") from None
     return secret
 
 
@@ -150,13 +155,53 @@ def _apply_key(db: Any, dbapi: ModuleType, path: str, key: SecretStr) -> None:
         db.close()
         if _not_a_database(exc):
             raise StoreError(
-                f"cannot decrypt store {path}: wrong encryption key (or the file is not a store)"
+                f"cannot decrypt store {path}: wrong encryption key (or the file is not a "
+                f"store){_half_rekeyed(path, key)}"
             ) from None
         said = open_error(path, exc)
         raise said or StoreError(f"cannot open store {path}: {exc}") from exc
     except BaseException:
         db.close()
         raise
+
+
+def _half_rekeyed(path: str, key: SecretStr) -> str:
+    """The hint for a shard that ``key`` does not decrypt while another shard of its store
+    does: ``rekey`` rewrites the shards one by one, so one stopped between two leaves some
+    under each key, and every command then says "wrong key" whichever key it is given."""
+    from memoryos_gpu.store import SHARDS_FILE
+
+    shard = Path(path).parent
+    if not shard.name.startswith("shard-") or not (shard.parent / SHARDS_FILE).is_file():
+        return ""
+    for other in sorted(shard.parent.glob("shard-*/memory.sqlite3")):
+        if other.parent != shard and _decrypts(str(other), key):
+            return (
+                f"; but {other.parent.name} of this store opens with it: a `memoryos-gpu rekey` "
+                f"stopped between shards? run it again with both keys (${ENV_KEY} the old one, "
+                f"${ENV_NEW_KEY} the new one) to finish it"
+            )
+    return ""
+
+
+def _decrypts(path: str, key: SecretStr) -> bool:
+    """Whether ``key`` decrypts the first page of the encrypted file ``path`` (read only)."""
+    if file_state(path) != "encrypted":
+        return False
+    dbapi = driver()
+    try:
+        db = dbapi.connect(f"file:{pathname2url(os.path.abspath(path))}?mode=ro", uri=True)
+    except dbapi.Error:
+        return False
+    try:
+        db.execute("PRAGMA cipher_log_level = NONE")
+        db.execute(f"PRAGMA key = {_quote(key)}")
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return True
+    except dbapi.Error:
+        return False
+    finally:
+        db.close()
 
 
 def _not_a_database(exc: BaseException) -> bool:
@@ -344,10 +389,10 @@ def _copy_error(src: str, exc: BaseException) -> StoreError:
     """What a failed copy of ``src`` tells the operator (the store itself is unchanged)."""
     kept = "the store is unchanged (still under its current key) and the partial copy removed"
     if disk_full(exc, src):
-        size = os.path.getsize(src) / 2**20
+        size = size_text(os.path.getsize(src))
         return StoreFullError(
             f"cannot rekey store {src}: the disk is full ({exc}); {kept}: rekey writes a copy "
-            f"of the store beside it, so free at least {size:.1f} MiB on that disk, then retry"
+            f"of the store beside it, so free at least {size} on that disk, then retry"
         )
     return StoreError(f"cannot rekey store {src}: {exc}; {kept}")
 

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from memoryos_gpu.sizes import size_text
 from memoryos_gpu.store.errors import StoreError, StoreFullError
 
 try:
@@ -252,7 +253,7 @@ def _after_claim(store: str) -> None:
 
     removed = remove_rekey_leftovers(store)
     if removed:
-        what = ", ".join(f"{p.name} ({size / 2**20:.1f} MiB)" for p, size in removed)
+        what = ", ".join(f"{p.name} ({size_text(size)})" for p, size in removed)
         log.warning("removed what an interrupted rekey left beside store %s: %s", store, what)
 
 
