@@ -53,13 +53,19 @@ def _clean_id(value: Any, what: str) -> str:
 
     Lenient on purpose: a store made before :func:`_new_identity` existed may hold a user id
     that rule refuses, and its reads must keep finding it."""
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or not value:
         raise InvalidInputError(f"{what} must be a non-empty string")
-    if len(value) > MAX_ID_CHARS or not (
-        (value.isascii() and value.isprintable())
-        or not any(unicodedata.category(c) in ("Cc", "Cs") for c in value)
-    ):
-        raise InvalidInputError(f"{what} must be at most {MAX_ID_CHARS} printable characters")
+    if value.isspace():
+        raise InvalidInputError(f"{what} is blank (only whitespace): give a visible id")
+    if len(value) > MAX_ID_CHARS:
+        raise InvalidInputError(f"{what} is {len(value)} characters; the limit is {MAX_ID_CHARS}")
+    if not (value.isascii() and value.isprintable()):
+        bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cs")), None)
+        if bad is not None:
+            kind = "a control character" if unicodedata.category(bad) == "Cc" else "a surrogate"
+            raise InvalidInputError(
+                f"{what} must be printable characters: it contains U+{ord(bad):04X}, {kind}"
+            )
     return value
 
 
@@ -150,6 +156,8 @@ def validate_page(p: PageInput | dict[str, Any]) -> PageInput:
         encoded = json.dumps(p.meta, allow_nan=False) if p.meta else "{}"
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"meta must be JSON-serialisable: {exc}") from exc
+    except RecursionError:  # nested deeper than the interpreter's stack allows
+        raise InvalidInputError("meta is nested too deeply to encode as JSON: flatten it") from None
     if len(encoded) > MAX_META_BYTES:
         raise InvalidInputError(
             f"meta is {len(encoded)} bytes as JSON; the limit is {MAX_META_BYTES}"

@@ -221,16 +221,16 @@ def _convert_turns(
     """Shared tail of sharegpt/openai: ``turns`` = (role, index, text, turn timestamp)."""
     user_id, generated = _conversation_user(obj, turns)
     assistant_id = _opt_str(obj, "assistant_id")
-    conv_ts = _timestamp(obj.get("timestamp"))
     conv_id = obj.get("id")
     out: list[Record | _Bad] = []
     for sub, (u, a) in enumerate(_pair([(t[0], t) for t in turns])):
-        ts = conv_ts
-        for t in (u, a):
-            if t is not None and t[3] is not None:
-                ts = _timestamp(t[3], f"turn {t[1]} timestamp")
-                break
-        meta: dict[str, Any] = {"turns": [t[1] for t in (u, a) if t is not None]}
+        indices = [t[1] for t in (u, a) if t is not None]
+        try:
+            ts = _page_timestamp(obj, u, a)
+        except _Invalid as exc:  # this page only, as a LoCoMo session's bad date
+            out.append(_Bad(exc.args[0], {"turns": indices, "id": conv_id}))
+            continue
+        meta: dict[str, Any] = {"turns": indices}
         if isinstance(conv_id, (str, int)) and not isinstance(conv_id, bool):
             meta["conversation_id"] = conv_id
         out.append(
@@ -247,6 +247,19 @@ def _convert_turns(
             )
         )
     return out
+
+
+def _page_timestamp(obj: dict, u: Any, a: Any) -> str | float | None:
+    """The timestamp of the page of turns ``u`` and ``a`` (either may be ``None``): the first
+    one's own, else the conversation's; :class:`_Invalid` when that one does not parse.
+
+    Why per page: a bad timestamp rejects only the pages that would carry it, so one bad
+    field does not lose a long conversation (as a LoCoMo session's bad date rejects only that
+    session's pages)."""
+    for t in (u, a):
+        if t is not None and t[3] is not None:
+            return _timestamp(t[3], f"turn {t[1]} timestamp")
+    return _timestamp(obj.get("timestamp"), "conversation timestamp")
 
 
 def _convert_sharegpt(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
@@ -408,10 +421,16 @@ _CONVERTERS: dict[str, Callable[[dict, _Ctx], list[Record | _Bad]]] = {
 
 
 def _dump(obj: object) -> str:
+    """``obj`` as JSON for a reject's ``raw`` (its repr when it is not JSON); a placeholder
+    when it is nested too deeply for either: a reject must never crash the read."""
     try:
         return json.dumps(obj, ensure_ascii=False, default=str)[:4000]
     except (ValueError, TypeError, RecursionError):
+        pass
+    try:
         return repr(obj)[:4000]
+    except RecursionError:
+        return "<nested too deeply to show>"
 
 
 def _convert(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import stat
 import threading
 import zlib
@@ -28,6 +29,12 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # read-ahead of a gzip pipe may decompress to.
 _HEAD_BYTES = 4 << 20
 _HEAD_PLAIN_BYTES = 16 << 20
+# The read-ahead of a plain pipe goes on past ``_HEAD_BYTES`` to the end of its first non-blank
+# line, up to this many bytes of it: at least the longest line a reader takes
+# (``readers.MAX_LINE_BYTES``), so a JSONL pipe whose first page is long is still recognised.
+_FIRST_LINE_BYTES = 24 << 20
+_NON_BLANK = re.compile(rb"\S")
+_EXTEND_CHUNK = 1 << 20
 
 
 def is_stream(path: str | os.PathLike[str]) -> bool:
@@ -90,14 +97,39 @@ def _pipe(path: str | os.PathLike[str]) -> _Pipe:
         if got is None:
             f = open(path, "rb")  # noqa: SIM115 - kept until the full read takes it
             head = f.read(_HEAD_BYTES)
+            eof = len(head) < _HEAD_BYTES
+            if not eof and head[:2] != _GZIP_MAGIC:
+                head, eof = _to_end_of_first_line(f, head)
             plain = head
             if head[:2] == _GZIP_MAGIC:
                 try:
                     plain = zlib.decompressobj(31).decompress(head, _HEAD_PLAIN_BYTES)
                 except zlib.error:
                     plain = b""  # corrupt: the full read reports where it breaks
-            got = _PIPES[key] = _Pipe(head, plain, len(head) < _HEAD_BYTES, f)
+            got = _PIPES[key] = _Pipe(head, plain, eof, f)
         return got
+
+
+def _to_end_of_first_line(f: IO[bytes], head: bytes) -> tuple[bytes, bool]:
+    """``(head, eof)``: ``head`` read on from ``f`` until it holds the end of its first
+    non-blank line, or that line's first ``_FIRST_LINE_BYTES`` (a longer one is no page anyway).
+
+    Why: the format is sniffed from the read-ahead, and a JSONL line cut at its end would not
+    parse, so a pipe whose first page is longer than ``_HEAD_BYTES`` would be refused."""
+    start = m.start() if (m := _NON_BLANK.search(head)) else len(head)
+    if head.find(b"\n", start) >= 0:
+        return head, False
+    parts = [head]
+    size = len(head)
+    while size - start < _FIRST_LINE_BYTES:
+        chunk = f.read(_EXTEND_CHUNK)
+        parts.append(chunk)
+        size += len(chunk)
+        if len(chunk) < _EXTEND_CHUNK:
+            return b"".join(parts), True
+        if b"\n" in chunk:
+            break
+    return b"".join(parts), False
 
 
 def open_head(path: str | os.PathLike[str]) -> tuple[IO[bytes], bool]:

@@ -23,10 +23,10 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 from .converters import _CONVERTERS, _convert, _Ctx, _dump
-from .opening import _HEAD_BYTES, _Opened, is_stream
+from .opening import _HEAD_BYTES, _Opened, is_stream, open_head
 from .records import RAW_LIMIT, FormatError, PageCounter, Record, Reject
 
 try:  # optional: streaming of JSON documents
@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - exercised only without ijson
 __all__ = [
     "FORMATS",
     "HAVE_IJSON",
+    "MAX_DEPTH",
     "MAX_LINE_BYTES",
     "LongLine",
     "detect_format",
@@ -64,6 +65,14 @@ _PAGE_TEXT_CHARS = 1_000_000
 #: line must not take the memory that reading it whole would (bytes, text and parse: ~4x its size).
 MAX_LINE_BYTES = 2 * _PAGE_TEXT_CHARS * 12 + (1 << 20)
 _SKIP_CHUNK = 1 << 20  # bytes per read while skipping the rest of a line too long
+#: The deepest nesting of JSON arrays and objects an input item may have (a ShareGPT, OpenAI or
+#: LoCoMo item is 3 to 6 levels deep; tool-call arguments add a few). A deeper item is rejected:
+#: Python's ``json`` recurses once per level (about 1,000 crash it), and a streamed item is cut
+#: off at this depth before it is built, so a small file nested 100,000 deep takes no memory.
+MAX_DEPTH = 100
+_TOO_DEEP = f"item nested deeper than {MAX_DEPTH} levels of JSON arrays and objects"
+_OPENS = ("start_map", "start_array")
+_CLOSES = ("end_map", "end_array")
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,29 +187,9 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     if container == "empty":
         raise FormatError(f"cannot detect the format of {os.fspath(path)!r}: the input is empty")
     if container == "lines":
-        with _Opened(path, sniff=True) as f:
-            seen = 0
-            for i, item in enumerate(iter_capped_lines(f)):
-                line = _line_bytes(item, i == 0)
-                if not line.strip():
-                    continue
-                seen += 1
-                if seen > _SNIFF_LINES:
-                    break
-                if isinstance(item, LongLine):
-                    continue
-                try:
-                    fmt = _classify(json.loads(line.decode("utf-8")))
-                except (ValueError, RecursionError):
-                    continue
-                if fmt is not None:
-                    return fmt
-        raise FormatError(
-            f"cannot detect the format of {os.fspath(path)!r}: none of the first "
-            f"{min(seen, _SNIFF_LINES)} non-blank lines is a recognisable record; {_DETECT_HINT}"
-        )
+        return _detect_lines(path)
     try:
-        first = next(iter(_iter_document_items(path, container, sniff=True)), None)
+        first = _first_document_item(path, container)
     except _DOC_ERRORS as exc:
         ahead = (
             f"; a pipe is sniffed from its first {_HEAD_BYTES} bytes: give the format"
@@ -213,11 +202,65 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     fmt = _classify(first[1]) if first is not None else None
     if fmt is None:
         what = "is empty" if first is None else "is not a recognisable record"
+        if first is not None and isinstance(first[1], _TooDeep):
+            what = f"is nested deeper than {MAX_DEPTH} levels"
         raise FormatError(
             f"cannot detect the format of {os.fspath(path)!r}: the first JSON {container} "
             f"item {what}; {_DETECT_HINT}"
         )
     return fmt
+
+
+def _detect_lines(path: str | os.PathLike[str]) -> str:
+    """The format of a JSONL input: the first of its first :data:`_SNIFF_LINES` non-blank lines
+    that is a recognisable record decides; :class:`FormatError` when none is."""
+    f, complete = open_head(path)
+    seen = 0
+    cut = False  # the last line looked at ends where a pipe's read-ahead ends
+    with f:
+        for i, item in enumerate(iter_capped_lines(f)):
+            line = _line_bytes(item, i == 0)
+            if not line.strip():
+                continue
+            seen += 1
+            if seen > _SNIFF_LINES:
+                break
+            cut = not complete and not (isinstance(item, bytes) and item.endswith(b"\n"))
+            if isinstance(item, LongLine):
+                continue
+            try:
+                fmt = _classify(json.loads(line.decode("utf-8")))
+            except (ValueError, RecursionError):
+                continue
+            if fmt is not None:
+                return fmt
+    if cut and seen == 1:
+        raise FormatError(
+            f"cannot detect the format of {os.fspath(path)!r}: its first line is longer than "
+            "what a pipe is read ahead to detect the format from (a gzip pipe: what its first "
+            f"{_HEAD_BYTES} bytes decompress to; a plain pipe: a first line up to "
+            f"{MAX_LINE_BYTES} bytes); name the format (--format on the command line, "
+            "format= in Python)"
+        )
+    raise FormatError(
+        f"cannot detect the format of {os.fspath(path)!r}: none of the first "
+        f"{min(seen, _SNIFF_LINES)} non-blank lines is a recognisable record; {_DETECT_HINT}"
+    )
+
+
+def _first_document_item(path: str | os.PathLike[str], container: str) -> tuple[int, object] | None:
+    """The first item of a JSON array or document that is not nested too deeply (such an
+    item is rejected on its own when read, so it must not decide the format), looking at up
+    to :data:`_SNIFF_LINES` items; the first item when all are too deep, ``None`` when there
+    is none."""
+    first = None
+    for got in _iter_document_items(path, container, sniff=True):
+        if not isinstance(got[1], _TooDeep):
+            return got
+        first = first or got
+        if got[0] >= _SNIFF_LINES:
+            break
+    return first
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,11 +291,36 @@ def _iter_lines(path: str | os.PathLike[str], fmt: str) -> Iterator[Record | Rej
             except json.JSONDecodeError as exc:
                 yield Reject(spath, lineno, f"invalid JSON: {exc.msg} (column {exc.colno})", text)
                 continue
-            except (ValueError, RecursionError) as exc:
+            except RecursionError:
+                yield Reject(spath, lineno, _TOO_DEEP, text)
+                continue
+            except ValueError as exc:
                 yield Reject(spath, lineno, f"invalid JSON: {exc}", text)
+                continue
+            if _too_deep_line(text, obj):
+                yield Reject(spath, lineno, _TOO_DEEP, text)
                 continue
             ctx = _Ctx(basename, lineno, seen)
             yield from _convert(convert, obj, ctx, spath, lambda t=text: t)
+
+
+def _too_deep_line(text: str, obj: object) -> bool:
+    """Whether the item ``obj`` parsed from ``text`` is nested deeper than :data:`MAX_DEPTH`.
+    Walked only when ``text`` has more brackets than that (counted in C: most lines do not)."""
+    return text.count("[") + text.count("{") > MAX_DEPTH and _depth_exceeds(obj, MAX_DEPTH)
+
+
+def _depth_exceeds(obj: object, limit: int) -> bool:
+    """Whether ``obj`` nests arrays and objects (lists, dicts) more than ``limit`` deep; without
+    recursion, so any depth the parser built is walked safely."""
+    stack = [(obj, 1)] if isinstance(obj, dict | list) else []
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def _long_line_reject(path: str, lineno: int, item: LongLine) -> Reject:
@@ -273,16 +341,79 @@ def _iter_document_items(
     with _Opened(path, sniff) as f:
         stream = _skip_bom(f)
         if ijson is not None:
-            prefix = "item" if container == "array" else ""
-            yield from enumerate(ijson.items(stream, prefix, use_float=True), 1)
+            yield from enumerate(_stream_items(stream, container), 1)
             return
         doc = json.loads(stream.read().decode("utf-8"))
         if container == "array":
             if not isinstance(doc, list):
                 raise ValueError("top-level JSON value is not an array")
-            yield from enumerate(doc, 1)
+            items = doc
         else:
-            yield 1, doc
+            items = [doc]
+        for i, item in enumerate(items, 1):
+            yield i, (_TooDeep() if _depth_exceeds(item, MAX_DEPTH) else item)
+
+
+class _TooDeep:
+    """Stands for an item nested deeper than :data:`MAX_DEPTH`, which was not built."""
+
+
+def _stream_items(stream: IO[bytes], container: str) -> Iterator[object]:
+    """The items of a JSON array (``container == "array"``) or the one value of a document,
+    built from ``ijson``'s events; an item nested deeper than :data:`MAX_DEPTH` is a
+    :class:`_TooDeep`.
+
+    Why not ``ijson.items``: it builds an item of any depth, and the path it gives each event
+    grows with the depth (a 200 KB item nested 100,000 deep took 22 GB). Here the building
+    stops at the limit and the rest of the item is only parsed past. One loop, without a
+    builder object: as fast as ``ijson.items``, which spends its time on those paths."""
+    events = ijson.basic_parse(stream, use_float=True)
+    if container == "array":
+        first = next(events, None)
+        if first is None or first[0] != "start_array":
+            raise ValueError("top-level JSON value is not an array")
+    stack: list[Any] = []  # the containers open in the current item, innermost last
+    key = None  # the key of the next value in the innermost object
+    skip = 0  # containers open in an item too deep, which is parsed past, not built
+    for event, value in events:
+        if skip:
+            skip += event in _OPENS
+            skip -= event in _CLOSES
+            if not skip:
+                yield _TooDeep()
+            continue
+        if event == "map_key":
+            key = value
+            continue
+        if event in _CLOSES:
+            if not stack:  # the top-level array ends
+                break
+            value = stack.pop()
+            if not stack:
+                yield value
+            continue
+        opens = event in _OPENS
+        if opens:
+            if len(stack) == MAX_DEPTH:
+                skip = len(stack) + 1
+                stack.clear()
+                continue
+            value = {} if event == "start_map" else []
+        if not stack:
+            if opens:
+                stack.append(value)
+            else:
+                yield value  # a scalar item
+            continue
+        top = stack[-1]
+        if type(top) is list:
+            top.append(value)
+        else:
+            top[key] = value
+        if opens:
+            stack.append(value)
+    for _ in events:  # let ijson report anything after the array
+        pass
 
 
 def _iter_document(
@@ -305,6 +436,9 @@ def _iter_document(
         if got is None:
             return
         index, obj = got
+        if isinstance(obj, _TooDeep):
+            yield Reject(spath, index, _TOO_DEEP, "")
+            continue
         ctx = _Ctx(basename, index, seen)
         yield from _convert(convert, obj, ctx, spath, lambda o=obj: _dump(o))
 
