@@ -54,7 +54,7 @@ from memoryos_gpu.formats import (
 from memoryos_gpu.formats.opening import is_stream, open_head
 from memoryos_gpu.formats.readers import LongLine, iter_capped_lines
 from memoryos_gpu.formats.timestamps import naive_zone
-from memoryos_gpu.rejects import RejectRow, reason_kind, record_reject
+from memoryos_gpu.rejects import RejectRow, reason_kind, record_reject, refuse_rejects_path
 from memoryos_gpu.stop_signals import StopSignals
 from memoryos_gpu.store import is_url
 
@@ -612,7 +612,9 @@ def ingest(
     rejects_path:
         JSONL file of rejected items (``file``, ``line``, ``reason``, ``raw``, ``stage``,
         ``source``); truncated at the start of the run, each row flushed as it is rejected
-        (a killed run's file lists what it rejected). ``None``: not written.
+        (a killed run's file lists what it rejected). ``None``: not written. ``ValueError``,
+        before anything is opened, for a directory, a file of the store (its database, log,
+        lock, a shard's) or one of ``paths``: truncating it would erase it.
     rejects_raw:
         Whether each rejects-file row holds the record's content (``raw``). False: where
         (``file``, ``line``, ``source``) and why only; ``memoryos-gpu ingest`` passes it for
@@ -658,6 +660,8 @@ def ingest(
         raise ValueError(f"process must be 'auto', 'batch' or 'defer', got {process!r}")
     shard_obj = Shard.parse(shard) if shard is not None else None
     zone = naive_zone(timezone)
+    if rejects_path is not None:  # before anything is opened: it is truncated at once
+        refuse_rejects_path(rejects_path, _store_spec(engine_or_config), path_list)
     files = resolve_formats(path_list, fmt)
 
     own_engine = not isinstance(engine_or_config, MemoryEngine)
@@ -832,6 +836,17 @@ def ingest(
     if report.generated_users:
         display.log(log, _generated_note(report.generated_users))
     return report
+
+
+def _store_spec(engine_or_config: Any) -> str:
+    """The store an :func:`ingest` run writes (an engine's, a config's, else the default
+    config's), known before any engine is opened: what its rejects file must not be."""
+    from memoryos_gpu.config import EngineConfig
+
+    cfg = getattr(engine_or_config, "config", engine_or_config)
+    if not isinstance(cfg, EngineConfig):
+        cfg = EngineConfig()  # None (the default config); another type is refused below
+    return str(cfg.store)
 
 
 def _default_prefetch(engine: Any) -> bool:

@@ -14,13 +14,13 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from memoryos_gpu.formats import Record, normalise_text
 from memoryos_gpu.formats.timestamps import refusal_kind
-from memoryos_gpu.store import is_url
+from memoryos_gpu.store import SHARDS_FILE, STORE_FILE, STORE_FILE_SUFFIXES, is_url
 
 __all__ = [
     "REJECTS_FILE",
@@ -32,6 +32,7 @@ __all__ = [
     "forget_rejects",
     "reason_kind",
     "record_reject",
+    "refuse_rejects_path",
     "store_dir",
 ]
 
@@ -69,7 +70,7 @@ class RejectRow:
 def store_dir(store: str | os.PathLike[str]) -> Path:
     """The directory of a store given as a directory or as a ``.sqlite3``/``.db`` file."""
     p = Path(store)
-    return p.parent if p.suffix in (".sqlite", ".sqlite3", ".db") else p
+    return p.parent if p.suffix in STORE_FILE_SUFFIXES else p
 
 
 REJECTS_FILE = "rejects.jsonl"  # `memoryos-gpu ingest`'s default rejects file, in the store dir
@@ -98,6 +99,100 @@ def default_rejects_files(store: str | os.PathLike[str]) -> list[Path]:
     base = store_dir(spec)
     found = [base / REJECTS_FILE, *sorted(base.glob(f"shard-*/{REJECTS_FILE}"))]
     return [f for f in found if f.is_file()]
+
+
+#: A SQLite store's own files, by their suffix after the database's name: the database, its
+#: logs and its writer lock (:func:`memoryos_gpu.store.writer`'s ``<database>.lock``).
+_STORE_SIDECARS = {
+    "": "",
+    "-wal": "write-ahead log ",
+    "-shm": "shared-memory index ",
+    "-journal": "journal ",
+    ".lock": "writer lock ",
+}
+_SHARD_DIR = re.compile(r"shard-\d+")
+
+
+def refuse_rejects_path(
+    rejects: str | os.PathLike[str],
+    store: str,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+) -> None:
+    """``ValueError`` when ``rejects`` cannot be the rejects file of a run into ``store`` that
+    reads ``inputs``; nothing when it can. Why: the rejects file is opened for writing
+    (truncated) before anything is read, so a path naming the store's database (or its log,
+    its lock, a shard's database, the shard manifest) wiped the store, and one naming an
+    input file erased the input before it was read (the run then "succeeded" with nothing).
+    A directory is refused too, in words rather than as ``[Errno 21]``. Paths are compared
+    resolved (a symlink, ``./`` or ``..`` variant is the same path) and, for files that
+    exist, by identity (a hard link is the same file). Call it before opening anything."""
+    spec = os.fspath(rejects)
+    if os.path.isdir(spec):
+        raise ValueError(
+            f"{spec} is a directory: give a file path, e.g. {os.path.join(spec, REJECTS_FILE)}"
+        )
+    what = _store_file_named(spec, store) or _input_named(spec, inputs)
+    if what is not None:
+        raise ValueError(
+            f"{spec} is {what}: the rejects file is overwritten, so that would erase it; "
+            f"give another file (default: {REJECTS_FILE} in the store's folder)"
+        )
+
+
+def _same(a: str, b: str | os.PathLike[str]) -> bool:
+    """Whether paths ``a`` and ``b`` name the same file: resolved alike, or (both existing)
+    the same inode."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def _store_file_named(spec: str, store: str) -> str | None:
+    """What of ``store``'s own files ``spec`` names, in words; None when none."""
+    if store == ":memory:" or is_url(store):
+        return None
+    base = Path(store)
+    if base.suffix in STORE_FILE_SUFFIXES:
+        return _database_file(spec, base, "the store's")
+    named = _database_file(spec, base / STORE_FILE, "the store's")
+    if named is not None:
+        return named
+    if _same(spec, base / SHARDS_FILE):
+        return f"the sharded store's layout file {base / SHARDS_FILE}"
+    # a shard's files, also of a shard not written yet (--workers N creates them)
+    real = Path(os.path.realpath(spec))
+    if real.parent.parent == Path(os.path.realpath(base)) and _SHARD_DIR.fullmatch(
+        real.parent.name
+    ):
+        named = _database_file(spec, base / real.parent.name / STORE_FILE, "a shard's")
+        if named is not None:
+            return named
+    for shard in sorted(base.glob("shard-*")):
+        named = _database_file(spec, shard / STORE_FILE, "a shard's")
+        if named is not None:
+            return named
+    return None
+
+
+def _database_file(spec: str, database: Path, whose: str) -> str | None:
+    """Which file of the SQLite database ``database`` (itself, a log, its lock) ``spec``
+    names, in words; None when none."""
+    for side, kind in _STORE_SIDECARS.items():
+        path = Path(f"{database}{side}")
+        if _same(spec, path):
+            return f"{whose} database {path}" if not side else f"{whose} database {kind}{path}"
+    return None
+
+
+def _input_named(spec: str, inputs: Iterable[str | os.PathLike[str]]) -> str | None:
+    """Which of ``inputs`` ``spec`` names, in words; None when none."""
+    for path in inputs:
+        if _same(spec, path):
+            return f"an input file of this run ({os.fspath(path)})"
+    return None
 
 
 def forget_rejects(store: str | os.PathLike[str], user_id: str) -> int:

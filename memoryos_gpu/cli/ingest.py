@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -190,6 +189,7 @@ def ingest(
             f"--workers {shards} (local processes, shard i into STORE/shard-i)"
         )
     cfg = build_config(o)
+    _check_rejects(rejects_path, cfg.store, files)
     _check_timezone(timezone)
     if (use_ray or workers > 1) and any(is_stream(f) for f in files):
         raise UsageFailure(
@@ -206,6 +206,7 @@ def ingest(
         raise click.BadParameter(str(exc), param_hint="--shard") from None
     if shard_obj is not None and workers > 1:
         raise UsageFailure("give --shard or --workers, not both")
+    _check_sharded_store(cfg.store, shard_obj, workers=workers, use_ray=use_ray)
     if progress is None:
         progress = sys.stderr.isatty()
     raw = _raw_rejects(cfg, rejects_path)
@@ -320,6 +321,69 @@ def _check_timezone(timezone: str) -> None:
         naive_zone(timezone)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--timezone") from None
+
+
+def _check_rejects(rejects_path: str | None, store: str, files: tuple[str, ...]) -> None:
+    """Refuse (exit 2), before anything is opened, a ``--rejects`` that the run would erase
+    by writing it: a directory, a file of the store or of one of its shards (database, log,
+    lock, layout) or an input file (:func:`memoryos_gpu.rejects.refuse_rejects_path`)."""
+    from memoryos_gpu.rejects import refuse_rejects_path
+
+    if rejects_path is None:
+        return
+    try:
+        refuse_rejects_path(rejects_path, store, files)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--rejects") from None
+
+
+def _check_sharded_store(store: str, shard: Any, *, workers: int, use_ray: bool) -> None:
+    """Refuse an ingest that would misplace users in a sharded directory store: a plain one
+    into its parent (exit 1, as the store's own refusal, which named no ingest option and
+    offered "one shard's directory" without its --shard), and (exit 2) one into a shard's
+    directory ``PARENT/shard-I`` that does not keep to that shard's users (no ``--shard
+    I/N``, another one, or ``--workers``/``--ray``): every user of the input went there, the
+    other shards' ones too, so their pages existed twice and a deletion routed by hash left
+    the stray copies behind."""
+    from memoryos_gpu.distributed.layout import manifest_count, shard_of_directory
+    from memoryos_gpu.store import SHARDS_FILE
+
+    if store == ":memory:" or is_url(store):
+        return
+    base = Path(store)
+    plain = workers == 1 and not use_ray
+    if plain and (base / SHARDS_FILE).is_file() and not store_file(base).exists():
+        try:
+            count = str(manifest_count(base / SHARDS_FILE))
+        except ValueError:
+            count = "N"
+        raise CLIError(  # exit 1, as the store's own refusal of a plain open was
+            f"{base} is a sharded store ({count} shards: {base}/shard-I, {SHARDS_FILE}): "
+            f"ingest into it as it was written, with --workers {count} (or --ray --shards "
+            f"{count}); to ingest one shard by itself, give --store {base}/shard-I "
+            f"--shard I/{count}"
+        )
+    try:
+        found = shard_of_directory(store)
+    except ValueError as exc:
+        raise UsageFailure(str(exc)) from None
+    if found is None:
+        return
+    parent, index, count = found
+    own = f"{index}/{count}"
+    if plain and shard is not None and str(shard) == own:
+        return
+    if workers > 1 or use_ray:
+        wrong = "--workers or --ray here would make a sharded store inside a shard"
+    elif shard is not None:
+        wrong = f"--shard {shard} would store another shard's users here"
+    else:
+        wrong = "without --shard, every user of the input would go here, other shards' ones too"
+    raise UsageFailure(
+        f"{store} is shard {own} of the sharded store {parent} (its {SHARDS_FILE}): {wrong}. "
+        f"Ingest into the parent with --store {parent} --workers {count}, or into this shard "
+        f"alone with --shard {own}"
+    )
 
 
 def _raw_rejects(cfg: Any, rejects_path: str | None) -> bool:
@@ -465,7 +529,7 @@ def _ingest_workers(
 def _supervisor_stop(procs: list[subprocess.Popen]) -> StopSignals:
     """The stop signals of ``ingest --workers`` (the rule: :mod:`memoryos_gpu.stop_signals`):
     the first one asks every shard process in ``procs`` to finish its batch in flight and
-    stop (SIGINT, as for Ctrl-C; they run in their own session, so only this forwarding
+    stop (the same signal, forwarded: they run in their own session, so only this forwarding
     reaches them), and the merged report then exits with 128 + that signal; a second Ctrl-C
     kills them; a repeated SIGTERM or SIGHUP changes nothing."""
 
@@ -487,9 +551,12 @@ def _supervisor_stop(procs: list[subprocess.Popen]) -> StopSignals:
 
 
 def _forward_stop(stopper: StopSignals, p: subprocess.Popen) -> None:
-    """Ask shard process ``p`` to stop (when a stop was asked and ``p`` still runs)."""
-    if stopper.stopped and p.poll() is None:
-        p.send_signal(signal.SIGINT)
+    """Ask shard process ``p`` to stop (when a stop was asked and ``p`` still runs), with the
+    signal the run got: the shard's report (``stop_signal``, ``exit_code``) and its notice
+    then name what the user sent, not a Ctrl-C nobody pressed. Its handler follows the same
+    rule (:mod:`memoryos_gpu.stop_signals`): the batch in flight finishes either way."""
+    if stopper.signum is not None and p.poll() is None:
+        p.send_signal(stopper.signum)
 
 
 def _spawn(
@@ -532,7 +599,7 @@ def _spawn(
             child_env[ENV_LLM_API_KEY] = o.llm_api_key
         if gpus > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
             child_env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
-        # own session: a terminal Ctrl-C reaches only this process, which forwards one SIGINT
+        # own session: a terminal Ctrl-C reaches only this process, which forwards it once
         procs.append(
             subprocess.Popen(cmd, stdout=subprocess.PIPE, env=child_env, start_new_session=True)
         )

@@ -131,6 +131,30 @@ _FAILED_BECAUSE = {
 }
 
 
+#: How many reject kinds the summary table lists (the most frequent; --json has them all).
+_SHOWN_REJECT_KINDS = 5
+
+
+def _reject_kind_rows(reasons: dict[str, int]) -> list[tuple[str, str]]:
+    """The summary's rows of reject kinds: the most frequent ones, then, when there are more,
+    one row saying how many kinds and rejects are left out and where they all are, so that a
+    person does not take the listed ones for every reason the input was refused for."""
+    kinds = sorted(reasons.items(), key=lambda kv: -kv[1])
+    rows = [(f"  {n:,} x", reason) for reason, n in kinds[:_SHOWN_REJECT_KINDS]]
+    rest = kinds[_SHOWN_REJECT_KINDS:]
+    if rest:
+        left = sum(n for _, n in rest)
+        rows.append(
+            (
+                "  ...",
+                f"and {len(rest):,} more kind{'s' if len(rest) > 1 else ''} "
+                f"({left:,} reject{'s' if left > 1 else ''}): see --json reject_reasons "
+                "or the rejects file",
+            )
+        )
+    return rows
+
+
 def print_ingest_summary(r: dict[str, Any], *, err: bool) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -163,8 +187,7 @@ def print_ingest_summary(r: dict[str, Any], *, err: bool) -> None:
         rows.append(("records of other shards", f"{r['other_shards']:,}"))
     if r["rejected"]:
         rows.append(("rejects file", str(r.get("rejects_path"))))
-        for reason, n in list(r.get("reject_reasons", {}).items())[:5]:
-            rows.append((f"  {n} x", reason))
+        rows.extend(_reject_kind_rows(r.get("reject_reasons", {})))
     for name, value in rows:
         table.add_row(name, value)
     for s in r.get("shards", []):

@@ -21,6 +21,7 @@ Kept apart from the shard engine (:mod:`~memoryos_gpu.distributed.sharding`) bec
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,13 @@ from typing import Any
 import numpy as np
 
 from memoryos_gpu.ingest import shard_of
-from memoryos_gpu.store import SHARDS_FILE, check_store_dir, open_store
+from memoryos_gpu.store import (
+    SHARDS_FILE,
+    STORE_FILE,
+    STORE_FILE_SUFFIXES,
+    check_store_dir,
+    open_store,
+)
 from memoryos_gpu.store.pg_urls import redact
 from memoryos_gpu.store.reads import ArenaExtent
 
@@ -40,7 +47,9 @@ __all__ = [
     "ShardMap",
     "check_layout",
     "is_shared_store",
+    "manifest_count",
     "prepare_layout",
+    "shard_of_directory",
     "shard_store",
     "shared_shards",
 ]
@@ -110,7 +119,7 @@ def check_layout(store: str, count: int) -> bool:
     if is_shared_store(store):
         return _shared_layout(store, count, record=False)
     base = Path(store)
-    if base.suffix in (".sqlite", ".sqlite3", ".db"):
+    if base.suffix in STORE_FILE_SUFFIXES:
         raise ValueError(
             f"{store} is a single SQLite file; sharding needs --store DIR (a directory: one "
             "store per shard) or a PostgreSQL URL"
@@ -120,17 +129,41 @@ def check_layout(store: str, count: int) -> bool:
         _check_manifest(manifest, count)
         return False
     check_store_dir(base)  # a file in the path: refused as for one store
-    if (base / "memory.sqlite3").exists():
+    if (base / STORE_FILE).exists():
         raise ValueError(f"{base} holds an unsharded store; use a new store directory")
     return True
 
 
 def _check_manifest(manifest: Path, count: int) -> None:
+    _check_count(str(manifest.parent), manifest_count(manifest), count)
+
+
+def manifest_count(manifest: Path) -> int:
+    """The shard count a sharded directory's ``shards.json`` records (``ValueError`` when
+    it is unreadable)."""
     try:
-        found = int(json.loads(manifest.read_text())["count"])
+        return int(json.loads(manifest.read_text())["count"])
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{manifest} is unreadable ({exc}); move it away to start over") from None
-    _check_count(str(manifest.parent), found, count)
+
+
+def shard_of_directory(store: str) -> tuple[Path, int, int] | None:
+    """``(PARENT, I, N)`` when directory ``store`` is shard ``I`` of ``N`` of a sharded
+    directory (``PARENT/shard-I`` beside ``PARENT/shards.json``, the ``ingest --workers``
+    layout), else None. Why: a shard's directory carries no marker of its own, so a command
+    given it directly would take it for a whole store (``ingest`` put every user there, also
+    the other shards' ones, whose pages then existed twice). ``ValueError`` for an unreadable
+    manifest."""
+    if store == ":memory:" or is_shared_store(store):
+        return None
+    here = Path(store).resolve()
+    if here.suffix in STORE_FILE_SUFFIXES:  # a shard's database file given itself
+        here = here.parent
+    match = re.fullmatch(r"shard-(\d+)", here.name)
+    manifest = here.parent / SHARDS_FILE
+    if match is None or not manifest.is_file():
+        return None
+    return here.parent, int(match[1]), manifest_count(manifest)
 
 
 def _check_count(where: str, found: int, count: int) -> None:

@@ -88,13 +88,13 @@ from memoryos_gpu.ingest import (
 )
 from memoryos_gpu.rejects import RejectRow, reason_kind, record_reject
 from memoryos_gpu.stop_signals import StopSignals
+from memoryos_gpu.store import STORE_FILE
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_WINDOW", "ShardIngestActor", "actor_name", "ingest_ray"]
 
 UNSENT = "unsent"  # a row a stopped shard actor sent back undone
-STORE_FILE = "memory.sqlite3"  # a shard directory's database (``open_store``)
 DEFAULT_WINDOW = 200_000  # records per Ray dataset (bounds the driver's memory)
 BUCKETS_PER_SHARD = 4  # groups per shard: parallel writers per shard, smaller groups
 _RAW_LIMIT = 2000

@@ -13,10 +13,16 @@ from memoryos_gpu.store.writer import StoreLockedError
 #: The manifest a sharded store directory holds (``STORE/shards.json``, beside ``STORE/shard-I``):
 #: written by ``ingest --workers`` and the shard engines, read by every command.
 SHARDS_FILE = "shards.json"
+#: A directory store's database file (``STORE/memory.sqlite3``).
+STORE_FILE = "memory.sqlite3"
+#: The endings that make a store path a database file itself rather than a directory.
+STORE_FILE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 
 __all__ = [
     "SCHEMA_VERSION",
     "SHARDS_FILE",
+    "STORE_FILE",
+    "STORE_FILE_SUFFIXES",
     "SQLiteStore",
     "StoreError",
     "StoreFullError",
@@ -74,9 +80,9 @@ def open_store(
     if spec == ":memory:":
         return SQLiteStore(spec, key=secret)
     p = Path(spec)
-    if p.suffix not in (".sqlite", ".sqlite3", ".db"):
+    if p.suffix not in STORE_FILE_SUFFIXES:
         check_store_dir(p)
-        p = p / "memory.sqlite3"
+        p = p / STORE_FILE
     return SQLiteStore(p, writer=writer, key=secret, cache_mb=cache_mb)
 
 
@@ -93,7 +99,7 @@ def check_store_dir(base: Path) -> None:
                 )
             break
     manifest = base / SHARDS_FILE
-    if manifest.is_file() and not (base / "memory.sqlite3").exists():
+    if manifest.is_file() and not (base / STORE_FILE).exists():
         raise StoreError(
             f"{base} is a sharded store (its users are in {base}/shard-I, {manifest.name}): "
             "write it as it was written, with `ingest --workers N`, `ingest --ray --shards N` "
