@@ -340,6 +340,31 @@ def test_retrieve_json_shape(sample_store):
     assert p.returncode == 1 and "nobody" in p.stderr
 
 
+def test_retrieve_names_each_side_by_its_speaker(tmp_path):
+    """A log that names its two people (LoCoMo's speaker_a / speaker_b) is shown under their
+    names, as the page was embedded; a side that said nothing gets no empty line."""
+    rows = [
+        {
+            "user_id": "caro",
+            "user_input": f"I adopted a dog named Rex {i}" if i < 9 else "",
+            "agent_response": f"Great news {i}",
+            "timestamp": 1.7e9 + 60 * i,
+            "meta": {"speaker_a": "Caroline", "speaker_b": "Melanie"},
+        }
+        for i in range(10)
+    ]
+    src = tmp_path / "speakers.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    store = tmp_path / "s"
+    assert cli("ingest", src, "--store", store).returncode == 0
+    p = cli("retrieve", "--store", store, "--user", "caro", "dog Rex", "--top-pages", "10")
+    assert p.returncode == 0, p.stderr
+    assert "Caroline: I adopted a dog named Rex 1" in p.stdout
+    assert "Melanie: Great news 9" in p.stdout  # the page Melanie opened: no empty line
+    assert "User:" not in p.stdout and "Assistant:" not in p.stdout
+    assert "Caroline: \n" not in p.stdout
+
+
 def test_profile_stats_and_global_option_position(sample_store):
     p = cli("profile", "--store", sample_store, "--user", "maya_chen", "--json")
     assert p.returncode == 0

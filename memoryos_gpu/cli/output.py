@@ -91,6 +91,8 @@ def print_retrieval(r: Any) -> None:
     from rich.console import Console
     from rich.markup import escape
 
+    from memoryos_gpu.engine.page_text import speakers
+
     c = Console(soft_wrap=True)
     c.print(
         f"[bold]user[/] {escape(r.user_id)}  [bold]query[/] {escape(r.query)}  "
@@ -102,15 +104,16 @@ def print_retrieval(r: Any) -> None:
             c.print(f"  {escape(str(k))}: {escape(str(v))}")
     for title, pages in (
         ("mid-term pages (best first; score: cosine and BM25 standardised, summed)", r.pages),
-        ("short-term memory (oldest first)", r.stm),
+        ("short-term memory (the latest pages, in the order they were added)", r.stm),
     ):
         c.print(f"[bold]{title}[/] ({len(pages)})")
         for p in pages:
             score = f"{p.score:.3f} " if p.score is not None else ""
             c.print(f"  [dim]{score}{iso_time(p.timestamp) or ''}[/]")
-            c.print(f"    User: {escape(p.user_input)}")
-            if p.agent_response:
-                c.print(f"    Assistant: {escape(p.agent_response)}")
+            # each side under its speaker's name when the log has them (LoCoMo: the two people)
+            for name, said in zip(speakers(p.extra), (p.user_input, p.agent_response), strict=True):
+                if said:
+                    c.print(f"    {escape(name)}: {escape(said)}")
             if p.meta:
                 c.print(f"    [dim]chain: {escape(p.meta)}[/]")
     for title, entries in (
