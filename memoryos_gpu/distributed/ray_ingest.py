@@ -96,6 +96,9 @@ __all__ = ["DEFAULT_WINDOW", "ShardIngestActor", "actor_name", "ingest_ray"]
 
 UNSENT = "unsent"  # a row a stopped shard actor sent back undone
 DEFAULT_WINDOW = 200_000  # records per Ray dataset (bounds the driver's memory)
+#: How long a run waits for the shard actors of a stopped earlier run to let a store go.
+ACTOR_WAIT_S, ACTOR_POLL_S = 30.0, 0.25
+_RAY_WORKER = ("default_worker.py", "ray::")  # a Ray worker process's command, as recorded
 BUCKETS_PER_SHARD = 4  # groups per shard: parallel writers per shard, smaller groups
 _RAW_LIMIT = 2000
 
@@ -629,14 +632,50 @@ def _check_writers(store: str, shards: int) -> None:
     (:meth:`ShardIngestActor.info`). PostgreSQL shards are claimed by the actors only."""
     if is_shared_store(store):
         return
-    from memoryos_gpu.store.writer import SQLiteWriterLock
-
     for i in range(shards):
         db = Path(shard_store(store, i, shards)) / STORE_FILE
         if db.is_file():
-            lock = SQLiteWriterLock(db)
+            _claim_and_give_back(db)
+
+
+def _claim_and_give_back(db: Path, wait_s: float | None = None) -> None:
+    """Take the writer claim of shard store ``db`` and give it back. A holder that is a Ray
+    worker is waited for, up to ``wait_s`` (:data:`ACTOR_WAIT_S`): the shard actor of an
+    earlier ``ingest --ray`` whose driver was killed finishes its chunk in flight first (a
+    few seconds), and a re-run started meanwhile was refused once, with the advice meant for a
+    running server. One that does not let go is named as what it is."""
+    from memoryos_gpu.store.writer import SQLiteWriterLock, StoreLockedError
+
+    deadline = time.monotonic() + (ACTOR_WAIT_S if wait_s is None else wait_s)
+    said = False
+    while True:
+        lock = SQLiteWriterLock(db)
+        try:
             lock.acquire()
-            lock.release()
+        except StoreLockedError as exc:
+            holder = exc.holder
+            if holder is None or not holder.command.startswith(_RAY_WORKER):
+                raise
+            if time.monotonic() >= deadline:
+                raise StoreLockedError(
+                    f"store {db} is open for writing by a Ray worker, pid {holder.pid} on "
+                    f"{holder.host}: a shard actor of an earlier `ingest --ray` still "
+                    "finishing its chunk, or of a Ray cluster that still runs it; retry once "
+                    "it has exited, or stop it (`ray stop`)",
+                    holder,
+                ) from None
+            if not said:
+                log.warning(
+                    "waiting for a shard actor of an earlier run (pid %d) to finish its chunk "
+                    "and give %s back",
+                    holder.pid,
+                    db,
+                )
+                said = True
+            time.sleep(ACTOR_POLL_S)
+            continue
+        lock.release()
+        return
 
 
 def _start_actors(ray: Any, config: EngineConfig, shards: int, run: str, res: Any) -> list[Any]:
