@@ -1272,12 +1272,16 @@ def test_ids_are_never_reused_after_the_newest_rows_are_deleted(backend: Backend
         _fill(e, "alice")
         _fill(e, "bob")
         gone = _newest_ids(e)
+        events = e.store.query("SELECT MAX(event_id) FROM audit")[0][0]  # bob's
         assert _first_ids(e, "bob")["pages"] > 1 and all(gone.values()), gone
         assert e.delete_user("bob")
         assert all(v < gone[k] for k, v in _newest_ids(e).items())  # they were bob's
         _fill(e, "carol")
         first = _first_ids(e, "carol")
         assert all(first[k] > gone[k] for k in gone), (first, gone)
+        # audit events too: bob's tombstone and carol's first event come after bob's last
+        assert e.history("bob")[0]["event_id"] > events
+        assert min(h["event_id"] for h in e.history("carol")) > events
         made = _newest_ids(e)
         assert e.delete_user("carol")
     finally:

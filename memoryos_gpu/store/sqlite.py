@@ -50,7 +50,12 @@ log = logging.getLogger("memoryos_gpu.store")
 SYNCHRONOUS = "FULL"  # an acknowledged page survives power loss, not only a process crash
 
 #: The tables whose new rows take their ids from :meth:`SQLiteStore.new_ids`, and the id column.
-ID_COLUMNS = {"pages": "page_id", "segments": "segment_id", "knowledge": "entry_id"}
+ID_COLUMNS = {
+    "pages": "page_id",
+    "segments": "segment_id",
+    "knowledge": "entry_id",
+    "audit": "event_id",
+}
 
 #: SQLite's page cache of a file store's connection, MiB (``PRAGMA cache_size``; SQLite's own
 #: default is 2 MiB). Derived work rewrites rows spread over the pages table and its indexes:
@@ -425,9 +430,10 @@ class SQLiteStore(StoreReads):
 
     # ------------------------------------------------------------------ ids
     def new_ids(self, db: sqlite3.Connection, table: str, n: int) -> list[int]:
-        """``n`` ids for new rows of ``table`` (``pages``, ``segments`` or ``knowledge``) that
-        no row of it ever had, inside the open write transaction ``db``; the caller inserts
-        its rows with them (one ``executemany``: faster than reading generated ids back).
+        """``n`` ids for new rows of ``table`` (``pages``, ``segments``, ``knowledge`` or
+        ``audit``) that no row of it ever had, inside the open write transaction ``db``; the
+        caller inserts its rows with them (one ``executemany``: faster than reading generated
+        ids back).
 
         Why not SQLite's own choice: a new rowid is the highest one + 1, so when the newest
         row is deleted its id goes to the next row, and whoever still holds it (a page id from
@@ -459,21 +465,27 @@ class SQLiteStore(StoreReads):
         details: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         """:meth:`audit` of many events ``(user, action, kind, item id)`` in one statement,
-        content-free or with ``details`` (one per row)."""
+        content-free or with ``details`` (one per row). Their ids come from :meth:`new_ids`,
+        as a page's do: SQLite gave a new event the highest id + 1, so deleting a user whose
+        events were the newest handed their ids to the next events (another user's), and a
+        client reading the log from its last event id skipped those."""
+        if not rows:
+            return
         now = time.time()
+        ids = self.new_ids(db, "audit", len(rows))
+        sql = (
+            "INSERT INTO audit(event_id, user_id, ts, action, item_kind, item_id, detail) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
         if details is None:
-            db.executemany(
-                "INSERT INTO audit(user_id, ts, action, item_kind, item_id, detail) "
-                "VALUES (?, ?, ?, ?, ?, '{}')",
-                [(u, now, a, k, i) for u, a, k, i in rows],
-            )
+            rows_in = zip(ids, rows, strict=True)
+            db.executemany(sql, [(e, u, now, a, k, i, "{}") for e, (u, a, k, i) in rows_in])
             return
         db.executemany(
-            "INSERT INTO audit(user_id, ts, action, item_kind, item_id, detail) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            sql,
             [
-                (u, now, a, k, i, json.dumps(d, ensure_ascii=False))
-                for (u, a, k, i), d in zip(rows, details, strict=True)
+                (e, u, now, a, k, i, json.dumps(d, ensure_ascii=False))
+                for e, (u, a, k, i), d in zip(ids, rows, details, strict=True)
             ],
         )
 
@@ -486,18 +498,7 @@ class SQLiteStore(StoreReads):
         item_id: int | None,
         detail: dict[str, Any] | None = None,
     ) -> None:
-        db.execute(
-            "INSERT INTO audit(user_id, ts, action, item_kind, item_id, detail) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                user_id,
-                time.time(),
-                action,
-                item_kind,
-                item_id,
-                json.dumps(detail or {}, ensure_ascii=False),
-            ),
-        )
+        self.audit_many(db, [(user_id, action, item_kind, item_id)], [detail or {}])
 
     # ------------------------------------------------------------------ delete
     def delete_user(self, user_id: str) -> Forgotten | None:
