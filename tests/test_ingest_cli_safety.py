@@ -7,8 +7,7 @@
 * A shard's directory of a sharded store (``PARENT/shard-I`` beside ``PARENT/shards.json``)
   took a plain ingest of every user, the other shards' ones too (their pages then existed
   twice, and ``delete`` left the stray copies behind): only its own ``--shard I/N`` is taken.
-* ``ingest --workers N`` forwards the stop signal the user sent (SIGTERM, SIGHUP) to the
-  shard processes, not a SIGINT, so their reports name the real one.
+* (``ingest --workers N`` forwards the stop signal the user sent: tests/test_stop_signals.py.)
 * The summary table lists the 5 most frequent reject kinds and says how many more there are.
 
 In-process through click's runner (fast); the hashing test embedder throughout.
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -207,48 +205,6 @@ def test_a_plain_ingest_into_the_parent_names_what_works(sharded):
     assert "--workers 2" in res.stderr and "--shard I/2" in res.stderr, res.stderr
     assert "open one shard's directory" not in res.stderr
     assert not (parent / "memory.sqlite3").exists()
-
-
-# ============================================================ --workers: the stop signal
-class _FakeProc:
-    """A shard process of ``ingest --workers`` as the supervisor sees it: the signals sent."""
-
-    def __init__(self) -> None:
-        self.sent: list[int] = []
-        self.killed = False
-
-    def poll(self) -> int | None:
-        return -9 if self.killed else None
-
-    def send_signal(self, sig: int) -> None:
-        self.sent.append(sig)
-
-    def kill(self) -> None:
-        self.killed = True
-
-
-@pytest.mark.parametrize("first", ["SIGTERM", "SIGHUP", "SIGINT"])
-def test_the_workers_supervisor_forwards_the_signal_the_user_sent(first):
-    """Each shard process gets the signal the run got (its report's ``stop_signal`` and
-    exit code then name it: was SIGINT, 130, "Ctrl-C again" after a SIGTERM), once, also a
-    process started afterwards; a repeated SIGTERM/SIGHUP changes nothing; a second Ctrl-C
-    still kills them."""
-    from memoryos_gpu.cli.ingest import _forward_stop, _supervisor_stop
-
-    sig = int(getattr(signal, first))
-    procs: list[Any] = [_FakeProc(), _FakeProc()]
-    stop = _supervisor_stop(procs)  # its handler called as the signal would call it
-    stop.handle(sig)
-    late = _FakeProc()  # started while the stop was asked
-    procs.append(late)
-    _forward_stop(stop, late)
-    for again in (signal.SIGTERM, signal.SIGHUP):
-        stop.handle(again)
-    assert [p.sent for p in procs] == [[sig]] * 3
-    assert not any(p.killed for p in procs)
-    with pytest.raises(KeyboardInterrupt):
-        stop.handle(signal.SIGINT)
-    assert all(p.killed for p in procs)
 
 
 # ============================================================ the summary's reject kinds
