@@ -349,10 +349,18 @@ class EngineConfig(BaseModel):
     @field_validator("store", mode="before")
     @classmethod
     def _store_spec(cls, value: Any) -> Any:
-        """A path object is taken as its path; a URL of another kind than PostgreSQL is
-        refused (it would otherwise be read as a relative directory name)."""
+        """A path object is taken as its path; an empty (or blank) string and a URL of another
+        kind than PostgreSQL are refused: "" would be read as the current directory (an unset
+        environment variable read with ``os.environ.get(NAME, "")`` made a persistent store
+        wherever the process ran), and a URL as a relative directory name."""
         if isinstance(value, os.PathLike):
             return os.fspath(value)
+        if isinstance(value, str) and not value.strip():
+            raise ValueError(
+                "store is empty: give a directory (memory.sqlite3 is made in it), a file path "
+                "ending in .sqlite3 or .db, a postgresql:// URL, or ':memory:' for a store that "
+                "is not kept"
+            )
         if isinstance(value, str) and "://" in value and not is_url(value):
             raise ValueError(
                 f"store {value.split('://', 1)[0]}:// is not a store kind: give a SQLite file "

@@ -28,7 +28,7 @@ import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from memoryos_gpu.types import ReadOnlyDict
+from memoryos_gpu.types import ReadOnlyDict, frozen_meta
 
 
 class PageView(NamedTuple):
@@ -38,7 +38,8 @@ class PageView(NamedTuple):
     agent_response: str
     timestamp: float
     meta: str | None  # the chain's meta summary
-    extra: ReadOnlyDict  # the page's own metadata, shared by every retrieval of the page
+    extra: ReadOnlyDict  # the page's own metadata (read-only at every level), shared by every
+    # retrieval of the page
     tokens: int  # what the page adds to a prompt (approx_tokens of its texts), counted once
 
 
@@ -62,9 +63,12 @@ def _key(item_id: object) -> int:
 
 
 def _frozen(extra: dict[str, Any]) -> ReadOnlyDict:
+    """The view's copy of a page's metadata: a :class:`ReadOnlyDict` is taken as the engine's
+    frozen copy already (:meth:`PageViews.shared_extra`); anything else is copied read-only at
+    every level (:func:`frozen_meta`), so no caller's object is shared with the view."""
     if isinstance(extra, ReadOnlyDict):
         return extra
-    return ReadOnlyDict(extra) if extra else _EMPTY
+    return frozen_meta(extra) if extra else _EMPTY
 
 
 class PageTable:
@@ -246,12 +250,14 @@ class PageViews:
     @staticmethod
     def shared_extra(extra: dict[str, Any], previous: ReadOnlyDict | None) -> ReadOnlyDict:
         """``previous`` when it holds the same metadata (a user's pages usually carry the same
-        speakers), else a new read-only copy: equal metadata is kept once in memory."""
+        speakers), else a new copy, read-only at every level (:func:`frozen_meta`): equal
+        metadata is kept once in memory, and neither the caller who added it nor a retrieval
+        result can change it (the copy is the engine's, even of a ReadOnlyDict given)."""
         if not extra:
             return _EMPTY
         if previous is not None and previous == extra:
             return previous
-        return ReadOnlyDict(extra)
+        return frozen_meta(extra)
 
     def drop_knowledge(self, entry_ids: Iterable[int]) -> None:
         pop = self.knowledge.table.pop

@@ -9,11 +9,13 @@ without failing its batch.
 from __future__ import annotations
 
 import json
+import numbers
 import operator
 import re
 import time
 import unicodedata
 from collections.abc import Iterable
+from datetime import UTC, date, datetime
 from typing import Any
 
 from memoryos_gpu.errors import MemoryOSError
@@ -122,19 +124,52 @@ def clean_item_id(value: Any, what: str) -> int:
 
 
 def _timestamp(value: Any) -> float:
-    """Epoch seconds from a number or an ISO-8601 string; ``None`` is now (the wall clock)."""
+    """Epoch seconds from a number, an ISO-8601 string or a ``datetime``; ``None`` is now (the
+    wall clock).
+
+    A number is any real number but a bool: NumPy and pandas give epoch seconds as
+    ``np.int64`` / ``np.float32`` scalars, which are taken as the equal Python number. A
+    ``datetime`` with a zone is that instant; a naive one (and a ``date``, its midnight) is
+    read as UTC, as a naive ISO string is (docs/formats.md, Timestamps)."""
     if value is None:
         return time.time()
     if isinstance(value, bool):
         raise InvalidInputError("timestamp must be epoch seconds or an ISO-8601 string")
-    if isinstance(value, int | float | str):
-        from memoryos_gpu.formats import parse_timestamp
+    if not isinstance(value, int | float | str):
+        value = _plain_timestamp(value)
+    from memoryos_gpu.formats import parse_timestamp
 
+    try:
+        return parse_timestamp(value)
+    except ValueError as exc:
+        raise InvalidInputError(f"timestamp {value!r} does not parse: {exc}") from exc
+
+
+def _plain_timestamp(value: Any) -> int | float:
+    """A timestamp of another type than ``int``, ``float`` or ``str`` as the ``int`` or
+    ``float`` :func:`parse_timestamp` takes, or :class:`InvalidInputError` naming what is
+    accepted."""
+    if isinstance(value, numbers.Integral):
+        return int(value)  # exact: an np.int64 beyond 2**53 is not rounded twice
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, date):
         try:
-            return parse_timestamp(value)
-        except ValueError as exc:
-            raise InvalidInputError(f"timestamp {value!r} does not parse: {exc}") from exc
-    raise InvalidInputError(f"timestamp must be a number or string, got {type(value).__name__}")
+            return _date_epoch(value)
+        except (ValueError, OverflowError, OSError) as exc:  # pandas' NaT, a bad tzinfo
+            raise InvalidInputError(f"timestamp {value!r} has no epoch seconds: {exc}") from None
+    raise InvalidInputError(
+        "timestamp must be epoch seconds (a number), an ISO-8601 string or a datetime, got "
+        f"{type(value).__name__}"
+    )
+
+
+def _date_epoch(value: date) -> float:
+    """A ``datetime``'s epoch seconds, a naive one read as UTC; a ``date``'s midnight UTC."""
+    if not isinstance(value, datetime):
+        return datetime(value.year, value.month, value.day, tzinfo=UTC).timestamp()
+    aware = value if value.utcoffset() is not None else value.replace(tzinfo=UTC)
+    return aware.timestamp()
 
 
 def validate_page(p: PageInput | dict[str, Any]) -> PageInput:

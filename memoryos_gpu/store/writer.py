@@ -32,6 +32,8 @@ import re
 import socket
 import sys
 import time
+import warnings
+import weakref
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -95,10 +97,16 @@ class Holder:
     since: float  # epoch seconds
 
     def describe(self) -> str:
-        when = datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        me = self.pid == os.getpid() and self.host == socket.gethostname()
-        who = "this process" if me else f"pid {self.pid} on {self.host}"
-        return f"{who} ({self.command}), since {when}"
+        who = "this process" if self.is_this_process() else f"pid {self.pid} on {self.host}"
+        return f"{who} ({self.command}), since {self.since_text()}"
+
+    def since_text(self) -> str:
+        return datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    def is_this_process(self) -> bool:
+        """Whether this record is the running process's own (an engine of it holds the
+        store)."""
+        return self.pid == os.getpid() and self.host == socket.gethostname()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -177,12 +185,17 @@ def refusal(store: str, who: str, scope: str = "store") -> str:
 
 class SQLiteWriterLock:
     """The ``flock`` on a SQLite store's sidecar file, held from :meth:`acquire` until
-    :meth:`release` (or the process's end)."""
+    :meth:`release`, the lock object's garbage collection, or the process's end.
+
+    Why on collection too: an engine dropped without ``close()`` (a notebook cell re-run,
+    ``engine = MemoryEngine(cfg)`` again; a test that forgets to close) kept its claim for the
+    rest of the process, and every later engine on the store was refused."""
 
     def __init__(self, db_path: str | os.PathLike[str]) -> None:
         self.store = str(db_path)
         self.path = lock_path(db_path)
         self._fd: int | None = None
+        self._finalizer: weakref.finalize | None = None
 
     @property
     def held(self) -> bool:
@@ -207,6 +220,8 @@ class SQLiteWriterLock:
                 raise StoreError(
                     f"cannot lock store {self.store} ({self.path}): {exc.strerror}"
                 ) from None
+            if holder is not None and holder.is_this_process():
+                raise StoreLockedError(_own_refusal(self.store, holder), holder) from None
             who = holder.describe() if holder else "another process (it left no record yet)"
             raise StoreLockedError(refusal(self.store, who), holder) from None
         try:
@@ -218,6 +233,10 @@ class SQLiteWriterLock:
                 raise self._lock_file_error("write", exc) from None
             raise
         self._fd = fd
+        # closes the file (so drops the flock) if this lock is collected unreleased; not at
+        # exit, where the kernel drops it anyway and an engine's own close may still run
+        self._finalizer = weakref.finalize(self, _drop_claim, fd, self.store)
+        self._finalizer.atexit = False
         _after_claim(self.store)
 
     def _lock_file_error(self, doing: str, exc: OSError) -> StoreError:
@@ -239,10 +258,44 @@ class SQLiteWriterLock:
         fd, self._fd = self._fd, None
         if fd is None:
             return
+        if self._finalizer is not None:
+            self._finalizer.detach()  # the fd is closed here, once
+            self._finalizer = None
         try:
             os.ftruncate(fd, 0)
         finally:
             os.close(fd)  # closing the file drops the flock
+
+
+def _drop_claim(fd: int, store: str) -> None:
+    """Give up the claim of a lock collected without :meth:`SQLiteWriterLock.release`: the
+    record cleared, the file closed (which drops the flock). A ``ResourceWarning`` says so, as
+    for a file left open (Python shows it under ``-X dev`` or ``-W default``)."""
+    try:
+        os.ftruncate(fd, 0)
+    except OSError:
+        pass  # the record is only read while the lock is held: a stale one is never shown
+    finally:
+        os.close(fd)
+    warnings.warn(
+        f"store {store} was still open for writing when its engine was garbage-collected; "
+        "its writer lock is given back now: close an engine (engine.close(), or "
+        "`with MemoryEngine(...) as engine:`) when done with it",
+        ResourceWarning,
+        stacklevel=1,
+    )
+
+
+def _own_refusal(store: str, holder: Holder) -> str:
+    """The refusal when the holder is this very process: most likely an engine opened earlier
+    and never closed (still referenced, e.g. by a notebook variable or a test fixture)."""
+    return (
+        f"store {store} is open for writing by this process ({holder.command}), since "
+        f"{holder.since_text()}: an engine this process opened on it earlier was not closed "
+        "and is still referenced. Close it first (engine.close(), or open it as `with "
+        "MemoryEngine(...) as engine:`), or keep using that engine; one engine writes a store "
+        "at a time"
+    )
 
 
 def _after_claim(store: str) -> None:

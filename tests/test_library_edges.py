@@ -1,0 +1,196 @@
+"""Edges of the Python library a caller meets outside the HTTP server: page metadata the caller
+or a retrieval result could change after the fact, an engine dropped without ``close()``,
+timestamps from NumPy or ``datetime``, and an empty store setting."""
+
+from __future__ import annotations
+
+import gc
+import json
+import pickle
+import warnings
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from memoryos_gpu import EngineConfig, MemoryEngine
+from memoryos_gpu.engine.validation import InvalidInputError
+from memoryos_gpu.store.writer import StoreLockedError
+
+META = {"speaker": {"name": "Alice"}, "tags": ["a", {"deep": ["x"]}]}
+
+
+def _meta() -> dict[str, Any]:
+    return json.loads(json.dumps(META))  # a fresh nested copy each time
+
+
+def _engine(store: str | Path = ":memory:") -> MemoryEngine:
+    return MemoryEngine(EngineConfig(store=str(store), embedder="hashing", device="cpu"))
+
+
+# -- nested meta: the engine's own, frozen copy ---------------------------------------------
+
+
+def test_caller_changing_nested_meta_after_add_changes_no_retrieval() -> None:
+    with _engine() as e:
+        m = _meta()
+        pid = e.add("u", "hello meta", meta=m).page_id
+        m["speaker"]["name"] = "changed by the caller"
+        m["tags"].append("more")
+        m["tags"][1]["deep"].append("y")
+        assert e.retrieve("u", "hello").stm[0].extra == META
+        assert e.get_page(pid)["extra"] == META
+
+
+def test_retrieved_extra_is_read_only_at_every_level() -> None:
+    with _engine() as e:
+        e.add_many([{"user_id": "u", "user_input": f"page {i}", "meta": _meta()} for i in range(3)])
+        extra = e.retrieve("u", "page").stm[0].extra
+        attempts = [
+            lambda: extra["speaker"].__setitem__("name", "x"),
+            lambda: extra["speaker"].update(name="x"),
+            lambda: extra["tags"].append("x"),
+            lambda: extra["tags"].extend(["x"]),
+            lambda: extra["tags"].__setitem__(0, "x"),
+            lambda: extra["tags"].pop(),
+            lambda: extra["tags"].sort(),
+            lambda: extra["tags"][1]["deep"].append("x"),
+        ]
+        for attempt in attempts:
+            with pytest.raises(TypeError, match="read-only"):
+                attempt()
+        tags = extra["tags"]
+        with pytest.raises(TypeError, match="read-only"):
+            tags += ["x"]
+        # nothing reached the engine's copy: every page of the user, and the JSON output
+        assert [p.extra for p in e.retrieve("u", "page").stm] == [META] * 3
+        body = json.loads(e.retrieve_many([("u", "page")], as_json=True)[0])
+        assert [p["extra"] for p in body["stm"]] == [META] * 3  # arrays stay arrays
+        assert [p["extra"] for p in e.list_pages("u")[0]] == [META] * 3
+
+
+def test_extra_loaded_on_reopen_is_read_only_too(tmp_path: Path) -> None:
+    with _engine(tmp_path) as e:
+        e.add("u", "hello meta", meta=_meta())
+    with _engine(tmp_path) as e:
+        extra = e.retrieve("u", "hello").stm[0].extra
+        with pytest.raises(TypeError, match="read-only"):
+            extra["tags"].append("x")
+        assert e.retrieve("u", "hello").stm[0].extra == META
+
+
+def test_frozen_extra_still_behaves_as_plain_data() -> None:
+    with _engine() as e:
+        e.add("u", "hello meta", meta=_meta())
+        r = e.retrieve("u", "hello")
+        extra = r.stm[0].extra
+        assert extra == META and pickle.loads(pickle.dumps(extra)) == META
+        assert isinstance(extra["tags"], list) and r.to_dict()["stm"][0]["extra"] == META
+        copy = json.loads(json.dumps(extra))  # a caller's way to a changeable copy
+        copy["tags"].append("mine")
+        assert e.retrieve("u", "hello").stm[0].extra == META
+
+
+def test_meta_nested_as_deep_as_json_allows_is_kept() -> None:
+    deep: Any = "leaf"
+    for _ in range(600):  # json.dumps takes it; a recursive copy of 2-3 frames a level would not
+        deep = [deep]
+    with _engine() as e:
+        e.add("u", "deep", meta={"d": deep})
+        assert e.retrieve("u", "deep").stm[0].extra == {"d": deep}
+
+
+# -- an engine dropped without close() ------------------------------------------------------
+
+
+def test_engine_collected_without_close_gives_the_store_up(tmp_path: Path) -> None:
+    cfg = EngineConfig(store=str(tmp_path), embedder="hashing", device="cpu")
+    engine = MemoryEngine(cfg)
+    engine.add("u", "hello")
+    with pytest.warns(ResourceWarning, match="garbage-collected"):
+        del engine
+        gc.collect()
+    with MemoryEngine(cfg) as again:  # refused (StoreLockedError) before the fix
+        assert again.users() == ["u"]
+
+
+def test_engine_of_this_process_still_open_is_named_in_the_refusal(tmp_path: Path) -> None:
+    cfg = EngineConfig(store=str(tmp_path), embedder="hashing", device="cpu")
+    with MemoryEngine(cfg) as first:
+        first.add("u", "hello")
+        with pytest.raises(StoreLockedError, match="this process") as refused:
+            MemoryEngine(cfg)
+        assert "not closed" in str(refused.value) and "close()" in str(refused.value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)  # a closed engine warns nothing
+        gc.collect()
+
+
+# -- timestamps from NumPy and datetime -----------------------------------------------------
+
+T = 1_700_000_000
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (np.int64(T), float(T)),
+        (np.int32(T), float(T)),
+        (np.uint64(T), float(T)),
+        (np.float32(1.7e9), float(np.float32(1.7e9))),
+        (np.float64(T + 0.5), T + 0.5),
+        (datetime.fromtimestamp(T, UTC), float(T)),
+        (datetime.fromtimestamp(T, timezone(timedelta(hours=2))), float(T)),
+        (datetime.fromtimestamp(T, UTC).replace(tzinfo=None), float(T)),  # naive: UTC
+        (date(2023, 11, 14), datetime(2023, 11, 14, tzinfo=UTC).timestamp()),
+    ],
+    ids=["int64", "int32", "uint64", "float32", "float64", "utc", "+02:00", "naive", "date"],
+)
+def test_numpy_and_datetime_timestamps_are_accepted(given: Any, expected: float) -> None:
+    with _engine() as e:
+        pid = e.add("u", "stamped", timestamp=given).page_id
+        assert e.get_page(pid)["timestamp"] == expected
+        assert e.retrieve("u", "stamped").stm[0].timestamp == expected
+
+
+def test_naive_datetime_reads_as_a_naive_iso_string_does() -> None:
+    naive = datetime(2023, 5, 8, 13, 56)
+    with _engine() as e:
+        a = e.add("u", "a", timestamp=naive).page_id
+        b = e.add("u", "b", timestamp=naive.isoformat()).page_id
+        assert e.get_page(a)["timestamp"] == e.get_page(b)["timestamp"]
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        (np.int64(1_700_000_000_000), "milliseconds"),
+        (np.float64("nan"), "parse"),
+        (np.bool_(True), "timestamp"),
+        (Decimal("1700000000"), "datetime"),
+        (np.datetime64("2023-01-01"), "datetime"),
+    ],
+    ids=["ms-int64", "nan", "np-bool", "decimal", "datetime64"],
+)
+def test_bad_timestamps_are_still_refused(given: Any, says: str) -> None:
+    with _engine() as e, pytest.raises(InvalidInputError, match=says):
+        e.add("u", "x", timestamp=given)
+
+
+# -- the store setting ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("store", ["", "   ", "\t\n"])
+def test_empty_store_is_refused(
+    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValidationError, match="store is empty") as refused:
+        EngineConfig(store=store, embedder="hashing")
+    for hint in ("directory", ".sqlite3", "postgresql://", ":memory:"):
+        assert hint in str(refused.value)
+    assert list(tmp_path.iterdir()) == []
