@@ -183,22 +183,51 @@ def read_toml(path: str) -> dict[str, Any]:
 
 
 def resolve_store(o: EngineOptions) -> str:
-    """``--store`` > $MEMORYOS_GPU_STORE > config file ``store`` > ./memoryos-store."""
-    if o.store:
-        return o.store
-    if os.environ.get(ENV_STORE):
-        return os.environ[ENV_STORE]
+    """``--store`` > $MEMORYOS_GPU_STORE > config file ``store`` > ./memoryos-store. One that
+    is given is taken as given (``:memory:`` from the file too), and a blank one refused: an
+    unset variable expanded into it (``--store "$DIR"``) wrote ./memoryos-store, silently, and
+    a file's ``store = 5`` was skipped the same way."""
+    if o.store is not None:
+        return _given_store(o.store, "--store")
+    if ENV_STORE in os.environ:
+        return _given_store(os.environ[ENV_STORE], f"${ENV_STORE}")
     if o.config:
         store = read_toml(o.config).get("store")
-        if isinstance(store, str) and store != ":memory:":
-            return store
+        if store is not None:
+            if not isinstance(store, str):
+                raise UsageFailure(
+                    f"{o.config}: store must be a string (a directory, a file path ending "
+                    f".sqlite3 or .db, a PostgreSQL URL or :memory:), got {type(store).__name__}"
+                )
+            return _given_store(store, f"{o.config}: store")
     return DEFAULT_STORE
 
 
+def _given_store(value: str, where: str) -> str:
+    if not value.strip():
+        raise UsageFailure(
+            f"{where} is empty: give a store directory, a file path ending .sqlite3 or .db, a "
+            f"PostgreSQL URL or :memory: (or leave it out for {DEFAULT_STORE})"
+        )
+    return value
+
+
 def embedder_choice(flag: str | None) -> str | None:
-    """The embedder a command was asked for: its flag, else ``$MEMORYOS_GPU_EMBEDDER``; None
-    leaves it to the config file or the default (every command, and the MCP server)."""
-    return flag or os.environ.get(ENV_EMBEDDER) or None
+    """The embedder a command was asked for: its flag, else ``$MEMORYOS_GPU_EMBEDDER`` (one of
+    :data:`EMBEDDER_KINDS`, else a ``ValueError`` naming the variable, which the commands
+    and the MCP server report as a bad configuration); None leaves it to the config file or
+    the default (every command, and the MCP server)."""
+    if flag:
+        return flag
+    value = os.environ.get(ENV_EMBEDDER)
+    if not value:
+        return None
+    if value not in EMBEDDER_KINDS:
+        raise ValueError(
+            f"${ENV_EMBEDDER}: {value.strip()[:40]!r} is not an embedder; choose "
+            f"{', '.join(EMBEDDER_KINDS)}"
+        )
+    return value
 
 
 def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
@@ -261,9 +290,15 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
         return config
     except ValidationError as exc:
         problems = explain_settings_error(exc, EngineConfig)  # never a value: keys are secrets
-        raise UsageFailure(f"invalid engine configuration: {problems}") from None
+        raise UsageFailure(f"invalid engine configuration{_from_file(o)}: {problems}") from None
     except (ValueError, TypeError) as exc:
-        raise UsageFailure(f"invalid engine configuration: {exc}") from None
+        raise UsageFailure(f"invalid engine configuration{_from_file(o)}: {exc}") from None
+
+
+def _from_file(o: EngineOptions) -> str:
+    """`` (config file F)`` when a config file was read: an error then says which (a group's and
+    a command's ``--config`` may both be given)."""
+    return f" (config file {o.config})" if o.config else ""
 
 
 def server_settings(o: EngineOptions) -> dict[str, Any]:
