@@ -194,3 +194,31 @@ def test_empty_store_is_refused(
     for hint in ("directory", ".sqlite3", "postgresql://", ":memory:"):
         assert hint in str(refused.value)
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- user ids of lookups
+@pytest.mark.parametrize("bad", [None, 5, ["alice"], "", " "])
+def test_every_user_lookup_checks_its_id(bad: Any) -> None:
+    """delete_user, history, export_user, knowledge, list_pages and pending_count took the id
+    straight to SQL or a dict: a list raised sqlite3's ProgrammingError or a TypeError (not a
+    MemoryOSError a service catches), None quietly returned False or []."""
+    from memoryos_gpu.errors import MemoryOSError
+
+    e = MemoryEngine(EngineConfig(store=":memory:", embedder="hashing"))
+    try:
+        e.add("alice", "hello")
+        for call in (
+            e.delete_user,
+            e.history,
+            e.export_user,
+            e.knowledge,
+            e.list_pages,
+            e.pending_count,
+        ):
+            if call == e.pending_count and bad is None:
+                continue  # None: the whole store's
+            with pytest.raises(MemoryOSError, match="user_id"):
+                call(bad)
+        assert e.history("alice") and e.pending_count("alice") == 0
+    finally:
+        e.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import numpy as np
@@ -39,7 +40,7 @@ from .responses import Responder
 from .retrieval import RetrievalPipeline
 from .state import EngineState, Fact, UserState, WorkItem
 from .stm import Prepared, ShortTerm
-from .validation import clean_int, clean_item_id, validate_page, validate_pages
+from .validation import clean_int, clean_item_id, clean_user_id, validate_page, validate_pages
 
 if TYPE_CHECKING:
     import threading
@@ -301,7 +302,7 @@ class MemoryEngine:
         user_input: str,
         agent_response: str = "",
         *,
-        timestamp: float | str | None = None,
+        timestamp: float | str | datetime | None = None,
         assistant_id: str | None = None,
         source: str | None = None,
         meta: dict[str, Any] | None = None,
@@ -392,7 +393,8 @@ class MemoryEngine:
         return self.process_pending()
 
     def pending_count(self, user_id: str | None = None) -> int:
-        return self.store.count_pending(user_id)
+        """Derived work still owed: the whole store's, or ``user_id``'s."""
+        return self.store.count_pending(None if user_id is None else clean_user_id(user_id))
 
     # ================================================================== retrieval, response
     def retrieve(
@@ -448,7 +450,7 @@ class MemoryEngine:
         self,
         queries: Sequence[tuple[str, str]],
         *,
-        timestamp: float | str | None = None,
+        timestamp: float | str | datetime | None = None,
         assistant_id: str | None = None,
     ) -> list[Response]:
         """Answer many users at once: one retrieval pass, one LLM batch, one add_many."""
@@ -473,7 +475,7 @@ class MemoryEngine:
     def knowledge(self, user_id: str, *, history: bool = False) -> dict[str, list[dict[str, Any]]]:
         """Live user knowledge and the user's assistant's knowledge, oldest first, each entry
         with its sources and validity; ``history``: superseded and dropped entries too."""
-        return self._lpm.knowledge(user_id, history)
+        return self._lpm.knowledge(clean_user_id(user_id), history)
 
     def knowledge_sources(self, entry_ids: Sequence[int]) -> dict[int, list[int]]:
         """The source page ids of knowledge entries, by entry id (one store query)."""

@@ -23,7 +23,7 @@ from .heat import Heat
 from .knowledge_ring import put_back, unsupersede
 from .page_text import page_terms_of, page_text
 from .state import EngineState
-from .validation import InvalidInputError, _clean_text
+from .validation import InvalidInputError, _clean_text, clean_user_id
 
 
 class Items:
@@ -43,7 +43,7 @@ class Items:
             raise InvalidInputError("offset must be an integer >= 0")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidInputError("limit must be an integer >= 1")
-        if user_id not in self._s.users:
+        if clean_user_id(user_id) not in self._s.users:
             raise UnknownUserError(f"unknown user {user_id!r}")
         return self._s.store.page_window(user_id, offset, limit)
 
@@ -178,12 +178,14 @@ class Items:
 
     # ---------------------------------------------------------------- users
     def history(self, user_id: str) -> list[dict[str, Any]]:
-        """Append-only audit of changes to the user's memory."""
-        return self._s.store.history(user_id)
+        """Append-only audit of changes to the user's memory (a deleted user's too: its
+        ``delete`` event; none for a user never seen)."""
+        return self._s.store.history(clean_user_id(user_id))
 
     def export_user(self, user_id: str) -> dict[str, Any]:
         """Everything held about a user, derived profile and knowledge included (JSON-ready)."""
         s = self._s
+        user_id = clean_user_id(user_id)
         with s.lock:
             self._heat.write_behind()
             data = s.store.export_user(user_id)
@@ -199,6 +201,7 @@ class Items:
         the user's pages elsewhere (assistant knowledge, keyword statistics), and the user's
         rows of the rejects files ``memoryos-gpu ingest`` left in the store's folder (their
         records in plain text; :meth:`Forgetting.drop_rejects`)."""
+        user_id = clean_user_id(user_id)
         s = self._s
         with s.lock:
             pages = s.store.query(

@@ -49,6 +49,13 @@ def _clean_text(value: Any, what: str) -> str:
     return text
 
 
+def clean_user_id(value: Any) -> str:
+    """A ``user_id`` given to a method that looks a user up (history, export, delete, ...):
+    checked as every id is (:func:`_clean_id`), so a wrong type raises
+    :class:`InvalidInputError` rather than a driver's or a dict's error from deeper down."""
+    return _clean_id(value, "user_id")
+
+
 def _clean_id(value: Any, what: str) -> str:
     """An id to look up, as given, if it is a non-blank string of at most ``MAX_ID_CHARS``
     characters without control characters (ids are keys: they are checked, never rewritten).
