@@ -104,6 +104,28 @@ def server_table(data: dict[str, Any]) -> dict[str, Any]:
     return table
 
 
+def engine_data(data: dict[str, Any], preset_name: str | None = None) -> dict[str, Any]:
+    """A config file's ``data`` as :class:`EngineConfig`'s input, the one reading of a file
+    for the CLI and :meth:`EngineConfig.from_toml`: the ``[server]`` table taken out (checked:
+    :func:`server_table`), the store key resolved (:func:`config_key`), ``[memory]`` and
+    ``[llm]`` checked to be tables (``memory = 5`` crashed the MCP server with a TypeError),
+    and the preset (``preset_name``, else ``[memory]``'s ``preset``) expanded under the
+    file's values, validated with the rest: an error names ``memory.<key>``, as for any
+    other setting. ValueError for a table that is not one."""
+    server_table(data)
+    data["encryption_key"] = config_key(data.get("encryption_key"))
+    for table in ("memory", "llm"):
+        if not isinstance(data.get(table) or {}, dict):
+            kind = type(data[table]).__name__  # not the value: it may be a key
+            raise ValueError(f"[{table}] must be a table of settings, not a {kind}")
+    memory = dict(data.get("memory") or {})
+    name = preset_name or memory.pop("preset", None)
+    memory.pop("preset", None)
+    if name or memory:
+        data["memory"] = {**preset(name or "paper").model_dump(), **memory}
+    return data
+
+
 def explain_settings_error(exc: ValidationError, model: type[BaseModel]) -> str:
     """``exc``, raised validating ``model``, as one clause per offending setting: its dotted
     name and what is wrong (a wrong type: the type given), an unknown one with the closest
@@ -441,14 +463,7 @@ class EngineConfig(BaseModel):
         """Read a TOML file ([memory], [llm] tables and top-level keys) plus overrides. The
         store key: ``overrides``' ``encryption_key``, else as :func:`config_key` resolves it
         (``$MEMORYOS_GPU_KEY`` before the file's)."""
-        data = tomllib.loads(Path(path).read_text())
-        server_table(data)  # the HTTP server's settings, not the engine's
-        data["encryption_key"] = config_key(data.get("encryption_key"))
-        if "memory" in data and "preset" in data["memory"]:
-            mem = dict(data["memory"])
-            # the preset's values under the file's, validated with the rest: an error names
-            # memory.<key>, as for any other setting
-            data["memory"] = {**preset(mem.pop("preset")).model_dump(), **mem}
+        data = engine_data(tomllib.loads(Path(path).read_text()))
         return cls.model_validate({**data, **overrides})
 
     def resolved_device(self) -> str:

@@ -72,3 +72,17 @@ def test_an_engine_configuration_error_names_its_file(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert f"invalid engine configuration (config file {cfg})" in res.output, res.output
     assert "memory.stm_capacity" in res.output
+
+
+@pytest.mark.parametrize("table", ["memory", "llm"])
+def test_a_table_that_is_not_one_is_refused_by_every_reader(tmp_path: Path, table: str) -> None:
+    """The CLI and ``EngineConfig.from_toml`` (the MCP server, ``server.app.run``) read a config
+    file one way (``config.engine_data``): ``memory = 5`` crashed the latter with a TypeError."""
+    from memoryos_gpu.config import EngineConfig
+
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(f"{table} = 5\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"\[{table}\] must be a table of settings, not a int"):
+        EngineConfig.from_toml(cfg)
+    res = _run("stats", "--store", tmp_path / "s", "--config", cfg)
+    assert res.exit_code == 2 and f"[{table}] must be a table" in res.output, res.output

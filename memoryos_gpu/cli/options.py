@@ -236,30 +236,12 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
     overrides the resolved store path (e.g. ``":memory:"``)."""
     from pydantic import ValidationError
 
-    from memoryos_gpu.config import (
-        EngineConfig,
-        config_key,
-        explain_settings_error,
-        preset,
-        server_table,
-    )
+    from memoryos_gpu.config import EngineConfig, engine_data, explain_settings_error
     from memoryos_gpu.embed.factory import check_embedder_settings
 
-    data: dict[str, Any] = read_toml(o.config) if o.config else {}
     try:
-        server_table(data)  # the server's settings (serve reads them: server_settings)
-        data["encryption_key"] = config_key(data.get("encryption_key"))
-        for table in ("memory", "llm"):
-            if not isinstance(data.get(table) or {}, dict):
-                kind = type(data[table]).__name__  # not the value: it may be a key
-                raise ValueError(f"[{table}] must be a table of settings, not a {kind}")
-        memory = dict(data.get("memory") or {})
-        name = o.preset or memory.pop("preset", None)
-        memory.pop("preset", None)
-        if name or memory:
-            # the preset's values under the file's, validated with the rest: an error names
-            # memory.<key>, as for any other setting
-            data["memory"] = {**preset(name or "paper").model_dump(), **memory}
+        # the file's tables (its [server] table is serve's: server_settings), the preset
+        data = engine_data(read_toml(o.config) if o.config else {}, o.preset)
         llm = dict(data.get("llm") or {})
         for key, value in (
             ("mode", o.llm_mode),
