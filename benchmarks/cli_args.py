@@ -15,7 +15,10 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memoryos_gpu.eval.locomo import Conversation
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -62,6 +65,44 @@ def check_input(parser: argparse.ArgumentParser, *paths: str | Path | None) -> N
     for p in paths:
         if p is not None and not Path(p).exists():
             parser.error(f"no such file: {p}")
+
+
+def load_locomo_data(parser: argparse.ArgumentParser, path: str | Path) -> list[Conversation]:
+    """``--data`` read as a LoCoMo file, or a one-line error (``parser.error``: exit 2) before
+    the run, as ``memoryos-gpu eval`` gives: a missing file, one that cannot be read, or one that
+    is not LoCoMo (``load_locomo``'s ``ValueError``, e.g. a JSONL chat log). One rule for every
+    script taking ``--data``, so none of them ends in a traceback on a wrong file."""
+    from memoryos_gpu.eval.locomo import load_locomo
+
+    check_input(parser, path)
+    try:
+        return load_locomo(path)
+    except ValueError as exc:  # UnicodeDecodeError included
+        parser.error(f"not a LoCoMo file: {exc}")
+    except OSError as exc:  # a directory, no permission, a broken gzip stream
+        parser.error(f"cannot read {path}: {exc.strerror or exc}")
+
+
+def check_locomo_work(
+    parser: argparse.ArgumentParser,
+    path: str | Path,
+    convs: list[Conversation],
+    *,
+    scored: bool,
+) -> None:
+    """Refuse (one line, exit 2) the conversations a script would run on when they give it
+    nothing to do, instead of a table of NaN reported as success (or a crash mid-run).
+    ``convs``: what the script keeps of ``path`` (after --quick and the like). ``scored``: the
+    script scores evidence recall, so it needs a category 1-4 question with evidence, as
+    ``memoryos-gpu eval`` does; every script needs a question's text to query with and a
+    conversation turn to ingest."""
+    questions = [q for c in convs for q in c.questions]
+    if scored and not any(q.scored for q in questions):
+        parser.error(f"{path} has no question of categories 1-4 with evidence: nothing to score")
+    if not any(q.question for q in questions):
+        parser.error(f"{path} has no question: nothing to query with")
+    if not any(c.pages for c in convs):
+        parser.error(f"{path} has no conversation turn: nothing to ingest")
 
 
 def strict(obj: Any) -> Any:

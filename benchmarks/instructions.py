@@ -176,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--pages-per-user", type=positive_int, default=20)
     ap.add_argument("--base", metavar="REV", help="also count git revision REV's Python code")
-    ap.add_argument("--quick", action="store_true", help="tiny workloads: a minute or two")
+    ap.add_argument(
+        "--quick", action="store_true", help="tiny workloads (CI): ~3 min on a 2-core CPU"
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     check_output(ap, args.json)  # a bad output path fails now, not after the run

@@ -42,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli_args, also when 
 
 import numpy as np
 from cli_args import (
-    check_input,
+    check_locomo_work,
     check_output,
+    load_locomo_data,
     machine_info,
     nonnegative_int,
     positive_int,
@@ -59,7 +60,6 @@ from memoryos_gpu.eval.locomo import (
     RecallReport,
     default_locomo_path,
     evaluate_rankings,
-    load_locomo,
 )
 from memoryos_gpu.types import PageInput
 
@@ -328,8 +328,9 @@ def report_rows(method: str, reports: dict[int, Any], extra: dict[str, Any]) -> 
     ]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    convs = load_locomo(args.data)
+def select(convs: list[Conversation], args: argparse.Namespace) -> list[Conversation]:
+    """The conversations and questions the run scores (--conversations, --max-pages, --quick),
+    chosen before the run so that a selection with nothing to score is refused up front."""
     if args.conversations:
         convs = convs[: args.conversations]
     if args.max_pages:
@@ -338,6 +339,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         convs = convs[:1]
         for c in convs:
             c.questions = c.questions[:40]
+    return convs
+
+
+def run(args: argparse.Namespace, convs: list[Conversation]) -> dict[str, Any]:
+    """Every method over ``convs`` (:func:`select`'s)."""
     from memoryos_gpu.embed import Embedder
 
     embedder = Embedder()
@@ -580,8 +586,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     check_output(p, args.json, args.plot)  # a bad output path fails now, not after the run
-    check_input(p, args.data)
-    report = run(args)
+    convs = select(load_locomo_data(p, args.data), args)  # not LoCoMo: one line, exit 2
+    check_locomo_work(p, args.data, convs, scored=True)
+    report = run(args, convs)
     print_table(report)
     if "cv" in report:
         print_cv(report["cv"])

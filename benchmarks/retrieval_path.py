@@ -43,11 +43,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_input, check_output, positive_int, write_json
+from cli_args import check_locomo_work, check_output, load_locomo_data, positive_int, write_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import hardware, iter_pages, load_corpus, make_embedder
+from throughput import corpus_of, hardware, iter_pages, make_embedder
 
 from memoryos_gpu import ops
 from memoryos_gpu.config import EngineConfig, preset
@@ -375,10 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", type=Path, default=None)
     args = p.parse_args(argv)
     check_output(p, args.json, args.plot)  # a bad output path fails now, not after the run
-    check_input(p, args.data)
+    convs = load_locomo_data(p, args.data)  # not LoCoMo: one line, exit 2, before the run
+    check_locomo_work(p, args.data, convs, scored=False)
     if args.quick:
         args.users, args.queries, args.batch, args.baseline = [30, 100], 512, 128, 30
-    corpus, questions = load_corpus(args.data)
+    corpus, questions = corpus_of(convs)
     embedder = make_embedder(args.embedder)
     embedder.encode(["warm-up"] * 2)
     rows = []

@@ -73,7 +73,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_input, check_output, positive_int, write_json
+from cli_args import check_locomo_work, check_output, load_locomo_data, positive_int, write_json
 
 # as the CLI and the servers: idle OpenMP threads sleep instead of spinning (faiss, which the
 # reference runs between the engine's batches, brings an OpenMP runtime of its own, and two
@@ -86,7 +86,7 @@ from memoryos_gpu import ops
 from memoryos_gpu.config import EngineConfig, preset
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.engine.page_text import page_text
-from memoryos_gpu.eval.locomo import default_locomo_path, load_locomo
+from memoryos_gpu.eval.locomo import Conversation, default_locomo_path, load_locomo
 from memoryos_gpu.types import PageInput
 
 DATA = default_locomo_path()
@@ -98,7 +98,11 @@ BENCH_KEY = "benchmark passphrase"
 # ---------------------------------------------------------------------------------- workload
 def load_corpus(path: Path) -> tuple[list[tuple[str, str, str, str]], list[str]]:
     """All pages (user_input, agent_response, speaker_a, speaker_b) and all question texts."""
-    convs = load_locomo(path)
+    return corpus_of(load_locomo(path))
+
+
+def corpus_of(convs: list[Conversation]) -> tuple[list[tuple[str, str, str, str]], list[str]]:
+    """:func:`load_corpus` of conversations already read (``cli_args.load_locomo_data``)."""
     pages = [
         (p.user_input, p.agent_response, p.speaker_a, p.speaker_b or "assistant")
         for c in convs
@@ -775,7 +779,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", type=Path, default=None)
     args = p.parse_args(argv)
     check_output(p, args.json, args.plot)  # a bad output path fails now, not after the run
-    check_input(p, args.data)
+    convs = load_locomo_data(p, args.data)  # not LoCoMo: one line, exit 2, before the run
+    check_locomo_work(p, args.data, convs, scored=False)
     if args.quick:
         args.users, args.pages_per_user, args.embedder = [1, 10], 5, "hashing"
         args.queries = args.latency_queries = 16
@@ -787,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
         print(notes[-1], file=sys.stderr)
         args.encryption_max_users = 0
     hw = hardware()
-    corpus, questions = load_corpus(args.data)
+    corpus, questions = corpus_of(convs)
     embedder = EmbedMeter(make_embedder(args.embedder))
     embedder.encode(["warm-up"] * 2)
     results: list[dict[str, Any]] = []

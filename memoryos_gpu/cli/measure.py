@@ -9,7 +9,9 @@ from typing import Any
 
 import click
 
+from .memory import PAGE_COUNT
 from .options import (
+    EngineOptions,
     UsageFailure,
     build_config,
     engine_options,
@@ -39,7 +41,11 @@ _BENCH_BATCH = 256
 )
 @click.option("--repeat", type=click.IntRange(1), default=5, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-@engine_options
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    help="Where the arena and kernels run (auto: CUDA when usable).",
+)
 @click.pass_context
 @handle_errors
 def bench(
@@ -50,9 +56,12 @@ def bench(
     batch: int | None,
     repeat: int,
     as_json: bool,
-    **kwargs: Any,
+    device: str | None,
 ) -> None:
     """Quick retrieval-kernel benchmark (segment scoring + page top-k) on a synthetic arena.
+
+    It builds no engine (no store, model, preset or LLM: a random arena of d=384), so of the
+    engine options it takes only --device.
 
     The full benchmarks live in the source tree: benchmarks/kernel_speed.py (kernels vs a
     reference-style loop vs torch) and benchmarks/ingest.py (end-to-end ingestion)."""
@@ -61,9 +70,9 @@ def bench(
     from memoryos_gpu import ops
     from memoryos_gpu.arena import Arena, ArenaConfig
 
-    o = options_of(ctx, kwargs)
+    group = _bench_group_options(ctx)
     batch = _bench_batch(batch, users)
-    device = o.device or "auto"
+    device = device or group.device or "auto"
     if device == "auto":
         device = "cuda" if ops.build_info()["cuda_usable"] else "cpu"
     rng = np.random.default_rng(0)
@@ -136,6 +145,25 @@ def bench(
     click.echo(f"full benchmarks: {where} (kernel_speed.py, ingest.py)")
 
 
+def _bench_group_options(ctx: click.Context) -> EngineOptions:
+    """The engine options given before ``bench`` (``memoryos-gpu --device cuda bench``): the
+    group accepts them all for every subcommand, but bench uses only --device, so any other
+    is refused rather than silently ignored (a --preset or --embedder there would suggest the
+    numbers depend on it). The LLM API key is let through: it may come from the environment."""
+    group = ctx.obj if isinstance(ctx.obj, EngineOptions) else EngineOptions()
+    unused = [
+        f"--{name.replace('_', '-')}"
+        for name, value in vars(group).items()
+        if value is not None and name not in ("device", "llm_api_key")
+    ]
+    if unused:
+        raise UsageFailure(
+            f"bench builds no engine and does not use {', '.join(unused)}: leave "
+            f"{'it' if len(unused) == 1 else 'them'} out (bench takes only --device)"
+        )
+    return group
+
+
 def _bench_batch(batch: int | None, users: int) -> int:
     """``--batch``, whose queries are for distinct users (a kernel call over the same user
     twice is not the load it stands for): by default 256, or every user when there are fewer;
@@ -153,11 +181,16 @@ def _bench_batch(batch: int | None, users: int) -> int:
 # ============================================================================ eval
 @click.command(name="eval")
 @click.argument("locomo_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--quick", is_flag=True, help="First conversation, first 40 questions.")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="First conversation, first 40 questions (those without evidence are not scored, so "
+    "fewer may be).",
+)
 @click.option(
     "--k",
     "ks",
-    type=click.IntRange(1),
+    type=PAGE_COUNT,
     multiple=True,
     help="Page budgets (repeatable) [default: 5 10 20].",
 )
@@ -179,7 +212,8 @@ def evaluate(
     speakers' names included), into an in-memory store (--store is not touched); each
     question is retrieved with heat updates off. Recall@k = fraction of a question's evidence
     turns among the first k pages (mid-term pages by score, then short-term pages newest
-    first). Categories 1-4."""
+    first). Categories 1-4; a question without a valid evidence id is not scored, an evidence id
+    that names no turn counts as a miss (both are reported)."""
     from memoryos_gpu.eval import evaluate_rankings, load_locomo, run_baselines
 
     o = options_of(ctx, kwargs)
@@ -198,8 +232,14 @@ def evaluate(
         )
     t0 = time.perf_counter()
     pages, user_of = _locomo_pages(locomo_file, convs)
-    engine = make_engine(build_config(o, store=":memory:"))
+    cfg = build_config(o, store=":memory:")
+    engine = make_engine(cfg)
     try:
+        setup = {
+            "embedder": engine.embedder.model_id,
+            "preset": cfg.memory.preset,
+            "device": "cuda" if engine.arena.on_cuda else "cpu",
+        }
         for i in range(0, len(pages), 512):
             engine.add_many(pages[i : i + 512])
         engine.flush()
@@ -234,6 +274,12 @@ def evaluate(
         "conversations": len(convs),
         "pages": len(pages),
         "questions": any_rep.n,
+        # category 1-4 questions without a valid evidence id (not scored), evidence ids that
+        # name no turn (counted as misses), ids that are not D<session>:<turn> (ignored)
+        "questions_not_scored": any_rep.skipped_no_evidence,
+        "evidence_ids_unmatched": any_rep.unmatched_evidence,
+        "evidence_ids_malformed": any_rep.malformed_evidence,
+        **setup,
         "ks": k_list,
         "ingest_s": round(ingest_s, 2),
         "retrieve_s": round(retrieve_s, 2),
@@ -252,14 +298,32 @@ def evaluate(
     if as_json:
         echo_json(result)
         return
-    click.echo(
-        f"{len(convs)} conversations, {len(pages)} pages, {any_rep.n} questions "
-        f"(categories 1-4); ingest {ingest_s:.1f} s, retrieval {retrieve_s:.1f} s"
+    not_scored = (
+        f"; {_count(any_rep.skipped_no_evidence, 'question')} without evidence not scored"
+        if any_rep.skipped_no_evidence
+        else ""
     )
+    click.echo(
+        f"{_count(len(convs), 'conversation')}, {_count(len(pages), 'page')}, "
+        f"{_count(any_rep.n, 'question')} (categories 1-4{not_scored}); "
+        f"ingest {ingest_s:.1f} s, retrieval {retrieve_s:.1f} s"
+    )
+    click.echo(f"embedder {setup['embedder']}, preset {setup['preset']}, device {setup['device']}")
+    if any_rep.unmatched_evidence or any_rep.malformed_evidence:
+        click.echo(
+            f"evidence: {_count(any_rep.unmatched_evidence, 'id')} naming no turn (each counted as "
+            f"a miss), {_count(any_rep.malformed_evidence, 'malformed id')} (ignored; a "
+            "question left without a valid id is not scored)"
+        )
     click.echo("| retrieval | " + " | ".join(f"recall@{k}" for k in k_list) + " |")
     click.echo("| --- |" + " --- |" * len(k_list))
     for name, rep in (("memoryos (engine)", engine_rep), ("bm25", bm25_rep)):
         click.echo(f"| {name} | " + " | ".join(f"{rep[k].overall:.3f}" for k in k_list) + " |")
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless n is 1 ("1 conversation", "5 pages")."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _locomo_pages(path: str, convs: list[Any]) -> tuple[list[Any], dict[str, str]]:

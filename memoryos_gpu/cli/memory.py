@@ -20,6 +20,7 @@ from .options import (
     store_key,
 )
 from .output import (
+    NO_PROFILE_EXTRACTIVE,
     echo_json,
     print_retrieval,
     retrieval_json,
@@ -29,6 +30,33 @@ from .stores import (
     require_store,
     user_store,
 )
+
+
+class _CountRange(click.IntRange):
+    """``IntRange(1, MAX_COUNT)``: the most pages or segments one retrieval may ask for, the
+    engine's own limit, so that a larger ``--top-pages``/``--k`` is a usage error naming the
+    option when parsed (exit 2), not an engine error about ``top_pages`` after the work.
+
+    The bound is read from the engine's validation module when first needed (parsing a value,
+    rendering --help): importing it at start-up loads the whole engine, most of a second on
+    every command."""
+
+    def __init__(self) -> None:
+        super().__init__(min=1)
+
+    @property  # type: ignore[override]
+    def max(self) -> int:
+        from memoryos_gpu.engine.validation import MAX_COUNT
+
+        return MAX_COUNT
+
+    @max.setter
+    def max(self, value: Any) -> None:
+        """Ignored: the bound is always the engine's (IntRange's constructor assigns it)."""
+
+
+#: The click type of a count of pages or segments one retrieval returns or searches.
+PAGE_COUNT = _CountRange()
 
 _LLM_HELP = (
     "chat needs an LLM backend, and the configured LLM mode is 'extractive' (no LLM: the "
@@ -49,8 +77,8 @@ _LLM_HELP = (
 @click.argument("query")
 @click.option("--user", "user_id", required=True, help="The user whose memory is searched.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: pages, profile, knowledge.")
-@click.option("--top-pages", type=click.IntRange(1), help="Mid-term pages to return (k).")
-@click.option("--top-segments", type=click.IntRange(1), help="Segments searched (m).")
+@click.option("--top-pages", type=PAGE_COUNT, help="Mid-term pages to return (k).")
+@click.option("--top-segments", type=PAGE_COUNT, help="Segments searched (m).")
 @click.option(
     "--no-heat",
     is_flag=True,
@@ -77,7 +105,8 @@ def retrieve(
     require_store(store)
     # a look at memory, not the place to run the store's pending derived work: with an LLM
     # down it took minutes, and in another LLM mode than the store's it derived it for good
-    engine = make_engine(build_config(o, store=store), hold_pending=True)
+    cfg = build_config(o, store=store)
+    engine = make_engine(cfg, hold_pending=True)
     try:
         r = engine.retrieve_many(
             [(user_id, query)],
@@ -90,7 +119,7 @@ def retrieve(
     if as_json:
         echo_json(retrieval_json(r))
     else:
-        print_retrieval(r)
+        print_retrieval(r, extractive=cfg.llm.mode != "llm")
 
 
 # ============================================================================ chat
@@ -188,6 +217,7 @@ def _require_chat_store(store: str) -> None:
 def profile(ctx: click.Context, user_id: str, as_json: bool, **kwargs: Any) -> None:
     """The user's long-term memory: profile traits, user knowledge, assistant knowledge."""
     o = options_of(ctx, kwargs)
+    extractive = build_config(o).llm.mode != "llm"
     st = open_store_at(user_store(checked_store(o), user_id), writer=False, key=store_key(o))
     try:
         row = st.user_row(user_id)
@@ -208,7 +238,10 @@ def profile(ctx: click.Context, user_id: str, as_json: bool, **kwargs: Any) -> N
         echo_json(data)
         return
     click.echo(f"user {user_id} (assistant {data['assistant_id']})")
-    click.echo("profile:" + ("" if data["profile"] else " (empty)"))
+    # extractive mode (the default) never writes a profile: say so, or an empty one looks
+    # like a failure
+    empty = f" {NO_PROFILE_EXTRACTIVE}" if extractive else " (empty)"
+    click.echo("profile:" + ("" if data["profile"] else empty))
     for k, v in data["profile"].items():
         click.echo(f"  {k}: {v}")
     for kind in ("user", "assistant"):

@@ -52,10 +52,28 @@ def iso_time(ts: float | None) -> str | None:
         return None
 
 
+#: What ``profile`` and ``retrieve`` say of an empty profile in extractive mode, where no stage
+#: writes one (an empty profile there is not a failure).
+NO_PROFILE_EXTRACTIVE = (
+    "(none: profiles are written by the LLM stages, which extractive mode skips; "
+    "ingest with --llm-mode llm)"
+)
+
+
+def page_sides(p: Any) -> list[tuple[str, str]]:
+    """A page's (speaker, text) sides, each under its speaker's name when the log names them
+    (LoCoMo: the two people; else User/Assistant), a side that said nothing left out: the one
+    rendering of a page that ``retrieve``'s text output and its ``--json`` ``text`` share."""
+    from memoryos_gpu.engine.page_text import speakers
+
+    sides = zip(speakers(p.extra), (p.user_input, p.agent_response), strict=True)
+    return [(name, said) for name, said in sides if said]
+
+
 def page_json(p: Any) -> dict[str, Any]:
     return {
         "page_id": p.page_id,
-        "text": f"User: {p.user_input}\nAssistant: {p.agent_response}",
+        "text": "\n".join(f"{name}: {said}" for name, said in page_sides(p)),
         "user_input": p.user_input,
         "agent_response": p.agent_response,
         "timestamp": p.timestamp,
@@ -87,11 +105,11 @@ def retrieval_json(r: Any) -> dict[str, Any]:
     }
 
 
-def print_retrieval(r: Any) -> None:
+def print_retrieval(r: Any, *, extractive: bool = False) -> None:
+    """The retrieval as text. ``extractive``: the engine runs no LLM, so an empty profile is
+    explained (one line) instead of left out, which reads as a failure."""
     from rich.console import Console
     from rich.markup import escape
-
-    from memoryos_gpu.engine.page_text import speakers
 
     c = Console(soft_wrap=True)
     c.print(
@@ -102,6 +120,8 @@ def print_retrieval(r: Any) -> None:
         c.print("[bold]profile[/]")
         for k, v in r.profile.items():
             c.print(f"  {escape(str(k))}: {escape(str(v))}")
+    elif extractive:
+        c.print(f"[bold]profile[/] {escape(NO_PROFILE_EXTRACTIVE)}")
     for title, pages in (
         ("mid-term pages (best first; score: cosine and BM25 standardised, summed)", r.pages),
         ("short-term memory (the latest pages, in the order they were added)", r.stm),
@@ -110,10 +130,8 @@ def print_retrieval(r: Any) -> None:
         for p in pages:
             score = f"{p.score:.3f} " if p.score is not None else ""
             c.print(f"  [dim]{score}{iso_time(p.timestamp) or ''}[/]")
-            # each side under its speaker's name when the log has them (LoCoMo: the two people)
-            for name, said in zip(speakers(p.extra), (p.user_input, p.agent_response), strict=True):
-                if said:
-                    c.print(f"    {escape(name)}: {escape(said)}")
+            for name, said in page_sides(p):
+                c.print(f"    {escape(name)}: {escape(said)}")
             if p.meta:
                 c.print(f"    [dim]chain: {escape(p.meta)}[/]")
     for title, entries in (
