@@ -31,19 +31,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_input, check_output, positive_int, write_json
+from cli_args import check_locomo_work, check_output, load_locomo_data, positive_int, write_json
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import MemoryEngine
-from memoryos_gpu.eval.locomo import default_locomo_path, load_locomo
+from memoryos_gpu.eval.locomo import Conversation, default_locomo_path
 from memoryos_gpu.types import PageInput
 
 DEFAULT_DATA = default_locomo_path()
 
 
-def user_questions(data: Path, users: int, per_user: int) -> list[tuple[str, str]]:
+def user_questions(convs: list[Conversation], users: int, per_user: int) -> list[tuple[str, str]]:
     """``per_user`` LoCoMo questions for each user, from the conversation its pages came from."""
-    convs = load_locomo(data)
     out = []
     for u in range(users):
         conv = convs[u % len(convs)]
@@ -51,9 +50,8 @@ def user_questions(data: Path, users: int, per_user: int) -> list[tuple[str, str
     return out
 
 
-def synthetic_pages(data: Path, users: int, pages: int) -> list[PageInput]:
+def synthetic_pages(convs: list[Conversation], users: int, pages: int) -> list[PageInput]:
     """``users`` users with ``pages`` consecutive LoCoMo pages each, interleaved by time."""
-    convs = load_locomo(data)
     out: list[PageInput] = []
     for u in range(users):
         conv = convs[u % len(convs)]
@@ -175,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     check_output(p, args.json)  # a bad output path fails now, not after the run
-    check_input(p, args.data)
+    convs = load_locomo_data(p, args.data)  # a wrong file: one line now, not a traceback
+    check_locomo_work(p, args.data, convs, scored=False)
     if args.quick:
         args.users, args.pages, args.max_tokens = 2, 5, 24
     from memoryos_gpu.embed import Embedder
@@ -183,8 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     embedder = Embedder()
     backend = TransformersBackend(batch_size=64)
-    pages = synthetic_pages(args.data, args.users, args.pages)
-    questions = user_questions(args.data, args.users, args.responses)
+    pages = synthetic_pages(convs, args.users, args.pages)
+    questions = user_questions(convs, args.users, args.responses)
     warm_up(backend)
     rows = []
     modes = [True, False] if args.separate else [True]

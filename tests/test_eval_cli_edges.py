@@ -64,7 +64,13 @@ def locomo_with_questions(tmp_path: Path, qa: list[dict[str, Any]]) -> Path:
 
 
 # ------------------------------------------------------------------ 1, 2: benchmark --data
-LOCOMO_SCRIPTS = ["locomo.py", "embedders.py", "retrieval_path.py", "throughput.py"]
+LOCOMO_SCRIPTS = [
+    "locomo.py",
+    "embedders.py",
+    "retrieval_path.py",
+    "throughput.py",
+    "llm_batching.py",
+]
 
 
 @pytest.mark.parametrize("script", LOCOMO_SCRIPTS)
