@@ -157,7 +157,10 @@ def test_serve_refuses_an_empty_key_file(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
     f = _keyfile(tmp_path, "# keys will go here\n", "keys_empty.txt")
     store = tmp_path / "store"
+    from served import free_port
+
     args = ["serve", "--store", str(store), "--embedder", "hashing", "--workers", "0"]
+    args += ["--port", str(free_port())]  # serve checks that it can listen there first
     res = CliRunner().invoke(cli_mod.cli, [*args, "--api-keys", str(f)])
     assert served == []  # never served open
     assert res.exit_code == 2, res.output

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
-from served import HA, KEY_A, running  # noqa: E402
+from served import HA, KEY_A, free_port, running  # noqa: E402
 
 from memoryos_gpu.cli import cli  # noqa: E402
 from memoryos_gpu.config import EngineConfig  # noqa: E402
@@ -55,7 +55,20 @@ def files(tmp_path: Path, config: str = CONFIG) -> tuple[str, str]:
 def serve_args(tmp_path: Path, config: str = CONFIG) -> list[str]:
     cfg, keys = files(tmp_path, config)
     store = str(tmp_path / "store")
-    return ["serve", "--config", cfg, "--store", store, "--workers", "0", "--api-keys", keys]
+    port = str(free_port())  # serve checks that it can listen there before it starts
+    return [
+        "serve",
+        "--config",
+        cfg,
+        "--store",
+        store,
+        "--workers",
+        "0",
+        "--api-keys",
+        keys,
+        "--port",
+        port,
+    ]
 
 
 def test_serve_applies_the_server_table_and_serves_by_it(
@@ -126,6 +139,7 @@ def test_serve_on_a_postgres_store_not_up_yet_starts_and_waits(
     _cfg, keys = files(tmp_path)
     down = "postgresql://memoryos@127.0.0.1:1/db"  # nothing listens on port 1
     args = ["serve", "--store", down, "--embedder", "hashing", "--workers", "0"]
+    args += ["--port", str(free_port())]  # serve checks that it can listen there first
     res = CliRunner().invoke(cli, [*args, "--api-keys", keys])
     assert res.exit_code == 0, res.output
     assert len(captured) == 1 and "serving 1 engine(s) once it answers" in res.output

@@ -100,6 +100,7 @@ def serve(
         return
     try:
         from memoryos_gpu.server.app import run
+        from memoryos_gpu.server.workers import StartupError
     except ImportError as exc:
         raise CLIError(
             "the HTTP server is not available: memoryos_gpu.server.app could not be imported "
@@ -139,6 +140,8 @@ def serve(
         run(**call)
     except ValueError as exc:  # a store laid out for another shard count, ...
         raise UsageFailure(str(exc)) from None
+    except StartupError as exc:  # the port is taken, the host is no address: a runtime failure
+        raise CLIError(str(exc)) from None
 
 
 def _layout_shards(store: str, engines: int | None) -> int:

@@ -327,12 +327,24 @@ def run(
             engines=engines,
         )
         return
+    from memoryos_gpu.server.workers import StartupError, check_listen_address
+
+    # uvicorn binds only after the app's startup, which begins loading the engine: a taken
+    # port must be said before the model loads
+    check_listen_address(host, int(port))
     app = create_app(cfg, api_keys=keys, settings=settings, use_env_keys=False)
-    uvicorn.run(
-        app,
-        host=host,
-        port=int(port),
-        log_level=log_level.lower(),
-        timeout_graceful_shutdown=graceful_timeout_s,
-        h11_max_incomplete_event_size=settings.max_header_bytes,  # h11 refuses larger headers
-    )
+    try:
+        uvicorn.run(
+            app,
+            host=host,
+            port=int(port),
+            log_level=log_level.lower(),
+            timeout_graceful_shutdown=graceful_timeout_s,
+            h11_max_incomplete_event_size=settings.max_header_bytes,  # h11 refuses larger headers
+        )
+    except SystemExit as exc:  # uvicorn's "did not start" (exit 3, the CLI's ingest rejects)
+        if exc.code != uvicorn.config.STARTUP_FAILURE:
+            raise
+        raise StartupError(
+            f"the HTTP server did not start on {host}:{port} (uvicorn's log above says why)"
+        ) from None

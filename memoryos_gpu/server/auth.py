@@ -61,10 +61,24 @@ def _check(key: str, tenant: str, where: str, fmt: str = "KEY TENANT") -> None:
 _Entry = tuple[str, str, str]  # (key, tenant, where)
 
 
+def _read_key_file(path: str | Path) -> str:
+    """The key file's text. Not UTF-8 is a :class:`KeyFileError` naming the file and line like
+    every other key-file problem (a bare codec error names neither, and quotes a byte of what
+    may be a key)."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise KeyFileError(
+            f"{path}:{line}: not UTF-8 text; save the key file as UTF-8 "
+            "(one 'KEY TENANT' pair per line)"
+        ) from None
+
+
 def _file_entries(path: str | Path) -> list[_Entry]:
     out: list[_Entry] = []
-    text = Path(path).read_text(encoding="utf-8")
-    for n, raw in enumerate(text.splitlines(), 1):
+    for n, raw in enumerate(_read_key_file(path).splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

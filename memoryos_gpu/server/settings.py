@@ -1,62 +1,110 @@
 """Server settings: batching, fair queues, queue bounds, limits, rate limits (all overridable
-by keyword)."""
+by keyword).
+
+Every number is finite and has an upper bound no real deployment needs to pass (docs/server.md
+lists them): a TOML ``inf`` or a typo'd ``1e12`` otherwise starts a server whose batching windows
+never close, so it answers nothing and says nothing about why.
+"""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# Upper bounds (the table under docs/server.md's `[server]` example). Gather windows longer
+# than a minute only hold requests hostage; the size and count bounds sit far above any box's
+# memory or any sane request.
+MAX_WAIT_MS = 60_000.0  # every batching / gather window (ms)
+MAX_BATCH = 1_000_000  # items per engine call, per chunk, per request
+MAX_QUEUE = 100_000_000  # items admitted to a queue at once
+MAX_REQUEST_BYTES = 2**30  # one request: body bytes, text characters, chunk characters
+MAX_QUEUE_BYTES = 2**40  # bytes / characters held or allowed over time (queues, buckets)
+MAX_RATE = 1e9  # requests / pages per second; 0 (not a huge number) disables a limit
+MAX_BURST = 10**9  # requests / pages one key may send at once
+
 
 class ServerSettings(BaseModel):
     """Tunables of the HTTP / MCP server. Defaults suit a small box serving LLM-free writes."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # micro-batching
-    max_batch: int = Field(64, ge=1, description="Retrievals per engine.retrieve_many call.")
-    max_wait_ms: float = Field(
-        2.0, ge=0, description="How long the first queued retrieval waits for company."
+    max_batch: int = Field(
+        64, ge=1, le=MAX_BATCH, description="Retrievals per engine.retrieve_many call."
     )
-    write_max_batch: int = Field(256, ge=1, description="Pages per engine.add_many call.")
-    write_max_wait_ms: float = Field(2.0, ge=0, description="Gather window of the write queue.")
+    max_wait_ms: float = Field(
+        2.0,
+        ge=0,
+        le=MAX_WAIT_MS,
+        description="How long the first queued retrieval waits for company.",
+    )
+    write_max_batch: int = Field(
+        256, ge=1, le=MAX_BATCH, description="Pages per engine.add_many call."
+    )
+    write_max_wait_ms: float = Field(
+        2.0, ge=0, le=MAX_WAIT_MS, description="Gather window of the write queue."
+    )
     # fair writes: one queue per tenant, served round robin in chunks, on several lanes
     write_chunk_pages: int = Field(
-        16, ge=1, description="Pages per chunk of a large write request (the unit of turns)."
+        16,
+        ge=1,
+        le=MAX_BATCH,
+        description="Pages per chunk of a large write request (the unit of turns).",
     )
     write_chunk_chars: int = Field(
         50_000,
         ge=1,
+        le=MAX_REQUEST_BYTES,
         description="Text characters per chunk of a large write request (a chunk holds at "
         "least one page): other tenants' writes are served between two chunks.",
     )
     write_batch_chars: int = Field(
-        200_000, ge=1, description="Text characters per engine.add_many call (at least a chunk)."
+        200_000,
+        ge=1,
+        le=MAX_REQUEST_BYTES,
+        description="Text characters per engine.add_many call (at least a chunk).",
     )
     write_lanes: int = Field(
         2,
         ge=1,
+        le=1024,
         description="add_many calls run at once (each tenant in one at a time, so its pages "
         "keep their order): another tenant's write does not wait for a large chunk's "
         "embedding, which runs outside the engine lock.",
     )
     tenant_write_queue_limit: int = Field(
-        4096, ge=1, description="Pages one tenant may have admitted to the write queue at once."
+        4096,
+        ge=1,
+        le=MAX_QUEUE,
+        description="Pages one tenant may have admitted to the write queue at once.",
     )
     tenant_write_queue_chars: int = Field(
         40_000_000,
         ge=1,
+        le=MAX_QUEUE_BYTES,
         description="Text characters one tenant may have admitted to the write queue at once.",
     )
-    respond_max_batch: int = Field(32, ge=1, description="Queries per engine.respond_many call.")
-    respond_max_wait_ms: float = Field(5.0, ge=0, description="Gather window of responses.")
+    respond_max_batch: int = Field(
+        32, ge=1, le=MAX_BATCH, description="Queries per engine.respond_many call."
+    )
+    respond_max_wait_ms: float = Field(
+        5.0, ge=0, le=MAX_WAIT_MS, description="Gather window of responses."
+    )
     # bounded queues (admitted but unanswered items); past them requests get 503 + Retry-After
-    read_queue_limit: int = Field(4096, ge=1, description="Retrievals admitted at once.")
-    write_queue_limit: int = Field(16384, ge=1, description="Pages admitted at once.")
-    respond_queue_limit: int = Field(256, ge=1, description="Responses admitted at once.")
-    retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 503 overload answers.")
+    read_queue_limit: int = Field(
+        4096, ge=1, le=MAX_QUEUE, description="Retrievals admitted at once."
+    )
+    write_queue_limit: int = Field(16384, ge=1, le=MAX_QUEUE, description="Pages admitted at once.")
+    respond_queue_limit: int = Field(
+        256, ge=1, le=MAX_QUEUE, description="Responses admitted at once."
+    )
+    retry_after_s: int = Field(
+        1, ge=1, le=3600, description="Retry-After sent with 503 overload answers."
+    )
     # derived work (chain, MTM placement, promotion) in a background thread
     derived_max_wait_ms: float = Field(
         200.0,
         ge=0,
+        le=MAX_WAIT_MS,
         description="How long pending pages wait for company before each derived-work round "
         "runs, so work coalesces into rounds of many users (per-page cost halves from 4 to 16+ "
         "pages a round); cut short when derived_max_batch items are pending or a reader waits "
@@ -65,55 +113,79 @@ class ServerSettings(BaseModel):
     derived_max_batch: int | None = Field(
         None,
         ge=1,
+        le=MAX_BATCH,
         description="Pages per derived-work round (default: the engine's derived_max_batch, "
         "256); 1 = one page at a time.",
     )
     derived_enabled: bool = Field(True, description="Run the background derived-work worker.")
     # limits (413 past them)
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Request body limit.")
-    max_header_bytes: int = Field(
-        64 * 1024, ge=1024, description="Limit of a request's headers together (431 past it)."
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, le=MAX_REQUEST_BYTES, description="Request body limit."
     )
-    max_text_chars: int = Field(100_000, ge=1, description="Limit of each text field.")
-    max_batch_items: int = Field(1000, ge=1, description="Pages or queries in one request.")
+    max_header_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        le=2**24,
+        description="Limit of a request's headers together (431 past it).",
+    )
+    max_text_chars: int = Field(
+        100_000, ge=1, le=MAX_REQUEST_BYTES, description="Limit of each text field."
+    )
+    max_batch_items: int = Field(
+        1000, ge=1, le=MAX_BATCH, description="Pages or queries in one request."
+    )
     max_user_id_chars: int = Field(200, ge=1, le=240, description="Limit of a user id.")
-    max_wait_timeout_s: float = Field(60.0, gt=0, description="Cap of /wait timeouts.")
+    max_wait_timeout_s: float = Field(60.0, gt=0, le=3600, description="Cap of /wait timeouts.")
     # rate limits per API key (token buckets); 0 disables one; open mode is not rate limited
-    rate_limit_per_s: float = Field(500.0, ge=0, description="Sustained requests per second.")
+    rate_limit_per_s: float = Field(
+        500.0, ge=0, le=MAX_RATE, description="Sustained requests per second."
+    )
     auth_failures_per_s: float = Field(
-        1.0, ge=0, description="Unknown API keys accepted per client address per second."
+        1.0,
+        ge=0,
+        le=MAX_RATE,
+        description="Unknown API keys accepted per client address per second.",
     )
     auth_failures_burst: int = Field(
-        20, ge=1, description="Unknown keys an address may send at once before 429s."
+        20, ge=1, le=MAX_BURST, description="Unknown keys an address may send at once before 429s."
     )
     docs: bool = Field(
         True, description="Serve /docs and /redoc (from the package's files: no CDN)."
     )
-    rate_limit_burst: int = Field(1000, ge=1, description="Bucket size (burst).")
+    rate_limit_burst: int = Field(1000, ge=1, le=MAX_BURST, description="Bucket size (burst).")
     rate_limit_bytes_per_s: float = Field(
-        4 * 1024 * 1024, ge=0, description="Sustained request-body bytes per second."
+        4 * 1024 * 1024,
+        ge=0,
+        le=MAX_QUEUE_BYTES,
+        description="Sustained request-body bytes per second.",
     )
     rate_limit_bytes_burst: int = Field(
         32 * 1024 * 1024,
         ge=1,
+        le=MAX_QUEUE_BYTES,
         description="Body bytes one key may send at once (at least max_body_bytes).",
     )
     rate_limit_pages_per_s: float = Field(
-        2000.0, ge=0, description="Sustained pages written per second."
+        2000.0, ge=0, le=MAX_RATE, description="Sustained pages written per second."
     )
     rate_limit_pages_burst: int = Field(
-        4000, ge=1, description="Pages one key may write at once (at least max_batch_items)."
+        4000,
+        ge=1,
+        le=MAX_BURST,
+        description="Pages one key may write at once (at least max_batch_items).",
     )
     # native kernels: OpenMP threads in the engine threads (None: leave the runtime default)
     native_threads: int | None = Field(
         None,
         ge=1,
+        le=4096,
         description="OpenMP threads of engine calls; None = 1 on machines with <= 2 cores "
         "(tiny per-request batches lose to OpenMP wake-up cost there), else the runtime default.",
     )
     switch_interval_ms: float | None = Field(
         1.0,
         gt=0,
+        le=1000,
         description="The interpreter's thread switch interval while the server runs "
         "(sys.setswitchinterval, process-wide; Python's default is 5 ms): a small request "
         "waits for the interpreter lock behind a thread busy with another tenant's large pages "

@@ -33,6 +33,7 @@ writer claim), so a restarted ``serve`` finds the port and the store free.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -50,8 +51,10 @@ from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.server.settings import ServerSettings
 
 __all__ = [
+    "StartupError",
     "Supervisor",
     "available_cpus",
+    "check_listen_address",
     "default_workers",
     "engine_config",
     "run_workers",
@@ -88,14 +91,72 @@ def engine_config(config: EngineConfig, workers: int, engines: int = 1) -> Engin
     )
 
 
+class StartupError(OSError):
+    """The HTTP server could not start serving its address (taken, not this machine's, not a
+    host at all, ...): a runtime failure, said in one line naming the address and the cause
+    (the CLI's ``error: ...``, exit 1) rather than a traceback or uvicorn's exit code 3."""
+
+
+def _address(host: str, port: int) -> str:
+    """``host:port`` as a user would type it (``[::1]:8000`` for IPv6)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _bind_error(host: str, port: int, exc: OSError) -> StartupError:
+    """``exc`` (from resolving or binding ``host:port``) as a :class:`StartupError` that says
+    what to do about it."""
+    if isinstance(exc, socket.gaierror):
+        cause = f"--host {host!r} is not an address or a known host name ({exc.strerror})"
+    elif exc.errno == errno.EADDRINUSE:
+        cause = "address already in use (another server listens there: stop it or pick --port)"
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        cause = "no network interface of this machine has that address (check --host)"
+    elif exc.errno == errno.EACCES:
+        cause = "permission denied (ports below 1024 need privileges: pick a higher --port)"
+    else:
+        cause = (exc.strerror or str(exc)).lower()
+    return StartupError(f"cannot listen on {_address(host, port)}: {cause}")
+
+
 def _listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(backlog)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise _bind_error(host, port, exc) from None
     sock.set_inheritable(True)
     return sock
+
+
+def check_listen_address(host: str, port: int) -> None:
+    """Raise :class:`StartupError` unless ``host:port`` can be bound now, as uvicorn will bind it
+    (every address the host resolves to, IPv6 ones v6-only, SO_REUSEADDR): the single-process
+    server loads its engine before uvicorn binds, so without this a taken port is learnt only
+    after the model has loaded. The sockets are closed again (never listened on, they leave
+    no TIME_WAIT behind)."""
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as exc:
+        raise _bind_error(host, port, exc) from None
+    with contextlib.ExitStack() as stack:
+        for family, kind, proto, _, addr in dict.fromkeys(infos):
+            try:
+                sock = stack.enter_context(socket.socket(family, kind, proto))
+            except OSError:  # a family this kernel lacks (no IPv6): asyncio skips it too
+                continue
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(addr)
+            except OSError as exc:
+                raise _bind_error(host, port, exc) from None
 
 
 # ============================================================================ worker process
@@ -179,9 +240,13 @@ class Supervisor:
             raise ValueError(f"engines must be >= 1, got {engines}")
         from memoryos_gpu.server.shared_limits import create_bucket_file
 
-        if engines > 1:
-            _check_shardable(config.store, engines)
         self.sock = _listen(host, port)  # first: a port in use fails before anything exists
+        if engines > 1:  # lays the shards out in the store: only once the port is ours
+            try:
+                _check_shardable(config.store, engines)
+            except BaseException:
+                self.sock.close()
+                raise
         self.ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
         self.dir = Path(tempfile.mkdtemp(prefix="memoryos-serve-"))  # mode 0700
         metrics_dir = self.dir / "metrics"
