@@ -311,7 +311,9 @@ class LLMConfig(BaseModel):
     """Which backend does the LLM work, and how calls are grouped."""
 
     # api_key is a secret: errors name it, never show the value given (explain_settings_error)
-    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", hide_input_in_errors=True, allow_inf_nan=False
+    )
 
     mode: Literal["llm", "extractive"] = Field(
         "extractive",
@@ -358,7 +360,9 @@ class EngineConfig(BaseModel):
 
     # it holds secrets (encryption_key, embedding_api_key, llm.api_key): errors name the
     # setting, never show the value given (explain_settings_error)
-    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", hide_input_in_errors=True, allow_inf_nan=False
+    )
 
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
@@ -451,6 +455,7 @@ class EngineConfig(BaseModel):
     shutdown_drain_s: float = Field(
         20.0,
         ge=0,
+        le=3600,
         description="How long a server's shutdown (SIGTERM; MemoryService.close) goes on "
         "running derived work; then what is left stays pending in the store (the next start "
         "resumes it) and LLM requests in flight are cancelled, so a hung LLM server cannot "

@@ -86,3 +86,24 @@ def test_a_table_that_is_not_one_is_refused_by_every_reader(tmp_path: Path, tabl
         EngineConfig.from_toml(cfg)
     res = _run("stats", "--store", tmp_path / "s", "--config", cfg)
     assert res.exit_code == 2 and f"[{table}] must be a table" in res.output, res.output
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("shutdown_drain_s = inf", "shutdown_drain_s"),
+        ("shutdown_drain_s = 1e12", "shutdown_drain_s"),
+        ("[llm]\ntemperature = nan", "llm.temperature"),
+    ],
+)
+def test_an_engine_number_that_is_not_finite_or_sane_is_refused(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    """``shutdown_drain_s = inf`` was taken: a server's shutdown then ran derived work forever
+    (the [server] table's numbers are bounded the same way: tests/test_serve_config_edges.py)."""
+    cfg = tmp_path / "n.toml"
+    cfg.write_text(text + "\n", encoding="utf-8")
+    res = _run("stats", "--store", tmp_path / "s", "--config", cfg)
+    assert res.exit_code == 2 and f"invalid engine configuration (config file {cfg}): {key}" in (
+        res.output
+    ), res.output
