@@ -243,17 +243,30 @@ def stamp(ts: float | None = None) -> str:
         return str(ts)
 
 
+#: longest part of a bad timestamp that its error message quotes
+MAX_QUOTED_CHARS = 80
+
+
 def read_timestamp(value: str | float | None) -> tuple[float | None, str | None]:
     """``(epoch seconds for the engine, text to keep under GIVEN_KEY or None)``.
 
     A naive string is local time (as the reference's clock is); a string the local clock does
     not print back identically is kept verbatim. ``None`` stays ``None`` (the engine's now).
-    Raises ``ValueError`` naming the value when it does not parse."""
+    Raises ``ValueError`` naming the value when it does not parse (cut to
+    :data:`MAX_QUOTED_CHARS`: a tool's error must not echo megabytes back)."""
     if value is None or not isinstance(value, str):
         return value, None
     from memoryos_gpu.formats import parse_timestamp
 
-    epoch = parse_timestamp(value, None)  # a wall time without a zone: local time
+    try:
+        epoch = parse_timestamp(value, None)  # a wall time without a zone: local time
+    except ValueError as exc:  # quoting a long value whole would echo megabytes to a client
+        if len(value) <= MAX_QUOTED_CHARS:
+            raise
+        message = str(exc).replace(repr(value), repr(value[:MAX_QUOTED_CHARS] + "…"))
+        if len(message) > 4 * MAX_QUOTED_CHARS:  # the value quoted otherwise (stripped, say)
+            message = message[: 4 * MAX_QUOTED_CHARS] + "…"
+        raise ValueError(message) from None
     keep = None if math.isfinite(epoch) and stamp(epoch) == value else value
     return epoch, keep
 

@@ -38,12 +38,13 @@ import json
 import logging
 import os
 import sys
+import tomllib
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from memoryos_gpu import __version__
 from memoryos_gpu.cli.options import (
@@ -70,6 +71,7 @@ from memoryos_gpu.server.memory_routes import check_meta
 from memoryos_gpu.server.scope import ApiError, user_id_problem
 from memoryos_gpu.server.service import MemoryService, Overloaded, Unavailable
 from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.server.workers import StartupError, check_listen_address
 from memoryos_gpu.types import PageInput
 
 __all__ = ["build_mcp", "main"]
@@ -83,6 +85,11 @@ INSTRUCTIONS = (
     "the user."
 )
 NO_PROFILE = "No detailed user profile"
+#: longest ``user_id`` and ``relationship_with_user`` (a name, not a text)
+MAX_ID_CHARS = 200
+#: longest ``timestamp``: the longest format it reads (ISO-8601 with fraction and zone) is
+#: about 35 characters; a longer one is a mistake, and its error quotes it
+MAX_TIMESTAMP_CHARS = 100
 # failures a caller can act on (bad input, busy or starting server, failing LLM): tool errors
 # with their message; anything else is a crash the SDK reports without details and logs
 _HANDLED = (MemoryOSError, ValueError, Overloaded, Unavailable)
@@ -246,6 +253,14 @@ def _checked_user(user_id: str) -> str:
     return user_id
 
 
+def _not_blank(text: str) -> str:
+    """``text`` unless it is only blanks (an argument's validator: the SDK's schema error
+    names the argument)."""
+    if not text.strip():
+        raise ValueError("must not be blank")
+    return text
+
+
 def _checked_meta(meta: dict[str, Any] | None, limit: int) -> dict[str, Any] | None:
     """``meta`` if the HTTP API's write routes accept it too (their rule:
     :func:`~memoryos_gpu.server.memory_routes.check_meta`), else ValueError saying why: the
@@ -262,13 +277,20 @@ def _strict_tool(fn: Callable[..., Any], annotations: Any) -> Any:
     """The SDK's tool for ``fn``, refusing arguments ``fn`` does not declare. The SDK's
     argument models ignore unknown names, so a misspelt optional argument (``userid``) would
     silently fall back to its default (another user's memory); refused, the caller's SDK
-    error names it. The schema says so too (``additionalProperties: false``)."""
+    error names it. The schema says so too (``additionalProperties: false``).
+
+    Strict types too, as the HTTP API's bodies (:mod:`memoryos_gpu.server.models`): the
+    SDK's lax models read ``"yes"`` and ``1`` as booleans and ``"2"`` and ``true`` as
+    integers, so a client's typing mistake was served (another profile, another cut) rather
+    than reported as the schema error naming the argument that it is."""
     from mcp.server.mcpserver.tools import Tool
     from pydantic import ConfigDict
 
     tool = Tool.from_function(fn, annotations=annotations)
     loose = tool.fn_metadata.arg_model
-    strict = type(loose.__name__, (loose,), {"model_config": ConfigDict(extra="forbid")})
+    strict = type(
+        loose.__name__, (loose,), {"model_config": ConfigDict(extra="forbid", strict=True)}
+    )
     tool.fn_metadata.arg_model = strict
     tool.parameters = strict.model_json_schema(by_alias=True)
     return tool
@@ -294,11 +316,14 @@ def build_mcp(
         return get() if get is not None else service  # type: ignore[return-value]
 
     text = Field(min_length=1, max_length=max_text_chars)
+    # not blank either: an agent sending "   " has a bug, as one sending "" (minLength 1); the
+    # HTTP API takes both (a chat log's assistant turn without a user turn is such a page)
+    not_blank = Field(json_schema_extra={"pattern": r"\S"})
     UserId = Annotated[
         str | None,
         Field(
             min_length=1,
-            max_length=200,
+            max_length=MAX_ID_CHARS,
             description=f"Whose memory (default: the server's user, {default_user!r}).",
         ),
     ]
@@ -308,16 +333,23 @@ def build_mcp(
         return _checked_user(user_id or default_user)
 
     async def add_memory(
-        user_input: Annotated[str, text, Field(description="The user's input or question.")],
+        user_input: Annotated[
+            str,
+            text,
+            not_blank,
+            AfterValidator(_not_blank),
+            Field(description="The user's input or question."),
+        ],
         agent_response: Annotated[
             str, Field(max_length=max_text_chars, description="The assistant's response.")
         ],
         timestamp: Annotated[
             str | None,
             Field(
+                max_length=MAX_TIMESTAMP_CHARS,
                 description="When it was said: 'YYYY-MM-DD HH:MM:SS' (local time, as the "
                 "reference), ISO-8601 with or without a zone, or epoch seconds; default now. "
-                "Printed back as given."
+                "Printed back as given.",
             ),
         ] = None,
         meta_data: Annotated[
@@ -358,9 +390,15 @@ def build_mcp(
     async def retrieve_memory(
         query: Annotated[str, text, Field(description="What to find (e.g. the user's message).")],
         relationship_with_user: Annotated[
-            str, Field(description="Relationship to the user (friend, assistant, ...); echoed.")
+            str,
+            Field(
+                max_length=MAX_ID_CHARS,
+                description="Relationship to the user (friend, assistant, ...); echoed.",
+            ),
         ] = "friend",
-        style_hint: Annotated[str, Field(description="Response style hint; echoed.")] = "",
+        style_hint: Annotated[
+            str, Field(max_length=max_text_chars, description="Response style hint; echoed.")
+        ] = "",
         max_results: Annotated[
             int,
             Field(
@@ -556,6 +594,26 @@ def _config(args: argparse.Namespace) -> tuple[EngineConfig, ReferenceSettings |
     except ValidationError as exc:  # one line naming the keys, never a value (API keys)
         where = args.config or "settings"
         raise ConfigError(f"{where}: {explain_settings_error(exc, EngineConfig)}") from None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        # the parser's "Invalid value (at line 1, column 5)" does not say in which file
+        raise ConfigError(f"cannot read config file {args.config}: {exc}") from None
+
+
+def _default_user(args: argparse.Namespace, ref: ReferenceSettings | None) -> str:
+    """The user of tools called without one: ``--user-id``, else config.json's ``user_id``,
+    else ``default_user``; refused as the HTTP API would (:func:`_checked_user`), saying
+    where the id came from (the flag or the file's key), which the rule's text does not."""
+    if args.user_id is not None:
+        problem = user_id_problem(args.user_id)
+        if problem:
+            raise ConfigError(f"{problem} (from --user-id)")
+        return args.user_id
+    if ref is not None and ref.user_id:
+        problem = user_id_problem(ref.user_id)
+        if problem:
+            raise ConfigError(f"{args.config}: user_id: {problem.removeprefix('user_id ')}")
+        return ref.user_id
+    return "default_user"
 
 
 def _default_store() -> str:
@@ -582,7 +640,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     )
     try:
         config, ref = _config(args)
-        user = _checked_user(args.user_id or (ref.user_id if ref else None) or "default_user")
+        user = _default_user(args, ref)
     except (MemoryOSError, ValueError, OSError) as exc:
         sys.exit(f"memoryos-gpu MCP server: {exc}")
     service = MemoryService(config, ServerSettings(gc_freeze=True))  # this process serves only
@@ -597,7 +655,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             _serve_stdio(service, mcp)
         else:
             _serve_http(service, mcp, args)
-    except Unavailable as exc:  # the engine did not open: no session, the cause on stderr
+    except (Unavailable, StartupError) as exc:  # no session: the cause on stderr, one line
         sys.exit(f"memoryos-gpu MCP server: {exc}")
 
 
@@ -608,7 +666,10 @@ async def start_serving(service: MemoryService) -> None:
 
     A store it cannot open *yet* (another writer holds it, its database is down) fails it
     too, where the HTTP server waits: an MCP client starts this process and shows what it
-    says, but a stdio server that waits shows the client nothing."""
+    says, but a stdio server that waits shows the client nothing. So the service does not
+    wait for it either (:attr:`MemoryService.wait_for_store`): its one log line and the
+    message raised say the server stops, not when it tries again."""
+    service.wait_for_store = False
     await service.start(wait=False)
     while service.state == "starting":
         if service.error:  # waiting for the store: say why, do not wait
@@ -693,8 +754,13 @@ def http_app(
 
 
 def _serve_http(service: MemoryService, mcp: Any, args: argparse.Namespace) -> None:
+    """Serve until SIGTERM / Ctrl-C. A taken port is :class:`StartupError` before the engine
+    loads (uvicorn binds after the app's startup, and says so as its own ERROR and exit code
+    3); the URL is announced once uvicorn listens, so that a log reader or a supervisor never
+    sees an address announced that nothing serves."""
     import uvicorn
 
+    check_listen_address(args.host, args.port)
     app = http_app(
         service,
         mcp,
@@ -703,8 +769,27 @@ def _serve_http(service: MemoryService, mcp: Any, args: argparse.Namespace) -> N
         stateless=args.stateless,
         json_response=args.json_response,
     )
-    print(f"memoryos-gpu MCP server on http://{args.host}:{args.port}{args.path}", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    server = _announcing(
+        config, f"memoryos-gpu MCP server on http://{args.host}:{args.port}{args.path}"
+    )
+    server.run()
+    if not server.started:  # what uvicorn.run does: a server that never served failed
+        sys.exit(uvicorn.config.STARTUP_FAILURE)
+
+
+def _announcing(config: Any, line: str) -> Any:
+    """A uvicorn server that prints ``line`` to stderr once it listens (its startup done: the
+    engine loaded, the sockets bound)."""
+    import uvicorn
+
+    class Announcing(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                print(line, file=sys.stderr, flush=True)
+
+    return Announcing(config)
 
 
 if __name__ == "__main__":

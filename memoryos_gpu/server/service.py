@@ -78,6 +78,8 @@ LOAD_RETRY_FIRST_S = 1.0
 #: be reached yet, a wrong key or a corrupt or locked store is not tried again, and a client
 #: retrying after Retry-After would wait for good without being told.
 NOT_RETRIED = "not retried: fix it and restart the server"
+#: how a service that does not wait for its store (:attr:`MemoryService.wait_for_store`) ends
+NOT_WAITED = "the server stops without waiting for it: start it again once the store is free"
 
 
 def doubling(first: float, cap: float) -> Iterator[float]:
@@ -186,6 +188,10 @@ class MemoryService:
         self.engine: Any = None
         self.state = "created"  # created -> starting -> ready -> closing -> closed | failed
         self.error: str | None = None
+        #: whether a store that cannot be opened yet (held by another writer, its database
+        #: down) is waited for (the HTTP server) or fails the load at once (the MCP server,
+        #: whose client shows what it says only once it has stopped)
+        self.wait_for_store = True
         self._owns_engine = False
         self._held_pending = False  # the engine was opened holding its derived work back
         self._known: set[str] = set()
@@ -331,7 +337,8 @@ class MemoryService:
         for good while looking alive (``/health`` 200), and no orchestrator would restart it.
         A store another writer holds is waited for the same way: the holder is often leaving
         (the engine process of a killed ``serve``, draining up to ``shutdown_drain_s``), and a
-        load that gave up then would leave a restarted server failed for good.
+        load that gave up then would leave a restarted server failed for good. Unless
+        :attr:`wait_for_store` is off: then such a store fails the load at once, in one line.
         Any other failure (another embedding model, a wrong key) is final: state failed."""
         from memoryos_gpu.store import StoreUnavailableError
         from memoryos_gpu.store.writer import StoreLockedError
@@ -344,6 +351,11 @@ class MemoryService:
                     self._write_exec, self._build_engine
                 )
             except (StoreUnavailableError, StoreLockedError) as exc:
+                if not self.wait_for_store:
+                    self.state = "failed"
+                    self.error = f"the store cannot be opened now: {exc}; {NOT_WAITED}"
+                    log.error("the engine failed to load: %s", self.error)
+                    return None
                 self.error = f"waiting for the store ({exc}); next try in {delay:g} s"
                 log.warning("the engine cannot load yet: %s", self.error)
             except Exception as exc:

@@ -127,7 +127,15 @@ class SQLiteStore(StoreReads):
         if self.path != ":memory:":
             if Path(self.path).is_dir():
                 raise StoreError(f"cannot open store {self.path}: it is a directory")
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            folder = Path(self.path).parent
+            try:  # a user's path (under /proc, no permission): one line, not a traceback
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+                raise StoreError(
+                    f"cannot open store {self.path}: cannot create its folder {folder} ({why}); "
+                    "pick a store path in a folder this user can create"
+                ) from None
             if writer:  # first: a refused open must not touch the database
                 self._writer = SQLiteWriterLock(self.path)
                 self._writer.acquire()

@@ -174,13 +174,51 @@ def lock_path(db_path: str | os.PathLike[str]) -> Path:
     return Path(os.path.realpath(db_path) + ".lock")
 
 
-def refusal(store: str, who: str, scope: str = "store") -> str:
-    """The message of a refused open: who holds it (``who``), and what to do instead."""
+def refusal(store: str, who: str, scope: str = "store", command: str | None = None) -> str:
+    """The message of a refused open: who holds it (``who``), and what to do instead, which
+    depends on the holder's ``command`` (its record's): an MCP server has no ``POST
+    /v1/pages`` to send pages through, and a batch command (``ingest``, ``rekey``) is no
+    server at all. A holder whose command is unknown (none given, a program of its own) may
+    be a server embedding the HTTP API, so it gets the server's advice."""
     return (
         f"{scope} {store} is open for writing by {who}; one engine process writes a store at "
-        "a time. Stop that process, or send the pages through its server (POST /v1/pages); "
-        "read-only commands (stats, profile, export) still work beside it"
+        f"a time. {_advice(command)}; read-only commands (stats, profile, export) still work "
+        "beside it"
     )
+
+
+def _advice(command: str | None) -> str:
+    """What to do about a holder running ``command``."""
+    kind = _holder_kind(command or "")
+    if kind == "mcp":
+        return (
+            "Connect to that MCP server instead (its add_memory tool writes this store), or stop it"
+        )
+    if kind == "batch":
+        return "Stop that process, or wait until it has finished"
+    return "Stop that process, or send the pages through its server (POST /v1/pages)"
+
+
+def _holder_kind(command: str) -> str:
+    """``mcp`` (an MCP server), ``batch`` (a ``memoryos-gpu`` command that serves nothing) or
+    ``server`` (``serve``, or a program this cannot tell), from a holder record's command."""
+    words = command.split()
+    if not words:
+        return "server"
+    if words[0] in ("mcp_server.py", "memoryos_gpu.server.mcp_server"):
+        return "mcp"
+    if words[0] != "memoryos-gpu":
+        return "server"
+    word, skip = None, False
+    for w in words[1:]:
+        if skip or w.startswith("-"):
+            skip = not skip and w in SHOWN_VALUES
+            continue
+        word = w if _COMMAND_WORD.fullmatch(w) else None
+        break
+    if word == "mcp":
+        return "mcp"
+    return "batch" if word not in (None, "serve") else "server"
 
 
 class SQLiteWriterLock:
@@ -223,7 +261,8 @@ class SQLiteWriterLock:
             if holder is not None and holder.is_this_process():
                 raise StoreLockedError(_own_refusal(self.store, holder), holder) from None
             who = holder.describe() if holder else "another process (it left no record yet)"
-            raise StoreLockedError(refusal(self.store, who), holder) from None
+            command = holder.command if holder else None
+            raise StoreLockedError(refusal(self.store, who, command=command), holder) from None
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, this_process().to_json().encode(), 0)
