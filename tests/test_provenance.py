@@ -427,10 +427,10 @@ def test_a_statement_on_several_pages_names_them_all(backend: Backend) -> None:
 def test_http_page_edit_rederives_its_facts() -> None:
     """PATCH of a page's text: after /wait the fact from its old text is gone, the new one is
     served (the server's derived-work thread runs the re-analysis). The derived work gathers
-    until /wait asks for it (a long ``derived_max_wait_ms``: the bound, 60 s), so the pages are analysed in one
-    round: a round that ran halfway through the writes would promote the segment before its
-    last "bees" page joined it, and that page, analysed only at the re-analysis, would rightly
-    say "bees" again after the entry's sources were edited."""
+    until /wait asks for it (a long ``derived_max_wait_ms``: the bound, 60 s), so the pages
+    are analysed in one round: a round that ran halfway through the writes would promote the
+    segment before its last "bees" page joined it, and that page, analysed only at the
+    re-analysis, would rightly say "bees" again after the entry's sources were edited."""
     from served import HA, hashing, serve
 
     with serve(hashing(), derived_max_wait_ms=60_000) as c:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from datetime import UTC, datetime, tzinfo
+from decimal import Decimal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 __all__ = ["naive_zone", "parse_timestamp", "refusal_kind"]
@@ -65,11 +66,14 @@ def naive_zone(name: str) -> tzinfo | None:
         ) from None
 
 
-# Epoch seconds of 0001-01-01 and 9999-12-31T23:59:59 UTC, the dates ISO-8601 can name. A
-# timestamp in milliseconds (today ~1.7e12) is past the upper bound: refused, rather than read
-# as a date ~54,000 years ahead that would move the user's logical clock there for good.
+# Epoch seconds of 0001-01-01 and of the last instant of 9999-12-31 UTC, the dates ISO-8601
+# can name. A timestamp in milliseconds (today ~1.7e12) is past the upper bound: refused,
+# rather than read as a date ~54,000 years ahead that would move the user's logical clock
+# there for good. The upper bound is the largest float before 10000-01-01 (not the whole
+# second 23:59:59): every instant of the year's last second is in the year 9999.
 MIN_EPOCH_S = -62_135_596_800.0
-MAX_EPOCH_S = 253_402_300_799.0
+_YEAR_10000_S = 253_402_300_800.0
+MAX_EPOCH_S = math.nextafter(_YEAR_10000_S, 0.0)
 
 
 def _epoch_seconds(out: float, value: object) -> float:
@@ -95,9 +99,23 @@ def _epoch_of(dt: datetime, zone: tzinfo | None, value: object) -> float:
             out = dt.timestamp()
     except (OverflowError, OSError, ValueError):  # the local clock cannot place year 1
         out = math.inf
+    if out == _YEAR_10000_S and _in_year_9999(dt, zone):
+        out = MAX_EPOCH_S  # 23:59:59.999999 rounds to the float of 10000-01-01: still 9999
     if not MIN_EPOCH_S <= out <= MAX_EPOCH_S:
         raise ValueError(f"timestamp {value!r} is outside the years 1-9999 in UTC")
     return out
+
+
+def _in_year_9999(dt: datetime, zone: tzinfo | None) -> bool:
+    """Whether ``dt`` (a naive one read in ``zone``) is an instant of the year 9999 in UTC:
+    its last microseconds round to the epoch float of 10000-01-01, which an offset past
+    midnight reaches too."""
+    try:
+        if dt.tzinfo is None:
+            dt = dt.astimezone(UTC) if zone is None else dt.replace(tzinfo=zone)
+        return dt.astimezone(UTC).year == 9999
+    except (OverflowError, OSError, ValueError):  # past datetime's range: the year 10000
+        return False
 
 
 def parse_timestamp(value: object, zone: tzinfo | None = UTC) -> float:
@@ -132,7 +150,10 @@ def parse_timestamp(value: object, zone: tzinfo | None = UTC) -> float:
     if not text:
         raise ValueError(f"unparseable timestamp {value!r}: empty string")
     if _NUMBER_RE.fullmatch(text):
-        return _epoch_seconds(float(text), value)
+        out = float(text)
+        if out == _YEAR_10000_S and Decimal(text) < _YEAR_10000_S:
+            out = MAX_EPOCH_S  # "253402300799.99999" rounds to 10000-01-01: still 9999
+        return _epoch_seconds(out, value)
     m = _LOCOMO_RE.fullmatch(text)
     if m:
         month = _MONTHS.get(m["mon"].lower())

@@ -54,6 +54,10 @@ _FASTAPI_TELEMETRY = "telemetry" in inspect.signature(FastAPI.__init__).paramete
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": m.ErrorOut, "description": "Missing or unknown API key."},
     403: {"model": m.ErrorOut, "description": "The resource belongs to another tenant."},
+    405: {
+        "model": m.ErrorOut,
+        "description": "The path is served, but not with this method (`method_not_allowed`).",
+    },
     413: {"model": m.ErrorOut, "description": "Body, text or batch over the limit."},
     415: {"model": m.ErrorOut, "description": "A body not sent as application/json."},
     422: {"model": m.ErrorOut, "description": "Malformed request."},
@@ -62,8 +66,33 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "description": "Rate limit of the key (requests, body bytes or pages per second), or "
         "the tenant's share of the write queue is full (see Retry-After).",
     },
+    431: {
+        "model": m.ErrorOut,
+        "description": "Request headers over `max_header_bytes` (`headers_too_large`).",
+    },
     503: {"model": m.ErrorOut, "description": "Overloaded, loading or shutting down."},
 }
+#: Statuses only some operations can answer, added per operation (:func:`_route_statuses`).
+_NOT_FOUND = {
+    "model": m.ErrorOut,
+    "description": "Unknown user (`unknown_user`), or no such page, knowledge entry or memory "
+    "of the user (`not_found`).",
+}
+_NO_SPACE = {
+    "model": m.ErrorOut,
+    "description": "The store is out of disk space (`insufficient_storage`): nothing of the "
+    "request was stored.",
+}
+_PARTIAL = {
+    "model": m.ErrorOut,
+    "description": "A write of several chunks failed part way (`partially_committed`): the "
+    "message names the pages committed; send the others again. Other 500s are bugs.",
+}
+#: Operations with a user in their path that answer an unknown user without a 404: an add
+#: creates the user, a retrieval answers `known_user: false`, the barrier `done: true`.
+_NO_404 = frozenset({"add_page", "retrieve", "wait_user"})
+#: Operations that add pages: the ones a write split into chunks can leave half-committed.
+_ADDS = frozenset({"add_page", "add_pages", "mem0_add"})
 
 
 # ====================================================================== app
@@ -230,9 +259,10 @@ def _document_security(app: FastAPI, keyed: bool) -> None:
             + ("" if keyed else " (this server runs open: no key needed)"),
         }
         for path, ops in schema.get("paths", {}).items():
-            for op in ops.values():
+            for method, op in ops.items():
                 if path.startswith("/v1/"):
                     op["security"] = [{"ApiKey": []}]
+                    _route_statuses(path, method, op)
                 elif path in PROBE_ANSWERS:  # no key, no body: none of the app-wide refusals
                     keep = PROBE_ANSWERS[path]
                     op["responses"] = {c: r for c, r in op["responses"].items() if c in keep}
@@ -240,6 +270,34 @@ def _document_security(app: FastAPI, keyed: bool) -> None:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _route_statuses(path: str, method: str, op: dict[str, Any]) -> None:
+    """Fit the app-wide error statuses to one ``/v1`` operation, so that a generated client
+    knows every status it can get and none it cannot: 404 where a user, page, entry or memory
+    in the path may not exist (:data:`_NO_404` aside), 507 on the operations that write (any
+    but GET), the 500 ``partially_committed`` on those that add pages, and no 413 / 415 on
+    one without a body (nothing to be too large or of the wrong type)."""
+    responses = op["responses"]
+    if "{" in path and op.get("operationId") not in _NO_404:
+        responses.setdefault("404", _schema_response(_NOT_FOUND))
+    if method != "get":
+        responses.setdefault("507", _schema_response(_NO_SPACE))
+    if op.get("operationId") in _ADDS:
+        responses.setdefault("500", _schema_response(_PARTIAL))
+    if "requestBody" not in op:
+        responses.pop("413", None)
+        responses.pop("415", None)
+    op["responses"] = dict(sorted(responses.items()))
+
+
+def _schema_response(spec: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAPI response object of the error shape (what FastAPI writes for ``responses=``
+    entries of ``{"model": m.ErrorOut}``)."""
+    return {
+        "description": spec["description"],
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}},
+    }
 
 
 # ====================================================================== run

@@ -117,7 +117,7 @@ class ErrorMapper:
             )
         if isinstance(exc, PartialWriteError):
             log.error("write failed part way: %s", exc)
-            return error_response(500, "partially_committed", str(exc))
+            return error_response(500, "partially_committed", _said(exc, tenancy))
         if isinstance(exc, StoreFullError):  # the operator's problem: the log says where
             log.error("%s", exc)
             return error_response(
@@ -127,20 +127,23 @@ class ErrorMapper:
                 "retry later",
             )
         if isinstance(exc, LLMUnavailableError):
-            return error_response(501, "llm_unavailable", str(exc))
+            return error_response(501, "llm_unavailable", _said(exc, tenancy))
         if isinstance(exc, UnknownUserError):
-            msg = str(exc)
-            if tenancy is not None and tenancy.prefix:
-                msg = msg.replace(tenancy.prefix, "", 1)
-            return error_response(404, "unknown_user", msg)
+            return error_response(404, "unknown_user", _said(exc, tenancy))
         if isinstance(exc, UnknownItemError):  # e.g. deleted between a route's check and edit
-            return error_response(404, "not_found", str(exc))
+            return error_response(404, "not_found", _said(exc, tenancy))
         if isinstance(exc, MemoryOSError):
             if isinstance(exc, ValueError):  # the engine's InvalidInputError and friends
-                return error_response(422, "invalid_input", str(exc))
+                return error_response(422, "invalid_input", _said(exc, tenancy))
             log.exception("engine error", exc_info=exc)
-            return error_response(500, "engine_error", str(exc))
+            return error_response(500, "engine_error", _said(exc, tenancy))
         return None
+
+
+def _said(exc: Exception, tenancy: Scope | None) -> str:
+    """An engine error's message as the client may read it: the engine names stored ids
+    (``'acme/alice'``), the client sent and sees them without the tenant prefix."""
+    return tenancy.unprefixed(str(exc)) if tenancy is not None else str(exc)
 
 
 # ====================================================================== direct routes
@@ -312,10 +315,19 @@ class Edge:
             return 429, "rate_limited", detail, {"Retry-After": str(retry)}
         return 401, "unauthorized", "unknown API key", challenge
 
+    #: Probes that answer HEAD as GET, without the body: load balancers' health checks often
+    #: send HEAD. Served here, not as routes: the API description and the app's routes keep
+    #: one GET operation each (HEAD is GET's by HTTP's rules).
+    HEAD_AS_GET: ClassVar[frozenset[str]] = frozenset({"/health", "/ready"})
+
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope["method"] == "HEAD" and scope["path"] in self.HEAD_AS_GET:
+            # a copy: the HTTP server's own scope still says HEAD (it sends no body for it)
+            scope = {**scope, "method": "GET"}
+            send = _without_body(send)
         send = _ObservedSend(self.metrics, scope, send)
         try:
             await self._serve(scope, receive, send)
@@ -405,6 +417,18 @@ class Edge:
             chunks.append(msg.get("body", b""))
             if not msg.get("more_body", False):
                 return b"".join(chunks)
+
+
+def _without_body(send: Any) -> Callable[[dict], Awaitable[None]]:
+    """``send`` that sends every body message empty: a HEAD answer's headers are its GET's
+    (Content-Length included), its body is none."""
+
+    async def bodiless(msg: dict) -> None:
+        if msg["type"] == "http.response.body":
+            msg = {**msg, "body": b""}
+        await send(msg)
+
+    return bodiless
 
 
 class _ObservedSend:

@@ -25,9 +25,17 @@ from memoryos_gpu.mem0.memory import (
     result_count,
 )
 from memoryos_gpu.mem0.ops import Mem0Ops, MemoryNotFound, check_paging
-from memoryos_gpu.mem0.shapes import messages_to_pages
+from memoryos_gpu.mem0.shapes import messages_to_pages, parse_memory_id
 from memoryos_gpu.server import models as m
-from memoryos_gpu.server.scope import ApiError, Scope, check_count, check_text, json_response
+from memoryos_gpu.server.page_routes import BLANKED_PAGE
+from memoryos_gpu.server.scope import (
+    ApiError,
+    Scope,
+    check_count,
+    check_text,
+    is_blank,
+    json_response,
+)
 from memoryos_gpu.server.scope import tenancy as _tenancy
 from memoryos_gpu.server.settings import ServerSettings
 
@@ -60,8 +68,10 @@ def add_mem0_routes(
             )
         return Mem0Ops(engine)
 
-    def invalid(exc: ValueError) -> ApiError:
-        return ApiError(422, "invalid_input", str(exc))
+    def invalid(exc: ValueError, scope: Scope | None = None) -> ApiError:
+        """422 ``invalid_input`` with ``exc``'s message, stored ids in it shown as the caller
+        sent them (``scope``: the tenant prefix taken off)."""
+        return ApiError(422, "invalid_input", scope.unprefixed(str(exc)) if scope else str(exc))
 
     async def owned(scope: Scope, memory_id: str) -> Mem0Ops:
         """The ops, once the memory is known to exist and be the caller's tenant's (404
@@ -96,7 +106,7 @@ def add_mem0_routes(
                 timestamp=body.timestamp,
             )
         except ValueError as exc:
-            raise invalid(exc) from None
+            raise invalid(exc, scope) from None
         check_count(settings, len(pages), "pages")
         for p in pages:
             check_text(settings, user_input=p.user_input, agent_response=p.agent_response)
@@ -138,7 +148,8 @@ def add_mem0_routes(
         "/v1/mem0/memories",
         tags=_TAG,
         summary="List memories (mem0)",
-        description="The user's memories, oldest first (pages, then knowledge), paged.",
+        description="The user's memories in the order they were written (pages, then "
+        "knowledge; not sorted by timestamp), paged.",
         response_model=m.Mem0Listing,
     )
     async def mem0_get_all(
@@ -204,7 +215,9 @@ def add_mem0_routes(
         tags=_TAG,
         summary="Update a memory (mem0)",
         description="Replace a memory's text (a page: `text` is the user's side, "
-        "`agent_response` the assistant's); its embedding follows.",
+        "`agent_response` the assistant's); its embedding follows. A blank text of a knowledge "
+        "entry, or an edit that leaves both sides of a page blank, is a 422: delete the memory "
+        "instead.",
         response_model=m.Mem0MessageOut,
     )
     async def mem0_update(memory_id: MemoryIdPath, body: m.Mem0UpdateIn, request: Request) -> Any:
@@ -214,12 +227,23 @@ def add_mem0_routes(
         text = body.text if body.text is not None else body.data
         check_text(settings, text=text, agent_response=body.agent_response)
         o = await owned(scope, memory_id)
+        mid = parse_memory_id(memory_id)
+        if mid is not None and mid.kind == "page":  # a knowledge entry: the engine refuses it
+            row = await service.call(service.engine.get_page, mid.number)
+            if row is None:  # deleted since the ownership check
+                raise ApiError(404, "not_found", f"Memory with id {memory_id} not found")
+            user_side = row["user_input"] if text is None else text
+            agent_side = (
+                row["agent_response"] if body.agent_response is None else body.agent_response
+            )
+            if is_blank(user_side) and is_blank(agent_side):  # as the pages routes refuse it
+                raise ApiError(422, "invalid_input", BLANKED_PAGE)
         try:
             return await service.call(o.update, memory_id, text, body.agent_response)
         except MemoryNotFound as exc:
             raise ApiError(404, "not_found", str(exc)) from None
         except ValueError as exc:
-            raise invalid(exc) from None
+            raise invalid(exc, scope) from None
 
     @app.delete(
         "/v1/mem0/memories/{memory_id}",

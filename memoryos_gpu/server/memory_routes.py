@@ -30,6 +30,7 @@ from memoryos_gpu.server.scope import (
     check_count,
     check_text,
     dumps,
+    is_blank,
     json_response,
     retrieval_fields,
     tenancy,
@@ -38,13 +39,22 @@ from memoryos_gpu.server.scope import (
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import PageInput
 
-__all__ = ["add_memory_routes", "check_meta"]
+__all__ = ["BLANK_PAGE", "add_memory_routes", "check_meta"]
 
 log = logging.getLogger("memoryos_gpu.server")
 #: Seconds a client is told to wait when the LLM server cannot be used and the error does not
 #: say for how long: an HTTP LLM backend's circuit breaker (by default) fails every call at
 #: once for this long after it opened.
 LLM_RETRY_AFTER = int(DEFAULT_COOLDOWN_S)
+
+
+#: Why a page of no words is refused (an add, or an edit that would leave one): mem0's add and
+#: a knowledge entry's edit refuse text of no words too; the engine and ``ingest`` keep such a
+#: page (they never drop a page they are given), the HTTP API does not take one.
+BLANK_PAGE = (
+    "user_input and agent_response are both blank (empty or only whitespace once control "
+    "characters are dropped): a page of no words cannot be retrieved; send some text"
+)
 
 
 def check_meta(meta: Mapping[str, Any], limit: int) -> None:
@@ -109,6 +119,8 @@ def add_memory_routes(
 
     def _page_input(scope: Scope, user_id: str, p: m.PageIn) -> PageInput:
         check_text(settings, user_input=p.user_input, agent_response=p.agent_response)
+        if is_blank(p.user_input) and is_blank(p.agent_response):
+            raise ApiError(422, "invalid_input", BLANK_PAGE)
         check_meta(p.meta, settings.max_text_chars)
         return PageInput(
             user_id=scope.user(user_id),
@@ -169,7 +181,8 @@ def add_memory_routes(
         "/v1/users/{user_id}/pages",
         tags=["memory"],
         summary="Add a page",
-        description="Remember one exchange of the user. Answers after the page is committed "
+        description="Remember one exchange of the user (`user_input` and `agent_response` not "
+        "both blank: 422). Answers after the page is committed "
         "(batched with concurrent writes into one engine call; the user's pages keep their "
         "order). Derived work (chain, mid-term placement, promotion) follows in the background; "
         "`POST /v1/users/{user_id}/wait` waits for it.",

@@ -36,6 +36,22 @@ def _printable_id(value: str | None, what: str) -> str | None:
     return value
 
 
+def _written_name(value: str | None, what: str) -> str | None:
+    """A ``source`` or ``assistant_id`` (mem0's ``agent_id``) a page is written with:
+    :func:`_printable_id`, and no '/', in open mode too, for the reason a written user id may
+    not hold one (docs/server.md, *User ids in paths*): ids get the tenant prefix
+    (``tenant/SOURCE``), so an open server's ``acme/s1`` would be tenant ``acme``'s source
+    ``s1`` once the server has keys, refusing that tenant's own ``s1`` (or sharing its
+    default assistant's knowledge, for ``acme/default``)."""
+    value = _printable_id(value, what)
+    if value is not None and "/" in value:
+        raise ValueError(
+            f"{what} must not contain '/': it would collide with a tenant's ids once the "
+            "server has API keys"
+        )
+    return value
+
+
 def _not_bool(value: Any) -> Any:
     """Refuse a boolean timestamp with a message that says so: strict mode refuses it too, but
     as "not a valid number" and "not a valid string" of the union's two arms."""
@@ -68,12 +84,12 @@ class PageIn(_Strict):
     @field_validator("assistant_id")
     @classmethod
     def _aid(cls, v: str | None) -> str | None:
-        return _printable_id(v, "assistant_id")
+        return _written_name(v, "assistant_id")
 
     @field_validator("source")
     @classmethod
     def _src(cls, v: str | None) -> str | None:
-        return _printable_id(v, "source")
+        return _written_name(v, "source")
 
 
 class UserPageIn(PageIn):
@@ -260,7 +276,9 @@ class ReadyOut(BaseModel):
 
 class PageListOut(BaseModel):
     user_id: str
-    pages: list[dict[str, Any]] = Field(..., description="The user's pages, oldest first.")
+    pages: list[dict[str, Any]] = Field(
+        ..., description="The user's pages in the order they were written."
+    )
     total: int = Field(..., description="How many pages the user has.")
     offset: int
     limit: int
@@ -296,7 +314,7 @@ class Mem0AddIn(_Strict):
     @field_validator("agent_id")
     @classmethod
     def _aid(cls, v: str | None) -> str | None:
-        return _printable_id(v, "agent_id")
+        return _written_name(v, "agent_id")
 
 
 class Mem0SearchIn(_Strict):

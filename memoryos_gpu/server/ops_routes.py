@@ -36,7 +36,8 @@ def add_probe_routes(
         "/health",
         tags=["operations"],
         summary="Liveness",
-        description="200 while the process serves HTTP (no key needed).",
+        description="200 while the process serves HTTP (no key needed; HEAD answers alike, "
+        "without a body).",
         response_model=m.HealthOut,
     )
     async def health() -> Any:
@@ -47,7 +48,8 @@ def add_probe_routes(
         tags=["operations"],
         summary="Readiness",
         description="200 once the engine is loaded and the queues run; 503 while loading, "
-        "after a failed load, or while shutting down (no key needed).",
+        "after a failed load, or while shutting down (no key needed; HEAD answers alike, "
+        "without a body).",
         response_model=m.ReadyOut,
         responses={503: {"model": m.ReadyOut}},
     )

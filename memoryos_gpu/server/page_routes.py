@@ -15,12 +15,20 @@ from memoryos_gpu.server.scope import (
     Scope,
     UserId,
     check_text,
+    is_blank,
     json_response,
     tenancy,
 )
 from memoryos_gpu.server.settings import ServerSettings
 
-__all__ = ["add_page_routes"]
+__all__ = ["BLANKED_PAGE", "add_page_routes"]
+
+#: Why an edit that leaves a page of no words is refused (the page routes' PATCH and mem0's
+#: PUT): an add of such a page is refused too (:data:`.memory_routes.BLANK_PAGE`).
+BLANKED_PAGE = (
+    "the edit leaves user_input and agent_response both blank (empty or only whitespace once "
+    "control characters are dropped): delete the page instead"
+)
 
 
 def add_page_routes(app: FastAPI, service: Any, settings: ServerSettings) -> None:
@@ -44,8 +52,9 @@ def add_page_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
         "/v1/users/{user_id}/pages",
         tags=["pages"],
         summary="List pages",
-        description="The user's pages (every tier), oldest first, `limit` from `offset`; "
-        "`total` says how many there are. 404 for an unknown user.",
+        description="The user's pages (every tier) in the order they were written (not "
+        "sorted by their timestamps), `limit` from `offset`; `total` says how many there are. "
+        "404 for an unknown user.",
         response_model=m.PageListOut,
     )
     async def list_pages(
@@ -81,7 +90,8 @@ def add_page_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
         summary="Edit a page",
         description=(
             "Replace a page's user input and/or agent response; its embedding follows, and the "
-            "facts and profile values derived from its old text are re-derived from the new."
+            "facts and profile values derived from its old text are re-derived from the new. "
+            "An edit that leaves both blank is a 422: delete the page instead."
         ),
     )
     async def update_page(
@@ -91,7 +101,11 @@ def add_page_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
         if body.user_input is None and body.agent_response is None:
             raise ApiError(422, "invalid_input", "give user_input and/or agent_response")
         check_text(settings, user_input=body.user_input, agent_response=body.agent_response)
-        await _owned_page(scope, user_id, page_id)
+        page = await _owned_page(scope, user_id, page_id)
+        user_side = page["user_input"] if body.user_input is None else body.user_input
+        agent_side = page["agent_response"] if body.agent_response is None else body.agent_response
+        if is_blank(user_side) and is_blank(agent_side):  # as an add of such a page is refused
+            raise ApiError(422, "invalid_input", BLANKED_PAGE)
         row = await service.call(
             service.engine_for(scope.named_user(user_id)).update_page,
             page_id,

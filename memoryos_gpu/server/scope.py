@@ -17,6 +17,18 @@ from fastapi.responses import Response
 
 from memoryos_gpu.engine.assembly import retrieval_fields as engine_fields
 from memoryos_gpu.engine.assembly import retrieval_json
+
+# the engine's own id and text rules (private names, no public alias): the server refuses
+# what they refuse before the engine sees it, so a bad id is always `invalid_user_id`, never
+# the engine's `invalid_input`, and text is blank as the engine will store it (one rule, not
+# a copy that drifts)
+from memoryos_gpu.engine.validation import MAX_ID_CHARS as ENGINE_ID_CHARS
+from memoryos_gpu.engine.validation import (
+    InvalidInputError,
+    _clean_id,
+    _clean_text,
+    _new_identity,
+)
 from memoryos_gpu.json_codec import dumps
 from memoryos_gpu.server.auth import Principal
 from memoryos_gpu.server.settings import ServerSettings
@@ -111,12 +123,21 @@ def done_writing(in_flight: Counter[str], users: Counter[str]) -> None:
 def user_id_problem(user_id: str, *, written: bool = True) -> str | None:
     """Why a client's ``user_id`` is refused, or None if it is acceptable.
 
-    Every id: not blank, no control characters. An id pages are written under (``written``:
-    the HTTP routes that add pages, and every tool of the MCP server, which follows this rule
-    so that its users are the HTTP API's) also holds no '/': an open server stores ids as
-    given, and a stored ``team/alice`` would read as tenant ``team``'s user ``alice`` once
-    the server has keys. An id a request reads, edits or deletes (``written=False``) may: the
-    library and ``ingest`` store such ids, and the routes address them (``%2F`` in a path,
+    Every id: not blank, no control characters, and whatever else the engine's id check
+    refuses (``_clean_id``: C1 controls, surrogates), so that the answer is always the
+    server's ``invalid_user_id``. An id pages are written under (``written``: the HTTP routes
+    that add pages, and every tool of the MCP server, which follows this rule so that its
+    users are the HTTP API's) also:
+
+    * holds no '/': an open server stores ids as given, and a stored ``team/alice`` would
+      read as tenant ``team``'s user ``alice`` once the server has keys;
+    * is not ``.`` or ``..``: clients and proxies remove such path segments (RFC 3986 dot
+      segments), so ``/v1/users/../pages`` reaches ``/v1/pages``: the user could never be
+      addressed;
+    * passes the engine's identity check (``_new_identity``: visible, NFC).
+
+    An id a request reads, edits or deletes (``written=False``) may hold '/': the library
+    and ``ingest`` store such ids, and the routes address them (``%2F`` in a path,
     :mod:`memoryos_gpu.server.paths`)."""
     if not user_id or not user_id.strip():
         return "user_id must not be blank"
@@ -124,6 +145,17 @@ def user_id_problem(user_id: str, *, written: bool = True) -> str | None:
         return "user_id must not contain control characters"
     if written and "/" in user_id:
         return "user_id must not contain '/'"
+    if written and user_id in (".", ".."):
+        return (
+            f"user_id must not be {user_id!r}: HTTP clients and proxies drop '.' and '..' "
+            "path segments, so the user could not be addressed"
+        )
+    if len(user_id) > ENGINE_ID_CHARS:  # refused by its length: each caller names its limit
+        return None
+    try:
+        (_new_identity if written else _clean_id)(user_id, "user_id")
+    except InvalidInputError as exc:
+        return str(exc)
     return None
 
 
@@ -171,6 +203,15 @@ class Scope:
             return self.prefix + "default"
         return self.name(value)
 
+    def unprefixed(self, message: str) -> str:
+        """``message`` (an engine error's) with this tenant's prefix taken off every quoted id
+        (``'acme/alice'`` -> ``'alice'``): the client never sent, and never sees, the prefix."""
+        if not self.prefix:
+            return message
+        for quote in ("'", '"'):
+            message = message.replace(quote + self.prefix, quote)
+        return message
+
     def owns(self, stored_id: str) -> bool:
         return not self.prefix or stored_id.startswith(self.prefix)
 
@@ -205,6 +246,16 @@ def check_text(settings: ServerSettings, **texts: str | None) -> None:
             raise ApiError(
                 413, "too_large", f"{name} is {len(text)} characters; the limit is {limit}"
             )
+
+
+def is_blank(text: str | None) -> bool:
+    """Whether ``text`` is empty or only whitespace once the engine has normalised it
+    (control characters dropped: ``"\\u0000"`` is stored as ``""``). The engine keeps such
+    text (it never drops a page it is given); the HTTP routes refuse a page or memory of no
+    words, which fills a short-term slot with nothing to retrieve."""
+    if text is None:
+        return True
+    return not _clean_text(text, "text").strip()
 
 
 def check_count(settings: ServerSettings, n: int, what: str) -> None:
