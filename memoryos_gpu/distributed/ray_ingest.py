@@ -215,17 +215,20 @@ class ShardIngestActor:
         self._stopped = True
 
     def process(self) -> dict[str, int]:
-        """The derived work held back, run now; what it did, by kind. A failure of the store
-        (a full disk) or of the LLM (down, failing every request) leaves the work pending, as
-        without Ray, and is counted, not raised (``derived_disk_full`` /
-        ``derived_store_failures`` / ``derived_llm_failures``): the pages are committed, and
-        the run's report says the work stays pending (``derived_failure``, exit 1)."""
+        """The derived work held back, run now, a round at a time until it is done or the run
+        is stopped (:meth:`stop`: what is left stays pending for the next run, as the docs
+        say of a stopped run; one call for all of it ran to the end whatever the signal);
+        what it did, by kind. A failure of the store (a full disk) or of the LLM (down,
+        failing every request) leaves the work pending, as without Ray, and is counted, not
+        raised (``derived_disk_full`` / ``derived_store_failures`` /
+        ``derived_llm_failures``): the pages are committed, and the run's report says the
+        work stays pending (``derived_failure``, exit 1)."""
         from memoryos_gpu.llm.base import LLMBackendError
         from memoryos_gpu.store import StoreError, StoreFullError
 
         self.engine.release_pending()
         try:
-            return dict(self.engine.process_pending())
+            return dict(self.engine.process_pending(until=lambda: self._stopped))
         except (StoreError, LLMBackendError) as exc:
             log.warning("shard derived work failed; it stays pending: %s", exc)
             if isinstance(exc, LLMBackendError):

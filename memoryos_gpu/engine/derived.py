@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from .state import EngineHooks, EngineState, WorkItem
@@ -73,10 +73,15 @@ class DerivedWork:
                     self._idle.notify_all()
 
     def process_pending(
-        self, max_batch: int | None = None, max_rounds: int | None = None
+        self,
+        max_batch: int | None = None,
+        max_rounds: int | None = None,
+        until: Callable[[], bool] | None = None,
     ) -> dict[str, int]:
         """Run every pending derived item (chain, MTM, promotion) to completion, or at most
-        ``max_rounds`` page rounds (and the promotions they queue).
+        ``max_rounds`` page rounds (and the promotions they queue), or until ``until()`` is
+        true before a round (a stop asked meanwhile: ``ingest --ray``'s shard actors; what is
+        left stays pending).
 
         Work goes in rounds of at most ``max_batch`` (default ``config.derived_max_batch``)
         pages, in waves: the oldest pending page of each user that has one, then each
@@ -112,7 +117,8 @@ class DerivedWork:
             raise InvalidInputError("max_rounds must be >= 1")
         done = {"pages": 0, "promotions": 0}
         rounds = 0
-        while max_rounds is None or rounds < max_rounds:  # one lease per round
+        # one lease per round
+        while (max_rounds is None or rounds < max_rounds) and not (until and until()):
             with self.lease():
                 with s.lock:
                     round_items = s.store.pending_round("page", limit, per_user=limit)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
@@ -241,11 +241,15 @@ class MemoryEngine:
         self.extractor.remove(texts)
 
     def process_pending(
-        self, max_batch: int | None = None, max_rounds: int | None = None
+        self,
+        max_batch: int | None = None,
+        max_rounds: int | None = None,
+        until: Callable[[], bool] | None = None,
     ) -> dict[str, int]:
         """Run every pending derived item (chain, MTM, promotion) to completion (or at most
-        ``max_rounds`` page rounds), after writing the heat retrievals credited (which queues
-        the promotions they earned).
+        ``max_rounds`` page rounds, or until ``until()`` is true between two rounds: a stop
+        asked meanwhile), after writing the heat retrievals credited (which queues the
+        promotions they earned).
 
         Rounds of at most ``max_batch`` (default ``config.derived_max_batch``) pages, one per
         user, so each user's pages keep their order; safe at any time and after a crash (see
@@ -256,7 +260,7 @@ class MemoryEngine:
             return {"pages": 0, "promotions": 0}
         self._warn_of_another_mode()
         self._heat.write_behind()
-        return self._derived.process_pending(max_batch, max_rounds)
+        return self._derived.process_pending(max_batch, max_rounds, until)
 
     def _warn_of_another_mode(self) -> None:
         """Once an engine: one without an LLM about to derive the pending work of a store an

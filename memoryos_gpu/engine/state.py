@@ -81,7 +81,10 @@ class EngineHooks(Protocol):
     """
 
     def process_pending(
-        self, max_batch: int | None = None, max_rounds: int | None = None
+        self,
+        max_batch: int | None = None,
+        max_rounds: int | None = None,
+        until: Callable[[], bool] | None = None,
     ) -> dict[str, int]: ...
 
     def _process_owed(self) -> None: ...
