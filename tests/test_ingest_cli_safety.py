@@ -228,3 +228,12 @@ def test_the_summary_says_how_many_reject_kinds_it_leaves_out(tmp_path):
     rest = sorted(reasons.values(), reverse=True)[5:]
     line = f"and {len(rest)} more kind{'s' if len(rest) > 1 else ''} ({sum(rest)} reject"
     assert line in res.stderr and "--json reject_reasons" in res.stderr, res.stderr
+
+
+def test_workers_into_postgresql_names_what_shards_it(tmp_path):
+    """``--shards N`` without ``--ray`` says "or --workers N"; into a PostgreSQL store that is
+    refused, and the refusal named no way that works there."""
+    src = _jsonl(tmp_path / "a.jsonl", [GOOD])
+    res = _run("ingest", src, "--store", "postgresql://u@127.0.0.1:1/db", "--workers", "2")
+    assert res.exit_code == 2, res.output
+    assert "--ray --shards N" in res.output and "--shard I/N" in res.output

@@ -481,14 +481,16 @@ def _ingest_workers(
     as asked) beside that file, not into its encrypted shard's folder, and they are removed
     once merged; without one, each leaves the content out itself (:func:`_raw_rejects`)."""
     from memoryos_gpu import ops
-    from memoryos_gpu.store import SHARDS_FILE
+    from memoryos_gpu.store import SHARDS_FILE, STORE_FILE_SUFFIXES
 
     if is_url(store):
         raise UsageFailure(
-            "--workers writes one SQLite store per worker; it does not take a PostgreSQL --store"
+            "--workers writes one SQLite store per worker; it does not take a PostgreSQL "
+            "--store: shard into one PostgreSQL database with --ray --shards N, or run one "
+            "ingest per shard with --shard I/N"
         )
     base = Path(store)
-    if store == ":memory:" or base.suffix in (".sqlite", ".sqlite3", ".db"):
+    if store == ":memory:" or base.suffix in STORE_FILE_SUFFIXES:
         raise UsageFailure("--workers needs --store DIR (a directory: one store per shard)")
     if store_file(base).exists():
         raise UsageFailure(f"{base} holds an unsharded store; use a new --store DIR for --workers")
