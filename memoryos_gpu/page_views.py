@@ -28,6 +28,7 @@ import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from memoryos_gpu.json_codec import dumps_text
 from memoryos_gpu.types import ReadOnlyDict, frozen_meta
 
 
@@ -60,6 +61,20 @@ def _key(item_id: object) -> int:
         return operator.index(item_id)  # type: ignore[arg-type]
     except TypeError:
         return -1
+
+
+def _same_json(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two metas that compare equal also serialise alike: ``==`` takes ``True`` for
+    ``1`` and ``1.0``, so a page whose meta said ``{"x": True}`` showed its user's previous
+    page's ``{"x": 1}``. A flat meta (the common one) is checked value by value; a nested one
+    through its JSON text."""
+    if all(type(v) in _FLAT for v in a.values()):
+        return all(type(v) is type(b[k]) for k, v in a.items())
+    return dumps_text(a) == dumps_text(b)
+
+
+#: Value types a flat meta holds, each serialised by its type alone.
+_FLAT = frozenset({str, int, float, bool, type(None)})
 
 
 def _frozen(extra: dict[str, Any]) -> ReadOnlyDict:
@@ -255,7 +270,7 @@ class PageViews:
         result can change it (the copy is the engine's, even of a ReadOnlyDict given)."""
         if not extra:
             return _EMPTY
-        if previous is not None and previous == extra:
+        if previous is not None and previous == extra and _same_json(previous, extra):
             return previous
         return frozen_meta(extra)
 

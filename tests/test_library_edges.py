@@ -222,3 +222,23 @@ def test_every_user_lookup_checks_its_id(bad: Any) -> None:
         assert e.history("alice") and e.pending_count("alice") == 0
     finally:
         e.close()
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [({"x": 1}, {"x": True}), ({"x": 1.0}, {"x": 1}), ({"n": {"x": 1}}, {"n": {"x": True}})],
+)
+def test_metas_equal_only_under_python_equality_are_kept_apart(
+    first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    """A user's pages with equal metas share one frozen copy; ``==`` takes True for 1, so a
+    page added with ``{"x": True}`` after one with ``{"x": 1}`` showed ``1``."""
+    e = MemoryEngine(EngineConfig(store=":memory:", embedder="hashing"))
+    try:
+        e.add("u", "first page", meta=first)
+        e.add("u", "second page", meta=second)
+        shown = {p.user_input: p.extra for p in e.retrieve("u", "page").stm}
+        assert json.dumps(shown["first page"]) == json.dumps(first)
+        assert json.dumps(shown["second page"]) == json.dumps(second)
+    finally:
+        e.close()

@@ -38,7 +38,8 @@ Typical session:
 
 \b
 Engine options (--store, --config, --device, --preset, --llm-*, --embedding-*) are accepted
-before or after the subcommand; precedence: flag > environment > --config file > default.
+before or after the subcommand (bench, which builds no engine, takes only --device);
+precedence: flag > environment > --config file > default.
 Set MEMORYOS_GPU_EMBEDDER=hashing for a model-free test embedder. See docs/cli.md and
 docs/embeddings.md (--embedder onnx: CPU-fast; openai: an embeddings server).
 """
