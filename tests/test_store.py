@@ -1295,6 +1295,35 @@ def test_ids_are_never_reused_after_the_newest_rows_are_deleted(backend: Backend
         e.close()
 
 
+def test_a_schema_7_store_gives_no_audit_id_twice_after_its_upgrade(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store written before audit ids came from ``new_ids`` has no mark for them: its
+    upgrade starts one above every event it holds, or the first event after deleting the
+    user whose events were the newest (that deletion's tombstone) took one of their ids."""
+    import memoryos_gpu.store.sqlite_schema as sq
+
+    path = str(tmp_path / "v7")
+    monkeypatch.setattr(sq, "SCHEMA_VERSION", 7)
+    e = open_engine(path)
+    _fill(e, "alice")
+    _fill(e, "bob")
+    newest = e.store.query("SELECT MAX(event_id) FROM audit")[0][0]  # bob's
+    with e.store.transaction() as db:  # as a schema 7 store has it: no mark
+        db.execute("DELETE FROM meta WHERE key = 'next_id.audit'")
+    e.close()
+    monkeypatch.undo()
+    e = open_engine(path)
+    try:
+        assert e.store.schema_version == sq.SCHEMA_VERSION
+        assert e.delete_user("bob")
+        _fill(e, "alice", n=2)
+        assert e.history("bob")[0]["event_id"] > newest
+        assert all(h["event_id"] > newest for h in e.history("alice")[-2:])
+    finally:
+        e.close()
+
+
 def test_pages_pushed_out_of_stm_are_stored_pending_within_and_across_batches(
     backend: Backend,
 ) -> None:

@@ -244,8 +244,15 @@ CREATE TABLE claims(
     # 7 -> 8: the pages an LLM derived, indexed (an extractive store's pages are not in it):
     # an engine without an LLM asks, before it derives a store's pending work, whether an
     # LLM derived any of its pages (MemoryEngine._warn_of_another_mode), and without the
-    # index that question read every page row of an extractive store, once an engine
-    7: "CREATE INDEX pages_llm ON pages(page_id) WHERE mode IN ('llm', 'llm-fallback')",
+    # index that question read every page row of an extractive store, once an engine. And
+    # audit events take their ids from ``new_ids`` (SQLiteStore.audit_many): its mark starts
+    # above every event the store holds, or the first event after deleting a user whose
+    # events were the newest (that deletion's own tombstone) would take one of their ids
+    7: """
+CREATE INDEX pages_llm ON pages(page_id) WHERE mode IN ('llm', 'llm-fallback');
+INSERT OR IGNORE INTO meta(key, value)
+  SELECT 'next_id.audit', CAST(COALESCE(MAX(event_id), 0) + 1 AS TEXT) FROM audit
+""",
 }
 
 
