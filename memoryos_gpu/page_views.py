@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from memoryos_gpu.json_codec import dumps_text
-from memoryos_gpu.types import ReadOnlyDict, frozen_meta
+from memoryos_gpu.types import JSON_LEAVES, ReadOnlyDict, frozen_meta
 
 
 class PageView(NamedTuple):
@@ -68,13 +68,9 @@ def _same_json(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     ``1`` and ``1.0``, so a page whose meta said ``{"x": True}`` showed its user's previous
     page's ``{"x": 1}``. A flat meta (the common one) is checked value by value; a nested one
     through its JSON text."""
-    if all(type(v) in _FLAT for v in a.values()):
+    if all(type(v) in JSON_LEAVES for v in a.values()):
         return all(type(v) is type(b[k]) for k, v in a.items())
     return dumps_text(a) == dumps_text(b)
-
-
-#: Value types a flat meta holds, each serialised by its type alone.
-_FLAT = frozenset({str, int, float, bool, type(None)})
 
 
 def _frozen(extra: dict[str, Any]) -> ReadOnlyDict:

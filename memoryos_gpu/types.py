@@ -71,7 +71,7 @@ class ReadOnlyList(list):
 
 
 #: Values :func:`frozen_meta` keeps as they are: immutable, and the only leaves JSON has.
-_LEAVES = frozenset({str, int, float, bool, type(None)})
+JSON_LEAVES = frozenset({str, int, float, bool, type(None)})
 
 
 def frozen_meta(meta: Mapping[str, Any]) -> ReadOnlyDict:
@@ -84,7 +84,7 @@ def frozen_meta(meta: Mapping[str, Any]) -> ReadOnlyDict:
     retrievals (and not in the store). A flat meta of plain values, the common one, costs one
     dict copy and a type test per value."""
     for v in meta.values():
-        if type(v) not in _LEAVES:
+        if type(v) not in JSON_LEAVES:
             return _deep_frozen(meta)
     return ReadOnlyDict(meta)
 
@@ -101,7 +101,7 @@ def _deep_frozen(root: Mapping[str, Any]) -> ReadOnlyDict:
     while True:
         src, pending, done, key_above = stack[-1]
         for key, value in pending:
-            if type(value) in _LEAVES:
+            if type(value) in JSON_LEAVES:
                 done.append((key, value))
                 continue
             if isinstance(value, Mapping):

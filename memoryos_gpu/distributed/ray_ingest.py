@@ -98,7 +98,6 @@ UNSENT = "unsent"  # a row a stopped shard actor sent back undone
 DEFAULT_WINDOW = 200_000  # records per Ray dataset (bounds the driver's memory)
 #: How long a run waits for the shard actors of a stopped earlier run to let a store go.
 ACTOR_WAIT_S, ACTOR_POLL_S = 30.0, 0.25
-_RAY_WORKER = ("default_worker.py", "ray::")  # a Ray worker process's command, as recorded
 BUCKETS_PER_SHARD = 4  # groups per shard: parallel writers per shard, smaller groups
 _RAW_LIMIT = 2000
 
@@ -647,7 +646,7 @@ def _claim_and_give_back(db: Path, wait_s: float | None = None) -> None:
     earlier ``ingest --ray`` whose driver was killed finishes its chunk in flight first (a
     few seconds), and a re-run started meanwhile was refused once, with the advice meant for a
     running server. One that does not let go is named as what it is."""
-    from memoryos_gpu.store.writer import SQLiteWriterLock, StoreLockedError
+    from memoryos_gpu.store.writer import SQLiteWriterLock, StoreLockedError, holder_kind
 
     deadline = time.monotonic() + (ACTOR_WAIT_S if wait_s is None else wait_s)
     said = False
@@ -657,7 +656,7 @@ def _claim_and_give_back(db: Path, wait_s: float | None = None) -> None:
             lock.acquire()
         except StoreLockedError as exc:
             holder = exc.holder
-            if holder is None or not holder.command.startswith(_RAY_WORKER):
+            if holder is None or holder_kind(holder.command) != "ray":
                 raise
             if time.monotonic() >= deadline:
                 raise StoreLockedError(

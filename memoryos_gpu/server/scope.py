@@ -25,9 +25,9 @@ from memoryos_gpu.engine.assembly import retrieval_json
 from memoryos_gpu.engine.validation import MAX_ID_CHARS as ENGINE_ID_CHARS
 from memoryos_gpu.engine.validation import (
     InvalidInputError,
-    _clean_id,
     _clean_text,
     _new_identity,
+    clean_user_id,
 )
 from memoryos_gpu.json_codec import dumps
 from memoryos_gpu.server.auth import Principal
@@ -124,7 +124,7 @@ def user_id_problem(user_id: str, *, written: bool = True) -> str | None:
     """Why a client's ``user_id`` is refused, or None if it is acceptable.
 
     Every id: not blank, no control characters, and whatever else the engine's id check
-    refuses (``_clean_id``: C1 controls, surrogates), so that the answer is always the
+    refuses (``clean_user_id``: C1 controls, surrogates), so that the answer is always the
     server's ``invalid_user_id``. An id pages are written under (``written``: the HTTP routes
     that add pages, and every tool of the MCP server, which follows this rule so that its
     users are the HTTP API's) also:
@@ -153,7 +153,10 @@ def user_id_problem(user_id: str, *, written: bool = True) -> str | None:
     if len(user_id) > ENGINE_ID_CHARS:  # refused by its length: each caller names its limit
         return None
     try:
-        (_new_identity if written else _clean_id)(user_id, "user_id")
+        if written:
+            _new_identity(user_id, "user_id")
+        else:
+            clean_user_id(user_id)
     except InvalidInputError as exc:
         return str(exc)
     return None

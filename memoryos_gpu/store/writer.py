@@ -46,7 +46,14 @@ try:
 except ImportError:  # pragma: no cover - Windows: no flock; the lock is not enforced there
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["Holder", "SQLiteWriterLock", "StoreLockedError", "lock_path", "this_process"]
+__all__ = [
+    "Holder",
+    "SQLiteWriterLock",
+    "StoreLockedError",
+    "holder_kind",
+    "lock_path",
+    "this_process",
+]
 
 log = logging.getLogger("memoryos_gpu.store")
 
@@ -189,7 +196,7 @@ def refusal(store: str, who: str, scope: str = "store", command: str | None = No
 
 def _advice(command: str | None) -> str:
     """What to do about a holder running ``command``."""
-    kind = _holder_kind(command or "")
+    kind = holder_kind(command or "")
     if kind == "mcp":
         return (
             "Connect to that MCP server instead (its add_memory tool writes this store), or stop it"
@@ -199,12 +206,16 @@ def _advice(command: str | None) -> str:
     return "Stop that process, or send the pages through its server (POST /v1/pages)"
 
 
-def _holder_kind(command: str) -> str:
-    """``mcp`` (an MCP server), ``batch`` (a ``memoryos-gpu`` command that serves nothing) or
-    ``server`` (``serve``, or a program this cannot tell), from a holder record's command."""
+def holder_kind(command: str) -> str:
+    """``mcp`` (an MCP server), ``ray`` (a Ray worker: a shard actor of ``ingest --ray`` or a
+    replica of ``serve --ray``), ``batch`` (a ``memoryos-gpu`` command that serves nothing) or
+    ``server`` (``serve``, or a program this cannot tell), from a holder record's command:
+    the one reading of it, for the refusal's advice and for ``ingest --ray``'s wait."""
     words = command.split()
     if not words:
         return "server"
+    if words[0].startswith(("default_worker.py", "ray::")):
+        return "ray"
     if words[0] in ("mcp_server.py", "memoryos_gpu.server.mcp_server"):
         return "mcp"
     if words[0] != "memoryos-gpu":
