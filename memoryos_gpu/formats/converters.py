@@ -32,7 +32,7 @@ from .records import (
 )
 from .timestamps import parse_timestamp
 
-__all__ = ["generated_user"]
+__all__ = ["NO_TURNS", "generated_user"]
 
 _SESSION_RE = re.compile(r"session_(\d+)")
 
@@ -64,6 +64,24 @@ _TEXT_PART_TYPES = ("text", "input_text", "output_text")
 
 class _Invalid(Exception):
     """The whole item is unusable (reason in args[0])."""
+
+
+#: The reason of a conversation that makes no page. Such an item (``"conversations": []``, a
+#: ShareGPT conversation of system turns only, a LoCoMo conversation without turns) is not
+#: broken, but it holds no page to store: it is rejected so that the run's count, its summary
+#: and the rejects file say it was read and left out (it used to vanish, and a user could not
+#: tell a skipped conversation from one never read). What follows, in parentheses, says why;
+#: the reason's kind (:func:`memoryos_gpu.rejects.reason_kind`) is this text alone.
+NO_TURNS = "no user or assistant turn to make a page of"
+
+
+def _no_turns(field: str, skipped: list[str]) -> _Invalid:
+    """The refusal of a conversation whose ``field`` (``conversations``, ``messages``) gave no
+    user or assistant turn; ``skipped``: a label for each turn left out (its role)."""
+    if not skipped:
+        return _Invalid(f"{NO_TURNS} ({field} is empty)")
+    labels = ", ".join(dict.fromkeys(skipped))
+    return _Invalid(f"{NO_TURNS} ({field} holds only turns that are skipped: {labels})")
 
 
 @dataclass
@@ -267,6 +285,7 @@ def _convert_sharegpt(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
     if not isinstance(conv, list):
         raise _Invalid("missing or non-list field 'conversations'")
     turns = []
+    skipped: list[str] = []
     for i, turn in enumerate(conv):
         if not isinstance(turn, dict):
             raise _Invalid(f"conversations[{i}] is not an object")
@@ -277,11 +296,14 @@ def _convert_sharegpt(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
             raise _Invalid(f"conversations[{i}] has unknown role {who!r}")
         role = _SHAREGPT_ROLES[who.lower()]
         if role is None:
+            skipped.append(who.lower())
             continue
         if "value" not in turn:
             raise _Invalid(f"conversations[{i}] has no 'value'")
         text = _text(turn["value"], f"conversations[{i}].value")
         turns.append((role, i, text, turn.get("timestamp")))
+    if not turns:
+        raise _no_turns("conversations", skipped)
     return _convert_turns(obj, ctx, turns)
 
 
@@ -310,6 +332,7 @@ def _convert_openai(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
     if not isinstance(msgs, list):
         raise _Invalid("missing or non-list field 'messages'")
     turns = []
+    skipped: list[str] = []
     for i, msg in enumerate(msgs):
         if not isinstance(msg, dict):
             raise _Invalid(f"messages[{i}] is not an object")
@@ -320,11 +343,15 @@ def _convert_openai(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
             raise _Invalid(f"messages[{i}] has unknown role {who!r}")
         role = _OPENAI_ROLES[who]
         if role is None:
+            skipped.append(who)
             continue
         text = _openai_content(msg.get("content"), i)
         if text is None:  # e.g. an assistant message holding only tool calls
+            skipped.append(f"{who} without content")
             continue
         turns.append((role, i, text, msg.get("timestamp")))
+    if not turns:
+        raise _no_turns("messages", skipped)
     return _convert_turns(obj, ctx, turns)
 
 
@@ -405,6 +432,13 @@ def _convert_locomo(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
                 )
             )
             sub += 1
+    if not out:  # no turn at all (a bad turn or date is a reject already)
+        why = (
+            "its session_N turn lists are all empty"
+            if sessions
+            else "conversation has no session_N turn list"
+        )
+        raise _Invalid(f"{NO_TURNS} ({why})")
     return out
 
 
