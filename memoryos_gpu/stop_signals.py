@@ -20,17 +20,22 @@ SIGTERM or a closed terminal's SIGHUP can likewise arrive twice; whoever wants a
 does not wait escalates with SIGKILL (``timeout -k``, systemd's ``TimeoutStopSec``), which no
 handler sees. The three commands once had three handlers and two rules (the ``--ray`` driver
 and the ``--workers`` supervisor aborted on any second signal); they now share this one.
+
+The HTTP servers (``memoryos-gpu serve``, its worker processes, ``memoryos-gpu mcp`` over HTTP)
+stop by uvicorn's rule instead, and :func:`sigterm_as_ctrl_c` makes SIGTERM end them as Ctrl-C
+does: after the graceful shutdown, with exit status 0.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "StopSignals"]
+__all__ = ["STOP_SIGNALS", "StopSignals", "sigterm_as_ctrl_c"]
 
 #: What stops a run after its work in flight: Ctrl-C, and what ``timeout``, ``systemctl
 #: stop``, CI cancellation and a closed terminal send.
@@ -115,3 +120,31 @@ class StopSignals:
         tb: TracebackType | None,
     ) -> None:
         self.restore()
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """While in this block, SIGTERM raises ``KeyboardInterrupt`` as SIGINT does (main thread
+    only; elsewhere nothing changes).
+
+    Why: uvicorn (0.29 and later) takes SIGINT and SIGTERM while it serves, shuts down
+    gracefully on either, then gives each back to the handler it found and raises it again.
+    SIGINT's default handler raises ``KeyboardInterrupt``, which ``uvicorn.run`` (and the
+    callers of ``Server.run`` here) take for the end of a served run: exit status 0. SIGTERM's
+    default action killed the process instead, after the very same orderly shutdown: status
+    143, which systemd, Docker and Kubernetes report as a failed stop. Under this handler a
+    SIGTERM ends the process as Ctrl-C does, by the server's shutdown and not before it; one
+    that comes before uvicorn has taken the signals interrupts the startup, as Ctrl-C would.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -77,7 +77,8 @@ def serve(
     engines: int | None,
     **kwargs: Any,
 ) -> None:
-    """Serve the HTTP API (memoryos_gpu.server) over the store until Ctrl-C.
+    """Serve the HTTP API (memoryos_gpu.server) over the store until Ctrl-C or SIGTERM
+    (then drain, commit, close the store and exit 0).
 
     With --workers N (the default on a multi-core box), N HTTP processes parse, authenticate
     and validate requests and the engine process batches them all; --engines K runs K engine
@@ -100,7 +101,7 @@ def serve(
         return
     try:
         from memoryos_gpu.server.app import run
-        from memoryos_gpu.server.workers import StartupError
+        from memoryos_gpu.server.workers import ShutdownError, StartupError
     except ImportError as exc:
         raise CLIError(
             "the HTTP server is not available: memoryos_gpu.server.app could not be imported "
@@ -141,6 +142,8 @@ def serve(
     except ValueError as exc:  # a store laid out for another shard count, ...
         raise UsageFailure(str(exc)) from None
     except StartupError as exc:  # the port is taken, the host is no address: a runtime failure
+        raise CLIError(str(exc)) from None
+    except ShutdownError as exc:  # stopped, but not cleanly: never the exit 0 of a clean stop
         raise CLIError(str(exc)) from None
 
 

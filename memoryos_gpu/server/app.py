@@ -43,8 +43,9 @@ from memoryos_gpu.server.scope import TENANCY, ApiError, Scope
 from memoryos_gpu.server.service import MemoryService
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.server.user_routes import add_user_routes
+from memoryos_gpu.stop_signals import sigterm_as_ctrl_c
 
-__all__ = ["ApiError", "create_app", "run"]
+__all__ = ["ApiError", "create_app", "run", "shutdown_failed"]
 
 log = logging.getLogger("memoryos_gpu.server")
 #: Whether this FastAPI has its own OpenTelemetry instrumentation (``FastAPI(telemetry=...)``,
@@ -152,8 +153,13 @@ def create_app(
         try:
             yield
         finally:
-            await service.close()
-            metrics.close()
+            try:
+                await service.close()
+                metrics.close()
+            except BaseException:
+                # uvicorn logs it and ends the run as a served one: the exit status must not
+                app.state.shutdown_failed = True
+                raise
             # a worker process only stops its HTTP side: its service says what its close did
             done = getattr(
                 service, "closed_message", "queues drained, derived work done, engine closed"
@@ -221,6 +227,14 @@ def create_app(
         routes=app.router.routes,
     )
     return app
+
+
+def shutdown_failed(app: Any) -> bool:
+    """Whether ``app``'s shutdown (its lifespan's close: draining, committing, closing the
+    store) raised. uvicorn logs "Application shutdown failed" and returns as from any served
+    run, so whoever runs it reads this to exit non-zero (:func:`run`, the ``--workers``
+    workers, the MCP server)."""
+    return bool(getattr(app.state, "shutdown_failed", False))
 
 
 def _fastapi(settings: ServerSettings, **kw: Any) -> FastAPI:
@@ -385,24 +399,30 @@ def run(
             engines=engines,
         )
         return
-    from memoryos_gpu.server.workers import StartupError, check_listen_address
+    from memoryos_gpu.server.workers import ShutdownError, StartupError, check_listen_address
 
     # uvicorn binds only after the app's startup, which begins loading the engine: a taken
     # port must be said before the model loads
     check_listen_address(host, int(port))
     app = create_app(cfg, api_keys=keys, settings=settings, use_env_keys=False)
     try:
-        uvicorn.run(
-            app,
-            host=host,
-            port=int(port),
-            log_level=log_level.lower(),
-            timeout_graceful_shutdown=graceful_timeout_s,
-            h11_max_incomplete_event_size=settings.max_header_bytes,  # h11 refuses larger headers
-        )
+        with sigterm_as_ctrl_c():  # a SIGTERM stop ends the run as Ctrl-C does: status 0
+            uvicorn.run(
+                app,
+                host=host,
+                port=int(port),
+                log_level=log_level.lower(),
+                timeout_graceful_shutdown=graceful_timeout_s,
+                h11_max_incomplete_event_size=settings.max_header_bytes,  # h11's header cap
+            )
     except SystemExit as exc:  # uvicorn's "did not start" (exit 3, the CLI's ingest rejects)
         if exc.code != uvicorn.config.STARTUP_FAILURE:
             raise
         raise StartupError(
             f"the HTTP server did not start on {host}:{port} (uvicorn's log above says why)"
         ) from None
+    if shutdown_failed(app):
+        raise ShutdownError(
+            "the HTTP server's shutdown failed: pending writes may not be committed nor the "
+            "store closed (the log above says why); start it again on the store to recover"
+        )

@@ -71,7 +71,12 @@ from memoryos_gpu.server.memory_routes import check_meta
 from memoryos_gpu.server.scope import ApiError, user_id_problem
 from memoryos_gpu.server.service import MemoryService, Overloaded, Unavailable
 from memoryos_gpu.server.settings import ServerSettings
-from memoryos_gpu.server.workers import StartupError, check_listen_address
+from memoryos_gpu.server.workers import (
+    ShutdownError,
+    StartupError,
+    check_listen_address,
+    run_server,
+)
 from memoryos_gpu.types import PageInput
 
 __all__ = ["build_mcp", "main"]
@@ -655,7 +660,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             _serve_stdio(service, mcp)
         else:
             _serve_http(service, mcp, args)
-    except (Unavailable, StartupError) as exc:  # no session: the cause on stderr, one line
+    except (Unavailable, StartupError, ShutdownError) as exc:  # the cause on stderr, one line
         sys.exit(f"memoryos-gpu MCP server: {exc}")
 
 
@@ -747,7 +752,11 @@ def http_app(
             async with inner(a):
                 yield
         finally:
-            await service.close()
+            try:
+                await service.close()
+            except BaseException:  # uvicorn logs it and returns: the exit status must not
+                a.state.shutdown_failed = True
+                raise
 
     app.router.lifespan_context = lifespan
     return app
@@ -757,8 +766,11 @@ def _serve_http(service: MemoryService, mcp: Any, args: argparse.Namespace) -> N
     """Serve until SIGTERM / Ctrl-C. A taken port is :class:`StartupError` before the engine
     loads (uvicorn binds after the app's startup, and says so as its own ERROR and exit code
     3); the URL is announced once uvicorn listens, so that a log reader or a supervisor never
-    sees an address announced that nothing serves."""
+    sees an address announced that nothing serves. SIGTERM and Ctrl-C exit 0 once the shutdown
+    has drained and closed the service; a shutdown that failed is :class:`ShutdownError`."""
     import uvicorn
+
+    from memoryos_gpu.server.app import shutdown_failed
 
     check_listen_address(args.host, args.port)
     app = http_app(
@@ -773,9 +785,14 @@ def _serve_http(service: MemoryService, mcp: Any, args: argparse.Namespace) -> N
     server = _announcing(
         config, f"memoryos-gpu MCP server on http://{args.host}:{args.port}{args.path}"
     )
-    server.run()
+    run_server(server)  # a SIGTERM stop exits 0 as Ctrl-C does, after the same shutdown
     if not server.started:  # what uvicorn.run does: a server that never served failed
         sys.exit(uvicorn.config.STARTUP_FAILURE)
+    if shutdown_failed(app):
+        raise ShutdownError(
+            "the shutdown failed: writes may be uncommitted (the log above says why); start "
+            "the server again on the store to recover"
+        )
 
 
 def _announcing(config: Any, line: str) -> Any:

@@ -27,7 +27,9 @@ engine process drains its queues, finishes the derived work and closes the store
 killed outright (SIGKILL, the OOM killer) runs no shutdown: each child is then sent SIGTERM by
 the kernel (Linux, :mod:`memoryos_gpu.parent_death`) and stops as above on its own (a worker
 answers what it has; the engine process drains, finishes and closes the store, giving up its
-writer claim), so a restarted ``serve`` finds the port and the store free.
+writer claim), so a restarted ``serve`` finds the port and the store free. The supervisor
+exits 0 after a stop whose every process finished its shutdown; one that failed (an engine
+process whose close raised, a worker killed past its grace) makes it :class:`ShutdownError`.
 """
 
 from __future__ import annotations
@@ -49,14 +51,17 @@ from typing import Any
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.stop_signals import sigterm_as_ctrl_c
 
 __all__ = [
+    "ShutdownError",
     "StartupError",
     "Supervisor",
     "available_cpus",
     "check_listen_address",
     "default_workers",
     "engine_config",
+    "run_server",
     "run_workers",
     "serve_worker",
 ]
@@ -95,6 +100,25 @@ class StartupError(OSError):
     """The HTTP server could not start serving its address (taken, not this machine's, not a
     host at all, ...): a runtime failure, said in one line naming the address and the cause
     (the CLI's ``error: ...``, exit 1) rather than a traceback or uvicorn's exit code 3."""
+
+
+class ShutdownError(RuntimeError):
+    """A stopped server's shutdown failed (its close raised, a process had to be killed):
+    pending writes may be uncommitted or the store left unclosed, so the stop must not look
+    like a clean one (the CLI's ``error: ...``, exit 1, where a clean stop exits 0)."""
+
+
+def run_server(server: Any, sockets: list[socket.socket] | None = None) -> None:
+    """Run the uvicorn ``server`` until SIGINT or SIGTERM, then return once its graceful
+    shutdown is done, as ``uvicorn.run`` does (:func:`~memoryos_gpu.stop_signals.sigterm_as_ctrl_c`
+    says why SIGTERM needs this). A stop before it started serving is re-raised
+    (``KeyboardInterrupt``): nothing was served, nothing was shut down."""
+    with sigterm_as_ctrl_c():
+        try:
+            server.run(sockets=sockets)
+        except KeyboardInterrupt:  # uvicorn gives a stop it took back once it has shut down
+            if not server.started:
+                raise
 
 
 def _address(host: str, port: int) -> str:
@@ -171,7 +195,7 @@ def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pids: list[An
     import uvicorn
 
     from memoryos_gpu.host_memory import freeze_long_lived
-    from memoryos_gpu.server.app import create_app
+    from memoryos_gpu.server.app import create_app, shutdown_failed
     from memoryos_gpu.server.auth import KeyRing
     from memoryos_gpu.server.shared_limits import SharedKeyLimits
 
@@ -194,7 +218,12 @@ def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pids: list[An
         timeout_graceful_shutdown=spec["graceful_timeout_s"],
         h11_max_incomplete_event_size=settings.max_header_bytes,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        run_server(uvicorn.Server(config), sockets=[sock])
+    except KeyboardInterrupt:  # stopped before it served: nothing to finish
+        return
+    if shutdown_failed(app):  # uvicorn logged why; the supervisor reads the exit code
+        sys.exit(1)
 
 
 def _worker_service(spec: dict[str, Any], settings: ServerSettings, pids: list[Any]) -> Any:
@@ -372,30 +401,57 @@ class Supervisor:
             time.sleep(RESTART_PAUSE_S)
         self._start_worker(i)
 
-    def stop(self) -> None:
+    def stop(self) -> list[str]:
         """Workers first (each answers its requests in flight; worker 0 syncs the shards a
         last time), then the engine processes (each drains its queues, finishes derived work,
-        closes its store)."""
+        closes its store). Returns what failed to stop cleanly, one phrase per process (empty:
+        the stop was clean)."""
         self.stopping = True
         for p in self.workers:
             if p is not None and p.is_alive():
                 p.terminate()
         grace = (self.graceful_timeout_s or 30.0) + 10.0
-        for p in self.workers:
+        failures: list[str] = []
+        for i, p in enumerate(self.workers):
             if p is not None:
                 p.join(grace)
                 if p.is_alive():
                     p.kill()
                     p.join()
+                    failures.append(f"HTTP worker {i} (pid {p.pid}) did not stop in {grace:g} s")
+                elif not _stopped_cleanly(p.exitcode):
+                    failures.append(f"HTTP worker {i} (pid {p.pid}) {_exit_phrase(p.exitcode)}")
         self.sock.close()
         live = [p for p in self.engines if p is not None and p.is_alive()]
         for p in live:
             p.terminate()
         for p in live:
             p.join()
+        failures += [
+            f"the {self._engine_name(i)} (pid {p.pid}) {_exit_phrase(p.exitcode)}"
+            for i, p in enumerate(self.engines)
+            if p is not None and not _stopped_cleanly(p.exitcode)
+        ]
         for v in self.engine_pids:
             v.value = 0
         shutil.rmtree(self.dir, ignore_errors=True)
+        return failures
+
+
+def _stopped_cleanly(exitcode: int | None) -> bool:
+    """Whether a child's exit code is a clean stop: 0 after its shutdown, or the SIGTERM it
+    was sent ending it before it had installed its handler (still starting: nothing open)."""
+    return exitcode in (0, -signal.SIGTERM)
+
+
+def _exit_phrase(exitcode: int | None) -> str:
+    """``exited with status 1`` / ``was killed by SIGKILL``, for the shutdown's error."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            pass
+    return f"exited with status {exitcode}"
 
 
 def _check_shardable(store: str, engines: int) -> None:
@@ -450,12 +506,19 @@ def run_workers(
         sup.stopping = True
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    failures: list[str] = []
     try:
         sup.start()
         sup.watch()
     finally:
-        sup.stop()
+        failures = sup.stop()
         for s, h in old.items():
             with contextlib.suppress(Exception):
                 signal.signal(s, h)
-        log.warning("memoryos-gpu: workers stopped, queues drained, store closed")
+        if not failures:
+            log.warning("memoryos-gpu: workers stopped, queues drained, store closed")
+    if failures:  # a stop signal, but not a clean stop: the exit status says so
+        raise ShutdownError(
+            f"the HTTP server's shutdown failed: {'; '.join(failures)} (the log above says why); "
+            "writes may be uncommitted: start it again on the store to recover"
+        )
