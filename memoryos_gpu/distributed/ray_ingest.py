@@ -60,7 +60,6 @@ from memoryos_gpu.distributed.exchange import exchange_receipts, exchange_sender
 from memoryos_gpu.distributed.layout import (
     ShardMap,
     check_layout,
-    is_shared_store,
     prepare_layout,
     shard_store,
 )
@@ -73,6 +72,7 @@ from memoryos_gpu.distributed.ray_common import (
     unbox,
 )
 from memoryos_gpu.distributed.replicas import AssistantEntry, route_assistant_facts
+from memoryos_gpu.distributed.shard_writers import check_shard_writers
 from memoryos_gpu.formats import Reject
 from memoryos_gpu.formats.timestamps import naive_zone
 from memoryos_gpu.ingest import (
@@ -88,7 +88,6 @@ from memoryos_gpu.ingest import (
 )
 from memoryos_gpu.rejects import RejectRow, reason_kind, record_reject
 from memoryos_gpu.stop_signals import StopSignals
-from memoryos_gpu.store import STORE_FILE
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +95,6 @@ __all__ = ["DEFAULT_WINDOW", "ShardIngestActor", "actor_name", "ingest_ray"]
 
 UNSENT = "unsent"  # a row a stopped shard actor sent back undone
 DEFAULT_WINDOW = 200_000  # records per Ray dataset (bounds the driver's memory)
-#: How long a run waits for the shard actors of a stopped earlier run to let a store go.
-ACTOR_WAIT_S, ACTOR_POLL_S = 30.0, 0.25
 BUCKETS_PER_SHARD = 4  # groups per shard: parallel writers per shard, smaller groups
 _RAW_LIMIT = 2000
 
@@ -430,7 +427,7 @@ def ingest_ray(
 
     Everything that can be refused without Ray is refused before Ray starts (~15 s): the
     arguments, the store layout (:func:`check_layout`) and a shard held by another writer
-    (:func:`_check_writers`). An error a shard actor raises comes out as itself (e.g. a
+    (:func:`check_shard_writers`). An error a shard actor raises comes out as itself (e.g. a
     StoreLockedError), not as Ray's wrapper (:func:`ray_error_cause`). Called from the main
     thread, SIGINT, SIGTERM and SIGHUP stop the run with its report (:class:`_Stop`).
     """
@@ -443,7 +440,7 @@ def ingest_ray(
     if config.store == ":memory:":
         raise ValueError("ingest --ray needs a durable store: --store DIR or a PostgreSQL URL")
     check_layout(config.store, shards)
-    _check_writers(config.store, shards)
+    check_shard_writers(config.store, shards)
     report = IngestReport(
         batch_size=batch_size,
         files=list(files),
@@ -624,60 +621,6 @@ def derived_failure_of(derived: dict[str, Any]) -> str | None:
     """The report's ``derived_failure`` from the shards' derived-work counts (their
     :meth:`ShardIngestActor.process`), as a single process's ingestion names it."""
     return failure_kind(derived)
-
-
-def _check_writers(store: str, shards: int) -> None:
-    """Refuse, before Ray starts, a shard store that another process holds for writing (a
-    ``serve``, ``serve --ray``, another ``ingest``): its StoreLockedError names the holder,
-    as the single-process path's refusal does. The claim is taken and given back at once;
-    a writer that comes in between is refused by the shard actor's own claim instead
-    (:meth:`ShardIngestActor.info`). PostgreSQL shards are claimed by the actors only."""
-    if is_shared_store(store):
-        return
-    for i in range(shards):
-        db = Path(shard_store(store, i, shards)) / STORE_FILE
-        if db.is_file():
-            _claim_and_give_back(db)
-
-
-def _claim_and_give_back(db: Path, wait_s: float | None = None) -> None:
-    """Take the writer claim of shard store ``db`` and give it back. A holder that is a Ray
-    worker is waited for, up to ``wait_s`` (:data:`ACTOR_WAIT_S`): the shard actor of an
-    earlier ``ingest --ray`` whose driver was killed finishes its chunk in flight first (a
-    few seconds), and a re-run started meanwhile was refused once, with the advice meant for a
-    running server. One that does not let go is named as what it is."""
-    from memoryos_gpu.store.writer import SQLiteWriterLock, StoreLockedError, holder_kind
-
-    deadline = time.monotonic() + (ACTOR_WAIT_S if wait_s is None else wait_s)
-    said = False
-    while True:
-        lock = SQLiteWriterLock(db)
-        try:
-            lock.acquire()
-        except StoreLockedError as exc:
-            holder = exc.holder
-            if holder is None or holder_kind(holder.command) != "ray":
-                raise
-            if time.monotonic() >= deadline:
-                raise StoreLockedError(
-                    f"store {db} is open for writing by a Ray worker, pid {holder.pid} on "
-                    f"{holder.host}: a shard actor of an earlier `ingest --ray` still "
-                    "finishing its chunk, or of a Ray cluster that still runs it; retry once "
-                    "it has exited, or stop it (`ray stop`)",
-                    holder,
-                ) from None
-            if not said:
-                log.warning(
-                    "waiting for a shard actor of an earlier run (pid %d) to finish its chunk "
-                    "and give %s back",
-                    holder.pid,
-                    db,
-                )
-                said = True
-            time.sleep(ACTOR_POLL_S)
-            continue
-        lock.release()
-        return
 
 
 def _start_actors(ray: Any, config: EngineConfig, shards: int, run: str, res: Any) -> list[Any]:

@@ -45,11 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from memoryos_gpu.config import EngineConfig
-from memoryos_gpu.distributed.layout import prepare_layout, shard_store
+from memoryos_gpu.distributed.layout import check_layout, prepare_layout, shard_store
 from memoryos_gpu.distributed.ray_common import ensure_ray, require_ray, shard_resources
 from memoryos_gpu.distributed.ray_router import DEFAULT_SYNC_S, RouterService
 from memoryos_gpu.distributed.ray_routing import add_by_shard
 from memoryos_gpu.distributed.ray_shard import ShardReplica
+from memoryos_gpu.distributed.shard_writers import check_shard_writers
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.stop_signals import StopSignals
 
@@ -261,7 +262,11 @@ def run(
     facts a last time, save and close their stores (:func:`finish_app`), then the application
     is deleted. The signals follow :mod:`memoryos_gpu.stop_signals` (the first stops
     gracefully, a second Ctrl-C stops waiting for the shards); a stop that comes while the
-    application starts shuts it down as soon as it has started."""
+    application starts shuts it down as soon as it has started. A store laid out for another
+    shard count, or a shard another process holds for writing, is refused before Ray starts
+    (``ValueError``, ``StoreLockedError``: seconds, not Ray's start-up and a replica's log)."""
+    check_layout(config.store, shards)
+    check_shard_writers(config.store, shards)
     stopping = threading.Event()
     # sets the event and nothing else: it runs in the main thread wherever that is, inside
     # Ray's calls too, so it must not raise there

@@ -1,8 +1,12 @@
-"""``ingest --ray`` run again right after its driver was killed: the killed run's shard actors
+"""Shard stores held by another writer, refused before Ray starts (``shard_writers``).
+
+``ingest --ray`` run again right after its driver was killed: the killed run's shard actors
 (Ray workers) still hold their stores while they finish the chunk in flight, and the re-run was
 refused once, with the advice meant for a running server. It now waits for such a holder, and
 names one that does not let go as a Ray worker. Another holder is refused at once, as before.
-No Ray here: the holder is a process whose program name is a Ray worker's."""
+``serve --ray`` on a held store was refused only after Ray had started (15-25 s), by a shard
+replica, in Ray's log; it is now refused before. No Ray here: the holder is a process whose
+program name is a Ray worker's, or the CLI's."""
 
 from __future__ import annotations
 
@@ -13,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from memoryos_gpu.distributed import ray_ingest
+from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.distributed import shard_writers
 from memoryos_gpu.store.writer import StoreLockedError
 
 HOLD = """
@@ -50,7 +55,7 @@ def test_a_stopped_runs_shard_actor_is_waited_for(tmp_path: Path) -> None:
     p = _holder(tmp_path, "default_worker.py", db, 1.0)
     try:
         t0 = time.monotonic()
-        ray_ingest._check_writers(str(store), 2)  # was: StoreLockedError at once
+        shard_writers.check_shard_writers(str(store), 2)  # was: StoreLockedError at once
         assert time.monotonic() - t0 >= 0.5
     finally:
         p.kill()
@@ -61,11 +66,11 @@ def test_a_ray_worker_that_keeps_the_store_is_named_as_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, db = _shard_db(tmp_path)
-    monkeypatch.setattr(ray_ingest, "ACTOR_WAIT_S", 0.5)
+    monkeypatch.setattr(shard_writers, "ACTOR_WAIT_S", 0.5)
     p = _holder(tmp_path, "default_worker.py", db, 60)
     try:
         with pytest.raises(StoreLockedError, match="by a Ray worker, pid") as caught:
-            ray_ingest._check_writers(str(store), 2)
+            shard_writers.check_shard_writers(str(store), 2)
         assert "earlier `ingest --ray`" in str(caught.value) and "ray stop" in str(caught.value)
         assert "POST /v1/pages" not in str(caught.value)  # not a server's advice
     finally:
@@ -79,8 +84,32 @@ def test_another_holder_is_refused_at_once(tmp_path: Path) -> None:
     try:
         t0 = time.monotonic()
         with pytest.raises(StoreLockedError, match="POST /v1/pages"):
-            ray_ingest._check_writers(str(store), 2)
-        assert time.monotonic() - t0 < ray_ingest.ACTOR_WAIT_S / 2
+            shard_writers.check_shard_writers(str(store), 2)
+        assert time.monotonic() - t0 < shard_writers.ACTOR_WAIT_S / 2
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_serve_ray_refuses_a_held_shard_before_ray_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("ray")
+    from memoryos_gpu.distributed import ray_serve
+
+    store, db = _shard_db(tmp_path)
+    (store / "shards.json").write_text('{"count": 2}', encoding="utf-8")
+
+    def no_ray(*_a: object, **_k: object) -> None:
+        raise AssertionError("Ray was started for a store that is held")
+
+    monkeypatch.setattr(ray_serve, "ensure_ray", no_ray)
+    p = _holder(tmp_path, "memoryos-gpu", db, 60)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(StoreLockedError, match="POST /v1/pages"):
+            ray_serve.run(EngineConfig(store=str(store), embedder="hashing"), 2, blocking=False)
+        assert time.monotonic() - t0 < shard_writers.ACTOR_WAIT_S / 2
     finally:
         p.kill()
         p.wait()
