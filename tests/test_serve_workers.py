@@ -327,9 +327,12 @@ def test_rate_limits_hold_for_all_workers_together(tmp_path: Path) -> None:
 
 
 # ============================================================================ failures
-async def _write_load(base: str, stop: asyncio.Event, users: int = 16) -> dict[str, Any]:
+async def _write_load(
+    base: str, stop: asyncio.Event, first_ack: asyncio.Event | None = None, users: int = 16
+) -> dict[str, Any]:
     """Writers on fresh connections after each failure; the acknowledged page ids and the
-    failures (connection errors, 503) by kind."""
+    failures (connection errors, 503) by kind. ``first_ack`` is set once a write is
+    acknowledged."""
     acked: dict[int, str] = {}
     failures: dict[str, int] = {}
 
@@ -351,6 +354,8 @@ async def _write_load(base: str, stop: asyncio.Event, users: int = 16) -> dict[s
                     continue
                 if r.status_code == 201:
                     acked[r.json()["page_id"]] = f"load {u} page {n}"
+                    if first_ack is not None:
+                        first_ack.set()
                 else:
                     assert r.status_code == 503, r.text
                     assert int(r.headers["Retry-After"]) >= 1
@@ -364,10 +369,15 @@ async def _write_load(base: str, stop: asyncio.Event, users: int = 16) -> dict[s
 
 
 def _under_load(base: str, during: Any, seconds: float = 6.0) -> dict[str, Any]:
+    """Run ``during`` while writers load the server: once a write has been acknowledged (on a
+    machine loaded by other work the first can take well over a second; a fixed wait made the
+    checks of acknowledged writes fail with none to check), and 1.5 s of load at least."""
+
     async def go() -> dict[str, Any]:
-        stop = asyncio.Event()
-        task = asyncio.create_task(_write_load(base, stop))
+        stop, first_ack = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(_write_load(base, stop, first_ack))
         await asyncio.sleep(1.5)
+        await asyncio.wait_for(first_ack.wait(), timeout=60)
         await asyncio.get_running_loop().run_in_executor(None, during)
         await asyncio.sleep(seconds)
         stop.set()
