@@ -164,6 +164,22 @@ def _known_settings(model: type[BaseModel], path: list[str]) -> list[str]:
 
 #: The BM25 weight ``locomo.py --cv`` chose in most held-out folds (see ``MemoryConfig``).
 LEXICAL_WEIGHT = 0.67
+#: Most results one retrieval may ask for (pages, segments or knowledge entries): the limit of
+#: the per-call arguments (``engine.validation.clean_count``) and of the configured defaults
+#: (``top_pages``, ``top_segments``, ``knowledge_top_k``). Each query allocates in proportion to
+#: it, so a larger configured value built fine and then failed every retrieval (MemoryError, or
+#: an abort in the native kernels). Defined here, not in the engine, so that reading a
+#: configuration does not import the engine.
+MAX_COUNT = 10_000
+#: Widest segment keyword row (``keyword_width``): the arena reserves ``keyword_width`` int32 ids
+#: for every segment slot of every user up front (a GPU arena holds them dense), so 10,000,000
+#: asked 5 GB of address space for 16 users at once. 1,024 ids is 32 times the default and more
+#: keywords than a segment's pages give (``page_keywords`` each, ranked by frequency).
+MAX_KEYWORD_WIDTH = 1_024
+#: Most OpenMP threads ``cpu_threads`` may ask for: each is a thread with its own stack, and the
+#: native call takes a C ``int`` (a value past it failed with a TypeError naming no setting when
+#: the engine opened). More than any one machine's cores.
+MAX_CPU_THREADS = 4_096
 
 
 class MemoryConfig(BaseModel):
@@ -191,8 +207,12 @@ class MemoryConfig(BaseModel):
     reset_visits_on_promotion: bool = Field(
         False, description="Also reset N_visit after promotion (the reference code does)."
     )
-    top_segments: int = Field(5, ge=1, description="Segments retrieved per query (m).")
-    top_pages: int = Field(10, ge=1, description="Pages retrieved per query (k).")
+    top_segments: int = Field(
+        5, ge=1, le=MAX_COUNT, description="Segments retrieved per query (m; 1 to 10,000)."
+    )
+    top_pages: int = Field(
+        10, ge=1, le=MAX_COUNT, description="Pages retrieved per query (k; 1 to 10,000)."
+    )
     relevance_floor: float = Field(
         0.1,
         description="A page of a chosen segment is a retrieval candidate when its cosine with "
@@ -224,7 +244,9 @@ class MemoryConfig(BaseModel):
         True, description="Embed a page with its date written out (helps temporal questions)."
     )
     knowledge_capacity: int = Field(100, ge=1, description="User / assistant knowledge FIFO size.")
-    knowledge_top_k: int = Field(10, ge=1, description="Knowledge entries retrieved per query.")
+    knowledge_top_k: int = Field(
+        10, ge=1, le=MAX_COUNT, description="Knowledge entries retrieved per query (1 to 10,000)."
+    )
     fact_duplicate_cos: float = Field(
         0.9,
         ge=0.0,
@@ -239,7 +261,13 @@ class MemoryConfig(BaseModel):
         "(needed for deleting what a page implied). Off only to measure its cost: deleting a "
         "page or a user then cannot reach the facts derived from it.",
     )
-    keyword_width: int = Field(32, ge=1, description="Hashed keyword ids kept per segment.")
+    keyword_width: int = Field(
+        32,
+        ge=1,
+        le=MAX_KEYWORD_WIDTH,
+        description="Hashed keyword ids kept per segment (1 to 1,024: the arena reserves this "
+        "many ids for every segment slot).",
+    )
     page_keywords: int = Field(8, ge=1, description="Keywords extracted per page.")
     clock: Literal["logical", "wall"] = Field(
         "logical",
@@ -413,9 +441,11 @@ class EngineConfig(BaseModel):
     cpu_threads: int | None = Field(
         None,
         ge=1,
+        le=MAX_CPU_THREADS,
         description="Threads of the CPU kernels' OpenMP teams, process-wide (ops.set_cpu_threads)"
-        "; None = OpenMP's default (every core, or OMP_NUM_THREADS). Set it when other busy "
-        "processes share the cores: `serve --workers N` gives the engine what the workers leave.",
+        "; None = OpenMP's default (every core, or OMP_NUM_THREADS); at most 4,096. Set it when "
+        "other busy processes share the cores: `serve --workers N` gives the engine what the "
+        "workers leave.",
     )
     embedder: Literal["transformers", "onnx", "openai", "hashing"] = Field(
         "transformers",

@@ -18,15 +18,18 @@ from collections.abc import Iterable
 from datetime import UTC, date, datetime
 from typing import Any
 
+# re-exported: the limit is defined in config, which bounds the configured counts with it
+from memoryos_gpu.config import MAX_COUNT as MAX_COUNT
 from memoryos_gpu.errors import MemoryOSError
 from memoryos_gpu.formats.timestamps import MAX_EPOCH_S, MIN_EPOCH_S
+from memoryos_gpu.json_codec import dumps
 from memoryos_gpu.types import PageInput
 
+#: Most characters of a text field, counted as stored: after Unicode NFC normalisation.
 MAX_TEXT_CHARS = 1_000_000
 MAX_ID_CHARS = 256
+#: Most bytes of a page's ``meta``, counted as stored: UTF-8 JSON (``json_codec.dumps``).
 MAX_META_BYTES = 65_536
-#: Most results one retrieval may ask for (pages or segments).
-MAX_COUNT = 10_000
 MAX_ITEM_ID = 2**63 - 1  # the largest SQLite INTEGER (and PostgreSQL BIGINT)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # category Cc, but \t and \n
@@ -45,8 +48,22 @@ def _clean_text(value: Any, what: str) -> str:
     else:
         text = unicodedata.normalize("NFC", _CONTROL.sub("", _SURROGATE.sub("\ufffd", value)))
     if len(text) > MAX_TEXT_CHARS:
-        raise InvalidInputError(f"{what} is {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+        raise InvalidInputError(_too_long(what, len(text), len(value)))
     return text
+
+
+def _too_long(what: str, stored: int, sent: int) -> str:
+    """Why a text is refused. The limit counts the text as stored (in Unicode NFC, control
+    characters dropped), which may be longer or shorter than what was sent (U+FB2C is 3 code
+    points in NFC, e + U+0301 is 1): measuring what was sent would let a text stored 3 times
+    the limit through. When the two differ the message says so, or it would quote a length
+    the caller never sent."""
+    if stored == sent:
+        return f"{what} is {stored} characters; the limit is {MAX_TEXT_CHARS}"
+    return (
+        f"{what} is {stored} characters after Unicode NFC normalisation and dropping control "
+        f"characters ({sent} as sent); the limit is {MAX_TEXT_CHARS}, counted as stored"
+    )
 
 
 def clean_user_id(value: Any) -> str:
@@ -194,16 +211,8 @@ def validate_page(p: PageInput | dict[str, Any]) -> PageInput:
         raise InvalidInputError(f"a page must be a PageInput or dict, got {type(p).__name__}")
     if not isinstance(p.meta, dict):
         raise InvalidInputError("meta must be a dict")
-    try:  # most pages carry no meta: nothing to encode
-        encoded = json.dumps(p.meta, allow_nan=False) if p.meta else "{}"
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"meta must be JSON-serialisable: {exc}") from exc
-    except RecursionError:  # nested deeper than the interpreter's stack allows
-        raise InvalidInputError("meta is nested too deeply to encode as JSON: flatten it") from None
-    if len(encoded) > MAX_META_BYTES:
-        raise InvalidInputError(
-            f"meta is {len(encoded)} bytes as JSON; the limit is {MAX_META_BYTES}"
-        )
+    if p.meta:  # most pages carry no meta: nothing to encode
+        _check_meta(p.meta)
     return PageInput(
         user_id=_new_identity(p.user_id, "user_id"),
         user_input=_clean_text(p.user_input, "user_input"),
@@ -215,6 +224,26 @@ def validate_page(p: PageInput | dict[str, Any]) -> PageInput:
         source=_clean_id(p.source, "source") if p.source else None,
         meta=p.meta,
     )
+
+
+def _check_meta(meta: dict[str, Any]) -> None:
+    """Refuse a ``meta`` that is not JSON (NaN, sets, ... : the standard library's strict
+    encoder decides) or that is over :data:`MAX_META_BYTES` as stored.
+
+    Why measured with ``json_codec.dumps``: that is the encoding the store keeps (UTF-8,
+    compact), so the limit is what a meta costs. The ASCII-escaped ``json.dumps`` counted a
+    CJK character as 6 bytes and an emoji as 12, giving non-Latin text a sixth of the room."""
+    try:
+        json.dumps(meta, allow_nan=False)
+        size = len(dumps(meta))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"meta must be JSON-serialisable: {exc}") from exc
+    except RecursionError:  # nested deeper than the interpreter's stack allows
+        raise InvalidInputError("meta is nested too deeply to encode as JSON: flatten it") from None
+    if size > MAX_META_BYTES:
+        raise InvalidInputError(
+            f"meta is {size} bytes as stored (UTF-8 JSON); the limit is {MAX_META_BYTES}"
+        )
 
 
 def validate_pages(pages: Iterable[PageInput | dict[str, Any]]) -> list[PageInput]:
@@ -277,8 +306,9 @@ def _plain_text(v: Any) -> bool:
 
 
 def _plain_meta(meta: dict[str, Any]) -> bool:
-    """A meta of string keys and values that is certainly within ``MAX_META_BYTES`` as JSON
-    (a character takes at most 6 bytes escaped, a pair 6 of quotes and separators)."""
+    """A meta of string keys and values that is certainly within ``MAX_META_BYTES`` as stored
+    (a character takes at most 6 bytes: 4 in UTF-8, 6 escaped; a pair 6 of quotes and
+    separators)."""
     size = 2
     for k, v in meta.items():
         if type(k) is not str or type(v) is not str:

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
+from memoryos_gpu.engine.validation import MAX_META_BYTES
 from memoryos_gpu.llm.base import LLMBackendError
 from memoryos_gpu.llm.breaker import DEFAULT_COOLDOWN_S
 from memoryos_gpu.server import models as m
@@ -61,18 +62,25 @@ def check_meta(meta: Mapping[str, Any], limit: int) -> None:
     """Refuse a page's ``meta`` as every way in refuses it, with :class:`ApiError`: 422
     ``invalid_input`` unless it reads as the HTTP API reads a request body
     (:func:`~memoryos_gpu.server.bodies.parse_body`: no integer outside 64 bits, no lone
-    surrogate, no NaN), 413 ``too_large`` past ``limit`` bytes of JSON. The HTTP routes read
-    their bodies so already; the MCP server's tools get arguments the SDK read, which keeps
-    all three, so one rule here keeps MCP from storing what HTTP refuses."""
+    surrogate, no NaN), 413 ``too_large`` past ``limit`` bytes of JSON as stored (UTF-8) or
+    the engine's :data:`~memoryos_gpu.engine.validation.MAX_META_BYTES`, whichever is lower.
+    The HTTP routes read their bodies so already; the MCP server's tools get arguments the SDK
+    read, which keeps all three, so one rule here keeps MCP from storing what HTTP refuses.
+
+    Why the engine's limit here too: it applies after this check, with a 422, so a meta
+    between the two limits got a 422 where every other size limit answers 413."""
     if not meta:
         return
     try:
-        size = len(dumps(meta))
+        size = len(dumps(meta))  # what the store keeps, measured as the engine measures it
         exact = json.dumps(meta).encode()  # exact integers, NaN as NaN, surrogates escaped
     except (TypeError, ValueError) as exc:
         raise ApiError(422, "invalid_input", f"meta is not JSON: {exc}") from None
+    limit = min(limit, MAX_META_BYTES)
     if size > limit:
-        raise ApiError(413, "too_large", f"meta is {size} bytes of JSON; the limit is {limit}")
+        raise ApiError(
+            413, "too_large", f"meta is {size} bytes as stored (UTF-8 JSON); the limit is {limit}"
+        )
     try:
         parse_body(exact, "application/json")
     except RequestValidationError as exc:

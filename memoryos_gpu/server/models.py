@@ -123,8 +123,15 @@ class RetrieveIn(_Strict):
     """A memory query."""
 
     query: str = Field(..., description="What to look for.")
-    top_pages: int | None = Field(None, ge=1, le=100, description="MTM pages to return (k).")
-    top_segments: int | None = Field(None, ge=1, le=50, description="Segments to open (m).")
+    top_pages: int | None = Field(
+        None,
+        ge=1,
+        le=100,
+        description="MTM pages to return (k): 1 to 100; default memory.top_pages.",
+    )
+    top_segments: int | None = Field(
+        None, ge=1, le=50, description="Segments to open (m): 1 to 50; default memory.top_segments."
+    )
     sources: bool = Field(
         False, description="Name the pages each returned knowledge entry was derived from."
     )

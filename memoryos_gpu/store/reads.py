@@ -614,9 +614,14 @@ class StoreReads:
         return total
 
     def counts(self) -> dict[str, int]:
+        """Rows of each table, pages by tier as ``pages_<tier>``: every tier a page may be in
+        (the schemas' CHECK on ``pages.tier``) has its key, 0 when it holds no page (``GROUP
+        BY`` names only the tiers in use, and a script reading ``pages_mtm`` of a store whose
+        pages were all in STM got a KeyError). SQLite and PostgreSQL stores share this."""
         out = {}
         for table in ("users", "assistants", "segments", "pending", "audit"):
             out[table] = self.query(f"SELECT COUNT(*) FROM {table}")[0][0]
+        out.update({f"pages_{tier}": 0 for tier in ("stm", "pending", "mtm", "evicted")})
         for tier, n in self.query("SELECT tier, COUNT(*) FROM pages GROUP BY tier"):
             out[f"pages_{tier}"] = n
         out["knowledge_live"] = self.query("SELECT COUNT(*) FROM knowledge WHERE live = 1")[0][0]
