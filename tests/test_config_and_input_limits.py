@@ -201,6 +201,17 @@ def test_http_meta_over_the_engines_limit_is_413_like_every_size_limit(
     assert f"meta is {n_bytes} bytes" in r.text and str(MAX_META_BYTES) in r.text
 
 
+def test_mem0_metadata_over_the_limit_is_413_as_a_pages_meta(server: Any) -> None:
+    """mem0's ``metadata`` becomes the pages' meta: it skipped the server's check and got the
+    engine's 422."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "user_id": "m0"}
+    r = server.post("/v1/mem0/memories", json={**body, "metadata": _meta_of(MAX_META_BYTES + 1)})
+    assert r.status_code == 413, r.text
+    assert r.json()["error"] == "too_large"
+    r = server.post("/v1/mem0/memories", json={**body, "metadata": {"k": "v"}})
+    assert r.status_code in (200, 201), r.text
+
+
 def test_http_meta_at_the_limit_and_non_latin_meta_are_stored(server: Any) -> None:
     for meta in (_meta_of(MAX_META_BYTES), CJK_META):
         r = server.post("/v1/users/m2/pages", json={"user_input": "m", "meta": meta})

@@ -27,6 +27,7 @@ from memoryos_gpu.mem0.memory import (
 from memoryos_gpu.mem0.ops import Mem0Ops, MemoryNotFound, check_paging
 from memoryos_gpu.mem0.shapes import messages_to_pages, parse_memory_id
 from memoryos_gpu.server import models as m
+from memoryos_gpu.server.memory_routes import check_meta
 from memoryos_gpu.server.page_routes import BLANKED_PAGE
 from memoryos_gpu.server.scope import (
     ApiError,
@@ -110,6 +111,7 @@ def add_mem0_routes(
         check_count(settings, len(pages), "pages")
         for p in pages:
             check_text(settings, user_input=p.user_input, agent_response=p.agent_response)
+            check_meta(p.meta, settings.max_text_chars)  # `metadata` as the pages routes' meta
         charge_pages(scope, len(pages))
         results = await service.add_pages(pages)
         return out(scope, {"results": add_results(pages, results)})
