@@ -308,7 +308,13 @@ _PRESETS: dict[str, dict[str, Any]] = {
 
 
 def preset(name: str, **overrides: Any) -> MemoryConfig:
-    """A named preset (``paper`` or ``reference``) with optional field overrides."""
+    """A named preset (``paper`` or ``reference``) with optional field overrides.
+
+    ``paper`` is the paper's table of hyperparameters, with this project's documented
+    retrieval additions left on (README, "Deviations from the paper"): BM25 fused with the
+    dense path (``lexical_weight``), the reference code's ``relevance_floor`` and dated page
+    embeddings (``embed_dates``). The paper's dense-only pipeline: ``preset("paper",
+    lexical_weight=0.0, relevance_floor=-1.0, embed_dates=False)``."""
     if name not in _PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(_PRESETS)}")
     return MemoryConfig(preset=name, **{**_PRESETS[name], **overrides})
