@@ -435,6 +435,26 @@ class LLMStages:
         self._count_fallbacks("page", failed, cont_error or meta_error or topic_error)
         return out
 
+    def _partial_promotion(
+        self,
+        w: PromotionWork,
+        profile: dict[str, str] | None,
+        user_facts: list[str] | None,
+        assistant_facts: list[str] | None,
+    ) -> PromotionOutcome:
+        """A promotion of separate calls where some failed (``None``): the others' answers are
+        kept and each failed part is the extractive fallback's, as a page's separate calls
+        fall back field by field. Stored as ``llm-fallback``: the pages are not analysed
+        again, so dropping the calls that answered would lose their facts for good."""
+        fb = self.fallback.promotions([w])[0]
+        return PromotionOutcome(
+            fb.profile_updates if profile is None else profile,
+            fb.user_facts if user_facts is None else user_facts,
+            fb.assistant_facts if assistant_facts is None else assistant_facts,
+            "llm-fallback",
+            user_fact_pages=fb.user_fact_pages if user_facts is None else None,
+        )
+
     def _fallback_page(self, w: PageWork) -> PageOutcome:
         fb = self.fallback.pages([w])[0]
         fb.mode = "llm-fallback"
@@ -470,18 +490,22 @@ class LLMStages:
             )
             error = p_error or u_error or a_error
             parsed = []
-            for p, u, a in zip(prof, uk, ak, strict=True):
+            for w, p, u, a in zip(work, prof, uk, ak, strict=True):
                 pu = prompts.parse_profile_update(p) if p is not None else None
                 uu = prompts.parse_user_knowledge(u) if u is not None else None
                 aa = prompts.parse_assistant_knowledge(a) if a is not None else None
-                parsed.append(
-                    None
-                    if pu is None or uu is None or aa is None
-                    else prompts.PromotionResult(pu, uu, aa)
-                )
+                if pu is not None and uu is not None and aa is not None:
+                    parsed.append(prompts.PromotionResult(pu, uu, aa))
+                elif pu is None and uu is None and aa is None:
+                    parsed.append(None)
+                else:  # kept: what the calls that answered gave
+                    parsed.append(self._partial_promotion(w, pu, uu, aa))
         out, failed = [], 0
         for w, r in zip(work, parsed, strict=True):
-            if r is None:
+            if isinstance(r, PromotionOutcome):
+                failed += 1
+                out.append(r)
+            elif r is None:
                 failed += 1
                 fb = self.fallback.promotions([w])[0]
                 fb.mode = "llm-fallback"
