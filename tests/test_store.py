@@ -1306,11 +1306,14 @@ def test_a_schema_7_store_gives_no_audit_id_twice_after_its_upgrade(
     path = str(tmp_path / "v7")
     monkeypatch.setattr(sq, "SCHEMA_VERSION", 7)
     e = open_engine(path)
+    with e.store.transaction() as db:  # what this engine writes (schema 9), dropped below
+        db.execute("ALTER TABLE pending ADD COLUMN clock REAL")
     _fill(e, "alice")
     _fill(e, "bob")
     newest = e.store.query("SELECT MAX(event_id) FROM audit")[0][0]  # bob's
     with e.store.transaction() as db:  # as a schema 7 store has it: no mark
         db.execute("DELETE FROM meta WHERE key = 'next_id.audit'")
+        db.execute("ALTER TABLE pending DROP COLUMN clock")
     e.close()
     monkeypatch.undo()
     e = open_engine(path)

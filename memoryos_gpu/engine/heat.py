@@ -175,8 +175,11 @@ class Heat:
             if int(a) in owner
         ]
 
-    def refresh(self, db: Any, users: Sequence[UserState], at: float | None = None) -> int:
-        """Recompute heat for users at their "now" and claim the hot segments for promotion:
+    def refresh(
+        self, db: Any, users: Sequence[UserState], at: float | np.ndarray | None = None
+    ) -> int:
+        """Recompute heat for users at their "now" (``at``: one time for all, or one per user
+        of ``users``) and claim the hot segments for promotion:
         segments at or over tau that hold pages not yet claimed (L_interaction > 0; a claim
         sets it to 0, so a segment hot from visits alone is not promoted again and again).
         Runs on the write path (each wave of a derived round, after a promotion batch), inside
@@ -184,11 +187,16 @@ class Heat:
         promotions are queued, and each claim covers the user's pages up to its chain tail
         (every page of the segment so far: a user's pages join in order)."""
         s = self._s
-        uniq = list({u.user_id: u for u in users}.values())
+        if isinstance(at, np.ndarray):  # a user's last time counts, as its last page does
+            time_of = dict(zip([u.user_id for u in users], at.tolist(), strict=True))
+            uniq = list({u.user_id: u for u in users}.values())
+            now = np.array([time_of[u.user_id] for u in uniq], np.float64)
+        else:
+            uniq = list({u.user_id: u for u in users}.values())
+            now = np.array([s.now(u, at) for u in uniq])
         if not uniq:
             return 0
         slots = np.array([u.slot for u in uniq], np.int32)
-        now = np.array([s.now(u, at) for u in uniq])
         promote, _ = ops.recompute_heat(s.arena, slots, now, s.memory.heat_params())
         if promote.any():
             promote &= s.arena.pull_heat(slots)["l_interaction"] > 0

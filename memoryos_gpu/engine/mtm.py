@@ -43,6 +43,7 @@ from .state import (
     UserState,
     WorkItem,
     keyword_rows,
+    pending_clocks,
     pending_left,
     still_pending,
     to_host,
@@ -113,6 +114,7 @@ class Segments:
             waves[k].append(it)
         gone = int((~still_pending(s.store, missing)).sum()) if missing else 0
         page_ids = [ref for wave in waves for _, _, ref in wave]
+        clock_of = pending_clocks(s.store, [w for wave in waves for w, _, _ in wave])
         emb = s.store.page_embeddings(page_ids, d)  # wave after wave: a wave's rows are a slice
         emb_of = dict(zip(page_ids, emb, strict=True))
         stored = s.store.page_terms(page_ids)
@@ -136,8 +138,11 @@ class Segments:
                 tails[uid] = (ref, None)  # the next wave's context: meta once staged
                 prev_rows[ref], prev_embs[ref] = rows[ref], emb_of[ref]
             part = np.arange(at, at + len(wave))
+            clocks = np.array([clock_of.get(w, np.nan) for w, _, _ in wave], np.float64)
             out.append(
-                RoundInput(wave, users, wave_tails, emb[part], work, s.edits, terms.take(part))
+                RoundInput(
+                    wave, users, wave_tails, emb[part], work, s.edits, terms.take(part), clocks
+                )
             )
             at += len(wave)
         return out, gone
@@ -243,13 +248,15 @@ class Segments:
             return gone
         items, users, embs, terms = read.items, read.users, read.embs, read.terms
         outcomes, summary_emb, kw_rows = done.outcomes, done.summary_emb, done.kw_rows
+        clocks = read.clocks
         if not current.all():  # the common case (nothing changed) copies nothing
             keep = np.flatnonzero(current)
             items, users = [items[i] for i in keep], [users[i] for i in keep]
             outcomes = [outcomes[i] for i in keep]
             embs, summary_emb, kw_rows = embs[keep], summary_emb[keep], kw_rows[keep]
-            terms = terms.take(keep)
-        self._apply(db, Wave(items, users, embs, terms, outcomes, summary_emb, kw_rows), writes)
+            terms, clocks = terms.take(keep), clocks[keep]
+        wave = Wave(items, users, embs, terms, outcomes, summary_emb, kw_rows, clocks)
+        self._apply(db, wave, writes)
         return gone
 
     def _apply(self, db: Any, wave: Wave, writes: RoundWrites) -> None:
@@ -267,8 +274,10 @@ class Segments:
         best_score, best_slot = ops.match_segments(s.arena, summary_emb, uslots, kw_rows)
         best_score, best_slot = to_host(best_score), to_host(best_slot)
         join = (best_slot >= 0) & (best_score >= s.memory.theta)
-        self._make_room(db, [u for u, j in zip(users, join, strict=True) if not j], writes)
-        now = np.array([s.now(u) for u in users], np.float64)
+        # each page at the time it left STM: a log added in one batch ages as one page a call
+        now = s.now_at(users, wave.clocks)
+        opening = np.flatnonzero(~join)
+        self._make_room(db, [users[i] for i in opening.tolist()], now[opening], writes)
         round_ = Round(users, uslots, outcomes, summary_emb, now)
         self._join_segments(round_, np.flatnonzero(join), best_slot, writes)
         self._open_segments(db, round_, np.flatnonzero(~join), writes)
@@ -279,7 +288,7 @@ class Segments:
         pools = s.arena.append_pages(uslots, round_.seg_slot, embs)
         s.map_pages(pools, np.asarray(page_ids, np.int64))
         s.arena.write_terms(pools, *wave.terms.columns())
-        self._heat.refresh(db, users)
+        self._heat.refresh(db, users, now)
         s.views.link_pages(page_ids, chains, [o.meta for o in outcomes])
 
     def _summary_embeddings(
@@ -323,16 +332,18 @@ class Segments:
         return [have[x] for x in segment_ids]
 
     # ---------------------------------------------------------------- eviction
-    def _make_room(self, db: Any, users: Sequence[UserState], writes: RoundWrites) -> None:
-        """Users about to open a segment with every slot live lose their lowest-heat one."""
+    def _make_room(
+        self, db: Any, users: Sequence[UserState], now: np.ndarray, writes: RoundWrites
+    ) -> None:
+        """Users about to open a segment with every slot live lose their lowest-heat one, its
+        heat taken at ``now`` (each user's page's time)."""
         s = self._s
         slots = np.fromiter((u.slot for u in users), np.int32, len(users))
         full_at = np.flatnonzero(s.arena.free_segment_slots(slots) == NO_ID)
         if not full_at.size:
             return
         full = [users[i] for i in full_at.tolist()]
-        slots = slots[full_at]
-        now = np.array([s.now(u) for u in full])
+        slots, now = slots[full_at], now[full_at]
         _, victims = ops.recompute_heat(
             s.arena, slots, now, s.memory.heat_params(), np.ones(len(full), np.uint8)
         )

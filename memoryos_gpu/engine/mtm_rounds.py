@@ -37,6 +37,7 @@ class RoundInput:
     work: list[PageWork]
     edits: int
     terms: PageTerms  # the pages' BM25 rows, as stored with them
+    clocks: np.ndarray  # each page's time when it left STM (NaN: not recorded)
 
 
 @dataclass
@@ -125,6 +126,7 @@ class Wave:
     outcomes: list[PageOutcome]
     summary_emb: np.ndarray
     kw_rows: np.ndarray
+    clocks: np.ndarray
 
 
 @dataclass

@@ -370,6 +370,16 @@ class EngineState:
             return float(at)
         return user.clock if self.memory.clock == "logical" else time.time()
 
+    def now_at(self, users: Sequence[UserState], clocks: np.ndarray) -> np.ndarray:
+        """The times of derived work items of ``users``: on the logical clock, each item's own
+        ``clocks`` (its user's clock when its page left STM; NaN where not recorded: the
+        user's clock now), else :meth:`now`."""
+        now = np.array([self.now(u) for u in users], np.float64)
+        if self.memory.clock == "logical":
+            known = ~np.isnan(clocks)
+            now[known] = clocks[known]
+        return now
+
 
 # ---------------------------------------------------------------- derived-work helpers
 def still_pending(store: SQLiteStore, work_ids: Sequence[int]) -> np.ndarray:
@@ -385,6 +395,24 @@ def still_pending(store: SQLiteStore, work_ids: Sequence[int]) -> np.ndarray:
             for r in store.query(f"SELECT work_id FROM pending WHERE work_id IN ({marks})", chunk)
         )
     return np.fromiter((w in live for w in ids), bool, len(ids))
+
+
+def pending_clocks(store: SQLiteStore, work_ids: Sequence[int]) -> dict[int, float]:
+    """The clock each pending page row was stamped with when its page left STM (by work id;
+    rows of older versions have none and are left out). One query per 500 ids."""
+    out: dict[int, float] = {}
+    ids = [int(w) for w in work_ids]
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        marks = ",".join("?" * len(chunk))
+        out.update(
+            store.query(
+                f"SELECT work_id, clock FROM pending WHERE clock IS NOT NULL "
+                f"AND work_id IN ({marks})",
+                chunk,
+            )
+        )
+    return out
 
 
 def pending_left(state: EngineState, work_ids: Sequence[int], read_edits: int) -> np.ndarray:

@@ -201,7 +201,7 @@ class ShortTerm:
                 new_users.append(s.new_user_state(p.user_id, p.assistant_id or DEFAULT_ASSISTANT))
             elif p.assistant_id is not None and p.assistant_id != user.assistant_id:
                 raise _other_assistant(p, user.assistant_id)
-        rows = []
+        rows, clocks = [], []
         for i in fresh:
             p, user = items[i], s.users[items[i].user_id]
             rows.append(
@@ -218,10 +218,11 @@ class ShortTerm:
             )
             user.next_seq += 1
             user.clock = max(user.clock, float(p.timestamp))
+            clocks.append(user.clock)  # the time of a page this one pushes out of STM
         s.store.ensure_users(db, [(u.user_id, u.assistant_id) for u in new_users], now)
         ids = s.store.new_ids(db, "pages", len(rows))
-        pending = self._push_stm([items[i].user_id for i in fresh], ids, stm_log)
-        self._insert_rows(db, ids, rows, {p for _, p in pending})
+        pending = self._push_stm([items[i].user_id for i in fresh], ids, clocks, stm_log)
+        self._insert_rows(db, ids, rows, {p for _, p, _ in pending})
         db.executemany(  # written once, beside the narrow page row that tiers rewrite
             "INSERT INTO page_vectors(page_id, embedding, terms) VALUES (?, ?, ?)",
             [(p, emb_blob(vec_of[i]), blob_of[i]) for p, i in zip(ids, fresh, strict=True)],
@@ -229,11 +230,11 @@ class ShortTerm:
         batch = set(ids)
         db.executemany(  # pages of earlier batches pushed out now
             "UPDATE pages SET tier = 'pending' WHERE page_id = ?",
-            [(p,) for _, p in pending if p not in batch],
+            [(p,) for _, p, _ in pending if p not in batch],
         )
         db.executemany(
-            "INSERT INTO pending(user_id, kind, ref, created) VALUES (?, 'page', ?, ?)",
-            [(u, p, now) for u, p in pending],
+            "INSERT INTO pending(user_id, kind, ref, created, clock) VALUES (?, 'page', ?, ?, ?)",
+            [(u, p, now, clock) for u, p, clock in pending],
         )
         touched = [s.users[u] for u in dict.fromkeys(items[i].user_id for i in fresh)]
         db.executemany(
@@ -292,21 +293,27 @@ class ShortTerm:
         )
 
     def _push_stm(
-        self, user_ids: list[str], page_ids: list[int], log: list[tuple[str, int | None]]
-    ) -> list[tuple[str, int]]:
-        """Append the pages to their users' STM, in order; returns the (user, page) pushed
-        out of a full STM, oldest first: they become pending derived work. Each change goes
-        to ``log`` as it is made: (user, None) an append, (user, page) a page pushed out."""
+        self,
+        user_ids: list[str],
+        page_ids: list[int],
+        clocks: list[float],
+        log: list[tuple[str, int | None]],
+    ) -> list[tuple[str, int, float]]:
+        """Append the pages to their users' STM, in order; returns the (user, page, clock)
+        pushed out of a full STM, oldest first: they become pending derived work, stamped with
+        ``clocks`` of the page that pushed them (its user's logical clock once it came: when
+        the page left STM, whatever later pages the batch holds). Each change goes to ``log``
+        as it is made: (user, None) an append, (user, page) a page pushed out."""
         cap = self._s.memory.stm_capacity
-        out: list[tuple[str, int]] = []
-        for uid, pid in zip(user_ids, page_ids, strict=True):
+        out: list[tuple[str, int, float]] = []
+        for uid, pid, clock in zip(user_ids, page_ids, clocks, strict=True):
             stm = self._s.users[uid].stm
             stm.append(pid)
             log.append((uid, None))
             while len(stm) > cap:
-                pushed = (uid, stm.popleft())
-                log.append(pushed)
-                out.append(pushed)
+                popped = stm.popleft()
+                log.append((uid, popped))
+                out.append((uid, popped, clock))
         return out
 
 

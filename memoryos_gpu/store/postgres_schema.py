@@ -180,4 +180,6 @@ CREATE TABLE claims(
 """,  # sqlite_schema.MIGRATIONS[6]: promotion claims in the store
     7: "CREATE INDEX pages_llm ON pages(page_id) WHERE mode IN ('llm', 'llm-fallback')",
     # sqlite_schema.MIGRATIONS[7]: the pages an LLM derived, indexed
+    8: "ALTER TABLE pending ADD COLUMN clock DOUBLE PRECISION",
+    # sqlite_schema.MIGRATIONS[8]: a pending page's clock when it left STM
 }

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Callable
 
 #: The version this code writes: a store at an older one is migrated up (:data:`MIGRATIONS`).
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 SCHEMA_V1 = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -253,6 +253,13 @@ CREATE INDEX pages_llm ON pages(page_id) WHERE mode IN ('llm', 'llm-fallback');
 INSERT OR IGNORE INTO meta(key, value)
   SELECT 'next_id.audit', CAST(COALESCE(MAX(event_id), 0) + 1 AS TEXT) FROM audit
 """,
+    # 8 -> 9: a page's pending row keeps its user's logical clock when the page left STM (the
+    # time of the page that pushed it out), and the round that moves it into MTM stamps its
+    # segment (recency, eviction and promotion heat) at that time. The round used the user's
+    # clock when it ran: for a log added in one batch, the newest page's time for every
+    # segment, so all heats tied and eviction could drop the newest segment. NULL (rows of
+    # older versions, promotion rows): the user's clock, as before
+    8: "ALTER TABLE pending ADD COLUMN clock REAL",
 }
 
 
