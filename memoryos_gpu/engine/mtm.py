@@ -5,8 +5,10 @@ see :mod:`~memoryos_gpu.engine.derived`): its inputs are read under the engine l
 + summary stage runs on its waves (an LLM batch a wave; without an LLM, one batch for all) and
 the summaries are embedded without it, and under it again the items whose inputs still hold are
 matched against their users' segments, a wave at a time, in one kernel call each. A page joins
-its best segment when ``cos + Jaccard >= theta`` (the segment's embedding becomes the running
-mean, its keyword counts and summary grow), otherwise it opens a segment, the lowest-heat one
+its best segment when ``cos + Jaccard >= theta`` (the segment's embedding takes the page in:
+``e_s <- unit(n * e_s + unit(e_p))`` over its ``n`` pages so far, a running average renormalised
+at each page, which weighs a segment's first pages above a plain mean of its pages; its keyword
+counts and summary grow), otherwise it opens a segment, the lowest-heat one
 being evicted first when every slot is live. A round's effects and the deletion of its pending
 rows share one transaction; heat is recomputed and promotions queued in it
 (:mod:`~memoryos_gpu.engine.heat`).
@@ -377,8 +379,9 @@ class Segments:
     def _join_segments(
         self, r: Round, idx: np.ndarray, slots: np.ndarray, writes: RoundWrites
     ) -> None:
-        """Fold pages ``idx`` of the round into live segments (their ``slots``): the running
-        mean embedding, keyword counts and summary grow, L_interaction counts the page. The
+        """Fold pages ``idx`` of the round into live segments (their ``slots``): the embedding
+        takes the page in (``unit(n * e_s + unit(e_p))``, see the module's docstring), keyword
+        counts and summary grow, L_interaction counts the page. The
         rows change in ``writes`` (written once for the round), the arena now."""
         if not idx.size:
             return
