@@ -349,31 +349,49 @@ class Segments:
         _, victims = ops.recompute_heat(
             s.arena, slots, now, s.memory.heat_params(), np.ones(len(full), np.uint8)
         )
+        victim_slots = victims.astype(np.int32)
+        sids = s.segment_of[slots, victim_slots].tolist()
         evicted: list[int] = []
-        for u, v in zip(full, victims, strict=True):
-            evicted += self._evict_segment(db, u, int(v), writes)
+        for uslot, slot in zip(slots.tolist(), victim_slots.tolist(), strict=True):
+            pool = s.arena.segment_pages(uslot, slot)
+            evicted += [int(p) for p in s.page_of_slot[pool] if p >= 0]
+            s.page_of_slot[pool] = -1
+        s.arena.free_segments(slots, victim_slots)
+        s.segment_of[slots, victim_slots] = -1
+        self._drop_segments(db, full, victim_slots.tolist(), sids, writes)
         chains = s.views.drop_pages(evicted)  # pages out of MTM are not retrieved any more
         s.views.drop_chains(chains - s.store.live_chains(chains))
 
-    def _evict_segment(self, db: Any, user: UserState, slot: int, writes: RoundWrites) -> list[int]:
-        """Free a segment's arena rows, blocks and term rows; its pages leave MTM (tier
-        ``evicted``), its row the store and the round's ``writes``. Returns their page ids."""
+    def _drop_segments(
+        self,
+        db: Any,
+        users: Sequence[UserState],
+        slots: list[int],
+        segment_ids: list[int],
+        writes: RoundWrites,
+    ) -> None:
+        """The evicted segments (one of each of ``users``, at ``slots``) out of the store and
+        the round's ``writes``: their pages leave MTM (tier ``evicted``), their queued
+        promotions and rows go (claims with them), one audit event each; each kind of
+        statement once for the wave (an event each took three statements for its id)."""
         s = self._s
-        sid = int(s.segment_of[user.slot, slot])
-        pool = s.arena.segment_pages(user.slot, slot)
-        page_ids = [int(p) for p in s.page_of_slot[pool] if p >= 0]
-        s.page_of_slot[pool] = -1
-        s.arena.free_segments(np.array([user.slot]), np.array([slot]))
-        s.segment_of[user.slot, slot] = -1
-        db.execute(
-            "UPDATE pages SET tier = 'evicted', segment_id = NULL WHERE segment_id = ?", (sid,)
+        by_id = [(sid,) for sid in segment_ids]
+        db.executemany(
+            "UPDATE pages SET tier = 'evicted', segment_id = NULL WHERE segment_id = ?", by_id
         )
-        db.execute("DELETE FROM pending WHERE kind = 'promote' AND ref = ?", (sid,))
-        db.execute("DELETE FROM segments WHERE segment_id = ?", (sid,))
-        writes.segments.pop(sid, None)
-        s.store.audit(db, user.user_id, "evict", "segment", sid, {"slot": slot})
-        s.counters["segments_evicted"] += 1
-        return page_ids
+        db.executemany("DELETE FROM pending WHERE kind = 'promote' AND ref = ?", by_id)
+        db.executemany("DELETE FROM segments WHERE segment_id = ?", by_id)
+        for sid in segment_ids:
+            writes.segments.pop(sid, None)
+        s.store.audit_many(
+            db,
+            [
+                (u.user_id, "evict", "segment", sid)
+                for u, sid in zip(users, segment_ids, strict=True)
+            ],
+            [{"slot": slot} for slot in slots],
+        )
+        s.counters["segments_evicted"] += len(segment_ids)
 
     # ---------------------------------------------------------------- applying a round
     def _join_segments(
