@@ -40,6 +40,7 @@ class KnowledgeRing:
         self._pushed: list[tuple[int, int, np.ndarray, str]] = []  # (owner, entry, vec, text)
         self._sources: list[tuple[int, str, tuple[int, ...], str]] = []
         self._superseded: list[tuple[int, int]] = []  # (owner slot, entry)
+        self._events: list[tuple[tuple[str, str, str, int], dict[str, Any]]] = []  # audit
         self._owners: dict[tuple[str, str], int] = {}
 
     # ---------------------------------------------------------------- deciding
@@ -256,7 +257,7 @@ class KnowledgeRing:
             (at, int(new), int(old)),
         )
         owner = audit_owner(fact.kind, fact.owner_id)
-        self._s.store.audit(self._db, owner, "supersede", "knowledge", int(old), {"by": int(new)})
+        self._events.append(((owner, "supersede", "knowledge", int(old)), {"by": int(new)}))
         self._superseded.append((self.owner_slot(fact.kind, fact.owner_id), int(old)))
 
     def _source(self, entry: int, fact: Fact) -> None:
@@ -264,9 +265,13 @@ class KnowledgeRing:
             self._sources.append((entry, "", fact.pages, fact.source_user or fact.owner_id))
 
     def finish(self) -> None:
-        """The batch's arena ring rows (one push), provenance rows, ring heads, and the
-        superseded entries out of the rings."""
+        """The batch's audit events (one call: each took three statements for its id), arena
+        ring rows (one push), provenance rows, ring heads, and the superseded entries out of
+        the rings."""
         s, db = self._s, self._db
+        if self._events:
+            events, details = zip(*self._events, strict=True)
+            s.store.audit_many(db, list(events), list(details))
         record(db, KNOWLEDGE, self._sources)
         if self._pushed:
             owners, entries, vecs, texts = zip(*self._pushed, strict=True)
