@@ -187,12 +187,11 @@ class Heat:
         promotions are queued, and each claim covers the user's pages up to its chain tail
         (every page of the segment so far: a user's pages join in order)."""
         s = self._s
+        uniq = list({u.user_id: u for u in users}.values())
         if isinstance(at, np.ndarray):  # a user's last time counts, as its last page does
             time_of = dict(zip([u.user_id for u in users], at.tolist(), strict=True))
-            uniq = list({u.user_id: u for u in users}.values())
             now = np.array([time_of[u.user_id] for u in uniq], np.float64)
         else:
-            uniq = list({u.user_id: u for u in users}.values())
             now = np.array([s.now(u, at) for u in uniq])
         if not uniq:
             return 0

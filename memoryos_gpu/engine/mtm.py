@@ -282,7 +282,7 @@ class Segments:
         self._make_room(db, [users[i] for i in opening.tolist()], now[opening], writes)
         round_ = Round(users, uslots, outcomes, summary_emb, now)
         self._join_segments(round_, np.flatnonzero(join), best_slot, writes)
-        self._open_segments(db, round_, np.flatnonzero(~join), writes)
+        self._open_segments(db, round_, opening, writes)
         chains = self._link_pages(db, round_, page_ids, writes)
         writes.done += [w for w, _, _ in items]
         # the wave's pages into their segments' blocks, in wave order (each segment's
