@@ -136,6 +136,21 @@ def test_chat_refuses_a_store_that_is_not_there(tmp_path, fake_llm):  # noqa: F8
     assert [r[0] for r in store_pages(typo)] == ["newbie"]
 
 
+@pytest.mark.parametrize("command", ["retrieve", "stats"])
+def test_a_command_that_reads_refuses_an_empty_store_file(tmp_path, command):
+    """A 0-byte memory.sqlite3 (a creation cut short, a truncated copy) was taken by SQLite
+    for a new database: ``retrieve`` wrote a fresh schema into it and answered "unknown
+    user" as if the store were real and empty."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "memory.sqlite3").touch()
+    args = [command, "--store", store] + (["--user", "u", "hi"] if command == "retrieve" else [])
+    p = cli(*args)
+    assert p.returncode == 1, p.stdout
+    assert "is empty (0 bytes), not a store" in p.stderr
+    assert (store / "memory.sqlite3").stat().st_size == 0  # nothing written into it
+
+
 @pytest.mark.parametrize("blank", ["", "   ", "\t\n"])
 def test_chat_refuses_a_blank_message(tmp_path, fake_llm, blank):  # noqa: F811
     store = _maya_store(tmp_path, lines=2)

@@ -63,13 +63,25 @@ def user_store(store: str, user_id: str) -> str:
 
 
 def require_store(store: str) -> None:
+    """Refuse, with what to do, a store that is not there (or a file that cannot be one),
+    before a command that does not create stores opens it: opening would create it."""
     if is_url(store):  # opening it says whether the server and database are there
         return
     from memoryos_gpu.store import check_store_dir
 
-    if store_file(store).exists():
+    found = store_file(store)
+    if found.is_file() and found.stat().st_size == 0:
+        # SQLite would take it for a new database, and a command that only reads would write
+        # a fresh schema into it and answer from an empty memory: a store's file is never
+        # empty (its header is written when the store is made, before any page)
+        raise CLIError(
+            f"{found} is empty (0 bytes), not a store: its creation was cut short or the file "
+            f"was truncated; remove it, or create the store with: "
+            f"memoryos-gpu ingest FILE --store {store}"
+        )
+    if found.exists():
         return
-    if store_file(store).parent == Path(store):  # a directory store: a file in its path?
+    if found.parent == Path(store):  # a directory store: a file in its path?
         check_store_dir(Path(store))
     raise CLIError(
         f"no store at {store} (create one with: memoryos-gpu ingest FILE --store {store})"
