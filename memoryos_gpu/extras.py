@@ -15,7 +15,7 @@ __all__ = ["EXTRAS", "MissingExtra", "require"]
 #: extra -> what it is for (pyproject.toml's [project.optional-dependencies] installs it)
 EXTRAS = {
     "embed": "the local embedders on torch + transformers and the bundled MiniLM (the default)",
-    "embed-fast": "the int8 ONNX embedder (onnxruntime)",
+    "embed-fast": "the int8 ONNX embedder (onnxruntime, and the embed extra's packages)",
     "server": "the HTTP and MCP servers (FastAPI, uvicorn, mcp)",
     "llm": "the local transformers LLM backend (gguf, accelerate, the bundled SmolLM2)",
     "postgres": "the PostgreSQL store (psycopg 3)",

@@ -606,6 +606,26 @@ def test_a_reader_does_not_create_a_store(pg: Backend) -> None:
     PostgresStore(spec, writer=False).close()
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["retrieve", "--user", "maya", "when?"], ["delete", "--user", "maya", "--yes"], ["stats"]],
+)
+def test_a_cli_command_that_does_not_ingest_refuses_a_url_without_a_store(
+    pg: Backend, command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A URL left without its schema option (``?options=-csearch_path...``) pointed
+    ``retrieve`` and ``delete`` at an empty database: they created the store's tables there
+    (recording their embedder, which a later ingest with another one was refused for) and
+    answered "unknown user"; ``stats`` refused it already."""
+    from memoryos_gpu.cli.app import main
+
+    monkeypatch.setenv("MEMORYOS_GPU_EMBEDDER", "hashing")
+    spec = pg.spec("cli_no_store")
+    assert main([command[0], "--store", spec, *command[1:]]) == 1
+    assert "no memoryos-gpu store in" in capsys.readouterr().err
+    assert pg.tables(spec) == []
+
+
 def test_driver_errors_are_named_by_their_class() -> None:
     """A deadlock is retryable but not "the server cannot be reached"; a full disk and a
     statement timeout keep their own words; a constraint violation is left as it is."""

