@@ -313,3 +313,58 @@ def test_mem0_search_racing_a_page_delete_answers_without_it(
     assert len(raced) == 1 and 1 in raced[0][0] and raced[0][1] is True
     ids = [i["id"] for i in r.json()["results"]]
     assert "page-1" not in ids and "page-2" in ids
+
+
+# ====================================================================== 3. rebalanced rows
+def test_a_deleted_users_rows_leave_no_copy_in_the_file(tmp_path: Path) -> None:
+    """``secure_delete`` zeroes the cells a statement frees, but SQLite's rebalancing had left
+    copies of the user's earlier row versions in the unallocated gap of a live ``pages`` leaf,
+    beside another user's rows: found in the file after ``delete_user`` and ``close``. The
+    erasure rewrites the file (``store/erasure.py``). (These rows' sizes put a copy there.)"""
+    cfg = EngineConfig(store=str(tmp_path / "s"), embedder="hashing")
+    bob = "My cat Zorblax number {} loves tuna. I live in Quuxville."
+    with MemoryEngine(cfg) as e:
+        for i in range(30):
+            e.add_many(
+                [
+                    {
+                        "user_id": "bob",
+                        "user_input": bob.format(i),
+                        "agent_response": f"Zorblax sounds great {i}",
+                        "meta": {"tag": "zorbmeta"},
+                    },
+                    {
+                        "user_id": "alice",
+                        "user_input": f"I run marathons, session {i}. I live in Seattle.",
+                        "agent_response": "ok",
+                    },
+                ]
+            )
+        e.flush()
+        assert e.delete_user("bob")
+        path = Path(e.store.path)
+        assert b"Zorblax" not in path.read_bytes()  # when the deletion returns
+        assert e.retrieve("alice", "marathons").pages  # the others' rows are intact
+    assert b"Zorblax" not in path.read_bytes()
+
+
+def test_rewrites_are_spaced_and_a_deletion_between_is_erased_by_the_next(
+    tmp_path: Path,
+) -> None:
+    """A rewrite costs time in proportion to the file: one soon after the last waits (its
+    share of the time, ``ERASURE_REWRITE_SHARE``), and the deletions meanwhile are erased by
+    the next one, on the timer, or at close."""
+    cfg = EngineConfig(store=str(tmp_path / "s"), embedder="hashing")
+    with MemoryEngine(cfg) as e:
+        for i in range(12):
+            e.add_many([{"user_id": f"u{i}", "user_input": f"secret word{i}x here"}])
+        store = e.store
+        store.ERASURE_REWRITE_SHARE = 1e-6  # the next rewrite waits for (effectively) ever
+        assert e.delete_user("u0")
+        rewrites: list[float] = []
+        store._rewrite = (lambda orig: lambda: rewrites.append(1) or orig())(store._rewrite)
+        assert e.delete_user("u1")
+        assert rewrites == [] and store._rewrite_due and store._erasure_due
+    assert rewrites == [1]  # at close
+    data = Path(store.path).read_bytes()
+    assert b"word0x" not in data and b"word1x" not in data and b"word5x" in data

@@ -10,11 +10,12 @@ effects, so a crash at any point loses nothing and does nothing twice.
 Embeddings are stored as little-endian float32 blobs with the model id and dimension recorded
 in ``meta``; keyword ids as int32 blobs (the arena's hashed ids) beside the readable words.
 
-This module keeps what opens, configures, migrates, writes and erases a store. The rest lives
+This module keeps what opens, configures, migrates and writes a store. The rest lives
 beside it: the errors (:mod:`memoryos_gpu.store.errors`), the schema and its migrations
 (:mod:`memoryos_gpu.store.sqlite_schema`), the encoding of rows and blobs
-(:mod:`memoryos_gpu.store.rows`) and the read side (:mod:`memoryos_gpu.store.reads`, a mixin
-that :class:`SQLiteStore` inherits).
+(:mod:`memoryos_gpu.store.rows`), and two mixins that :class:`SQLiteStore` inherits: the read
+side (:mod:`memoryos_gpu.store.reads`) and the erasure of deleted content
+(:mod:`memoryos_gpu.store.erasure`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pydantic import SecretStr
 
 from memoryos_gpu.store import sqlite_schema
 from memoryos_gpu.store.derivations import Forgotten, forget_pages
+from memoryos_gpu.store.erasure import SQLiteErasure
 from memoryos_gpu.store.errors import (
     StoreClosedError,
     StoreError,
@@ -74,7 +76,7 @@ MEMORY_PAGE_SIZE = 16384
 Durability = Literal["commit", "deferred", "none"]
 
 
-class SQLiteStore(StoreReads):
+class SQLiteStore(StoreReads, SQLiteErasure):
     """One SQLite database. Thread-safe: one connection guarded by a re-entrant lock.
 
     Opening refuses (with :class:`StoreError`) a file that is not SQLite, a SQLite database
@@ -367,6 +369,7 @@ class SQLiteStore(StoreReads):
         """Close the connection and give the writer claim up (idempotent)."""
         with self._lock:
             if not self._closed:
+                self._erase_at_close()
                 self._closed = True
                 if self._checkpointer is not None:
                     self._checkpointer.close()
@@ -517,10 +520,8 @@ class SQLiteStore(StoreReads):
         audit event records the deletion, without content. Returns what was forgotten beyond
         the user's own rows (None: there was no such user).
 
-        Deleted content is overwritten in the database file (``PRAGMA secure_delete``), and the
-        write-ahead log is checkpointed and truncated afterwards so older copies of the user's
-        pages do not linger in it (:meth:`checkpoint`: while a reader holds the log, retried
-        until it is truncated).
+        The deleted content then leaves the database file and its log (:meth:`checkpoint`,
+        :mod:`memoryos_gpu.store.erasure`).
         """
         with self._lock:
             self.begin_erasure()
@@ -528,97 +529,6 @@ class SQLiteStore(StoreReads):
                 removed = self._delete_user_rows(db, user_id)
             self.checkpoint()
             return removed
-
-    #: How long (ms) :meth:`checkpoint` waits for readers of the log before leaving the
-    #: truncation to a retry: it holds the store lock meanwhile.
-    ERASURE_WAIT_MS: int = 250
-    #: The first and the longest wait (s) before a retry of the truncation.
-    ERASURE_RETRY_S: tuple[float, float] = (0.5, 10.0)
-    #: A truncation of the log that :meth:`checkpoint` could not do yet; retried on a timer.
-    _erasure_due: bool = False
-    _erasure_timer: threading.Timer | None = None
-
-    def begin_erasure(self) -> None:
-        """Deletions from now on overwrite the freed space (``PRAGMA secure_delete``), so the
-        deleted text does not stay in the database file (call before deleting content)."""
-        with self._lock:
-            self._check_open()
-            self._db.execute("PRAGMA secure_delete = ON")
-
-    def checkpoint(self) -> None:
-        """Fold the write-ahead log into the file and truncate it, after a deletion, so the
-        deleted rows' old versions do not stay in the log.
-
-        It follows a committed deletion, so it never fails for the log's sake: a caller must
-        report the deletion done (and its memory side must not be skipped). The statement runs
-        under the store lock, as every statement on the shared connection must (beside another
-        thread's open statement it failed with "database table is locked"), and waits at most
-        :attr:`ERASURE_WAIT_MS` for readers of the log, not the connection's 30 s with every
-        other call of the store waiting behind it. When the log cannot be truncated now -- a
-        reader still on it (the statement's ``busy`` result, not an error), a transaction open,
-        an error -- the truncation is retried on a timer, backing off up to
-        :attr:`ERASURE_RETRY_S`, until it is done or the store closes (then the last
-        connection to the file to close checkpoints the log and removes it)."""
-        if self.path == ":memory:":
-            return
-        with self._lock:
-            self._check_open()
-            if self._truncate_log():
-                return
-        self._retry_erasure(self.ERASURE_RETRY_S[0])
-
-    def _truncate_log(self) -> bool:
-        """One try of the truncating checkpoint (under the store lock): whether the log is
-        empty now. Not inside a transaction: its commit may still log deleted rows."""
-        if self._depth or self._db.in_transaction:
-            return self._erasure_tried(False, "a transaction is open")
-        try:
-            with self._busy_timeout(self.ERASURE_WAIT_MS):
-                busy = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
-        except self._dbapi.Error as exc:
-            return self._erasure_tried(False, f"{type(exc).__name__}: {exc}")
-        return self._erasure_tried(busy == 0, "a reader holds it")
-
-    def _erasure_tried(self, done: bool, why: str) -> bool:
-        """Record a try (``done`` or not, and why not): the first failure and the success
-        after failures are logged, not every retry."""
-        if not done and not self._erasure_due:
-            log.warning(
-                "%s: the write-ahead log still holds deleted rows (%s); the truncation is retried",
-                self.path,
-                why,
-            )
-        elif done and self._erasure_due:
-            log.info("%s: the write-ahead log is truncated", self.path)
-        self._erasure_due = not done
-        return done
-
-    @contextmanager
-    def _busy_timeout(self, ms: int) -> Iterator[None]:
-        """The connection waits at most ``ms`` for a lock while inside (under the store lock)."""
-        before = self._db.execute("PRAGMA busy_timeout").fetchone()[0]
-        self._db.execute(f"PRAGMA busy_timeout = {int(ms)}")
-        try:
-            yield
-        finally:
-            self._db.execute(f"PRAGMA busy_timeout = {int(before)}")
-
-    def _retry_erasure(self, delay: float) -> None:
-        """Try the truncation again in ``delay`` s (one timer at a time: a pending one will)."""
-        with self._lock:
-            if self._closed or self._erasure_timer is not None:
-                return
-            timer = threading.Timer(delay, self._erasure_retry_due, args=(delay,))
-            timer.name, timer.daemon = "memoryos-erasure", True
-            self._erasure_timer = timer
-        timer.start()
-
-    def _erasure_retry_due(self, delay: float) -> None:
-        with self._lock:
-            self._erasure_timer = None
-            if self._closed or not self._erasure_due or self._truncate_log():
-                return
-        self._retry_erasure(min(2 * delay, self.ERASURE_RETRY_S[1]))
 
     def _delete_user_rows(self, db: Any, user_id: str) -> Forgotten | None:
         """Delete every row about the user in the open transaction ``db`` (both dialects)."""

@@ -1,0 +1,164 @@
+"""Erasure on a SQLite store: deleted text leaves the database file and its log.
+
+Why more than ``PRAGMA secure_delete``: it zeroes the cells a statement frees, but SQLite's
+b-tree rebalancing moves cells between pages and leaves the old bytes in the unallocated gap
+of the page they left. A deleted user's earlier row versions (pages are rewritten as they move
+between tiers) were found that way in the file after ``delete_user``: in a live ``pages``
+leaf, beside other users' rows, where no later statement ever overwrites them. Only a rewrite
+of the file (``VACUUM``) drops them. So every erasure ends in one (:meth:`checkpoint`), then
+the write-ahead log, which holds the rewritten and the old pages, is folded in and truncated.
+
+A rewrite costs time in proportion to the file (~8 ms a MB on a 2-core machine), under the
+store lock. Rewrites are spaced so that they take at most :attr:`ERASURE_REWRITE_SHARE` of the
+time: a deletion that comes sooner after the last rewrite is erased by the next one, on a
+timer, with the log's truncation (both retried until done, or done at :meth:`close`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+log = logging.getLogger("memoryos_gpu.store")
+
+
+class SQLiteErasure:
+    """The erasure side of :class:`~memoryos_gpu.store.sqlite.SQLiteStore` (a mixin: it uses the
+    store's connection ``_db``, its ``_lock``, ``path``, ``_depth`` and ``_check_open``)."""
+
+    _db: Any
+    _dbapi: Any
+    _lock: threading.RLock
+    _closed: bool
+    _depth: int
+    path: str
+    _check_open: Callable[[], None]
+
+    #: How long (ms) a truncation of the log waits for its readers before leaving it to a
+    #: retry: it holds the store lock meanwhile.
+    ERASURE_WAIT_MS: int = 250
+    #: The first and the longest wait (s) before a retry.
+    ERASURE_RETRY_S: tuple[float, float] = (0.5, 10.0)
+    #: The most of the time rewrites of the file may take: the next one waits until the last
+    #: one's duration is this share of the time since it began.
+    ERASURE_REWRITE_SHARE: float = 0.1
+    #: An erasure not done yet (a rewrite or a truncation); retried on a timer.
+    _erasure_due: bool = False
+    #: A deletion committed since the last rewrite of the file.
+    _rewrite_due: bool = False
+    #: When (``time.monotonic``) the next rewrite may begin.
+    _rewrite_at: float = 0.0
+    _erasure_timer: threading.Timer | None = None
+
+    def begin_erasure(self) -> None:
+        """Deletions from now on zero the space they free (``PRAGMA secure_delete``), so the
+        deleted text does not stay in the database file (call before deleting content)."""
+        with self._lock:
+            self._check_open()
+            self._db.execute("PRAGMA secure_delete = ON")
+
+    def checkpoint(self) -> None:
+        """After a committed deletion: rewrite the file (``VACUUM``: the module docstring says
+        why) and fold the write-ahead log into it and truncate it, so neither holds a deleted
+        row's old versions.
+
+        It follows a committed deletion, so it never fails for the erasure's sake: a caller
+        must report the deletion done (and its memory side must not be skipped). It runs under
+        the store lock, as every statement on the shared connection must, and waits at most
+        :attr:`ERASURE_WAIT_MS` for readers of the log, not the connection's 30 s with every
+        other call of the store waiting behind it. What cannot be done now -- a reader still
+        on the log, a transaction open, an error, a rewrite too soon after the last one -- is
+        retried on a timer, backing off up to :attr:`ERASURE_RETRY_S`, until it is done or the
+        store closes (:meth:`_erase_at_close`)."""
+        if self.path == ":memory:":
+            return
+        with self._lock:
+            self._check_open()
+            self._rewrite_due = True
+            if self._erase():
+                return
+        self._retry_erasure(max(self.ERASURE_RETRY_S[0], self._rewrite_at - time.monotonic()))
+
+    def _erase(self) -> bool:
+        """One try of the erasure (under the store lock): whether it is done. Not inside a
+        transaction: its commit may still log deleted rows."""
+        if self._depth or self._db.in_transaction:
+            return self._erasure_tried(False, "a transaction is open")
+        if self._rewrite_due:
+            if time.monotonic() < self._rewrite_at:
+                return self._erasure_tried(False, "the file was rewritten moments ago")
+            if not self._rewrite():
+                return False
+        try:
+            with self._busy_timeout(self.ERASURE_WAIT_MS):
+                busy = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        except self._dbapi.Error as exc:
+            return self._erasure_tried(False, f"{type(exc).__name__}: {exc}")
+        return self._erasure_tried(busy == 0, "a reader holds the log")
+
+    def _rewrite(self) -> bool:
+        """``VACUUM``: whether it ran; the next one may begin once this one's duration is
+        :attr:`ERASURE_REWRITE_SHARE` of the time since it began."""
+        t0 = time.monotonic()
+        try:
+            self._db.execute("VACUUM")
+        except self._dbapi.Error as exc:
+            return self._erasure_tried(False, f"{type(exc).__name__}: {exc}")
+        took = time.monotonic() - t0
+        self._rewrite_due = False
+        self._rewrite_at = t0 + took / self.ERASURE_REWRITE_SHARE
+        return True
+
+    def _erasure_tried(self, done: bool, why: str) -> bool:
+        """Record a try (``done`` or not, and why not): the first failure and the success
+        after failures are logged, not every retry."""
+        if not done and not self._erasure_due:
+            log.warning(
+                "%s: deleted rows may still be in the file or its log (%s); the erasure is retried",
+                self.path,
+                why,
+            )
+        elif done and self._erasure_due:
+            log.info("%s: the erasure is done", self.path)
+        self._erasure_due = not done
+        return done
+
+    def _erase_at_close(self) -> None:
+        """At close (under the store lock), a rewrite still owed: done now, while the
+        connection is open (its close then checkpoints and removes the log, as the last
+        connection to the file does)."""
+        if self._rewrite_due and not (self._depth or self._db.in_transaction):
+            self._rewrite()
+
+    @contextmanager
+    def _busy_timeout(self, ms: int) -> Iterator[None]:
+        """The connection waits at most ``ms`` for a lock while inside (under the store lock)."""
+        before = self._db.execute("PRAGMA busy_timeout").fetchone()[0]
+        self._db.execute(f"PRAGMA busy_timeout = {int(ms)}")
+        try:
+            yield
+        finally:
+            self._db.execute(f"PRAGMA busy_timeout = {int(before)}")
+
+    def _retry_erasure(self, delay: float) -> None:
+        """Try the erasure again in ``delay`` s (one timer at a time: a pending one will)."""
+        with self._lock:
+            if self._closed or self._erasure_timer is not None:
+                return
+            timer = threading.Timer(delay, self._erasure_retry_due, args=(delay,))
+            timer.name, timer.daemon = "memoryos-erasure", True
+            self._erasure_timer = timer
+        timer.start()
+
+    def _erasure_retry_due(self, delay: float) -> None:
+        with self._lock:
+            self._erasure_timer = None
+            if self._closed or not self._erasure_due or self._erase():
+                return
+            # backing off, but not past the time the rewrite waits for
+            wait = max(min(2 * delay, self.ERASURE_RETRY_S[1]), self._rewrite_at - time.monotonic())
+        self._retry_erasure(wait)
