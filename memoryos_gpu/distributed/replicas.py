@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from memoryos_gpu.embed.base import encode_checked
 from memoryos_gpu.engine.state import Fact
 
 from . import sharded_forget
@@ -105,7 +106,7 @@ class AssistantReplicas:
         if not facts:
             return []
         with self._lock:
-            emb = self.embedder.encode([f.text for f in facts])
+            emb = encode_checked(self.embedder, [f.text for f in facts])
             # the rings change as the transaction goes (reloaded from the store if it fails);
             # committed under the lock this method holds (it answers what the rings hold)
             with self._state.write_transaction("commit") as db:

@@ -26,6 +26,7 @@ __all__ = [
     "EmbedderStats",
     "EmbeddingError",
     "check_texts",
+    "encode_checked",
 ]
 
 
@@ -80,6 +81,24 @@ def check_texts(texts: Sequence[str]) -> list[str]:
     for t in out:
         if not isinstance(t, str):
             raise TypeError(f"encode expects strings, got {type(t).__name__}")
+    return out
+
+
+def encode_checked(embedder: EmbedderProtocol, texts: Sequence[str]) -> np.ndarray:
+    """``embedder.encode(texts)`` as float32 ``[len(texts), dim]`` of finite values, else
+    :class:`EmbeddingError` naming the embedder. The engine encodes through this: it stores
+    the vectors, and a custom embedder's rows of the wrong width, too few rows or a NaN were
+    committed as they came, after which every derived-work round that read them failed, for
+    every user in it (rounds mix users), until the page was found and deleted."""
+    n, dim = len(texts), embedder.dim
+    out = np.asarray(embedder.encode(texts), dtype=np.float32)
+    if out.shape != (n, dim):
+        raise EmbeddingError(
+            f"embedder {embedder.model_id!r} returned an array of shape {out.shape} for {n} "
+            f"texts; the engine needs ({n}, {dim}): one row of its dim per text"
+        )
+    if not np.isfinite(out).all():
+        raise EmbeddingError(f"embedder {embedder.model_id!r} returned NaN or infinite values")
     return out
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from memoryos_gpu import prompts
+from memoryos_gpu.embed.base import encode_checked
 from memoryos_gpu.lexical import terms_from_blobs
 from memoryos_gpu.stages import PageWork
 from memoryos_gpu.store.derivations import Forgotten, forget_pages
@@ -257,7 +258,7 @@ class Forgetting:
         if s.stages.mode == "extractive":
             vecs = blob_matrix([r[2] for r in rows], s.embedder.dim)
         else:
-            vecs = np.asarray(s.embedder.encode([r[0] or r[3] for r in rows]), np.float32)
+            vecs = encode_checked(s.embedder, [r[0] or r[3] for r in rows])
         emb = _unit(vecs[0])
         for k, v in enumerate(vecs[1:], start=1):
             emb = _unit(emb * k + _unit(v))

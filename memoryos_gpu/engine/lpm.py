@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from memoryos_gpu.embed.base import encode_checked
 from memoryos_gpu.stages import PromotionOutcome, PromotionWork
 from memoryos_gpu.store.derivations import PROFILE, record
 from memoryos_gpu.store.rounds import rank_within
@@ -91,7 +92,7 @@ class LongTerm:
         found = iter(s.stages.promotions(read.work))
         outcomes = [next(found) if _staged(read, p) else None for p in read.parts]
         facts, fact_of = self._facts(read, outcomes)
-        fact_emb = s.embedder.encode([f[2] for f in facts]) if facts else None
+        fact_emb = encode_checked(s.embedder, [f[2] for f in facts]) if facts else None
         with s.write_transaction() as db:  # redone from pending if lost
             return self._apply_promotions(db, read, outcomes, facts, fact_of, fact_emb)
 

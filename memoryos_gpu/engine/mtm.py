@@ -23,6 +23,7 @@ import numpy as np
 
 from memoryos_gpu import ops
 from memoryos_gpu.arena import NO_ID
+from memoryos_gpu.embed.base import encode_checked
 from memoryos_gpu.json_codec import dumps_text, loads
 from memoryos_gpu.lexical import terms_from_blobs
 from memoryos_gpu.stages import PageOutcome, PageWork
@@ -306,8 +307,9 @@ class Segments:
         """
         if self._s.stages.mode == "extractive":
             return page_emb
-        return self._s.embedder.encode(
-            [o.summary or r["user_input"] for o, r in zip(outcomes, rows, strict=True)]
+        return encode_checked(
+            self._s.embedder,
+            [o.summary or r["user_input"] for o, r in zip(outcomes, rows, strict=True)],
         )
 
     def _segment_rows(

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from memoryos_gpu import ops
+from memoryos_gpu.embed.base import encode_checked
 from memoryos_gpu.lexical import query_terms
 from memoryos_gpu.ops.retrieval import RetrievalParams, credit_served, retrieve, to_host
 from memoryos_gpu.store import derivations
@@ -74,7 +75,7 @@ class RetrievalPipeline:
         s.users_of([u for u, _ in cleaned])  # an unknown user fails before the embedding runs
         texts = [q for _, q in cleaned]
         t0 = time.perf_counter()
-        q_emb = s.embedder.encode(texts)
+        q_emb = encode_checked(s.embedder, texts)
         t1 = time.perf_counter()
         terms = query_terms(texts)
         t_terms = time.perf_counter() - t1  # the term split is native work of the batch too

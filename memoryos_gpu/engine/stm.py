@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from memoryos_gpu.embed.base import encode_checked
 from memoryos_gpu.json_codec import dumps_text
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
 from memoryos_gpu.store.rows import emb_blob
@@ -50,7 +51,7 @@ class ShortTerm:
             known = s.store.known_sources(p.source for p in items if p.source)
             only = [i for i, p in enumerate(items) if not (p.source and p.source in known)]
         emb = (
-            s.embedder.encode([page_text(items[i], s.memory.embed_dates) for i in only])
+            encode_checked(s.embedder, [page_text(items[i], s.memory.embed_dates) for i in only])
             if only
             else []
         )

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from memoryos_gpu.embed.base import encode_checked
 from memoryos_gpu.errors import UnknownItemError
 from memoryos_gpu.types import Retrieval
 
@@ -106,7 +107,7 @@ class Mem0Ops:
         eng = self.engine
         uid = retrieval.user_id
         assistant = (eng.store.user_row(uid) or {}).get("assistant_id")
-        q = _unit(eng.embedder.encode([query]))[0]
+        q = _unit(encode_checked(eng.embedder, [query]))[0]
         pages, page_scores = self._scored_pages([*retrieval.pages, *retrieval.stm], q)
         updated = eng.store.last_updates(uid, "page")
         scored = [
