@@ -52,7 +52,7 @@ from memoryos_gpu import prompts
 from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.engine.responses import too_long
-from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.errors import EngineClosedError, MemoryOSError, UnknownUserError
 from memoryos_gpu.llm.base import LLMBackendError
 from memoryos_gpu.profile_dims import render_profile
 from memoryos_gpu.reference import (
@@ -248,6 +248,13 @@ class Memoryos:
                 del _ENGINES[self.data_storage_path]
                 self.engine.close()
 
+    def _check_open(self) -> None:
+        """EngineClosedError once this facade is closed. Checked by every public method:
+        the shared engine stays open while a sibling facade of the folder is, so without it
+        a closed facade went on reading and writing its user's memory."""
+        if self._closed:
+            raise EngineClosedError("this Memoryos is closed")
+
     def __enter__(self) -> Memoryos:
         return self
 
@@ -266,6 +273,7 @@ class Memoryos:
         returns the page is stored and what it evicted from STM is in MTM (promotions included),
         unless the LLM failed: then that derived work stays pending and a later call retries it.
         """
+        self._check_open()
         try:
             # "" is now, as in the reference (its `timestamp or now`); 0 is the epoch
             epoch, kept = read_timestamp(None if timestamp == "" else timestamp)
@@ -296,6 +304,7 @@ class Memoryos:
 
         Updates heat like any retrieval. A user with no memory yet gets empty lists.
         """
+        self._check_open()
         try:
             r = self.engine.retrieve(self.user_id, query)
         except UnknownUserError:
@@ -338,6 +347,7 @@ class Memoryos:
         counts as a failure, as ``POST /v1/users/{id}/respond`` refuses it: the LLM server
         ignored the bound, and remembering it would put an unbounded page in every later
         prompt."""
+        self._check_open()
         eng = self.engine
         if eng.stages.mode != "llm":
             raise MemoryOSError(_llm_help(self._llm_backend))
@@ -394,6 +404,7 @@ class Memoryos:
 
     def get_user_profile_summary(self) -> str:
         """The user profile as text (``"None"`` while nothing is known, like the reference)."""
+        self._check_open()
         try:
             profile = self.engine.profile(self.user_id)
         except UnknownUserError:
@@ -402,11 +413,13 @@ class Memoryos:
 
     def get_assistant_knowledge_summary(self) -> list[dict[str, str]]:
         """Every live assistant-knowledge entry, oldest first: ``{"knowledge", "timestamp"}``."""
+        self._check_open()
         return self._assistant_entries()
 
     def force_mid_term_analysis(self) -> bool:
         """Promote the hottest segment that has unanalysed pages now, whatever its heat (the
         reference's manual trigger). Returns whether anything was analysed."""
+        self._check_open()
         eng = self.engine
         try:
             exported = eng.export_user(self.user_id)
@@ -439,6 +452,7 @@ class Memoryos:
 
     def get_memory_stats(self) -> dict[str, Any]:
         """Counts per tier for this user (the reference's keys plus a few more)."""
+        self._check_open()
         stats: dict[str, Any] = {"user_id": self.user_id}
         try:
             data = self.engine.export_user(self.user_id)

@@ -176,6 +176,12 @@ MAX_COUNT = 10_000
 #: asked 5 GB of address space for 16 users at once. 1,024 ids is 32 times the default and more
 #: keywords than a segment's pages give (``page_keywords`` each, ranked by frequency).
 MAX_KEYWORD_WIDTH = 1_024
+#: Largest ``knowledge_capacity``: the engine keeps a dense ``[owners, knowledge_capacity]``
+#: int64 map of ring positions to entry ids (``EngineState.entry_of_ring``, allocated in full
+#: when the engine opens and again for every owner it grows by), so 10**12 failed at open
+#: with a MemoryError asking for 116 TiB and 10**7 took 1.3 GB for the first 16 owners. 65,536
+#: is 512 KiB an owner, 655 times the default of 100.
+MAX_KNOWLEDGE_CAPACITY = 65_536
 #: Most OpenMP threads ``cpu_threads`` may ask for: each is a thread with its own stack, and the
 #: native call takes a C ``int`` (a value past it failed with a TypeError naming no setting when
 #: the engine opened). More than any one machine's cores.
@@ -231,19 +237,28 @@ class MemoryConfig(BaseModel):
         "paper's dense-only pipeline (no BM25). The default is the weight leave-one-"
         "conversation-out chose on LoCoMo dev (benchmarks/README.md).",
     )
+    # bounded as the other counts (MAX_COUNT): the native retrieval pass takes it as a C int,
+    # so 2**31 and more were accepted here and then failed every retrieval with a TypeError
     lexical_candidates: int = Field(
         100,
         ge=0,
+        le=MAX_COUNT,
         description="Length of the BM25 list: besides the top segments' pages that reach "
         "relevance_floor, a page is a candidate when its BM25 is among the user's this-many "
         "best (ties kept); 0 = every page that holds a query term. Bounds a query's cosines "
         "over a long history, where a name matches most pages; 100 is ten times the default "
-        "top_pages.",
+        "top_pages (0 to 10,000).",
     )
     embed_dates: bool = Field(
         True, description="Embed a page with its date written out (helps temporal questions)."
     )
-    knowledge_capacity: int = Field(100, ge=1, description="User / assistant knowledge FIFO size.")
+    knowledge_capacity: int = Field(
+        100,
+        ge=1,
+        le=MAX_KNOWLEDGE_CAPACITY,
+        description="User / assistant knowledge FIFO size (1 to 65,536: the engine maps every "
+        "ring position of every owner up front).",
+    )
     knowledge_top_k: int = Field(
         10, ge=1, le=MAX_COUNT, description="Knowledge entries retrieved per query (1 to 10,000)."
     )
@@ -268,7 +283,12 @@ class MemoryConfig(BaseModel):
         description="Hashed keyword ids kept per segment (1 to 1,024: the arena reserves this "
         "many ids for every segment slot).",
     )
-    page_keywords: int = Field(8, ge=1, description="Keywords extracted per page.")
+    page_keywords: int = Field(
+        8,
+        ge=1,
+        le=MAX_COUNT,  # a query's jaccard_terms, a C int of the native retrieval: 2**31 failed
+        description="Keywords extracted per page (1 to 10,000).",
+    )
     clock: Literal["logical", "wall"] = Field(
         "logical",
         description="Heat and recency run on the pages' own timestamps (logical, for replayed "

@@ -80,10 +80,15 @@ def test_cpu_threads_past_any_machine_is_refused_naming_it() -> None:
     assert EngineConfig(embedder="hashing", cpu_threads=4_096).cpu_threads == 4_096
 
 
-def test_capacities_stay_unbounded() -> None:
-    """Capacities grow their arena rows by doubling as they fill: a large one is legitimate."""
-    m = MemoryConfig(stm_capacity=10**9, mtm_capacity=10**7, knowledge_capacity=10**7)
-    assert (m.stm_capacity, m.mtm_capacity, m.knowledge_capacity) == (10**9, 10**7, 10**7)
+def test_capacities_stay_unbounded_but_the_knowledge_ring() -> None:
+    """Capacities grow their arena rows by doubling as they fill: a large one is legitimate.
+    Not the knowledge ring's: the engine maps each owner's ring positions to entry ids in a
+    dense [owners, knowledge_capacity] int64 array made at open (10**7 took 1.3 GB for the
+    first 16 owners, 10**12 failed at open asking for 116 TiB)."""
+    m = MemoryConfig(stm_capacity=10**9, mtm_capacity=10**7, knowledge_capacity=65_536)
+    assert (m.stm_capacity, m.mtm_capacity, m.knowledge_capacity) == (10**9, 10**7, 65_536)
+    with pytest.raises(ValidationError, match="knowledge_capacity"):
+        MemoryConfig(knowledge_capacity=65_537)
 
 
 def test_cli_refuses_a_config_file_with_a_huge_top_segments(tmp_path: Path) -> None:

@@ -102,9 +102,12 @@ class Heat:
         transaction. The buffers and the arena values they name are taken under the engine
         lock; the store write runs after it is released, so retrievals do not wait for the
         fsync. On failure the taken marks go back into the buffers. Never call it inside a
-        store transaction (it opens its own)."""
+        store transaction (it opens its own). EngineClosedError once the engine is closed:
+        with nothing buffered it reaches no store statement, so ``sync`` and ``write_behind``
+        returned as if they had written (``close`` itself calls it before it closes)."""
         s = self._s
         with s.lock:
+            s.check_open()
             with self._buffers:
                 visits, self._visits = self._visits, []
                 flagged, self._flagged = self._flagged, []

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from memoryos_gpu.embed.base import encode_checked
 from memoryos_gpu.errors import UnknownItemError, UnknownUserError
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
 from memoryos_gpu.store.rows import audit_owner, emb_blob
@@ -23,7 +24,7 @@ from .heat import Heat
 from .knowledge_ring import put_back, unsupersede
 from .page_text import page_terms_of, page_text
 from .state import EngineState
-from .validation import InvalidInputError, _clean_text, clean_user_id
+from .validation import MAX_ITEM_ID, InvalidInputError, _clean_text, clean_int, clean_user_id
 
 
 class Items:
@@ -39,10 +40,10 @@ class Items:
         return self._s.store.page_rows([page_id]).get(int(page_id))
 
     def list_pages(self, user_id: str, offset: int, limit: int) -> tuple[list[dict], int]:
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise InvalidInputError("offset must be an integer >= 0")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidInputError("limit must be an integer >= 1")
+        # cleaned as page ids are: a NumPy integer (a page count from an array) is taken as
+        # the int it equals, and the bound is SQL's INTEGER (a larger one failed in the driver)
+        offset = clean_int(offset, "offset", 0, MAX_ITEM_ID)
+        limit = clean_int(limit, "limit", 1, MAX_ITEM_ID)
         if clean_user_id(user_id) not in self._s.users:
             raise UnknownUserError(f"unknown user {user_id!r}")
         return self._s.store.page_window(user_id, offset, limit)
@@ -68,7 +69,7 @@ class Items:
                 if agent_response is not None
                 else row["agent_response"],
             }
-            vec = s.embedder.encode([page_text({**row, **new}, s.memory.embed_dates)])[0]
+            vec = encode_checked(s.embedder, [page_text({**row, **new}, s.memory.embed_dates)])[0]
             terms = page_terms_of(
                 [(new["user_input"], new["agent_response"], row["timestamp"], row["extra"])]
             )
@@ -122,7 +123,7 @@ class Items:
             if entry_id not in rows:
                 raise UnknownItemError(f"no knowledge entry {entry_id}")
             row = rows[entry_id]
-            vec = s.embedder.encode([text])[0]
+            vec = encode_checked(s.embedder, [text])[0]
             key = fact_key(text)  # the attribute the conflict rule finds the entry by
             with s.store.transaction() as db:
                 db.execute(

@@ -25,6 +25,11 @@ from memoryos_gpu.formats.timestamps import MAX_EPOCH_S, MIN_EPOCH_S
 from memoryos_gpu.json_codec import dumps
 from memoryos_gpu.types import PageInput
 
+try:  # the server and test extras' encoder: refuses a non-string key as it measures a meta
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - then _refuse_non_str_keys walks the keys
+    _orjson = None
+
 #: Most characters of a text field, counted as stored: after Unicode NFC normalisation.
 MAX_TEXT_CHARS = 1_000_000
 MAX_ID_CHARS = 256
@@ -220,8 +225,12 @@ def validate_page(p: PageInput | dict[str, Any]) -> PageInput:
             p.agent_response if p.agent_response is not None else "", "agent_response"
         ),
         timestamp=_timestamp(p.timestamp),
-        assistant_id=_new_identity(p.assistant_id, "assistant_id") if p.assistant_id else None,
-        source=_clean_id(p.source, "source") if p.source else None,
+        # "is not None": an empty id is refused as an empty user_id is; read as "none" it
+        # silently turned two pages of source "" into two pages without an idempotency key
+        assistant_id=None
+        if p.assistant_id is None
+        else _new_identity(p.assistant_id, "assistant_id"),
+        source=None if p.source is None else _clean_id(p.source, "source"),
         meta=p.meta,
     )
 
@@ -235,7 +244,9 @@ def _check_meta(meta: dict[str, Any]) -> None:
     CJK character as 6 bytes and an emoji as 12, giving non-Latin text a sixth of the room."""
     try:
         json.dumps(meta, allow_nan=False)
-        size = len(dumps(meta))
+        size = _stored_size(meta)
+    except InvalidInputError:
+        raise
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"meta must be JSON-serialisable: {exc}") from exc
     except RecursionError:  # nested deeper than the interpreter's stack allows
@@ -244,6 +255,44 @@ def _check_meta(meta: dict[str, Any]) -> None:
         raise InvalidInputError(
             f"meta is {size} bytes as stored (UTF-8 JSON); the limit is {MAX_META_BYTES}"
         )
+
+
+def _stored_size(meta: dict[str, Any]) -> int:
+    """Bytes of ``meta`` as stored, or :class:`InvalidInputError` for a key that is not a
+    string, at any depth.
+
+    Why refused: JSON keys are strings, so the store keeps ``{1: "a"}`` as ``{"1": "a"}``, and
+    the live retrievals (which show the dict given) and the reads from the store (``get_page``,
+    any retrieval after a reopen) disagreed. The check costs nothing on the common path:
+    orjson without ``OPT_NON_STR_KEYS`` refuses such a key in the encoding that measures the
+    size anyway (the bytes ``json_codec.dumps`` stores for string keys). Only what orjson
+    refuses (such a key, an integer past 64 bits, a lone surrogate) and a process without
+    orjson walk the keys in Python."""
+    if _orjson is not None:
+        try:
+            return len(_orjson.dumps(meta))
+        except TypeError:  # orjson.JSONEncodeError: decided by the walk below
+            pass
+    _refuse_non_str_keys(meta)
+    return len(dumps(meta))
+
+
+def _refuse_non_str_keys(meta: dict[str, Any]) -> None:
+    """:class:`InvalidInputError` naming the first key of ``meta``'s dicts (nested in dicts,
+    lists and tuples) that is not a ``str``. Iterative: the depth is the encoder's concern."""
+    todo: list[Any] = [meta]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if not isinstance(key, str):
+                    raise InvalidInputError(
+                        f"meta keys must be strings (JSON object keys are), got {key!r} "
+                        f"({type(key).__name__}): the store would keep it as a string"
+                    )
+                todo.append(value)
+        elif isinstance(node, list | tuple):
+            todo.extend(node)
 
 
 def validate_pages(pages: Iterable[PageInput | dict[str, Any]]) -> list[PageInput]:
