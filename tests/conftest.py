@@ -27,6 +27,11 @@ from memoryos_gpu.llm.scripted import ScriptedBackend
 # such calls. Set before the OpenMP runtime loads: importing the engine does not load
 # memoryos_gpu._C (nor torch); the first kernel call does.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Ray Serve kills an HTTP proxy that has not answered its readiness check within 5 s, three
+# times in a row (~17 s); on a loaded 2-core box the proxy process took longer than that to
+# start, and every serve.start() failed with ActorDiedError ("killed by ray.kill"). Ray's
+# processes and the tests' `serve --ray` subprocesses inherit this.
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
 
 
 class TableEmbedder:

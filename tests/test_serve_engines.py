@@ -172,7 +172,7 @@ def test_the_exchange_lock_excludes_other_processes_and_cancelled_waiters(tmp_pa
             f"fd = os.open({path!r}, os.O_RDWR | os.O_CREAT)\n"
             "fcntl.flock(fd, fcntl.LOCK_EX)\n"
             "print('held', flush=True)\n"
-            "time.sleep(1.0)\n",
+            "time.sleep(3.0)\n",  # the test asserts a wait > 0.5 s: room for a stall
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -52,7 +52,7 @@ def _shard_db(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_a_stopped_runs_shard_actor_is_waited_for(tmp_path: Path) -> None:
     store, db = _shard_db(tmp_path)
-    p = _holder(tmp_path, "default_worker.py", db, 1.0)
+    p = _holder(tmp_path, "default_worker.py", db, 3.0)  # held 3 s: room for a stall
     try:
         t0 = time.monotonic()
         shard_writers.check_shard_writers(str(store), 2)  # was: StoreLockedError at once
