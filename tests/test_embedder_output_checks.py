@@ -8,7 +8,7 @@ round (rounds mix users), until the page was found and deleted; too few rows fai
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,23 +27,13 @@ BAD: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
-class Switchable:
+class Switchable(HashingEmbedder):
     """The hashing embedder, whose output ``spoil`` (when set) spoils."""
 
-    def __init__(self) -> None:
-        self.inner = HashingEmbedder()
-        self.spoil: Callable[[np.ndarray], np.ndarray] | None = None
+    spoil: Callable[[np.ndarray], np.ndarray] | None = None
 
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
-
-    @property
-    def model_id(self) -> str:
-        return self.inner.model_id
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        v = self.inner.encode(texts)
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        v = super().encode(texts)
         return self.spoil(v) if self.spoil else v
 
 
