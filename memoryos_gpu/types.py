@@ -16,7 +16,13 @@ class PageInput:
     ``timestamp``: epoch seconds (any real number, NumPy scalars included), an ISO-8601
     string, or a ``datetime`` (a naive one is read as UTC, like a naive ISO string); None is
     now. ``meta``: JSON-serialisable metadata; the engine keeps a frozen copy of it, so
-    changing the dict after ``add`` changes nothing stored or retrieved."""
+    changing the dict after ``add`` changes nothing stored or retrieved.
+
+    ``assistant_id``: the user's assistant; None is the user's own (a new user's is
+    ``default_assistant``, else ``"default"``), another one than a known user's is refused.
+    ``default_assistant`` is what a server with tenants passes (the tenant's ``default``), so
+    that a page naming no assistant joins a new user to its tenant's default assistant and a
+    known user's pages to that user's own, whichever it is."""
 
     user_id: str
     user_input: str
@@ -25,6 +31,7 @@ class PageInput:
     assistant_id: str | None = None
     source: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    default_assistant: str | None = None
 
 
 @dataclass(frozen=True)

@@ -320,8 +320,17 @@ def test_http_knowledge_entry_shows_its_sources() -> None:
         got = r.json()
         assert got["sources"] == entries[0]["sources"] and got["owner_id"] == "alice"
         assert got["live"] and got["strength"] >= 1 and got["valid_to"] is None
-        # another tenant's entry: 403, as PATCH and DELETE answer
-        assert c.get(f"/v1/users/alice/knowledge/{eid}", headers=HB).status_code == 403
+        # another tenant's entry: not found (a 403 confirmed the id), as PATCH and DELETE
+        r = c.get(f"/v1/users/alice/knowledge/{eid}", headers=HB)
+        assert (
+            r.status_code == 404
+            and r.json()["detail"] == f"user 'alice' has no knowledge entry {eid}"
+        )
+        assert (
+            c.patch(f"/v1/users/x/knowledge/{eid}", json={"text": "y"}, headers=HB).status_code
+            == 404
+        )
+        assert c.delete(f"/v1/users/x/knowledge/{eid}", headers=HB).status_code == 404
         assert c.get("/v1/users/alice/knowledge/424242", headers=HA).status_code == 404
         q = {"query": "hiking in the Alps", "sources": True}
         r = c.post("/v1/users/alice/retrieve", json=q, headers=HA).json()

@@ -336,10 +336,10 @@ def test_knowledge_entry_edit_and_delete() -> None:
         eid = entries[0]["entry_id"]
         assert c.get("/v1/users/alice/knowledge", headers=HB).status_code == 404
         r = c.patch(f"/v1/users/alice/knowledge/{eid}", json={"text": "likes hikes"}, headers=HB)
-        assert r.status_code == 403 and r.json()["error"] == "forbidden"
+        assert r.status_code == 404 and r.json()["error"] == "not_found"  # not even confirmed
         r = c.patch(f"/v1/users/alice/knowledge/{eid}", json={"text": "likes hikes"}, headers=HA)
         assert r.status_code == 200 and r.json()["text"] == "likes hikes"
-        assert c.delete(f"/v1/users/alice/knowledge/{eid}", headers=HB).status_code == 403
+        assert c.delete(f"/v1/users/alice/knowledge/{eid}", headers=HB).status_code == 404
         assert c.delete(f"/v1/users/alice/knowledge/{eid}", headers=HA).json()["deleted"]
 
 
@@ -354,12 +354,16 @@ def test_tenant_isolation() -> None:
         assert [p["user_input"] for p in ra["stm"]] == ["acme secret: the launch code is 1234"]
         assert [p["user_input"] for p in rb["stm"]] == ["beta note: I like tea"]
         assert "1234" not in str(rb)
-        # another tenant's page by id: 403, never its content
+        # another tenant's page by id: not found, as an id that does not exist (a 403 confirmed
+        # that the id exists: probing counted the other tenants' pages), never its content
         r = c.get(f"/v1/users/sam/pages/{pa['page_id']}", headers=HB)
-        assert r.status_code == 403 and "1234" not in r.text
-        assert c.delete(f"/v1/users/sam/pages/{pa['page_id']}", headers=HB).status_code == 403
+        assert r.status_code == 404 and "1234" not in r.text
+        assert r.json() == c.get("/v1/users/sam/pages/987654", headers=HB).json() | {
+            "detail": f"no page {pa['page_id']}"
+        }
+        assert c.delete(f"/v1/users/sam/pages/{pa['page_id']}", headers=HB).status_code == 404
         r = c.patch(f"/v1/users/sam/pages/{pa['page_id']}", json={"user_input": "x"}, headers=HB)
-        assert r.status_code == 403
+        assert r.status_code == 404
         # exports, lists and deletes are per tenant
         eb = c.get("/v1/users/sam/export", headers=HB).json()
         assert [p["user_input"] for p in eb["pages"]] == ["beta note: I like tea"]

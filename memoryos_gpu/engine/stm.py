@@ -199,7 +199,8 @@ class ShortTerm:
             p = items[i]
             user = s.users.get(p.user_id)
             if user is None:
-                new_users.append(s.new_user_state(p.user_id, p.assistant_id or DEFAULT_ASSISTANT))
+                assistant = p.assistant_id or p.default_assistant or DEFAULT_ASSISTANT
+                new_users.append(s.new_user_state(p.user_id, assistant))
             elif p.assistant_id is not None and p.assistant_id != user.assistant_id:
                 raise _other_assistant(p, user.assistant_id)
         rows, clocks = [], []

@@ -232,6 +232,9 @@ def validate_page(p: PageInput | dict[str, Any]) -> PageInput:
         else _new_identity(p.assistant_id, "assistant_id"),
         source=None if p.source is None else _clean_id(p.source, "source"),
         meta=p.meta,
+        default_assistant=None
+        if p.default_assistant is None
+        else _new_identity(p.default_assistant, "default_assistant"),
     )
 
 
@@ -324,6 +327,7 @@ def _normal(p: Any) -> bool:
         and MIN_EPOCH_S <= ts <= MAX_EPOCH_S  # False for NaN
         and _plain_id(p.user_id)
         and (p.assistant_id is None or _plain_id(p.assistant_id))
+        and (p.default_assistant is None or _plain_id(p.default_assistant))
         and (p.source is None or _plain_id(p.source))
         and type(meta) is dict
         and (not meta or _plain_meta(meta))

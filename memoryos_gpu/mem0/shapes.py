@@ -69,13 +69,15 @@ def messages_to_pages(
     metadata: Mapping[str, Any] | None = None,
     run_id: str | None = None,
     timestamp: float | str | None = None,
+    default_assistant: str | None = None,
 ) -> list[PageInput]:
     """mem0's ``messages`` (a string, one message dict or an OpenAI-style list) as pages.
 
     A user message and the assistant message after it make one page; a user message with no
     answer (or an answer with no question) is a page with that side empty. ``system`` and
     ``tool`` messages are context for an LLM, not memory: they are skipped. ``run_id`` is kept
-    in the page's metadata (so filters can select it)."""
+    in the page's metadata (so filters can select it). ``default_assistant``: as
+    :class:`~memoryos_gpu.types.PageInput`'s (a tenant's server passes its own default)."""
     meta = _checked_metadata(metadata, run_id)
     pairs = _pairs(_message_list(messages))
     return [
@@ -86,6 +88,7 @@ def messages_to_pages(
             timestamp=timestamp,
             assistant_id=assistant_id,
             meta=dict(meta),
+            default_assistant=default_assistant,
         )
         for u, a in pairs
     ]

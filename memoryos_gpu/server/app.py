@@ -54,7 +54,7 @@ _FASTAPI_TELEMETRY = "telemetry" in inspect.signature(FastAPI.__init__).paramete
 
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": m.ErrorOut, "description": "Missing or unknown API key."},
-    403: {"model": m.ErrorOut, "description": "The resource belongs to another tenant."},
+    403: {"model": m.ErrorOut, "description": "An admin key on a route other than /v1/stats."},
     405: {
         "model": m.ErrorOut,
         "description": "The path is served, but not with this method (`method_not_allowed`).",

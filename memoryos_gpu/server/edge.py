@@ -58,9 +58,9 @@ class ErrorMapper:
         405: "method_not_allowed",
         413: "too_large",
     }
-    #: The refusals a route raises (another tenant's item, a text or batch over its limit, a
-    #: key past its page or byte rate) as ``memoryos_rejected_total`` counts them: counted
-    #: here, once, wherever they are raised.
+    #: The refusals a route raises (an admin key on a tenant's route, a text or batch over its
+    #: limit, a key past its page or byte rate) as ``memoryos_rejected_total`` counts them:
+    #: counted here, once, wherever they are raised.
     _REJECTED: ClassVar[dict[int, str]] = {403: "forbidden", 413: "too_large", 429: "rate_limited"}
     #: Seconds a client is told to wait when the store's server cannot be reached.
     STORE_RETRY_AFTER: ClassVar[int] = 5

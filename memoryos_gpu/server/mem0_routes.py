@@ -101,7 +101,8 @@ def add_mem0_routes(
             pages = messages_to_pages(
                 body.messages if isinstance(body.messages, str) else _dumped(body.messages),
                 user_id=scope.user(body.user_id),
-                assistant_id=scope.assistant(body.agent_id),
+                assistant_id=scope.name(body.agent_id),
+                default_assistant=scope.default_assistant(),
                 metadata=body.metadata,
                 run_id=body.run_id,
                 timestamp=body.timestamp,
@@ -306,7 +307,7 @@ def _narrowed(
 def _scoped_filter(scope: Scope, flt: dict[str, Any]) -> dict[str, Any]:
     """A filter's ``agent_id`` as stored (tenant-prefixed), like the items it is tested on."""
     if "agent_id" in flt and isinstance(flt["agent_id"], str):
-        return {**flt, "agent_id": scope.assistant(flt["agent_id"])}
+        return {**flt, "agent_id": scope.name(flt["agent_id"])}
     return flt
 
 

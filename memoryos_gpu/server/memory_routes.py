@@ -135,9 +135,10 @@ def add_memory_routes(
             user_input=p.user_input,
             agent_response=p.agent_response,
             timestamp=p.timestamp,
-            assistant_id=scope.assistant(p.assistant_id),
+            assistant_id=scope.name(p.assistant_id),
             source=scope.name(p.source),
             meta=p.meta,
+            default_assistant=scope.default_assistant(),
         )
 
     def _add_out(scope: Scope, results: list[Any]) -> list[dict[str, Any]]:

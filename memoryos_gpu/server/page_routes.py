@@ -40,10 +40,10 @@ def add_page_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
         # (not a 404 above the range and a 422 below it)
         page_id = clean_item_id(page_id, "page_id")
         row = await service.call(service.engine_for(uid).get_page, page_id)
-        if row is None:
+        # another tenant's page is not found either: a 403 confirmed that the id exists, and
+        # probing ids counted the other tenants' pages (the mem0 routes answered 404 already)
+        if row is None or not scope.owns(row["user_id"]):
             raise ApiError(404, "not_found", f"no page {page_id}")
-        if not scope.owns(row["user_id"]):
-            raise ApiError(403, "forbidden", f"page {page_id} belongs to another tenant")
         if row["user_id"] != uid:
             raise ApiError(404, "not_found", f"user {user_id!r} has no page {page_id}")
         return row

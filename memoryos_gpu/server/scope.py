@@ -201,10 +201,12 @@ class Scope:
             return None
         return self.prefix + value
 
-    def assistant(self, value: str | None) -> str | None:
-        if value is None and self.tenant:
-            return self.prefix + "default"
-        return self.name(value)
+    def default_assistant(self) -> str | None:
+        """The assistant of a new user whose page names none: the tenant's own ``default``
+        (tenants never share an assistant's knowledge); None in open mode (the engine's
+        ``default``). A page naming none joins a known user's own assistant, whichever it
+        is (``PageInput.default_assistant``): naming this one for it refused the page."""
+        return self.prefix + "default" if self.tenant else None
 
     def unprefixed(self, message: str) -> str:
         """``message`` (an engine error's) with this tenant's prefix taken off every quoted id

@@ -31,10 +31,9 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
         entry_id = clean_item_id(entry_id, "entry_id")  # outside the 64-bit keys: a 422
         rows = await service.call(service.engine_for(uid).store.knowledge_rows, [entry_id])
         row = rows.get(entry_id)
-        if row is None:
+        # another tenant's entry is not found either (as its page: _owned_page)
+        if row is None or not scope.owns(row["owner_id"]):
             raise ApiError(404, "not_found", f"no knowledge entry {entry_id}")
-        if not scope.owns(row["owner_id"]):
-            raise ApiError(403, "forbidden", f"entry {entry_id} belongs to another tenant")
         if row["owner_kind"] != "user" or row["owner_id"] != uid:
             raise ApiError(404, "not_found", f"user {user_id!r} has no knowledge entry {entry_id}")
         return row
@@ -45,7 +44,7 @@ def add_user_routes(app: FastAPI, service: Any, settings: ServerSettings) -> Non
         engine = service.engine_for(uid)
         row = await service.call(engine.get_knowledge, clean_item_id(entry_id, "entry_id"))
         if row is not None and not scope.owns(row["owner_id"]):  # as PATCH and DELETE answer
-            raise ApiError(403, "forbidden", f"entry {entry_id} belongs to another tenant")
+            row = None
         if row is not None and row["owner_kind"] == "assistant":
             user = await service.call(engine.store.user_row, uid)
             if user is not None and user["assistant_id"] == row["owner_id"]:
