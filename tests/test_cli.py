@@ -608,6 +608,11 @@ class _FakeOpenAI(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        if "PLEASE 503" in last:  # the server failing (retried, then an outage)
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         text = json.dumps({"echo": len(last)})
         data = json.dumps(
             {
@@ -668,6 +673,17 @@ def test_chat_with_an_openai_compatible_backend(tmp_path, fake_llm):
     assert p.returncode == 1 and "the LLM failed" in p.stderr, p.stderr
     assert "assistant> fake answer" in p.stdout  # the next message was still answered
     assert [r[0] for r in store_pages(store)].count("other") == 1  # only the answered one
+    # an LLM that cannot be used for one message (an outage: 503 after the retries) is that
+    # message's error: the session went on neither with -m's next message nor interactively
+    config.write_text(
+        config.read_text() + "[llm.options]\nmax_retries = 0\nbreaker_cooldown_s = 0\n"
+    )
+    p = cli("chat", "--config", config, "--user", "other", "-m", "PLEASE 503", "-m", "hi")
+    assert p.returncode == 1 and "error: " in p.stderr and "503" in p.stderr, p.stderr
+    assert p.stdout.count("assistant> fake answer") == 1, p.stdout
+    p = cli("chat", "--config", config, "--user", "other", input="PLEASE 503\nhello\n/quit\n")
+    assert p.returncode == 0 and p.stdout.count("assistant> fake answer") == 1, p.stderr
+    assert "503" in p.stderr
 
 
 def test_config_precedence_in_process(tmp_path, monkeypatch):

@@ -151,11 +151,22 @@ def test_null_content_is_an_empty_answer(server: FakeServer) -> None:
     assert r.error is None and r.text == ""
 
 
-def test_a_body_nested_too_deep_is_a_per_request_error(server: FakeServer) -> None:
-    server.script = lambda n, b: (200, {}, "[" * 100_000, 0)
+@pytest.mark.parametrize("raw", ["[" * 100_000, "<html><body>502 Bad Gateway</body></html>"])
+def test_a_non_json_200_fails_its_request_and_a_batch_of_them_is_an_outage(
+    server: FakeServer, raw: str
+) -> None:
+    """A body that is not JSON (nested too deep, an HTML error page) is the server's failure,
+    not the model's answer: alone in a batch of good answers it is that request's error, but a
+    batch whose every request got one (a web UI or a proxy's error page at base_url) raised
+    nothing, and every page of it was stored with its fallback for good."""
+    good = ok_body('{"topic": "tea"}')
+    server.script = lambda n, b: (200, {}, raw if "BAD" in str(b) else good, 0)
     with backend(server.url, max_retries=0) as b:
-        (r,) = b.generate([req("x")])
-    assert r.error is not None and "non-JSON" in r.error
+        res = b.generate([req("ok"), req("BAD")])
+        assert res[0].parsed == {"topic": "tea"}
+        assert res[1].error is not None and "non-JSON" in res[1].error
+        with pytest.raises(LLMBackendError, match="failed"):
+            b.generate([req("BAD 1"), req("BAD 2")])
 
 
 # ------------------------------------------------------------------ 2. a server that goes away
@@ -395,6 +406,10 @@ SERVER = {"base_url": "http://127.0.0.1:9", "model": "m"}
         ("openai", {**SERVER, "bogus": 1}, "the openai backend has no option 'bogus'"),
         ("openai", {**SERVER, "max_retries": -1}, "the openai backend refused .*max_retries"),
         ("openai", {**SERVER, "timeout_s": 0}, "the openai backend refused .*timeout_s"),
+        # a config file's string where a number goes: named, not "'>' not supported between"
+        ("openai", {**SERVER, "timeout_s": "3"}, "timeout_s must be a number, got '3'"),
+        ("openai", {**SERVER, "max_retries": "2"}, "max_retries must be a number, got '2'"),
+        ("openai", {**SERVER, "max_concurrency": True}, "max_concurrency must be a number"),
         ("openai", {**SERVER, "base_url": "h:1"}, "the openai backend refused .*http://"),
         ("openai", {"model": "m"}, "the openai backend needs the option 'base_url'"),
         ("vllm", {}, "the vllm backend needs the option 'model'"),

@@ -159,12 +159,21 @@ def chat(
         click.echo(_LLM_HELP, err=True)
         ctx.exit(EXIT_USAGE)
     _require_chat_store(store)
+    from memoryos_gpu.embed.base import EmbeddingError
+    from memoryos_gpu.llm.base import LLMBackendError
+
     engine = make_engine(cfg)
     try:
 
         def answer(text: str) -> bool:
-            """Print the answer to ``text``; whether it was remembered."""
-            r = engine.respond(user_id, text)  # a new user is answered from empty memory
+            """Print the answer to ``text``; whether it was remembered. An LLM (or embedding
+            server) that cannot be used now is this message's error, not the session's end:
+            the session reads on, ``-m`` sends its other messages (and exits 1)."""
+            try:
+                r = engine.respond(user_id, text)  # a new user is answered from empty memory
+            except (LLMBackendError, EmbeddingError) as exc:
+                click.echo(f"error: {exc}", err=True)
+                return False
             if show_memory:  # what the answer was generated from, as `retrieve` shows it
                 print_retrieval(r.retrieval)
             if r.error:  # a failed generation (no text) or an answer too long to keep

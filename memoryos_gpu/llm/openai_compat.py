@@ -166,6 +166,15 @@ class _ConnectFailed(Exception):
         self.kind, self.detail = kind, detail
 
 
+def _check_numbers(**options: Any) -> None:
+    """ValueError naming the first numeric option that is not a number (None: not given):
+    ``timeout_s = "3"`` in a config file failed a comparison and said only "'>' not supported
+    between instances of 'str' and 'int'"."""
+    for name, value in options.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+
+
 class OpenAICompatBackend(LLMBackend):
     name = "openai"
 
@@ -189,6 +198,16 @@ class OpenAICompatBackend(LLMBackend):
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__()
+        _check_numbers(
+            max_concurrency=max_concurrency,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_base_s=backoff_base_s,
+            backoff_max_s=backoff_max_s,
+            max_retry_after_s=max_retry_after_s,
+            connect_timeout_s=connect_timeout_s,
+            breaker_cooldown_s=breaker_cooldown_s,
+        )
         if response_format_style not in STYLES:
             raise ValueError(
                 f"response_format_style must be one of {STYLES}, got {response_format_style!r}"
@@ -522,7 +541,10 @@ class OpenAICompatBackend(LLMBackend):
                             self.stats.add(retries=1)
                             await asyncio.sleep(self._backoff(attempt - 1, None))
                             continue
-                        return ChatResult.failed(last_error), False
+                        # the server's failure, not the model's answer: an HTML error page or
+                        # a web UI at base_url answers every request so, and taken as answers
+                        # the whole batch was stored as fallbacks for good
+                        return ChatResult.failed(last_error), True
                     self._contacted = True
                     return self._result(req, data, content), False
                 err = parse_error(content)
