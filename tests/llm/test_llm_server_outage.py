@@ -85,8 +85,10 @@ def stage_answer(n: int, body: dict) -> Reply:
         failing(503),
         failing(429, {"Retry-After": "0"}),
         lambda n, body: (200, {}, ok_body("late"), 1.0),  # past timeout_s: a hung model
+        # a 200 that is not JSON: a proxy's error page or a web UI at base_url, not the model
+        lambda n, body: (200, {}, "<html>gateway</html>", 0),
     ],
-    ids=["500", "502", "503", "429", "timeout"],
+    ids=["500", "502", "503", "429", "timeout", "non-json"],
 )
 def test_a_batch_the_server_fails_entirely_raises_and_opens_the_breaker(
     server: FakeServer, script: Any
@@ -137,11 +139,10 @@ def test_server_failures_among_answers_stay_each_requests_own(server: FakeServer
     [
         failing(400),
         failing(422),
-        lambda n, body: (200, {}, "<html>gateway</html>", 0),  # a malformed answer
         lambda n, body: (200, {}, {"choices": [{"message": {"content": 42}}]}, 0),
         lambda n, body: failing(400 if body["messages"][0]["content"] == "q0" else 500)(n, body),
     ],
-    ids=["400", "422", "non-json", "bad-shape", "400-and-500s"],
+    ids=["400", "422", "bad-shape", "400-and-500s"],
 )
 def test_client_errors_and_malformed_answers_are_each_requests_own(
     server: FakeServer, script: Any
