@@ -171,6 +171,25 @@ def test_postgres_shards_write_side_by_side_and_keep_others_out(tmp_path: Path) 
 
 
 # ====================================================================== SQLite details
+def test_a_reader_beside_an_engine_cannot_write(tmp_path: Path) -> None:
+    """``writer=False`` said "must not write" and let a program write: its delete_user beside
+    a running engine succeeded, and the engine's next add for the user failed (FOREIGN KEY)."""
+    import sqlite3
+
+    store = str(tmp_path / "s")
+    with MemoryEngine(EngineConfig(store=store, embedder="hashing")) as e:
+        e.add("u", "hello there")
+        reader = open_store(store, writer=False)
+        try:
+            with pytest.raises(sqlite3.OperationalError, match="readonly"):
+                reader.delete_user("u")
+            assert reader.query("SELECT COUNT(*) FROM pages WHERE user_id = 'u'") == [(1,)]
+        finally:
+            reader.close()
+        e.add("u", "and again")  # the engine's memory and its store still agree
+        assert [p.user_input for p in e.retrieve("u", "hello").stm] == ["hello there", "and again"]
+
+
 def test_sqlite_lock_file_and_its_record(tmp_path: Path) -> None:
     store = open_store(str(tmp_path / "s"))
     path = lock_path(tmp_path / "s" / "memory.sqlite3")

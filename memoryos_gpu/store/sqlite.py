@@ -86,7 +86,8 @@ class SQLiteStore(StoreReads, SQLiteErasure):
     ``writer`` (default): claim the store for this object until :meth:`close`, so no other
     writer opens it meanwhile (:mod:`memoryos_gpu.store.writer`); a second claim raises
     :class:`~memoryos_gpu.store.writer.StoreLockedError` naming the holder. ``writer=False``
-    is for tools that only read: they open beside a writer (and must not write).
+    is for tools that only read: they open beside a writer, and SQLite refuses a write
+    through them (``PRAGMA query_only``: "attempt to write a readonly database").
 
     What only reads (queries, the streaming loads of a reopen, history, export) is
     :class:`~memoryos_gpu.store.reads.StoreReads`, which this class inherits.
@@ -167,6 +168,10 @@ class SQLiteStore(StoreReads, SQLiteErasure):
                     f"{self.path} is not a usable memoryos-gpu store: {exc}"
                 ) from exc
             raise
+        if not writer:
+            # "must not write", enforced: a write through a reader beside a running engine
+            # (a program's delete_user) left that engine's memory and the store disagreeing
+            self._db.execute("PRAGMA query_only = ON")
         if self._writer is not None:  # the writer's commits leave checkpoints to a thread
             try:
                 db, _ = connect(
