@@ -18,6 +18,7 @@ from .options import (
     engine_options,
     handle_errors,
     make_engine,
+    option_flag,
     options_of,
 )
 from .output import (
@@ -174,7 +175,7 @@ def _bench_group_options(ctx: click.Context) -> EngineOptions:
     numbers depend on it). The LLM API key is let through: it may come from the environment."""
     group = ctx.obj if isinstance(ctx.obj, EngineOptions) else EngineOptions()
     unused = [
-        f"--{name.replace('_', '-')}"
+        option_flag(name)
         for name, value in vars(group).items()
         if value is not None and name not in ("device", "llm_api_key")
     ]
@@ -184,9 +185,7 @@ def _bench_group_options(ctx: click.Context) -> EngineOptions:
 
 
 #: the engine options' flags (the group's; bench takes only --device of them)
-_ENGINE_FLAGS = frozenset(
-    f"--{f.name.replace('_', '-')}" for f in fields(EngineOptions) if f.name != "device"
-)
+_ENGINE_FLAGS = frozenset(option_flag(f.name) for f in fields(EngineOptions) if f.name != "device")
 
 
 def _bench_batch(batch: int | None, users: int) -> int:

@@ -80,8 +80,13 @@ class EngineOptions:
         for f in fields(self):
             value = getattr(self, f.name)
             if value is not None and f.name not in ("store", "llm_api_key"):
-                out += [f"--{f.name.replace('_', '-')}", str(value)]
+                out += [option_flag(f.name), str(value)]
         return out
+
+
+def option_flag(name: str) -> str:
+    """An :class:`EngineOptions` field's command-line flag (``llm_mode`` -> ``--llm-mode``)."""
+    return f"--{name.replace('_', '-')}"
 
 
 _ENGINE_OPTIONS: list[Callable[[Callable], Callable]] = [

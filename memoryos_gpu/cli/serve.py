@@ -16,6 +16,7 @@ from .options import (
     build_config,
     engine_options,
     handle_errors,
+    option_flag,
     options_of,
     quiet_model_loading,
     resolve_store,
@@ -232,7 +233,7 @@ def _flags_given(group: click.Context | None) -> list[str]:
     if group is None:
         return []
     return [
-        f"--{f.name.replace('_', '-')}"
+        option_flag(f.name)
         for f in fields(EngineOptions)
         if group.get_parameter_source(f.name) is ParameterSource.COMMANDLINE
     ]

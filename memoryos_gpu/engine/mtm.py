@@ -508,7 +508,7 @@ class Segments:
         if unknown:
             chain_of.update(
                 select_in(
-                    db,
+                    lambda sql, params: db.execute(sql, params).fetchall(),
                     "SELECT page_id, COALESCE(chain_id, page_id) FROM pages WHERE page_id IN",
                     unknown,
                 )

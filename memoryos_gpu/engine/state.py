@@ -32,7 +32,7 @@ from memoryos_gpu.errors import EngineClosedError, UnknownUserError
 from memoryos_gpu.page_views import PageViews
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
 from memoryos_gpu.store import SQLiteStore
-from memoryos_gpu.store.rows import id_chunks
+from memoryos_gpu.store.rows import select_in
 from memoryos_gpu.store.sqlite import Durability
 from memoryos_gpu.text.keywords import KeywordExtractor, hash_keyword
 from memoryos_gpu.text.vocabulary import UserVocabulary
@@ -387,26 +387,16 @@ def still_pending(store: SQLiteStore, work_ids: Sequence[int]) -> np.ndarray:
     """Which pending rows (by work id) the store still holds: deleting a page or a user
     deletes its rows, so a row gone means the work is no longer owed. One query per 500 ids."""
     ids = [int(w) for w in work_ids]
-    live = {r[0] for r in _pending_rows(store, "work_id", "", ids)}
+    sql = "SELECT work_id FROM pending WHERE work_id IN"
+    live = {r[0] for r in select_in(store.query, sql, ids)}
     return np.fromiter((w in live for w in ids), bool, len(ids))
-
-
-def _pending_rows(store: SQLiteStore, columns: str, where: str, work_ids: list[int]) -> list:
-    """``columns`` of the pending rows of ``work_ids`` (``where``: more conditions, ending in
-    ``AND``), one query per chunk of ids (:func:`~memoryos_gpu.store.rows.id_chunks`)."""
-    rows: list = []
-    for chunk in id_chunks(work_ids):
-        marks = ",".join("?" * len(chunk))
-        rows += store.query(
-            f"SELECT {columns} FROM pending WHERE {where} work_id IN ({marks})", chunk
-        )
-    return rows
 
 
 def pending_clocks(store: SQLiteStore, work_ids: Sequence[int]) -> dict[int, float]:
     """The clock each pending page row was stamped with when its page left STM (by work id;
     rows of older versions have none and are left out). One query per 500 ids."""
-    return dict(_pending_rows(store, "work_id, clock", "clock IS NOT NULL AND", list(work_ids)))
+    sql = "SELECT work_id, clock FROM pending WHERE clock IS NOT NULL AND work_id IN"
+    return dict(select_in(store.query, sql, work_ids))
 
 
 def pending_left(state: EngineState, work_ids: Sequence[int], read_edits: int) -> np.ndarray:

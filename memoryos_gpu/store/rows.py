@@ -10,7 +10,7 @@ bulk (``blob_matrix``) outside the store class, and the store's read side
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -106,12 +106,15 @@ def json_dict(text: str | None) -> dict[str, Any]:
     return json.loads(text) if text and text != "{}" else {}  # most pages: no decode
 
 
-def select_in(db: Any, select: str, ids: Sequence[Any]) -> list[tuple]:
-    """The rows of ``select`` (ending in ``IN``) over ``ids``, one statement per chunk."""
+def select_in(
+    run: Callable[[str, list[int]], list[tuple]], select: str, ids: Sequence[int]
+) -> list[tuple]:
+    """The rows of ``select`` (ending in ``IN``) over ``ids``, one statement per chunk of
+    :func:`id_chunks`; ``run(sql, params)`` runs one (``store.query``, or a transaction's
+    ``execute(...).fetchall()``)."""
     rows: list[tuple] = []
-    for i in range(0, len(ids), 500):
-        chunk = list(ids[i : i + 500])
-        rows += db.execute(f"{select} ({','.join('?' * len(chunk))})", chunk).fetchall()
+    for chunk in id_chunks(ids):
+        rows += run(f"{select} ({','.join('?' * len(chunk))})", chunk)
     return rows
 
 
