@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memoryos_gpu.store.rows import audit_owner
+from memoryos_gpu.store.rows import audit_owner, id_chunks, select_in
 
 KNOWLEDGE = "knowledge"
 PROFILE = "profile"
@@ -49,18 +49,16 @@ class Forgotten:
     owners: list[tuple[int, str]] = field(default_factory=list)  # (entry, its audit owner)
 
 
-def _chunks(ids: Iterable[int], size: int = 500) -> list[list[int]]:
-    ints = sorted({int(i) for i in ids})
-    return [ints[i : i + size] for i in range(0, len(ints), size)]
+def _chunks(ids: Iterable[int]) -> list[list[int]]:
+    """The distinct ids, ascending, in :func:`~memoryos_gpu.store.rows.id_chunks`."""
+    return id_chunks(sorted({int(i) for i in ids}))
 
 
-def _ids_in(db: Any, select_in: str, ids: Iterable[int]) -> set[int]:
-    """The first column, as ints, of ``select_in (?, ?, ...)`` over ``ids`` in chunks."""
-    out: set[int] = set()
-    for chunk in _chunks(ids):
-        rows = db.execute(f"{select_in} ({_marks(chunk)})", chunk).fetchall()
-        out.update(int(r[0]) for r in rows)
-    return out
+def _ids_in(db: Any, select: str, ids: Iterable[int]) -> set[int]:
+    """The first column, as ints, of ``select`` (ending in ``IN``) over the distinct ``ids``."""
+    ids = sorted({int(i) for i in ids})
+    rows = select_in(lambda sql, params: db.execute(sql, params).fetchall(), select, ids)
+    return {int(r[0]) for r in rows}
 
 
 def _marks(chunk: Sequence[Any]) -> str:
