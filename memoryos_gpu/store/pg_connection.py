@@ -7,8 +7,9 @@ wait without limit on a server that has stopped answering.
 * :class:`WatchedConnection` gives up on a server that sends nothing for longer than the
   connections' ``statement_timeout`` allows (:class:`StatementLimit`, :data:`NO_ANSWER_MARGIN`), and
   :data:`KEEPALIVES` bound how long a dead server or a cut network goes unnoticed;
-* the pool's hooks: :func:`check_connection`, :func:`set_limit`, and
-  :func:`noting_failures` (why the pool last failed to open a connection).
+* the pool's hooks: :func:`check_connection`, :func:`configure_connection` (a store's
+  :class:`StatementLimit`, and a reader's read-only session), and :func:`noting_failures` (why
+  the pool last failed to open a connection).
 
 Why a module of its own: none of it needs the store class
 (:class:`~memoryos_gpu.store.postgres.PostgresStore`), which opens its pool with these, names
@@ -171,8 +172,32 @@ class PgCursor:
 
 
 def set_limit(conn: Any, *, limit: StatementLimit) -> None:
-    """The pool's ``configure``: a new connection gets its store's :class:`StatementLimit`."""
+    """A new connection gets its store's :class:`StatementLimit`."""
     conn._limit = limit
+
+
+#: What makes a session's transactions read-only by default (``default_transaction_read_only``):
+#: a write then fails with ``ReadOnlySqlTransaction`` (SQLSTATE 25006), "cannot execute DELETE
+#: in a read-only transaction"; reads, and advisory locks, are not affected. Only an explicit
+#: ``BEGIN READ WRITE`` (or ``SET``) undoes it, which a reader's code sends only to migrate an
+#: older store at open.
+READ_ONLY_SESSION = "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY"
+
+
+def configure_connection(conn: Any, *, limit: StatementLimit, read_only: bool = False) -> None:
+    """The pool's ``configure``, run once on each new connection before the pool lends it: the
+    store's :class:`StatementLimit` (:func:`set_limit`), and for a store opened as a reader
+    (``read_only``) a read-only session (:data:`READ_ONLY_SESSION`, one round trip), so that no
+    pooled connection of a reader can write, as SQLite's ``PRAGMA query_only`` does for its
+    readers. Why a statement here and not the URL's ``options=-cdefault_transaction_read_only=on``:
+    a connection's ``options`` replace the URL's own (its ``search_path``) and ``$PGOPTIONS``.
+    The pool's connections are autocommit, so the session stays idle, as the pool requires.
+    psycopg_pool resets a returned connection only by rolling back an open transaction (no
+    ``RESET ALL``: this store passes no ``reset``), so the setting lasts as long as the
+    connection."""
+    set_limit(conn, limit=limit)
+    if read_only:
+        conn.execute(READ_ONLY_SESSION)
 
 
 def check_connection(conn: Any) -> None:

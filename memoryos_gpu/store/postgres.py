@@ -30,7 +30,10 @@ reached or dropped the connection, a "statement timed out" StoreError for ``stat
 ``tcp_user_timeout`` (:data:`KEEPALIVES`) so that a dead server or a cut network is noticed,
 and a call gives up on a server that sends nothing for longer than its ``statement_timeout``
 allows (:class:`WatchedConnection`: a stopped or stuck backend, a hung host, which TCP cannot tell
-from a slow statement), so that no call waits without limit.
+from a slow statement), so that no call waits without limit. A store opened with
+``writer=False`` refuses writes, as SQLite's readers do: its pooled connections run read-only
+transactions (:func:`~memoryos_gpu.store.pg_connection.configure_connection`), and a write
+through it is a StoreError saying the store was opened read-only.
 """
 
 from __future__ import annotations
@@ -63,9 +66,9 @@ from memoryos_gpu.store.pg_connection import (
     StatementLimit,
     WatchedConnection,
     check_connection,
+    configure_connection,
     milliseconds,
     noting_failures,
-    set_limit,
 )
 from memoryos_gpu.store.pg_urls import check_url, credentials_end, redact
 from memoryos_gpu.store.sqlite import ID_COLUMNS, Durability, SQLiteStore
@@ -92,6 +95,15 @@ class PostgresStore(SQLiteStore):
     with SQLite; reads from other threads do not wait for them (they see committed data).
     Several processes may open the same database: the schema is created or migrated under an
     advisory lock, and each accepted batch is one transaction.
+
+    ``writer=False`` (tools that only read, beside a running engine): no writer claim, no store
+    created in an empty database, and no write accepted: every pooled connection's session is
+    read-only (``SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY``), so the server refuses
+    a write (``delete_user``, ``set_meta``, a ``query`` that writes) and the caller gets a
+    :class:`StoreError` saying the store was opened read-only, where SQLite's ``PRAGMA
+    query_only`` says "attempt to write a readonly database". Like a SQLite reader, one that
+    opens an older store migrates it first (the tools that only read must open a store an older
+    memoryos-gpu wrote): only those transactions are ``BEGIN READ WRITE``.
     """
 
     _DIALECT = "PostgreSQL"
@@ -120,6 +132,8 @@ class PostgresStore(SQLiteStore):
         self._tx: PgConnection | None = None
         self._tx_owner: int | None = None
         self._reader = not writer
+        #: True while a reader migrates an older store at open (its only writes)
+        self._migrating = False
         given = check_url(url)
         end = credentials_end(url) or 0
         auth = url[url.find("://") + 3 : end] if end > 0 else ""
@@ -173,7 +187,8 @@ class PostgresStore(SQLiteStore):
             max_size=max(2, pool_size),  # opening holds one for the lock, one to work
             kwargs={"autocommit": True, **self.connect_kwargs},
             connection_class=noting_failures(self._connect_failures),
-            configure=functools.partial(set_limit, limit=limit),
+            # each connection gets the store's limit; a reader's, a read-only session
+            configure=functools.partial(configure_connection, limit=limit, read_only=not writer),
             name="memoryos-gpu",
             timeout=30.0,
             open=False,
@@ -269,6 +284,12 @@ class PostgresStore(SQLiteStore):
         if not isinstance(exc, psycopg.Error):
             return None
         text = self._clean(exc)
+        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) and self._reader:
+            return StoreError(
+                f"store {self.path} was opened read-only (writer=False) and refuses writes "
+                f"({text}): write through the engine that holds the store, or open it as its "
+                "writer"
+            )
         if isinstance(exc, psycopg.errors.DiskFull):
             return StoreFullError.met(self.path, text)
         if isinstance(exc, psycopg.errors.QueryCanceled):
@@ -337,9 +358,13 @@ class PostgresStore(SQLiteStore):
         try:
             with self._pool.connection() as lock:
                 lock.execute("SELECT pg_advisory_lock(%s)", (_MIGRATE_LOCK,))
+                # a reader's sessions are read-only: its migration, as a SQLite reader's (run
+                # before its query_only), writes in READ WRITE transactions (transaction())
+                self._migrating = self._reader
                 try:
                     super()._migrate()
                 finally:
+                    self._migrating = False
                     with suppress(psycopg.Error):
                         lock.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
         finally:
@@ -404,7 +429,7 @@ class PostgresStore(SQLiteStore):
             with self._failures():
                 conn = self._getconn()
                 try:
-                    conn.execute("BEGIN")
+                    conn.execute("BEGIN READ WRITE" if self._migrating else "BEGIN")
                     if durability == "none":
                         conn.execute("SET LOCAL synchronous_commit TO OFF")
                     tx = PgConnection(conn)
