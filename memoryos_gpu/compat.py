@@ -34,7 +34,14 @@ Differences a user should know (docs/migrating-from-memoryos.md walks through th
   engine's ``llm.max_tokens`` (256 by default, not the reference's 1500): one longer than those
   tokens can hold is such a failure too, as the HTTP ``respond`` route refuses it.
 * Timestamps print as given: a naive one is local time (as the reference's clock is), the
-  default is now; see :mod:`memoryos_gpu.reference`. Epoch seconds and ISO-8601 are accepted too.
+  default is now; see :mod:`memoryos_gpu.reference`. Epoch seconds and ISO-8601 are accepted too;
+  one that does not parse raises :class:`~memoryos_gpu.engine.InvalidInputError` (a
+  ``ValueError``). ``meta_data`` is kept with the page (the reference ignores it), so it must be
+  a dict (a JSON object) or None: anything else raises that error too, naming ``meta_data``.
+* ``assistant_id`` left out is the reference's ``"default_assistant_profile"`` for a new user,
+  and the user's stored assistant for one the folder holds (filed under another assistant by
+  the MCP server, the HTTP API or the mem0 API, say); an ``assistant_id`` given explicitly
+  must be that user's (``ValueError`` otherwise: a user keeps one assistant).
 * The reference's JSON files are not read.
 """
 
@@ -46,11 +53,12 @@ import math
 import os
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from memoryos_gpu import prompts
 from memoryos_gpu.config import EngineConfig, MemoryConfig
-from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.engine import InvalidInputError, MemoryEngine
 from memoryos_gpu.engine.responses import too_long
 from memoryos_gpu.errors import EngineClosedError, MemoryOSError, UnknownUserError
 from memoryos_gpu.llm.base import LLMBackendError
@@ -65,6 +73,7 @@ from memoryos_gpu.reference import (
     stamp,
     user_meta,
 )
+from memoryos_gpu.types import PageInput
 
 __all__ = ["Memoryos", "close_all"]
 
@@ -90,6 +99,19 @@ def _llm_help(llm_backend: str | None) -> str:
         "get_response needs an LLM, and this Memoryos runs LLM-free (no openai_api_key, "
         f"openai_base_url or llm_backend was given). {_LLM_HOW}"
     )
+
+
+class _DefaultAssistant(str):
+    """The type of ``Memoryos``'s ``assistant_id`` default: the reference's text (so the
+    signature and ``help()`` show ``'default_assistant_profile'``), told apart by identity from
+    the same text passed explicitly. Left out, the facade takes the user's stored assistant
+    (a user the mem0 API filed under ``'default'`` opens with the defaults); named, it must be
+    the user's."""
+
+    __slots__ = ()
+
+
+_DEFAULT_ASSISTANT = _DefaultAssistant(DEFAULT_ASSISTANT_ID)
 
 
 # one engine per storage folder: {abs path: [engine, open facades]}
@@ -124,7 +146,7 @@ class Memoryos:
         openai_api_key: str | None = None,
         data_storage_path: str = "./memoryos_data",
         openai_base_url: str | None = None,
-        assistant_id: str = DEFAULT_ASSISTANT_ID,
+        assistant_id: str = _DEFAULT_ASSISTANT,
         short_term_capacity: int = 10,
         mid_term_capacity: int = 2000,
         long_term_knowledge_capacity: int = 100,
@@ -146,6 +168,13 @@ class Memoryos:
         if not isinstance(user_id, str) or not user_id.strip():
             raise ValueError("user_id must be a non-empty string")
         backend_obj = None if llm_backend is None or isinstance(llm_backend, str) else llm_backend
+        # left out (None and "" too, as in config.json): the stored user's assistant, else the
+        # reference's default; named: that one, refused if the user has another
+        self._assistant_named = assistant_id not in (None, "") and (
+            assistant_id is not _DEFAULT_ASSISTANT
+        )
+        if not self._assistant_named:
+            assistant_id = DEFAULT_ASSISTANT_ID  # a plain str from here on
         s = settings(
             {
                 "user_id": user_id,
@@ -225,14 +254,29 @@ class Memoryos:
             return engine
 
     def _check_assistant(self, engine: MemoryEngine) -> None:
-        """ValueError if the folder holds this user with another assistant: a user's
-        assistant is fixed when the user is first stored, so the facade's would be ignored."""
+        """For a user the folder holds: take its assistant when ``assistant_id`` was left out;
+        ValueError when another one was named (a user's assistant is fixed when the user is
+        first stored, so the named one would be ignored)."""
         user = engine._users.get(self.user_id)
-        if user is not None and user.assistant_id != self.assistant_id:
-            raise ValueError(
-                f"user {self.user_id!r} is stored in {self.data_storage_path} with assistant_id "
-                f"{user.assistant_id!r}, not {self.assistant_id!r}; a user keeps one assistant"
-            )
+        if user is None or user.assistant_id == self.assistant_id:
+            return
+        if not self._assistant_named:
+            self.assistant_id = user.assistant_id
+            return
+        raise ValueError(
+            f"user {self.user_id!r} is stored in {self.data_storage_path} with assistant_id "
+            f"{user.assistant_id!r}, not {self.assistant_id!r}; a user keeps one assistant "
+            "(leave assistant_id out to use the stored one)"
+        )
+
+    def _assistant(self) -> str:
+        """This facade's assistant now: when ``assistant_id`` was left out, the user's stored
+        one (another way in may have filed the user since this facade opened)."""
+        if not self._assistant_named:
+            user = self.engine._users.get(self.user_id)
+            if user is not None:
+                self.assistant_id = user.assistant_id
+        return self.assistant_id
 
     def close(self) -> None:
         """Release this facade; the shared engine closes with the last one of its folder."""
@@ -272,21 +316,37 @@ class Memoryos:
         """Remember one exchange; returns its page id. As in the reference, when the call
         returns the page is stored and what it evicted from STM is in MTM (promotions included),
         unless the LLM failed: then that derived work stays pending and a later call retries it.
+
+        A ``timestamp`` that does not parse, or a ``meta_data`` that is not a dict (a JSON
+        object) or None, raises :class:`~memoryos_gpu.engine.InvalidInputError` (a
+        ``ValueError``) naming the argument. The reference ignores ``meta_data``; here it is
+        kept with the page (``meta_info`` of :meth:`retrieve_context`'s pages), so a value that
+        cannot be kept is refused rather than dropped.
         """
         self._check_open()
         try:
             # "" is now, as in the reference (its `timestamp or now`); 0 is the epoch
             epoch, kept = read_timestamp(None if timestamp == "" else timestamp)
         except ValueError as exc:
-            raise MemoryOSError(f"timestamp: {exc}") from None
-        result = self.engine.add(
-            self.user_id,
-            user_input,
-            agent_response if agent_response is not None else "",
-            timestamp=epoch,
-            assistant_id=self.assistant_id,
-            meta=user_meta(meta_data, kept),
+            hint = _TIMESTAMP_HINT if "expected ISO-8601" in str(exc) else ""
+            raise InvalidInputError(f"timestamp: {exc}{hint}") from None
+        meta = user_meta(_checked_meta_data(meta_data), kept)
+        named = self._assistant_named
+        (result,) = self.engine.add_many(
+            [
+                PageInput(
+                    self.user_id,
+                    user_input,
+                    agent_response if agent_response is not None else "",
+                    epoch,
+                    # left out: the user's own (a new user's is the reference's default)
+                    assistant_id=self.assistant_id if named else None,
+                    meta=meta,
+                    default_assistant=None if named else DEFAULT_ASSISTANT_ID,
+                )
+            ]
         )
+        self._assistant()
         self._process()
         return result.page_id
 
@@ -397,7 +457,7 @@ class Memoryos:
             profile,
             user_facts,
             assistant_facts,
-            self.assistant_id,
+            self._assistant(),
             now=stamp(),
             extra_instructions="\n".join(extra),
         )
@@ -474,7 +534,7 @@ class Memoryos:
 
     # ------------------------------------------------------------------ helpers
     def _assistant_entries(self) -> list[dict[str, str]]:
-        rows = self.engine.store.owner_knowledge("assistant", self.assistant_id)
+        rows = self.engine.store.owner_knowledge("assistant", self._assistant())
         return [{"knowledge": e["text"], "timestamp": stamp(e["created"])} for e in rows]
 
     def _knowledge_created(self) -> dict[int, float]:
@@ -486,6 +546,25 @@ class Memoryos:
             f"<Memoryos user_id={self.user_id!r} assistant_id={self.assistant_id!r} "
             f"data_path={self.data_storage_path!r} mode={self.engine.stages.mode!r}>"
         )
+
+
+# what a refused timestamp's message adds: the forms migrating code passes most
+_TIMESTAMP_HINT = (
+    " (the reference's own 'YYYY-MM-DD HH:MM:SS', local time, is accepted; leave timestamp "
+    "out for now)"
+)
+
+
+def _checked_meta_data(meta_data: Any) -> Mapping[str, Any] | None:
+    """``meta_data`` if it is a dict (any mapping) or None, else InvalidInputError naming it:
+    the page keeps it, and ``dict([1])`` failed with an error that named nothing."""
+    if meta_data is None or isinstance(meta_data, Mapping):
+        return meta_data
+    raise InvalidInputError(
+        f"meta_data must be a dict (a JSON object) or None, got {type(meta_data).__name__}; "
+        "it is kept with the page (the reference ignored it): wrap other values, e.g. "
+        "meta_data={'value': ...}"
+    )
 
 
 def _memory_differs(a: MemoryConfig, b: MemoryConfig) -> bool:
