@@ -59,6 +59,11 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "model": m.ErrorOut,
         "description": "The path is served, but not with this method (`method_not_allowed`).",
     },
+    408: {
+        "model": m.ErrorOut,
+        "description": "The body did not arrive within `body_timeout_s` (`body_timeout`): "
+        "nothing of the request was stored; the connection is closed.",
+    },
     413: {"model": m.ErrorOut, "description": "Body, text or batch over the limit."},
     415: {"model": m.ErrorOut, "description": "A body not sent as application/json."},
     422: {"model": m.ErrorOut, "description": "Malformed request."},
@@ -290,8 +295,8 @@ def _route_statuses(path: str, method: str, op: dict[str, Any]) -> None:
     """Fit the app-wide error statuses to one ``/v1`` operation, so that a generated client
     knows every status it can get and none it cannot: 404 where a user, page, entry or memory
     in the path may not exist (:data:`_NO_404` aside), 507 on the operations that write (any
-    but GET), the 500 ``partially_committed`` on those that add pages, and no 413 / 415 on
-    one without a body (nothing to be too large or of the wrong type)."""
+    but GET), the 500 ``partially_committed`` on those that add pages, and no 408 / 413 / 415
+    on one without a body (nothing to be late, too large or of the wrong type)."""
     responses = op["responses"]
     if "{" in path and op.get("operationId") not in _NO_404:
         responses.setdefault("404", _schema_response(_NOT_FOUND))
@@ -300,6 +305,7 @@ def _route_statuses(path: str, method: str, op: dict[str, Any]) -> None:
     if op.get("operationId") in _ADDS:
         responses.setdefault("500", _schema_response(_PARTIAL))
     if "requestBody" not in op:
+        responses.pop("408", None)
         responses.pop("413", None)
         responses.pop("415", None)
     op["responses"] = dict(sorted(responses.items()))

@@ -1,4 +1,4 @@
-"""The edge in front of the routes: one ASGI middleware for body limits, API-key
+"""The edge in front of the routes: one ASGI middleware for body limits (size, read time), API-key
 authentication and rate limits, latency metrics and the direct (hot) routes, and the one
 mapping from exceptions to error responses that both FastAPI's handlers and the direct routes
 use.
@@ -6,6 +6,7 @@ use.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -40,6 +41,22 @@ class _BodyTooLarge(ApiError):
         super().__init__(413, "too_large", f"the request body exceeds {limit} bytes")
 
 
+class _BodyTimeout(ApiError):
+    """408: the body did not arrive within ``body_timeout_s``. ``Connection: close`` (as RFC
+    9110 asks of a 408): the HTTP server closes the connection once the answer is out, so the
+    rest of the body is never read and a shutdown does not wait for it."""
+
+    def __init__(self, timeout: float, seen: int, length: int | None) -> None:
+        of = f" of {length}" if length is not None else ""
+        super().__init__(
+            408,
+            "body_timeout",
+            f"the request body did not arrive within {timeout:g} s ({seen}{of} bytes received); "
+            "nothing of the request was stored",
+            {"Connection": "close"},
+        )
+
+
 # ====================================================================== errors
 class ErrorMapper:
     """Exceptions -> error responses ``{"error": code, "detail": message}``: one mapping for
@@ -61,7 +78,12 @@ class ErrorMapper:
     #: The refusals a route raises (an admin key on a tenant's route, a text or batch over its
     #: limit, a key past its page or byte rate) as ``memoryos_rejected_total`` counts them:
     #: counted here, once, wherever they are raised.
-    _REJECTED: ClassVar[dict[int, str]] = {403: "forbidden", 413: "too_large", 429: "rate_limited"}
+    _REJECTED: ClassVar[dict[int, str]] = {
+        403: "forbidden",
+        408: "body_timeout",
+        413: "too_large",
+        429: "rate_limited",
+    }
     #: Seconds a client is told to wait when the store's server cannot be reached.
     STORE_RETRY_AFTER: ClassVar[int] = 5
     #: Seconds a client is told to wait when the embedding server fails (the embedder has
@@ -227,8 +249,9 @@ def _malformed(scope: dict, headers: Any, max_header_bytes: int) -> Refusal | No
 
 class Edge:
     """Pure ASGI middleware in front of the routes (cheaper than per-route dependencies):
-    body size limit (413), API-key authentication and rate limit of ``/v1`` (401 / 429),
-    request latency metrics, and the :class:`DirectRoute` s (``direct``, by last path part).
+    body size limit (413) and read timeout (408), API-key authentication and rate limit of
+    ``/v1`` (401 / 429), request latency metrics, and the :class:`DirectRoute` s (``direct``,
+    by last path part).
     ``routes``: the app's routes, to label the metrics of what the edge refuses itself."""
 
     def __init__(
@@ -357,9 +380,9 @@ class Edge:
             if self.direct is not None and scope["method"] == "POST":
                 hit = _direct_match(self.direct, scope)
                 if hit is not None:
-                    await self._serve_direct(*hit, auth, scope, receive, send, charge)
+                    await self._serve_direct(*hit, auth, scope, receive, send, length, charge)
                     return
-        await self.app(scope, self._limited(receive, charge), send)
+        await self.app(scope, self._limited(scope, receive, length, charge), send)
 
     async def _serve_direct(
         self,
@@ -369,11 +392,12 @@ class Edge:
         scope: dict,
         receive: Any,
         send: Any,
+        length: int | None = None,
         charge: str | None = None,
     ) -> None:
         scope["route"] = route  # as FastAPI sets it: the metrics label is route.path
         try:
-            body = await self._read_body(self._limited(receive, charge))
+            body = await self._read_body(self._limited(scope, receive, length, charge))
             content_type = next(
                 (v.decode("latin-1") for k, v in scope["headers"] if k == b"content-type"),
                 None,
@@ -386,20 +410,56 @@ class Edge:
             response = mapped
         await response(scope, receive, send)
 
-    def _limited(self, receive: Any, charge: str | None = None) -> Callable[[], Awaitable[dict]]:
-        """``receive`` that raises :class:`_BodyTooLarge` once the body passes the limit (a
-        body without Content-Length is counted as it is read) and, with ``charge`` (a key id),
-        charges the body's bytes to that key's byte rate once it is read (429 past it)."""
+    def _limited(
+        self, scope: dict, receive: Any, length: int | None, charge: str | None = None
+    ) -> Callable[[], Awaitable[dict]]:
+        """The one ``receive`` every route reads its body through (the direct routes'
+        :meth:`_read_body`, FastAPI's ``request.body()``), which:
+
+        * raises :class:`_BodyTooLarge` once the body passes the limit (a body without
+          Content-Length is counted as it is read);
+        * with ``charge`` (a key id), charges the body's bytes to that key's byte rate once it
+          is read (429 past it);
+        * raises :class:`_BodyTimeout` (408) when the whole body has not arrived
+          ``body_timeout_s`` after the request reached the edge. The whole body, not each gap
+          between chunks: a client trickling a byte a second would pass any gap timeout. Once
+          the body is complete (or the client gone), ``receive`` is passed through untimed: a
+          wait for the client's disconnect is no body read."""
         seen = 0
+        done = False
+        timeout = self.settings.body_timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout
 
         async def limited_receive() -> dict:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise _BodyTooLarge(self.limit)
-                if charge is not None and not msg.get("more_body", False):
+            nonlocal seen, done
+            if done:
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    msg = await receive()
+            except TimeoutError:
+                done = True
+                client = scope.get("client") or ("unknown", 0)
+                log.info(
+                    "%s %s from %s: the request body did not arrive within %g s (%d of %s "
+                    "bytes); answered 408 and closed the connection",
+                    scope.get("method"),
+                    scope.get("path"),
+                    client[0],
+                    timeout,
+                    seen,
+                    length if length is not None else "?",
+                )
+                raise _BodyTimeout(timeout, seen, length) from None
+            if msg["type"] != "http.request":  # http.disconnect: nothing more will come
+                done = True
+                return msg
+            seen += len(msg.get("body", b""))
+            if seen > self.limit:
+                raise _BodyTooLarge(self.limit)
+            if not msg.get("more_body", False):
+                done = True
+                if charge is not None:
                     refused = self.limits.body(charge, seen)
                     if refused is not None:
                         raise ApiError(*refused)

@@ -17,7 +17,8 @@ engine process's, read at scrape time.
 * ``memoryos_llm_calls_total``, ``memoryos_llm_tokens_total{kind}``,
   ``memoryos_llm_fallbacks_total``: LLM work of the engine's stages.
 * ``memoryos_engine_events_total{event}``: the engine's counters (pages added, retrievals, ...).
-* ``memoryos_rejected_total{reason}``: requests refused (auth, rate_limit, overload, too_large).
+* ``memoryos_rejected_total{reason}``: requests refused (auth, rate_limit, overload, too_large,
+  body_timeout, client_disconnect).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ class ServerMetrics:
         self.rejected = Counter(
             "memoryos_rejected_total",
             "Requests refused, by reason (unauthorized, forbidden, rate_limited, overloaded, "
-            "too_large, unavailable).",
+            "too_large, unavailable, body_timeout, client_disconnect).",
             ("reason",),
             registry=r,
         )

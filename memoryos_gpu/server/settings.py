@@ -134,6 +134,16 @@ class ServerSettings(BaseModel):
     max_batch_items: int = Field(
         1000, ge=1, le=MAX_BATCH, description="Pages or queries in one request."
     )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Seconds a request's whole body may take to arrive, counted from its "
+        "headers (408 past it, nothing of the request stored, the connection closed): a "
+        "client that stalls or trickles its upload holds no connection, request or shutdown "
+        "longer. Bounds the whole body, not the gap between two of its chunks, so a byte a "
+        "second cannot keep a request open either.",
+    )
     max_user_id_chars: int = Field(200, ge=1, le=240, description="Limit of a user id.")
     max_wait_timeout_s: float = Field(60.0, gt=0, le=3600, description="Cap of /wait timeouts.")
     # rate limits per API key (token buckets); 0 disables one; open mode is not rate limited
