@@ -72,7 +72,7 @@ def test_documented_bodies_and_query_strings_are_still_accepted(direct_routes: b
         assert r.status_code == 200 and len(r.json()["stm"]) == 4, r.text
         r = c.post("/v1/retrieve", json={"queries": [{"user_id": "v", **q}]})
         assert r.status_code == 200 and r.json()["results"][0]["known_user"], r.text
-        search = {"user_id": "u", "query": "at", "top_k": 2, "limit": 2, "threshold": -1}
+        search = {"user_id": "u", "query": "at", "top_k": 2, "limit": 2, "threshold": 0}
         r = c.post("/v1/mem0/search", json=search)  # a JSON integer for a float
         assert r.status_code == 200 and len(r.json()["results"]) == 2, r.text
         add = {"user_id": "w", "messages": "hi", "infer": False, "timestamp": 1_700_000_000}

@@ -20,7 +20,14 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["RESERVED_METADATA_KEYS", "SCOPE_KEYS", "compile_filter", "split_scope", "to_epoch"]
+__all__ = [
+    "RESERVED_METADATA_KEYS",
+    "SCOPE_KEYS",
+    "compile_filter",
+    "entity_id",
+    "split_scope",
+    "to_epoch",
+]
 
 SCOPE_KEYS = ("user_id", "agent_id", "run_id")
 _TIME_KEYS = ("created_at", "updated_at")
@@ -34,17 +41,45 @@ _MISSING = object()
 Predicate = Callable[[Mapping[str, Any]], bool]
 
 
+def entity_id(value: Any, name: str) -> str | None:
+    """A ``user_id`` / ``agent_id`` / ``run_id`` as mem0 reads one: None stays None, any other
+    value becomes its ``str()`` (an integer id is common: a database key), trimmed of
+    surrounding whitespace; empty, or with whitespace inside, is a ``ValueError`` naming
+    ``name``. So ``42`` and ``"42"``, ``" pad "`` and ``"pad"`` are one id each, as in mem0.
+
+    A boolean, bytes or a container is refused rather than turned into text: its ``str()``
+    (``"True"``, ``"b'x'"``, ``"[1]"``) is never the id a caller meant."""
+    if value is None:
+        return None
+    if isinstance(value, bool | bytes | bytearray | Mapping | list | tuple | set | frozenset):
+        raise ValueError(f"{name} must be a string or an integer id, got {type(value).__name__}")
+    text = value if isinstance(value, str) else str(value)
+    trimmed = text.strip()
+    if not trimmed:
+        raise ValueError(f"{name} must be a non-empty id, got {value!r}")
+    if any(c.isspace() for c in trimmed):
+        raise ValueError(f"{name} must not contain whitespace (mem0 refuses it too), got {value!r}")
+    return trimmed
+
+
+def _is_scope_value(value: Any) -> bool:
+    """Whether a scope key's filter value names an id (``"bob"``, ``42``), not an operator
+    dict or a list (those stay filters)."""
+    return value is not None and not isinstance(value, Mapping | list | tuple | set)
+
+
 def split_scope(filters: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``filters`` -> (the plain scope ids it names, everything else).
+    """``filters`` -> (the plain scope ids it names, read by :func:`entity_id`, everything
+    else).
 
     mem0 2 code often names the user inside a top-level ``AND`` (``{"AND": [{"user_id":
-    "bob"}, ...]}``): that plain string is the user too, since every clause of the ``AND``
+    "bob"}, ...]}``): that plain id is the user too, since every clause of the ``AND``
     must hold. One inside ``OR`` / ``NOT`` does not pin a user: with no user named where it
     may be, that is refused saying where ``user_id`` goes."""
     filters = dict(filters or {})
     if not all(isinstance(k, str) for k in filters):
         raise ValueError("filter keys must be strings")
-    scope = {k: filters.pop(k) for k in SCOPE_KEYS if isinstance(filters.get(k), str)}
+    scope = {k: entity_id(filters.pop(k), k) for k in SCOPE_KEYS if _is_scope_value(filters.get(k))}
     if "AND" in filters:
         filters["AND"], users = _lift_users(filters["AND"])
         for uid in users:
@@ -60,15 +95,15 @@ def split_scope(filters: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict
 
 
 def _lift_users(clauses: Any) -> tuple[Any, list[str]]:
-    """An ``AND``'s clauses without their plain ``user_id`` strings, and those ids (a clause
+    """An ``AND``'s clauses without their plain ``user_id`` ids, and those ids (a clause
     list of the wrong shape is left for :func:`compile_filter` to refuse)."""
     if not isinstance(clauses, list):
         return clauses, []
     kept, users = [], []
     for clause in clauses:
-        if isinstance(clause, Mapping) and isinstance(clause.get("user_id"), str):
+        if isinstance(clause, Mapping) and _is_scope_value(clause.get("user_id")):
             clause = dict(clause)
-            users.append(clause.pop("user_id"))
+            users.append(entity_id(clause.pop("user_id"), "user_id"))
         kept.append(clause)
     return kept, users
 

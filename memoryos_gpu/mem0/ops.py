@@ -9,7 +9,9 @@ update, delete, history) is here, once.
 Search ranks by cosine similarity, the score mem0 users know (its ``threshold`` applies to
 it): the candidates are what MemoryOS retrieves for the query (the top mid-term pages, the
 whole short-term memory, the user's and the assistant's top knowledge), scored against the
-query's embedding (a cache hit: the retrieval just embedded it) in one vectorised step.
+query's embedding (a cache hit: the retrieval just embedded the same text) in one vectorised
+step. A result is the item ``get`` gives for its id, with the score: its times and text are
+read from the store in a few batched queries per search, not one per result.
 """
 
 from __future__ import annotations
@@ -94,20 +96,25 @@ class Mem0Ops:
     def rank(
         self,
         retrieval: Retrieval,
-        query: str,
+        query: str | None = None,
         *,
         keep: Predicate,
         threshold: float | None,
         top_k: int,
+        explain: bool = False,
     ) -> list[dict[str, Any]]:
         """A retrieval's pages and knowledge as items scored by cosine with the query, best
-        first, filtered, at or above ``threshold``, at most ``top_k``. A page deleted since the
-        retrieval (which returned before this runs: no store snapshot spans both) is not a
-        result."""
+        first, filtered, at or above ``threshold``, at most ``top_k``; ``explain``: each with
+        mem0's ``score_details``. A page or knowledge entry deleted since the retrieval (which
+        returned before this runs: no store snapshot spans both) is not a result.
+
+        The query (default: the retrieval's) is embedded as the engine reads a query (NFC, a
+        lone surrogate as U+FFFD, as a page's text is stored): ``retrieval.query`` already is,
+        a caller's raw text is normalised first, which an embedder's tokenizer may refuse."""
         eng = self.engine
         uid = retrieval.user_id
         assistant = (eng.store.user_row(uid) or {}).get("assistant_id")
-        q = _unit(encode_checked(eng.embedder, [query]))[0]
+        q = _unit(encode_checked(eng.embedder, [_query_text(retrieval, query)]))[0]
         pages, page_scores = self._scored_pages([*retrieval.pages, *retrieval.stm], q)
         updated = eng.store.last_updates(uid, "page")
         scored = [
@@ -122,30 +129,42 @@ class Mem0Ops:
             )
             for p, sc in zip(pages, page_scores.tolist(), strict=True)
         ]
-        for owner, entries in (
-            (uid, retrieval.user_knowledge),
-            (None, retrieval.assistant_knowledge),
-        ):
-            scored += [
-                (
-                    float(e.score or 0.0),
-                    knowledge_item(
-                        e.entry_id,
-                        e.text,
-                        created=None,
-                        user_id=owner,
-                        assistant_id=assistant,
-                    ),
-                )
-                for e in entries
-            ]
+        scored += self._scored_knowledge(
+            assistant, [*retrieval.user_knowledge, *retrieval.assistant_knowledge]
+        )
         scored.sort(key=lambda si: -si[0])
         out = [
             public(item, sc)
             for sc, item in scored
             if (threshold is None or sc >= threshold) and keep(item)
-        ]
-        return out[:top_k]
+        ][:top_k]
+        if explain:
+            for item in out:
+                item["score_details"] = _score_details(item["score"], threshold)
+        return out
+
+    def _scored_knowledge(
+        self, assistant: str | None, entries: list[Any]
+    ) -> list[tuple[float, dict[str, Any]]]:
+        """Retrieved knowledge entries that are still live, each with its score and the item
+        ``get`` gives for it (its text, ``created_at`` and ``updated_at`` as stored): one
+        batched read of the rows, one of the edit times per owner."""
+        if not entries:
+            return []
+        store = self.engine.store
+        rows = store.knowledge_rows([e.entry_id for e in entries])
+        edits: dict[str, dict[int, float]] = {}
+        out = []
+        for e in entries:
+            row = rows.get(e.entry_id)
+            if row is None or not row["live"]:
+                continue
+            owner = _audit_owner(row)
+            if owner not in edits:
+                edits[owner] = store.last_updates(owner, "knowledge")
+            item = _knowledge_row_item(row, edits[owner].get(e.entry_id), assistant)
+            out.append((float(e.score or 0.0), item))
+        return out
 
     def _scored_pages(self, pages: list[Any], q: np.ndarray) -> tuple[list[Any], np.ndarray]:
         """The pages that are still stored, and their cosines with the unit query ``q``."""
@@ -235,6 +254,10 @@ class Mem0Ops:
         return len(users)
 
     # ------------------------------------------------------------------ helpers
+    def require(self, memory_id: str) -> None:
+        """:class:`MemoryNotFound` unless a memory has this id."""
+        self._require(memory_id)
+
     def _require(self, memory_id: str) -> tuple[MemoryId, dict[str, Any]]:
         """The memory's parsed id and its item; :class:`MemoryNotFound` when there is none."""
         found = self._find(memory_id)
@@ -261,15 +284,12 @@ class Mem0Ops:
         row = store.knowledge_rows([mid.number]).get(mid.number)
         if row is None or not row["live"]:
             return None
+        owner = _audit_owner(row)
         is_user = row["owner_kind"] == "user"
-        owner = row["owner_id"] if is_user else f"assistant:{row['owner_id']}"
-        item = knowledge_item(
-            mid.number,
-            row["text"],
-            created=row["created"],
-            user_id=row["owner_id"] if is_user else None,
-            assistant_id=_user_assistant(store, row["owner_id"]) if is_user else row["owner_id"],
-            updated=store.last_updates(owner, "knowledge").get(mid.number),
+        item = _knowledge_row_item(
+            row,
+            store.last_updates(owner, "knowledge").get(mid.number),
+            _user_assistant(store, row["owner_id"]) if is_user else None,
         )
         return item, owner
 
@@ -311,6 +331,53 @@ class Mem0Ops:
             )
             for r in store.owner_knowledge("user", uid)
         ]
+
+
+def _query_text(retrieval: Retrieval, query: str | None) -> str:
+    """The text a ranking embeds: the retrieval's query (normalised by the engine), or
+    ``query`` normalised the same way (:func:`~memoryos_gpu.engine.clean_queries`)."""
+    if query is None or query == retrieval.query:
+        return retrieval.query
+    from memoryos_gpu.engine.validation import clean_queries
+
+    return clean_queries([(retrieval.user_id, query)])[0][1]
+
+
+def _audit_owner(row: dict[str, Any]) -> str:
+    """Whose audit holds a knowledge entry's edits: its user, or ``"assistant:<id>"``."""
+    is_user = row["owner_kind"] == "user"
+    return row["owner_id"] if is_user else f"assistant:{row['owner_id']}"
+
+
+def _knowledge_row_item(
+    row: dict[str, Any], updated: float | None, user_assistant: str | None
+) -> dict[str, Any]:
+    """A knowledge row (:meth:`knowledge_rows`) as the item ``get``, ``get_all`` and
+    ``search`` give: the user's fact (``user_id``, and ``agent_id``: ``user_assistant``, the
+    user's assistant) or the assistant's (``agent_id`` only), with its stored text and times."""
+    is_user = row["owner_kind"] == "user"
+    return knowledge_item(
+        row["entry_id"],
+        row["text"],
+        created=row["created"],
+        user_id=row["owner_id"] if is_user else None,
+        assistant_id=user_assistant if is_user else row["owner_id"],
+        updated=updated,
+    )
+
+
+def _score_details(score: float, threshold: float | None) -> dict[str, Any]:
+    """mem0's ``score_details`` (``search(explain=True)``) of a score that is the cosine
+    alone: no keyword (BM25) or entity part, so the final score is the semantic one."""
+    return {
+        "semantic_score": score,
+        "bm25_score": 0.0,
+        "entity_boost": 0.0,
+        "raw_score": score,
+        "max_possible_score": 1.0,
+        "final_score": score,
+        "threshold": threshold,
+    }
 
 
 def _user_assistant(store: Any, user_id: str) -> str | None:

@@ -20,7 +20,11 @@ from memoryos_gpu.mem0.filters import Predicate, compile_filter
 from memoryos_gpu.mem0.memory import (
     SEARCH_DEFAULT,
     add_results,
+    check_threshold,
     listing_size,
+    refuse_expiration,
+    refuse_mem0_extraction,
+    refuse_metadata_edit,
     resolve_user,
     result_count,
 )
@@ -91,13 +95,17 @@ def add_mem0_routes(
         tags=_TAG,
         summary="Add memories (mem0)",
         description="Remember OpenAI-style messages: each user message with the assistant's "
-        "answer becomes one page, committed before the answer.",
+        "answer becomes one page, committed before the answer. mem0's `infer` is accepted "
+        "(exchanges are always kept verbatim); `prompt`, `memory_type` and `expiration_date` "
+        "only as null (a value is a 422 saying why).",
         response_model=m.Mem0Results,
     )
     async def mem0_add(body: m.Mem0AddIn, request: Request) -> Any:
         scope = _tenancy(request)
         ops()  # refused where the other verbs are: they could not read these memories back
         try:
+            refuse_mem0_extraction(prompt=body.prompt, memory_type=body.memory_type)
+            refuse_expiration(body.expiration_date)
             pages = messages_to_pages(
                 body.messages if isinstance(body.messages, str) else _dumped(body.messages),
                 user_id=scope.user(body.user_id),
@@ -122,7 +130,9 @@ def add_mem0_routes(
         tags=_TAG,
         summary="Search memories (mem0)",
         description="The user's memories for a query, best first, scored by cosine "
-        "similarity; candidates are what MemoryOS retrieves, narrowed by `filters`.",
+        "similarity; candidates are what MemoryOS retrieves, narrowed by `filters`. "
+        "`explain` adds mem0's `score_details` to each result; `show_expired` changes nothing "
+        "(no memory expires here).",
         response_model=m.Mem0Results,
     )
     async def mem0_search(body: m.Mem0SearchIn, request: Request) -> Any:
@@ -134,6 +144,7 @@ def add_mem0_routes(
             )
             keep = compile_filter(_scoped_filter(scope, rest))
             k = result_count(body.top_k, body.limit, SEARCH_DEFAULT)
+            check_threshold(body.threshold)
         except ValueError as exc:
             raise invalid(exc) from None
         uid = scope.named_user(user)
@@ -143,7 +154,7 @@ def add_mem0_routes(
         top_pages = max(k, service.engine.memory.top_pages)
         r = await service.retrieve(uid, body.query, top_pages=min(top_pages, 100))
         ranked = await service.call(
-            o.rank, r, body.query, keep=keep, threshold=body.threshold, top_k=k
+            o.rank, r, keep=keep, threshold=body.threshold, top_k=k, explain=bool(body.explain)
         )
         return out(scope, {"results": ranked})
 
@@ -152,7 +163,8 @@ def add_mem0_routes(
         tags=_TAG,
         summary="List memories (mem0)",
         description="The user's memories in the order they were written (pages, then "
-        "knowledge; not sorted by timestamp), paged.",
+        "knowledge; not sorted by timestamp), paged. `show_expired` (mem0's) changes nothing: "
+        "no memory expires here.",
         response_model=m.Mem0Listing,
     )
     async def mem0_get_all(
@@ -166,7 +178,11 @@ def add_mem0_routes(
             int | None, Query(ge=1, le=1000, description="mem0's name for page_size.")
         ] = None,
         top_k: Annotated[int | None, Query(ge=1, le=1000, description="Also page_size.")] = None,
+        show_expired: Annotated[
+            bool, Query(description="mem0's; changes nothing: no memory expires here.")
+        ] = False,
     ) -> Any:
+        del show_expired
         scope = _tenancy(request)
         try:  # the page's offset must fit the store's 64-bit integers (else a driver 500)
             page_size = listing_size(page_size, limit, top_k)
@@ -220,16 +236,25 @@ def add_mem0_routes(
         description="Replace a memory's text (a page: `text` is the user's side, "
         "`agent_response` the assistant's); its embedding follows. A blank text of a knowledge "
         "entry, or an edit that leaves both sides of a page blank, is a 422: delete the memory "
-        "instead.",
+        "instead. mem0's `metadata` and `expiration_date` only as null: a memory keeps the "
+        "metadata it was added with and none expires (a value is a 422 saying why).",
         response_model=m.Mem0MessageOut,
     )
     async def mem0_update(memory_id: MemoryIdPath, body: m.Mem0UpdateIn, request: Request) -> Any:
         scope = _tenancy(request)
         if body.text is not None and body.data is not None:
             raise ApiError(422, "invalid_input", "give text or data, not both")
+        try:
+            refuse_metadata_edit(body.metadata)
+            refuse_expiration(body.expiration_date)
+        except ValueError as exc:
+            raise invalid(exc) from None
         text = body.text if body.text is not None else body.data
         check_text(settings, text=text, agent_response=body.agent_response)
         o = await owned(scope, memory_id)
+        clears_expiry = "expiration_date" in body.model_fields_set  # mem0: clear it (none here)
+        if text is None and body.agent_response is None and clears_expiry:
+            return {"message": "Memory updated successfully!"}
         mid = parse_memory_id(memory_id)
         if mid is not None and mid.kind == "page":  # a knowledge entry: the engine refuses it
             row = await service.call(service.engine.get_page, mid.number)

@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from memoryos_gpu.mem0.filters import entity_id
+
 
 class _Strict(BaseModel):
     """The base of every request body, so that one rule holds on every route (the direct ones
@@ -292,6 +294,18 @@ class PageListOut(BaseModel):
 
 
 # ---------------------------------------------------------------------- mem0-shaped (/v1/mem0)
+def _mem0_id(value: str | int | None, what: str) -> str | None:
+    """A mem0 ``user_id`` / ``agent_id`` / ``run_id`` read as mem0 reads it (a JSON integer as
+    its text, surrounding whitespace trimmed, whitespace inside refused: the rule of the Python
+    :class:`~memoryos_gpu.mem0.Memory`, :func:`~memoryos_gpu.mem0.filters.entity_id`), then
+    printable (:func:`_printable_id`)."""
+    return _printable_id(entity_id(value, what), what)
+
+
+#: A mem0 scope id in a body: a string or, as mem0 clients send a database key, an integer.
+Mem0Id = str | int
+
+
 class Mem0Message(_Strict):
     """An OpenAI-style chat message (``content``: text, or a list of text parts)."""
 
@@ -301,44 +315,88 @@ class Mem0Message(_Strict):
 
 
 class Mem0AddIn(_Strict):
+    """mem0's ``MemoryCreate`` (its every field) and ``timestamp``. Scope ids as mem0 reads
+    them (:func:`_mem0_id`)."""
+
     messages: list[Mem0Message] | str = Field(
         ..., description="Messages to remember: each user message with its answer is a page."
     )
-    user_id: str = Field(..., min_length=1, description="Whose memory (required here).")
-    agent_id: str | None = Field(None, max_length=128, description="The assistant's id.")
-    run_id: str | None = Field(None, description="A session id, kept in the metadata.")
+    user_id: Mem0Id = Field(
+        ..., description="Whose memory (required here); an integer is read as its text."
+    )
+    agent_id: Mem0Id | None = Field(None, description="The assistant's id (at most 128).")
+    run_id: Mem0Id | None = Field(None, description="A session id, kept in the metadata.")
     metadata: dict[str, Any] | None = Field(None, description="Free JSON metadata.")
     timestamp: Timestamp = Field(None, description="Epoch seconds or ISO-8601.")
+    expiration_date: str | None = Field(
+        None, description="mem0's; only null: memories are kept until deleted, none expires."
+    )
     infer: bool | None = Field(
         None, description="Accepted for mem0 clients: exchanges are always kept verbatim."
+    )
+    memory_type: str | None = Field(
+        None, description="mem0's; only null: memories are derived by memoryos-gpu's stages."
+    )
+    prompt: str | None = Field(
+        None, description="mem0's extraction prompt; only null (see memory_type)."
     )
 
     @field_validator("user_id")
     @classmethod
-    def _uid(cls, v: str) -> str:
-        return _printable_id(v, "user_id")  # type: ignore[return-value]
+    def _uid(cls, v: str | int) -> str:
+        return _mem0_id(v, "user_id")  # type: ignore[return-value]
 
     @field_validator("agent_id")
     @classmethod
-    def _aid(cls, v: str | None) -> str | None:
-        return _written_name(v, "agent_id")
+    def _aid(cls, v: str | int | None) -> str | None:
+        v = _written_name(_mem0_id(v, "agent_id"), "agent_id")
+        if v is not None and len(v) > 128:
+            raise ValueError(f"agent_id is {len(v)} characters; the limit is 128")
+        return v
+
+    @field_validator("run_id")
+    @classmethod
+    def _rid(cls, v: str | int | None) -> str | None:
+        return _mem0_id(v, "run_id")
 
 
 class Mem0SearchIn(_Strict):
+    """mem0's ``SearchRequest`` (its every field) and ``limit``. Scope ids as mem0 reads them
+    (:func:`_mem0_id`)."""
+
     query: str = Field(..., min_length=1, description="What to look for.")
-    user_id: str | None = Field(None, description="mem0's older spelling of filters.user_id.")
-    agent_id: str | None = Field(None, description="Narrow to this assistant's memories.")
-    run_id: str | None = Field(None, description="Narrow to this session's memories.")
+    user_id: Mem0Id | None = Field(None, description="mem0's older spelling of filters.user_id.")
+    agent_id: Mem0Id | None = Field(None, description="Narrow to this assistant's memories.")
+    run_id: Mem0Id | None = Field(None, description="Narrow to this session's memories.")
     filters: dict[str, Any] | None = Field(None, description="mem0 filters (user_id inside).")
     top_k: int | None = Field(None, ge=1, le=1000, description="Results at most (default 20).")
     limit: int | None = Field(None, ge=1, le=1000, description="mem0's older name of top_k.")
-    threshold: float | None = Field(None, description="Minimum cosine score.")
+    threshold: float | None = Field(
+        None, description="Minimum cosine score, 0 to 1 (as mem0's; default: none)."
+    )
+    explain: bool | None = Field(None, description="Add mem0's score_details to each result.")
+    show_expired: bool | None = Field(
+        None, description="mem0's; changes nothing: no memory expires here."
+    )
+
+    @field_validator("user_id", "agent_id", "run_id")
+    @classmethod
+    def _ids(cls, v: str | int | None, info: Any) -> str | None:
+        return _mem0_id(v, info.field_name)
 
 
 class Mem0UpdateIn(_Strict):
+    """mem0's ``MemoryUpdate`` (its every field), ``data`` and ``agent_response``."""
+
     text: str | None = Field(None, description="The new text (a page: the user's side).")
     data: str | None = Field(None, description="mem0's older name of text.")
     agent_response: str | None = Field(None, description="A page's new assistant side.")
+    metadata: dict[str, Any] | None = Field(
+        None, description="mem0's; only null: a memory keeps the metadata it was added with."
+    )
+    expiration_date: str | None = Field(
+        None, description="mem0's; only null (no memory expires here: nothing to clear)."
+    )
 
 
 class Mem0Results(BaseModel):
