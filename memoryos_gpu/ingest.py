@@ -28,6 +28,7 @@ batch in flight, then returns a report with ``interrupted=True``; what was accep
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import os
 import queue
@@ -51,7 +52,7 @@ from memoryos_gpu.formats import (
     open_binary,
     read_records,
 )
-from memoryos_gpu.formats.opening import is_stream, open_head
+from memoryos_gpu.formats.opening import CorruptInputError, is_stream, open_head
 from memoryos_gpu.formats.readers import LongLine, iter_capped_lines
 from memoryos_gpu.formats.timestamps import naive_zone
 from memoryos_gpu.rejects import RejectRow, reason_kind, record_reject, refuse_rejects_path
@@ -67,6 +68,7 @@ __all__ = [
     "IngestReport",
     "Shard",
     "ingest",
+    "record_refusal",
     "resolve_formats",
     "shard_of",
 ]
@@ -84,24 +86,57 @@ _POLL_S = 0.2
 # ============================================================================ sharding
 def read_files(files: dict[str, str]) -> Iterator[tuple[str, Record | Reject, int]]:
     """``(path, record or read-stage reject, line)`` for every item of ``files`` (path ->
-    format), in input order. A file that cannot be read
-    further (truncated or corrupt gzip) ends in one reject and reading goes on with the next:
-    what was read is kept. The one reading loop of every ingestion path."""
+    format), in input order. A corrupt or truncated gzip file is refused as a whole, before
+    any of its records is read (:func:`~memoryos_gpu.formats.opening.check_integrity`): one
+    reject at line 0 (the file), and reading goes on with the next file. A pipe cannot be
+    checked ahead (it is read once): one that cannot be read further (a corrupt gzip stream)
+    ends in one reject where it breaks, and what was read before is kept. The one reading
+    loop of every ingestion path."""
     for path, fmt in files.items():
         if fmt == "empty":
             continue
         last = 0
-        items = read_records(path, fmt)
+        try:
+            items = read_records(path, fmt)
+        except CorruptInputError as exc:
+            yield path, Reject(path, 0, str(exc), ""), 0
+            continue
         while True:
             try:
                 item = next(items, None)
             except (OSError, EOFError, zlib.error) as exc:
-                item = Reject(path, last + 1, f"cannot read further: {exc}", "")
+                item = Reject(path, last + 1, _unreadable(path, exc), "")
                 items = iter(())
             if item is None:
                 break
             last = item.line
             yield path, item, last
+
+
+def record_refusal(exc: BaseException) -> str:
+    """The reject reason of a page the engine refused in a batch: the page's own reason and
+    "this record was not stored". Why: ingestion retries a refused batch without the refused
+    page (the rest of it is stored), so the engine's word for the batch it was given
+    (:class:`~memoryos_gpu.engine.validation.PageRefusedError`) is wrong for the ingestion's
+    batch; any other refusal is the record's own already."""
+    from memoryos_gpu.engine.validation import PageRefusedError
+
+    if isinstance(exc, PageRefusedError):
+        return f"{exc.reason} (this record was not stored)"
+    return str(exc)
+
+
+def _unreadable(path: str, exc: BaseException) -> str:
+    """The reason of an input that could not be read further. A gzip pipe's says that its
+    records before the break were read: a pipe is not checked ahead (it is read once)."""
+    reason = f"cannot read further: {exc}"
+    if is_stream(path) and isinstance(exc, EOFError | zlib.error | gzip.BadGzipFile):
+        reason += (
+            " (a corrupt or truncated gzip pipe: a pipe cannot be checked before it is read, so "
+            "its records before this point were read; give the file itself to have a corrupt "
+            "file refused as a whole)"
+        )
+    return reason
 
 
 def shard_of(key: str, count: int) -> int:
@@ -206,7 +241,10 @@ class IngestReport:
 def _blank(path: str | os.PathLike[str]) -> bool:
     """Whether the input holds nothing but whitespace (and a BOM). A pipe is judged from its
     read-ahead (:func:`~memoryos_gpu.formats.opening.open_head`): it can be read only once."""
-    f, complete = open_head(path)
+    try:
+        f, complete = open_head(path)
+    except CorruptInputError:
+        return False  # a corrupt gzip pipe: not blank; detection or the reader reports it
     with f:
         while True:
             try:
@@ -244,10 +282,14 @@ def resolve_formats(paths: Sequence[str | os.PathLike[str]], fmt: str = "auto") 
         elif fmt == "auto":
             try:
                 out[sp] = detect_format(sp)
+            except CorruptInputError as exc:  # a gzip pipe whose read-ahead is corrupt
+                raise FormatError(f"cannot detect the format of {sp!r}: {exc}") from None
             except (EOFError, zlib.error, OSError) as exc:
-                raise FormatError(
-                    f"cannot detect the format of {sp!r}: unreadable ({exc})"
-                ) from None
+                # damaged where the format is sniffed: as any input whose format is unknown,
+                # the run is refused before anything is read
+                gz = isinstance(exc, EOFError | zlib.error | gzip.BadGzipFile)
+                why = f"corrupt gzip {'pipe' if is_stream(sp) else 'file'}" if gz else "unreadable"
+                raise FormatError(f"cannot detect the format of {sp!r}: {why} ({exc})") from None
         else:
             out[sp] = fmt
     return out
@@ -599,14 +641,16 @@ def ingest(
     Parameters
     ----------
     paths:
-        Input files (JSONL, LoCoMo, ShareGPT, OpenAI; gzip transparently), read in order.
+        Input files (JSONL, LoCoMo, ShareGPT, OpenAI; gzip transparently), read in order. A
+        corrupt or truncated gzip file is refused as a whole (one reject, at line 0; nothing
+        of it is stored) and the next file is read: :func:`read_files`.
     engine_or_config:
         A :class:`~memoryos_gpu.engine.MemoryEngine` (used as is, not closed), an
         :class:`~memoryos_gpu.config.EngineConfig` (an engine is built and closed), or ``None``
         (default config: an in-memory store).
     fmt:
         ``"auto"`` (detected per file) or one of ``jsonl``, ``locomo``, ``sharegpt``,
-        ``openai`` for every file.
+        ``openai``, ``export`` (what ``memoryos-gpu export`` wrote) for every file.
     batch_size:
         Pages per ``add_many`` call, across users.
     rejects_path:
@@ -737,7 +781,7 @@ def ingest(
             return list(zip(items, engine.add_many([i.page for i in items]), strict=True))
         except InvalidInputError as exc:
             if len(items) == 1:
-                reject(record_reject(items[0].path, items[0].record, str(exc)))
+                reject(record_reject(items[0].path, items[0].record, record_refusal(exc)))
                 return []
             mid = len(items) // 2
             return add(items[:mid]) + add(items[mid:])
@@ -882,7 +926,7 @@ class _Progress:
     def _count(self) -> None:
         try:
             total = _count_records(self.files)
-        except OSError:
+        except (OSError, EOFError, zlib.error):  # a corrupt gzip: the reader reports it
             return
         if total is None:
             return

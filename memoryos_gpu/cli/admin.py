@@ -1,7 +1,11 @@
-"""The commands that read or change a store without an engine: stats, export, delete, rekey."""
+"""The commands that read or change a store without an engine: stats, users, export, delete,
+rekey."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +24,7 @@ from .options import (
 )
 from .output import (
     echo_json,
+    iso_time,
     json_text,
 )
 from .stores import (
@@ -95,6 +100,73 @@ def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
         click.echo(f"{name:<{width}}{value}")
 
 
+#: The users of a store with their assistant, newest page time (``users.clock``: the newest
+#: page timestamp the user's memory took, which a deleted page's keeps) and page count: one
+#: statement, the counts from the index on ``pages(user_id, ...)``, in first-seen order.
+_USERS_SQL = (
+    "SELECT users.user_id, users.assistant_id, users.clock, COALESCE(n.n_pages, 0) FROM users "
+    "LEFT JOIN (SELECT user_id, COUNT(*) AS n_pages FROM pages GROUP BY user_id) n "
+    "ON n.user_id = users.user_id ORDER BY users.rowid"
+)
+
+
+def _store_users(store: str, key: SecretStr | None) -> list[dict[str, Any]]:
+    st = open_store_at(store, writer=False, key=key)
+    try:
+        rows = st.query(_USERS_SQL)
+    finally:
+        st.close()
+    return [
+        {
+            "user_id": user_id,
+            "assistant_id": assistant_id,
+            "pages": int(pages),
+            "last_timestamp": float(clock) if pages else None,
+            "last_time": iso_time(clock) if pages else None,
+        }
+        for user_id, assistant_id, clock, pages in rows
+    ]
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+@engine_options
+@click.pass_context
+@handle_errors
+def users(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
+    """The store's users: id, assistant, pages and newest page time, in the order they were
+    first seen; the ids `export --user` takes (generated `conv-...` ids included). Reads
+    beside a running server or ingest."""
+    o = options_of(ctx, kwargs)
+    store, key = checked_store(o), store_key(o)
+    dirs = shard_dirs(store) if not store_file(store).exists() else None
+    if dirs:
+        rows = [
+            {**row, "shard": i}
+            for i, d in enumerate(dirs)
+            if store_file(d).exists()
+            for row in _store_users(str(d), key)
+        ]
+    else:
+        rows = _store_users(store, key)
+    if as_json:
+        echo_json({"store": store, "count": len(rows), "users": rows})
+        return
+    if not rows:
+        click.echo(f"no users in {store}")
+        return
+    table = [("user", "assistant", "pages", "newest page")] + [
+        (r["user_id"], str(r["assistant_id"]), f"{r['pages']:,}", r["last_time"] or "-")
+        for r in rows
+    ]
+    widths = [max(len(row[c]) for row in table) for c in range(3)]
+    for user_id, assistant_id, pages, last in table:
+        click.echo(
+            f"{user_id:<{widths[0]}}  {assistant_id:<{widths[1]}}  {pages:>{widths[2]}}  {last}"
+        )
+    click.echo(f"{len(rows):,} users", err=True)
+
+
 # ============================================================================ export / delete
 @click.command()
 @click.option("--user", "user_id", required=True)
@@ -103,22 +175,57 @@ def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
 @click.pass_context
 @handle_errors
 def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any) -> None:
-    """Everything held about a user (pages, segments, profile, knowledge, audit) as JSON."""
+    """Everything held about a user (pages, segments, profile, knowledge, audit) as JSON; `ingest`
+    reads it back (its pages) into another store (docs/formats.md, export)."""
+    from memoryos_gpu.formats.exports import EXPORT_FORMAT, EXPORT_VERSION
+
     o = options_of(ctx, kwargs)
     st = open_store_at(user_store(checked_store(o), user_id), writer=False, key=store_key(o))
     try:
-        data = st.export_user(user_id)
-        if data is None:
+        found = st.export_user(user_id)
+        if found is None:
             raise CLIError(f"unknown user {user_id!r}")
+        # the marker first: what `ingest` recognises an export by (formats/exports.py)
+        data = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, **found}
         data["assistant_knowledge"] = st.owner_knowledge("assistant", data["user"]["assistant_id"])
     finally:
         st.close()
     text = json_text(data, indent=2)
     if out_path:
-        Path(out_path).write_text(text + "\n", encoding="utf-8")
+        _write_whole(Path(out_path), text + "\n")
         click.echo(f"exported {user_id}: {len(data['pages'])} pages -> {out_path}", err=True)
     else:
         click.echo(text)
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, renamed
+    over ``path`` once written and flushed. Why: written in place, a failure part way (a full
+    disk, a string no UTF-8 encodes) left an empty or cut file where the export was asked
+    for, and a file there before was lost. A lone surrogate that a store holds from before the
+    engine replaced them is written as its JSON escape (``\\ud800``), as the server does. A
+    path that is not a regular file (``/dev/stdout``, a pipe) is written as it is; a file
+    replaced keeps its permissions."""
+    try:
+        mode: int | None = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        with open(path, "w", encoding="utf-8", errors="backslashreplace") as f:
+            f.write(text)
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, stat.S_IMODE(mode))
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
 
 
 def _forget_on_other_shards(

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .admin import delete, export, rekey, stats
+from .admin import delete, export, rekey, stats, users
 from .ingest import ingest
 from .measure import bench, evaluate
 from .memory import chat, profile, retrieve
@@ -33,6 +33,7 @@ Typical session:
   memoryos-gpu profile  --store mem --user alice
   memoryos-gpu chat     --store mem --user alice --llm-mode llm   # needs an LLM backend
   memoryos-gpu stats    --store mem
+  memoryos-gpu users    --store mem                       # user ids, for export --user
   memoryos-gpu serve    --store mem --port 8000 --api-keys keys.txt
   memoryos-gpu mcp      --config config.json              # MCP server (BAI-LAB config.json)
 
@@ -59,6 +60,7 @@ for _command in (
     chat,
     profile,
     stats,
+    users,
     export,
     delete,
     rekey,

@@ -24,7 +24,7 @@ ENV_LLM_API_KEY = "MEMORYOS_GPU_LLM_API_KEY"
 DEFAULT_STORE = "./memoryos-store"
 STORE_FILE = "memory.sqlite3"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-FORMAT_CHOICES = ("auto", "jsonl", "locomo", "sharegpt", "openai")
+FORMAT_CHOICES = ("auto", "jsonl", "locomo", "sharegpt", "openai", "export")
 LLM_BACKENDS = ("transformers", "vllm", "openai")
 EMBEDDER_KINDS = ("transformers", "onnx", "openai", "hashing")  # = memoryos_gpu.embed's
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,17 @@ def echo_json(data: Any) -> None:
     click.echo(json_text(data))
 
 
+#: A lone surrogate (a store may hold one from before the engine replaced them with U+FFFD).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def json_text(data: Any, indent: int | None = None) -> str:
     """``data`` as strict JSON: a NaN or infinity (a mean over nothing, say) is ``null``, since
     ``json.dumps`` writes them as ``NaN``, which JSON parsers refuse, and never passes floats to
-    ``default``."""
-    return json.dumps(_finite(data), ensure_ascii=False, default=_default, indent=indent)
+    ``default``; a lone surrogate is written as its escape (``\\ud800``, as the server's JSON
+    does), since no UTF-8 encodes it and printing or writing the text would fail."""
+    text = json.dumps(_finite(data), ensure_ascii=False, default=_default, indent=indent)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _finite(obj: Any) -> Any:

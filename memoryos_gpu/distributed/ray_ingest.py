@@ -83,6 +83,7 @@ from memoryos_gpu.ingest import (
     failure_kind,
     known_legacy_keys,
     read_files,
+    record_refusal,
     resolve_formats,
     shard_of,
 )
@@ -186,8 +187,8 @@ class ShardIngestActor:
             res = self.engine.accept_many([p for _, p in valid])
             return [(row, r) for (row, _), r in zip(valid, res, strict=True)]
         except refused as exc:
-            if len(valid) == 1:
-                return [(valid[0][0], str(exc))]
+            if len(valid) == 1:  # the rest of the chunk is retried: this record's reason
+                return [(valid[0][0], record_refusal(exc))]
             mid = len(valid) // 2
             return self._accept(valid[:mid], refused) + self._accept(valid[mid:], refused)
 

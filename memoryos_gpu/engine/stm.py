@@ -23,7 +23,7 @@ from memoryos_gpu.types import AddResult, PageInput
 
 from .page_text import page_terms_of, page_text
 from .state import DEFAULT_ASSISTANT, EngineHooks, EngineState, UserState
-from .validation import InvalidInputError
+from .validation import PageRefusedError
 
 
 @dataclass(frozen=True)
@@ -319,20 +319,19 @@ class ShortTerm:
         return out
 
 
-def _foreign_source(p: PageInput) -> InvalidInputError:
+def _foreign_source(p: PageInput) -> PageRefusedError:
     """The refusal of a page whose ``source`` another user's page holds (that page is not
     named: its id would tell one user about another's memory)."""
-    return InvalidInputError(
+    return PageRefusedError(
         f"source {p.source!r} of a page of user {p.user_id!r} belongs to another user's page; "
-        "a source is unique across users: the batch was not stored"
+        "a source is unique across users"
     )
 
 
-def _other_assistant(p: PageInput, assistant_id: str) -> InvalidInputError:
+def _other_assistant(p: PageInput, assistant_id: str) -> PageRefusedError:
     """The refusal of a page for a user of another assistant: a user's pages teach the one
     assistant it was created with (its knowledge ring), so the page is not moved silently."""
-    return InvalidInputError(
+    return PageRefusedError(
         f"user {p.user_id!r} belongs to assistant {assistant_id!r}, not {p.assistant_id!r}: a "
-        "user's memory is kept for one assistant; use another user id for another assistant "
-        "(the batch was not stored)"
+        "user's memory is kept for one assistant; use another user id for another assistant"
     )

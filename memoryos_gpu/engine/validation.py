@@ -44,6 +44,16 @@ class InvalidInputError(MemoryOSError, ValueError):
     """A page or query was rejected; the message says which field and why."""
 
 
+class PageRefusedError(InvalidInputError):
+    """One page refused the whole ``add_many`` batch it came in (nothing of it stored).
+    ``reason``: that page's own refusal, apart from what it did to the batch, for a caller
+    that retries the rest without it (ingestion reports it as the page's reject)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason} (the batch was not stored)")
+
+
 def _clean_text(value: Any, what: str) -> str:
     """Normalise text: NFC, lone surrogates -> U+FFFD, control chars other than \\n \\t dropped."""
     if not isinstance(value, str):
@@ -216,8 +226,9 @@ def validate_page(p: PageInput | dict[str, Any]) -> PageInput:
         raise InvalidInputError(f"a page must be a PageInput or dict, got {type(p).__name__}")
     if not isinstance(p.meta, dict):
         raise InvalidInputError("meta must be a dict")
-    if p.meta:  # most pages carry no meta: nothing to encode
-        _check_meta(p.meta)
+    meta = p.meta
+    if meta:  # most pages carry no meta: nothing to encode
+        meta = _check_meta(meta)
     return PageInput(
         user_id=_new_identity(p.user_id, "user_id"),
         user_input=_clean_text(p.user_input, "user_input"),
@@ -231,22 +242,32 @@ def validate_page(p: PageInput | dict[str, Any]) -> PageInput:
         if p.assistant_id is None
         else _new_identity(p.assistant_id, "assistant_id"),
         source=None if p.source is None else _clean_id(p.source, "source"),
-        meta=p.meta,
+        meta=meta,
         default_assistant=None
         if p.default_assistant is None
         else _new_identity(p.default_assistant, "default_assistant"),
     )
 
 
-def _check_meta(meta: dict[str, Any]) -> None:
-    """Refuse a ``meta`` that is not JSON (NaN, sets, ... : the standard library's strict
-    encoder decides) or that is over :data:`MAX_META_BYTES` as stored.
+def _check_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """The ``meta`` to store: ``meta`` itself, or a copy with each lone surrogate in its keys
+    and strings (at any depth) replaced by U+FFFD, as in the text fields. Refuses a ``meta``
+    that is not JSON (NaN, sets, ... : the standard library's strict encoder decides) or that
+    is over :data:`MAX_META_BYTES` as stored.
 
     Why measured with ``json_codec.dumps``: that is the encoding the store keeps (UTF-8,
     compact), so the limit is what a meta costs. The ASCII-escaped ``json.dumps`` counted a
-    CJK character as 6 bytes and an emoji as 12, giving non-Latin text a sixth of the room."""
+    CJK character as 6 bytes and an emoji as 12, giving non-Latin text a sixth of the room.
+
+    Why surrogates are replaced: no UTF-8 encodes a lone surrogate (a ``"\\ud800"`` escape
+    in JSON input, a ShareGPT ``id`` copied into ``conversation_id``), so a meta holding one
+    was stored and then broke every answer showing the page (``export``, ``retrieve
+    --json``). The check costs one C-level scan of the encoding the strict check makes
+    anyway (none for an ASCII meta); only a meta holding a surrogate is copied."""
     try:
-        json.dumps(meta, allow_nan=False)
+        text = json.dumps(meta, allow_nan=False, ensure_ascii=False)
+        if not text.isascii() and _SURROGATE.search(text):
+            meta = _without_surrogates(meta)
         size = _stored_size(meta)
     except InvalidInputError:
         raise
@@ -258,6 +279,29 @@ def _check_meta(meta: dict[str, Any]) -> None:
         raise InvalidInputError(
             f"meta is {size} bytes as stored (UTF-8 JSON); the limit is {MAX_META_BYTES}"
         )
+    return meta
+
+
+def _without_surrogates(value: Any) -> Any:
+    """``value`` (a meta, or a value in one) with each lone surrogate of its strings and dict
+    keys replaced by U+FFFD; lists, tuples and dicts copied, anything else as it is.
+    :class:`InvalidInputError` when two keys of one dict become the same (one would be lost)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        out = {
+            (_SURROGATE.sub("\ufffd", k) if isinstance(k, str) else k): _without_surrogates(v)
+            for k, v in value.items()
+        }
+        if len(out) < len(value):
+            raise InvalidInputError(
+                "meta keys that differ only in lone surrogates become the same key once each "
+                "surrogate is replaced by U+FFFD: rename them"
+            )
+        return out
+    if isinstance(value, list | tuple):
+        return type(value)(_without_surrogates(v) for v in value)
+    return value
 
 
 def _stored_size(meta: dict[str, Any]) -> int:
@@ -359,13 +403,15 @@ def _plain_text(v: Any) -> bool:
 
 
 def _plain_meta(meta: dict[str, Any]) -> bool:
-    """A meta of string keys and values that is certainly within ``MAX_META_BYTES`` as stored
-    (a character takes at most 6 bytes: 4 in UTF-8, 6 escaped; a pair 6 of quotes and
-    separators)."""
+    """A meta of string keys and values without lone surrogates that is certainly within
+    ``MAX_META_BYTES`` as stored (a character takes at most 6 bytes: 4 in UTF-8, 6 escaped;
+    a pair 6 of quotes and separators)."""
     size = 2
     for k, v in meta.items():
         if type(k) is not str or type(v) is not str:
             return False
+        if not (k.isascii() and v.isascii()) and _SURROGATE.search(k + v):
+            return False  # validate_page replaces it
         size += 6 * (len(k) + len(v)) + 6
     return size <= MAX_META_BYTES
 

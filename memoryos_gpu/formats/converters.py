@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .records import (
@@ -180,20 +181,49 @@ def _convert_page(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
             raise _Invalid(f"missing field {key!r}")
     user_id = _text(obj["user_id"], "user_id")
     if not user_id:
-        raise _Invalid("user_id is empty")
+        raise _Invalid(_BLANK_ID.format("user_id"))
     meta = obj.get("meta")
-    return [
-        _record(
-            ctx,
-            0,
-            user_id,
-            _opt_str(obj, "assistant_id"),
-            _text(obj["user_input"], "user_input"),
-            _text(obj["agent_response"], "agent_response"),
-            _timestamp(obj.get("timestamp")),
-            dict(meta) if isinstance(meta, dict) else {},
-        )
-    ]
+    if meta is not None and not isinstance(meta, dict):  # was dropped without a word
+        raise _Invalid(f"meta must be an object, got {_json_type(meta)}")
+    source = None if obj.get("source") is None else _source_key(obj["source"])
+    record = _record(
+        ctx,
+        0,
+        user_id,
+        _opt_str(obj, "assistant_id"),
+        _text(obj["user_input"], "user_input"),
+        _text(obj["agent_response"], "agent_response"),
+        _timestamp(obj.get("timestamp")),
+        dict(meta) if isinstance(meta, dict) else {},
+    )
+    if source is None:
+        return [record]
+    # the record's own key replaces the derived one, which becomes its legacy key: versions
+    # that ignored ``source`` stored the page under it, and a re-run must not store it again
+    return [replace(record, source=source, legacy_source=record.source)]
+
+
+def _source_key(value: object) -> str:
+    """An explicit ``source`` (a page's own idempotency key) as the engine checks a key
+    (``validation._clean_id``: a non-blank string of at most :data:`MAX_SOURCE_CHARS`
+    characters, no control character or lone surrogate), never rewritten: a key changed on the
+    way would no longer match the page it names; :class:`_Invalid` saying why not."""
+    if not isinstance(value, str):
+        raise _Invalid(f"source must be a string, got {type(value).__name__}")
+    if not value:
+        raise _Invalid("source is empty: give a non-empty key or leave it out")
+    if value.isspace():
+        raise _Invalid("source is blank (only whitespace): give a visible key")
+    if len(value) > MAX_SOURCE_CHARS:
+        raise _Invalid(f"source is {len(value)} characters; the limit is {MAX_SOURCE_CHARS}")
+    if not (value.isascii() and value.isprintable()):
+        bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cs")), None)
+        if bad is not None:
+            kind = "a control character" if unicodedata.category(bad) == "Cc" else "a surrogate"
+            raise _Invalid(
+                f"source must be printable characters: it contains U+{ord(bad):04X}, {kind}"
+            )
+    return value
 
 
 def _legacy_user(ctx: _Ctx) -> str:
@@ -216,18 +246,22 @@ def generated_user(content: object) -> str:
     return f"conv-{digest[:16]}"
 
 
+#: The reason of a user id that is empty once normalised: in the words of the engine's refusal
+#: of a blank one (``user_id is blank (only whitespace): ...``), so both count as one kind.
+_BLANK_ID = "{} is blank (empty): give a visible id"
+
+
 def _conversation_user(obj: dict, turns: list[tuple[str, int, str, object]]) -> tuple[str, bool]:
     """``(user_id, generated)``: ``user_id``, else ``id``, else :func:`generated_user` of the
-    dialogue (roles, texts, timestamps, assistant)."""
-    if obj.get("user_id") is not None:
-        user_id = _text(obj["user_id"], "user_id")
-    elif isinstance(obj.get("id"), (str, int)) and not isinstance(obj.get("id"), bool):
-        user_id = normalise_text(str(obj["id"]))
-    else:
+    dialogue (roles, texts, timestamps, assistant). ``id`` names the user as ``user_id``
+    does, by the same rule: a string (``"id": 5`` is refused as ``"user_id": 5`` is)."""
+    field = "user_id" if obj.get("user_id") is not None else "id"
+    if obj.get(field) is None:
         dialogue = [[t[0], t[2], t[3]] for t in turns]
         return generated_user([obj.get("assistant_id"), obj.get("timestamp"), dialogue]), True
+    user_id = _text(obj[field], field)
     if not user_id:
-        raise _Invalid("user id is empty")
+        raise _Invalid(_BLANK_ID.format(field))
     return user_id, False
 
 
@@ -392,7 +426,7 @@ def _convert_locomo(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
             ts = _timestamp(date, f"{key}_date_time")
         except _Invalid as exc:
             ts, date_error = None, exc.args[0]
-        turns: list[tuple[str, tuple[str, str | None]]] = []
+        turns: list[tuple[str, tuple[str, str | None, str]]] = []  # (text, dia_id, where)
         for j, turn in enumerate(conv[key]):
             try:
                 if not isinstance(turn, dict):
@@ -406,11 +440,17 @@ def _convert_locomo(obj: dict, ctx: _Ctx) -> list[Record | _Bad]:
             except _Invalid as exc:
                 out.append(_Bad(f"{key}[{j}]: {exc.args[0]}", turn))
                 continue
-            turns.append(("user" if speaker == speaker_a else "assistant", (text, dia_id)))
+            role = "user" if speaker == speaker_a else "assistant"
+            turns.append((role, (text, dia_id, dia_id or f"{key}[{j}]")))
         for u, a in _pair(turns):
             dia_ids = [t[1] for t in (u, a) if t is not None and t[1] is not None]
             if date_error is not None:
-                out.append(_Bad(date_error, {"session": number, "dia_ids": dia_ids}))
+                # which page: every page of the session has this reason, and its rejects
+                # were N identical lines
+                where = [t[2] for t in (u, a) if t is not None]
+                turn = "turns" if len(where) > 1 else "turn"
+                reason = f"{turn} {', '.join(where)}: {date_error}"
+                out.append(_Bad(reason, {"session": number, "dia_ids": dia_ids}))
                 continue
             meta = {
                 "dia_ids": dia_ids,

@@ -8,7 +8,8 @@ Containers (found from the first non-blank bytes, after transparent gunzip by ma
 * **document**: one pretty-printed top-level object (first non-blank line is exactly ``{``),
   e.g. a single LoCoMo conversation; parsed as a whole (one item).
 
-Formats (what an item holds): ``jsonl`` (one page per item), ``locomo``, ``sharegpt``, ``openai``.
+Formats (what an item holds): ``jsonl`` (one page per item), ``locomo``, ``sharegpt``, ``openai``,
+``export`` (what ``memoryos-gpu export`` wrote: one user's pages; :mod:`.exports`).
 See ``docs/formats.md`` for the field-by-field rules.
 
 This module finds the container and the format (:func:`detect_format`) and reads the items
@@ -26,7 +27,15 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from .converters import _CONVERTERS, _convert, _Ctx, _dump
-from .opening import _HEAD_BYTES, _Opened, is_stream, open_head
+from .exports import _convert_export, is_export
+from .opening import (
+    _HEAD_BYTES,
+    _Opened,
+    check_integrity,
+    foreign_encoding,
+    is_stream,
+    open_head,
+)
 from .records import RAW_LIMIT, FormatError, PageCounter, Record, Reject
 
 try:  # optional: streaming of JSON documents
@@ -45,7 +54,9 @@ __all__ = [
     "read_records",
 ]
 
-FORMATS = ("jsonl", "locomo", "sharegpt", "openai")
+FORMATS = ("jsonl", "locomo", "sharegpt", "openai", "export")
+#: The converter of each format: the chat-log formats' (:mod:`.converters`) and exports'.
+_FORMAT_CONVERTERS = {**_CONVERTERS, "export": _convert_export}
 HAVE_IJSON = ijson is not None
 # errors that a malformed JSON document raises while streaming (ijson's are not ValueErrors)
 _DOC_ERRORS: tuple[type[BaseException], ...] = (ValueError, RecursionError, UnicodeDecodeError)
@@ -160,6 +171,8 @@ def _skip_bom(f: IO[bytes]) -> IO[bytes]:
 def _classify(obj: object) -> str | None:
     if not isinstance(obj, dict):
         return None
+    if is_export(obj):
+        return "export"
     conv = obj.get("conversation")
     if isinstance(conv, dict) and "speaker_a" in conv:
         return "locomo"
@@ -176,7 +189,8 @@ def _classify(obj: object) -> str | None:
 
 _DETECT_HINT = (
     "expected JSON objects with user_input/agent_response (jsonl), conversations (sharegpt), "
-    "messages (openai) or conversation.speaker_a (locomo); name the format to override "
+    "messages (openai), conversation.speaker_a (locomo) or user and pages (export: a file "
+    "that memoryos-gpu export wrote); name the format to override "
     "(--format on the command line, format= in Python)"
 )
 
@@ -217,9 +231,14 @@ def _detect_lines(path: str | os.PathLike[str]) -> str:
     f, complete = open_head(path)
     seen = 0
     cut = False  # the last line looked at ends where a pipe's read-ahead ends
+    undecodable = None  # the first line looked at that is not UTF-8 text, and why
     with f:
         for i, item in enumerate(iter_capped_lines(f)):
             line = _line_bytes(item, i == 0)
+            if i == 0 and (foreign := foreign_encoding(line)) is not None:
+                raise FormatError(
+                    f"cannot detect the format of {os.fspath(path)!r}: it is {foreign}"
+                )
             if not line.strip():
                 continue
             seen += 1
@@ -229,7 +248,15 @@ def _detect_lines(path: str | os.PathLike[str]) -> str:
             if isinstance(item, LongLine):
                 continue
             try:
-                fmt = _classify(json.loads(line.decode("utf-8")))
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                where = f"invalid UTF-8 at line {i + 1} byte {exc.start}: {exc.reason}"
+                undecodable = undecodable or where
+                continue
+            if "\x00" in text and undecodable is None:  # UTF-16/32 without a byte-order mark
+                undecodable = f"NUL bytes at line {i + 1}: UTF-16 or UTF-32 text?"
+            try:
+                fmt = _classify(json.loads(text))
             except (ValueError, RecursionError):
                 continue
             if fmt is not None:
@@ -241,6 +268,12 @@ def _detect_lines(path: str | os.PathLike[str]) -> str:
             f"{_HEAD_BYTES} bytes decompress to; a plain pipe: a first line up to "
             f"{MAX_LINE_BYTES} bytes); name the format (--format on the command line, "
             "format= in Python)"
+        )
+    if undecodable is not None:  # a Latin-1 or UTF-16 file: say so, not "no record"
+        raise FormatError(
+            f"cannot detect the format of {os.fspath(path)!r}: it is not UTF-8 ({undecodable}); "
+            f"none of the first {min(seen, _SNIFF_LINES)} non-blank lines is a recognisable "
+            "record. Convert it to UTF-8 first (iconv -f ITS-ENCODING -t UTF-8)"
         )
     raise FormatError(
         f"cannot detect the format of {os.fspath(path)!r}: none of the first "
@@ -268,7 +301,7 @@ def _first_document_item(path: str | os.PathLike[str], container: str) -> tuple[
 
 
 def _iter_lines(path: str | os.PathLike[str], fmt: str) -> Iterator[Record | Reject]:
-    convert = _CONVERTERS[fmt]
+    convert = _FORMAT_CONVERTERS[fmt]
     spath = os.fspath(path)
     basename = os.path.basename(spath)
     seen = PageCounter()
@@ -419,7 +452,7 @@ def _stream_items(stream: IO[bytes], container: str) -> Iterator[object]:
 def _iter_document(
     path: str | os.PathLike[str], fmt: str, container: str
 ) -> Iterator[Record | Reject]:
-    convert = _CONVERTERS[fmt]
+    convert = _FORMAT_CONVERTERS[fmt]
     spath = os.fspath(path)
     basename = os.path.basename(spath)
     seen = PageCounter()
@@ -449,10 +482,14 @@ def read_records(path: str | os.PathLike[str], format: str = "auto") -> Iterator
     ``format``: ``"auto"`` (default; detected from the first records, :class:`FormatError` if
     that fails), or one of :data:`FORMATS` to override. Gzip input is recognised by its magic
     bytes. An empty input yields nothing. Detection happens when this function is called; the
-    file is then read lazily as the iterator is consumed.
+    file is then read lazily as the iterator is consumed. A gzip file is first decompressed
+    once to its end, every member's CRC and length checked: a corrupt one raises
+    :class:`~.opening.CorruptInputError` (an ``OSError``) before any record is read. A gzip
+    pipe cannot be read twice: its corruption raises where the read reaches it.
     """
     if format != "auto" and format not in FORMATS:
         raise FormatError(f"unknown format {format!r}; expected 'auto' or one of {FORMATS}")
+    check_integrity(path)  # a corrupt gzip file is refused whole, before any record is read
     container = _container(path)
     if container == "empty":
         return iter(())
