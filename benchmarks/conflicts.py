@@ -34,18 +34,24 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import platform
 import random
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_output, positive_int, write_json
+from cli_args import (
+    Parser,
+    apply_defaults,
+    check_output,
+    machine_info,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "conflicts.json"
@@ -220,13 +226,16 @@ def _score(e: Any, scripts: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="12 users (CI, a few seconds)")
-    ap.add_argument("--users", type=positive_int, default=None, help="users to script (default 60)")
+    ap.add_argument(
+        "--users", type=positive_int, default=None, help="users to script (default 60; --quick: 12)"
+    )
     ap.add_argument("--json", type=Path, default=None, help=f"write results (default {RESULTS})")
     args = ap.parse_args(argv)
     check_output(ap, args.json)  # a bad output path fails now, not after the run
-    users = args.users or (12 if args.quick else 60)
+    apply_defaults(args, full={"users": 60}, quick={"users": 12})
+    users = args.users
     rows = {
         "in order": run(users, reverse=False),
         "reverse order": run(users, reverse=True),
@@ -248,14 +257,18 @@ def main(argv: list[str] | None = None) -> int:
         "arrived_late",
         "seconds",
     ]
-    print(f"{'sessions':<20}" + "".join(f"{c[:13]:>14}" for c in cols))
+    width = {c: max(len(c), 8) + 1 for c in cols}  # whole names: no cut headers
+    print(f"{'sessions':<20}" + "".join(f"{c:>{width[c]}}" for c in cols))
     for name, r in rows.items():
-        print(f"{name:<20}" + "".join(f"{r[c]!s:>14}" for c in cols))
+        print(f"{name:<20}" + "".join(f"{r[c]!s:>{width[c]}}" for c in cols))
+    print(
+        "superseded_ok, current_ok, duplicates_merged, prompt_ok: shares (1.0 = all); "
+        "stale_live, copies_live: counts (0 = none); the others: counts (--help's docstring)"
+    )
     out = {
         "benchmark": "conflicts",
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": platform.platform(),
-        "python": sys.version.split()[0],
+        "date": today(),
+        "machine": machine_info(),
         "mode": "extractive (hashing embedder)",
         "results": rows,
     }
@@ -267,4 +280,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

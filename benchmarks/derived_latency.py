@@ -18,16 +18,23 @@ Usage: python benchmarks/derived_latency.py [--users 4] [--llm-seconds 1.0] [--q
 
 from __future__ import annotations
 
-import argparse
-import platform
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_output, positive_int, write_json
+from cli_args import (
+    Parser,
+    apply_defaults,
+    check_output,
+    machine_info,
+    nonnegative_float,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import MemoryEngine
@@ -131,17 +138,26 @@ def run(users: int, llm_seconds: float, lock_held: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--users", type=positive_int, default=4)
-    ap.add_argument("--llm-seconds", type=float, default=1.0)
+    ap = Parser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--users", type=positive_int, default=4, help="users with derived work (default 4)"
+    )
+    ap.add_argument(
+        "--llm-seconds",
+        type=nonnegative_float,
+        default=None,
+        help="seconds each (fake) LLM request takes (default 1.0; --quick: 0.1)",
+    )
     ap.add_argument("--quick", action="store_true", help="a 0.1 s LLM (seconds in all)")
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--json", type=Path, help="write the results here (JSON)")
     args = ap.parse_args(argv)
     check_output(ap, args.json)  # a bad output path fails now, not after the run
-    llm_s = 0.1 if args.quick else args.llm_seconds
+    apply_defaults(args, full={"llm_seconds": 1.0}, quick={"llm_seconds": 0.1})
+    llm_s = args.llm_seconds
     res: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {platform.node()}, Python {platform.python_version()}",
+        "benchmark": "derived_latency",
+        "date": today(),
+        "machine": machine_info(),
         "runs": [run(args.users, llm_s, held) for held in (False, True)],
     }
     print(f"{'':>26} {'n':>5} {'median ms':>10} {'p95 ms':>8} {'max ms':>8} {'write ms':>9}")
@@ -155,9 +171,8 @@ def main(argv: list[str] | None = None) -> None:
             )
     print("round s: " + ", ".join(f"{r['mode']} {r['round_s']}" for r in res["runs"]))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         write_json(args.json, res)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -18,14 +18,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_locomo_work, check_output, load_locomo_data, positive_int, write_json
+from cli_args import (
+    Parser,
+    check_locomo_work,
+    check_output,
+    load_locomo_data,
+    machine_info,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as benchmarks/ingest.py and the CLI
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -100,14 +109,14 @@ def run(args: argparse.Namespace, convs: list[Conversation]) -> dict[str, Any]:
             ranker.engine.close()
     return {
         "benchmark": "embedders",
-        "date": time.strftime("%Y-%m-%d"),
+        "date": today(),
         "quick": bool(args.quick),
         "data": str(args.data),
         "conversations": len(convs),
         "questions": sum(len(c.scored_questions) for c in convs),
         "host": {
-            "platform": platform.platform(),
-            "cpus": len(os.sched_getaffinity(0)),
+            **machine_info(),
+            "cpus_usable": len(os.sched_getaffinity(0)),
             "int8_dot_product": _vnni(),
             "loadavg_at_end": list(os.getloadavg()),
         },
@@ -173,9 +182,20 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--data", type=Path, default=default_locomo_path())
-    p.add_argument("--budgets", type=positive_int, nargs="+", default=[5, 10, 20])
+    p = Parser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=default_locomo_path(),
+        help="LoCoMo file (default: $MEMORYOS_GPU_LOCOMO)",
+    )
+    p.add_argument(
+        "--budgets",
+        type=positive_int,
+        nargs="+",
+        default=[5, 10, 20],
+        help="page budgets of the evidence recall (default 5 10 20)",
+    )
     p.add_argument("--quick", action="store_true", help="1 conversation, 80 pages (CI)")
     p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument("--cache-dir", help="ONNX export cache (default: memoryos-gpu's cache dir)")
@@ -186,10 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args, convs)
     print_table(report)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         write_json(args.json, report)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

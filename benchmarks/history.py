@@ -34,7 +34,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_output, positive_int, write_json
+from cli_args import (
+    Parser,
+    apply_defaults,
+    check_locomo_env,
+    check_output,
+    load_locomo_data,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,9 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import (
     DATA,
     EmbedMeter,
+    corpus_of,
     hardware,
     ingest,
-    load_corpus,
     make_embedder,
     make_pages,
     make_queries,
@@ -106,7 +116,7 @@ def warm_up(corpus: list, questions: list[str], meter: EmbedMeter) -> None:
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    corpus, questions = load_corpus(DATA)
+    corpus, questions = corpus_of(args.convs)
     queries = make_queries(questions, args.users, args.queries)
     meter = EmbedMeter(make_embedder("hashing"))
     warm_up(corpus, questions, meter)
@@ -179,40 +189,54 @@ def plot(rows: list[dict[str, Any]], out: Path, users: int) -> None:
         ylabel="us per query",
         title="retrieval (batches of 64)",
     )
-    ax[1].legend()
+    # below the axes, not over the points
+    ax[1].legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8, frameon=False)
     fig.suptitle(f"{users} users, hashing embedder, extractive mode")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--users", type=positive_int, default=4, help="users (their pages interleave)")
+    p = Parser(description=__doc__.split("\n", 1)[0])
+    p.add_argument(
+        "--users",
+        type=positive_int,
+        default=None,
+        help="users, their pages interleaved (default 4; --quick: 2)",
+    )
     p.add_argument(
         "--checkpoints",
-        type=int,
+        type=positive_int,
         nargs="+",
-        default=[20, 100, 500, 2000],
-        help="pages per user at which to measure",
+        default=None,
+        help="pages per user at which to measure (default 20 100 500 2000; --quick: 20 100)",
     )
     p.add_argument("--batch", type=positive_int, default=100, help="pages per add_many call")
-    p.add_argument("--queries", type=positive_int, default=1024, help="questions per checkpoint")
+    p.add_argument(
+        "--queries",
+        type=positive_int,
+        default=None,
+        help="questions per checkpoint (default 1024; --quick: 256)",
+    )
     p.add_argument("--quick", action="store_true", help="2 users, checkpoints 20 and 100")
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--plot", type=Path, help="write the two curves here (PNG)")
     args = p.parse_args(argv)
     check_output(p, args.json, args.plot)  # a bad output path fails now, not after the run
-    if args.users < 1 or min(args.checkpoints) < 1 or args.batch < 1 or args.queries < 1:
-        p.error("--users, --checkpoints, --batch and --queries must be >= 1")
-    if args.quick:
-        args.users, args.checkpoints, args.queries = 2, [20, 100], 256
+    apply_defaults(
+        args,
+        full={"users": 4, "checkpoints": [20, 100, 500, 2000], "queries": 1024},
+        quick={"users": 2, "checkpoints": [20, 100], "queries": 256},
+    )
+    check_locomo_env(p, DATA)  # missing: one line, exit 2, before the run
+    args.convs = load_locomo_data(p, DATA)
     print_header()
     rows = run(args)
     if args.json:
         report = {
             "benchmark": "history",
-            "date": time.strftime("%Y-%m-%d"),
-            "args": {k: v for k, v in vars(args).items() if k not in ("json", "plot")},
+            "date": today(),
+            "args": {k: v for k, v in vars(args).items() if k not in ("json", "plot", "convs")},
             "hardware": hardware(),
             "results": rows,
         }
@@ -223,4 +247,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

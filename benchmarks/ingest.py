@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -42,7 +41,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_output, handle_sigterm, machine_info, positive_int, today, write_json
+from cli_args import (
+    Parser,
+    apply_defaults,
+    check_locomo_env,
+    check_output,
+    machine_info,
+    positive_float,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 # as the CLI does: OpenMP threads sleep instead of spinning between the kernels' tiny parallel
 # regions (a spinning wait costs a scheduler quantum per call whenever the CPUs are shared)
@@ -385,7 +395,7 @@ def encryption_cost(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def print_encryption(cost: list[dict[str, Any]]) -> None:
+def print_encryption(cost: list[dict[str, Any]], quick: bool = False) -> None:
     if not cost:
         return
     print("\nencryption at rest (SQLCipher) against the plain store, same settings:")
@@ -396,6 +406,8 @@ def print_encryption(cost: list[dict[str, Any]]) -> None:
             f"SQLite {c['plain_sqlite_s']:.2f} -> {c['encrypted_sqlite_s']:.2f} s; "
             f"open {c['plain_load_s']:.2f} -> {c['encrypted_load_s']:.2f} s"
         )
+    if quick:
+        print("  (--quick: runs of a fraction of a second, so these ratios are a smoke test)")
 
 
 def with_encrypted_twins(configs: list[dict[str, Any]], notes: list[str]) -> list[dict[str, Any]]:
@@ -414,16 +426,46 @@ def with_encrypted_twins(configs: list[dict[str, Any]], notes: list[str]) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--users", type=positive_int, nargs="+", default=None)
     ap.add_argument(
-        "--pages", type=positive_int, default=None, help="pages of the input (default all)"
+        "--users",
+        type=positive_int,
+        nargs="+",
+        default=None,
+        help="user counts, one run each (default 1 100 1000; --quick: 1 100)",
     )
-    ap.add_argument("--embedder", choices=["minilm", "hashing"], default=None)
-    ap.add_argument("--embedding-dtype", choices=["float32", "bfloat16"], default=None)
-    ap.add_argument("--batch-size", type=positive_int, default=512)
-    ap.add_argument("--process", choices=["auto", "batch"], default="auto")
+    ap.add_argument(
+        "--pages",
+        type=positive_int,
+        default=None,
+        help="pages of the input (default all; --quick: 150)",
+    )
+    ap.add_argument(
+        "--embedder",
+        choices=["minilm", "hashing"],
+        default=None,
+        help="(default minilm; --quick: hashing)",
+    )
+    ap.add_argument(
+        "--embedding-dtype",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help="the embedder's dtype (default: the library's)",
+    )
+    ap.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=512,
+        help="pages per engine batch across users (ingest's --batch-size; default 512)",
+    )
+    ap.add_argument(
+        "--process",
+        choices=["auto", "batch"],
+        default="auto",
+        help="when derived work runs (ingest's --process): auto (the library's choice) or "
+        "batch (after each batch)",
+    )
     ap.add_argument(
         "--prefetch",
         choices=["auto", "on", "off"],
@@ -448,26 +490,39 @@ def main(argv: list[str] | None = None) -> int:
         help="also each user count with provenance off (MemoryConfig(provenance=False))",
     )
     ap.add_argument("--llm", action="store_true", help="also LLM mode on a small subset")
-    ap.add_argument("--llm-pages", type=positive_int, default=24)
+    ap.add_argument(
+        "--llm-pages", type=positive_int, default=24, help="pages of the --llm run (default 24)"
+    )
     ap.add_argument("--profile", action="store_true", help="cProfile top functions per run")
     ap.add_argument(
         "--quick", action="store_true", help="a few seconds: hashing, 150 pages, 1 and 100 users"
     )
-    ap.add_argument("--timeout", type=float, default=3600)
-    ap.add_argument("--json", type=Path, default=None, help="write results here")
+    ap.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=3600,
+        help="seconds each run's child process may take before it is stopped (default 3600)",
+    )
+    ap.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help=f"write results here (default for a full run: {RESULTS}; --quick writes none "
+        "unless given)",
+    )
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(run_one(json.loads(args.child))))
         return 0
     out = args.json or (None if args.quick else RESULTS)
     check_output(ap, out)  # before the run, not after it
-    handle_sigterm()  # kill / timeout: the finally below still removes the scratch folder
-    if not LOCOMO.is_file():
-        print(f"LoCoMo data not found at {LOCOMO} (set MEMORYOS_GPU_LOCOMO)", file=sys.stderr)
-        return 2
-    embedder = args.embedder or ("hashing" if args.quick else "minilm")
-    users = args.users or ([1, 100] if args.quick else [1, 100, 1000])
-    pages = args.pages if args.pages is not None else (150 if args.quick else None)
+    check_locomo_env(ap, LOCOMO)
+    apply_defaults(
+        args,
+        full={"embedder": "minilm", "users": [1, 100, 1000]},
+        quick={"embedder": "hashing", "users": [1, 100], "pages": 150},
+    )
+    embedder, users, pages = args.embedder, args.users, args.pages
     workdir = tempfile.mkdtemp(prefix="memoryos-ingest-bench-")
     try:
         base = {
@@ -544,15 +599,12 @@ def main(argv: list[str] | None = None) -> int:
         for line in analysis:
             print("  " + line)
         cost = encryption_cost(rows)
-        print_encryption(cost)
+        print_encryption(cost, args.quick)
         result = {
             "benchmark": "ingest",
             "date": today(),
             "host": {
-                "cpu": machine_info()["cpu"],
-                "platform": platform.platform(),
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
+                **machine_info(),
                 "loadavg_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
             },
             "input": str(LOCOMO),
@@ -571,4 +623,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -34,19 +34,36 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_output, positive_int, write_json
+from cli_args import (
+    Parser,
+    apply_defaults,
+    check_locomo_env,
+    check_output,
+    machine_info,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def locomo_path() -> Path:
+    """The LoCoMo file the children read (throughput.DATA), without importing the package."""
+    from memoryos_gpu.eval.locomo import default_locomo_path
+
+    return default_locomo_path()
+
+
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 
@@ -166,30 +183,45 @@ def ratios(this: list[dict[str, Any]], base: list[dict[str, Any]] | None) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument(
-        "--single", type=positive_int, default=300, help="pages of the one-user history"
+        "--single",
+        type=positive_int,
+        default=None,
+        help="pages of the one-user history (default 300; --quick: 12)",
     )
     ap.add_argument(
-        "--users", type=positive_int, default=200, help="users of the interleaved workload"
+        "--users",
+        type=positive_int,
+        default=None,
+        help="users of the interleaved workload (default 200; --quick: 4)",
     )
-    ap.add_argument("--pages-per-user", type=positive_int, default=20)
+    ap.add_argument(
+        "--pages-per-user",
+        type=positive_int,
+        default=None,
+        help="pages per user of the interleaved workload (default 20; --quick: 5)",
+    )
     ap.add_argument("--base", metavar="REV", help="also count git revision REV's Python code")
     ap.add_argument(
         "--quick", action="store_true", help="tiny workloads (CI): ~3 min on a 2-core CPU"
     )
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="write the report here (JSON)")
     args = ap.parse_args(argv)
-    check_output(ap, args.json)  # a bad output path fails now, not after the run
     if args.child:
         child(json.loads(args.child))
         return 0
+    check_output(ap, args.json)  # a bad output path fails now, not after the run
+    check_locomo_env(ap, locomo_path())  # the children read it: missing, one line
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind): nothing measured")
         return 0
-    if args.quick:
-        args.single, args.users, args.pages_per_user = 12, 4, 5
+    apply_defaults(
+        args,
+        full={"single": 300, "users": 200, "pages_per_user": 20},
+        quick={"single": 12, "users": 4, "pages_per_user": 5},
+    )
     workloads = [(1, args.single), (args.users, args.pages_per_user)]
     with tempfile.TemporaryDirectory(prefix="memoryos-instructions-") as tmp:
         workdir = Path(tmp)
@@ -197,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         base = measure(workloads, base_tree(args.base, workdir), workdir) if args.base else None
     result = {
         "benchmark": "instructions",
-        "date": time.strftime("%Y-%m-%d"),
-        "hardware": {"machine": platform.machine(), "python": platform.python_version()},
+        "date": today(),
+        "hardware": machine_info(),
         "settings": {**vars(args), "json": str(args.json) if args.json else None},
         "this": this,
         "base": base,
@@ -206,11 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     report(result)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         write_json(args.json, result, indent=1)
         print(f"JSON: {args.json}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -19,19 +19,25 @@ reader's.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing as mp
 import pickle
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
 
 import zmq
-from cli_args import check_output, positive_int, write_json
+from cli_args import (
+    Parser,
+    apply_defaults,
+    check_output,
+    machine_info,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 SIDES = ("loop-reader", "zmq.asyncio")
 
@@ -122,17 +128,28 @@ def run_side(side: str, messages: int, per_msg: int, workdir: str) -> dict[str, 
     return {"cpu_us_per_message": cpu / messages * 1e6, "messages_per_s": messages / wall}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--messages", type=positive_int, default=20000)
-    ap.add_argument("--per-msg", type=int, default=4, help="Requests a message carries.")
-    ap.add_argument("--rounds", type=positive_int, default=3)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    ap = Parser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--messages",
+        type=positive_int,
+        default=None,
+        help="Messages each side sends per round (default 20000; --quick: 2000).",
+    )
+    ap.add_argument("--per-msg", type=positive_int, default=4, help="Requests a message carries.")
+    ap.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=None,
+        help="Alternated rounds per side, medians kept (default 3; --quick: 1).",
+    )
+    ap.add_argument("--quick", action="store_true", help="A small run for CI (seconds).")
+    ap.add_argument("--json", default=None, help="Write the results here (JSON).")
+    args = ap.parse_args(argv)
     check_output(ap, args.json)  # a bad output path fails now, not after the run
-    if args.quick:
-        args.messages, args.rounds = 2000, 1
+    apply_defaults(
+        args, full={"messages": 20000, "rounds": 3}, quick={"messages": 2000, "rounds": 1}
+    )
     runs: dict[str, list[dict[str, float]]] = {s: [] for s in SIDES}
     with tempfile.TemporaryDirectory() as workdir:
         for r in range(args.rounds):
@@ -147,8 +164,8 @@ def main() -> None:
     if args.json:
         result = {
             "benchmark": "ipc_channel",
-            "date": time.strftime("%Y-%m-%d"),
-            "hardware": {"machine": platform.machine(), "python": sys.version.split()[0]},
+            "date": today(),
+            "hardware": machine_info(),
             "settings": vars(args),
             "runs": runs,
             "median": med,
@@ -158,4 +175,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -23,13 +23,12 @@ S = 200, d = 384.
 
 Usage: python benchmarks/kernel_speed.py [--routine engine|kernel-only|all] [--users 10000]
        [--batch 1024] [--pages-per-segment 2] [--dtypes float16 float32]
-       [--device cpu|cuda] [--quick] [--json OUT]
+       [--device auto|cpu|cuda] [--quick] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -37,7 +36,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cli_args import check_output, positive_int, write_json
+from cli_args import (
+    DEVICES,
+    Parser,
+    apply_defaults,
+    check_output,
+    positive_int,
+    resolve_device,
+    run_main,
+    today,
+    write_json,
+)
 
 from memoryos_gpu import ops
 from memoryos_gpu.arena import Arena, ArenaConfig
@@ -542,6 +551,9 @@ def bench_kernel_only(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_kernel_only(r: dict[str, Any]) -> None:
+    # on a GPU the host's time to issue a call differs from the kernel's; on the CPU the wall
+    # clock is both, so the column would only repeat "median us"
+    gpu = r["copy_kind"] != "host memcpy"
     print(
         f"kernel-only on {r['device']}: B = {r['batch']}, S = {r['segments_per_user']}, "
         f"d = {r['dim']}, {r['users']} users, {r['pages_per_segment']} pages/segment; "
@@ -549,7 +561,7 @@ def print_kernel_only(r: dict[str, Any]) -> None:
     )
     head = (
         f"{'kernel':<16} {'dtype':<9} {'median us':>10} {'p20-p80 us':>16} {'GB/s':>8} "
-        f"{'of copy':>8} {'issue us':>9}"
+        f"{'of copy':>8}" + (f" {'issue us':>9}" if gpu else "")
     )
     print(head)
     print("-" * len(head))
@@ -557,8 +569,11 @@ def print_kernel_only(r: dict[str, Any]) -> None:
         spread = f"{k['p20_us']}-{k['p80_us']}"
         print(
             f"{k['kernel']:<16} {k['dtype']:<9} {k['median_us']:>10} {spread:>16} "
-            f"{k['gb_s']:>8} {k['fraction_of_copy']:>8.1%} {k['issue_us']:>9}"
+            f"{k['gb_s']:>8} {k['fraction_of_copy']:>8.1%}"
+            + (f" {k['issue_us']:>9}" if gpu else "")
         )
+    if gpu:
+        print("issue us: the host's time to issue one call (the kernels run behind a spin hold)")
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
@@ -583,20 +598,43 @@ def print_table(results: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--routine", choices=["engine", "kernel-only", "all"], default="all")
-    p.add_argument("--users", type=positive_int, nargs="+", default=[1000, 10000])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--pages-per-segment",
-        type=int,
+        "--routine",
+        choices=["engine", "kernel-only", "all"],
+        default="all",
+        help="engine: the engine's kernels vs torch vs a reference-style loop; kernel-only: "
+        "each raw kernel's time and bandwidth; all: both (default)",
+    )
+    p.add_argument(
+        "--users",
+        type=positive_int,
         nargs="+",
         default=None,
-        help="one per --users entry (default: 20 at <= 1000 users, else 2 to fit RAM)",
+        help="users of the arena, one engine run each (default 1000 10000; --quick: 64)",
     )
-    p.add_argument("--slots", type=int, default=200)
-    p.add_argument("--dim", type=int, default=384)
-    p.add_argument("--batch", type=positive_int, default=1024)
-    p.add_argument("--repeat", type=positive_int, default=5)
+    p.add_argument(
+        "--pages-per-segment",
+        type=positive_int,
+        nargs="+",
+        default=None,
+        help="one per --users entry (default: 20 at <= 1000 users, else 2 to fit RAM; --quick: 4)",
+    )
+    p.add_argument("--slots", type=positive_int, default=200, help="MTM segments per user")
+    p.add_argument("--dim", type=positive_int, default=384, help="embedding dimension")
+    p.add_argument(
+        "--batch",
+        type=positive_int,
+        default=None,
+        help="queries per kernel call, each for a distinct user, so at most the smallest "
+        "--users (default 1024, or every user when fewer; --quick: 64)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=positive_int,
+        default=None,
+        help="timed calls per measurement, after an untimed one (default 5; --quick: 2)",
+    )
     p.add_argument(
         "--dtypes",
         nargs="+",
@@ -606,24 +644,47 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--reference-queries",
-        type=int,
-        default=256,
-        help="queries the slow reference loop actually runs (scaled to the batch)",
+        type=positive_int,
+        default=None,
+        help="queries the slow reference loop actually runs (scaled to the batch; default 256; "
+        "--quick: 32)",
     )
-    p.add_argument("--device", default="cuda" if ops.build_info()["cuda_usable"] else "cpu")
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="auto",
+        help="where the arena and kernels run (auto: CUDA when usable)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes: a few seconds, for CI")
-    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None, help="write the report here (JSON)")
     args = p.parse_args(argv)
     check_output(p, args.json)  # a bad output path fails now, not after the run
-    if args.quick:
-        args.users, args.pages_per_segment, args.batch, args.repeat = [64], [4], 64, 2
-        args.reference_queries = 32
+    args.device = resolve_device(p, args.device)
+    apply_defaults(
+        args,
+        full={"users": [1000, 10000], "repeat": 5, "reference_queries": 256},
+        quick={
+            "users": [64],
+            "pages_per_segment": [4],
+            "batch": 64,
+            "repeat": 2,
+            "reference_queries": 32,
+        },
+    )
+    fewest = min(args.users)
+    if args.batch is None:
+        args.batch = min(1024, fewest)
+    elif args.batch > fewest:
+        p.error(
+            f"--batch {args.batch} is more than --users {fewest}: each query of a batch is for "
+            f"a distinct user; give --batch {fewest} or fewer, or more --users"
+        )
     pps = args.pages_per_segment or [20 if u <= 1000 else 2 for u in args.users]
     if len(pps) != len(args.users):
         p.error("--pages-per-segment needs one value per --users value")
     report: dict[str, Any] = {
         "benchmark": "kernels",
-        "date": time.strftime("%Y-%m-%d"),
+        "date": today(),
         "hardware": hardware(),
         "build": ops.build_info(),
     }
@@ -638,14 +699,12 @@ def main(argv: list[str] | None = None) -> int:
         for users, pages in zip(args.users, pps, strict=True):
             run = argparse.Namespace(**{**vars(args), "users": users, "pages_per_segment": pages})
             results.append(bench(run))
-            print(json.dumps(results[-1]), file=sys.stderr)
         print_table(results)
         report["results"] = results
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         write_json(args.json, report)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -22,8 +22,6 @@ Usage: python benchmarks/llm_batching.py [--users 4] [--pages 8] [--max-tokens 4
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 import time
@@ -31,7 +29,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_locomo_work, check_output, load_locomo_data, positive_int, write_json
+from cli_args import (
+    Parser,
+    apply_defaults,
+    check_locomo_work,
+    check_output,
+    load_locomo_data,
+    machine_info,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import MemoryEngine
@@ -162,21 +171,31 @@ def respond(engine: MemoryEngine, questions: list[tuple[str, str]]) -> dict[str,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    p.add_argument("--users", type=positive_int, default=4)
-    p.add_argument("--pages", type=positive_int, default=8, help="pages per user")
-    p.add_argument("--max-tokens", type=int, default=48)
+    p = Parser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo file")
+    p.add_argument("--users", type=positive_int, default=None, help="(default 4; --quick: 2)")
+    p.add_argument(
+        "--pages", type=positive_int, default=None, help="pages per user (default 8; --quick: 5)"
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=None,
+        help="tokens per LLM call (default 48; --quick: 24)",
+    )
     p.add_argument("--separate", action="store_true", help="also the paper's separate calls")
     p.add_argument("--responses", type=positive_int, default=1, help="questions answered per user")
     p.add_argument("--quick", action="store_true", help="2 users x 5 pages, 24 tokens")
-    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None, help="write the report here (JSON)")
     args = p.parse_args(argv)
     check_output(p, args.json)  # a bad output path fails now, not after the run
     convs = load_locomo_data(p, args.data)  # a wrong file: one line now, not a traceback
     check_locomo_work(p, args.data, convs, scored=False)
-    if args.quick:
-        args.users, args.pages, args.max_tokens = 2, 5, 24
+    apply_defaults(
+        args,
+        full={"users": 4, "pages": 8, "max_tokens": 48},
+        quick={"users": 2, "pages": 5, "max_tokens": 24},
+    )
     from memoryos_gpu.embed import Embedder
     from memoryos_gpu.llm.transformers_backend import TransformersBackend
 
@@ -204,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         questions=questions if batch > 1 else [],
                     )
                 )
-                print(json.dumps(rows[-1]), file=sys.stderr)
+                print(f"{label} measured", file=sys.stderr, flush=True)
     ratios = {}
     for mode in {r["mode"] for r in rows}:
         b = next(r for r in rows if r["mode"] == mode and r["batching"] == "batched")
@@ -220,13 +239,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{r['llm_calls_per_page']:>10.3f} {r['prompt_tokens_per_page']:>13.1f} "
             f"{r['fallbacks']:>9}  {r['mean_batch_per_stage']}"
         )
-    print("batched / one-at-a-time throughput:", ratios)
+    print(
+        "batched / one-at-a-time throughput (> 1 = batching faster): "
+        + ", ".join(f"{mode} {x:.2f}x" for mode, x in sorted(ratios.items()))
+    )
+    fell_back = sum(r["fallbacks"] for r in rows)
+    if fell_back:
+        print(
+            f"warning: {fell_back} LLM call(s) fell back (no model output used), so the ratio "
+            "above does not measure LLM batching"
+        )
     for r in rows:
         if "per_response" in r:
             print(f"per response ({r['mode']}): {r['per_response']}")
     report = {
         "benchmark": "llm_batching",
-        "date": time.strftime("%Y-%m-%d"),
+        "date": today(),
+        "machine": machine_info(),
         "users": args.users,
         "pages_per_user": args.pages,
         "max_tokens": args.max_tokens,
@@ -235,10 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "throughput_ratio": ratios,
     }
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         write_json(args.json, report)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

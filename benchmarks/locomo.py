@@ -42,12 +42,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli_args, also when 
 
 import numpy as np
 from cli_args import (
+    Parser,
+    apply_defaults,
     check_locomo_work,
     check_output,
     load_locomo_data,
     machine_info,
     nonnegative_int,
     positive_int,
+    run_main,
+    today,
     write_json,
 )
 
@@ -328,6 +332,17 @@ def report_rows(method: str, reports: dict[int, Any], extra: dict[str, Any]) -> 
     ]
 
 
+#: LoCoMo's question categories by their number in the file (memoryos_gpu.eval.locomo's
+#: SCORED_CATEGORIES comment): what the plot names its groups
+CATEGORY_NAMES = {
+    1: "multi-hop",
+    2: "temporal",
+    3: "open-domain",
+    4: "single-hop",
+    5: "adversarial",
+}
+
+
 def select(convs: list[Conversation], args: argparse.Namespace) -> list[Conversation]:
     """The conversations and questions the run scores (--conversations, --max-pages, --quick),
     chosen before the run so that a selection with nothing to score is refused up front."""
@@ -336,7 +351,6 @@ def select(convs: list[Conversation], args: argparse.Namespace) -> list[Conversa
     if args.max_pages:
         convs = [c.truncated(args.max_pages) for c in convs]
     if args.quick:
-        convs = convs[:1]
         for c in convs:
             c.questions = c.questions[:40]
     return convs
@@ -445,7 +459,7 @@ def run(args: argparse.Namespace, convs: list[Conversation]) -> dict[str, Any]:
         "data": str(args.data),
         "questions": n_questions,
         "budgets": list(ks),
-        "date": time.strftime("%Y-%m-%d"),
+        "date": today(),
         "hardware": machine_info(),
         "results": results,
         **({"qa": qa_results} if qa_results else {}),
@@ -519,7 +533,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         xs = np.arange(len(cats)) + i * width
         ax.bar(xs, [r["per_category"].get(c, 0) for c in cats], width, label=r["method"])
     ax.set_xticks(np.arange(len(cats)) + 0.4 - width / 2)
-    ax.set_xticklabels([f"category {c}" for c in cats])
+    ax.set_xticklabels([f"{c}: {CATEGORY_NAMES.get(int(c), 'category')}" for c in cats])
     ax.set_ylabel(f"evidence recall @{budget}")
     ax.set_title(f"LoCoMo evidence recall per category ({report['questions']} questions)")
     ax.legend(fontsize=7, ncol=2)
@@ -528,32 +542,57 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA.resolve())
-    p.add_argument("--budgets", type=positive_int, nargs="+", default=[5, 10, 20])
-    p.add_argument("--quick", action="store_true", help="one conversation, 40 questions")
-    p.add_argument("--llm", action="store_true", help="also the LLM mode (bundled SmolLM2)")
-    p.add_argument("--llm-conversations", type=positive_int, default=1)
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--conversations", type=nonnegative_int, default=0, help="first N conversations (0 = all)"
+        "--data",
+        type=Path,
+        default=DEFAULT_DATA.resolve(),
+        help=f"LoCoMo file (default {DEFAULT_DATA.resolve()}, $MEMORYOS_GPU_LOCOMO)",
+    )
+    p.add_argument(
+        "--budgets",
+        type=positive_int,
+        nargs="+",
+        default=[5, 10, 20],
+        help="page budgets B at which evidence recall is scored (default 5 10 20)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="one conversation (unless --conversations is given), its first 40 questions",
+    )
+    p.add_argument("--llm", action="store_true", help="also the LLM mode (bundled SmolLM2)")
+    p.add_argument(
+        "--llm-conversations",
+        type=positive_int,
+        default=1,
+        help="conversations the --llm mode runs on (slow on CPU; default 1)",
+    )
+    p.add_argument(
+        "--conversations",
+        type=nonnegative_int,
+        default=None,
+        help="first N conversations (default 0 = all; --quick: 1)",
     )
     p.add_argument(
         "--max-pages",
-        type=int,
+        type=nonnegative_int,
         default=0,
         help="keep the first N pages of each conversation and the questions answerable from "
         "them (bounds slow LLM-mode runs; 0 = all)",
     )
     p.add_argument("--only", nargs="*", help="engine configurations to run (default: all)")
-    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None, help="write the report here (JSON)")
     p.add_argument(
         "--cv",
         action="store_true",
-        help="also choose the engine's BM25 weight leave-one-conversation-out (see above)",
+        help="also choose the engine's BM25 weight (lexical_weight) leave-one-conversation-out: "
+        "for each conversation, the --cv-grid weight with the best mean recall on the OTHER "
+        "conversations is scored on it (only a dev split exists); needs 2+ conversations",
     )
     p.add_argument(
         "--cv-rrf-k",
-        type=int,
+        type=positive_int,
         nargs="+",
         default=[60, 1, 2, 5, 10, 20],
         help="k of the RRF baseline --cv chooses from (the same leave-one-out rule)",
@@ -577,7 +616,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--answer-budget", type=positive_int, default=10, help="pages in the answer prompt"
     )
-    p.add_argument("--answer-max-tokens", type=int, default=32)
+    p.add_argument(
+        "--answer-max-tokens",
+        type=positive_int,
+        default=32,
+        help="tokens an answer may have (default 32)",
+    )
     p.add_argument(
         "--answer-methods",
         nargs="+",
@@ -586,6 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     check_output(p, args.json, args.plot)  # a bad output path fails now, not after the run
+    apply_defaults(args, full={"conversations": 0}, quick={"conversations": 1})
     convs = select(load_locomo_data(p, args.data), args)  # not LoCoMo: one line, exit 2
     check_locomo_work(p, args.data, convs, scored=True)
     report = run(args, convs)
@@ -593,7 +638,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "cv" in report:
         print_cv(report["cv"])
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         write_json(args.json, report)
     if args.plot:
         plot(report, args.plot)
@@ -601,4 +645,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

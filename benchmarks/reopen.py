@@ -25,8 +25,6 @@ import cProfile
 import gc
 import io
 import json
-import os
-import platform
 import pstats
 import resource
 import shutil
@@ -39,7 +37,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cli_args import check_output, machine_info, positive_int, today, write_json
+from cli_args import (
+    Parser,
+    apply_defaults,
+    check_output,
+    machine_info,
+    nonnegative_int,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -488,20 +496,36 @@ def _rss_gib() -> float:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--users", type=positive_int, default=10_000)
-    ap.add_argument("--segments", type=int, default=200, help="MTM segments per user")
+    ap = Parser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument(
+        "--users", type=positive_int, default=None, help="users (default 10000; --quick: 200)"
+    )
+    ap.add_argument(
+        "--segments", type=positive_int, default=200, help="MTM segments per user (default 200)"
+    )
     ap.add_argument("--quick", action="store_true", help="200 users (CI)")
-    ap.add_argument("--stm-pages", type=int, default=0, help="STM pages per user")
-    ap.add_argument("--user-knowledge", type=int, default=10)
-    ap.add_argument("--assistant-knowledge", type=int, default=100)
+    ap.add_argument(
+        "--stm-pages", type=nonnegative_int, default=0, help="STM pages per user (default 0)"
+    )
+    ap.add_argument(
+        "--user-knowledge",
+        type=nonnegative_int,
+        default=10,
+        help="user-knowledge entries per user (default 10)",
+    )
+    ap.add_argument(
+        "--assistant-knowledge",
+        type=nonnegative_int,
+        default=100,
+        help="assistant-knowledge entries per user (default 100)",
+    )
     ap.add_argument("--store", type=Path, help="store path (default: a temporary directory)")
     ap.add_argument("--keep", action="store_true", help="keep the store afterwards")
     ap.add_argument("--reuse", action="store_true", help="reuse an existing --store as is")
     ap.add_argument("--profile", action="store_true", help="cProfile a second reopen")
     ap.add_argument(
         "--engine-users",
-        type=int,
+        type=positive_int,
         default=1000,
         help="users of the engine reopen when the full arena does not fit in memory",
     )
@@ -509,8 +533,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", type=Path, help=f"JSON results (default for a full run: {RESULTS})")
     args = ap.parse_args(argv)
     check_output(ap, args.out)  # a bad output path fails now, not after the run
-    if args.quick:
-        args.users = 200
+    apply_defaults(args, full={"users": 10_000}, quick={"users": 200})
     tmp = None
     if args.store is None:
         tmp = Path(tempfile.mkdtemp(prefix="memoryos-reopen-"))
@@ -521,13 +544,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "segments_per_user": args.segments,
         "stm_pages_per_user": args.stm_pages,
         "date": today(),
-        "machine": {
-            "cpu": machine_info()["cpu"],
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "sqlite": sqlite3.sqlite_version,
-            "platform": platform.platform(),
-        },
+        "machine": {**machine_info(), "sqlite": sqlite3.sqlite_version},
     }
     try:
         if not (args.reuse and path.exists()):
@@ -662,4 +679,4 @@ def print_table(r: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

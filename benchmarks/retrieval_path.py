@@ -28,11 +28,9 @@ Usage: python benchmarks/retrieval_path.py [--users 1000 10000 100000] [--embedd
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import gc
 import itertools
-import json
 import pstats
 import random
 import resource
@@ -43,7 +41,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_locomo_work, check_output, load_locomo_data, positive_int, write_json
+from cli_args import (
+    Parser,
+    apply_defaults,
+    check_locomo_work,
+    check_output,
+    load_locomo_data,
+    nonnegative_int,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -348,14 +357,41 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--users", type=positive_int, nargs="+", default=[1000, 10000, 100000])
-    p.add_argument("--pages-per-user", type=positive_int, default=20)
-    p.add_argument("--embedder", choices=["hashing", "minilm"], default="hashing")
-    p.add_argument("--batch", type=positive_int, default=256)
-    p.add_argument("--queries", type=positive_int, default=4096)
-    p.add_argument("--ingest-batch", type=positive_int, default=2048)
-    p.add_argument("--data", type=Path, default=default_locomo_path())
+    p = Parser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--users",
+        type=positive_int,
+        nargs="+",
+        default=None,
+        help="user counts, one run each (default 1000 10000 100000; --quick: 30 100)",
+    )
+    p.add_argument(
+        "--pages-per-user", type=positive_int, default=20, help="pages per user (default 20)"
+    )
+    p.add_argument(
+        "--embedder", choices=["hashing", "minilm"], default="hashing", help="(default hashing)"
+    )
+    p.add_argument(
+        "--batch",
+        type=positive_int,
+        default=None,
+        help="queries per retrieve_many call (default 256; --quick: 128)",
+    )
+    p.add_argument(
+        "--queries",
+        type=positive_int,
+        default=None,
+        help="queries per size (default 4096; --quick: 512)",
+    )
+    p.add_argument(
+        "--ingest-batch", type=positive_int, default=2048, help="pages per add_many call"
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=default_locomo_path(),
+        help="LoCoMo file (default: $MEMORYOS_GPU_LOCOMO)",
+    )
     p.add_argument(
         "--store",
         type=Path,
@@ -365,20 +401,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--baseline",
-        type=int,
-        default=1000,
+        type=nonnegative_int,
+        default=None,
         help="users of the size the larger ones are compared with: its engine stays open and "
-        "answers a warm batch after each of theirs (0: no comparison)",
+        "answers a warm batch after each of theirs (0: no comparison; default 1000; "
+        "--quick: 30)",
     )
-    p.add_argument("--quick", action="store_true", help="100 users, 512 queries: seconds")
-    p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--plot", type=Path, default=None)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="30 and 100 users, 512 queries, baseline 30: seconds",
+    )
+    p.add_argument("--json", type=Path, default=None, help="write the report here (JSON)")
+    p.add_argument("--plot", type=Path, default=None, help="draw the results here (PNG)")
     args = p.parse_args(argv)
     check_output(p, args.json, args.plot)  # a bad output path fails now, not after the run
     convs = load_locomo_data(p, args.data)  # not LoCoMo: one line, exit 2, before the run
     check_locomo_work(p, args.data, convs, scored=False)
-    if args.quick:
-        args.users, args.queries, args.batch, args.baseline = [30, 100], 512, 128, 30
+    apply_defaults(
+        args,
+        full={"users": [1000, 10000, 100000], "queries": 4096, "batch": 256, "baseline": 1000},
+        quick={"users": [30, 100], "queries": 512, "batch": 128, "baseline": 30},
+    )
     corpus, questions = corpus_of(convs)
     embedder = make_embedder(args.embedder)
     embedder.encode(["warm-up"] * 2)
@@ -390,10 +434,10 @@ def main(argv: list[str] | None = None) -> int:
             baseline, base_dir = open_baseline(corpus, questions, embedder, args)
         alternate = baseline if users > args.baseline else None
         rows.append(run_size(users, corpus, questions, embedder, args, alternate))
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        print(f"{users} users measured", file=sys.stderr, flush=True)
         report = {
             "benchmark": "retrieval_path",
-            "date": time.strftime("%Y-%m-%d"),
+            "date": today(),
             "hardware": hardware(),
             "build": ops.build_info(),
             "embedder": getattr(embedder, "model_id", args.embedder),
@@ -406,7 +450,6 @@ def main(argv: list[str] | None = None) -> int:
             "results": rows,
         }
         if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
             write_json(args.json, report)
     if baseline is not None:
         baseline.engine.close()
@@ -419,4 +462,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

@@ -33,10 +33,8 @@ on this machine only (``ingest_ray`` reads it here and hands Ray the records).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import random
 import shutil
 import tempfile
@@ -44,7 +42,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_output, positive_int, write_json
+from cli_args import (
+    Parser,
+    apply_defaults,
+    check_output,
+    machine_info,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -334,17 +341,42 @@ def store_labels(shards: list[int]) -> list[str]:
 
 # ============================================================================ main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small input, CI-sized (< 1 min)")
-    ap.add_argument("--users", type=positive_int, default=400)
-    ap.add_argument("--pages", type=positive_int, default=25, help="pages per user")
-    ap.add_argument("--shards", type=positive_int, nargs="+", default=[1, 2])
-    ap.add_argument("--batch", type=positive_int, default=64, help="queries per retrieval round")
-    ap.add_argument("--rounds", type=positive_int, default=40)
-    ap.add_argument("--ingest-batch", type=positive_int, default=512)
-    ap.add_argument("--embedder", choices=["hashing", "minilm"], default="hashing")
+    ap.add_argument("--users", type=positive_int, default=None, help="(default 400; --quick: 40)")
+    ap.add_argument(
+        "--pages", type=positive_int, default=None, help="pages per user (default 25; --quick: 10)"
+    )
+    ap.add_argument(
+        "--shards",
+        type=positive_int,
+        nargs="+",
+        default=[1, 2],
+        help="shard counts to compare with the single process (default 1 2)",
+    )
+    ap.add_argument(
+        "--batch",
+        type=positive_int,
+        default=None,
+        help="queries per retrieval round (default 64; --quick: 32)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=None,
+        help="retrieval rounds (default 40; --quick: 5)",
+    )
+    ap.add_argument(
+        "--ingest-batch",
+        type=positive_int,
+        default=512,
+        help="pages per ingest batch (default 512)",
+    )
+    ap.add_argument(
+        "--embedder", choices=["hashing", "minilm"], default="hashing", help="(default hashing)"
+    )
     ap.add_argument("--address", default=None, help="Ray cluster address (default: local)")
-    ap.add_argument("--num-cpus", type=int, default=None, help="local Ray's CPUs")
+    ap.add_argument("--num-cpus", type=positive_int, default=None, help="local Ray's CPUs")
     ap.add_argument(
         "--store",
         metavar="DIR|URL",
@@ -353,11 +385,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "(DIR/single, DIR/sharded-S) or a PostgreSQL URL (a schema per store); "
         "default: a temporary directory here, removed at the end",
     )
-    ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument(
+        "--json", dest="json_out", metavar="OUT", default=None, help="write the results here (JSON)"
+    )
     args = ap.parse_args(argv)
     check_output(ap, args.json_out)  # a bad output path fails now, not after the run
-    if args.quick:
-        args.users, args.pages, args.rounds, args.batch = 40, 10, 5, 32
+    apply_defaults(
+        args,
+        full={"users": 400, "pages": 25, "rounds": 40, "batch": 64},
+        quick={"users": 40, "pages": 10, "rounds": 5, "batch": 32},
+    )
     labels = store_labels(args.shards)
     if args.store is not None:
         stores = Stores(args.store, labels, temporary=False)
@@ -390,10 +427,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"stores kept in {stores.describe()}: {', '.join(labels)}")
     out = {
         "benchmark": "scale_out",
-        "date": time.strftime("%Y-%m-%d"),
+        "date": today(),
         "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
+            **machine_info(),
             "ray_cpus": ray.cluster_resources().get("CPU"),
             "ray_gpus": ray.cluster_resources().get("GPU", 0),
         },
@@ -406,7 +442,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print_table(out)
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         write_json(args.json_out, out)
     return out
 
@@ -425,4 +460,4 @@ def print_table(out: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -48,11 +48,16 @@ from typing import Any
 
 import httpx
 from cli_args import (
+    Parser,
+    apply_defaults,
     check_output,
-    handle_sigterm,
+    fraction,
     machine_info,
+    nonnegative_float,
     nonnegative_int,
+    positive_float,
     positive_int,
+    run_main,
     today,
     write_json,
 )
@@ -283,33 +288,79 @@ def _interleaved(
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--serve-json", help=argparse.SUPPRESS)
-    p.add_argument("--users", type=positive_int, nargs="+", default=[100, 1000])
-    p.add_argument("--requests", type=positive_int, default=6000, help="Requests per run (bound).")
-    p.add_argument("--time-limit", type=float, default=60.0, help="Seconds per run (bound).")
-    p.add_argument("--write-frac", type=float, default=0.3)
-    p.add_argument("--think-ms", type=float, default=0.0, help="Mean think time (0: saturate).")
+    p.add_argument(
+        "--users",
+        type=positive_int,
+        nargs="+",
+        default=None,
+        help="User counts, one saturated run each (default 100 1000; --quick: 50).",
+    )
+    p.add_argument(
+        "--requests",
+        type=positive_int,
+        default=None,
+        help="Requests per run (bound; default 6000; --quick: 600).",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=positive_float,
+        default=None,
+        help="Seconds per run (bound; default 60; --quick: 15).",
+    )
+    p.add_argument(
+        "--write-frac",
+        type=fraction,
+        default=0.3,
+        help="Share of requests that write a page, the rest retrieve (0 to 1; default 0.3).",
+    )
+    p.add_argument(
+        "--think-ms",
+        type=nonnegative_float,
+        default=0.0,
+        help="Mean think time (0: saturate).",
+    )
     p.add_argument(
         "--paced-users",
         type=positive_int,
-        default=100,
-        help="Users of the extra paced (think-time) run.",
+        default=None,
+        help="Users of the extra paced (think-time) run (default 100; --quick: 50).",
     )
     p.add_argument(
         "--paced-think-ms",
-        type=float,
+        type=nonnegative_float,
         default=500.0,
         help="Think time of the paced run (0: no paced run): latency below saturation.",
     )
     p.add_argument(
-        "--preload-pages", type=nonnegative_int, default=10, help="Pages per user before load."
+        "--preload-pages",
+        type=nonnegative_int,
+        default=None,
+        help="Pages per user before load (default 10; --quick: 4).",
     )
-    p.add_argument("--max-batch", type=positive_int, default=64)
-    p.add_argument("--max-wait-ms", type=float, default=2.0)
-    p.add_argument("--embedder", default="hashing", choices=["hashing", "transformers"])
+    p.add_argument(
+        "--max-batch",
+        type=positive_int,
+        default=64,
+        help="The batched server's largest batch of requests (serve's; default 64).",
+    )
+    p.add_argument(
+        "--max-wait-ms",
+        type=nonnegative_float,
+        default=2.0,
+        help="How long the batched server waits to fill a batch (serve's; default 2).",
+    )
+    p.add_argument(
+        "--embedder",
+        default="hashing",
+        choices=["hashing", "transformers"],
+        help="The server's embedder (default hashing).",
+    )
     p.add_argument("--no-unbatched", action="store_true", help="Only the batched runs.")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="Seed of the users' request mix (default 0)."
+    )
     p.add_argument(
         "--client",
         default="raw",
@@ -327,9 +378,10 @@ def main(argv: list[str] | None = None) -> None:
         "--workers",
         type=nonnegative_int,
         nargs="+",
-        default=[0],
+        default=None,
         help="Server layouts to compare: 0 = the single-process server, N = N HTTP workers in "
-        "front of one engine process (the first is the baseline of the ratios).",
+        "front of one engine process (the first is the baseline of the ratios; default 0; "
+        "--quick: 0 1).",
     )
     p.add_argument(
         "--rounds",
@@ -356,20 +408,28 @@ def main(argv: list[str] | None = None) -> None:
     if args.serve_json:
         _serve(args.serve_json)
         return
-    if not 0.0 <= args.write_frac <= 1.0:
-        p.error(f"--write-frac must be between 0 and 1, got {args.write_frac}")
     # --quick (CI) never overwrites the committed results
     out = Path(args.out) if args.out else (None if args.quick else RESULTS)
     check_output(p, out, args.plot)
-    handle_sigterm()  # kill / timeout: the finally blocks stop the servers, remove the stores
-    if args.quick:
-        args.users = [50]
-        args.requests = min(args.requests, 600)
-        args.time_limit = min(args.time_limit, 15.0)
-        args.preload_pages = min(args.preload_pages, 4)
-        args.paced_users = min(args.paced_users, 50)
-        if args.workers == [0]:
-            args.workers = [0, 1]
+    apply_defaults(
+        args,
+        full={
+            "users": [100, 1000],
+            "requests": 6000,
+            "time_limit": 60.0,
+            "preload_pages": 10,
+            "paced_users": 100,
+            "workers": [0],
+        },
+        quick={
+            "users": [50],
+            "requests": 600,
+            "time_limit": 15.0,
+            "preload_pages": 4,
+            "paced_users": 50,
+            "workers": [0, 1],
+        },
+    )
     load_start = os.getloadavg()
     results: list[dict[str, Any]] = []
     ratios: dict[str, float] = {}
@@ -423,4 +483,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, child_flags=("--serve-json",))

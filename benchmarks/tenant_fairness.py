@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -31,7 +30,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_output, handle_sigterm, positive_int, write_json
+from cli_args import (
+    Parser,
+    apply_defaults,
+    check_output,
+    machine_info,
+    nonnegative_float,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -250,17 +259,47 @@ async def scenario(args: argparse.Namespace, store: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--serve-json", help=argparse.SUPPRESS)
-    p.add_argument("--pages", type=positive_int, default=80, help="Pages per heavy request.")
-    p.add_argument("--chars", type=positive_int, default=100_000, help="Characters per heavy page.")
+    p.add_argument(
+        "--pages",
+        type=positive_int,
+        default=None,
+        help="Pages per heavy request (default 80; --quick: 8).",
+    )
+    p.add_argument(
+        "--chars",
+        type=positive_int,
+        default=None,
+        help="Characters per heavy page (default 100000; --quick: 20000).",
+    )
     p.add_argument(
         "--heavy-clients", type=positive_int, default=2, help="Heavy requests at a time."
     )
-    p.add_argument("--idle-writes", type=positive_int, default=60)
-    p.add_argument("--loaded-writes", type=positive_int, default=150)
-    p.add_argument("--think-ms", type=float, default=40.0, help="Light tenant's think time.")
-    p.add_argument("--warmup-s", type=float, default=1.0)
+    p.add_argument(
+        "--idle-writes",
+        type=positive_int,
+        default=None,
+        help="Light writes timed with no heavy load (default 60; --quick: 10).",
+    )
+    p.add_argument(
+        "--loaded-writes",
+        type=positive_int,
+        default=None,
+        help="Light writes timed during the heavy writes (default 150; --quick: 20).",
+    )
+    p.add_argument(
+        "--think-ms",
+        type=nonnegative_float,
+        default=40.0,
+        help="Light tenant's think time (default 40).",
+    )
+    p.add_argument(
+        "--warmup-s",
+        type=nonnegative_float,
+        default=None,
+        help="Seconds of heavy load before timing (default 1.0; --quick: 0.2).",
+    )
     p.add_argument("--settings", default="{}", help="ServerSettings overrides, as JSON.")
     p.add_argument("--quick", action="store_true", help="Small run for CI.")
     p.add_argument("--json", dest="json_out", metavar="OUT", help="Write the results here.")
@@ -273,18 +312,30 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         p.error(f"--settings is not JSON: {e}")
     check_output(p, args.json_out)  # before the run, not after it
-    handle_sigterm()  # kill / timeout: the finally blocks stop the server, remove the store
-    if args.quick:
-        args.pages, args.chars = 8, 20_000
-        args.idle_writes, args.loaded_writes = 10, 20
-        args.warmup_s = 0.2
+    apply_defaults(
+        args,
+        full={
+            "pages": 80,
+            "chars": 100_000,
+            "idle_writes": 60,
+            "loaded_writes": 150,
+            "warmup_s": 1.0,
+        },
+        quick={
+            "pages": 8,
+            "chars": 20_000,
+            "idle_writes": 10,
+            "loaded_writes": 20,
+            "warmup_s": 0.2,
+        },
+    )
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         res = asyncio.run(scenario(args, Path(tmp) / "store"))
     res.update(
-        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        machine={"cpus": os.cpu_count(), "platform": platform.platform()},
+        date=today(),
+        machine=machine_info(),
         loadavg_1m_after=round(os.getloadavg()[0], 2),
         settings=json.loads(args.settings),
         heavy_clients=args.heavy_clients,
@@ -309,4 +360,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, child_flags=("--serve-json",))

@@ -25,21 +25,25 @@ user's and over the assistant's knowledge, beside the STM and the profile: the w
 does per query. The reference promotes nothing, so after ingestion it is given the engine's
 live knowledge and profiles (the same entries on both sides). Its pages-only cost (what this
 reference measured before 2026-12-02) is reported too: ``memsys_pages_only_us_per_query``,
-``ratio_memsys_pages_only``. It runs only up to ``--reference-max-users`` users; ratios
-engine/reference are reported at the sizes both ran. Both use the same embedder instance with
+``engine_speedup_memsys_pages_only``. It runs only up to ``--reference-max-users`` users; the
+engine's speed-ups over it are reported at the sizes both ran (every ratio of this script is a
+speed ratio, > 1 = the first-named side faster: engine pages/s / reference pages/s, reference us /
+engine us). Both use the same embedder instance with
 its cache disabled. Retrieval alternates: each engine batch is followed by the same queries on
 the reference, so both sides see the same load and the same mix of users over the run.
 
 Both sides' embedding time is metered (``EmbedMeter``), so each retrieval row also reports the
-**memory-system time per query** (total minus embedding) and its ratio, ``ratio_memsys``: the
+**memory-system time per query** (total minus embedding) and its ratio, ``engine_speedup_memsys``
+(reference us / engine us): the
 cost of the memory system itself, which the choice of embedder does not move.
 
 **Encryption at rest**: the engine above keeps its store in memory; at the sizes up to
 ``--encryption-max-users`` the same ingestion and retrieval also run on a SQLite file store, once
 plain and once encrypted (SQLCipher, ``EngineConfig.encryption_key``), and each row reports the
-encrypted run's pages/s, queries/s and memory-system time as ratios of the plain file store's
-(``encryption``: medians of ``--encryption-repeat`` alternated runs per side; skipped with a note
-without the ``encryption`` extra installed).
+encrypted store's speed relative to the plain file store's (``encryption.encrypted_speed_*``:
+encrypted pages/s or queries/s / plain, plain us / encrypted us; < 1 = what encryption costs;
+medians of ``--encryption-repeat`` alternated runs per side; skipped with a note without the
+``encryption`` extra installed).
 
 Default sizes are 1, 10, 100, 1,000 users (x 20 pages = 20k pages at 1,000). 10,000 and more are
 possible with ``--users 1 10 100 1000 10000``, memory (and patience with MiniLM on CPU) permitting.
@@ -60,10 +64,8 @@ import argparse
 import gc
 import heapq
 import importlib.util
-import json
 import math
 import os
-import platform
 import random
 import resource
 import sys
@@ -73,7 +75,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cli_args import check_locomo_work, check_output, load_locomo_data, positive_int, write_json
+from cli_args import (
+    Parser,
+    apply_defaults,
+    check_locomo_work,
+    check_output,
+    load_locomo_data,
+    machine_info,
+    nonnegative_int,
+    positive_int,
+    run_main,
+    today,
+    write_json,
+)
 
 # as the CLI and the servers: idle OpenMP threads sleep instead of spinning (faiss, which the
 # reference runs between the engine's batches, brings an OpenMP runtime of its own, and two
@@ -556,14 +570,17 @@ def run_encryption(
         "plain_file": plain,
         "encrypted_file": enc,
         "repeats": args.encryption_repeat,
-        "ratio_ingest": enc["ingest_pages_per_s"] / plain["ingest_pages_per_s"],
-        "ratio_retrieval": enc["queries_per_s"] / plain["queries_per_s"],
-        "ratio_ingest_memsys": enc["ingest_memsys_us_per_page"]
-        / plain["ingest_memsys_us_per_page"],
-        "ratio_memsys": enc["memsys_us_per_query"] / plain["memsys_us_per_query"],
-        "ratio_ingest_cpu": enc["ingest_cpu_us_per_page"] / plain["ingest_cpu_us_per_page"],
-        "ratio_retrieval_cpu": enc["retrieval_cpu_us_per_query"]
-        / plain["retrieval_cpu_us_per_query"],
+        # every one a speed ratio, encrypted / plain (< 1: what encryption costs): rates as
+        # they are, times (us) inverted
+        "encrypted_speed_ingest": enc["ingest_pages_per_s"] / plain["ingest_pages_per_s"],
+        "encrypted_speed_retrieval": enc["queries_per_s"] / plain["queries_per_s"],
+        "encrypted_speed_ingest_memsys": plain["ingest_memsys_us_per_page"]
+        / enc["ingest_memsys_us_per_page"],
+        "encrypted_speed_memsys": plain["memsys_us_per_query"] / enc["memsys_us_per_query"],
+        "encrypted_speed_ingest_cpu": plain["ingest_cpu_us_per_page"]
+        / enc["ingest_cpu_us_per_page"],
+        "encrypted_speed_retrieval_cpu": plain["retrieval_cpu_us_per_query"]
+        / enc["retrieval_cpu_us_per_query"],
     }
 
 
@@ -587,10 +604,7 @@ def print_encryption(results: list[dict[str, Any]]) -> None:
         f"{'users':>7} {'file p/s':>9} {'enc p/s':>8} {'x':>5} {'cpu x':>6} {'file q/s':>9} "
         f"{'enc q/s':>8} {'x':>5} {'cpu x':>6} {'file us/q':>9} {'enc us/q':>8} {'x':>5}"
     )
-    print(
-        "\nencryption at rest: a plain SQLite file store vs an encrypted one (SQLCipher); "
-        "x = encrypted / plain, cpu x = the same for process CPU time per page / query"
-    )
+    print("\nencryption at rest: a plain SQLite file store vs an encrypted one (SQLCipher)")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -598,12 +612,16 @@ def print_encryption(results: list[dict[str, Any]]) -> None:
         a, b = c["plain_file"], c["encrypted_file"]
         print(
             f"{r['users']:>7} {a['ingest_pages_per_s']:>9.0f} {b['ingest_pages_per_s']:>8.0f} "
-            f"{c['ratio_ingest']:>5.2f} {c['ratio_ingest_cpu']:>6.2f} "
+            f"{c['encrypted_speed_ingest']:>5.2f} {c['encrypted_speed_ingest_cpu']:>6.2f} "
             f"{a['queries_per_s']:>9.0f} {b['queries_per_s']:>8.0f} "
-            f"{c['ratio_retrieval']:>5.2f} {c['ratio_retrieval_cpu']:>6.2f} "
+            f"{c['encrypted_speed_retrieval']:>5.2f} {c['encrypted_speed_retrieval_cpu']:>6.2f} "
             f"{a['memsys_us_per_query']:>9.0f} {b['memsys_us_per_query']:>8.0f} "
-            f"{c['ratio_memsys']:>5.2f}"
+            f"{c['encrypted_speed_memsys']:>5.2f}"
         )
+    print(
+        "x: the encrypted store's speed / the plain one's (pages/s, queries/s; for us the "
+        "inverse), cpu x: the same in process CPU time; > 1 = encrypted faster, < 1 = its cost"
+    )
 
 
 def make_embedder(kind: str) -> Any:
@@ -617,11 +635,11 @@ def make_embedder(kind: str) -> Any:
 
 
 def hardware() -> dict[str, Any]:
+    """``cli_args.machine_info`` (the benchmarks' one machine description) plus the build's
+    threads, the GPU and the load at start."""
     info = ops.build_info()
     hw = {
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "python": platform.python_version(),
+        **machine_info(),
         "cpu_threads": info["cpu_threads"],
         "cuda_usable": info["cuda_usable"],
     }
@@ -652,14 +670,20 @@ def print_table(results: list[dict[str, Any]]) -> None:
         print(
             f"{r['users']:>7} {r['pages']:>7} {e['ingest_pages_per_s']:>10.0f} "
             f"{fmt(ref and ref['ingest_pages_per_s']):>8} "
-            f"{fmt(r.get('ratio_ingest'), '.1f'):>6} {e['queries_per_s']:>9.0f} "
-            f"{fmt(ref and ref['queries_per_s']):>8} {fmt(r.get('ratio_retrieval'), '.1f'):>6} "
+            f"{fmt(r.get('engine_speedup_ingest'), '.2f'):>6} {e['queries_per_s']:>9.0f} "
+            f"{fmt(ref and ref['queries_per_s']):>8} "
+            f"{fmt(r.get('engine_speedup_retrieval'), '.2f'):>6} "
             f"{e['memsys_us_per_query']:>7.0f} {fmt(ref and ref['memsys_us_per_query']):>7} "
-            f"{fmt(r.get('ratio_memsys'), '.1f'):>6} "
-            f"{fmt(r.get('ratio_memsys_pages_only'), '.1f'):>12} "
-            f"{e['latency_ms_p50']:>7.1f} {e['latency_ms_p95']:>7.1f} "
-            f"{fmt(ref and ref['latency_ms_p50'], '.1f'):>7} {e['peak_rss_mb']:>7.0f} "
+            f"{fmt(r.get('engine_speedup_memsys'), '.2f'):>6} "
+            f"{fmt(r.get('engine_speedup_memsys_pages_only'), '.2f'):>12} "
+            f"{e['latency_ms_p50']:>7.3f} {e['latency_ms_p95']:>7.3f} "
+            f"{fmt(ref and ref['latency_ms_p50'], '.3f'):>7} {e['peak_rss_mb']:>7.0f} "
             f"{e['arena_bytes_per_user']:>12.0f}"
+        )
+    if any(r.get("reference") for r in results):
+        print(
+            "x: the engine's speed-up over the reference (engine p/s / ref p/s, engine q/s / "
+            "ref q/s, ref us / engine us): > 1 = the engine faster"
         )
     for r in results:
         if "embedder_alone" in r:
@@ -675,11 +699,20 @@ def print_table(results: list[dict[str, Any]]) -> None:
             )
 
 
+def _minor_label(v: float, _pos: int) -> str:
+    """A log axis' minor tick label: 2, 3 and 5 times a power of ten, in plain numbers."""
+    if v <= 0:
+        return ""
+    mantissa = v / 10 ** math.floor(math.log10(v))
+    return f"{v:g}" if any(abs(mantissa - m) < 1e-6 for m in (2, 3, 5)) else ""
+
+
 def plot(results: list[dict[str, Any]], out: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, label in (
@@ -700,6 +733,14 @@ def plot(results: list[dict[str, Any]], out: Path, title: str) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("users")
         ax.set_ylabel(label)
+        # a log axis spanning less than a decade has no major tick near the values: label
+        # the minor ticks too, in plain numbers
+        plain = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}")
+        minor = matplotlib.ticker.FuncFormatter(_minor_label)
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(plain)
+            axis.set_minor_formatter(minor)
+        ax.tick_params(axis="both", which="minor", labelsize=7)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.suptitle(title)
@@ -715,7 +756,7 @@ def write_report(
     """The JSON report and the plot of the sizes measured so far."""
     report = {
         "benchmark": "throughput",
-        "date": time.strftime("%Y-%m-%d"),
+        "date": today(),
         "hardware": hw,
         "build": ops.build_info(),
         "embedder": embedder,
@@ -725,34 +766,59 @@ def write_report(
         "results": results,
     }
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         write_json(args.json, report, default=str)
     if args.plot:
         plot(results, args.plot, f"throughput vs users ({embedder}, {hw['machine']})")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--users", type=positive_int, nargs="+", default=[1, 10, 100, 1000])
-    p.add_argument("--pages-per-user", type=positive_int, default=20)
-    p.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm")
+    p = Parser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--users",
+        type=positive_int,
+        nargs="+",
+        default=None,
+        help="user counts, one run each (default 1 10 100 1000; --quick: 1 10)",
+    )
+    p.add_argument(
+        "--pages-per-user", type=positive_int, default=None, help="(default 20; --quick: 5)"
+    )
+    p.add_argument(
+        "--embedder",
+        choices=["minilm", "hashing"],
+        default=None,
+        help="(default minilm; --quick: hashing)",
+    )
     p.add_argument("--ingest-batch", type=positive_int, default=512, help="pages per add_many call")
     p.add_argument("--batch", type=positive_int, default=64, help="queries per retrieve_many call")
     p.add_argument(
         "--queries",
-        type=int,
-        default=2048,
-        help="retrieval queries: the engine's in batches, the reference's one at a time",
+        type=positive_int,
+        default=None,
+        help="retrieval queries: the engine's in batches, the reference's one at a time "
+        "(default 2048; --quick: 16)",
     )
-    p.add_argument("--latency-queries", type=positive_int, default=64, help="single-query calls")
-    p.add_argument("--reference-max-users", type=int, default=100)
+    p.add_argument(
+        "--latency-queries",
+        type=positive_int,
+        default=None,
+        help="single-query calls (default 64; --quick: 16)",
+    )
+    p.add_argument(
+        "--reference-max-users",
+        type=nonnegative_int,
+        default=100,
+        help="run the reference-style per-user implementation up to this many users (0: never)",
+    )
     p.add_argument(
         "--encryption-max-users",
-        type=int,
+        type=nonnegative_int,
         default=100,
         help="compare plain and encrypted file stores up to this many users (0: never)",
     )
-    p.add_argument("--encryption-repeat", type=int, default=3, help="alternated runs per side")
+    p.add_argument(
+        "--encryption-repeat", type=positive_int, default=3, help="alternated runs per side"
+    )
     p.add_argument("--no-heat", action="store_true", help="retrieve_many(update_heat=False)")
     p.add_argument(
         "--provenance-cost",
@@ -768,22 +834,42 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--alone-repeat",
-        type=int,
+        type=positive_int,
         default=4,
         help="timed pairs of --embedder-alone runs, the order alternating (median), after an "
         "untimed pair",
     )
-    p.add_argument("--data", type=Path, default=DATA)
-    p.add_argument("--quick", action="store_true", help="tiny sizes, hashing embedder: seconds")
-    p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--plot", type=Path, default=None)
+    p.add_argument(
+        "--data", type=Path, default=DATA, help="LoCoMo file (default $MEMORYOS_GPU_LOCOMO)"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, hashing embedder: seconds (options given explicitly still win)",
+    )
+    p.add_argument("--json", type=Path, default=None, help="write the report here (JSON)")
+    p.add_argument("--plot", type=Path, default=None, help="draw the two curves here (PNG)")
     args = p.parse_args(argv)
     check_output(p, args.json, args.plot)  # a bad output path fails now, not after the run
     convs = load_locomo_data(p, args.data)  # not LoCoMo: one line, exit 2, before the run
     check_locomo_work(p, args.data, convs, scored=False)
-    if args.quick:
-        args.users, args.pages_per_user, args.embedder = [1, 10], 5, "hashing"
-        args.queries = args.latency_queries = 16
+    apply_defaults(
+        args,
+        full={
+            "users": [1, 10, 100, 1000],
+            "pages_per_user": 20,
+            "embedder": "minilm",
+            "queries": 2048,
+            "latency_queries": 64,
+        },
+        quick={
+            "users": [1, 10],
+            "pages_per_user": 5,
+            "embedder": "hashing",
+            "queries": 16,
+            "latency_queries": 16,
+        },
+    )
     args.users = sorted(set(args.users))
 
     notes: list[str] = []
@@ -812,16 +898,19 @@ def main(argv: list[str] | None = None) -> int:
         if reference is not None:
             ref = row["reference"] = reference.row(len(pages))
             del reference
-            row["ratio_ingest"] = row["engine"]["ingest_pages_per_s"] / ref["ingest_pages_per_s"]
-            row["ratio_retrieval"] = row["engine"]["queries_per_s"] / ref["queries_per_s"]
-            eng_us = row["engine"]["memsys_us_per_query"]
-            row["ratio_memsys"] = ref["memsys_us_per_query"] / eng_us
-            row["ratio_memsys_pages_only"] = ref["memsys_pages_only_us_per_query"] / eng_us
+            # speed ratios, engine / reference (> 1: the engine faster): rates as they are,
+            # times (us) inverted
+            eng = row["engine"]
+            row["engine_speedup_ingest"] = eng["ingest_pages_per_s"] / ref["ingest_pages_per_s"]
+            row["engine_speedup_retrieval"] = eng["queries_per_s"] / ref["queries_per_s"]
+            eng_us = eng["memsys_us_per_query"]
+            row["engine_speedup_memsys"] = ref["memsys_us_per_query"] / eng_us
+            row["engine_speedup_memsys_pages_only"] = ref["memsys_pages_only_us_per_query"] / eng_us
         if users <= args.encryption_max_users:
             row["encryption"] = run_encryption(embedder, pages, queries, users, args)
         results.append(row)
         gc.unfreeze()  # this size's inputs are garbage now
-        print(json.dumps(row), file=sys.stderr, flush=True)
+        print(f"{users} users measured", file=sys.stderr, flush=True)
         # after every size, so a run stopped at a size that does not fit keeps the others
         write_report(results, args, hw, getattr(embedder, "model_id", args.embedder))
     print_table(results)
@@ -832,4 +921,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)
