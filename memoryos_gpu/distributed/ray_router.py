@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from memoryos_gpu.config import EngineConfig
-from memoryos_gpu.distributed.exchange import catch_up_async, exchange_keywords
+from memoryos_gpu.distributed.exchange import catch_up_async, merge_deltas
 from memoryos_gpu.distributed.layout import ShardMap
 from memoryos_gpu.distributed.ray_common import unbox
 from memoryos_gpu.distributed.ray_routing import (
@@ -76,6 +76,9 @@ class RouterService(RetrievalBodies):
         # a deletion or edit across shards: a fact in flight never lands after its pages went
         self._exchange: asyncio.Lock | None = None
         self._caught_up = False  # see _catch_up
+        # keyword deltas taken from shards that a shard has not added yet, by that shard: a
+        # sync whose call to a shard fails (an engine restarting) keeps them for the next one
+        self._owed: dict[int, list[dict[str, Any]]] = {}
 
     def _exchange_lock(self) -> Any:
         """Held by a sync and by a change across shards (an async context manager)."""
@@ -203,22 +206,43 @@ class RouterService(RetrievalBodies):
             log.info("the shards caught up on the keyword statistics of %d pages", docs)
 
     async def _sync(self) -> dict[str, int]:
+        """One exchange: each shard's keyword delta to every other shard, the assistant facts
+        to their owners. A delta a shard's engine gave up stays owed to each shard that has
+        not added it (its call failed: the engine restarting), and goes with the next sync,
+        so no shard's statistics lose another's pages; the sync then raises (logged, retried
+        by the loop)."""
         await self._catch_up()
-        parts = await self._ask_all("call", "take_sync", (), {})  # what each gathered since
-        pending: list[Any] = []
-        docs = exchange_keywords(
-            [lambda p=p: p["delta"] for p in parts],
-            [
-                lambda d, i=i: pending.append(self.ask(i, "call", "apply_keyword_delta", (d,), {}))
-                for i in self._shards
-            ],
+        parts = await asyncio.gather(  # what each gathered since (a failed shard keeps its own)
+            *(self.ask(i, "call", "take_sync", (), {}) for i in self._shards),
+            return_exceptions=True,
         )
-        await asyncio.gather(*pending)
-        facts = [f for p in parts for f in p["facts"]]
+        taken = {i: p for i, p in enumerate(parts) if not isinstance(p, BaseException)}
+        deltas = {i: p["delta"] for i, p in taken.items() if p["delta"]["n_docs"]}
+        for j in self._shards:  # every shard is owed every other shard's delta
+            self._owed.setdefault(j, []).extend(d for i, d in deltas.items() if i != j)
+        added = await asyncio.gather(
+            *(self._add_owed(j) for j in self._shards), return_exceptions=True
+        )
+        facts = [f for p in taken.values() for f in p["facts"]]
         written = 0
         if facts:
             written = await self._route_facts(facts)
+        failed = next((x for x in (*parts, *added) if isinstance(x, BaseException)), None)
+        if failed is not None:
+            raise failed
+        docs = sum(int(d["n_docs"]) for d in deltas.values())
         return {"keyword_docs": docs, "assistant_facts": written}
+
+    async def _add_owed(self, shard: int) -> None:
+        """The keyword deltas owed to ``shard``, added in one call (kept owed if it fails)."""
+        owed = self._owed.pop(shard, [])
+        if not owed:
+            return
+        try:
+            await self.ask(shard, "call", "apply_keyword_delta", (merge_deltas(owed),), {})
+        except BaseException:
+            self._owed[shard] = owed + self._owed.get(shard, [])
+            raise
 
     async def _route_facts(self, facts: list[Any]) -> int:
         """The owner numbers and commits an assistant's facts (``Fact``s, with their
