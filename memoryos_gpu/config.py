@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -83,6 +84,22 @@ def warn_unknown_env(environ: Any = None) -> list[str]:
         hint = f"; did you mean $MEMORYOS_GPU_{close[0]}?" if close else ""
         log.warning("$%s is set but no setting of memoryos-gpu reads it%s", name, hint)
     return fresh
+
+
+#: A libpq keyword/value connection string (``host=db port=5432 dbname=m``): every word a
+#: ``key=value`` pair, one of them a libpq connection keyword.
+_KEY_VALUE = re.compile(r"\s*(?:[A-Za-z_]+\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S+)\s*)+")
+_LIBPQ_KEYS = frozenset(
+    {"host", "hostaddr", "port", "dbname", "user", "password", "passfile", "sslmode", "service"}
+)
+
+
+def _is_libpq_keywords(value: str) -> bool:
+    """Whether a store spec is a libpq keyword/value connection string, not a path."""
+    if "=" not in value or _KEY_VALUE.fullmatch(value) is None:
+        return False
+    keys = re.findall(r"([A-Za-z_]+)\s*=", value)
+    return any(k.lower() in _LIBPQ_KEYS for k in keys)
 
 
 def _env_store_key() -> SecretStr | None:
@@ -445,6 +462,14 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 f"store {value.split('://', 1)[0]}:// is not a store kind: give a SQLite file "
                 "or directory path, ':memory:', or a postgresql:// URL"
+            )
+        if isinstance(value, str) and _is_libpq_keywords(value):
+            # it would become a SQLite directory of that name (a password in its name), the
+            # operator believing the pages went to PostgreSQL; the value is not echoed
+            raise ValueError(
+                "store is a libpq connection string (key=value ...), which is not read: give "
+                "it as a postgresql:// URL, e.g. postgresql://user@host:5432/dbname (the "
+                "password from ~/.pgpass or $PGPASSWORD, or URL-encoded in it)"
             )
         return value
 

@@ -32,6 +32,7 @@ from .stores import (
     open_store_at,
     require_store,
     shard_dirs,
+    shown,
     store_file,
     user_store,
 )
@@ -150,10 +151,10 @@ def users(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
     else:
         rows = _store_users(store, key)
     if as_json:
-        echo_json({"store": store, "count": len(rows), "users": rows})
+        echo_json({"store": shown(store), "count": len(rows), "users": rows})
         return
     if not rows:
-        click.echo(f"no users in {store}")
+        click.echo(f"no users in {shown(store)}")
         return
     table = [("user", "assistant", "pages", "newest page")] + [
         (r["user_id"], str(r["assistant_id"]), f"{r['pages']:,}", r["last_time"] or "-")

@@ -28,6 +28,7 @@ from .output import (
 from .stores import (
     open_store_at,
     require_store,
+    shown,
     user_store,
 )
 
@@ -212,7 +213,7 @@ def _require_chat_store(store: str) -> None:
     except CLIError as exc:  # "no store at ...": the other refusals are StoreErrors
         raise CLIError(
             f"{exc.format_message()}; to chat from an empty memory, create an empty store: "
-            f"memoryos-gpu ingest /dev/null --store {store}"
+            f"memoryos-gpu ingest /dev/null --store {shown(store)}"
         ) from None
 
 

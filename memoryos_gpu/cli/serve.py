@@ -24,6 +24,7 @@ from .options import (
 )
 from .stores import (
     ray_shards,
+    shown,
     store_shards,
 )
 
@@ -110,7 +111,9 @@ def serve(
     settings = server_settings(o)
     shards = _layout_shards(store, engines)
     if engines and shards > 1 and engines != shards:  # users are placed by hash mod count
-        raise UsageFailure(f"{store} holds {shards} shards: serve it with --engines {shards}")
+        raise UsageFailure(
+            f"{shown(store)} holds {shards} shards: serve it with --engines {shards}"
+        )
     engines = engines or shards
     if workers is None:
         from memoryos_gpu.server.workers import default_workers

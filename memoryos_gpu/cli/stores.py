@@ -24,6 +24,16 @@ def is_url(store: str | os.PathLike[str]) -> bool:
     return _is_url(os.fspath(store))
 
 
+def shown(store: str) -> str:
+    """``store`` as output shows it: a PostgreSQL URL with its password masked (messages and
+    JSON end up in logs and files)."""
+    if not is_url(store):
+        return store
+    from memoryos_gpu.store.pg_urls import redact
+
+    return redact(store)
+
+
 def store_file(store: str | os.PathLike[str]) -> Path:
     p = Path(store)
     return p if p.suffix in (".sqlite", ".sqlite3", ".db") else p / STORE_FILE
