@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from memoryos_gpu.ops.params import HeatParams
 from memoryos_gpu.store import is_url
-from memoryos_gpu.store.encryption import env_key
+from memoryos_gpu.store.encryption import as_secret, env_key
+from memoryos_gpu.store.errors import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -374,8 +375,12 @@ def config_key(file_value: object = None) -> SecretStr | None:
     if file_value is None or isinstance(file_value, SecretStr):
         return file_value
     if not isinstance(file_value, str):
-        raise ValueError(f"encryption_key must be a string, not a {type(file_value).__name__}")
-    return SecretStr(file_value)
+        raise ValueError(f"encryption_key must be a string, got {type(file_value).__name__}")
+    try:  # checked here, as the file's setting (an empty one is not "no key")
+        return as_secret(file_value)
+    except StoreError as exc:
+        hint = "; remove the line for a store that is not encrypted" if not file_value else ""
+        raise ValueError(f"encryption_key: {exc}{hint}") from None
 
 
 class LLMConfig(BaseModel):

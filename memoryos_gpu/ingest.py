@@ -58,6 +58,7 @@ from memoryos_gpu.formats.timestamps import naive_zone
 from memoryos_gpu.rejects import RejectRow, reason_kind, record_reject, refuse_rejects_path
 from memoryos_gpu.stop_signals import StopSignals
 from memoryos_gpu.store import is_url
+from memoryos_gpu.store.errors import StoreError, StoreUnavailableError
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -65,6 +66,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_REJECTED",
+    "EXIT_STORE_UNAVAILABLE",
     "IngestReport",
     "Shard",
     "ingest",
@@ -78,6 +80,9 @@ EXIT_OK, EXIT_REJECTED, EXIT_INTERRUPTED = 0, 3, 130
 #: The run's derived work failed for the store (a full disk) and stays pending: as the CLI's
 #: runtime error.
 EXIT_DERIVED_FAILED = 1
+#: The store became unavailable (PostgreSQL down or unreachable) during the run: the run ended
+#: there, with its report; what was committed before stays, a run again resumes after it.
+EXIT_STORE_UNAVAILABLE = 1
 _READ_CHUNK = 256  # records per reader -> prepare hand-off
 _PREFETCH_CHUNK = 64  # texts per embedder call when embedding ahead (keeps its lock short)
 _POLL_S = 0.2
@@ -216,15 +221,22 @@ class IngestReport:
     # server down, failing every request or its breaker open), else None. The pages are
     # committed; the work resumes when the store is next opened once the cause is gone.
     derived_failure: str | None = None
+    # why the run ended before its input did because the store could not be reached (the
+    # server down or restarting, a network cut: StoreUnavailableError's words), else None.
+    # ``accepted`` counts what was committed before; the batch in flight was not. Running the
+    # same command again once the store answers resumes after what was committed.
+    store_unavailable: str | None = None
 
     @property
     def exit_code(self) -> int:
         """128 + the stopping signal when interrupted (130 for Ctrl-C or a ``stop_event``, 143
         SIGTERM, 129 SIGHUP), else 1 when derived work failed (the store, or an LLM that could
-        not be used) and stays pending (:attr:`derived_failure`), else 3 when anything was
-        rejected, else 0."""
+        not be used) and stays pending (:attr:`derived_failure`) or the store became
+        unavailable (:attr:`store_unavailable`), else 3 when anything was rejected, else 0."""
         if self.interrupted:
             return 128 + self.stop_signal if self.stop_signal else EXIT_INTERRUPTED
+        if self.store_unavailable:
+            return EXIT_STORE_UNAVAILABLE
         if self.derived_failure:
             return EXIT_DERIVED_FAILED
         return EXIT_REJECTED if self.rejected else EXIT_OK
@@ -811,50 +823,55 @@ def ingest(
     try:
         display.start()
         pipe.start()
-        while True:
-            if stop.is_set():
-                report.interrupted = True
-                break
-            t0 = time.perf_counter()
-            msg = _get(pipe.batches_q, stop)
-            timings["wait_input"] += time.perf_counter() - t0
-            if msg is None or msg is _END:
-                report.interrupted = msg is None
-                break
-            if isinstance(msg, _Failure):
-                raise msg.exc
-            items, rejects = msg
-            for row in rejects:
-                reject(row)
-            if items:
+        try:
+            while True:
+                if stop.is_set():
+                    report.interrupted = True
+                    break
                 t0 = time.perf_counter()
-                fresh, done = _held_under_legacy_keys(engine.store, items)
-                done += add(fresh) if fresh else []
-                timings["add"] += time.perf_counter() - t0
-                if process_after_batch:
+                msg = _get(pipe.batches_q, stop)
+                timings["wait_input"] += time.perf_counter() - t0
+                if msg is None or msg is _END:
+                    report.interrupted = msg is None
+                    break
+                if isinstance(msg, _Failure):
+                    raise msg.exc
+                items, rejects = msg
+                for row in rejects:
+                    reject(row)
+                if items:
                     t0 = time.perf_counter()
-                    engine.process_pending()
-                    timings["process"] += time.perf_counter() - t0
-                report.batches += 1
-                for item, res in done:
-                    users.add(item.page.user_id)
-                    if item.record.generated_user:
-                        generated.add(item.page.user_id)
-                    if res.duplicate:
-                        report.skipped += 1
-                    else:
-                        report.accepted += 1
-                report.records += len(items)
-            report.users = len(users)
-            report.elapsed_s = time.perf_counter() - t_start
-            report.pages_per_s = report.accepted / report.elapsed_s if report.elapsed_s else 0.0
-            report.llm_calls = _llm_calls(engine) - llm_before
-            display.update(report)
-            if on_batch is not None:
-                on_batch(report)
-            if stop.is_set():
-                report.interrupted = True
-                break
+                    fresh, done = _held_under_legacy_keys(engine.store, items)
+                    done += add(fresh) if fresh else []
+                    timings["add"] += time.perf_counter() - t0
+                    if process_after_batch:
+                        t0 = time.perf_counter()
+                        engine.process_pending()
+                        timings["process"] += time.perf_counter() - t0
+                    report.batches += 1
+                    for item, res in done:
+                        users.add(item.page.user_id)
+                        if item.record.generated_user:
+                            generated.add(item.page.user_id)
+                        if res.duplicate:
+                            report.skipped += 1
+                        else:
+                            report.accepted += 1
+                    report.records += len(items)
+                report.users = len(users)
+                report.elapsed_s = time.perf_counter() - t_start
+                report.pages_per_s = report.accepted / report.elapsed_s if report.elapsed_s else 0.0
+                report.llm_calls = _llm_calls(engine) - llm_before
+                display.update(report)
+                if on_batch is not None:
+                    on_batch(report)
+                if stop.is_set():
+                    report.interrupted = True
+                    break
+        except StoreUnavailableError as exc:
+            # the server went away (down, restarting, a network cut): the batch in flight
+            # was not committed, what came before was; the run ends here, with its report
+            report.store_unavailable = str(exc)
     finally:
         pipe.close()
         display.stop()
@@ -876,7 +893,12 @@ def ingest(
         if report.pending and process != "defer":
             report.derived_failure = _derived_failure(engine, failures_before)
         if own_engine:
-            engine.close()
+            try:
+                engine.close()
+            except StoreError:
+                if not report.store_unavailable:
+                    raise
+                # closing after the outage fails too: the report says why; nothing to keep
     if report.generated_users:
         display.log(log, _generated_note(report.generated_users))
     return report

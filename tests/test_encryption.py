@@ -235,9 +235,12 @@ def test_rekey_is_refused_while_a_writer_holds_the_store(tmp_path: Path) -> None
     assert len(_pages(store, KEY)) == PAGES
 
 
-def _rekey_failing_at_the_rename(store: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
-    """A store filled under KEY whose rekey to "new" fails at its final rename (what a crash
-    there leaves: the complete copy beside the store); returns the store's pages before."""
+def _rekey_failing_at_the_rename(
+    store: Path, monkeypatch: pytest.MonkeyPatch, *, crash: bool = True
+) -> list[tuple]:
+    """A store filled under KEY whose rekey to "new" fails at its final rename; returns the
+    store's pages before. ``crash``: as a SIGKILL there, which runs no cleanup (the complete
+    copy stays beside the store); else a failure the rekey sees, whose copy it removes."""
     fill(store, KEY)
     before = _pages(store, KEY)
 
@@ -246,9 +249,22 @@ def _rekey_failing_at_the_rename(store: Path, monkeypatch: pytest.MonkeyPatch) -
 
     with monkeypatch.context() as m:
         m.setattr(enc.os, "replace", fail)
+        if crash:
+            m.setattr(enc, "remove_rekey_leftovers", lambda path: None)
         with pytest.raises(OSError, match="disk went away"):
             enc.rekey(store, SecretStr(KEY), SecretStr("new"))
     return before
+
+
+def test_a_rekey_that_fails_before_the_rename_removes_its_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure (or Ctrl-C) between the copy and the rename: the store-sized copy goes at
+    once, under the claim, not at the next writer's open; the store is the old one."""
+    store = tmp_path / "s.sqlite3"
+    before = _rekey_failing_at_the_rename(store, monkeypatch, crash=False)
+    assert not [p.name for p in tmp_path.iterdir() if enc.REKEY_SUFFIX in p.name]
+    assert _pages(store, KEY) == before
 
 
 def test_rekey_failing_before_the_rename_leaves_the_store_as_it_was(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,18 +42,67 @@ if TYPE_CHECKING:
     from pydantic import SecretStr
 
 
-def _store_stats(store: str, key: SecretStr | None) -> dict[str, Any]:
+#: A shard's assistants and its live entries of each assistant's knowledge: rows every shard
+#: holds a copy of (``distributed/replicas.py``), counted once for a sharded store.
+_ASSISTANTS_SQL = "SELECT assistant_id FROM assistants"
+_ASSISTANT_KNOWLEDGE_SQL = (
+    "SELECT owner_id, COUNT(*) FROM knowledge WHERE owner_kind = 'assistant' AND live = 1 "
+    "GROUP BY owner_id"
+)
+
+
+def _store_stats(store: str, key: SecretStr | None, *, shard: bool = False) -> dict[str, Any]:
+    """One store's stats; ``shard``: also its ``assistants`` (ids) and ``assistant_knowledge``
+    (live entries by assistant), which :func:`_shard_totals` takes out to count copies once."""
     st = open_store_at(store, writer=False, key=key)
     try:
-        return {
+        out = {
             "store": st.path if is_url(store) else str(store_file(store)),
             "bytes": st.size_bytes() if is_url(store) else store_file(store).stat().st_size,
             "embedding_model": st.get_meta("embedding_model"),
             "schema_version": st.get_meta("schema_version"),
             "counts": st.counts(),
         }
+        if shard:
+            out["assistants"] = {a for (a,) in st.query(_ASSISTANTS_SQL)}
+            out["assistant_knowledge"] = dict(st.query(_ASSISTANT_KNOWLEDGE_SQL))
+        return out
     finally:
         st.close()
+
+
+def _shard_totals(store: str, dirs: list[Path], key: SecretStr | None) -> dict[str, Any]:
+    """A sharded store's stats: counts summed over the shards, except what every shard holds a
+    copy of (``distributed/replicas.py``): the assistants, counted once each, and their live
+    knowledge, counted from each assistant's owner shard (the writer; the replicas copy it).
+    The embedding model as one store's (the shards agree), else None and the shards' own."""
+    from memoryos_gpu.distributed.layout import ShardMap
+
+    owner = ShardMap(len(dirs)).assistant_owner
+    present = [(i, d) for i, d in enumerate(dirs) if store_file(d).exists()]
+    shards = [_store_stats(str(d), key, shard=True) for _, d in present]
+    totals: dict[str, int] = {}
+    for s in shards:
+        for k, v in s["counts"].items():
+            totals[k] = totals.get(k, 0) + v
+    names = set().union(*(s.pop("assistants") for s in shards))
+    held = {i: s.pop("assistant_knowledge") for (i, _), s in zip(present, shards, strict=True)}
+    if shards:
+        totals["assistants"] = len(names)
+        copies = sum(n for by in held.values() for n in by.values())
+        once = 0
+        for a in set().union(*held.values()):
+            counts = {i: by.get(a, 0) for i, by in held.items()}
+            once += counts.get(owner(a), max(counts.values()))
+        totals["knowledge_live"] = totals.get("knowledge_live", 0) - copies + once
+    models = sorted({str(s["embedding_model"]) for s in shards})
+    return {
+        "store": store,
+        "embedding_model": models[0] if len(models) == 1 else None,
+        "shards": shards,
+        "counts": totals,
+        "bytes": sum(s["bytes"] for s in shards),
+    }
 
 
 @click.command()
@@ -65,20 +115,7 @@ def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
     o = options_of(ctx, kwargs)
     store, key = checked_store(o), store_key(o)
     dirs = shard_dirs(store) if not store_file(store).exists() else None
-    if dirs:
-        shards = [_store_stats(str(d), key) for d in dirs if store_file(d).exists()]
-        totals: dict[str, int] = {}
-        for s in shards:
-            for k, v in s["counts"].items():
-                totals[k] = totals.get(k, 0) + v
-        data = {
-            "store": store,
-            "shards": shards,
-            "counts": totals,
-            "bytes": sum(s["bytes"] for s in shards),
-        }
-    else:
-        data = _store_stats(store, key)
+    data = _shard_totals(store, dirs, key) if dirs else _store_stats(store, key)
     c = data["counts"]
     data["pages"] = sum(v for k, v in c.items() if k.startswith("pages_"))
     data["users"] = c.get("users", 0)
@@ -88,8 +125,12 @@ def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
     tiers = ", ".join(f"{k[6:]} {v:,}" for k, v in sorted(c.items()) if k.startswith("pages_"))
     shards = f", {len(data['shards'])} shards" if "shards" in data else ""
     rows = [("store", f"{data['store']} ({size_text(data['bytes'])}{shards})")]
-    if "embedding_model" in data:
-        rows.append(("embeddings", str(data["embedding_model"])))
+    models = sorted({str(s["embedding_model"]) for s in data.get("shards", [data])})
+    if len(models) == 1:
+        rows.append(("embeddings", models[0]))
+    elif models:  # shards that disagree: each one's
+        each = ", ".join(f"{s['store']} {s['embedding_model']}" for s in data["shards"])
+        rows.append(("embeddings", f"the shards disagree: {each}"))
     rows += [
         ("users", f"{data['users']:,}"),
         ("pages", f"{data['pages']:,}" + (f" ({tiers})" if tiers else "")),
@@ -253,7 +294,7 @@ def _forget_on_other_shards(
             if str(d) == mine:
                 stores.append(home)
             else:
-                opened.append(open_store_at(str(d), writer=True, key=key))
+                opened.append(_one_shot(open_store_at(str(d), writer=True, key=key)))
                 stores.append(opened[-1])
         ids, texts = [p for p, _ in pages], [t for _, t in pages]
         forget_in_stores(stores, ShardMap(len(dirs)), user_id, texts, ids)
@@ -280,7 +321,7 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
 
     o = options_of(ctx, kwargs)
     store, key = checked_store(o), store_key(o)
-    st = open_store_at(user_store(store, user_id), writer=True, key=key)
+    st = _one_shot(open_store_at(user_store(store, user_id), writer=True, key=key))
     try:
         rows = st.rows_about(user_id)
         known = st.user_row(user_id) is not None or rows > 0
@@ -309,6 +350,17 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
         )
     if left:
         ctx.exit(EXIT_ERROR)
+
+
+def _one_shot(st: Any) -> Any:
+    """``st``, a store this command closes right after its deletion, before it exits: a SQLite
+    store then completes its erasure at close, not on a timer that would never run
+    (:attr:`~memoryos_gpu.store.erasure.SQLiteErasure.erase_at_close`)."""
+    from memoryos_gpu.store.erasure import SQLiteErasure
+
+    if isinstance(st, SQLiteErasure):
+        st.erase_at_close = True
+    return st
 
 
 def _forget_rejects(store: str, user_id: str) -> tuple[int, OSError | None]:
@@ -358,9 +410,11 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
     from pydantic import SecretStr
 
     from memoryos_gpu.rejects import encrypt_rejects
+    from memoryos_gpu.stop_signals import StopSignals
     from memoryos_gpu.store.encryption import (
         ENV_NEW_KEY,
         AlreadyEncryptedError,
+        RekeyInterrupted,
         env_key,
         rekey_all,
     )
@@ -374,14 +428,25 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
         require_store(str(f))
 
     def ask(what: str, confirm: bool = False) -> SecretStr:
+        _can_ask(what, encrypt)
         return SecretStr(click.prompt(what, hide_input=True, confirmation_prompt=confirm, err=True))
 
     new = key if encrypt else env_key(ENV_NEW_KEY)  # checked before any prompt
     old = None if encrypt else key or ask("current key")
     if not encrypt and new is not None and new.get_secret_value() == old.get_secret_value():
         raise CLIError(f"${ENV_NEW_KEY} is the current key: nothing to change")
+    new = new or ask("new key", confirm=True)
+    # SIGTERM and SIGHUP (`timeout`, systemd, a closed terminal) stop it as Ctrl-C does: the
+    # copy in flight is removed and the message says which key each file is under now
+    stop = StopSignals(on_stop=_stop_now)
     try:
-        done = rekey_all(list(files), old, new or ask("new key", confirm=True))
+        with stop:
+            done = rekey_all(list(files), old, new)
+    except RekeyInterrupted as exc:
+        sig = signal.Signals(stop.signum or signal.SIGINT)
+        how = "" if sig == signal.SIGINT else f" ({sig.name})"
+        click.echo(f"interrupted{how}: {exc.state}", err=True)
+        raise click.exceptions.Exit(128 + int(sig)) from None
     except AlreadyEncryptedError:
         # every file is under this key already: an --encrypt killed after the store's rename
         # may have left plain rejects files beside it; finish that step, else nothing to do
@@ -403,6 +468,27 @@ def rekey(ctx: click.Context, encrypt: bool, **kwargs: Any) -> None:
         _said_rejects(encrypt_rejects(store))
     if not encrypt:
         click.echo(f"from now on open it with the new key (${ENV_NEW_KEY} -> $MEMORYOS_GPU_KEY)")
+
+
+def _stop_now(signum: int) -> None:
+    """``rekey``'s first stop signal: stop now, as Ctrl-C does (a copy cannot be half kept)."""
+    raise KeyboardInterrupt
+
+
+def _can_ask(what: str, encrypt: bool) -> None:
+    """Refuse to prompt for ``rekey``'s ``what`` ("current key", "new key") when stdin is not
+    a terminal: the hidden prompt would fall back to one that echoes the key (getpass's
+    GetPassWarning), or read it from a pipe meant for something else."""
+    import sys
+
+    from memoryos_gpu.store.encryption import ENV_KEY, ENV_NEW_KEY
+
+    if sys.stdin is not None and sys.stdin.isatty():
+        return
+    where = f"${ENV_KEY} or the config file's encryption_key"
+    if what == "new key" and not encrypt:
+        where = f"${ENV_NEW_KEY}"
+    raise CLIError(f"no {what} given, and stdin is not a terminal to ask for it: set {where}")
 
 
 def _said_rejects(done: list[tuple[Path, int | None]]) -> None:

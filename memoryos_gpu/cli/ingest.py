@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -240,28 +242,34 @@ def ingest(
     else:
         rejects = rejects_path or default_rejects_path(cfg.store)
         quiet_model_loading()
-        report = run_ingest(  # given the config, it opens (and closes) an engine for `process`
-            list(formats),
-            cfg,
-            fmt=fmt,
-            batch_size=batch_size,
-            rejects_path=rejects,
-            rejects_raw=raw,
-            shard=shard_obj,
-            progress=progress,
-            process=process,
-            prefetch=prefetch,
-            handle_sigint=True,
-            timezone=timezone,
-        ).to_dict()
+        with _PoolLog() as pool_log:
+            report = run_ingest(  # given the config, it opens (and closes) an engine for `process`
+                list(formats),
+                cfg,
+                fmt=fmt,
+                batch_size=batch_size,
+                rejects_path=rejects,
+                rejects_raw=raw,
+                shard=shard_obj,
+                progress=progress,
+                process=process,
+                prefetch=prefetch,
+                handle_sigint=True,
+                timezone=timezone,
+            ).to_dict()
+        if report.get("store_unavailable"):
+            report["store_unavailable"] = pool_log.with_cause(report["store_unavailable"])
     if summary:
-        print_ingest_summary(report, err=as_json)
+        # a run the store's outage ended is, to its reader, one that stopped early and resumes
+        # by running it again (output.py's status for an interrupted run); the line below says why
+        shown = {**report, "interrupted": True} if report.get("store_unavailable") else report
+        print_ingest_summary(shown, err=as_json)
         note = _withheld_note(report)
         if note:
             click.echo(note, err=True)
     if as_json:
         click.echo(json_text(report))
-    failed = _derived_failed_line(report)
+    failed = _store_unavailable_line(report) or _derived_failed_line(report)
     if failed:
         click.echo(failed, err=True)
     ctx.exit(int(report["exit_code"]))
@@ -292,6 +300,57 @@ def _derived_failed_line(report: dict[str, Any]) -> str | None:
         f"work of {int(report.get('pending', 0)):,} item(s) stays pending; it resumes once "
         f"{once} (run ingest again, or {how})"
     )
+
+
+def _store_unavailable_line(report: dict[str, Any]) -> str | None:
+    """The one line for a run that the store's outage ended (``store_unavailable``), else
+    None: the cause, what was committed before it, and how to resume."""
+    cause = report.get("store_unavailable")
+    if not cause:
+        return None
+    return (
+        f"error: the store became unavailable: {cause}; {int(report.get('accepted', 0)):,} "
+        "page(s) accepted before it are committed, the batch in flight is not: run the same "
+        "command again once the store answers (it resumes after what was committed)"
+    )
+
+
+class _PoolLog(logging.Filter):
+    """While in this block, the PostgreSQL driver's pool logs nothing below ERROR on stderr
+    (``psycopg.pool``: a line per failed reconnection attempt, per discarded connection;
+    ``psycopg``: a broken pipeline's cleanup); the last reconnection error is kept, so that
+    the run's one error line can name the cause (e.g. "Connection refused")."""
+
+    _LOGGERS = ("psycopg.pool", "psycopg")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_connect_error: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        with contextlib.suppress(Exception):
+            msg = record.getMessage()
+            if msg.startswith("error connecting") and ": " in msg:
+                self.last_connect_error = " ".join(msg.split(": ", 1)[1].split())
+        return False
+
+    def with_cause(self, error: str) -> str:
+        """``error`` with the last reconnection error appended where it does not say it."""
+        cause = self.last_connect_error
+        if not cause or cause in error:
+            return error
+        return f"{error}; the last attempt to connect: {cause}"
+
+    def __enter__(self) -> _PoolLog:
+        for name in self._LOGGERS:
+            logging.getLogger(name).addFilter(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name in self._LOGGERS:
+            logging.getLogger(name).removeFilter(self)
 
 
 # Set by ``ingest --workers`` in each shard process's environment: the parent's pid.
@@ -725,6 +784,9 @@ def _merge(
         stop_signal=None if stopper.signum is None else int(stopper.signum),
         derived_failure=next(
             (r["derived_failure"] for r in shards if r.get("derived_failure")), None
+        ),
+        store_unavailable=next(
+            (r["store_unavailable"] for r in shards if r.get("store_unavailable")), None
         ),
         shards=shards,
     )

@@ -35,6 +35,7 @@ __all__ = [
     "ENV_KEY",
     "ENV_NEW_KEY",
     "REKEY_SUFFIX",
+    "RekeyInterrupted",
     "as_secret",
     "connect",
     "env_key",
@@ -55,7 +56,9 @@ REKEY_SUFFIX = ".rekey-tmp"
 _SQLITE_SIDECARS = ("", "-journal", "-wal", "-shm")
 _PLAIN_HEADER = b"SQLite format 3\x00"
 _EXTRA = "pip install 'memoryos-gpu[encryption]'"
-_KEY_HELP = f"EngineConfig(encryption_key=...) or ${ENV_KEY}"
+_KEY_HELP = (
+    f"${ENV_KEY} or a config file's encryption_key (in Python: EngineConfig(encryption_key=...))"
+)
 
 
 def env_key(name: str = ENV_KEY) -> SecretStr | None:
@@ -275,8 +278,15 @@ def rekey(path: str | os.PathLike[str], old_key: SecretStr | None, new_key: Secr
         _check_opens(path, old_key)
         tmp = f"{path}{REKEY_SUFFIX}"
         remove_rekey_leftovers(path)  # the claim did already where it can (not on Windows)
-        _copy(path, old_key, tmp, new_key)
-        _replace(tmp, path)
+        try:
+            _copy(path, old_key, tmp, new_key)
+            _replace(tmp, path)
+        except BaseException:
+            # stopped (Ctrl-C, a SIGTERM taken as one) or failed between the copy and its
+            # rename: the store is the old one; the copy (store-sized) goes now, under the
+            # claim, not at the next writer's open. After the rename there is none to remove.
+            remove_rekey_leftovers(path)
+            raise
     finally:
         lock.release()
 
@@ -312,23 +322,80 @@ class AlreadyEncryptedError(StoreError):
     the rejects files of a run interrupted after the store's rename)."""
 
 
+class RekeyInterrupted(KeyboardInterrupt):
+    """A :func:`rekey_all` stopped by ``KeyboardInterrupt`` (Ctrl-C, or a SIGTERM / SIGHUP
+    that ``memoryos-gpu rekey`` takes as one), saying where the store stands: :attr:`done` of
+    :attr:`total` files are under the new key (those of an earlier run included), the others
+    under the old one (or plain, for ``--encrypt``); the file in flight's copy is removed.
+    :attr:`state` says it in words, with the way to finish."""
+
+    def __init__(self, done: int, total: int, *, encrypt: bool) -> None:
+        self.done, self.total, self.encrypt = done, total, encrypt
+        super().__init__(self.state)
+
+    @property
+    def state(self) -> str:
+        n, m = self.done, self.total
+        if n == 0:
+            return (
+                "store unchanged, still not encrypted"
+                if self.encrypt
+                else "store unchanged, still under the current key"
+            )
+        if n >= m:
+            what = "encrypted" if self.encrypt else "under the new key"
+            return f"the rekey had finished: every store file is {what}" + (
+                "" if self.encrypt else f" (open it with ${ENV_NEW_KEY}'s key from now on)"
+            )
+        if self.encrypt:
+            return (
+                f"{n} of {m} shards encrypted; run `rekey --encrypt` again with the same key "
+                "to finish"
+            )
+        return (
+            f"{n} of {m} shards under the new key; run rekey again with both keys "
+            f"({ENV_KEY}=old {ENV_NEW_KEY}=new) to finish"
+        )
+
+
 def rekey_all(
     paths: list[str | os.PathLike[str]], old_key: SecretStr | None, new_key: SecretStr
 ) -> int:
     """:func:`rekey` over the files of one store (its shards), all or none as far as a wrong
     key goes: every file is checked before the first is rewritten. A file that already opens
     under ``new_key`` is skipped, so a run interrupted half way is finished by running it
-    again. Returns how many files were rewritten."""
-    todo = [os.fspath(p) for p in paths if not _opens_with(os.fspath(p), new_key)]
-    if paths and not todo and old_key is None:
-        raise AlreadyEncryptedError(_already_encrypted([os.fspath(p) for p in paths]))
-    for path in todo:  # a wrong old key (or a plain/encrypted mix-up) stops before any write
-        state = file_state(path)
-        if state != ("plain" if old_key is None else "encrypted"):
-            raise StoreError(_rekey_refusal(path, state, encrypt=old_key is None))
-        _check_opens(path, old_key)
-    for path in todo:
-        rekey(path, old_key, new_key)
+    again. Returns how many files were rewritten.
+
+    A ``KeyboardInterrupt`` (Ctrl-C; ``memoryos-gpu rekey`` takes SIGTERM and SIGHUP as one)
+    comes out as :class:`RekeyInterrupted`, saying how many files are under which key; the
+    copy of the file in flight is removed before it is raised."""
+    files = [os.fspath(p) for p in paths]
+    under_new = 0  # files under new_key now (an earlier run's, then this run's)
+    current: str | None = None
+    todo: list[str] | None = None
+    try:
+        todo = [p for p in files if not _opens_with(p, new_key)]
+        if files and not todo and old_key is None:
+            raise AlreadyEncryptedError(_already_encrypted(files))
+        under_new = len(files) - len(todo)
+        for path in todo:  # a wrong old key (or a plain/encrypted mix-up) stops before any write
+            state = file_state(path)
+            if state != ("plain" if old_key is None else "encrypted"):
+                raise StoreError(_rekey_refusal(path, state, encrypt=old_key is None))
+            _check_opens(path, old_key)
+        for path in todo:
+            current = path
+            rekey(path, old_key, new_key)
+            current = None
+            under_new += 1
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, RekeyInterrupted):
+            raise
+        if todo is None:  # stopped while looking: an earlier run may have done some files
+            under_new = sum(_opens_with(p, new_key) for p in files)
+        elif current is not None and _opens_with(current, new_key):
+            under_new += 1  # stopped after its rename (fsyncing the directory)
+        raise RekeyInterrupted(under_new, len(files), encrypt=old_key is None) from exc
     return len(todo)
 
 

@@ -11,7 +11,10 @@ the write-ahead log, which holds the rewritten and the old pages, is folded in a
 A rewrite costs time in proportion to the file (~8 ms a MB on a 2-core machine), under the
 store lock. Rewrites are spaced so that they take at most :attr:`ERASURE_REWRITE_SHARE` of the
 time: a deletion that comes sooner after the last rewrite is erased by the next one, on a
-timer, with the log's truncation (both retried until done, or done at :meth:`close`).
+timer, with the log's truncation (both retried until done, or done at :meth:`close`). A
+one-shot process (the CLI's ``delete``) sets :attr:`erase_at_close`: it exits at once, so its
+erasure is done whole at close, without the spacing, and only what still cannot be done then
+(a reader holds the log) is warned about, with what the operator can do.
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ from contextlib import contextmanager
 from typing import Any
 
 log = logging.getLogger("memoryos_gpu.store")
+
+#: What completes an erasure a store's close could not finish: the log (the rewritten file)
+#: is folded into the file and removed when a connection closes with no reader in a
+#: transaction (any ``memoryos-gpu`` command's, or the reader's own read-write one).
+ERASURE_ADVICE = (
+    "to complete the erasure once the reader has finished, run `memoryos-gpu stats` on the "
+    "store (its close folds the log into the file and removes it)"
+)
 
 
 class SQLiteErasure:
@@ -53,6 +64,13 @@ class SQLiteErasure:
     #: When (``time.monotonic``) the next rewrite may begin.
     _rewrite_at: float = 0.0
     _erasure_timer: threading.Timer | None = None
+    #: Set by a process that closes the store soon after its deletion and then exits (the
+    #: CLI's ``delete``): :meth:`checkpoint` leaves the erasure to :meth:`close`, which does it
+    #: whole (the rewrite without the spacing, which is for a long-running engine), rather than
+    #: to a timer the process would not live to run.
+    erase_at_close: bool = False
+    #: Inside :meth:`_erase_at_close`: a failure is final, its warning says what to do.
+    _closing: bool = False
 
     def begin_erasure(self) -> None:
         """Deletions from now on zero the space they free (``PRAGMA secure_delete``), so the
@@ -79,6 +97,9 @@ class SQLiteErasure:
         with self._lock:
             self._check_open()
             self._rewrite_due = True
+            if self.erase_at_close:  # done at close, whole (not warned about before then)
+                self._erasure_due = True
+                return
             if self._erase():
                 return
         self._retry_erasure(max(self.ERASURE_RETRY_S[0], self._rewrite_at - time.monotonic()))
@@ -116,7 +137,14 @@ class SQLiteErasure:
     def _erasure_tried(self, done: bool, why: str) -> bool:
         """Record a try (``done`` or not, and why not): the first failure and the success
         after failures are logged, not every retry."""
-        if not done and not self._erasure_due:
+        if not done and self._closing:
+            log.warning(
+                "%s: deleted rows may still be in the file or its log (%s) as the store closes; %s",
+                self.path,
+                why,
+                ERASURE_ADVICE,
+            )
+        elif not done and not self._erasure_due:
             log.warning(
                 "%s: deleted rows may still be in the file or its log (%s); the erasure is retried",
                 self.path,
@@ -128,11 +156,18 @@ class SQLiteErasure:
         return done
 
     def _erase_at_close(self) -> None:
-        """At close (under the store lock), a rewrite still owed: done now, while the
-        connection is open (its close then checkpoints and removes the log, as the last
-        connection to the file does)."""
-        if self._rewrite_due and not (self._depth or self._db.in_transaction):
-            self._rewrite()
+        """At close (under the store lock), an erasure still owed: done now, whole, while the
+        connection is open: the rewrite (not waiting for the spacing) and the log's
+        truncation. What cannot be done (a reader holds the log) is warned about with
+        :data:`ERASURE_ADVICE`: no timer retries it after close."""
+        if not (self._rewrite_due or self._erasure_due):
+            return
+        self._rewrite_at = 0.0
+        self._closing = True
+        try:
+            self._erase()
+        finally:
+            self._closing = False
 
     @contextmanager
     def _busy_timeout(self, ms: int) -> Iterator[None]:

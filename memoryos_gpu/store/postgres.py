@@ -744,8 +744,11 @@ def _check_shard(shard: tuple[int, int] | None) -> tuple[int, int] | None:
 
 
 def _short(command: str) -> str:
-    """The program and its first argument that is not an option ("memoryos-gpu serve",
-    "memoryos_gpu ingest"): what fits in application_name's 63 bytes beside pid and host."""
+    """The program and its command word ("memoryos-gpu serve", "memoryos_gpu ingest"; not an
+    option's value: ``--store URL serve``), from a :func:`command_line` record: what fits in
+    application_name's 63 bytes beside pid and host."""
+    from memoryos_gpu.store.writer import command_word
+
     words = command.split()
-    rest = [w for w in words[1:] if not w.startswith("-")][:1]
-    return " ".join(words[:1] + rest)[:32]
+    word = command_word(command)
+    return " ".join(words[:1] + ([word] if word else []))[:32]

@@ -140,7 +140,11 @@ def command_line(argv: list[str] | None = None) -> str:
     shown_next = command_seen = False
     for a in args[1:]:
         flag, eq, value = a.partition("=")
-        if shown_next or _NOTE.fullmatch(a):
+        if shown_next:  # a shown option's value (`--store URL serve`): not the command word
+            out.append(_no_password(a))
+            shown_next = False
+            continue
+        if _NOTE.fullmatch(a):
             out.append(_no_password(a))
         elif a.startswith("-"):
             shown = flag in SHOWN_VALUES
@@ -220,16 +224,23 @@ def holder_kind(command: str) -> str:
         return "mcp"
     if words[0] != "memoryos-gpu":
         return "server"
-    word, skip = None, False
-    for w in words[1:]:
-        if skip or w.startswith("-"):
-            skip = not skip and w in SHOWN_VALUES
-            continue
-        word = w if _COMMAND_WORD.fullmatch(w) else None
-        break
+    word = command_word(command)
     if word == "mcp":
         return "mcp"
     return "batch" if word not in (None, "serve") else "server"
+
+
+def command_word(command: str) -> str | None:
+    """The command word (``serve``, ``ingest``) of a :func:`command_line` record: its first
+    argument that is neither an option nor a shown option's value (``--store URL serve``),
+    None when that is not a command word (``...``)."""
+    skip = False
+    for w in command.split()[1:]:
+        if skip or w.startswith("-"):
+            skip = not skip and w in SHOWN_VALUES
+            continue
+        return w if _COMMAND_WORD.fullmatch(w) else None
+    return None
 
 
 class SQLiteWriterLock:
