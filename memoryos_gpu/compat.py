@@ -320,7 +320,8 @@ class Memoryos:
         A ``timestamp`` that does not parse, or a ``meta_data`` that is not a dict (a JSON
         object) or None, raises :class:`~memoryos_gpu.engine.InvalidInputError` (a
         ``ValueError``) naming the argument. The reference ignores ``meta_data``; here it is
-        kept with the page (``meta_info`` of :meth:`retrieve_context`'s pages), so a value that
+        kept with the page (its ``extra``: ``export``, the HTTP API and the engine's retrievals
+        show it; :meth:`retrieve_context`'s ``meta_info`` is the chain's summary), so a value that
         cannot be kept is refused rather than dropped.
         """
         self._check_open()
