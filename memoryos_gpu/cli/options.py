@@ -330,6 +330,9 @@ def quiet_model_loading() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # transformers' GGUF loader draws its own tqdm bar (one step a tensor), which the
+    # variables above do not reach; tqdm >= 4.66 reads this one at each bar's creation
+    os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 def make_engine(cfg: Any, *, hold_pending: bool = False) -> Any:

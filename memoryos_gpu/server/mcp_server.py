@@ -365,7 +365,7 @@ def build_mcp(
         """Add a new memory (a user input and assistant response pair) to MemoryOS."""
         try:
             uid = user_of(user_id)
-            epoch, kept = read_timestamp(timestamp)
+            epoch, kept = read_timestamp(timestamp or None)  # "" is now, as in the reference
             meta = user_meta(_checked_meta(meta_data, max_text_chars), kept)
             page = PageInput(uid, user_input, agent_response, epoch, assistant_id, None, meta)
             s = svc()
@@ -512,6 +512,21 @@ def _port(text: str) -> int:
     return port
 
 
+#: longest ``--add-wait-s``: an hour (an MCP client's request times out long before)
+MAX_ADD_WAIT_S = 3600.0
+
+
+def _wait_s(text: str) -> float:
+    """``--add-wait-s``: seconds, a finite number from 0 to :data:`MAX_ADD_WAIT_S`."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= MAX_ADD_WAIT_S:  # nan fails both comparisons
+        raise argparse.ArgumentTypeError(f"{text} is not in the range 0 to {MAX_ADD_WAIT_S:g}")
+    return value
+
+
 def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="memoryos-gpu MCP server")
     p.add_argument(
@@ -551,7 +566,7 @@ def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.
     )
     p.add_argument(
         "--add-wait-s",
-        type=float,
+        type=_wait_s,
         default=10.0,
         help="How long add_memory waits for the page's derived work (MTM placement, "
         "promotions) before answering; 0 = answer at commit [default: 10].",
@@ -685,14 +700,44 @@ async def start_serving(service: MemoryService) -> None:
 
 
 def _serve_stdio(service: MemoryService, mcp: Any) -> None:
+    """Serve over stdio (:mod:`memoryos_gpu.server.mcp_stdio`) until stdin closes, the
+    client goes away (stdout closed) or SIGINT / SIGTERM / SIGHUP comes; each ends the same
+    way: the calls in flight are cancelled, the service drains and closes (what is committed
+    stays), exit status 0. A repeated signal during the drain changes nothing (SIGKILL does)."""
+    import signal
+
     import anyio
 
+    from memoryos_gpu.server.mcp_stdio import stdio_transport
+    from memoryos_gpu.stop_signals import STOP_SIGNALS
+
     async def serve() -> None:
+        low = mcp._lowlevel_server  # what MCPServer.run_stdio_async runs, on our transport
+        stop = anyio.CancelScope()
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:  # on the loop (asyncio's signal handling)
+            if not stop.cancel_called:
+                log.warning("%s: stopping (closing the store)", signal.Signals(signum).name)
+                stop.cancel()
+
+        taken = []
+        for sig in STOP_SIGNALS:
+            try:
+                loop.add_signal_handler(sig, on_signal, sig)
+                taken.append(sig)
+            except (RuntimeError, ValueError, NotImplementedError):  # not the main thread
+                pass
         try:
-            await start_serving(service)
-            await mcp.run_stdio_async()
+            with stop:
+                await start_serving(service)
+                async with stdio_transport(on_gone=stop.cancel) as (read, write):
+                    await low.run(read, write, low.create_initialization_options())
         finally:
-            await service.close()
+            with anyio.CancelScope(shield=True):
+                await service.close()
+            for sig in taken:
+                loop.remove_signal_handler(sig)
 
     anyio.run(serve)
 
