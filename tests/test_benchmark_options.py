@@ -215,6 +215,9 @@ def test_sigint_during_a_run_is_one_line_exit_130_and_no_file(tmp_path: Path) ->
         stderr=subprocess.PIPE,
         text=True,
         env=env(),
+        # Ctrl-C as a terminal delivers it: a test run started in the background by a shell
+        # inherits SIGINT ignored, and a Python started so never raises KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stderr is not None
     deadline = time.monotonic() + 60

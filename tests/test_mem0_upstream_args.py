@@ -287,3 +287,16 @@ def test_http_takes_mem0s_rest_fields() -> None:
         assert c.get(url, headers=HA).json()["user_input"] == "I like mint tea"
         r = c.put("/v1/mem0/memories/page-999", json={"expiration_date": None}, headers=HA)
         assert r.status_code == 404
+
+
+@pytest.mark.parametrize("ts", [1_796_599_999.1234567, 1_796_599_999.9999996, 1_700_000_000.0])
+def test_a_time_an_item_shows_selects_that_item(ts: float) -> None:
+    """An item's ISO time is rounded to the microsecond (up, for these): a filter on the time
+    an item showed (``updated_at >= <its updated_at>``, as a client pages by it) missed it."""
+    from memoryos_gpu.mem0.filters import compile_filter
+    from memoryos_gpu.mem0.shapes import iso
+
+    item = {"_updated_at_ts": ts, "updated_at": iso(ts)}
+    for op in ("gte", "lte", "eq"):
+        assert compile_filter({"updated_at": {op: item["updated_at"]}})(item), op
+    assert not compile_filter({"updated_at": {"gt": item["updated_at"]}})(item)

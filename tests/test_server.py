@@ -552,16 +552,18 @@ def test_direct_routes_answer_like_fastapi() -> None:
         ) as c:
             answers[direct] = _hot_route_script(c)
             text = c.get("/metrics").text
-            labels[direct] = sorted(
-                line.split("{", 1)[1].rsplit("}", 1)[0]
+            labels[direct] = sorted(  # the harness's /ready polls (503 while the engine
+                # loads, as often as the load takes) are not the script's
+                label
                 for line in text.splitlines()
                 if line.startswith("memoryos_http_request_duration_seconds_count")
+                and 'route="/ready"' not in (label := line.split("{", 1)[1].rsplit("}", 1)[0])
             )
     assert answers[True] == answers[False]
     statuses = [a[0] for a in answers[True]]
     assert statuses[:4] == [201, 201, 201, 201] and 422 in statuses and 413 in statuses
     assert answers[True][2][1]["duplicate"] is True
-    assert labels[True] == labels[False], set(labels[True]) ^ set(labels[False])  # (once flaky)
+    assert labels[True] == labels[False], set(labels[True]) ^ set(labels[False])
     assert any("/v1/users/{user_id}/retrieve" in label for label in labels[True])
 
 

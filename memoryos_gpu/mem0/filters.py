@@ -117,6 +117,13 @@ def _names_user(filters: Any) -> bool:
     return False
 
 
+def _as_shown(ts: float) -> float:
+    """An item's time as its ISO text shows it (to the microsecond, rounded as
+    ``datetime.fromtimestamp`` rounds), so that a filter on a time an item showed matches that
+    item: ``updated_at >= <its own updated_at>`` missed it when the ISO text rounded up."""
+    return datetime.fromtimestamp(ts, UTC).timestamp()
+
+
 def to_epoch(value: Any) -> float:
     """A time from a filter: epoch seconds, or ISO-8601 text (no zone: UTC)."""
     if isinstance(value, bool):
@@ -172,7 +179,7 @@ def _compile_key(key: str, value: Any) -> Predicate:
 def _getter(key: str) -> Callable[[Mapping[str, Any]], Any]:
     if key in _TIME_KEYS:  # items carry their times as epoch seconds beside the ISO text
         field = f"_{key}_ts"
-        return lambda item: _MISSING if item.get(field) is None else item[field]
+        return lambda item: _MISSING if item.get(field) is None else _as_shown(item[field])
     if key in _ITEM_KEYS:
         return lambda item: _MISSING if item.get(key) is None else item[key]
 
