@@ -6,21 +6,18 @@ written (a patched ``_export``), so the moment is exact, not a race with a timer
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 
 pytest.importorskip("sqlcipher3")
 
-from memoryos_gpu.cli import cli
-from memoryos_gpu.store import encryption as enc
+from test_rekey_messages import NEW, OLD, _env, _run, _store  # noqa: F401 (_env: autouse)
 
-OLD, NEW = "old key of the test", "new key of the test"
+from memoryos_gpu.store import encryption as enc
 
 _DRIVER = """
 import os, signal, sys, time
@@ -36,29 +33,6 @@ enc._export = export
 from memoryos_gpu.cli.app import main
 sys.exit(main(sys.argv[1:]))
 """
-
-
-@pytest.fixture(autouse=True)
-def _env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MEMORYOS_GPU_EMBEDDER", "hashing")
-    monkeypatch.delenv("MEMORYOS_GPU_STORE", raising=False)
-    monkeypatch.setenv(enc.ENV_KEY, OLD)
-    monkeypatch.delenv(enc.ENV_NEW_KEY, raising=False)
-
-
-def _run(*args: object) -> Result:
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def _store(tmp_path: Path, workers: int = 1) -> Path:
-    chats = tmp_path / "in.jsonl"
-    rows = [{"user_id": f"u{i}", "user_input": f"hi {i}", "agent_response": "ok"} for i in range(8)]
-    chats.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    store = tmp_path / "store"
-    args = ["ingest", chats, "--store", store, "--no-progress"]
-    res = _run(*args, *(["--workers", workers] if workers > 1 else []))
-    assert res.exit_code == 0, res.output
-    return store
 
 
 def _rekey_stopped(tmp_path: Path, store: Path, sig: str, at: int) -> subprocess.CompletedProcess:
