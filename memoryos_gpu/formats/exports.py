@@ -29,8 +29,19 @@ See ``docs/formats.md`` (``export``).
 
 from __future__ import annotations
 
-from .converters import _Bad, _Ctx, _Invalid, _opt_str, _source_key, _text, _timestamp
-from .records import Record, page_digest, page_source
+from dataclasses import replace
+
+from .converters import (
+    _Bad,
+    _Ctx,
+    _Invalid,
+    _opt_str,
+    _record,
+    _source_key,
+    _text,
+    _timestamp,
+)
+from .records import Record
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "is_export"]
 
@@ -121,18 +132,13 @@ def _page(page: object, user_id: str, assistant_id: str | None, ctx: _Ctx) -> Re
     extra = page.get("extra")
     if extra is not None and not isinstance(extra, dict):
         raise _Invalid(f"extra must be an object, got {type(extra).__name__}")
-    digest = page_digest(user_id, assistant_id, user_input, agent_response, timestamp)
-    # every page is counted, keyed or not: a keyless page never takes the key that an identical
-    # keyed one before it holds
-    occurrence = ctx.seen.occurrence(digest)
+    # keyed as a jsonl record of the same content (every page counted, keyed or not: a
+    # keyless page never takes the key an identical keyed one before it holds), or by its own
+    record = _record(ctx, 0, user_id, assistant_id, user_input, agent_response, timestamp, {})
     source = page.get("source")
-    return Record(
-        user_id=user_id,
-        user_input=user_input,
-        agent_response=agent_response,
-        assistant_id=assistant_id,
-        timestamp=timestamp,
-        source=page_source(digest, occurrence) if source is None else _source_key(source),
+    return replace(
+        record,
+        source=record.source if source is None else _source_key(source),
         meta=dict(extra or {}),
-        line=ctx.position,
+        legacy_source=None,  # no earlier version read exports: no older key to look for
     )
