@@ -1,11 +1,14 @@
 """A sync of ``serve --ray`` / ``serve --engines`` whose call to one shard fails (its engine
-restarting) loses no shard's keyword statistics.
+restarting) loses no shard's keyword statistics and no assistant fact.
 
 A sync takes each shard's keyword delta (the texts it accepted since the last one, which the
 shard then forgets) and adds it on every other shard. When the call adding it on one shard
 failed, that shard never counted those pages: its IDF stayed short of them for good, while
 the shards that were up counted them. The router now keeps what a shard is owed and sends it
-with the next sync (:meth:`RouterService._add_owed`).
+with the next sync (:meth:`RouterService._add_owed`). Assistant facts taken from a shard's
+outbox were lost the same way when their owner's commit or a replica's copy failed: they now
+stay owed too (:meth:`RouterService._route_facts`), and a change across shards delivers them
+before it forgets what a user's pages taught.
 
 The Serve router runs over the shard replicas' classes called in process (as
 tests/test_shard_catch_up_serve.py does), with one replica's call failing on purpose.
@@ -28,11 +31,13 @@ pytest.importorskip("zmq")
 
 class _Handle:
     """A Serve handle over a replica in this process; ``fail`` names engine methods whose
-    next ``call`` fails (as when the shard's engine is restarting)."""
+    next ``call`` fails (as when the shard's engine is restarting), ``fail_after`` those whose
+    next ``call`` runs but whose reply is lost."""
 
     def __init__(self, replica: Any) -> None:
         self._replica = replica
         self.fail: set[str] = set()
+        self.fail_after: set[str] = set()
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._replica, name)
@@ -41,7 +46,11 @@ class _Handle:
             if name == "call" and args[0] in self.fail:
                 self.fail.discard(args[0])
                 raise ConnectionError(f"shard down during {args[0]}")
-            return await method(*args)
+            out = await method(*args)
+            if name == "call" and args[0] in self.fail_after:
+                self.fail_after.discard(args[0])
+                raise ConnectionError(f"reply lost after {args[0]}")
+            return out
 
         return types.SimpleNamespace(remote=remote)
 
@@ -96,6 +105,115 @@ def test_a_shard_missed_by_a_sync_gets_its_keyword_statistics_at_the_next(tmp_pa
             assert [keyword_state(r.service.engine) for r in replicas] == [want, want]
             await router.sync()  # nothing owed twice
             assert [keyword_state(r.service.engine) for r in replicas] == [want, want]
+        finally:
+            await router.finish_shards()
+
+    asyncio.run(go())
+
+
+# ------------------------------------------------------------------------- assistant facts
+def _entries(replica: Any) -> list[tuple[str, int, str, int]]:
+    """A shard's assistant ring rows (assistant, seq, text, live), as its store holds them."""
+    return [
+        tuple(r)
+        for r in replica.service.engine.store.query(
+            "SELECT owner_id, seq, text, live FROM knowledge WHERE owner_kind = 'assistant' "
+            "ORDER BY owner_id, seq"
+        )
+    ]
+
+
+async def _router_with_a_fact(store: str, replicas: list[Any], handles: list[Any]) -> Any:
+    """A router over ``replicas`` after a conversation, with one assistant fact in the outbox
+    of a user's shard, for an assistant another shard owns (as a promotion puts it there).
+    Returns (router, owner shard, the fact's text, its user)."""
+    from memoryos_gpu.distributed.ray_serve import RouterService
+    from memoryos_gpu.engine.state import Fact
+
+    router = RouterService(handles, engine_config(store), sync_interval_s=None)
+    await router.start(wait=True)
+    rows = conversation(users=6, per_user=4)
+    await router.add_pages(pages(rows))
+    owner = router.shard_map.assistant_owner("asst-0")
+    user = next(
+        r["user_id"]
+        for r in rows
+        if r["assistant_id"] == "asst-0" and router.shard_map.shard(r["user_id"]) != owner
+    )
+    engine = replicas[router.shard_map.shard(user)].service.engine
+    page = engine.export_user(user)["pages"][0]
+    text = f"the assistant helped {user} with hiking"
+    engine._outbox.append(
+        Fact("assistant", "asst-0", text, "llm", (page["page_id"],), user, page["timestamp"])
+    )
+    return router, owner, text, user
+
+
+@pytest.mark.parametrize("failing", ["append_assistant_facts", "replicate_assistant_entries"])
+def test_an_assistant_fact_missed_by_a_sync_reaches_every_shard_at_the_next(tmp_path, failing):
+    """The owner's commit failing: the router keeps the fact and sends it with the next sync
+    (it was lost: the outbox had given it up). A replica's copy failing: the entries stay
+    owed to that replica. Either way both shards end with one row of the fact, once."""
+    store = store_for("sqlite", tmp_path)
+    replicas = _replicas(store)
+    handles = [_Handle(r) for r in replicas]
+
+    async def go() -> None:
+        router, owner, text, _ = await _router_with_a_fact(store, replicas, handles)
+        try:
+            handles[owner if failing == "append_assistant_facts" else 1 - owner].fail.add(failing)
+            with pytest.raises(ConnectionError, match="shard down"):
+                await router.sync()
+            await router.sync()
+            await router.sync()  # nothing owed twice
+            for r in replicas:
+                assert [e[2:] for e in _entries(r)] == [(text, 1)]
+        finally:
+            await router.finish_shards()
+
+    asyncio.run(go())
+
+
+def test_a_copy_sent_again_after_a_lost_reply_is_held_once(tmp_path):
+    """A replica that copied the entries but whose reply was lost gets them again with the
+    next sync: it skips what it holds (a second row of one ring position failed every later
+    copy with a UNIQUE constraint error)."""
+    store = store_for("sqlite", tmp_path)
+    replicas = _replicas(store)
+    handles = [_Handle(r) for r in replicas]
+
+    async def go() -> None:
+        router, owner, text, _ = await _router_with_a_fact(store, replicas, handles)
+        try:
+            handles[1 - owner].fail_after.add("replicate_assistant_entries")
+            with pytest.raises(ConnectionError, match="reply lost"):
+                await router.sync()
+            await router.sync()
+            assert [e[2:] for e in _entries(replicas[1 - owner])] == [(text, 1)]
+            assert _entries(replicas[1 - owner]) == _entries(replicas[owner])
+        finally:
+            await router.finish_shards()
+
+    asyncio.run(go())
+
+
+def test_deleting_a_user_whose_fact_is_owed_leaves_no_trace_of_it(tmp_path):
+    """A fact owed to its owner (its commit failed) is delivered before the user's deletion
+    forgets what the user taught: delivered after it, it would bring the fact back."""
+    store = store_for("sqlite", tmp_path)
+    replicas = _replicas(store)
+    handles = [_Handle(r) for r in replicas]
+
+    async def go() -> None:
+        router, owner, text, user = await _router_with_a_fact(store, replicas, handles)
+        try:
+            handles[owner].fail.add("append_assistant_facts")
+            with pytest.raises(ConnectionError, match="shard down"):
+                await router.sync()
+            assert await router.delete_user(user)
+            await router.sync()
+            for r in replicas:
+                assert not [e for e in _entries(r) if e[2] == text and e[3]]
         finally:
             await router.finish_shards()
 

@@ -79,6 +79,12 @@ class RouterService(RetrievalBodies):
         # keyword deltas taken from shards that a shard has not added yet, by that shard: a
         # sync whose call to a shard fails (an engine restarting) keeps them for the next one
         self._owed: dict[int, list[dict[str, Any]]] = {}
+        # assistant facts taken from the outboxes that their owner shard has not committed, by
+        # owner, and entries an owner committed that a replica has not copied, by replica: a
+        # sync whose call to a shard fails keeps them for the next exchange (lost only if the
+        # router itself stops: the facts are derived data, see replicas.py)
+        self._facts_owed: dict[int, list[Any]] = {}
+        self._entries_owed: dict[int, list[Any]] = {}
 
     def _exchange_lock(self) -> Any:
         """Held by a sync and by a change across shards (an async context manager)."""
@@ -207,10 +213,10 @@ class RouterService(RetrievalBodies):
 
     async def _sync(self) -> dict[str, int]:
         """One exchange: each shard's keyword delta to every other shard, the assistant facts
-        to their owners. A delta a shard's engine gave up stays owed to each shard that has
-        not added it (its call failed: the engine restarting), and goes with the next sync,
-        so no shard's statistics lose another's pages; the sync then raises (logged, retried
-        by the loop)."""
+        to their owners and the entries they number to the replicas. What a shard's engine
+        gave up (a delta, facts, entries) stays owed to each shard that has not taken it (its
+        call failed: the engine restarting), and goes with the next sync, so no shard loses
+        another's pages or facts; the sync then raises (logged, retried by the loop)."""
         await self._catch_up()
         parts = await asyncio.gather(  # what each gathered since (a failed shard keeps its own)
             *(self.ask(i, "call", "take_sync", (), {}) for i in self._shards),
@@ -223,11 +229,8 @@ class RouterService(RetrievalBodies):
         added = await asyncio.gather(
             *(self._add_owed(j) for j in self._shards), return_exceptions=True
         )
-        facts = [f for p in taken.values() for f in p["facts"]]
-        written = 0
-        if facts:
-            written = await self._route_facts(facts)
-        failed = next((x for x in (*parts, *added) if isinstance(x, BaseException)), None)
+        written, routed = await self._route_facts([f for p in taken.values() for f in p["facts"]])
+        failed = next((x for x in (*parts, *added) if isinstance(x, BaseException)), routed)
         if failed is not None:
             raise failed
         docs = sum(int(d["n_docs"]) for d in deltas.values())
@@ -244,25 +247,53 @@ class RouterService(RetrievalBodies):
             self._owed[shard] = owed + self._owed.get(shard, [])
             raise
 
-    async def _route_facts(self, facts: list[Any]) -> int:
+    async def _route_facts(self, facts: list[Any]) -> tuple[int, Exception | None]:
         """The owner numbers and commits an assistant's facts (``Fact``s, with their
         provenance), then every other shard copies the numbered entries (the rule of
-        :mod:`~memoryos_gpu.distributed.replicas`)."""
-        by_owner: dict[int, list[Any]] = {}
+        :mod:`~memoryos_gpu.distributed.replicas`); ``facts`` join those still owed, in order.
+        A call that fails leaves its facts or entries owed for the next exchange. Returns the
+        entries written and the first failure (None: nothing is owed any more)."""
         for f in facts:
-            by_owner.setdefault(self.shard_map.assistant_owner(f[1]), []).append(f)
-        written = 0
-        for owner, owned in sorted(by_owner.items()):
-            entries = await self.ask(owner, "call", "append_assistant_facts", (owned,), {})
+            self._facts_owed.setdefault(self.shard_map.assistant_owner(f[1]), []).append(f)
+        written, failed = 0, None
+        for owner in sorted(self._facts_owed):
+            owned = self._facts_owed.pop(owner)
+            try:
+                entries = await self.ask(owner, "call", "append_assistant_facts", (owned,), {})
+            except BaseException as exc:
+                self._facts_owed[owner] = owned + self._facts_owed.get(owner, [])
+                if not isinstance(exc, Exception):
+                    raise
+                failed = failed or exc
+                continue
             written += len(entries)
-            await asyncio.gather(
-                *(
-                    self.ask(j, "call", "replicate_assistant_entries", (entries,), {})
-                    for j in self._shards
-                    if j != owner
-                )
-            )
-        return written
+            for j in self._shards:
+                if j != owner and entries:
+                    self._entries_owed.setdefault(j, []).extend(entries)
+        copied = await asyncio.gather(
+            *(self._replicate_owed(j) for j in self._shards), return_exceptions=True
+        )
+        return written, failed or next((x for x in copied if isinstance(x, Exception)), None)
+
+    async def _replicate_owed(self, shard: int) -> None:
+        """The entries owed to replica ``shard``, copied in one call, in the order their
+        owners numbered them (kept owed if it fails; a replica skips those it holds)."""
+        owed = self._entries_owed.pop(shard, [])
+        if not owed:
+            return
+        try:
+            await self.ask(shard, "call", "replicate_assistant_entries", (owed,), {})
+        except BaseException:
+            self._entries_owed[shard] = owed + self._entries_owed.get(shard, [])
+            raise
+
+    async def _deliver_owed(self) -> None:
+        """Every fact and entry still owed, delivered before a change across shards forgets
+        what pages taught: one delivered later would bring a forgotten fact back. Raises the
+        first failure (the change then fails too, as it would with that shard down)."""
+        _, failed = await self._route_facts([])
+        if failed is not None:
+            raise failed
 
     def _mark(self, user_ids: Iterable[str], known: bool) -> None:
         for u in user_ids:
@@ -442,6 +473,7 @@ class RouterService(RetrievalBodies):
         (``sharded_forget.py``), under the exchange lock: no sync has facts in flight."""
         async with self._exchange_lock():
             await self._catch_up()  # what is forgotten is then what every shard counts
+            await self._deliver_owed()
             return await forget_everywhere_async(
                 self._on_shard, change, self.shard_map, user_id, pages
             )

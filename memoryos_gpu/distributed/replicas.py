@@ -14,9 +14,12 @@ other shard, which holds a read replica in its arena
 ``seq`` in its own file; a shared PostgreSQL store: re-read from the owner's rows).
 
 Retrievals and responses therefore read assistant knowledge locally, with no cross-shard call
-on the request path, and every shard sees the same entries once the router has synced. Facts
-still in an outbox when a shard dies are lost: they are derived data (the pages they came from
-are committed and are re-promoted only if they were never marked analysed). A fact travels
+on the request path, and every shard sees the same entries once the router has synced. A
+router whose call to an owner or a replica fails keeps the facts or entries owed and sends
+them with its next exchange (a replica skips entries it holds already); a change across shards
+delivers what is owed first. Facts still in an outbox when a shard dies, or owed by a router
+that stops, are lost: they are derived data (the pages they came from are committed and are
+re-promoted only if they were never marked analysed). A fact travels
 with its provenance (source user, page ids), so deleting a user, or deleting or editing one of
 its pages, reaches what those pages taught the assistants on every shard
 (:mod:`~memoryos_gpu.distributed.sharded_forget`).
@@ -135,7 +138,10 @@ class AssistantReplicas:
 
     # ------------------------------------------------------------------ replica
     def replicate_assistant_entries(self, entries: Sequence[AssistantEntry]) -> None:
-        """Replica side: hold the owner's numbered entries (same ring positions)."""
+        """Replica side: hold the owner's numbered entries (same ring positions). Entries it
+        holds already are skipped: a router sends entries again when it never heard that a
+        copy succeeded (the reply lost), and a second row of one ring position would fail
+        every later copy."""
         if not entries:
             return
         with self._lock:
@@ -143,12 +149,25 @@ class AssistantReplicas:
                 self._reload_assistants(sorted({e.assistant_id for e in entries}))
                 return
             gone = [(e.assistant_id, e.seq) for e in entries if not e.live]
+            held = self._held_entries(entries)
             # its ring rows change as it writes (reloaded from the store if it fails);
             # committed under the lock this method holds
             with self._state.write_transaction("commit") as db:
-                self._write_replica(db, [e for e in entries if e.live])
+                self._write_replica(
+                    db, [e for e in entries if e.live and (e.assistant_id, e.seq) not in held]
+                )
             if gone:
                 sharded_forget.drop_assistant_entries(self, gone, superseded=True)
+
+    def _held_entries(self, entries: Sequence[AssistantEntry]) -> set[tuple[str, int]]:
+        """The (assistant, seq) of ``entries`` this replica's store holds a row of (one query)."""
+        ids = sorted({e.assistant_id for e in entries})
+        rows = self.store.query(
+            "SELECT owner_id, seq FROM knowledge WHERE owner_kind = 'assistant' AND "
+            f"owner_id IN ({','.join('?' * len(ids))}) AND seq >= ?",
+            (*ids, min(e.seq for e in entries)),
+        )
+        return {(r[0], int(r[1])) for r in rows}
 
     def _write_replica(self, db: Any, entries: Sequence[AssistantEntry]) -> None:
         cap = self.memory.knowledge_capacity
