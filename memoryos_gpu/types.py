@@ -151,7 +151,11 @@ class KnowledgeEntry:
 
 @dataclass(slots=True)
 class Retrieval:
-    """What a query retrieved: STM whole, MTM pages, LPM profile and knowledge."""
+    """What a query retrieved: STM whole, MTM pages, LPM profile and knowledge.
+
+    ``stm`` also holds the user's pending pages (pushed out of STM, not yet placed in MTM by
+    the derived work: with the LLM down, for as long as it is down), oldest first before the
+    STM pages, so no retrieval loses a page the user added (``engine.assembly.assemble``)."""
 
     user_id: str
     query: str

@@ -22,7 +22,8 @@ def assemble_reference(
     out, total = [], 0
     for i, ((uid, query), user) in enumerate(zip(cleaned, users, strict=True)):
         mtm, t_mtm = _pages(views, p_ids[i], p_scores[i], "mtm")
-        stm, t_stm = _pages(views, user.stm, None, "stm")
+        # the short-term section: pages out of STM still pending, then the STM
+        stm, t_stm = _pages(views, [*user.pending, *user.stm], None, "stm")
         uk, t_uk = _entries(texts, uk_ids[i], uk_scores[i])
         ak, t_ak = _entries(texts, ak_ids[i], ak_scores[i])
         profile = dict(profiles.get(uid) or {})

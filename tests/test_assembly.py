@@ -79,12 +79,10 @@ def batches(draw):
     def scores(shape) -> np.ndarray:
         return rng.normal(size=shape).astype(np.float32)
 
-    users = [
-        SimpleNamespace(stm=deque(rng.choice(list(views), int(rng.integers(0, 4))).tolist()))
-        if views
-        else SimpleNamespace(stm=deque())
-        for _ in range(b)
-    ]
+    def some_pages() -> deque:
+        return deque(rng.choice(list(views), int(rng.integers(0, 4))).tolist() if views else [])
+
+    users = [SimpleNamespace(pending=some_pages(), stm=some_pages()) for _ in range(b)]
     uids = [draw(st.sampled_from(["u1", "u2", "x"])) for _ in range(b)]
     profiles = {"u1": {"city": "Oslo", "pet": "cat"}, "u2": {}}
     p, uk, ak = page_rows(), entry_rows(k), entry_rows(draw(st.integers(0, 4)))
@@ -139,7 +137,7 @@ def test_native_assembly_equals_the_python_rule(batch) -> None:
 def test_a_missing_view_or_text_raises_key_error_naming_it() -> None:
     views = {1: page_view("a", "b", 0.0, None, {})}
     one, none = np.zeros((1, 1), np.float32), np.array([[-1]])
-    user = [SimpleNamespace(stm=deque([1]))]
+    user = [SimpleNamespace(pending=deque(), stm=deque([1]))]
 
     def batch(pages, user_knowledge):
         return native([("u", "q")], user, views, {}, pages, user_knowledge, (one, none), {})
@@ -191,7 +189,7 @@ def test_no_reference_is_leaked() -> None:
     knowledge.update({2: text})
     ids, e_ids = np.array([[1]]), np.array([[2]])
     sc = np.zeros((1, 1), np.float32)
-    users = [SimpleNamespace(stm=deque([stm_id]))]
+    users = [SimpleNamespace(pending=deque(), stm=deque([stm_id]))]
     hits = (*_hits((sc, ids)), *_hits((sc, e_ids)), *_hits((sc, e_ids)))
     for _ in range(1_000):
         out, _ = _assembler().batch(

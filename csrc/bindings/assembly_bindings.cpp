@@ -137,7 +137,8 @@ class Assembler {
                                    "user_knowledge", "assistant_knowledge", "retrieval_tokens"}),
         mtm_(mtm),
         stm_(stm),
-        stm_attr_("stm") {}
+        stm_attr_("stm"),
+        pending_attr_("pending") {}
 
   py::tuple batch(py::list cleaned, py::list users, const TextTable& views,
                   const TextTable& chains, const TextTable& texts, py::array p_ids,
@@ -416,15 +417,20 @@ class Assembler {
     }
   }
 
-  /// Pass 1, the STM pages of `user` (its `stm`: page ids, oldest first, any iterable).
+  /// Pass 1, the short-term pages of `user`, oldest first: its `pending` (pushed out of STM,
+  /// not placed in MTM yet: in no other section until then), then its `stm` (page ids, any
+  /// iterables).
   void take_stm(const TextTable& views, PyObject* user, Refs& refs) const {
     refs.start.push_back(refs.refs.size());
-    py::object ids = py::reinterpret_borrow<py::object>(user).attr(stm_attr_);
-    for (py::handle pid : ids) {
-      const int64_t key = PyLong_AsLongLong(pid.ptr());
-      if (key == -1 && PyErr_Occurred()) throw py::error_already_set();
-      refs.refs.push_back({Py_NewRef(pid.ptr()), key, nullptr, nullptr, 0.f, nullptr});
-      views.prefetch(key);
+    py::handle record(user);
+    for (const py::str& attr : {pending_attr_, stm_attr_}) {
+      py::object ids = record.attr(attr);
+      for (py::handle pid : ids) {
+        const int64_t key = PyLong_AsLongLong(pid.ptr());
+        if (key == -1 && PyErr_Occurred()) throw py::error_already_set();
+        refs.refs.push_back({Py_NewRef(pid.ptr()), key, nullptr, nullptr, 0.f, nullptr});
+        views.prefetch(key);
+      }
     }
   }
 
@@ -512,7 +518,7 @@ class Assembler {
   }
 
   SlotLayout page_, entry_, retrieval_;
-  py::str mtm_, stm_, stm_attr_;
+  py::str mtm_, stm_, stm_attr_, pending_attr_;
 };
 
 }  // namespace

@@ -43,7 +43,15 @@ def assemble(
 ) -> list[Retrieval] | list[bytes]:
     """One :class:`Retrieval` per query: MTM pages best first, the whole STM, the profile, the
     user's and the assistant's knowledge; ``as_json``: each one's JSON object instead
-    (:func:`retrieval_json`'s bytes), written natively from the tables."""
+    (:func:`retrieval_json`'s bytes), written natively from the tables.
+
+    The STM section (``stm``) also holds the user's *pending* pages -- pushed out of STM, their
+    derived work not yet run, so in no MTM segment yet -- oldest first, before the STM pages
+    (they are older): until a derived round places them (with the LLM down, for as long as it
+    is down) they would be in neither section, and a retrieval would lose pages the user
+    added. The native assembler reads them from each user's record (``UserState.pending``),
+    as it reads its ``stm``: no SQL, no Python per query; their ``tier`` says ``"stm"`` like
+    the section's other pages. Once in MTM they are retrieved (by score) from there only."""
     hits = (pages, user_knowledge, assistant_knowledge)
     try:
         return _assemble(s, cleaned, users, *hits, as_json)
@@ -133,7 +141,7 @@ def _read_missing(
     """Fill the views with the batch's pages and entries they lack, from the store."""
     views, texts = s.views.pages, s.views.knowledge
     need = [p for p in page_ids.ravel().tolist() if p >= 0 and p not in views]
-    need += [p for u in users for p in u.stm if p not in views]
+    need += [p for u in users for ids in (u.pending, u.stm) for p in ids if p not in views]
     s.views.put_views((pid, "", v) for pid, v in s.store.page_views(need).items())
     entries = [e for ids in entry_ids for e in ids.ravel().tolist() if e >= 0 and e not in texts]
     texts.update(s.store.knowledge_texts(entries))

@@ -187,6 +187,8 @@ class Forgetting:
         db.execute("DELETE FROM pages WHERE page_id = ?", (page_id,))
         if user is not None and page_id in user.stm:
             user.stm.remove(page_id)
+        if user is not None and page_id in user.pending:
+            user.pending.remove(page_id)
         if user is not None and user.chain_tail == page_id:
             user.chain_tail = user.chain_meta = None
             db.execute("UPDATE users SET chain_tail = NULL WHERE user_id = ?", (user.user_id,))

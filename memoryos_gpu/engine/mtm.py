@@ -16,6 +16,7 @@ rows share one transaction; heat is recomputed and promotions queued in it
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -540,6 +541,7 @@ class Segments:
         for pid, o, u in zip(page_ids, r.outcomes, r.users, strict=True):
             u.chain_tail, u.chain_meta = pid, o.meta
             writes.tails[u.user_id] = pid
+            _placed(u.pending, pid)
         return chains
 
     def _kw_matrix(self, counts: Sequence[dict[str, int]]) -> np.ndarray:
@@ -552,6 +554,15 @@ class Segments:
             for c in counts
         ]
         return keyword_rows(ranked, width)
+
+
+def _placed(pending: deque, page_id: int) -> None:
+    """A pending page placed in MTM leaves its user's ``pending`` (retrieved from MTM now).
+    A user's pages are placed in the order they left STM, so it is the first."""
+    if pending and pending[0] == page_id:
+        pending.popleft()
+    elif page_id in pending:
+        pending.remove(page_id)
 
 
 def _unit_rows(m: np.ndarray) -> np.ndarray:

@@ -85,6 +85,9 @@ class Rebuild:
             s.arena.set_ring_head(s.users[uid].owner, head)
         for uid, page_ids in s.store.load_stm().items():
             s.users[uid].stm.extend(page_ids)
+        for _, uid, page_id in s.store.pending("page"):  # out of STM, not in MTM yet
+            if uid in s.users:  # a shard's store lists every shard's work
+                s.users[uid].pending.append(page_id)
         self._count_vocabulary()
         seg_index = self._load_segments()
         self._load_mtm_pages(*seg_index)

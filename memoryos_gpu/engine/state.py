@@ -71,6 +71,10 @@ class UserState:
     chain_tail: int | None = None
     chain_meta: str | None = None
     stm: deque = field(default_factory=deque)  # page ids, oldest first
+    # page ids pushed out of STM whose derived work has not placed them in MTM yet, oldest
+    # first: a retrieval shows them with the STM (engine.assembly), or they would be in no
+    # tier it shows until a round runs (with the LLM down, for as long as it is down)
+    pending: deque = field(default_factory=deque)
     extra: Any = None  # the user's last page metadata as a read-only dict, shared by its views
 
 

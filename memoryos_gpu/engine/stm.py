@@ -135,6 +135,7 @@ class ShortTerm:
                 if popped is None:
                     stm.pop()  # undo an append
                 else:
+                    users[uid].pending.pop()
                     stm.appendleft(popped)
             for uid, (clock, next_seq) in snapshot.items():
                 u = s.users[uid]
@@ -304,16 +305,19 @@ class ShortTerm:
         """Append the pages to their users' STM, in order; returns the (user, page, clock)
         pushed out of a full STM, oldest first: they become pending derived work, stamped with
         ``clocks`` of the page that pushed them (its user's logical clock once it came: when
-        the page left STM, whatever later pages the batch holds). Each change goes to ``log``
-        as it is made: (user, None) an append, (user, page) a page pushed out."""
+        the page left STM, whatever later pages the batch holds), and join their users'
+        ``pending`` pages. Each change goes to ``log`` as it is made: (user, None) an append,
+        (user, page) a page pushed out."""
         cap = self._s.memory.stm_capacity
         out: list[tuple[str, int, float]] = []
         for uid, pid, clock in zip(user_ids, page_ids, clocks, strict=True):
-            stm = self._s.users[uid].stm
+            user = self._s.users[uid]
+            stm = user.stm
             stm.append(pid)
             log.append((uid, None))
             while len(stm) > cap:
                 popped = stm.popleft()
+                user.pending.append(popped)  # retrieved with the STM until it is in MTM
                 log.append((uid, popped))
                 out.append((uid, popped, clock))
         return out

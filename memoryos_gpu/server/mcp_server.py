@@ -311,7 +311,9 @@ def build_mcp(
 ) -> Any:
     """An ``MCPServer`` whose tools run on ``service`` (or on what the callable returns at call
     time). The service must be started on the loop that runs the tools. ``add_wait_s`` bounds
-    how long ``add_memory`` waits for the page's derived work (0: answer at commit)."""
+    how long ``add_memory`` waits for the page's derived work (0: answer at commit); while the
+    LLM's circuit breaker is open that work cannot progress, and it answers at once
+    (``processed: false``) instead of holding the agent for the whole wait."""
     from mcp.server.mcpserver import MCPServer
     from mcp.types import CallToolResult
 
@@ -371,7 +373,8 @@ def build_mcp(
             s = svc()
             (res,) = await s.add_pages([page])
             if add_wait_s > 0:
-                done = (await s.wait_for_user(uid, add_wait_s))["done"]
+                # not while the LLM's breaker is open: the work cannot be done meanwhile
+                done = (await s.wait_for_user(uid, add_wait_s, while_progressing=True))["done"]
             else:
                 done = await s.call(s.engine.pending_count, uid) == 0
         except _HANDLED as exc:
@@ -569,7 +572,8 @@ def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.
         type=_wait_s,
         default=10.0,
         help="How long add_memory waits for the page's derived work (MTM placement, "
-        "promotions) before answering; 0 = answer at commit [default: 10].",
+        "promotions) before answering; 0 = answer at commit; not while the LLM is known "
+        "unreachable or failing (its circuit breaker open) [default: 10].",
     )
     p.add_argument(
         "--embedder",

@@ -39,6 +39,7 @@ from memoryos_gpu.engine.assembly import retrieval_json
 from memoryos_gpu.engine.validation import validate_pages
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
 from memoryos_gpu.host_memory import freeze_long_lived
+from memoryos_gpu.llm.breaker import OPEN, CircuitBreaker
 from memoryos_gpu.server.batching import (
     ChunkFailed,
     FairBatcher,
@@ -754,9 +755,25 @@ class MemoryService:
             await asyncio.sleep(0.002)
         return True
 
-    async def wait_for_user(self, user_id: str, timeout: float = 10.0) -> dict[str, Any]:
+    def derived_can_progress(self) -> bool:
+        """False while derived work cannot progress: the engine's LLM backend has an open
+        circuit breaker (unreachable, or failing every request), so every LLM call fails at
+        once and a derived round only fails again until the cool-down ends. True otherwise,
+        also when nothing says so (no LLM, a backend without a breaker, an engine in another
+        process): a caller then waits as before."""
+        breaker = _llm_breaker(self.engine)
+        return breaker is None or breaker.state != OPEN
+
+    async def wait_for_user(
+        self, user_id: str, timeout: float = 10.0, *, while_progressing: bool = False
+    ) -> dict[str, Any]:
         """Read-your-writes barrier: until the user's queued writes are committed and their
-        derived work is done (``engine.pending_count(user) == 0``), or ``timeout``."""
+        derived work is done (``engine.pending_count(user) == 0``), or ``timeout``.
+
+        ``while_progressing``: stop early (``done: false``) once the writes are committed but
+        derived work cannot progress (:meth:`derived_can_progress`): the rest of the wait
+        could not end in ``done`` (the MCP ``add_memory``'s wait; ``/wait`` waits its
+        ``timeout``, which its caller chose)."""
         self.check_ready()
         t0 = time.monotonic()
         deadline = t0 + timeout
@@ -766,7 +783,8 @@ class MemoryService:
             pending = await self.call(self.engine.pending_count, user_id) if queued == 0 else -1
             done = queued == 0 and pending == 0
             now = time.monotonic()
-            if done or now >= deadline:
+            stuck = while_progressing and queued == 0 and not done
+            if done or now >= deadline or (stuck and not self.derived_can_progress()):
                 return {
                     "user_id": user_id,
                     "done": done,
@@ -836,6 +854,15 @@ class MemoryService:
             self.metrics.observe_batch("derived", "process_pending", n, dt)
         if n:
             self._derived_wake.set()  # the rest, and what came meanwhile, gather next
+
+
+def _llm_breaker(engine: Any) -> CircuitBreaker | None:
+    """The circuit breaker of ``engine``'s LLM backend, if it has one (the HTTP
+    backends); None for the extractive mode, other backends, or a proxy of a remote engine
+    (whose attributes are not the objects)."""
+    backend = getattr(getattr(engine, "stages", None), "backend", None)
+    breaker = getattr(backend, "breaker", None)
+    return breaker if isinstance(breaker, CircuitBreaker) else None
 
 
 def _log_failure(what: str, exc: Exception) -> None:
