@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_write_transaction import _free_space
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine import MemoryEngine
@@ -96,6 +97,7 @@ def test_a_rolled_back_batch_leaves_the_keyword_statistics_as_if_never_sent(
         with pytest.raises(StoreFullError):
             engine.add_many(_batch(1))
         monkeypatch.undo()
+        _free_space(monkeypatch)  # a full disk's writes wait for room (full_disk.py)
         assert engine.store.query("SELECT COUNT(*) FROM pages")[0][0] == 6  # rolled back
         assert engine.extractor.to_dict() == before
         engine.add_many(_batch(2))
@@ -124,6 +126,7 @@ def test_a_shard_sends_no_rolled_back_text_to_the_other_shards(
         with pytest.raises(StoreFullError):
             engine.add_many(_batch(1))
         monkeypatch.undo()
+        _free_space(monkeypatch)
         engine.add_many(_batch(2))
         assert sorted(engine._kw_texts) == sorted(
             f"{p['user_input']} {p['agent_response']}" for k in (0, 2) for p in _batch(k)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from test_store import _newest_ids, arena_snapshot, assert_same_arena, open_engine, table_dump
 
-from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.engine import MemoryEngine, full_disk
 from memoryos_gpu.store import StoreFullError
 from memoryos_gpu.types import PageInput
 
@@ -126,7 +126,7 @@ def test_a_retrieval_goes_on_while_a_write_commits(tmp_path: Path, write: str) -
 
 @pytest.mark.parametrize("write", list(WRITES))
 def test_a_failed_commit_leaves_memory_as_the_store_and_reuses_no_id(
-    tmp_path: Path, write: str
+    tmp_path: Path, write: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "s"
     e = seeded(path)
@@ -139,6 +139,7 @@ def test_a_failed_commit_leaves_memory_as_the_store_and_reuses_no_id(
     before_ids, failed = gate.ids_before, gate.ids_at_commit
     assert table_dump(e.store) == gate.before  # rolled back whole
     assert any(failed[t] > before_ids[t] for t in failed)  # the write had made rows
+    _free_space(monkeypatch)  # a full disk refuses writes until it has room (full_disk.py)
     run(e)  # the retry commits
     e.add_many(pages(30))
     e.process_pending()
@@ -160,6 +161,17 @@ def test_a_failed_commit_leaves_memory_as_the_store_and_reuses_no_id(
         assert_same_arena(got, arena_snapshot(reopened))  # memory was the store's
     finally:
         reopened.close()
+
+
+def _free_space(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's file system has room again, as the engine's full-disk probe reads it."""
+    real = full_disk.shutil.disk_usage
+
+    def roomy(path: str) -> Any:
+        usage = real(path)
+        return usage._replace(free=usage.free + 2 * full_disk.ROOM_BYTES)
+
+    monkeypatch.setattr(full_disk.shutil, "disk_usage", roomy)
 
 
 def test_a_failure_after_the_statements_of_an_accept_reloads_memory(

@@ -31,12 +31,14 @@ from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.errors import EngineClosedError, UnknownUserError
 from memoryos_gpu.page_views import PageViews
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
-from memoryos_gpu.store import SQLiteStore
+from memoryos_gpu.store import SQLiteStore, StoreFullError
 from memoryos_gpu.store.rows import select_in
 from memoryos_gpu.store.sqlite import Durability
 from memoryos_gpu.text.keywords import KeywordExtractor, hash_keyword
 from memoryos_gpu.text.vocabulary import UserVocabulary
 from memoryos_gpu.types import AddResult, PageInput, Retrieval
+
+from .full_disk import FullDiskGate
 
 DEFAULT_ASSISTANT = "default"
 
@@ -159,6 +161,8 @@ class EngineState:
         self.reload: Callable[[], None] | None = None
         self.reload_owed = False
         self._claims_lost = store.claims_lost  # a new loss: another writer may have written
+        # a full disk that cost a reload: writes refused at once until it has room
+        self.full_disk = FullDiskGate(getattr(store, "path", None))
         # set by MemoryEngine.close (under the lock): every write and retrieval refuses from
         # then on (check_open), the store's statements too (StoreClosedError)
         self.closed = False
@@ -246,7 +250,12 @@ class EngineState:
         only. After a failed COMMIT it runs once the engine lock is free again: a keyword
         statistics save that got the store first (``close``, a derived round's periodic save)
         may still persist the body's texts under a watermark without them, until the next
-        save (``close``'s) rewrites the copy."""
+        save (``close``'s) rewrites the copy.
+
+        A full disk that cost a reload makes the next writes fail at once, before they touch
+        memory or the store, until the disk has room (:mod:`~memoryos_gpu.engine.full_disk`):
+        each retry against it would otherwise stall every retrieval for a reload."""
+        self.full_disk.check()
         with self.lock:
             self.check_open()
             self.reload_if_owed()
@@ -255,17 +264,23 @@ class EngineState:
             try:
                 yield db
             except BaseException as exc:
+                reload = reload_on_error or self.reload_owed
                 try:
                     tx.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
                 finally:
-                    self._failed(undo, reload_on_error or self.reload_owed)
+                    self._failed(undo, reload)
+                if reload and isinstance(exc, StoreFullError):
+                    self.full_disk.failed(exc)
                 raise
         try:
             tx.__exit__(None, None, None)  # the COMMIT, without the engine lock
-        except BaseException:
+        except BaseException as exc:
             with self.lock:
                 self._failed(undo, True)
+            if isinstance(exc, StoreFullError):
+                self.full_disk.failed(exc)
             raise
+        self.full_disk.passed()
 
     def _failed(self, undo: Callable[[], None] | None, reload: bool) -> None:
         """After a write transaction rolled back (under the engine lock): its ``undo``, then
