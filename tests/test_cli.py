@@ -300,6 +300,7 @@ def test_ctrl_c_exits_130_and_a_declined_prompt_1(monkeypatch, sample_store):
     assert main(["stats", "--store", str(sample_store)]) == 130  # click made it an Abort: was 1
     monkeypatch.undo()
     monkeypatch.setattr(click, "confirm", declined)
+    monkeypatch.setattr(admin, "_stdin_is_terminal", lambda: True)  # a person to ask
     assert main(["delete", "--store", str(sample_store), "--user", "maya_chen"]) == 1
 
 
@@ -388,9 +389,9 @@ def test_export_delete_round_trip(tmp_path):
     data = json.loads(out.read_text())
     assert len(data["pages"]) == 25 and data["user"]["user_id"] == "maya_chen"
     assert "user_knowledge" in data and "assistant_knowledge" in data
-    # declining the confirmation keeps the user
+    # without a terminal to ask on, delete asks nothing: refused without --yes, user kept
     p = cli("delete", "--store", store, "--user", "maya_chen", input="n\n")
-    assert p.returncode == 1
+    assert p.returncode == 2 and "give --yes" in p.stderr
     assert len([r for r in store_pages(store) if r[0] == "maya_chen"]) == 25
     p = cli("delete", "--store", store, "--user", "maya_chen", "--yes")
     assert p.returncode == 0 and "deleted" in p.stdout

@@ -93,13 +93,16 @@ def test_cli_delete_removes_the_users_rejected_records(
 
 
 def test_cli_delete_of_a_user_known_only_by_rejected_records(
-    hashing: None, chats: Path, tmp_path: Path
+    hashing: None, chats: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """u3's every record was refused: the store never knew u3, the rejects file still does."""
+    from memoryos_gpu.cli import admin
+
     store = tmp_path / "st"
     rejects = _ingested(chats, store)
+    monkeypatch.setattr(admin, "_stdin_is_terminal", lambda: True)  # a person to ask
     asked = CliRunner().invoke(cli, ["delete", "--store", str(store), "--user", "u3"], input="n\n")
-    assert "0 rows, 1 rejected records" in asked.output and asked.exit_code == 1
+    assert "0 rows, 1 rejected record)" in asked.output and asked.exit_code == 1
     assert "u3" in _users_of(rejects)  # not confirmed: kept
     res = _run("delete", "--store", store, "--user", "u3", "--yes")
     assert res.exit_code == 0, res.output

@@ -97,15 +97,21 @@ def test_an_empty_key_variable_is_refused_not_a_plain_store(
 def test_the_key_variable_follows_the_apis_rule_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The API takes a whitespace-only key as a passphrase (only an empty one is refused), so
-    the variable does too: the same key opens the same store either way."""
-    enc.as_secret("  ")  # the API's rule
+    """The API refuses a whitespace-only key (what a variable holding a stray blank gives), and
+    so does the variable: one rule, before anything is created; a key with blanks around other
+    text is taken as it is, either way, and opens the same store."""
+    with pytest.raises(StoreError, match="blank"):
+        enc.as_secret("  ")  # the API's rule
     monkeypatch.setenv(enc.ENV_KEY, "  ")
     store = tmp_path / "s.sqlite3"
+    with pytest.raises(StoreError, match="blank"):
+        open_store(str(store))
+    assert not store.exists()
+    monkeypatch.setenv(enc.ENV_KEY, " k ")
     open_store(str(store)).close()
     assert enc.file_state(store) == "encrypted"
     monkeypatch.delenv(enc.ENV_KEY)
-    open_store(str(store), key="  ", writer=False).close()
+    open_store(str(store), key=" k ", writer=False).close()
 
 
 def test_cli_ingest_with_an_empty_key_variable_writes_nothing(tmp_path: Path) -> None:

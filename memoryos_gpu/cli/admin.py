@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import stat
 from pathlib import Path
@@ -17,6 +18,7 @@ from memoryos_gpu.sizes import size_text
 from .options import (
     EXIT_ERROR,
     CLIError,
+    UsageFailure,
     checked_store,
     engine_options,
     handle_errors,
@@ -27,6 +29,7 @@ from .output import (
     echo_json,
     iso_time,
     json_text,
+    plural,
 )
 from .stores import (
     is_url,
@@ -123,7 +126,7 @@ def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
         echo_json(data)
         return
     tiers = ", ".join(f"{k[6:]} {v:,}" for k, v in sorted(c.items()) if k.startswith("pages_"))
-    shards = f", {len(data['shards'])} shards" if "shards" in data else ""
+    shards = f", {plural(len(data['shards']), 'shard')}" if "shards" in data else ""
     rows = [("store", f"{data['store']} ({size_text(data['bytes'])}{shards})")]
     models = sorted({str(s["embedding_model"]) for s in data.get("shards", [data])})
     if len(models) == 1:
@@ -206,13 +209,20 @@ def users(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
         click.echo(
             f"{user_id:<{widths[0]}}  {assistant_id:<{widths[1]}}  {pages:>{widths[2]}}  {last}"
         )
-    click.echo(f"{len(rows):,} users", err=True)
+    click.echo(plural(len(rows), "user"), err=True)
 
 
 # ============================================================================ export / delete
 @click.command()
 @click.option("--user", "user_id", required=True)
-@click.option("--out", "out_path", metavar="FILE", help="Write here instead of stdout.")
+@click.option(
+    "--out",
+    "out_path",
+    metavar="FILE",
+    callback=lambda _ctx, _param, value: _out_path(value),
+    help="Write the JSON to FILE (whole or not at all; a symbolic link is followed) instead "
+    "of stdout; - is stdout.",
+)
 @engine_options
 @click.pass_context
 @handle_errors
@@ -233,30 +243,87 @@ def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any
     finally:
         st.close()
     text = json_text(data, indent=2)
-    if out_path:
-        _write_whole(Path(out_path), text + "\n")
-        click.echo(f"exported {user_id}: {len(data['pages'])} pages -> {out_path}", err=True)
-    else:
+    if out_path is None:
         click.echo(text)
+        return
+    _write_whole(Path(out_path), text + "\n")
+    click.echo(f"exported {user_id}: {plural(len(data['pages']), 'page')} -> {out_path}", err=True)
+
+
+def _out_path(value: str | None) -> str | None:
+    """``export --out``'s file: None for stdout (not given, or ``-``, the usual name for it).
+    An empty value is refused before the store is opened: it is what an unset variable
+    expands to (``--out "$FILE"``), and taking it for "not given" sent the export to stdout
+    while the script meant a file."""
+    if value is None or value == "-":
+        return None
+    if not value.strip():
+        raise UsageFailure("--out is empty: give a file name, or - for stdout")
+    return value
 
 
 def _write_whole(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, renamed
-    over ``path`` once written and flushed. Why: written in place, a failure part way (a full
-    disk, a string no UTF-8 encodes) left an empty or cut file where the export was asked
-    for, and a file there before was lost. A lone surrogate that a store holds from before the
-    engine replaced them is written as its JSON escape (``\\ud800``), as the server does. A
-    path that is not a regular file (``/dev/stdout``, a pipe) is written as it is; a file
-    replaced keeps its permissions."""
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside the file
+    ``path`` names (its links followed), renamed over that file once written and flushed.
+    Why: written in place, a failure part way (a full disk, a string no UTF-8 encodes) left an
+    empty or cut file where the export was asked for, and a file there before was lost. A lone
+    surrogate that a store holds from before the engine replaced them is written as its JSON
+    escape (``\\ud800``), as the server does.
+
+    A symbolic link is followed, never replaced: renaming over the link itself destroyed it
+    and left its target unwritten (with ``/dev/stdout`` redirected to a file, it replaced the
+    system's ``/dev/stdout``). A path that leads to an open file descriptor (``/dev/stdout``,
+    ``/dev/fd/N``, ``/proc/self/fd/N``) or to something that is not a regular file (a device,
+    a pipe) is written as it is, without a temporary file; a file replaced keeps its
+    permissions. An error names ``path`` as given, not the temporary file."""
     try:
-        mode: int | None = os.stat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode):
-        with open(path, "w", encoding="utf-8", errors="backslashreplace") as f:
-            f.write(text)
-        return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        if _names_open_fd(str(path)):  # appended: what the stream holds already stays
+            _write_as_is(str(path), text, "a")
+            return
+        real = Path(os.path.realpath(path))
+        try:
+            mode: int | None = os.stat(real).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            _write_as_is(str(real), text, "w")
+            return
+        _replace_atomically(real, text, mode)
+    except OSError as exc:
+        raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+#: ``/proc/<pid>/fd`` (or a thread's): its entries are links to a process's open files, which
+#: ``/dev/stdout`` and ``/dev/fd/N`` lead to.
+_FD_DIR = re.compile(r"/proc/[^/]+(/task/[^/]+)?/fd")
+
+
+def _names_open_fd(path: str) -> bool:
+    """Whether ``path``, its links followed one at a time, passes through an entry of a
+    ``/proc/<pid>/fd`` directory. Why not ``os.path.realpath``: such an entry resolves to a
+    name that is not a path (``pipe:[1234]``, ``/x/log (deleted)``), or to the file an earlier
+    redirection opened, whose content a rename would not keep."""
+    p = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on links followed
+        if _FD_DIR.fullmatch(os.path.realpath(os.path.dirname(p))):
+            return True
+        if not os.path.islink(p):
+            return False
+        p = os.path.join(os.path.dirname(p), os.readlink(p))
+    return False
+
+
+def _write_as_is(path: str, text: str, how: str) -> None:
+    """Write ``text`` to ``path`` opened as it is (``how``: "w" or "a"): no temporary file,
+    which a device, a pipe or an open descriptor cannot be renamed over."""
+    with open(path, how, encoding="utf-8", errors="backslashreplace") as f:
+        f.write(text)
+
+
+def _replace_atomically(real: Path, text: str, mode: int | None) -> None:
+    """Write ``text`` into a temporary file beside ``real`` (a path without links), flushed,
+    then renamed over ``real``, which keeps its permissions (``mode``; None: a new file)."""
+    tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
             f.write(text)
@@ -264,7 +331,7 @@ def _write_whole(path: Path, text: str) -> None:
             os.fsync(f.fileno())
         if mode is not None:
             os.chmod(tmp, stat.S_IMODE(mode))
-        os.replace(tmp, path)
+        os.replace(tmp, real)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -315,12 +382,14 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
     keyword statistics; on a sharded store directory, on every shard); the audit keeps the
     deletion, without content. The user's rejected records go too from the rejects files
     `ingest` wrote in the store's folder (STORE/rejects.jsonl, STORE/shard-*/rejects.jsonl; a
-    --rejects FILE elsewhere is yours to delete). Refused while another process writes the
-    store (a server: delete through its HTTP API)."""
+    --rejects FILE elsewhere is yours to delete). Asks for confirmation on a terminal; with
+    stdin not a terminal (a script) it asks nothing and is refused without --yes. Refused
+    while another process writes the store (a server: delete through its HTTP API)."""
     from memoryos_gpu.rejects import count_rejects
 
     o = options_of(ctx, kwargs)
     store, key = checked_store(o), store_key(o)
+    _can_confirm(yes)
     st = _one_shot(open_store_at(user_store(store, user_id), writer=True, key=key))
     try:
         rows = st.rows_about(user_id)
@@ -329,7 +398,7 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
         if not known and not rejected:
             raise CLIError(f"unknown user {user_id!r}")
         if not yes:
-            what = f"{rows:,} rows, {rejected:,} rejected records"
+            what = f"{plural(rows, 'row')}, {plural(rejected, 'rejected record')}"
             click.confirm(f"delete user {user_id!r} ({what})?", abort=True, err=True)
         left = 0
         if known:
@@ -339,9 +408,13 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
     finally:
         st.close()
     click.echo(
-        f"deleted user {user_id}: {rows:,} rows removed"
+        f"deleted user {user_id}: {plural(rows, 'row')} removed"
         + (f" ({left} left!)" if left else "")
-        + (f", {rejected:,} rejected records removed from the rejects files" if rejected else "")
+        + (
+            f", {plural(rejected, 'rejected record')} removed from the rejects files"
+            if rejected
+            else ""
+        )
     )
     if failed is not None:
         raise CLIError(
@@ -350,6 +423,27 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
         )
     if left:
         ctx.exit(EXIT_ERROR)
+
+
+def _can_confirm(yes: bool) -> None:
+    """Refuse ``delete``'s confirmation prompt when stdin is not a terminal (unless ``yes``),
+    before the store is opened. Why: the prompt read its answer from whatever stdin was, and
+    in a loop over ids (``while read u; do delete --user "$u"; done < ids``) it took the next
+    id for the answer, refused it and ended the loop after one pass; ``rekey`` refuses to
+    prompt there likewise (:func:`_can_ask`)."""
+    if yes or _stdin_is_terminal():
+        return
+    raise UsageFailure(
+        "delete asks for confirmation, and stdin is not a terminal to ask on: "
+        "give --yes (-y) to delete without asking"
+    )
+
+
+def _stdin_is_terminal() -> bool:
+    """Whether a prompt can ask a person: stdin is a terminal (not a pipe, a file or closed)."""
+    import sys
+
+    return sys.stdin is not None and sys.stdin.isatty()
 
 
 def _one_shot(st: Any) -> Any:
@@ -479,11 +573,9 @@ def _can_ask(what: str, encrypt: bool) -> None:
     """Refuse to prompt for ``rekey``'s ``what`` ("current key", "new key") when stdin is not
     a terminal: the hidden prompt would fall back to one that echoes the key (getpass's
     GetPassWarning), or read it from a pipe meant for something else."""
-    import sys
-
     from memoryos_gpu.store.encryption import ENV_KEY, ENV_NEW_KEY
 
-    if sys.stdin is not None and sys.stdin.isatty():
+    if _stdin_is_terminal():
         return
     where = f"${ENV_KEY} or the config file's encryption_key"
     if what == "new key" and not encrypt:

@@ -10,8 +10,11 @@ from typing import Any
 
 import click
 
+from memoryos_gpu.sizes import size_text
+
 from .memory import PAGE_COUNT
 from .options import (
+    CLIError,
     EngineOptions,
     UsageFailure,
     build_config,
@@ -23,6 +26,7 @@ from .options import (
 )
 from .output import (
     echo_json,
+    plural,
 )
 
 #: bench's default --batch (fewer users: every user)
@@ -84,65 +88,27 @@ def bench(
     """Quick retrieval-kernel benchmark (segment scoring + page top-k) on a synthetic arena.
 
     It builds no engine (no store, model, preset or LLM: a random arena of d=384), so of the
-    engine options it takes only --device.
+    engine options it takes only --device. Sizes whose arena would not fit in the machine's
+    memory are refused before anything is allocated.
 
     The full benchmarks live in the source tree: benchmarks/kernel_speed.py (kernels vs a
     reference-style loop vs torch) and benchmarks/ingest.py (end-to-end ingestion)."""
-    import numpy as np
-
     from memoryos_gpu import ops
-    from memoryos_gpu.arena import Arena, ArenaConfig
 
     group = _bench_group_options(ctx)
     batch = _bench_batch(batch, users)
     device = device or group.device or "auto"
     if device == "auto":
         device = "cuda" if ops.build_info()["cuda_usable"] else "cpu"
-    rng = np.random.default_rng(0)
-    dim, kw_width = 384, 16
-    t0 = time.perf_counter()
-    arena = Arena(
-        ArenaConfig(
-            dim=dim,
-            segment_slots=slots,
-            keyword_width=kw_width,
-            device=device,
-            initial_users=users,
-            initial_blocks=max(1, users * slots * -(-pages_per_segment // 16)),
-        )
-    )
-    arena.add_users(users)
-    chunk = max(1, 1_000_000 // slots)
-    for start in range(0, users, chunk):
-        us = np.arange(start, min(users, start + chunk), dtype=np.int32)
-        u, s = np.repeat(us, slots), np.tile(np.arange(slots, dtype=np.int32), us.size)
-        emb = rng.standard_normal((u.size, dim), dtype=np.float32)
-        kw = np.sort(rng.integers(0, 5000, size=(u.size, kw_width), dtype=np.int32), axis=1)
-        kw[:, kw_width // 2 :] = -1
-        arena.write_segments(u, s, emb, kw, l_interaction=np.full(u.size, pages_per_segment))
-        if pages_per_segment:
-            pu, ps = np.repeat(u, pages_per_segment), np.repeat(s, pages_per_segment)
-            arena.append_pages(pu, ps, rng.standard_normal((pu.size, dim), dtype=np.float32))
-    build_s = time.perf_counter() - t0
-    q = rng.standard_normal((batch, dim), dtype=np.float32)
-    qu = rng.choice(users, size=batch, replace=False).astype(np.int32)
-    qkw = np.sort(rng.integers(0, 5000, size=(batch, 8), dtype=np.int32), axis=1)
-
-    def once() -> None:
-        _, chosen = ops.score_segments(arena, q, qu, qkw, 5)
-        ops.select_pages(arena, q, qu, chosen, 10)
-        if arena.on_cuda:
-            import torch
-
-            torch.cuda.synchronize()
-
-    once()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - t)
-    med = sorted(times)[len(times) // 2]
+    _check_bench_fits(users, slots, pages_per_segment, device)
+    try:
+        build_s, med = _run_bench(users, slots, pages_per_segment, batch, repeat, device)
+    except (MemoryError, RuntimeError) as exc:  # the estimate's margin, or another process
+        raise CLIError(
+            f"bench could not build or run its arena ({plural(users, 'user')} x "
+            f"{plural(slots, 'segment')} x {plural(pages_per_segment, 'page')} on {device}): "
+            f"{_one_line(exc)}"
+        ) from None
     root = Path(__file__).resolve().parents[2] / "benchmarks"
     result = {
         "device": device,
@@ -160,12 +126,174 @@ def bench(
         echo_json(result)
         return
     click.echo(
-        f"{device}: {users:,} users x {slots} segments x {pages_per_segment} pages, "
-        f"batch {batch}: {med * 1e3:.2f} ms per batch = {batch / med:,.0f} queries/s "
-        "(score segments + top-10 pages)"
+        f"{device}: {plural(users, 'user')} x {plural(slots, 'segment')} x "
+        f"{plural(pages_per_segment, 'page')}, batch {batch}: {med * 1e3:.2f} ms per batch = "
+        f"{batch / med:,.0f} queries/s (score segments + top-10 pages)"
     )
     where = root if root.is_dir() else "benchmarks/ in the memoryos-gpu source tree"
     click.echo(f"full benchmarks: {where} (kernel_speed.py, ingest.py)")
+
+
+#: bench's synthetic arena: embedding width, keyword row width, and the rows of random data
+#: it generates at a time (segments and, separately, pages)
+_BENCH_DIM, _BENCH_KW = 384, 16
+_BENCH_CHUNK_ROWS = 1_000_000
+#: what the process takes besides the arena (Python, NumPy, the native kernels): measured
+#: 40-100 MB; bench's estimate counts this much
+_BENCH_BASE_BYTES = 256 << 20
+
+
+def _chunk_users(users: int, slots: int, pages_per_segment: int) -> int:
+    """Users whose random segments and pages bench generates at a time: about
+    ``_BENCH_CHUNK_ROWS`` rows of each, so the data waiting to be written stays a few GB
+    whatever the sizes (it counted only segments: 64 users of 100,000 pages a segment asked
+    for 9.8 TB at once)."""
+    per_user = slots * max(1, pages_per_segment)
+    return max(1, min(users, _BENCH_CHUNK_ROWS // per_user))
+
+
+def _bench_bytes(users: int, slots: int, pages_per_segment: int, device: str) -> tuple[int, int]:
+    """``(host bytes, device bytes)`` bench needs at its peak, an estimate on the high side:
+    the arena's rows (embeddings fp32 on the host, fp16 on a GPU; keywords, statistics, block
+    table, page pool and BM25 rows), the chunk of random data generated before it is written
+    and the process itself. Measured against the peak resident memory on the CPU: 140 MiB
+    for an estimate of 358 MiB (4,000 x 8 x 0), 6.1 GiB for 8.8 GiB (20,000 x 64 x 1).
+    Device bytes are 0 on the CPU, where the arena lives in host memory."""
+    on_cuda = device.startswith("cuda")
+    emb = 2 if on_cuda else 4
+    segments, pages = users * slots, users * slots * pages_per_segment
+    arena = segments * (_BENCH_DIM * emb + _BENCH_KW * 4 + 48) + pages * (_BENCH_DIM * emb + 48)
+    rows = _chunk_users(users, slots, pages_per_segment) * slots
+    chunk = rows * (_BENCH_DIM * 4 + _BENCH_KW * 8 + 32) * (1 + 2 * pages_per_segment)
+    if on_cuda:  # a growing pool copies on a GPU: old and new rows at once
+        return _BENCH_BASE_BYTES + chunk + segments * 16, 2 * arena
+    return _BENCH_BASE_BYTES + arena + chunk, 0
+
+
+def _check_bench_fits(users: int, slots: int, pages_per_segment: int, device: str) -> None:
+    """Refuse sizes whose arena would not fit in memory, before anything is allocated. Why: a
+    typo in a size (one zero too many) ended in a traceback of a failed allocation, or had
+    the OOM killer stop the process after it took every byte of the machine's memory."""
+    host, dev = _bench_bytes(users, slots, pages_per_segment, device)
+    for need, have, where in (
+        (host, _host_memory(), "memory"),
+        (dev, _device_memory(device) if dev else None, f"{device} memory"),
+    ):
+        if have is not None and need > have:
+            raise UsageFailure(
+                f"--users {users} x --slots {slots} x --pages-per-segment "
+                f"{pages_per_segment}: the arena needs about {size_text(need)} of {where}, "
+                f"and this machine has {size_text(have)}; give smaller sizes"
+            )
+
+
+def _host_memory() -> int | None:
+    """The machine's physical memory in bytes, or the cgroup's limit when lower (a container's
+    memory.max: what the OOM killer goes by); None when neither can be read."""
+    import os
+
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        total = None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = int(Path(limit_file).read_text().strip())
+        except (OSError, ValueError):  # absent, or "max": no limit
+            continue
+        total = limit if total is None else min(total, limit)
+    return total
+
+
+def _device_memory(device: str) -> int | None:
+    """A CUDA device's total memory in bytes (None off CUDA or when torch cannot say)."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        import torch
+
+        return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    except Exception:  # no answer is no check: building the arena then says what failed
+        return None
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (a CUDA out-of-memory error spans several)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _run_bench(
+    users: int, slots: int, pages_per_segment: int, batch: int, repeat: int, device: str
+) -> tuple[float, float]:
+    """Build the random arena and time the kernels: ``(build seconds, median batch seconds)``."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    arena = _bench_arena(rng, users, slots, pages_per_segment, device)
+    build_s = time.perf_counter() - t0
+    return build_s, _median_batch_s(arena, rng, users, batch, repeat)
+
+
+def _bench_arena(rng: Any, users: int, slots: int, pages_per_segment: int, device: str) -> Any:
+    """An arena of ``users`` x ``slots`` random segments of ``pages_per_segment`` pages each."""
+    import numpy as np
+
+    from memoryos_gpu.arena import Arena, ArenaConfig
+
+    dim, kw_width = _BENCH_DIM, _BENCH_KW
+    arena = Arena(
+        ArenaConfig(
+            dim=dim,
+            segment_slots=slots,
+            keyword_width=kw_width,
+            device=device,
+            initial_users=users,
+            initial_blocks=max(1, users * slots * -(-pages_per_segment // 16)),
+        )
+    )
+    arena.add_users(users)
+    chunk = _chunk_users(users, slots, pages_per_segment)
+    for start in range(0, users, chunk):
+        us = np.arange(start, min(users, start + chunk), dtype=np.int32)
+        u, s = np.repeat(us, slots), np.tile(np.arange(slots, dtype=np.int32), us.size)
+        emb = rng.standard_normal((u.size, dim), dtype=np.float32)
+        kw = np.sort(rng.integers(0, 5000, size=(u.size, kw_width), dtype=np.int32), axis=1)
+        kw[:, kw_width // 2 :] = -1
+        arena.write_segments(u, s, emb, kw, l_interaction=np.full(u.size, pages_per_segment))
+        if pages_per_segment:
+            pu, ps = np.repeat(u, pages_per_segment), np.repeat(s, pages_per_segment)
+            arena.append_pages(pu, ps, rng.standard_normal((pu.size, dim), dtype=np.float32))
+    return arena
+
+
+def _median_batch_s(arena: Any, rng: Any, users: int, batch: int, repeat: int) -> float:
+    """The median seconds of one kernel call pair (score segments, top-10 pages) over
+    ``repeat`` runs after a warm-up, for ``batch`` queries of distinct users."""
+    import numpy as np
+
+    from memoryos_gpu import ops
+
+    q = rng.standard_normal((batch, _BENCH_DIM), dtype=np.float32)
+    qu = rng.choice(users, size=batch, replace=False).astype(np.int32)
+    qkw = np.sort(rng.integers(0, 5000, size=(batch, 8), dtype=np.int32), axis=1)
+
+    def once() -> None:
+        _, chosen = ops.score_segments(arena, q, qu, qkw, 5)
+        ops.select_pages(arena, q, qu, chosen, 10)
+        if arena.on_cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    once()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
 
 
 def _bench_group_options(ctx: click.Context) -> EngineOptions:
@@ -325,31 +453,26 @@ def evaluate(
         echo_json(result)
         return
     not_scored = (
-        f"; {_count(any_rep.skipped_no_evidence, 'question')} without evidence not scored"
+        f"; {plural(any_rep.skipped_no_evidence, 'question')} without evidence not scored"
         if any_rep.skipped_no_evidence
         else ""
     )
     click.echo(
-        f"{_count(len(convs), 'conversation')}, {_count(len(pages), 'page')}, "
-        f"{_count(any_rep.n, 'question')} (categories 1-4{not_scored}); "
+        f"{plural(len(convs), 'conversation')}, {plural(len(pages), 'page')}, "
+        f"{plural(any_rep.n, 'question')} (categories 1-4{not_scored}); "
         f"ingest {ingest_s:.1f} s, retrieval {retrieve_s:.1f} s"
     )
     click.echo(f"embedder {setup['embedder']}, preset {setup['preset']}, device {setup['device']}")
     if any_rep.unmatched_evidence or any_rep.malformed_evidence:
         click.echo(
-            f"evidence: {_count(any_rep.unmatched_evidence, 'id')} naming no turn (each counted as "
-            f"a miss), {_count(any_rep.malformed_evidence, 'malformed id')} (ignored; a "
+            f"evidence: {plural(any_rep.unmatched_evidence, 'id')} naming no turn (each counted as "
+            f"a miss), {plural(any_rep.malformed_evidence, 'malformed id')} (ignored; a "
             "question left without a valid id is not scored)"
         )
     click.echo("| retrieval | " + " | ".join(f"recall@{k}" for k in k_list) + " |")
     click.echo("| --- |" + " --- |" * len(k_list))
     for name, rep in (("memoryos (engine)", engine_rep), ("bm25", bm25_rep)):
         click.echo(f"| {name} | " + " | ".join(f"{rep[k].overall:.3f}" for k in k_list) + " |")
-
-
-def _count(n: int, noun: str) -> str:
-    """``n`` and ``noun``, plural unless n is 1 ("1 conversation", "5 pages")."""
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _locomo_pages(path: str, convs: list[Any]) -> tuple[list[Any], dict[str, str]]:

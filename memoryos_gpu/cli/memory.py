@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -189,18 +191,46 @@ def chat(
                 ctx.exit(EXIT_ERROR)
             return
         click.echo(f"chatting as {user_id} ({cfg.llm.backend}); /quit or Ctrl-D to leave", err=True)
-        while True:
-            try:
-                text = input("you> ")
-            except (EOFError, KeyboardInterrupt):
-                click.echo("", err=True)
-                break
-            if text.strip() in ("/quit", "/exit"):
-                break
-            if text.strip():
-                answer(text)
+        _chat_loop(answer)
     finally:
         engine.close()
+
+
+def _chat_loop(answer: Callable[[str], bool]) -> None:
+    """Read messages until /quit, /exit or the end of stdin, answering each non-blank one.
+    Ctrl-C is not the end of input: it propagates (not caught here), and the command exits 130
+    (interrupted), as every command does, instead of 0 as if the session had ended normally."""
+    while True:
+        try:
+            text = _read_message()
+        except EOFError:
+            if _is_terminal(sys.stdin):  # Ctrl-D: the next output starts past the prompt
+                click.echo("", err=True)
+            return
+        if text.strip() in ("/quit", "/exit"):
+            return
+        if text.strip():
+            answer(text)
+
+
+def _read_message() -> str:
+    """One line of the chat. The ``you> `` prompt is for a person at a terminal: with stdin a
+    pipe or a file (a script) there is none, since it went into stdout between the answers
+    (``you> assistant> ...``); with stdout not a terminal (``chat > log``) it goes to stderr."""
+    if not _is_terminal(sys.stdin):
+        return input()
+    if _is_terminal(sys.stdout):
+        return input("you> ")  # readline's line editing, which needs the prompt on stdout
+    click.echo("you> ", nl=False, err=True)
+    return input()
+
+
+def _is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` (stdin or stdout) is a terminal: False when it is None or closed."""
+    try:
+        return stream is not None and stream.isatty()
+    except ValueError:  # a closed file
+        return False
 
 
 def _require_chat_store(store: str) -> None:

@@ -12,6 +12,21 @@ from typing import Any
 import click
 
 
+def plural(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless n is 1 ("1 user", "5 pages", "1,024 rows"): what human
+    output counts with ("1 users" read as a bug)."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def console(*, stderr: bool = False) -> Any:
+    """A rich Console that prints stored text as it is stored: no ``:smile:`` codes turned
+    into emoji and no numbers, URLs or quotes recoloured (a memory or an id is data, and
+    ``--json`` and ``export`` show it verbatim); markup in it is escaped where it is printed."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, soft_wrap=True, emoji=False, highlight=False)
+
+
 def echo_json(data: Any) -> None:
     click.echo(json_text(data))
 
@@ -115,13 +130,12 @@ def retrieval_json(r: Any) -> dict[str, Any]:
 def print_retrieval(r: Any, *, extractive: bool = False) -> None:
     """The retrieval as text. ``extractive``: the engine runs no LLM, so an empty profile is
     explained (one line) instead of left out, which reads as a failure."""
-    from rich.console import Console
     from rich.markup import escape
 
-    c = Console(soft_wrap=True)
+    c = console()
     c.print(
         f"[bold]user[/] {escape(r.user_id)}  [bold]query[/] {escape(r.query)}  "
-        f"(~{r.retrieval_tokens} tokens of context)"
+        f"(~{plural(r.retrieval_tokens, 'token')} of context)"
     )
     if r.profile:
         c.print("[bold]profile[/]")
@@ -184,7 +198,6 @@ def _reject_kind_rows(reasons: dict[str, int]) -> list[tuple[str, str]]:
 
 
 def print_ingest_summary(r: dict[str, Any], *, err: bool) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="ingest summary", show_header=False, title_justify="left")
@@ -222,7 +235,7 @@ def print_ingest_summary(r: dict[str, Any], *, err: bool) -> None:
         table.add_row(
             f"  shard {s.get('shard')}",
             f"{s.get('accepted', 0):,} accepted, {s.get('skipped', 0):,} present, "
-            f"{s.get('rejected', 0):,} rejected, {s.get('users', 0):,} users, "
+            f"{s.get('rejected', 0):,} rejected, {plural(s.get('users', 0), 'user')}, "
             f"{s.get('pages_per_s', 0):,.1f} pages/s, exit {s.get('exit_code')}",
         )
-    Console(stderr=err, soft_wrap=True).print(table)
+    console(stderr=err).print(table)

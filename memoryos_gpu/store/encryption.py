@@ -101,10 +101,14 @@ def _check_key(key: SecretStr) -> None:
     """Refuse a key SQLCipher cannot take, before anything touches the disk (a refusal later
     would leave an empty store file and a claimed lock behind). A key from the environment
     that is not UTF-8 reaches Python as a str with lone surrogates, which no SQL text can
-    carry."""
+    carry. A key of only whitespace is refused as an empty one: it is what a variable holding
+    a stray blank or newline gives, and accepted it encrypted a store, one way, under a key
+    nobody meant."""
     value = key.get_secret_value()
     if not value:
         raise StoreError("the encryption key is empty")
+    if not value.strip():
+        raise StoreError("the encryption key is blank (only whitespace)")
     if "\x00" in value:
         raise StoreError("the encryption key contains a NUL character")
     try:
