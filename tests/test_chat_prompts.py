@@ -87,6 +87,8 @@ def test_ctrl_c_at_the_prompt_exits_130(config: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
+        # a suite started in the background inherits SIGINT ignored, and so would chat
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         seen = ""
