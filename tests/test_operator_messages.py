@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -235,3 +236,34 @@ def test_rekey_without_keys_and_no_terminal_refuses_rather_than_prompts(
     res = CliRunner().invoke(cli, ["rekey", "--store", str(store)], input="")
     assert res.exit_code == 1 and "no new key given" in res.output, res.output
     assert "$MEMORYOS_GPU_NEW_KEY" in res.output
+
+
+def test_a_rewrite_that_fails_at_close_is_not_blamed_on_a_reader(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk fails the file's rewrite (it needs about the store's size free): the
+    warning says so and what completes it, not "once the reader has finished" and a command
+    that rewrites nothing (the sweep's full-disk delete, with no reader anywhere)."""
+    from memoryos_gpu.store.sqlite import SQLiteStore
+
+    st = SQLiteStore(str(tmp_path / "s.sqlite3"))
+    real = st._db
+
+    class NoRoom:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            if sql == "VACUUM":
+                raise sqlite3.OperationalError("database or disk is full")
+            return real.execute(sql, *args)
+
+    st.erase_at_close = True
+    st.checkpoint()  # a deletion committed: its erasure is left to the close
+    st._db = NoRoom()
+    with caplog.at_level("WARNING", logger="memoryos_gpu.store"):
+        st.close()
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "could not be rewritten" in said and "disk is full" in said, said
+    assert "a later deletion on this store rewrites the file" in said
+    assert "reader" not in said

@@ -35,6 +35,15 @@ ERASURE_ADVICE = (
     "to complete the erasure once the reader has finished, run `memoryos-gpu stats` on the "
     "store (its close folds the log into the file and removes it)"
 )
+#: What completes a truncation of the log that failed for another cause (an I/O error).
+_NEXT_CLOSE = "the next command on the store folds the log into the file as it closes"
+#: What a rewrite of the file that failed (a full disk: a rewrite needs about the store's size
+#: free) leaves, and what completes it: the next deletion's rewrite (a reader's close only
+#: folds the log, it rewrites nothing).
+REWRITE_ADVICE = (
+    "deleted text may stay in the file's free space until a later deletion on this store "
+    "rewrites the file (a rewrite needs free disk space about the size of the store)"
+)
 
 
 class SQLiteErasure:
@@ -108,7 +117,7 @@ class SQLiteErasure:
         """One try of the erasure (under the store lock): whether it is done. Not inside a
         transaction: its commit may still log deleted rows."""
         if self._depth or self._db.in_transaction:
-            return self._erasure_tried(False, "a transaction is open")
+            return self._erasure_tried(False, "a transaction is open", REWRITE_ADVICE)
         if self._rewrite_due:
             if time.monotonic() < self._rewrite_at:
                 return self._erasure_tried(False, "the file was rewritten moments ago")
@@ -119,7 +128,7 @@ class SQLiteErasure:
                 busy = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
         except self._dbapi.Error as exc:
             return self._erasure_tried(False, f"{type(exc).__name__}: {exc}")
-        return self._erasure_tried(busy == 0, "a reader holds the log")
+        return self._erasure_tried(busy == 0, "a reader holds the log", ERASURE_ADVICE)
 
     def _rewrite(self) -> bool:
         """``VACUUM``: whether it ran; the next one may begin once this one's duration is
@@ -128,21 +137,25 @@ class SQLiteErasure:
         try:
             self._db.execute("VACUUM")
         except self._dbapi.Error as exc:
-            return self._erasure_tried(False, f"{type(exc).__name__}: {exc}")
+            why = f"the file could not be rewritten: {type(exc).__name__}: {exc}"
+            return self._erasure_tried(False, why, REWRITE_ADVICE)
         took = time.monotonic() - t0
         self._rewrite_due = False
         self._rewrite_at = t0 + took / self.ERASURE_REWRITE_SHARE
         return True
 
-    def _erasure_tried(self, done: bool, why: str) -> bool:
+    def _erasure_tried(self, done: bool, why: str, advice: str = _NEXT_CLOSE) -> bool:
         """Record a try (``done`` or not, and why not): the first failure and the success
-        after failures are logged, not every retry."""
+        after failures are logged, not every retry. At close, the warning says what completes
+        the erasure for its cause (``advice``): "once the reader has finished" was said of a
+        rewrite that a full disk failed, with no reader, and of the command it named, which
+        rewrites nothing."""
         if not done and self._closing:
             log.warning(
                 "%s: deleted rows may still be in the file or its log (%s) as the store closes; %s",
                 self.path,
                 why,
-                ERASURE_ADVICE,
+                advice,
             )
         elif not done and not self._erasure_due:
             log.warning(
