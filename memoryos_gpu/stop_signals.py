@@ -76,10 +76,13 @@ class StopSignals:
         return self.signum is not None
 
     def notice(self, doing: str, abort: str = "abort") -> str:
-        """The line telling the user what the stop does, e.g. ``SIGTERM: finishing the batch
-        in flight, then stopping (Ctrl-C again to abort)``."""
+        """The line telling the user what the stop does, e.g. ``SIGINT: finishing the batch in
+        flight, then stopping (Ctrl-C again to abort)``. After a SIGTERM or SIGHUP (systemd,
+        ``timeout``, a closed terminal) there may be no terminal to press Ctrl-C in, and a
+        repeated one changes nothing: the line names the signal that aborts (SIGINT)."""
         name = signal.Signals(self.signum).name if self.signum is not None else "stop"
-        return f"{name}: {doing} (Ctrl-C again to {abort})"
+        again = "Ctrl-C again" if self.signum in (None, signal.SIGINT) else "SIGINT"
+        return f"{name}: {doing} ({again} to {abort})"
 
     def handle(self, signum: int, frame: FrameType | None = None) -> None:
         """The signal handler: the rule of this module."""

@@ -70,12 +70,17 @@ def test_a_repeated_sigterm_or_sighup_is_ignored_and_a_second_ctrl_c_aborts(firs
 
 
 def test_the_notice_names_the_signal_and_the_abort():
+    """After SIGHUP or SIGTERM (no terminal, perhaps) the abort is named as the signal, not as
+    a Ctrl-C "again"; after a Ctrl-C, as a Ctrl-C again."""
     with StopSignals() as stop:
         _send(signal.SIGHUP)
         assert stop.notice("finishing the batch in flight, then stopping") == (
-            "SIGHUP: finishing the batch in flight, then stopping (Ctrl-C again to abort)"
+            "SIGHUP: finishing the batch in flight, then stopping (SIGINT to abort)"
         )
-        assert stop.notice("asking", "kill them").endswith("(Ctrl-C again to kill them)")
+        assert stop.notice("asking", "kill them").endswith("(SIGINT to kill them)")
+    with StopSignals() as stop:
+        _send(signal.SIGINT)
+        assert stop.notice("stopping") == "SIGINT: stopping (Ctrl-C again to abort)"
 
 
 def test_installed_again_it_gives_back_what_another_handler_held():
