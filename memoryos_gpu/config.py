@@ -427,8 +427,21 @@ class LLMConfig(BaseModel):
         than by the backend's constructor when the engine opens (the same rule as
         ``openai_compat.normalize_base_url``)."""
         if value is not None and not value.strip().startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {value!r}")
+            # never the value: a URL may carry credentials (user:password@host)
+            raise ValueError("base_url must start with http:// or https://")
         return value
+
+
+def llm_settings_problem(c: LLMConfig) -> str | None:
+    """Why the backend ``c`` names cannot be built from these settings (a missing URL or
+    model, named as the user sets it: flag / config key), else None. One rule for the engine,
+    which raises it when it builds the backend, and the CLI, which checks it before opening a
+    store (an engine's open found it after the store was made)."""
+    if c.backend == "openai" and not (c.options.get("base_url") or c.base_url):
+        return "--llm-base-url / [llm] base_url is required for the openai backend"
+    if c.backend in ("openai", "vllm") and not (c.model or c.options.get("model")):
+        return f"--llm-model / [llm] model is required for the {c.backend} backend"
+    return None
 
 
 class EngineConfig(BaseModel):

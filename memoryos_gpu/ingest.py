@@ -58,7 +58,7 @@ from memoryos_gpu.formats.timestamps import naive_zone
 from memoryos_gpu.rejects import RejectRow, reason_kind, record_reject, refuse_rejects_path
 from memoryos_gpu.stop_signals import StopSignals
 from memoryos_gpu.store import is_url
-from memoryos_gpu.store.errors import StoreError, StoreUnavailableError
+from memoryos_gpu.store.errors import StoreError, StoreFullError, StoreUnavailableError
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -226,16 +226,21 @@ class IngestReport:
     # ``accepted`` counts what was committed before; the batch in flight was not. Running the
     # same command again once the store answers resumes after what was committed.
     store_unavailable: str | None = None
+    # why the run ended before its input did because the store's disk is full (StoreFullError's
+    # words), else None; as for ``store_unavailable``, ``accepted`` counts what was committed
+    # and running the same command again once there is room resumes after it.
+    store_full: str | None = None
 
     @property
     def exit_code(self) -> int:
         """128 + the stopping signal when interrupted (130 for Ctrl-C or a ``stop_event``, 143
         SIGTERM, 129 SIGHUP), else 1 when derived work failed (the store, or an LLM that could
         not be used) and stays pending (:attr:`derived_failure`) or the store became
-        unavailable (:attr:`store_unavailable`), else 3 when anything was rejected, else 0."""
+        unavailable (:attr:`store_unavailable`) or its disk full (:attr:`store_full`), else 3
+        when anything was rejected, else 0."""
         if self.interrupted:
             return 128 + self.stop_signal if self.stop_signal else EXIT_INTERRUPTED
-        if self.store_unavailable:
+        if self.store_unavailable or self.store_full:
             return EXIT_STORE_UNAVAILABLE
         if self.derived_failure:
             return EXIT_DERIVED_FAILED
@@ -872,6 +877,8 @@ def ingest(
             # the server went away (down, restarting, a network cut): the batch in flight
             # was not committed, what came before was; the run ends here, with its report
             report.store_unavailable = str(exc)
+        except StoreFullError as exc:  # the same, for a full disk: `--json` gets its report
+            report.store_full = str(exc)
     finally:
         pipe.close()
         display.stop()
@@ -896,9 +903,10 @@ def ingest(
             try:
                 engine.close()
             except StoreError:
-                if not report.store_unavailable:
+                if not (report.store_unavailable or report.store_full):
                     raise
-                # closing after the outage fails too: the report says why; nothing to keep
+                # closing after the outage (or on the full disk) fails too: the report says
+                # why; nothing to keep
     if report.generated_users:
         display.log(log, _generated_note(report.generated_users))
     return report

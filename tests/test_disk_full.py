@@ -114,12 +114,17 @@ def test_ingest_on_a_full_disk_says_so_and_a_rerun_resumes(
 
     monkeypatch.setattr(SQLiteStore, "__init__", small_disk)
     assert cli.main(argv) == 1
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "error: store" in err and "disk is full" in err and "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "run the same command again" in errors[0], err
+    report = json.loads(out.strip().splitlines()[-1])  # --json ends stdout with the report
+    assert "disk is full" in report["store_full"] and report["exit_code"] == 1
     reader = SQLiteStore(store / "memory.sqlite3", writer=False)
     kept = reader.query("SELECT COUNT(*) FROM pages")[0][0]
     reader.close()
     assert 0 < kept < 60 and kept % 10 == 0  # whole batches only
+    assert report["accepted"] == kept
 
     monkeypatch.setattr(SQLiteStore, "__init__", opened)
     assert cli.main(argv) == 0

@@ -115,13 +115,14 @@ def test_the_key_variable_follows_the_apis_rule_exactly(
 
 
 def test_cli_ingest_with_an_empty_key_variable_writes_nothing(tmp_path: Path) -> None:
-    """The tester's repro (repro_emptyenv): exit 1 with the message, no store."""
+    """The tester's repro (repro_emptyenv): exit 2 (bad configuration) with the message, no
+    store."""
     from memoryos_gpu.formats import sample_chats_path
 
     store = tmp_path / "st"
     args = ("ingest", str(sample_chats_path()), "--store", str(store), "--no-progress")
     r = _cli(*args, "--no-summary", env={enc.ENV_KEY: ""})
-    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.returncode == 2, r.stdout + r.stderr
     assert "$MEMORYOS_GPU_KEY: the encryption key is empty" in r.stderr
     assert "Traceback" not in r.stderr
     assert not (store / "memory.sqlite3").exists()

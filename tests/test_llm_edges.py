@@ -465,7 +465,7 @@ def test_engine_reports_llm_misconfiguration(tmp_path: Path, settings: dict, mes
             1,
             "error: the openai backend has no option 'bogus'",
         ),
-        ('model = "m"', 1, "error: --llm-base-url / [llm] base_url is required"),
+        ('model = "m"', 2, "--llm-base-url / [llm] base_url is required"),
         ('model = "m"\nbase_url = "127.0.0.1:9"', 2, "must start with http://"),
     ],
 )

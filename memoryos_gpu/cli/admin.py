@@ -60,7 +60,8 @@ def _store_stats(store: str, key: SecretStr | None, *, shard: bool = False) -> d
     st = open_store_at(store, writer=False, key=key)
     try:
         out = {
-            "store": st.path if is_url(store) else str(store_file(store)),
+            # as given (a directory, a file, a masked URL), as users and ingest name it
+            "store": st.path if is_url(store) else str(store),
             "bytes": st.size_bytes() if is_url(store) else store_file(store).stat().st_size,
             "embedding_model": st.get_meta("embedding_model"),
             "schema_version": st.get_meta("schema_version"),
@@ -99,9 +100,11 @@ def _shard_totals(store: str, dirs: list[Path], key: SecretStr | None) -> dict[s
             once += counts.get(owner(a), max(counts.values()))
         totals["knowledge_live"] = totals.get("knowledge_live", 0) - copies + once
     models = sorted({str(s["embedding_model"]) for s in shards})
+    versions = {s["schema_version"] for s in shards}
     return {
         "store": store,
         "embedding_model": models[0] if len(models) == 1 else None,
+        "schema_version": versions.pop() if len(versions) == 1 else None,
         "shards": shards,
         "counts": totals,
         "bytes": sum(s["bytes"] for s in shards),
@@ -109,7 +112,7 @@ def _shard_totals(store: str, dirs: list[Path], key: SecretStr | None) -> dict[s
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: counts, size, model.")
 @engine_options
 @click.pass_context
 @handle_errors
@@ -174,7 +177,7 @@ def _store_users(store: str, key: SecretStr | None) -> list[dict[str, Any]]:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the users and their pages.")
 @engine_options
 @click.pass_context
 @handle_errors
@@ -214,7 +217,7 @@ def users(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
 
 # ============================================================================ export / delete
 @click.command()
-@click.option("--user", "user_id", required=True)
+@click.option("--user", "user_id", required=True, help="The user whose memory is exported.")
 @click.option(
     "--out",
     "out_path",
@@ -371,7 +374,7 @@ def _forget_on_other_shards(
 
 
 @click.command()
-@click.option("--user", "user_id", required=True)
+@click.option("--user", "user_id", required=True, help="The user to delete, with all it taught.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @engine_options
 @click.pass_context

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +19,7 @@ from .options import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    CLIError,
     engine_options,
     pop_options,
 )
@@ -46,7 +50,21 @@ docs/embeddings.md (--embedder onnx: CPU-fast; openai: an embeddings server).
 """
 
 
-@click.group(help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The command group; a command whose stdout reader went away ends as :func:`_pipe_closed`
+    says. Caught here because click itself turns that error into a silent exit 1 (standalone
+    mode or not) before :func:`main` could see it."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:
+            if not _stdout_gone():  # another pipe (a worker's, a server's): a real failure
+                raise CLIError(str(exc)) from None
+            raise click.exceptions.Exit(_pipe_closed()) from None
+
+
+@click.group(cls=_Group, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="memoryos-gpu", prog_name="memoryos-gpu")
 @engine_options
 @click.pass_context
@@ -99,6 +117,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        return EXIT_ERROR
+    except BrokenPipeError as exc:
+        if not _stdout_gone():
+            click.echo(f"error: {exc}", err=True)
+            return EXIT_ERROR
+        return _pipe_closed()
+    except SystemExit as exc:  # rich's Console exits 1 on a broken pipe (on_broken_pipe)
+        if isinstance(exc.__context__, BrokenPipeError):
+            return _pipe_closed()
+        raise
     return int(rv) if isinstance(rv, int) else EXIT_OK
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reader went away (poll says POLLERR): only
+    then is a broken pipe the reader's choice, not a failure of another pipe the command
+    writes (a worker process's, a server's connection)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no real stdout (a test runner's), no poll
+        return False
+
+
+def _pipe_closed() -> int:
+    """Exit 0, quietly, when the reader of stdout went away (``| head -1``): it had what it
+    wanted, and a silent exit 1 read as a failure under ``set -o pipefail``. Stdout is pointed
+    at /dev/null so that the interpreter's flush at exit does not fail again (and print)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_OK

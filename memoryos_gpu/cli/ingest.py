@@ -28,10 +28,12 @@ from .options import (
     EngineOptions,
     UsageFailure,
     build_config,
+    check_engine_settings,
     engine_options,
     handle_errors,
     options_of,
     quiet_model_loading,
+    refuse_undecodable,
 )
 from .output import (
     json_text,
@@ -190,7 +192,11 @@ def ingest(
             f"--shards is for --ray: give --ray --shards {shards}, or, without Ray, "
             f"--workers {shards} (local processes, shard i into STORE/shard-i)"
         )
+    for f in files:  # a source key holds the file's name: SQL cannot carry a lone surrogate
+        refuse_undecodable(f, "input file")
     cfg = build_config(o)
+    # found at the engine's open, after the store was made (Ray's machines: their own GPUs)
+    check_engine_settings(cfg, device=not use_ray)
     _check_rejects(rejects_path, cfg.store, files)
     _check_timezone(timezone)
     if (use_ray or workers > 1) and any(is_stream(f) for f in files):
@@ -262,14 +268,17 @@ def ingest(
     if summary:
         # a run the store's outage ended is, to its reader, one that stopped early and resumes
         # by running it again (output.py's status for an interrupted run); the line below says why
-        shown = {**report, "interrupted": True} if report.get("store_unavailable") else report
+        ended = report.get("store_unavailable") or report.get("store_full")
+        shown = {**report, "interrupted": True} if ended else report
         print_ingest_summary(shown, err=as_json)
         note = _withheld_note(report)
         if note:
             click.echo(note, err=True)
     if as_json:
         click.echo(json_text(report))
-    failed = _store_unavailable_line(report) or _derived_failed_line(report)
+    failed = (
+        _store_unavailable_line(report) or _store_full_line(report) or _derived_failed_line(report)
+    )
     if failed:
         click.echo(failed, err=True)
     ctx.exit(int(report["exit_code"]))
@@ -299,6 +308,19 @@ def _derived_failed_line(report: dict[str, Any]) -> str | None:
         f"error: store {report.get('store')}: {why}: the pages are committed, but the derived "
         f"work of {int(report.get('pending', 0)):,} item(s) stays pending; it resumes once "
         f"{once} (run ingest again, or {how})"
+    )
+
+
+def _store_full_line(report: dict[str, Any]) -> str | None:
+    """The one line for a run that the store's full disk ended (``store_full``), else None:
+    the store's own words (which name it and the full disk), what was committed, and how to
+    resume."""
+    cause = report.get("store_full")
+    if not cause:
+        return None
+    return (
+        f"error: {cause}; {int(report.get('accepted', 0)):,} page(s) accepted before it are "
+        "committed: run the same command again once there is room (it resumes after them)"
     )
 
 

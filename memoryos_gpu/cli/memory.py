@@ -80,8 +80,16 @@ _LLM_HELP = (
 @click.argument("query")
 @click.option("--user", "user_id", required=True, help="The user whose memory is searched.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: pages, profile, knowledge.")
-@click.option("--top-pages", type=PAGE_COUNT, help="Mid-term pages to return (k).")
-@click.option("--top-segments", type=PAGE_COUNT, help="Segments searched (m).")
+@click.option(
+    "--top-pages",
+    type=PAGE_COUNT,
+    help="Mid-term pages to return (k) [default: the preset's; paper: 10].",
+)
+@click.option(
+    "--top-segments",
+    type=PAGE_COUNT,
+    help="Segments searched (m) [default: the preset's; paper: 5].",
+)
 @click.option(
     "--no-heat",
     is_flag=True,
@@ -249,8 +257,8 @@ def _require_chat_store(store: str) -> None:
 
 # ============================================================================ profile / stats
 @click.command()
-@click.option("--user", "user_id", required=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--user", "user_id", required=True, help="The user whose profile is shown.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: profile and knowledge.")
 @engine_options
 @click.pass_context
 @handle_errors

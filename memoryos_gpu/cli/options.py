@@ -192,10 +192,9 @@ def resolve_store(o: EngineOptions) -> str:
     is given is taken as given (``:memory:`` from the file too), and a blank one refused: an
     unset variable expanded into it (``--store "$DIR"``) wrote ./memoryos-store, silently, and
     a file's ``store = 5`` was skipped the same way."""
-    if o.store is not None:
-        return _given_store(o.store, "--store")
-    if ENV_STORE in os.environ:
-        return _given_store(os.environ[ENV_STORE], f"${ENV_STORE}")
+    given = flag_or_env_store(o.store)
+    if given is not None:
+        return given
     if o.config:
         store = read_toml(o.config).get("store")
         if store is not None:
@@ -208,13 +207,60 @@ def resolve_store(o: EngineOptions) -> str:
     return DEFAULT_STORE
 
 
+def flag_or_env_store(flag: str | None) -> str | None:
+    """The store named by ``--store``, else by $MEMORYOS_GPU_STORE, checked
+    (:func:`_given_store`); None when neither is set. Its own function so that ``mcp``, which
+    reads a config.json as well, applies the very rule every other command does: an empty
+    ``--store ""`` there fell through to the variable and then to ./memoryos-store."""
+    if flag is not None:
+        return _given_store(flag, "--store")
+    if ENV_STORE in os.environ:
+        return _given_store(os.environ[ENV_STORE], f"${ENV_STORE}")
+    return None
+
+
 def _given_store(value: str, where: str) -> str:
     if not value.strip():
         raise UsageFailure(
             f"{where} is empty: give a store directory, a file path ending .sqlite3 or .db, a "
             f"PostgreSQL URL or :memory: (or leave it out for {DEFAULT_STORE})"
         )
+    refuse_undecodable(value, where)
     return value
+
+
+def refuse_undecodable(path: str, where: str) -> None:
+    """Refuse a path holding bytes that are not UTF-8 (they reach Python as lone surrogates,
+    ``\\udcff``), before anything touches the disk. Why: the store writes its path into its
+    lock file and its SQL, which cannot carry them, and the traceback came after the store's
+    directory and an empty lock were made."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageFailure(
+            f"{where}: the path holds bytes that are not UTF-8 text "
+            f"({ascii(path)[1:-1]}); rename it, or give another"
+        ) from None
+
+
+def check_user_id(user_id: str) -> str:
+    """``--user``, checked by the rule the engine looks users up by
+    (``engine.validation.clean_user_id``: not blank, at most 256 characters, no control
+    character or lone surrogate), as a usage error (exit 2) naming the option. Why here: each
+    command once met a bad id its own way (retrieve's engine error, exit 1; profile, export
+    and delete "unknown user", or a traceback from SQL for a non-UTF-8 byte)."""
+    from memoryos_gpu.engine.validation import InvalidInputError, clean_user_id
+
+    try:
+        return clean_user_id(user_id)
+    except InvalidInputError as exc:
+        raise click.BadParameter(_printable(str(exc)), param_hint="'--user'") from None
+
+
+def _printable(text: str) -> str:
+    """``text`` with lone surrogates escaped: a message quoting a non-UTF-8 argument must not
+    fail to print."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def embedder_choice(flag: str | None) -> str | None:
@@ -243,6 +289,7 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
 
     from memoryos_gpu.config import EngineConfig, engine_data, explain_settings_error
     from memoryos_gpu.embed.factory import check_embedder_settings
+    from memoryos_gpu.store.errors import StoreError
 
     try:
         # the file's tables (its [server] table is serve's: server_settings), the preset
@@ -280,6 +327,34 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
         raise UsageFailure(f"invalid engine configuration{_from_file(o)}: {problems}") from None
     except (ValueError, TypeError) as exc:
         raise UsageFailure(f"invalid engine configuration{_from_file(o)}: {exc}") from None
+    except StoreError as exc:  # $MEMORYOS_GPU_KEY set but empty: bad configuration, as a file's
+        raise UsageFailure(f"invalid engine configuration: {exc}") from None
+
+
+def check_engine_settings(cfg: Any, *, llm: bool = True, device: bool = True) -> None:
+    """Refuse, as usage errors (exit 2), the settings an engine would refuse only once its
+    store is open: an LLM backend missing its URL or model (``llm``: for a command that
+    builds it) and a CUDA device torch does not see here (``device``: False where the
+    engines run on other machines, Ray's). Why before: found at the engine's open, they were
+    exit 1 and left a new, empty store behind."""
+    from memoryos_gpu.config import llm_settings_problem
+
+    problem = llm_settings_problem(cfg.llm) if llm and cfg.llm.mode == "llm" else None
+    if problem:
+        raise UsageFailure(f"invalid engine configuration: {problem}")
+    if device and str(cfg.device).startswith("cuda") and not _cuda_seen():
+        raise UsageFailure(
+            f"--device {cfg.device}: torch sees no CUDA device here; use --device auto or cpu"
+        )
+
+
+def _cuda_seen() -> bool:
+    """Whether torch sees a CUDA device (the arena's own test, ``arena_backend``)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def _from_file(o: EngineOptions) -> str:
@@ -335,11 +410,23 @@ def quiet_model_loading() -> None:
     os.environ.setdefault("TQDM_DISABLE", "1")
 
 
-def make_engine(cfg: Any, *, hold_pending: bool = False) -> Any:
-    """Open an engine (quietly: no model-loading progress bars). ``hold_pending``: it runs
-    none of the store's pending derived work (see ``MemoryEngine``)."""
+def make_engine(cfg: Any, *, hold_pending: bool = False, llm: bool | None = None) -> Any:
+    """Open an engine (quietly: no model-loading progress bars), its settings checked first
+    (:func:`check_engine_settings`). ``hold_pending``: it runs none of the store's pending
+    derived work (see ``MemoryEngine``). ``llm`` (default: ``not hold_pending``): whether it
+    builds the configured LLM backend. An engine that runs no derived work (``retrieve``'s
+    look at memory) never calls one, so it opens in extractive mode: building it took 20 s
+    with the bundled model, and failed on LLM settings the command does not use."""
     from memoryos_gpu.engine import MemoryEngine
 
+    from .stores import refuse_non_store
+
+    if llm is None:
+        llm = not hold_pending
+    check_engine_settings(cfg, llm=llm)
+    refuse_non_store(str(cfg.store), cfg.encryption_key)  # before the writer's lock file
+    if not llm and cfg.llm.mode != "extractive":
+        cfg = cfg.model_copy(update={"llm": cfg.llm.model_copy(update={"mode": "extractive"})})
     quiet_model_loading()
     return MemoryEngine(cfg, hold_pending=hold_pending)
 
@@ -364,5 +451,34 @@ def handle_errors(fn: Callable) -> Callable:
             raise CLIError(str(exc)) from None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
             raise CLIError(str(exc)) from None
+        except UnicodeEncodeError as exc:  # a non-UTF-8 argument no check caught: one line
+            raise CLIError(
+                f"an argument holds bytes that are not UTF-8 text ({_printable(str(exc))})"
+            ) from None
+        except BrokenPipeError:  # stdout's reader gone, or another pipe: app.py tells which
+            raise
+        except OSError as exc:  # a full or read-only disk under a file the command writes
+            raise CLIError(_printable(str(exc))) from None
+        except Exception as exc:
+            line = _sqlite_line(exc)
+            if line is None:
+                raise
+            raise CLIError(line) from None
 
     return wrapper
+
+
+def _sqlite_line(exc: BaseException) -> str | None:
+    """One line for an SQLite error the store let through (SQLite's or SQLCipher's: both carry
+    ``sqlite_errorname``), else None. Why: a store file damaged in the middle (a bad disk, a
+    copy cut short, bytes overwritten) failed its first read with a 47-line traceback ending in
+    "database disk image is malformed"; the user needs the cause and what to do."""
+    name = getattr(exc, "sqlite_errorname", None)
+    if name is None:
+        return None
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in str(exc):
+        return (
+            f"the store's file is damaged ({exc}): restore it from a backup (`sqlite3 FILE "
+            "'PRAGMA integrity_check'` lists what is damaged)"
+        )
+    return f"store error: {exc} ({name})"

@@ -10,10 +10,12 @@ import click
 from click.core import ParameterSource
 
 from .options import (
+    EXIT_USAGE,
     CLIError,
     EngineOptions,
     UsageFailure,
     build_config,
+    check_engine_settings,
     engine_options,
     handle_errors,
     option_flag,
@@ -23,8 +25,11 @@ from .options import (
     server_settings,
 )
 from .stores import (
+    is_url,
     ray_shards,
+    shard_dirs,
     shown,
+    store_file,
     store_shards,
 )
 
@@ -36,7 +41,8 @@ from .stores import (
     "--api-keys",
     metavar="FILE",
     type=click.Path(exists=True, dir_okay=False),
-    help="Key file: one `KEY TENANT` per line (`KEY *`: an admin key, server-wide /v1/stats only).",
+    help="Key file: one `KEY TENANT` per line (`KEY *`: an admin key, server-wide /v1/stats "
+    "only). Keys in $MEMORYOS_GPU_API_KEYS (`KEY:TENANT,KEY:TENANT`) are added to them.",
 )
 @click.option(
     "--ray",
@@ -108,7 +114,9 @@ def serve(
         raise _no_server("the HTTP server", "memoryos_gpu.server.app", exc) from None
     store = resolve_store(o)
     cfg = build_config(o, store=store)
+    check_engine_settings(cfg)  # found at the engine's open, after the store was made
     settings = server_settings(o)
+    _warn_if_new(store)
     shards = _layout_shards(store, engines)
     if engines and shards > 1 and engines != shards:  # users are placed by hash mod count
         raise UsageFailure(
@@ -148,6 +156,17 @@ def serve(
         raise CLIError(str(exc)) from None
 
 
+def _warn_if_new(store: str) -> None:
+    """Say, in one line, that the server creates the store: serving a fresh store is
+    legitimate, but a mistyped ``--store`` was served from an empty memory without a word
+    (``retrieve`` and ``chat`` refuse a missing store for that reason)."""
+    if is_url(store) or store == ":memory:":
+        return
+    if store_file(store).exists() or shard_dirs(store):
+        return
+    click.echo(f"warning: creating a new empty store at {store} (none there yet)", err=True)
+
+
 def _layout_shards(store: str, engines: int | None) -> int:
     """The store's shard count; for a PostgreSQL store whose server is not up yet, the
     ``--engines`` asked for (else 1), said in a warning: the server starts and waits for the
@@ -174,6 +193,7 @@ def _serve_ray(
 
     store = resolve_store(o)
     cfg = build_config(o, store=store)
+    check_engine_settings(cfg, device=False)  # the replicas' machines may have the GPUs
     settings = server_settings(o)
     quiet_model_loading()
     try:
@@ -205,8 +225,10 @@ def _serve_ray(
 def mcp_command(ctx: click.Context, args: tuple[str, ...]) -> None:
     """Serve MCP (python -m memoryos_gpu.server.mcp_server); its own flags follow `mcp`:
     --config config.json (the reference's) or engine.toml, --store, --user-id, --transport
-    stdio|streamable-http, --stateless, --json-response, ... (`memoryos-gpu mcp --help`)."""
+    stdio|streamable-http|http, --stateless, --json-response, --log-level, ...
+    (`memoryos-gpu mcp --help`). A bad configuration exits 2, as for every command."""
     try:
+        from memoryos_gpu.server.mcp_server import ConfigExit
         from memoryos_gpu.server.mcp_server import main as mcp_main
     except ImportError as exc:
         raise _no_server("the MCP server", "memoryos_gpu.server.mcp_server", exc) from None
@@ -217,7 +239,23 @@ def mcp_command(ctx: click.Context, args: tuple[str, ...]) -> None:
             "Give the server's own flags after `mcp` (`memoryos-gpu mcp --help`: --config, "
             "--store, --embedder, --device; an LLM: --config FILE.toml with an [llm] table)"
         )
-    mcp_main(list(args), prog="memoryos-gpu mcp")
+    try:
+        mcp_main(list(args), prog="memoryos-gpu mcp")
+    except ConfigExit as exc:  # a bad configuration: its line, and exit 2 as every command
+        click.echo(str(exc.code), err=True)
+        raise _UsageExit(str(exc.code)) from None
+
+
+class _UsageExit(SystemExit):
+    """Exit 2 (a usage error) after the message was printed; ``str()`` is the message, for a
+    caller in Python that reads it (``pytest.raises(SystemExit, match=...)``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(EXIT_USAGE)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def _no_server(what: str, module: str, exc: ImportError) -> CLIError:

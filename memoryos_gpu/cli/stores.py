@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .options import (
     STORE_FILE,
     CLIError,
+    check_user_id,
 )
 
 if TYPE_CHECKING:
@@ -61,9 +62,13 @@ def shard_dirs(store: str | os.PathLike[str]) -> list[Path] | None:
 
 
 def user_store(store: str, user_id: str) -> str:
-    """The store holding ``user_id``: ``store`` itself, or its shard for a sharded store."""
+    """The store holding ``user_id``: ``store`` itself, or its shard for a sharded store.
+    ``user_id`` is checked first (:func:`~memoryos_gpu.cli.options.check_user_id`): every
+    command that names a user comes here before it opens anything, so all refuse a bad
+    ``--user`` alike (exit 2), and none sends one SQL cannot carry to the store."""
     from memoryos_gpu.ingest import shard_of
 
+    check_user_id(user_id)
     if is_url(store):
         return store
     dirs = shard_dirs(store) if not store_file(store).exists() else None
@@ -94,9 +99,22 @@ def require_store(store: str) -> None:
         return
     if found.parent == Path(store):  # a directory store: a file in its path?
         check_store_dir(Path(store))
+    if store == ":memory:":  # gone when the ingest that would create it exits
+        raise CLIError(
+            "no store at :memory: (an in-memory store lives only as long as the command that "
+            "opens it): give a store directory, made by: memoryos-gpu ingest FILE --store DIR"
+        )
+    where = _as_given(store)
     raise CLIError(
-        f"no store at {store} (create one with: memoryos-gpu ingest FILE --store {store})"
+        f"no store at {where} (create one with: memoryos-gpu ingest FILE --store {where})"
     )
+
+
+def _as_given(store: str) -> str:
+    """``store`` as the user gave it: a directory's store file (``rekey`` checks each
+    ``DIR/memory.sqlite3``) named by its directory, as every other command names it."""
+    p = Path(store)
+    return str(p.parent) if p.name == STORE_FILE else store
 
 
 def _require_pg_store(url: str) -> None:
@@ -121,7 +139,26 @@ def open_store_at(store: str, *, writer: bool, key: SecretStr | None) -> Any:
     from memoryos_gpu.store import open_store
 
     require_store(store)
+    if writer:
+        refuse_non_store(store, key)
     return open_store(store, writer=writer, key=key)
+
+
+def refuse_non_store(store: str, key: SecretStr | None) -> None:
+    """Open an existing SQLite store file as a reader and close it, before a writer opens it:
+    a file that is not a store (or not under ``key``) is refused here, as the read-only
+    commands refuse it. Why: a writer takes its lock first, so ``retrieve``/``delete
+    --store notes.db`` were refused but left ``notes.db.lock`` beside the user's file. Only
+    while no lock file is there: a store a writer opened before keeps its own, and is not
+    opened twice (an encrypted one would derive its key twice)."""
+    from memoryos_gpu.store import open_store
+    from memoryos_gpu.store.writer import lock_path
+
+    if is_url(store) or store == ":memory:" or not store_file(store).is_file():
+        return
+    if lock_path(store_file(store)).exists():
+        return
+    open_store(store, writer=False, key=key).close()
 
 
 def store_shards(store: str) -> int:

@@ -184,10 +184,14 @@ class MemoryEngine:
         """The LLM backend ``config.llm`` names (LLM mode, when none was passed); a setting
         the backend cannot be built from raises ``LLMConfigError`` naming it as the user
         sets it (flag / config key)."""
+        from memoryos_gpu.config import llm_settings_problem
         from memoryos_gpu.llm.base import LLMConfigError
         from memoryos_gpu.llm.factory import make_backend
 
         c = self.config.llm
+        problem = llm_settings_problem(c)  # the CLI checks the same rule before the open
+        if problem:
+            raise LLMConfigError(problem)
         options = dict(c.options)
         if c.model:
             options["model"] = c.model
@@ -196,14 +200,6 @@ class MemoryEngine:
                 options.setdefault("base_url", c.base_url)
             if c.api_key:
                 options.setdefault("api_key", c.api_key)
-            if not options.get("base_url"):
-                raise LLMConfigError(
-                    "--llm-base-url / [llm] base_url is required for the openai backend"
-                )
-        if c.backend in ("openai", "vllm") and not options.get("model"):
-            raise LLMConfigError(
-                f"--llm-model / [llm] model is required for the {c.backend} backend"
-            )
         return make_backend(c.backend, **options)
 
     def _open_store(self, config: EngineConfig) -> SQLiteStore:

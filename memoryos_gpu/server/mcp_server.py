@@ -50,11 +50,13 @@ from memoryos_gpu import __version__
 from memoryos_gpu.cli.options import (
     DEFAULT_STORE,
     ENV_EMBEDDER,
-    ENV_STORE,
+    EXIT_USAGE,
+    UsageFailure,
     embedder_choice,
+    flag_or_env_store,
     quiet_model_loading,
 )
-from memoryos_gpu.config import EngineConfig, explain_settings_error
+from memoryos_gpu.config import EngineConfig, explain_settings_error, llm_settings_problem
 from memoryos_gpu.embed.factory import EMBEDDER_KINDS
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
 from memoryos_gpu.reference import (
@@ -582,8 +584,18 @@ def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.
         help=f"Embedding backend [default: ${ENV_EMBEDDER}, else the config's].",
     )
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
-    p.add_argument("--log-level", default="WARNING")
+    p.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="Logging level on stderr [default: WARNING].",
+    )
     return p
+
+
+#: The levels ``--log-level`` takes (any case): a misspelt one was taken for WARNING, silently.
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
 
 def _is_json(path: str) -> bool:
@@ -603,24 +615,36 @@ def _config(args: argparse.Namespace) -> tuple[EngineConfig, ReferenceSettings |
     reference settings when the config was a config.json."""
     update: dict[str, Any] = {"auto_process": False}
     embedder = embedder_choice(args.embedder)
-    store = args.store or os.environ.get(ENV_STORE)
+    try:  # every command's rule: a blank --store or $MEMORYOS_GPU_STORE is refused
+        store = flag_or_env_store(args.store)
+    except UsageFailure as exc:
+        raise ConfigError(exc.format_message()) from None
     for key, value in (("store", store), ("embedder", embedder), ("device", args.device)):
         if value:
             update[key] = value
     if args.config and _is_json(args.config):
         ref = load_config_json(args.config)
-        return engine_config(ref, **update), ref
+        return _checked(engine_config(ref, **update)), ref
     try:
         cfg = EngineConfig.from_toml(args.config) if args.config else EngineConfig()
         if "store" not in cfg.model_fields_set:
             update.setdefault("store", _default_store())
-        return EngineConfig.model_validate({**cfg.model_dump(), **update}), None
+        return _checked(EngineConfig.model_validate({**cfg.model_dump(), **update})), None
     except ValidationError as exc:  # one line naming the keys, never a value (API keys)
         where = args.config or "settings"
         raise ConfigError(f"{where}: {explain_settings_error(exc, EngineConfig)}") from None
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         # the parser's "Invalid value (at line 1, column 5)" does not say in which file
         raise ConfigError(f"cannot read config file {args.config}: {exc}") from None
+
+
+def _checked(cfg: EngineConfig) -> EngineConfig:
+    """``cfg``, its LLM settings checked as the CLI checks them: a backend missing its URL or
+    model is a configuration error before the store is opened, not a failed start after."""
+    problem = llm_settings_problem(cfg.llm) if cfg.llm.mode == "llm" else None
+    if problem:
+        raise ConfigError(problem)
+    return cfg
 
 
 def _default_user(args: argparse.Namespace, ref: ReferenceSettings | None) -> str:
@@ -651,6 +675,22 @@ def _default_store() -> str:
     return DEFAULT_STORE
 
 
+class ConfigExit(SystemExit):
+    """The server was refused its configuration. ``code`` is the one-line message, as
+    ``sys.exit(message)`` gives it to a caller in Python; run as a program
+    (:func:`run_program`, ``memoryos-gpu mcp``) it prints that line and exits 2, as a bad
+    configuration does for every command (``sys.exit(message)`` alone exited 1)."""
+
+
+def run_program(argv: list[str] | None = None, prog: str | None = None) -> None:
+    """:func:`main` as a process: a :class:`ConfigExit` is its message on stderr and exit 2."""
+    try:
+        main(argv, prog)
+    except ConfigExit as exc:
+        print(exc.code, file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     """Run the server until the client (stdio) or Ctrl-C / SIGTERM (HTTP) ends it; a bad
     configuration exits with a one-line message."""
@@ -659,14 +699,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     quiet_model_loading()  # no progress bar in the client's log of this server's stderr
     logging.basicConfig(  # stderr only: stdout carries the stdio protocol
         stream=sys.stderr,
-        level=getattr(logging, args.log_level.upper(), logging.WARNING),
+        level=getattr(logging, args.log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
         config, ref = _config(args)
         user = _default_user(args, ref)
-    except (MemoryOSError, ValueError, OSError) as exc:
-        sys.exit(f"memoryos-gpu MCP server: {exc}")
+    except (MemoryOSError, ValueError, OSError) as exc:  # a bad configuration: exit 2 as a program
+        raise ConfigExit(f"memoryos-gpu MCP server: {exc}") from None
     service = MemoryService(config, ServerSettings(gc_freeze=True))  # this process serves only
     mcp = build_mcp(
         service,
@@ -859,4 +899,4 @@ def _announcing(config: Any, line: str) -> Any:
 
 
 if __name__ == "__main__":
-    main()
+    run_program()
