@@ -8,27 +8,17 @@ from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner, Result
+from cli_runs import run_cli, sample_store
 
-from memoryos_gpu.cli import cli
 from memoryos_gpu.cli.options import CLIError, handle_errors
 from memoryos_gpu.formats import sample_chats_path
 
-HASHING = {"MEMORYOS_GPU_EMBEDDER": "hashing", "MEMORYOS_GPU_STORE": None, "MEMORYOS_GPU_KEY": None}
 SURROGATE = "\udcff"  # what a 0xFF byte of argv becomes in Python (surrogateescape)
-
-
-def _run(*args: object) -> Result:
-    return CliRunner().invoke(cli, [str(a) for a in args], env=HASHING)
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A store of the sample chats (users maya_chen, ...), made once for the module."""
-    path = tmp_path_factory.mktemp("fixes_b") / "st"
-    res = _run("ingest", sample_chats_path(), "--store", path)
-    assert res.exit_code == 0, res.output
-    return path
+    return sample_store(tmp_path_factory.mktemp("argument_checks"))
 
 
 def _user_commands(store: Path, user: str) -> dict[str, list[object]]:
@@ -51,7 +41,7 @@ def _user_commands(store: Path, user: str) -> dict[str, list[object]]:
 def test_a_bad_user_id_is_the_same_usage_error_for_every_command(store: Path, user: str) -> None:
     messages = set()
     for name, args in _user_commands(store, user).items():
-        res = _run(*args)
+        res = run_cli(*args)
         assert res.exit_code == 2, (name, res.output)
         assert not isinstance(res.exception, Exception), (name, res.exception)  # no traceback
         messages.add(res.output.strip().splitlines()[-1])
@@ -61,7 +51,7 @@ def test_a_bad_user_id_is_the_same_usage_error_for_every_command(store: Path, us
 
 def test_a_non_utf8_store_path_is_refused_before_anything_is_made(tmp_path: Path) -> None:
     bad = tmp_path / f"bad{SURROGATE}name"
-    res = _run("ingest", "/dev/null", "--store", bad)
+    res = run_cli("ingest", "/dev/null", "--store", bad)
     assert res.exit_code == 2, res.output
     assert "not UTF-8" in res.output and "--store" in res.output
     assert list(tmp_path.iterdir()) == []
@@ -70,7 +60,7 @@ def test_a_non_utf8_store_path_is_refused_before_anything_is_made(tmp_path: Path
 def test_a_non_utf8_input_file_name_is_refused_before_the_store_is_made(tmp_path: Path) -> None:
     src = tmp_path / f"f{SURROGATE}.jsonl"
     src.write_bytes(sample_chats_path().read_bytes())
-    res = _run("ingest", src, "--store", tmp_path / "okst")
+    res = run_cli("ingest", src, "--store", tmp_path / "okst")
     assert res.exit_code == 2, res.output
     assert "input file" in res.output and "not UTF-8" in res.output
     assert not (tmp_path / "okst").exists()
@@ -92,7 +82,7 @@ def test_a_refused_non_store_file_keeps_no_lock_beside_it(tmp_path: Path, comman
     notes = tmp_path / "notastore.db"
     notes.write_text("my notes, not a database\n" * 100)
     extra = ["q"] if command == "retrieve" else ["--yes"]
-    res = _run(command, "--store", notes, "--user", "maya_chen", *extra)
+    res = run_cli(command, "--store", notes, "--user", "maya_chen", *extra)
     assert res.exit_code == 1, res.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notastore.db"]
 
@@ -101,7 +91,7 @@ def test_rekey_on_a_missing_store_names_the_directory_given(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    res = _run("rekey", "--store", "nostore")
+    res = run_cli("rekey", "--store", "nostore")
     assert res.exit_code == 1, res.output
     assert "--store nostore)" in res.output
     assert "memory.sqlite3" not in res.output
@@ -110,7 +100,7 @@ def test_rekey_on_a_missing_store_names_the_directory_given(
 @pytest.mark.parametrize("command", ["stats", "retrieve"])
 def test_a_missing_in_memory_store_offers_no_in_memory_ingest(command: str) -> None:
     extra = ["--user", "u", "q"] if command == "retrieve" else []
-    res = _run(command, "--store", ":memory:", *extra)
+    res = run_cli(command, "--store", ":memory:", *extra)
     assert res.exit_code == 1, res.output
     assert "--store :memory:" not in res.output
     assert "--store DIR" in res.output

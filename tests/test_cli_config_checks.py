@@ -8,25 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_runs import run_cli, sample_store
 
-from memoryos_gpu.cli import cli
-from memoryos_gpu.formats import sample_chats_path
-
-HASHING = {"MEMORYOS_GPU_EMBEDDER": "hashing", "MEMORYOS_GPU_STORE": None, "MEMORYOS_GPU_KEY": None}
 SECRET = "SECRETPW"
-
-
-def _run(*args: object, env: dict[str, Any] | None = None) -> Result:
-    return CliRunner().invoke(cli, [str(a) for a in args], env={**HASHING, **(env or {})})
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("fixes_b_cfg") / "st"
-    res = _run("ingest", sample_chats_path(), "--store", path)
-    assert res.exit_code == 0, res.output
-    return path
+    return sample_store(tmp_path_factory.mktemp("config_checks"))
 
 
 # ------------------------------------------------------------------ #4, #10: mcp's config
@@ -36,9 +25,9 @@ def test_mcp_refuses_an_empty_store_and_makes_none(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     if how == "flag":
-        res = _run("mcp", "--store", "")
+        res = run_cli("mcp", "--store", "")
     else:
-        res = _run("mcp", env={"MEMORYOS_GPU_STORE": ""})
+        res = run_cli("mcp", env={"MEMORYOS_GPU_STORE": ""})
     assert res.exit_code == 2, res.output
     assert "is empty" in res.output
     assert list(tmp_path.iterdir()) == []
@@ -59,7 +48,7 @@ def test_mcp_config_errors_exit_2(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.toml").write_text("nonsense_key = 1\n")
-    res = _run("mcp", "--store", tmp_path / "st", *args)
+    res = run_cli("mcp", "--store", tmp_path / "st", *args)
     assert res.exit_code == 2, res.output
     assert not (tmp_path / "st").exists()
 
@@ -71,9 +60,9 @@ def test_a_bad_base_url_is_named_without_its_value(store: Path, tmp_path: Path, 
     if via == "file":
         cfg = tmp_path / "bu.toml"
         cfg.write_text(f'[llm]\nbase_url = "{url}"\n')
-        res = _run("stats", "--store", store, "--config", cfg)
+        res = run_cli("stats", "--store", store, "--config", cfg)
     else:
-        res = _run("stats", "--store", store, "--llm-base-url", url)
+        res = run_cli("stats", "--store", store, "--llm-base-url", url)
     assert res.exit_code == 2, res.output
     assert "base_url" in res.output
     assert SECRET not in res.output and "user:" not in res.output
@@ -92,7 +81,7 @@ def test_a_bad_base_url_is_named_without_its_value(store: Path, tmp_path: Path, 
 def test_incomplete_llm_settings_are_a_usage_error_before_ingest_makes_a_store(
     tmp_path: Path, flags: list[str], problem: str
 ) -> None:
-    res = _run("ingest", "/dev/null", "--store", tmp_path / "new", "--llm-mode", "llm", *flags)
+    res = run_cli("ingest", "/dev/null", "--store", tmp_path / "new", "--llm-mode", "llm", *flags)
     assert res.exit_code == 2, res.output
     assert problem in res.output
     assert list(tmp_path.iterdir()) == []
@@ -100,7 +89,7 @@ def test_incomplete_llm_settings_are_a_usage_error_before_ingest_makes_a_store(
 
 def test_chat_with_incomplete_llm_settings_is_a_usage_error(store: Path) -> None:
     url = ["--llm-base-url", "http://127.0.0.1:9/v1"]
-    res = _run(
+    res = run_cli(
         "chat", "--store", store, "--user", "maya_chen", "--llm-mode", "llm",
         "--llm-backend", "openai", *url, "-m", "hi",
     )  # fmt: skip
@@ -112,7 +101,7 @@ def test_cuda_without_a_gpu_is_a_usage_error_before_ingest_makes_a_store(tmp_pat
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here: --device cuda is valid")
-    res = _run("ingest", "/dev/null", "--store", tmp_path / "cudast", "--device", "cuda")
+    res = run_cli("ingest", "/dev/null", "--store", tmp_path / "cudast", "--device", "cuda")
     assert res.exit_code == 2, res.output
     assert "CUDA" in res.output
     assert list(tmp_path.iterdir()) == []
@@ -127,13 +116,15 @@ def test_retrieve_builds_no_llm_backend(store: Path, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(factory, "make_backend", no_backend)
     for flags in (["--llm-mode", "llm"], ["--llm-mode", "llm", "--llm-backend", "openai"]):
-        res = _run("retrieve", "--store", store, "--user", "maya_chen", "where?", "--json", *flags)
+        res = run_cli(
+            "retrieve", "--store", store, "--user", "maya_chen", "where?", "--json", *flags
+        )
         assert res.exit_code == 0, res.output
         assert json.loads(res.stdout)["user_id"] == "maya_chen"
 
 
 # ------------------------------------------------------------------ #10: an empty store key
 def test_an_empty_store_key_variable_is_a_usage_error(store: Path) -> None:
-    res = _run("stats", "--store", store, env={"MEMORYOS_GPU_KEY": ""})
+    res = run_cli("stats", "--store", store, env={"MEMORYOS_GPU_KEY": ""})
     assert res.exit_code == 2, res.output
     assert "$MEMORYOS_GPU_KEY" in res.output and "empty" in res.output

@@ -10,25 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_runs import run_cli, sample_store
 
 from memoryos_gpu.cli import cli
-from memoryos_gpu.formats import sample_chats_path
 
 ROOT = Path(__file__).resolve().parents[1]
-HASHING = {"MEMORYOS_GPU_EMBEDDER": "hashing", "MEMORYOS_GPU_STORE": None, "MEMORYOS_GPU_KEY": None}
-
-
-def _run(*args: object) -> Result:
-    return CliRunner().invoke(cli, [str(a) for a in args], env=HASHING)
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("fixes_b_out") / "st"
-    res = _run("ingest", sample_chats_path(), "--store", path)
-    assert res.exit_code == 0, res.output
-    return path
+    return sample_store(tmp_path_factory.mktemp("exits_and_docs"))
 
 
 # ------------------------------------------------------------------ #20: a closed pipe
@@ -63,7 +54,7 @@ def test_serve_warns_that_it_creates_a_new_store(
 
     monkeypatch.setattr(server_app, "run", run)
     typo = tmp_path / "typo_store"
-    res = _run("serve", "--store", typo, "--workers", "0")
+    res = run_cli("serve", "--store", typo, "--workers", "0")
     assert res.exit_code == 0, res.output
     assert served["store"] == str(typo)
     assert f"warning: creating a new empty store at {typo}" in res.stderr
@@ -75,7 +66,7 @@ def test_serve_on_an_existing_store_does_not_warn(
     import memoryos_gpu.server.app as server_app
 
     monkeypatch.setattr(server_app, "run", lambda **kwargs: None)
-    res = _run("serve", "--store", store, "--workers", "0")
+    res = run_cli("serve", "--store", store, "--workers", "0")
     assert res.exit_code == 0, res.output
     assert "creating a new empty store" not in res.stderr
 
@@ -100,7 +91,7 @@ def test_docs_list_the_variables_and_transports_the_code_reads() -> None:
 
 
 def test_serve_help_names_the_api_keys_variable() -> None:
-    res = _run("serve", "--help")
+    res = run_cli("serve", "--help")
     assert res.exit_code == 0
     assert "MEMORYOS_GPU_API_KEYS" in res.output
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import types
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -123,30 +125,54 @@ def _entries(replica: Any) -> list[tuple[str, int, str, int]]:
     ]
 
 
-async def _router_with_a_fact(store: str, replicas: list[Any], handles: list[Any]) -> Any:
-    """A router over ``replicas`` after a conversation, with one assistant fact in the outbox
-    of a user's shard, for an assistant another shard owns (as a promotion puts it there).
-    Returns (router, owner shard, the fact's text, its user)."""
+@dataclass
+class _Facts:
+    """A router over two in-process shard replicas after a conversation, with one assistant
+    fact in the outbox of a user's shard for an assistant the other shard owns (as a
+    promotion puts it there)."""
+
+    router: Any
+    replicas: list[Any]
+    handles: list[_Handle]
+    owner: int  # the assistant's owner shard
+    text: str  # the fact
+    user: str  # whose page taught it
+
+
+def _with_a_fact(tmp_path: Any, scenario: Callable[[_Facts], Awaitable[None]]) -> None:
+    """Run ``scenario`` on a :class:`_Facts` set up in ``tmp_path``; the shards finish after."""
     from memoryos_gpu.distributed.ray_serve import RouterService
     from memoryos_gpu.engine.state import Fact
 
-    router = RouterService(handles, engine_config(store), sync_interval_s=None)
-    await router.start(wait=True)
-    rows = conversation(users=6, per_user=4)
-    await router.add_pages(pages(rows))
-    owner = router.shard_map.assistant_owner("asst-0")
-    user = next(
-        r["user_id"]
-        for r in rows
-        if r["assistant_id"] == "asst-0" and router.shard_map.shard(r["user_id"]) != owner
-    )
-    engine = replicas[router.shard_map.shard(user)].service.engine
-    page = engine.export_user(user)["pages"][0]
-    text = f"the assistant helped {user} with hiking"
-    engine._outbox.append(
-        Fact("assistant", "asst-0", text, "llm", (page["page_id"],), user, page["timestamp"])
-    )
-    return router, owner, text, user
+    store = store_for("sqlite", tmp_path)
+    replicas = _replicas(store)
+    handles = [_Handle(r) for r in replicas]
+
+    async def go() -> None:
+        router = RouterService(handles, engine_config(store), sync_interval_s=None)
+        await router.start(wait=True)
+        try:
+            rows = conversation(users=6, per_user=4)
+            await router.add_pages(pages(rows))
+            owner = router.shard_map.assistant_owner("asst-0")
+            user = next(
+                r["user_id"]
+                for r in rows
+                if r["assistant_id"] == "asst-0" and router.shard_map.shard(r["user_id"]) != owner
+            )
+            engine = replicas[router.shard_map.shard(user)].service.engine
+            page = engine.export_user(user)["pages"][0]
+            text = f"the assistant helped {user} with hiking"
+            engine._outbox.append(
+                Fact(
+                    "assistant", "asst-0", text, "llm", (page["page_id"],), user, page["timestamp"]
+                )
+            )
+            await scenario(_Facts(router, replicas, handles, owner, text, user))
+        finally:
+            await router.finish_shards()
+
+    asyncio.run(go())
 
 
 @pytest.mark.parametrize("failing", ["append_assistant_facts", "replicate_assistant_entries"])
@@ -154,67 +180,46 @@ def test_an_assistant_fact_missed_by_a_sync_reaches_every_shard_at_the_next(tmp_
     """The owner's commit failing: the router keeps the fact and sends it with the next sync
     (it was lost: the outbox had given it up). A replica's copy failing: the entries stay
     owed to that replica. Either way both shards end with one row of the fact, once."""
-    store = store_for("sqlite", tmp_path)
-    replicas = _replicas(store)
-    handles = [_Handle(r) for r in replicas]
 
-    async def go() -> None:
-        router, owner, text, _ = await _router_with_a_fact(store, replicas, handles)
-        try:
-            handles[owner if failing == "append_assistant_facts" else 1 - owner].fail.add(failing)
-            with pytest.raises(ConnectionError, match="shard down"):
-                await router.sync()
-            await router.sync()
-            await router.sync()  # nothing owed twice
-            for r in replicas:
-                assert [e[2:] for e in _entries(r)] == [(text, 1)]
-        finally:
-            await router.finish_shards()
+    async def scenario(f: _Facts) -> None:
+        f.handles[f.owner if failing == "append_assistant_facts" else 1 - f.owner].fail.add(failing)
+        with pytest.raises(ConnectionError, match="shard down"):
+            await f.router.sync()
+        await f.router.sync()
+        await f.router.sync()  # nothing owed twice
+        for r in f.replicas:
+            assert [e[2:] for e in _entries(r)] == [(f.text, 1)]
 
-    asyncio.run(go())
+    _with_a_fact(tmp_path, scenario)
 
 
 def test_a_copy_sent_again_after_a_lost_reply_is_held_once(tmp_path):
     """A replica that copied the entries but whose reply was lost gets them again with the
     next sync: it skips what it holds (a second row of one ring position failed every later
     copy with a UNIQUE constraint error)."""
-    store = store_for("sqlite", tmp_path)
-    replicas = _replicas(store)
-    handles = [_Handle(r) for r in replicas]
 
-    async def go() -> None:
-        router, owner, text, _ = await _router_with_a_fact(store, replicas, handles)
-        try:
-            handles[1 - owner].fail_after.add("replicate_assistant_entries")
-            with pytest.raises(ConnectionError, match="reply lost"):
-                await router.sync()
-            await router.sync()
-            assert [e[2:] for e in _entries(replicas[1 - owner])] == [(text, 1)]
-            assert _entries(replicas[1 - owner]) == _entries(replicas[owner])
-        finally:
-            await router.finish_shards()
+    async def scenario(f: _Facts) -> None:
+        f.handles[1 - f.owner].fail_after.add("replicate_assistant_entries")
+        with pytest.raises(ConnectionError, match="reply lost"):
+            await f.router.sync()
+        await f.router.sync()
+        assert [e[2:] for e in _entries(f.replicas[1 - f.owner])] == [(f.text, 1)]
+        assert _entries(f.replicas[1 - f.owner]) == _entries(f.replicas[f.owner])
 
-    asyncio.run(go())
+    _with_a_fact(tmp_path, scenario)
 
 
 def test_deleting_a_user_whose_fact_is_owed_leaves_no_trace_of_it(tmp_path):
     """A fact owed to its owner (its commit failed) is delivered before the user's deletion
     forgets what the user taught: delivered after it, it would bring the fact back."""
-    store = store_for("sqlite", tmp_path)
-    replicas = _replicas(store)
-    handles = [_Handle(r) for r in replicas]
 
-    async def go() -> None:
-        router, owner, text, user = await _router_with_a_fact(store, replicas, handles)
-        try:
-            handles[owner].fail.add("append_assistant_facts")
-            with pytest.raises(ConnectionError, match="shard down"):
-                await router.sync()
-            assert await router.delete_user(user)
-            await router.sync()
-            for r in replicas:
-                assert not [e for e in _entries(r) if e[2] == text and e[3]]
-        finally:
-            await router.finish_shards()
+    async def scenario(f: _Facts) -> None:
+        f.handles[f.owner].fail.add("append_assistant_facts")
+        with pytest.raises(ConnectionError, match="shard down"):
+            await f.router.sync()
+        assert await f.router.delete_user(f.user)
+        await f.router.sync()
+        for r in f.replicas:
+            assert not [e for e in _entries(r) if e[2] == f.text and e[3]]
 
-    asyncio.run(go())
+    _with_a_fact(tmp_path, scenario)
