@@ -341,3 +341,29 @@ def test_cli_ingest_beside_a_running_server_is_refused(tmp_path: Path) -> None:
         server.stderr.close()  # type: ignore[union-attr]
     r = _cli("ingest", str(chats), "--store", str(store))  # the server is gone: accepted
     assert r.returncode == 0, r.stderr
+
+
+def test_a_deleted_lock_file_lets_no_second_writer_in(tmp_path: Path) -> None:
+    """The lock file holds a pid, so an operator may take it for stale and delete it: a second
+    writer, in another process or in this one, is still refused (the writer's byte lock on the
+    database file), and the store opens once its writer has closed it."""
+    spec = str(tmp_path / "s.sqlite3")
+    open_store(spec).close()
+    child = Holding(spec)
+    try:
+        lock_path(spec).unlink()
+        with pytest.raises(StoreLockedError, match="whose lock file was deleted"):
+            open_store(spec)  # was: let in, then "UNIQUE constraint failed" on its writes
+        child.close_store()
+        open_store(spec).close()
+    finally:
+        child.stop()
+    first = open_store(spec)
+    try:
+        lock_path(spec).unlink()
+        with pytest.raises(StoreLockedError, match="whose lock file was deleted"):
+            open_store(spec)
+        assert first.query("SELECT COUNT(*) FROM pages")[0][0] == 0  # still its own
+    finally:
+        first.close()
+    open_store(spec).close()

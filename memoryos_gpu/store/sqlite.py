@@ -157,6 +157,8 @@ class SQLiteStore(StoreReads, SQLiteErasure):
         self._checkpointer: WalCheckpointer | None = None
         self._wal_fd: int | None = None  # the log, for sync()
         try:
+            if self._writer is not None:  # the database file exists now: its byte lock too
+                self._writer.hold_database()
             self._configure()
             self._migrate()
         except BaseException as exc:  # any failure: nothing stays open or claimed

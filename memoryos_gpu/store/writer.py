@@ -12,7 +12,12 @@ with :class:`StoreLockedError`, whose message names the holder (pid, host, comma
   lock when its process exits however it exits (kill -9 included), so a stale lock cannot
   happen; a record left in the file by a dead holder is never shown, because the record is only
   read when the lock is held. ``flock`` is per open file, so a second engine in the *same*
-  process is refused too. Why not the ``filelock`` package: its lock files carry no holder
+  process is refused too. The sidecar holds a pid, so an operator may take it for stale and
+  delete it, which let a second writer in (it then failed on ``UNIQUE constraint failed:
+  pages.user_id, pages.seq``): the writer also holds an open-file-description lock
+  (``F_OFD_SETLK``) on one byte of the database file itself, far above the bytes SQLite locks,
+  which a deleted sidecar does not release (:meth:`SQLiteWriterLock.hold_database`).
+  Why not the ``filelock`` package: its lock files carry no holder
   record (a waiter opens them truncating), and where ``flock`` is missing it falls back to a
   soft lock that a killed process leaves behind; the kernel lock plus a record is 60 lines.
 * PostgreSQL: session-level advisory locks, held by a connection of their own
@@ -30,6 +35,7 @@ import logging
 import os
 import re
 import socket
+import struct
 import sys
 import time
 import warnings
@@ -255,6 +261,9 @@ class SQLiteWriterLock:
         self.store = str(db_path)
         self.path = lock_path(db_path)
         self._fd: int | None = None
+        # the database file's descriptor while it holds its byte lock (hold_database); a list,
+        # which the finalizer shares
+        self._db_fds: list[int] = []
         self._finalizer: weakref.finalize | None = None
 
     @property
@@ -296,9 +305,38 @@ class SQLiteWriterLock:
         self._fd = fd
         # closes the file (so drops the flock) if this lock is collected unreleased; not at
         # exit, where the kernel drops it anyway and an engine's own close may still run
-        self._finalizer = weakref.finalize(self, _drop_claim, fd, self.store)
+        self._finalizer = weakref.finalize(self, _drop_claim, fd, self.store, self._db_fds)
         self._finalizer.atexit = False
         _after_claim(self.store)
+
+    def hold_database(self) -> None:
+        """Also lock one byte of the database file (which exists once SQLite opened it), or
+        raise :class:`StoreLockedError`: another writer holds it, whose sidecar was deleted.
+
+        An open-file-description lock (Linux's ``F_OFD_SETLK``) on byte 2**62, which SQLite
+        never locks (its bytes are at 1 GiB): it conflicts with another open of the file, in
+        any process, and, unlike a POSIX lock, no other close of the file releases it. This
+        descriptor must outlive SQLite's own (closing a descriptor of the file would release
+        the POSIX locks SQLite holds in this process): :meth:`release` closes it after the
+        store's connection. Where the lock is not supported (another system, a file system
+        without it) the sidecar alone guards the store."""
+        if self._fd is None or self._db_fds or not hasattr(fcntl, "F_OFD_SETLK"):
+            return
+        try:
+            fd = os.open(os.path.realpath(self.store), os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            return  # not a file this process may open: SQLite's own open then says so
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _DB_LOCK)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise StoreLockedError(
+                    refusal(self.store, "another process, whose lock file was deleted")
+                ) from None
+            log.debug("no byte lock on %s (%s): the lock file alone guards it", self.store, exc)
+            return
+        self._db_fds.append(fd)
 
     def _lock_file_error(self, doing: str, exc: OSError) -> StoreError:
         """A failed open of, or write to, the lock file, said for an operator: a full disk (the
@@ -315,29 +353,39 @@ class SQLiteWriterLock:
         )
 
     def release(self) -> None:
-        """Give the store up (idempotent); the record is cleared first."""
+        """Give the store up (idempotent); the record is cleared first. Called after the
+        store's connection closed (see :meth:`hold_database`)."""
         fd, self._fd = self._fd, None
         if fd is None:
             return
         if self._finalizer is not None:
-            self._finalizer.detach()  # the fd is closed here, once
+            self._finalizer.detach()  # the fds are closed here, once
             self._finalizer = None
         try:
             os.ftruncate(fd, 0)
         finally:
             os.close(fd)  # closing the file drops the flock
+            while self._db_fds:
+                os.close(self._db_fds.pop())  # and the database's byte lock
 
 
-def _drop_claim(fd: int, store: str) -> None:
+#: The database byte :meth:`SQLiteWriterLock.hold_database` locks: a ``struct flock`` (Linux:
+#: type, whence, start, length, pid 0 as OFD locks need, padding) for a write lock on 2**62.
+_DB_LOCK = struct.pack("hhqqi4x", getattr(fcntl, "F_WRLCK", 1), os.SEEK_SET, 1 << 62, 1, 0)
+
+
+def _drop_claim(fd: int, store: str, others: list[int]) -> None:
     """Give up the claim of a lock collected without :meth:`SQLiteWriterLock.release`: the
-    record cleared, the file closed (which drops the flock). A ``ResourceWarning`` says so, as
-    for a file left open (Python shows it under ``-X dev`` or ``-W default``)."""
+    record cleared, the files closed (which drops the locks). A ``ResourceWarning`` says so,
+    as for a file left open (Python shows it under ``-X dev`` or ``-W default``)."""
     try:
         os.ftruncate(fd, 0)
     except OSError:
         pass  # the record is only read while the lock is held: a stale one is never shown
     finally:
         os.close(fd)
+        while others:
+            os.close(others.pop())
     warnings.warn(
         f"store {store} was still open for writing when its engine was garbage-collected; "
         "its writer lock is given back now: close an engine (engine.close(), or "
