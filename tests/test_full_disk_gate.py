@@ -72,9 +72,12 @@ def test_writes_after_a_full_disk_commit_are_refused_without_a_reload(engine, mo
     with pytest.raises(StoreFullError, match="disk is full"):
         _add(engine, "second page")
     assert disk.reloads == 1 and disk.begun == 1  # the failed COMMIT's reload
-    for _ in range(5):  # retried: refused before memory or the store is touched
+    embedded = engine.embedder.encode
+    monkeypatch.setattr(engine.embedder, "encode", lambda *a, **k: pytest.fail("embedded"))
+    for _ in range(5):  # retried: refused before the embeddings, memory or the store
         with pytest.raises(StoreFullError, match="not tried again"):
             _add(engine, "second page")
+    monkeypatch.setattr(engine.embedder, "encode", embedded)
     assert disk.reloads == 1 and disk.begun == 1
     assert [p.user_input for p in engine.retrieve("u", "page").stm] == ["first page"]
 

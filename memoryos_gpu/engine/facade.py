@@ -325,6 +325,8 @@ class MemoryEngine:
         (:meth:`_process_owed`).
         """
         items = validate_pages(pages)
+        # a disk known full refuses before the embeddings, which the refusal would waste
+        self._state.full_disk.check(trying=False)
         prepared = self._stm.prepare(items)  # embedding: outside the lock, others go on
         results = self._accept_durably(items, prepared)
         if self.config.auto_process:  # outside the lock: its stages run without it

@@ -38,15 +38,17 @@ class FullDiskGate:
         self._free_at = 0  # free bytes of the store's file system then (local stores)
         self._tried_at = 0.0  # monotonic time of the last try
 
-    def check(self) -> None:
+    def check(self, *, trying: bool = True) -> None:
         """StoreFullError, at once, while the disk is known full and nothing says it has room
-        now; otherwise nothing (this call then counts as a try)."""
+        now; otherwise nothing, and the call counts as a try (``trying``; False: a look
+        before the costly part of a write, which tries the store after it)."""
         with self._lock:
             if self._error is None:
                 return
             now = time.monotonic()
             if now - self._tried_at >= RETRY_S or self._free() >= self._free_at + ROOM_BYTES:
-                self._tried_at = now
+                if trying:
+                    self._tried_at = now
                 return
             waited = now - self._tried_at
         raise StoreFullError(
