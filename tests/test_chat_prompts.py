@@ -101,7 +101,7 @@ def test_where_the_prompt_goes(
     asked: list[tuple[object, ...]] = []
     monkeypatch.setattr("builtins.input", lambda *a: asked.append(a) or "line")
     ttys = {id(sys.stdin): stdin_tty, id(sys.stdout): stdout_tty}
-    monkeypatch.setattr(memory, "_is_terminal", lambda stream: ttys[id(stream)])
+    monkeypatch.setattr(memory, "is_terminal", lambda stream: ttys[id(stream)])
     assert memory._read_message() == "line"
     out, err = capsys.readouterr()
     assert "you>" not in out

@@ -56,3 +56,31 @@ def test_a_full_or_read_only_disk_is_one_line(code_: int) -> None:
 def test_a_plain_bug_still_raises() -> None:
     res = _invoke(ZeroDivisionError("a bug shows its traceback"))
     assert isinstance(res.exception, ZeroDivisionError) and "error:" not in res.output
+
+
+def test_the_store_says_a_damaged_file_itself(tmp_path) -> None:
+    """The store's reads turn SQLite's "malformed" into a StoreError that names the file and
+    what to do, for every caller (the CLI, a server, a program), not only the CLI."""
+    from memoryos_gpu.store import StoreError
+    from memoryos_gpu.store.sqlite import SQLiteStore
+
+    st = SQLiteStore(str(tmp_path / "s.sqlite3"))
+    real = st._db
+
+    class Damaged:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            exc = sqlite3.DatabaseError("database disk image is malformed")
+            exc.sqlite_errorname = "SQLITE_CORRUPT"
+            raise exc
+
+    st._db = Damaged()
+    try:
+        with pytest.raises(StoreError, match="the store's file is damaged") as info:
+            st.query("SELECT COUNT(*) FROM pages")
+        assert str(tmp_path / "s.sqlite3") in str(info.value) and "backup" in str(info.value)
+    finally:
+        st._db = real
+        st.close()

@@ -27,6 +27,7 @@ from .options import (
 )
 from .output import (
     echo_json,
+    is_terminal,
     iso_time,
     json_text,
     plural,
@@ -446,7 +447,7 @@ def _stdin_is_terminal() -> bool:
     """Whether a prompt can ask a person: stdin is a terminal (not a pipe, a file or closed)."""
     import sys
 
-    return sys.stdin is not None and sys.stdin.isatty()
+    return is_terminal(sys.stdin)
 
 
 def _one_shot(st: Any) -> Any:

@@ -24,6 +24,7 @@ from .options import (
 from .output import (
     NO_PROFILE_EXTRACTIVE,
     echo_json,
+    is_terminal,
     print_retrieval,
     retrieval_json,
 )
@@ -212,7 +213,7 @@ def _chat_loop(answer: Callable[[str], bool]) -> None:
         try:
             text = _read_message()
         except EOFError:
-            if _is_terminal(sys.stdin):  # Ctrl-D: the next output starts past the prompt
+            if is_terminal(sys.stdin):  # Ctrl-D: the next output starts past the prompt
                 click.echo("", err=True)
             return
         if text.strip() in ("/quit", "/exit"):
@@ -225,20 +226,12 @@ def _read_message() -> str:
     """One line of the chat. The ``you> `` prompt is for a person at a terminal: with stdin a
     pipe or a file (a script) there is none, since it went into stdout between the answers
     (``you> assistant> ...``); with stdout not a terminal (``chat > log``) it goes to stderr."""
-    if not _is_terminal(sys.stdin):
+    if not is_terminal(sys.stdin):
         return input()
-    if _is_terminal(sys.stdout):
+    if is_terminal(sys.stdout):
         return input("you> ")  # readline's line editing, which needs the prompt on stdout
     click.echo("you> ", nl=False, err=True)
     return input()
-
-
-def _is_terminal(stream: Any) -> bool:
-    """Whether ``stream`` (stdin or stdout) is a terminal: False when it is None or closed."""
-    try:
-        return stream is not None and stream.isatty()
-    except ValueError:  # a closed file
-        return False
 
 
 def _require_chat_store(store: str) -> None:

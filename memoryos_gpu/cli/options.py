@@ -469,16 +469,13 @@ def handle_errors(fn: Callable) -> Callable:
 
 
 def _sqlite_line(exc: BaseException) -> str | None:
-    """One line for an SQLite error the store let through (SQLite's or SQLCipher's: both carry
-    ``sqlite_errorname``), else None. Why: a store file damaged in the middle (a bad disk, a
-    copy cut short, bytes overwritten) failed its first read with a 47-line traceback ending in
-    "database disk image is malformed"; the user needs the cause and what to do."""
+    """One line for an SQLite error that reached a command outside the store's ``query`` (which
+    says a damaged file itself: ``store.errors.damaged_error``), else None: SQLite's and
+    SQLCipher's errors both carry ``sqlite_errorname``."""
+    from memoryos_gpu.store.errors import damaged_error
+
     name = getattr(exc, "sqlite_errorname", None)
     if name is None:
         return None
-    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in str(exc):
-        return (
-            f"the store's file is damaged ({exc}): restore it from a backup (`sqlite3 FILE "
-            "'PRAGMA integrity_check'` lists what is damaged)"
-        )
-    return f"store error: {exc} ({name})"
+    said = damaged_error(exc)
+    return str(said) if said is not None else f"store error: {exc} ({name})"

@@ -18,6 +18,15 @@ def plural(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` (stdin or stdout) is a terminal: a person to prompt, or to prompt
+    on; False when it is None or closed (a pipe, a file, a daemon's stdin)."""
+    try:
+        return stream is not None and stream.isatty()
+    except ValueError:  # a closed file
+        return False
+
+
 def console(*, stderr: bool = False) -> Any:
     """A rich Console that prints stored text as it is stored: no ``:smile:`` codes turned
     into emoji and no numbers, URLs or quotes recoloured (a memory or an id is data, and

@@ -132,6 +132,21 @@ def open_error(path: str, exc: BaseException) -> StoreError | None:
     return None
 
 
+def damaged_error(exc: BaseException, path: str | None = None) -> StoreError | None:
+    """A store file damaged in the middle (a bad disk, a copy cut short, bytes overwritten),
+    said with what to do, from SQLite's error (SQLite's or SQLCipher's: both carry
+    ``sqlite_errorname``); None for any other error. Why: the first read of a damaged page
+    raised the driver's "database disk image is malformed", a 47-line traceback in the CLI."""
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    if not (name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in str(exc)):
+        return None
+    where = f"{path}: " if path else ""
+    return StoreError(
+        f"the store's file is damaged ({where}{exc}): restore it from a backup (`sqlite3 FILE "
+        "'PRAGMA integrity_check'` lists what is damaged)"
+    )
+
+
 def environment_error(path: str, exc: BaseException) -> StoreError | None:
     """What the machine did to a transaction (disk full, I/O error, read-only file), said for
     an operator with SQLite's own words kept; None for any other error."""

@@ -39,6 +39,7 @@ from memoryos_gpu.store.erasure import SQLiteErasure
 from memoryos_gpu.store.errors import (
     StoreClosedError,
     StoreError,
+    damaged_error,
     environment_error,
     open_error,
 )
@@ -364,7 +365,13 @@ class SQLiteStore(StoreReads, SQLiteErasure):
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
             self._check_open()
-            return self._db.execute(sql, params).fetchall()
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except self._dbapi.DatabaseError as exc:  # a damaged file: said, with what to do
+                said = damaged_error(exc, self.path)
+                if said is None:
+                    raise
+                raise said from exc
 
     def _check_open(self) -> None:
         """StoreClosedError once :meth:`close` ran (call under the store lock): the statements
