@@ -265,5 +265,5 @@ def test_a_rewrite_that_fails_at_close_is_not_blamed_on_a_reader(
         st.close()
     said = " ".join(r.getMessage() for r in caplog.records)
     assert "could not be rewritten" in said and "disk is full" in said, said
-    assert "a later deletion on this store rewrites the file" in said
+    assert "until the store is next opened for writing" in said
     assert "reader" not in said

@@ -15,6 +15,12 @@ timer, with the log's truncation (both retried until done, or done at :meth:`clo
 one-shot process (the CLI's ``delete``) sets :attr:`erase_at_close`: it exits at once, so its
 erasure is done whole at close, without the spacing, and only what still cannot be done then
 (a reader holds the log) is warned about, with what the operator can do.
+
+A rewrite owed outlives the process that owed it: the deletion records it in the store
+(:data:`REWRITE_OWED`, before the deletion commits) and the rewrite clears it. A writer that
+opens a store with the mark set -- the rewrite was failed by a full disk, or the process was
+killed between the two -- rewrites the file itself (:meth:`resume_erasure`), so the deleted
+text does not wait in the file for some later deletion.
 """
 
 from __future__ import annotations
@@ -38,12 +44,16 @@ ERASURE_ADVICE = (
 #: What completes a truncation of the log that failed for another cause (an I/O error).
 _NEXT_CLOSE = "the next command on the store folds the log into the file as it closes"
 #: What a rewrite of the file that failed (a full disk: a rewrite needs about the store's size
-#: free) leaves, and what completes it: the next deletion's rewrite (a reader's close only
-#: folds the log, it rewrites nothing).
+#: free) leaves, and what completes it: the next writer to open the store (the mark
+#: :data:`REWRITE_OWED` says one is owed; a reader's close only folds the log).
 REWRITE_ADVICE = (
-    "deleted text may stay in the file's free space until a later deletion on this store "
-    "rewrites the file (a rewrite needs free disk space about the size of the store)"
+    "deleted text may stay in the file's free space until the store is next opened for "
+    "writing (any memoryos-gpu command but stats, users, export and profile), which "
+    "rewrites the file; a rewrite needs free disk space about the size of the store"
 )
+#: The ``meta`` key that says a rewrite of the file is owed: set before a deletion commits,
+#: removed once the file is rewritten.
+REWRITE_OWED = "erasure.rewrite_owed"
 
 
 class SQLiteErasure:
@@ -57,6 +67,8 @@ class SQLiteErasure:
     _depth: int
     path: str
     _check_open: Callable[[], None]
+    query: Callable[..., list[tuple]]
+    transaction: Callable[..., Any]
 
     #: How long (ms) a truncation of the log waits for its readers before leaving it to a
     #: retry: it holds the store lock meanwhile.
@@ -80,13 +92,45 @@ class SQLiteErasure:
     erase_at_close: bool = False
     #: Inside :meth:`_erase_at_close`: a failure is final, its warning says what to do.
     _closing: bool = False
+    #: Whether the store holds :data:`REWRITE_OWED` (as this object last wrote or read it).
+    _owed_marked: bool = False
 
     def begin_erasure(self) -> None:
         """Deletions from now on zero the space they free (``PRAGMA secure_delete``), so the
-        deleted text does not stay in the database file (call before deleting content)."""
+        deleted text does not stay in the database file (call before deleting content,
+        outside a transaction). The store records that a rewrite is owed (:data:`REWRITE_OWED`)
+        before the deletion commits, so a process that dies or fails before the rewrite
+        leaves it to the next writer (:meth:`resume_erasure`)."""
         with self._lock:
             self._check_open()
             self._db.execute("PRAGMA secure_delete = ON")
+            if self.path != ":memory:" and not self._owed_marked:
+                self._mark_owed(True)
+
+    def resume_erasure(self) -> None:
+        """On opening for writing: a rewrite an earlier process owed (:data:`REWRITE_OWED`) is
+        owed by this one, done as :meth:`checkpoint` does it (on a timer, or at close for a
+        store that closes at once)."""
+        with self._lock:
+            if not self.query(f"SELECT 1 FROM meta WHERE key = '{REWRITE_OWED}'"):
+                return
+            self._owed_marked = True
+            log.info("%s: rewriting the file for an earlier deletion's erasure", self.path)
+            self._rewrite_due = self._erasure_due = True
+            self._rewrite_at = 0.0
+        self._retry_erasure(self.ERASURE_RETRY_S[0])
+
+    def _mark_owed(self, owed: bool) -> None:
+        """Set or clear :data:`REWRITE_OWED` in a transaction of its own."""
+        with self.transaction() as db:
+            if owed:
+                db.execute(
+                    f"INSERT INTO meta(key, value) VALUES ('{REWRITE_OWED}', '1') "
+                    "ON CONFLICT(key) DO NOTHING"
+                )
+            else:
+                db.execute(f"DELETE FROM meta WHERE key = '{REWRITE_OWED}'")
+        self._owed_marked = owed
 
     def checkpoint(self) -> None:
         """After a committed deletion: rewrite the file (``VACUUM``: the module docstring says
@@ -142,6 +186,11 @@ class SQLiteErasure:
         took = time.monotonic() - t0
         self._rewrite_due = False
         self._rewrite_at = t0 + took / self.ERASURE_REWRITE_SHARE
+        if self._owed_marked:
+            try:
+                self._mark_owed(False)
+            except self._dbapi.Error as exc:  # kept: the next writer rewrites once more
+                log.warning("%s: could not record the rewrite done: %s", self.path, exc)
         return True
 
     def _erasure_tried(self, done: bool, why: str, advice: str = _NEXT_CLOSE) -> bool:

@@ -182,6 +182,7 @@ class SQLiteStore(StoreReads, SQLiteErasure):
                 )
                 self._checkpointer = WalCheckpointer(db, self.path + "-wal")
                 self._db.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
+                self.resume_erasure()
             except BaseException:
                 self.close()
                 raise
