@@ -229,8 +229,8 @@ class ExtractiveStages:
         linked = [i for i, w in enumerate(work) if w.prev_embedding is not None]
         out = np.zeros(len(work), bool)
         if linked:
-            a = np.stack([work[i].prev_embedding for i in linked])
-            b = np.stack([work[i].embedding for i in linked])
+            a = np.asarray([work[i].prev_embedding for i in linked], np.float32)
+            b = np.asarray([work[i].embedding for i in linked], np.float32)
             # float64 sums of the float32 rows without float64 copies of them (4.6 -> 1.7 us
             # a page: the copies and their passes were memory-bound)
             dot = np.einsum("ij,ij->i", a, b, dtype=np.float64)

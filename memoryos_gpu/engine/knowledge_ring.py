@@ -276,7 +276,7 @@ class KnowledgeRing:
         if self._pushed:
             owners, entries, vecs, texts = zip(*self._pushed, strict=True)
             owners = np.array(owners, np.int32)
-            ring = s.arena.push_knowledge(owners, np.stack(vecs))
+            ring = s.arena.push_knowledge(owners, np.asarray(vecs, np.float32))
             s.grow_maps()
             # the FIFO drops what held each slot: entries from before the batch, and the
             # batch's own when it wrapped a ring (the last write of a slot stays)

@@ -414,7 +414,7 @@ class Segments:
         rows = self._segment_rows(sids.tolist(), uslots, slots, writes)
         n = np.fromiter((row.n_pages for row in rows), np.int64, len(rows))
         add = _unit_rows(r.summary_emb[idx])
-        emb = _unit_rows(np.stack([row.emb for row in rows]) * n[:, None] + add)
+        emb = _unit_rows(np.asarray([row.emb for row in rows], np.float32) * n[:, None] + add)
         cap = s.memory.summary_chars
         for i, row in zip(idx.tolist(), rows, strict=True):
             out = r.outcomes[i]
