@@ -60,6 +60,7 @@ def _store_stats(store: str, key: SecretStr | None, *, shard: bool = False) -> d
     (live entries by assistant), which :func:`_shard_totals` takes out to count copies once."""
     st = open_store_at(store, writer=False, key=key)
     try:
+        st.refuse_if_damaged()  # counts read from the sound pages of a damaged file look fine
         out = {
             # as given (a directory, a file, a masked URL), as users and ingest name it
             "store": st.path if is_url(store) else str(store),
@@ -366,6 +367,7 @@ def _forget_on_other_shards(
                 stores.append(home)
             else:
                 opened.append(_one_shot(open_store_at(str(d), writer=True, key=key)))
+                opened[-1].refuse_if_damaged()  # every shard checked before any is written
                 stores.append(opened[-1])
         ids, texts = [p for p, _ in pages], [t for _, t in pages]
         forget_in_stores(stores, ShardMap(len(dirs)), user_id, texts, ids)
@@ -396,6 +398,7 @@ def delete(ctx: click.Context, user_id: str, yes: bool, **kwargs: Any) -> None:
     _can_confirm(yes)
     st = _one_shot(open_store_at(user_store(store, user_id), writer=True, key=key))
     try:
+        st.refuse_if_damaged()  # about the cost of the file's rewrite the deletion ends in
         rows = st.rows_about(user_id)
         known = st.user_row(user_id) is not None or rows > 0
         rejected = count_rejects(store, user_id)

@@ -140,9 +140,14 @@ def damaged_error(exc: BaseException, path: str | None = None) -> StoreError | N
     name = getattr(exc, "sqlite_errorname", None) or ""
     if not (name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in str(exc)):
         return None
-    where = f"{path}: " if path else ""
+    return damaged_store(f"{path}: {exc}" if path else str(exc))
+
+
+def damaged_store(what: str) -> StoreError:
+    """The error that says a store file is damaged (``what``: the file and what was found),
+    with what to do."""
     return StoreError(
-        f"the store's file is damaged ({where}{exc}): restore it from a backup (`sqlite3 FILE "
+        f"the store's file is damaged ({what}): restore it from a backup (`sqlite3 FILE "
         "'PRAGMA integrity_check'` lists what is damaged)"
     )
 

@@ -519,6 +519,10 @@ class PostgresStore(SQLiteStore):
         ).fetchall()
         return [int(r[0]) for r in rows]
 
+    def refuse_if_damaged(self) -> None:
+        """Nothing to do: PostgreSQL finds a damaged page itself when it reads it (and its
+        page checksums, when the cluster has them on), and the server's files are its own."""
+
     def check_integrity(self) -> list[str]:
         """A light check: PostgreSQL enforces the constraints itself, so what is left to find is
         a missing table, a constraint left NOT VALID, or an invalid index (a failed

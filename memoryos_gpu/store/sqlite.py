@@ -40,6 +40,7 @@ from memoryos_gpu.store.errors import (
     StoreClosedError,
     StoreError,
     damaged_error,
+    damaged_store,
     environment_error,
     open_error,
 )
@@ -392,6 +393,16 @@ class SQLiteStore(StoreReads, SQLiteErasure):
                     os.close(self._wal_fd)
                 self._db.close()
                 self._release_writer()
+
+    def refuse_if_damaged(self) -> None:
+        """Raise the damaged-file :class:`StoreError` when SQLite's quick check (every page of
+        the file read once, O(store size)) finds damage. For the commands that must not answer
+        from a damaged file or write into it (``stats``, ``delete``): a read of the pages that
+        are sound answers as if nothing were wrong, and a deletion writes into the damage."""
+        found = [r[0] for r in self.query("PRAGMA quick_check") if r[0] != "ok"]
+        if found:
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            raise damaged_store(f"{self.path}: {found[0]}{more}")
 
     def check_integrity(self) -> list[str]:
         """Problems found by SQLite's integrity and foreign-key checks (empty when sound)."""
