@@ -810,6 +810,7 @@ def _merge(
         store_unavailable=next(
             (r["store_unavailable"] for r in shards if r.get("store_unavailable")), None
         ),
+        store_full=next((r["store_full"] for r in shards if r.get("store_full")), None),
         shards=shards,
     )
     if stopper.signum is not None:

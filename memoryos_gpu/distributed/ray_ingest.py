@@ -89,6 +89,7 @@ from memoryos_gpu.ingest import (
 )
 from memoryos_gpu.rejects import RejectRow, reason_kind, record_reject
 from memoryos_gpu.stop_signals import StopSignals
+from memoryos_gpu.store.errors import StoreFullError, StoreUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -549,23 +550,28 @@ def _ingest(
         marks = ray.get([a.exchange_marks.remote(tops) for a in actors])
         t1 = time.perf_counter()
         records = _records(files, shards, BUCKETS_PER_SHARD, run.zone)
-        for n, (rows, rejects) in enumerate(_windows(records, window)):
-            if stop.stopped:
-                break
-            tally.rejects += [(0, r) for r in rejects]  # read-stage rejects
-            if rows:
-                tally.add(
-                    _run_window(ray, rows, run.name, shards, run.batch_size, tops, run.writers)
-                )
-            _fill(report, tally, t0)
-            if on_window is not None:
-                on_window(n, report)
+        try:
+            for n, (rows, rejects) in enumerate(_windows(records, window)):
+                if stop.stopped:
+                    break
+                tally.rejects += [(0, r) for r in rejects]  # read-stage rejects
+                if rows:
+                    tally.add(
+                        _run_window(ray, rows, run.name, shards, run.batch_size, tops, run.writers)
+                    )
+                _fill(report, tally, t0)
+                if on_window is not None:
+                    on_window(n, report)
+        except ray.exceptions.RayError as exc:
+            if not store_ended(report, ray_error_cause(exc)):
+                raise
+        ended = bool(report.store_full or report.store_unavailable)
         run.timings["accept"] = time.perf_counter() - t1
         t1 = time.perf_counter()
-        if not stop.stopped:
+        if not (stop.stopped or ended):
             derived = _derive(ray, actors, marks, shards, stop)
         run.timings["derive"] = time.perf_counter() - t1
-        summaries = ray.get([a.summary.remote() for a in actors])
+        summaries = _summaries(ray, actors, ended)
         if derived is not None:
             ray.get([a.close.remote() for a in actors])
     finally:
@@ -575,6 +581,46 @@ def _ingest(
     report.interrupted = stop.stopped
     report.stop_signal = stop.signum
     return _report(report, run, config.store, summaries, res, derived or {})
+
+
+def store_ended(report: IngestReport, exc: BaseException) -> bool:
+    """Whether a shard actor's error (``exc``, unwrapped from Ray's) is the store's full disk
+    or its outage, which end the run with its report as they end a single process's
+    ingestion (``store_full`` / ``store_unavailable``, exit 1: the CLI's line says what was
+    committed and that a rerun resumes): noted in ``report``. Any other error is raised.
+    ``accepted`` counts the windows that completed; the pages the failing window committed
+    before the failure are in the store, and a rerun skips them."""
+    if isinstance(exc, StoreFullError):
+        report.store_full = str(exc)
+    elif isinstance(exc, StoreUnavailableError):
+        report.store_unavailable = str(exc)
+    else:
+        return False
+    return True
+
+
+#: A shard's summary when its store could not be read after the run ended on it.
+_NO_SUMMARY: dict[str, Any] = {
+    "store_counts": {},
+    "pending": 0,
+    "llm_calls": 0,
+    "users": 0,
+    "batches": 0,
+}
+
+
+def _summaries(ray: Any, actors: list[Any], ended: bool) -> list[dict[str, Any]]:
+    """Each shard's summary; after a run the store ended (``ended``), a shard whose store
+    cannot be read (down) gives :data:`_NO_SUMMARY` rather than losing the run's report."""
+    if not ended:
+        return list(ray.get([a.summary.remote() for a in actors]))
+    out = []
+    for a in actors:
+        try:
+            out.append(ray.get(a.summary.remote()))
+        except ray.exceptions.RayError:
+            out.append(dict(_NO_SUMMARY))
+    return out
 
 
 def _report(
