@@ -1,9 +1,12 @@
 """Configuration: every MemoryOS hyperparameter is a setting, with the paper's defaults.
 
-Two presets are selectable by name (:func:`preset`): ``paper`` (the table in the paper and
-DESIGN.md section 2) and ``reference`` (BAI-LAB/MemoryOS's code defaults), so results can be
-compared with either. Configuration is typed (pydantic) and validated on construction; it can be
-read from a TOML file (:meth:`EngineConfig.from_toml`) and overridden by keyword.
+Two presets are selectable by name (:func:`preset`, or ``preset=`` of :class:`MemoryConfig`):
+``paper`` (the hyperparameter table of the MemoryOS paper, "Memory OS of AI Agent", EMNLP
+2025, arXiv 2506.06326; README, "Deviations from the paper") and ``reference``
+(BAI-LAB/MemoryOS's code defaults), so results can be compared with either. Configuration is
+typed (pydantic) and validated on construction; it can be read from a TOML file
+(:meth:`EngineConfig.from_toml`, strictly typed: :func:`validate_file_config`) and overridden
+by keyword, per key within a table (:func:`merge_settings`).
 """
 
 from __future__ import annotations
@@ -16,14 +19,33 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from memoryos_gpu.errors import MemoryOSError
 from memoryos_gpu.ops.params import HeatParams
 from memoryos_gpu.store import is_url
 from memoryos_gpu.store.encryption import as_secret, env_key
 from memoryos_gpu.store.errors import StoreError
 
 log = logging.getLogger(__name__)
+
+
+class ConfigError(MemoryOSError, ValueError):
+    """A setting was refused; the message names the setting, why, and how to give it.
+
+    Why a type of its own: the CLI reports it as a usage error (exit 2), as it does a bad
+    flag, where another :class:`MemoryOSError` is a runtime error (exit 1); the engine raises
+    it for a setting that only the store can show wrong (an ``mtm_capacity`` below the
+    segment slots a store holds), and the config.json reader for its keys."""
+
 
 #: Every ``MEMORYOS_GPU_*`` environment variable something of this project reads: the package
 #: (store key, CLI defaults, model cache, API keys, the CUDA extension's ``CUDA_SYNC``), its
@@ -127,21 +149,61 @@ def engine_data(data: dict[str, Any], preset_name: str | None = None) -> dict[st
     for the CLI and :meth:`EngineConfig.from_toml`: the ``[server]`` table taken out (checked:
     :func:`server_table`), the store key resolved (:func:`config_key`), ``[memory]`` and
     ``[llm]`` checked to be tables (``memory = 5`` crashed the MCP server with a TypeError),
-    and the preset (``preset_name``, else ``[memory]``'s ``preset``) expanded under the
-    file's values, validated with the rest: an error names ``memory.<key>``, as for any
-    other setting. ValueError for a table that is not one."""
+    and the preset (``preset_name``, else ``[memory]``'s ``preset``) named in ``[memory]``,
+    where :class:`MemoryConfig` expands it under the file's values, validated with the rest:
+    an error names ``memory.<key>``, as for any other setting. ValueError for a table that is
+    not one."""
     server_table(data)
     data["encryption_key"] = config_key(data.get("encryption_key"))
     for table in ("memory", "llm"):
         if not isinstance(data.get(table) or {}, dict):
             kind = type(data[table]).__name__  # not the value: it may be a key
             raise ValueError(f"[{table}] must be a table of settings, not a {kind}")
-    memory = dict(data.get("memory") or {})
-    name = preset_name or memory.pop("preset", None)
-    memory.pop("preset", None)
-    if name or memory:
-        data["memory"] = {**preset(name or "paper").model_dump(), **memory}
+    if preset_name:  # the --preset flag: over the file's, under its explicit fields
+        data["memory"] = {**(data.get("memory") or {}), "preset": preset_name}
     return data
+
+
+#: LLM settings that have a key of their own and that a backend also takes as an option:
+#: given in both places they are ambiguous (:class:`LLMConfig`), and an override of the key
+#: (a flag) replaces the file's option (:func:`merge_settings`).
+LLM_DEDICATED = ("model", "base_url", "api_key")
+
+
+def merge_settings(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` over a config file's ``data``, per key within the ``[memory]`` and
+    ``[llm]`` tables (a table given whole as a model replaces the file's).
+
+    Why per key: ``from_toml(path, memory={"stm_capacity": 4})`` replaced the file's whole
+    table, silently dropping its preset and its other fields. A dedicated LLM setting
+    (:data:`LLM_DEDICATED`) given by an override takes the place of the same key in the
+    file's ``[llm] options``: the documented precedence, flag > file, whichever of the two
+    places the file used."""
+    out = dict(data)
+    for key, value in overrides.items():
+        old = out.get(key)
+        out[key] = {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
+    given, llm = overrides.get("llm"), out.get("llm")
+    if isinstance(given, dict) and isinstance(llm, dict) and isinstance(llm.get("options"), dict):
+        replaced = {k for k in LLM_DEDICATED if given.get(k) is not None}
+        if "options" not in given and replaced & set(llm["options"]):
+            options = {k: v for k, v in llm["options"].items() if k not in replaced}
+            out["llm"] = {**llm, "options": options}
+    return out
+
+
+def validate_file_config(data: dict[str, Any]) -> EngineConfig:
+    """A config file's settings (with the flags or overrides merged in) as an
+    :class:`EngineConfig`, strictly typed: ``stm_capacity = "7"`` or ``embed_dates = "yes"``
+    is refused naming the key, as config.json's keys are (``reference.ReferenceSettings``),
+    rather than coerced. Why: a quoted value is a slip in the file, and ``"no"`` read as a
+    boolean is not what its author meant. The one place both readers of a TOML file (the CLI
+    and :meth:`EngineConfig.from_toml`) validate it; Python callers building models keep
+    pydantic's usual coercion."""
+    key = data.get("encryption_key")
+    if isinstance(key, str):  # a key given in Python, at the flag's level (config_key)
+        data = {**data, "encryption_key": SecretStr(key)}
+    return EngineConfig.model_validate(data, strict=True)
 
 
 def explain_settings_error(exc: ValidationError, model: type[BaseModel]) -> str:
@@ -162,11 +224,30 @@ def explain_settings_error(exc: ValidationError, model: type[BaseModel]) -> str:
             known = _known_settings(model, path[:-1])
             near = difflib.get_close_matches(path[-1], known, 1)
             hint = f"did you mean {near[0]!r}? " if near else ""
+            table = _table_of(model, path)
+            hint = f"it belongs in the [{table}] table; " if table else hint
             clauses.append(f"unknown key {key!r} ({hint}known keys: {', '.join(known)})")
         else:
             got = f" (got {type(err['input']).__name__})" if err["type"].endswith("_type") else ""
             clauses.append(f"{key}: {err['msg'].removeprefix('Value error, ')}{got}")
     return "; ".join(clauses)
+
+
+def _table_of(model: type[BaseModel], path: list[str]) -> str | None:
+    """The table (``memory``, ``llm``) of ``model`` whose setting an unknown top-level key
+    is, else None: ``stm_capacity = 3`` above ``[memory]`` reads as a misplaced line, and
+    "unknown key" alone did not say where it goes."""
+    if len(path) != 1:
+        return None
+    for name, field in model.model_fields.items():
+        inner = field.annotation
+        if (
+            isinstance(inner, type)
+            and issubclass(inner, BaseModel)
+            and path[0] in inner.model_fields
+        ):
+            return name
+    return None
 
 
 def _known_settings(model: type[BaseModel], path: list[str]) -> list[str]:
@@ -204,19 +285,66 @@ MAX_KNOWLEDGE_CAPACITY = 65_536
 #: native call takes a C ``int`` (a value past it failed with a TypeError naming no setting when
 #: the engine opened). More than any one machine's cores.
 MAX_CPU_THREADS = 4_096
+#: Most tokens ``llm.max_tokens`` may ask an answer to have: 128 Ki, the longest context of the
+#: models this project runs (a larger value fails every request at the server, or makes a local
+#: backend reserve that many positions).
+MAX_LLM_TOKENS = 131_072
+
+
+def http_url_problem(value: str | None, name: str) -> str | None:
+    """Why ``value`` cannot be the URL of an HTTP server setting ``name``, else None: it must
+    start with ``http://`` or ``https://`` (``127.0.0.1:8000`` without its scheme was taken,
+    then failed every request, after retries, as an unsupported protocol). The value is never
+    put in the message: a URL may carry credentials (``user:password@host``)."""
+    if value is not None and not value.strip().startswith(("http://", "https://")):
+        return f"{name} must start with http:// or https://"
+    return None
+
+
+def blank_model_problem(value: str | None, name: str) -> str | None:
+    """Why ``value`` cannot be model setting ``name``, else None: an empty or blank one was
+    taken as "the default" by one setting and refused by another; leaving it out is the one
+    way to ask for the default."""
+    if value is not None and not value.strip():
+        return f"{name} is empty: name a model, or leave the setting out for the default"
+    return None
 
 
 class MemoryConfig(BaseModel):
-    """The paper's mechanics. Field docs give the paper's value and meaning."""
+    """The paper's mechanics. Field docs give the paper's value and meaning.
+
+    ``preset`` names the preset the values come from: the fields not given explicitly take
+    that preset's values (``MemoryConfig(preset="reference", top_pages=3)`` is the reference
+    code's defaults with 3 pages), so the name and the values always agree (``stats`` reports
+    the name). Thresholds are bounded by what they are compared with (a cosine in [-1, 1],
+    ``theta`` with cosine + Jaccard in [-1, 2]) and weights are at least 0: a value outside
+    either switched its mechanic off for good or on for everything, silently."""
 
     # NaN or infinity in a threshold or weight would silently disable the mechanic it drives
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    preset: str = Field("paper", description="Name of the preset these values came from.")
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, data: Any) -> Any:
+        """The named preset's values under the fields given (the one place presets expand:
+        :func:`preset`, a config file's ``[memory] preset`` and ``--preset`` all come here);
+        an unknown name is left for the field's own check, which names ``preset``."""
+        name = data.get("preset") if isinstance(data, dict) else None
+        if isinstance(name, str) and name in _PRESETS:
+            return {**_PRESETS[name], **data}
+        return data
+
+    preset: Literal["paper", "reference"] = Field(
+        "paper", description="The preset whose values the fields not given take."
+    )
     stm_capacity: int = Field(7, ge=1, description="STM FIFO length in pages (paper: 7).")
     mtm_capacity: int = Field(200, ge=1, description="Segments per user (paper: 200).")
     theta: float = Field(
-        0.6, description="Insert into the best segment when cos + Jaccard >= theta."
+        0.6,
+        ge=-1.0,
+        le=2.0,
+        description="Insert into the best segment when cos + Jaccard >= theta (-1 to 2, the "
+        "range of that sum: -1 joins every page to its best segment, 2 only identical ones).",
     )
     tau: float = Field(
         5.0, ge=0, description="Heat at which a segment's unanalysed pages are promoted."
@@ -239,13 +367,19 @@ class MemoryConfig(BaseModel):
     )
     relevance_floor: float = Field(
         0.1,
+        ge=-1.0,
+        le=1.0,
         description="A page of a chosen segment is a retrieval candidate when its cosine with "
         "the query is at least this (a page in the BM25 list always is); only "
         "candidates are returned and heat their segments. The reference code's 0.1: an "
-        "unrelated question then returns no MTM page and heats nothing.",
+        "unrelated question then returns no MTM page and heats nothing. A cosine: -1 to 1 "
+        "(-1: every page of a chosen segment is a candidate).",
     )
     query_keyword_weight: float = Field(
-        1.0, description="Weight of the Jaccard keyword term at query time (reference: 0)."
+        1.0,
+        ge=0.0,
+        description="Weight of the Jaccard keyword term at query time (reference: 0; at "
+        "least 0: a negative weight ranks segments sharing the query's keywords last).",
     )
     lexical_weight: float = Field(
         LEXICAL_WEIGHT,
@@ -313,7 +447,11 @@ class MemoryConfig(BaseModel):
         "logs) or on the wall clock (live serving).",
     )
     continuity_threshold: float = Field(
-        0.55, description="LLM-free mode: pages with cosine >= this continue the chain."
+        0.55,
+        ge=-1.0,
+        le=1.0,
+        description="LLM-free mode: pages with cosine >= this continue the chain (a cosine: "
+        "-1 to 1).",
     )
     summary_chars: int = Field(600, ge=50, description="Cap of a segment's summary text.")
 
@@ -345,8 +483,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def preset(name: str, **overrides: Any) -> MemoryConfig:
-    """A named preset (``paper`` or ``reference``) with optional field overrides.
+def preset(name: str, /, **overrides: Any) -> MemoryConfig:
+    """A named preset (``paper`` or ``reference``) with optional field overrides: the same
+    as ``MemoryConfig(preset=name, **overrides)``, which expands it.
 
     ``paper`` is the paper's table of hyperparameters, with this project's documented
     retrieval additions left on (README, "Deviations from the paper"): BM25 fused with the
@@ -355,7 +494,11 @@ def preset(name: str, **overrides: Any) -> MemoryConfig:
     lexical_weight=0.0, relevance_floor=-1.0, embed_dates=False)``."""
     if name not in _PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(_PRESETS)}")
-    return MemoryConfig(preset=name, **{**_PRESETS[name], **overrides})
+    if "preset" in overrides:  # two names: which one's values the rest takes is a guess
+        raise ValueError(
+            f"preset({name!r}, preset={overrides['preset']!r}) names two presets; name one"
+        )
+    return MemoryConfig(preset=name, **overrides)
 
 
 def config_key(file_value: object = None) -> SecretStr | None:
@@ -401,8 +544,8 @@ class LLMConfig(BaseModel):
     base_url: str | None = Field(None, description="OpenAI-compatible server URL.")
     api_key: str | None = Field(None, description="API key of the OpenAI-compatible server.")
     fused: bool = Field(True, description="One structured call per page / promotion.")
-    max_tokens: int = Field(256, ge=1)
-    temperature: float = Field(0.0, ge=0)
+    max_tokens: int = Field(256, ge=1, le=MAX_LLM_TOKENS, description="1 to 131,072.")
+    temperature: float = Field(0.0, ge=0, le=2, description="0 to 2, as OpenAI's API takes.")
     batch_size: int = Field(64, ge=1, description="Requests per backend call.")
     options: dict[str, Any] = Field(default_factory=dict, description="Backend keyword options.")
 
@@ -426,10 +569,35 @@ class LLMConfig(BaseModel):
         """A URL without its scheme (``127.0.0.1:8000``) is refused here, as a setting, rather
         than by the backend's constructor when the engine opens (the same rule as
         ``openai_compat.normalize_base_url``)."""
-        if value is not None and not value.strip().startswith(("http://", "https://")):
-            # never the value: a URL may carry credentials (user:password@host)
-            raise ValueError("base_url must start with http:// or https://")
+        problem = http_url_problem(value, "base_url")
+        if problem:
+            raise ValueError(problem)
         return value
+
+    @field_validator("model")
+    @classmethod
+    def _named_model(cls, value: str | None) -> str | None:
+        problem = blank_model_problem(value, "model")
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _given_once(cls, data: Any) -> Any:
+        """Refuse a dedicated setting (:data:`LLM_DEDICATED`) given also in ``options``: which
+        of the two the backend got was an accident of the code (the option won, against the
+        flag's precedence), so the file must say it once. A flag over a file's option is not
+        ambiguous: :func:`merge_settings` puts the flag in the option's place."""
+        options = data.get("options") if isinstance(data, dict) else None
+        if isinstance(options, dict):
+            twice = [k for k in LLM_DEDICATED if k in options and data.get(k) is not None]
+            if twice:
+                raise ValueError(
+                    " and ".join(f"{k} is given twice, as {k} and as options.{k}" for k in twice)
+                    + "; give it once (as the setting, not the option)"
+                )
+        return data
 
 
 def llm_settings_problem(c: LLMConfig) -> str | None:
@@ -531,6 +699,25 @@ class EngineConfig(BaseModel):
     embedding_base_url: str | None = Field(
         None, description="openai: the server's URL up to /v1 (http://127.0.0.1:8001/v1)."
     )
+
+    @field_validator("embedding_base_url")
+    @classmethod
+    def _embedding_url(cls, value: str | None) -> str | None:
+        """The rule of ``llm.base_url`` (:func:`http_url_problem`), checked as a setting."""
+        problem = http_url_problem(value, "embedding_base_url")
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("embedding_model")
+    @classmethod
+    def _embedding_model_named(cls, value: str | None) -> str | None:
+        """``--embedding-model ""`` meant the default to one reader and nothing to another."""
+        problem = blank_model_problem(value, "embedding_model")
+        if problem:
+            raise ValueError(problem)
+        return value
+
     embedding_api_key: str | None = Field(None, description="openai: the server's API key.")
     embedding_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="transformers: precision (auto = fp16 on CUDA, fp32 on CPU)."
@@ -564,11 +751,12 @@ class EngineConfig(BaseModel):
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> EngineConfig:
-        """Read a TOML file ([memory], [llm] tables and top-level keys) plus overrides. The
-        store key: ``overrides``' ``encryption_key``, else as :func:`config_key` resolves it
-        (``$MEMORYOS_GPU_KEY`` before the file's)."""
+        """Read a TOML file ([memory], [llm] tables and top-level keys) plus overrides, merged
+        per key within a table (:func:`merge_settings`) and strictly typed
+        (:func:`validate_file_config`). The store key: ``overrides``' ``encryption_key``,
+        else as :func:`config_key` resolves it (``$MEMORYOS_GPU_KEY`` before the file's)."""
         data = engine_data(tomllib.loads(Path(path).read_text()))
-        return cls.model_validate({**data, **overrides})
+        return validate_file_config(merge_settings(data, overrides))
 
     def resolved_device(self) -> str:
         if self.device != "auto":

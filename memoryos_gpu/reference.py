@@ -27,13 +27,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memoryos_gpu.config import (
+    LLM_DEDICATED,
+    ConfigError,
     EngineConfig,
     LLMConfig,
     MemoryConfig,
     explain_settings_error,
     preset,
 )
-from memoryos_gpu.errors import MemoryOSError
 
 __all__ = [
     "GIVEN_KEY",
@@ -62,10 +63,6 @@ _NO_LLM = {"none", "extractive"}
 _EMBEDDING_KWARGS = {"use_fp16", "device", "batch_size"}
 
 
-class ConfigError(MemoryOSError, ValueError):
-    """A reference-style setting was refused; the message names the key and why."""
-
-
 class ReferenceSettings(BaseModel):
     """The reference ``Memoryos`` arguments (= its ``config.json`` keys) with its defaults, plus
     this project's few extras (``llm_backend``, ``llm_options``, ``device``, ``preset``,
@@ -86,7 +83,9 @@ class ReferenceSettings(BaseModel):
     retrieval_queue_capacity: int = Field(7, ge=1, description="MTM pages per retrieval.")
     # ge=0 here, not only on MemoryConfig.tau: the error must name this key, not the field
     mid_term_heat_threshold: float = Field(5.0, ge=0, description="Heat that promotes a segment.")
-    mid_term_similarity_threshold: float = Field(0.6, description="Segment merge threshold.")
+    mid_term_similarity_threshold: float = Field(
+        0.6, ge=-1.0, le=2.0, description="Segment merge threshold (cos + Jaccard: -1 to 2)."
+    )
     llm_model: str | None = Field(None, description="Model name (openai: gpt-4o-mini).")
     embedding_model_name: str | None = Field("all-MiniLM-L6-v2")
     embedding_model_kwargs: dict[str, Any] | None = None
@@ -109,8 +108,10 @@ def _explain(exc: ValidationError, where: str, model: type[BaseModel]) -> Config
 
 def settings(values: Mapping[str, Any], where: str = "settings") -> ReferenceSettings:
     """Validate reference-style settings; empty strings (the reference's ``config.json`` ships
-    ``"openai_api_key": ""``) count as not given."""
-    cleaned = {k: (None if v == "" and k != "data_storage_path" else v) for k, v in values.items()}
+    ``"openai_api_key": ""``) count as not given, ``data_storage_path`` included: it then
+    takes its default, ``./memoryos_data`` (it was read as the current directory, a store
+    made wherever the server happened to start)."""
+    cleaned = {k: (None if v == "" else v) for k, v in values.items()}
     cleaned = {k: v for k, v in cleaned.items() if v is not None}
     try:
         return ReferenceSettings.model_validate(cleaned)
@@ -153,7 +154,7 @@ def engine_config(s: ReferenceSettings, **overrides: Any) -> EngineConfig:
     values: dict[str, Any] = {
         "memory": memory,
         "llm": llm_config(s),
-        "store": s.data_storage_path or ".",
+        "store": s.data_storage_path,
         "device": s.device,
         **_embedding(s),
         **overrides,
@@ -181,14 +182,23 @@ def llm_config(s: ReferenceSettings) -> LLMConfig:
         raise ConfigError(
             f"llm_backend {s.llm_backend!r} is not one of {', '.join((*BACKEND_KINDS, 'none'))}"
         )
+    given = {"model": s.llm_model, "base_url": s.openai_base_url, "api_key": s.openai_api_key}
+    keys = {"model": "llm_model", "base_url": "openai_base_url", "api_key": "openai_api_key"}
+    twice = [k for k in LLM_DEDICATED if k in s.llm_options and given[k] is not None]
+    if twice:  # which one the backend got was an accident of the code
+        raise ConfigError(
+            "; ".join(f"{keys[k]} and llm_options.{k} both give the {k}" for k in twice)
+            + ": give it once"
+        )
     if kind == "openai":
+        options = dict(s.llm_options)  # an option in place of its key stands for it
         return LLMConfig(
             mode="llm",
             backend="openai",
-            model=s.llm_model or OPENAI_DEFAULT_MODEL,
-            base_url=s.openai_base_url or OPENAI_BASE_URL,
-            api_key=s.openai_api_key,
-            options=s.llm_options,
+            model=s.llm_model or options.pop("model", None) or OPENAI_DEFAULT_MODEL,
+            base_url=s.openai_base_url or options.pop("base_url", None) or OPENAI_BASE_URL,
+            api_key=s.openai_api_key or options.pop("api_key", None),
+            options=options,
         )
     return LLMConfig(mode="llm", backend=kind, model=s.llm_model, options=s.llm_options)
 

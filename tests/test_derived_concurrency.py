@@ -275,7 +275,7 @@ def test_a_page_deleted_during_its_promotion_leaves_no_facts(kit, store_backend)
 
     gate = GatedScript(kit.Script(pages={"u two": {"continuous": True}}, promotion=facts), "x")
     store = store_backend.spec("deleted-promoted")
-    eng = build(gate, store=store, tau=1e9, theta=-10.0)  # every page joins the first segment
+    eng = build(gate, store=store, tau=1e9, theta=-1.0)  # every page joins the first segment
     one, two, three = [
         eng.add("u", f"u {n}", "ok", timestamp=i + 1.0).page_id
         for i, n in enumerate(("one", "two", "three"))

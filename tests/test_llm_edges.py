@@ -462,8 +462,8 @@ def test_engine_reports_llm_misconfiguration(tmp_path: Path, settings: dict, mes
     [
         (
             'options = {bogus = 1}\nmodel = "m"\nbase_url = "http://127.0.0.1:9"',
-            1,
-            "error: the openai backend has no option 'bogus'",
+            2,  # a setting's error: refused before the store is opened or created
+            "invalid engine configuration: the openai backend has no option 'bogus'",
         ),
         ('model = "m"', 2, "--llm-base-url / [llm] base_url is required"),
         ('model = "m"\nbase_url = "127.0.0.1:9"', 2, "must start with http://"),

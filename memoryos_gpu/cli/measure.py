@@ -18,6 +18,7 @@ from .options import (
     EngineOptions,
     UsageFailure,
     build_config,
+    check_device,
     engine_options,
     handle_errors,
     make_engine,
@@ -100,6 +101,7 @@ def bench(
     device = device or group.device or "auto"
     if device == "auto":
         device = "cuda" if ops.build_info()["cuda_usable"] else "cpu"
+    check_device(device)  # every command's rule: a usage error (exit 2), it exited 1
     _check_bench_fits(users, slots, pages_per_segment, device)
     try:
         build_s, med = _run_bench(users, slots, pages_per_segment, batch, repeat, device)

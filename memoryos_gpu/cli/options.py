@@ -287,40 +287,24 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
     overrides the resolved store path (e.g. ``":memory:"``)."""
     from pydantic import ValidationError
 
-    from memoryos_gpu.config import EngineConfig, engine_data, explain_settings_error
+    from memoryos_gpu.config import (
+        EngineConfig,
+        engine_data,
+        explain_settings_error,
+        merge_settings,
+        validate_file_config,
+    )
     from memoryos_gpu.embed.factory import check_embedder_settings
     from memoryos_gpu.store.errors import StoreError
 
     try:
         # the file's tables (its [server] table is serve's: server_settings), the preset
         data = engine_data(read_toml(o.config) if o.config else {}, o.preset)
-        llm = dict(data.get("llm") or {})
-        for key, value in (
-            ("mode", o.llm_mode),
-            ("backend", o.llm_backend),
-            ("model", o.llm_model),
-            ("base_url", o.llm_base_url),
-            ("api_key", o.llm_api_key),
-        ):
-            if value is not None:
-                llm[key] = value
-        if llm:
-            data["llm"] = llm
-        if o.device is not None:
-            data["device"] = o.device
-        embedder = embedder_choice(o.embedder)
-        for key, value in (
-            ("embedder", embedder),
-            ("embedding_model", o.embedding_model),
-            ("embedding_base_url", o.embedding_base_url),
-            ("embedding_dtype", o.embedding_dtype),
-            ("embedding_api_key", os.environ.get(ENV_EMBEDDING_API_KEY)),
-        ):
-            if value:
-                data[key] = value
+        data = merge_settings(data, _given_settings(o))
         data["store"] = store if store is not None else resolve_store(o)
-        config = EngineConfig.model_validate(data)
+        config = validate_file_config(data)  # strictly typed, as config.json
         check_embedder_settings(config)  # a missing --embedding-* is a usage error too
+        _warn_of_unused_settings(o, config)
         return config
     except ValidationError as exc:
         problems = explain_settings_error(exc, EngineConfig)  # never a value: keys are secrets
@@ -329,6 +313,76 @@ def build_config(o: EngineOptions, *, store: str | None = None) -> Any:
         raise UsageFailure(f"invalid engine configuration{_from_file(o)}: {exc}") from None
     except StoreError as exc:  # $MEMORYOS_GPU_KEY set but empty: bad configuration, as a file's
         raise UsageFailure(f"invalid engine configuration: {exc}") from None
+
+
+def _given_settings(o: EngineOptions) -> dict[str, Any]:
+    """The engine settings the flags and environment variables give, as config keys (a
+    ``[llm]`` table among them). A flag given empty is kept, for the setting's own check to
+    refuse (``--embedding-model ""`` was dropped as "not given", ``--llm-model ""`` refused);
+    an empty ``$MEMORYOS_GPU_EMBEDDING_API_KEY`` is an unset variable."""
+    llm = {
+        key: value
+        for key, value in (
+            ("mode", o.llm_mode),
+            ("backend", o.llm_backend),
+            ("model", o.llm_model),
+            ("base_url", o.llm_base_url),
+            ("api_key", o.llm_api_key),
+        )
+        if value is not None
+    }
+    given: dict[str, Any] = {"llm": llm} if llm else {}
+    for key, value in (
+        ("device", o.device),
+        ("embedder", embedder_choice(o.embedder)),
+        ("embedding_model", o.embedding_model),
+        ("embedding_base_url", o.embedding_base_url),
+        ("embedding_dtype", o.embedding_dtype),
+        ("embedding_api_key", os.environ.get(ENV_EMBEDDING_API_KEY) or None),
+    ):
+        if value is not None:
+            given[key] = value
+    return given
+
+
+#: The flags that configure an LLM backend, which nothing builds without ``--llm-mode llm``.
+_LLM_FLAGS = ("llm_backend", "llm_model", "llm_base_url")
+#: The embedding flags each embedder reads (hashing: none; the API key is a variable).
+_EMBEDDER_FLAGS = {
+    "transformers": ("embedding_model", "embedding_dtype"),
+    "onnx": ("embedding_model",),
+    "openai": ("embedding_model", "embedding_base_url"),
+    "hashing": (),
+}
+
+
+def _warn_of_unused_settings(o: EngineOptions, cfg: Any) -> None:
+    """One line on stderr for each group of flags given that the configuration makes no use
+    of: LLM flags without ``--llm-mode llm`` (``ingest --llm-backend openai ...`` ran without
+    an LLM, exit 0 and 0 LLM calls, saying nothing), and embedding flags the chosen embedder
+    does not read (``--embedder hashing --embedding-model foo``). A warning, not an error: a
+    script may pass the same flags to every command. The API key is left out (the variable
+    ``$MEMORYOS_GPU_LLM_API_KEY`` sets it for every command alike)."""
+    llm_flags = [option_flag(n) for n in _LLM_FLAGS if getattr(o, n) is not None]
+    if llm_flags and cfg.llm.mode != "llm":
+        _warn(f"{', '.join(llm_flags)} have no effect without --llm-mode llm (no LLM is used)")
+    read = _EMBEDDER_FLAGS.get(cfg.embedder, ())
+    unread = [
+        option_flag(n)
+        for n in ("embedding_model", "embedding_base_url", "embedding_dtype")
+        if getattr(o, n) is not None and n not in read
+    ]
+    if unread:
+        _warn(f"{', '.join(unread)} have no effect with the {cfg.embedder} embedder")
+
+
+_warned: set[str] = set()  # each warning once per process (a command may build twice)
+
+
+def _warn(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        click.echo(f"warning: {message}", err=True)
 
 
 def check_engine_settings(cfg: Any, *, llm: bool = True, device: bool = True) -> None:
@@ -342,10 +396,37 @@ def check_engine_settings(cfg: Any, *, llm: bool = True, device: bool = True) ->
     problem = llm_settings_problem(cfg.llm) if llm and cfg.llm.mode == "llm" else None
     if problem:
         raise UsageFailure(f"invalid engine configuration: {problem}")
-    if device and str(cfg.device).startswith("cuda") and not _cuda_seen():
-        raise UsageFailure(
-            f"--device {cfg.device}: torch sees no CUDA device here; use --device auto or cpu"
+    if device:
+        check_device(str(cfg.device))
+
+
+def check_device(device: str) -> None:
+    """Refuse, as a usage error (exit 2), a CUDA device torch does not see here: the rule of
+    every command that runs the arena, ``bench`` among them (it exited 1)."""
+    problem = device_problem(device)
+    if problem:
+        raise UsageFailure(f"--device {device}: {problem}; use --device auto or cpu")
+
+
+def device_problem(device: str) -> str | None:
+    """Why the arena cannot run on ``device`` here (a CUDA device torch does not see), else
+    None: the one rule of the CLI's ``--device`` and the MCP server's settings."""
+    if device.startswith("cuda") and not _cuda_seen():
+        return "torch sees no CUDA device here"
+    return None
+
+
+def listen_host_problem(host: str) -> str | None:
+    """Why ``host`` cannot be a server's ``--host``, else None. An empty or blank one (say
+    ``--host "$HOST"`` with the variable unset) made uvicorn listen on every interface, open to
+    the network, where the default listens on this machine only; every interface must be
+    asked for by name."""
+    if not host.strip():
+        return (
+            "an empty --host would listen on every interface; give --host 0.0.0.0 (or ::) to "
+            "mean that, or leave --host out for 127.0.0.1"
         )
+    return None
 
 
 def _cuda_seen() -> bool:
@@ -431,6 +512,22 @@ def make_engine(cfg: Any, *, hold_pending: bool = False, llm: bool | None = None
     return MemoryEngine(cfg, hold_pending=hold_pending)
 
 
+def _setting_errors() -> tuple[type[Exception], ...]:
+    """The error types that mean "a setting is wrong" wherever they are raised: the engine's
+    refusal of a setting only the store shows wrong (``config.ConfigError``: an
+    ``mtm_capacity`` below the store's segment slots), an LLM backend that cannot be built
+    from its options (``LLMConfigError``: ``[llm] options = {temprature = 0.5}``) and an
+    embedder missing a setting (``EmbedderConfigError``). Why mapped to exit 2: docs/cli.md
+    lists a bad config as a usage error; they are raised before the store is created or
+    changed. Imported only when an error is being reported (``bench`` imports no model
+    code)."""
+    from memoryos_gpu.config import ConfigError
+    from memoryos_gpu.embed.base import EmbedderConfigError
+    from memoryos_gpu.llm.base import LLMConfigError
+
+    return (ConfigError, LLMConfigError, EmbedderConfigError)
+
+
 def handle_errors(fn: Callable) -> Callable:
     """Turn the package's exceptions into ``error: ...`` messages and exit codes."""
 
@@ -448,6 +545,9 @@ def handle_errors(fn: Callable) -> Callable:
         except UnknownUserError as exc:
             raise CLIError(str(exc)) from None
         except MemoryOSError as exc:
+            if isinstance(exc, _setting_errors()):  # a setting the engine refused: exit 2
+                message = f"invalid engine configuration: {_printable(str(exc))}"
+                raise UsageFailure(message) from None
             raise CLIError(str(exc)) from None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
             raise CLIError(str(exc)) from None

@@ -108,30 +108,28 @@ class MemoryEngine:
         self.config = config or EngineConfig()  # first: the construction hooks read it
         self._hold_pending = hold_pending  # before the open, which resumes owed work
         self._mode_checked = False  # _warn_of_another_mode, once
+        # every part a setting can refuse is built before the store is opened: a refusal
+        # after it left a new, empty store behind, bound to this run's embedding model (the
+        # corrected command was then refused: "store was built with embedding model ...")
         embedder = embedder or self._make_embedder()
-        store = self._open_store(self.config)
+        arena = self._make_arena(embedder.dim)  # the device: --device cuda without a GPU
+        built_llm = None if llm is not None else self._llm_of_mode()
         try:
-            self._assemble(store, embedder, llm)
+            store = self._open_store(self.config)
+        except BaseException:
+            self._close_built(built_llm)
+            raise
+        try:
+            self._assemble(store, embedder, arena, llm if llm is not None else built_llm)
         except BaseException:
             store.close()  # a failed open gives the store (and its writer claim) back
+            self._close_built(built_llm)
             raise
 
-    def _assemble(self, store: SQLiteStore, embedder: Any, llm: Any) -> None:
+    def _assemble(self, store: SQLiteStore, embedder: Any, arena: Arena, llm: Any) -> None:
         """Build the parts on the open ``store`` and load it (the rest of construction)."""
         m = self.config.memory
         store.check_embedding_model(embedder.model_id, embedder.dim)
-        if self.config.cpu_threads is not None:
-            ops.set_cpu_threads(self.config.cpu_threads)
-        arena = Arena(
-            ArenaConfig(
-                dim=embedder.dim,
-                segment_slots=m.mtm_capacity,
-                keyword_width=m.keyword_width,
-                knowledge_capacity=m.knowledge_capacity,
-                device=self.config.resolved_device(),
-                gpu_dtype=self.config.gpu_dtype,
-            )
-        )
         extractor, vocabulary = KeywordExtractor(), UserVocabulary()
         extractive = ExtractiveStages(
             extractor,
@@ -142,7 +140,6 @@ class MemoryEngine:
         self.llm = llm
         stages: ExtractiveStages | LLMStages = extractive
         if self.config.llm.mode == "llm":
-            self.llm = llm or self._make_llm()
             c = self.config.llm
             stages = LLMStages(
                 self.llm,
@@ -180,6 +177,42 @@ class MemoryEngine:
 
         return make_embedder(self.config)
 
+    def _make_arena(self, dim: int) -> Arena:
+        """The arena of ``config`` for embeddings of ``dim`` (and the CPU kernels' threads),
+        before the store is opened: it is where an unusable ``device`` (CUDA that torch does
+        not see) is refused."""
+        m = self.config.memory
+        if self.config.cpu_threads is not None:
+            ops.set_cpu_threads(self.config.cpu_threads)
+        return Arena(
+            ArenaConfig(
+                dim=dim,
+                segment_slots=m.mtm_capacity,
+                keyword_width=m.keyword_width,
+                knowledge_capacity=m.knowledge_capacity,
+                device=self.config.resolved_device(),
+                gpu_dtype=self.config.gpu_dtype,
+            )
+        )
+
+    def _llm_of_mode(self) -> Any:
+        """The LLM backend this engine builds (:meth:`_make_llm`) in LLM mode, else None:
+        built before the store is opened, so that a backend its settings cannot build (an
+        option it does not take, a model file or package that is missing) leaves no store."""
+        return self._make_llm() if self.config.llm.mode == "llm" else None
+
+    @staticmethod
+    def _close_built(llm: Any) -> None:
+        """Close a backend this engine built for an open that then failed (a loaded local
+        model holds GPU memory; an HTTP backend, its connections); errors closing it would
+        hide the open's own, so they are logged."""
+        if llm is None:
+            return
+        try:
+            llm.close()
+        except Exception as exc:  # the open's error is the one to raise
+            log.warning("closing the LLM backend of a failed open: %s: %s", type(exc).__name__, exc)
+
     def _make_llm(self) -> Any:
         """The LLM backend ``config.llm`` names (LLM mode, when none was passed); a setting
         the backend cannot be built from raises ``LLMConfigError`` naming it as the user
@@ -192,14 +225,12 @@ class MemoryEngine:
         problem = llm_settings_problem(c)  # the CLI checks the same rule before the open
         if problem:
             raise LLMConfigError(problem)
-        options = dict(c.options)
-        if c.model:
-            options["model"] = c.model
+        # a dedicated setting wins over the same option (flag > env > file: the CLI puts a
+        # flag in the option's place, and LLMConfig refuses a file giving both)
+        dedicated = {"model": c.model}
         if c.backend == "openai":
-            if c.base_url:
-                options.setdefault("base_url", c.base_url)
-            if c.api_key:
-                options.setdefault("api_key", c.api_key)
+            dedicated.update(base_url=c.base_url, api_key=c.api_key)
+        options = {**c.options, **{k: v for k, v in dedicated.items() if v}}
         return make_backend(c.backend, **options)
 
     def _open_store(self, config: EngineConfig) -> SQLiteStore:
@@ -354,21 +385,33 @@ class MemoryEngine:
         except EngineClosedError:
             log.debug("engine closed during the derived work of an add; it stays pending")
         except Exception as exc:
-            with self._lock:
-                c = self.counters
-                c["derived_failures"] += 1
-                if isinstance(exc, StoreError):
-                    c["derived_store_failures"] = c.get("derived_store_failures", 0) + 1
-                if isinstance(exc, StoreFullError):
-                    c["derived_disk_full"] = c.get("derived_disk_full", 0) + 1
-                if isinstance(exc, LLMBackendError):
-                    c["derived_llm_failures"] = c.get("derived_llm_failures", 0) + 1
+            self.count_derived_failure(exc)
             log.warning(
                 "derived work failed; it stays pending and is retried by the next "
                 "process_pending: %s: %s",
                 type(exc).__name__,
                 exc,
             )
+
+    def count_derived_failure(self, exc: BaseException) -> None:
+        """Count one failed derived round in :attr:`counters`: ``derived_failures``, and of
+        them ``derived_store_failures`` (the store failed), ``derived_disk_full`` (a full
+        disk) and ``derived_llm_failures`` (the LLM could not be used: ``LLMBackendError``).
+
+        Why a method of its own: derived work fails in the engine's own :meth:`_process_owed`
+        and in the rounds a caller drives (the server's derived-work thread), and both must
+        show in the same counters (``stats()``, the server's ``/metrics`` and ``/v1/stats``);
+        a failure counted in one place only left the server's reporting 0 while its log said
+        every round failed."""
+        with self._lock:
+            c = self.counters
+            c["derived_failures"] += 1
+            if isinstance(exc, StoreError):
+                c["derived_store_failures"] = c.get("derived_store_failures", 0) + 1
+            if isinstance(exc, StoreFullError):
+                c["derived_disk_full"] = c.get("derived_disk_full", 0) + 1
+            if isinstance(exc, LLMBackendError):
+                c["derived_llm_failures"] = c.get("derived_llm_failures", 0) + 1
 
     def _accept_durably(
         self, items: list[PageInput], prepared: Prepared | None = None

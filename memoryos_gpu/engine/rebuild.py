@@ -20,10 +20,11 @@ from collections.abc import Iterator
 import numpy as np
 
 from memoryos_gpu import ops
+from memoryos_gpu.config import ConfigError
 from memoryos_gpu.host_memory import return_free_memory
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
 from memoryos_gpu.store.errors import StoreError
-from memoryos_gpu.store.reads import LOAD_CHUNK
+from memoryos_gpu.store.reads import LOAD_CHUNK, ArenaExtent
 from memoryos_gpu.text.keywords import KeywordExtractor
 
 from .page_text import page_terms_of
@@ -42,9 +43,10 @@ class Rebuild:
         ``process_pending``, which a shard engine may hold back; a failure of that work leaves
         it pending and the store open: ``_process_owed``)."""
         s = self._s
+        extent = self._extent()  # checked before anything is written to the store
         return_free_memory()
         self._backfill_terms()
-        self._load()
+        self._load(extent)
         self._refit_extractor()
         return_free_memory()
         if s.store.count_pending():
@@ -61,13 +63,40 @@ class Rebuild:
             self._load()
         return_free_memory()
 
-    def _load(self) -> None:
-        """Users, segments, pages, knowledge, views, profiles and heat, from the store into an
-        empty state."""
+    def _extent(self) -> ArenaExtent:
+        """The arena the store's rows need, refused when this engine's ``mtm_capacity`` has
+        fewer segment slots than the store uses (:class:`ConfigError`, naming the setting,
+        the value the store needs and how to give it).
+
+        Why refused, not evicted down to the new capacity: eviction is derived work with its
+        own rule (heat or visits) and writes (the evicted pages leave MTM for good, facts keep
+        their provenance), and an open runs for reads too (``retrieve``, ``stats``): a
+        smaller capacity given by mistake (the default preset on a store built with
+        ``reference``'s 2,000) would have deleted memory silently. The slots above it failed
+        the load with an error naming nothing ("segment slot out of range")."""
         s = self._s
+        extent = s.store.arena_extent(s.arena.config.block_size, s.memory.knowledge_capacity)
+        have = s.memory.mtm_capacity
+        if extent.segment_width > have:
+            need = extent.segment_width
+            raise ConfigError(
+                f"mtm_capacity {have} is too small for this store: it holds segments in slots "
+                f"up to {need - 1} (it was built with a larger mtm_capacity), so it needs "
+                f"mtm_capacity >= {need}. Open it with its own settings: --preset reference "
+                f"(mtm_capacity 2000) if it was built with that preset, else [memory] "
+                f"mtm_capacity = {need} (or more) in the config file "
+                f"(Python: MemoryConfig(mtm_capacity={need}))"
+            )
+        return extent
+
+    def _load(self, extent: ArenaExtent | None = None) -> None:
+        """Users, segments, pages, knowledge, views, profiles and heat, from the store into an
+        empty state; ``extent``: the store's, from :meth:`_extent` (read now when not given:
+        the open reads it once, before anything is written)."""
+        s = self._s
+        extent = self._extent() if extent is None else extent
         users = s.store.all_users()
         assistants = s.store.all_assistants()
-        extent = s.store.arena_extent(s.arena.config.block_size, s.memory.knowledge_capacity)
         s.arena.reserve(
             users=len(users),
             owners=len(users) + len(assistants),
