@@ -33,6 +33,7 @@ import numpy as np
 
 from memoryos_gpu import prompts
 from memoryos_gpu.llm.base import ChatRequest, LLMBackend
+from memoryos_gpu.log_setup import LogThrottle
 from memoryos_gpu.text.keywords import (
     KeywordExtractor,
 )
@@ -314,6 +315,7 @@ class LLMStages:
         self.temperature = temperature
         self.batch_size = batch_size
         self.stats = fallback.stats  # one ledger for both
+        self._fallback_log = LogThrottle()  # a fallback per wave while the LLM is down
 
     # ------------------------------------------------------------------ plumbing
     def _generate(self, stage: str, built: Sequence[tuple[list[dict], dict | None]]) -> list[Any]:
@@ -359,7 +361,11 @@ class LLMStages:
         if not n:
             return
         self.stats.add_fallbacks(stage, n)
-        log.warning(
+        # once per wave while the LLM is down: throttled per stage (the counters stay exact)
+        self._fallback_log.log(
+            log,
+            stage,
+            logging.WARNING,
             "LLM stage %r: %d item(s) stored with the extractive fallback "
             "(mode 'llm-fallback', not redone): %s",
             stage,

@@ -9,6 +9,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from memoryos_gpu.log_setup import LOG_LEVELS
+
 from .options import (
     EXIT_USAGE,
     CLIError,
@@ -18,6 +20,7 @@ from .options import (
     check_engine_settings,
     engine_options,
     handle_errors,
+    listen_host_problem,
     option_flag,
     options_of,
     quiet_model_loading,
@@ -35,7 +38,13 @@ from .stores import (
 
 
 @click.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    callback=lambda ctx, param, value: _checked_host(value),
+    help="The address to listen on (0.0.0.0 or :: for every interface; never empty).",
+)
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option(
     "--api-keys",
@@ -71,6 +80,14 @@ from .stores import (
     "(one store each, STORE/shard-I as `ingest --workers` writes, or one PostgreSQL "
     "database) [default: the store's shard count, else 1].",
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="Logging level on stderr, for every process of the server (workers, engine "
+    "processes); HTTP-client request lines (httpx) show at DEBUG only, passwords masked.",
+)
 @engine_options
 @click.pass_context
 @handle_errors
@@ -83,6 +100,7 @@ def serve(
     shards: int | None,
     workers: int | None,
     engines: int | None,
+    log_level: str,
     **kwargs: Any,
 ) -> None:
     """Serve the HTTP API (memoryos_gpu.server) over the store until Ctrl-C or SIGTERM
@@ -105,7 +123,7 @@ def serve(
             raise UsageFailure(
                 "--workers and --engines are for the single-box server; --ray has its own router"
             )
-        _serve_ray(o, host, port, api_keys, shards)
+        _serve_ray(o, host, port, api_keys, shards, log_level)
         return
     try:
         from memoryos_gpu.server.app import run
@@ -139,6 +157,7 @@ def serve(
         "api_keys": api_keys,
         "config": cfg,
         "workers": workers,
+        "log_level": log_level,
         **({"engines": engines} if engines > 1 else {}),
         **settings,
     }
@@ -154,6 +173,15 @@ def serve(
         raise CLIError(str(exc)) from None
     except ShutdownError as exc:  # stopped, but not cleanly: never the exit 0 of a clean stop
         raise CLIError(str(exc)) from None
+
+
+def _checked_host(host: str) -> str:
+    """``--host``, refused as a usage error when empty or blank
+    (:func:`~memoryos_gpu.cli.options.listen_host_problem`)."""
+    problem = listen_host_problem(host)
+    if problem:
+        raise click.BadParameter(problem, param_hint="'--host'")
+    return host
 
 
 def _warn_if_new(store: str) -> None:
@@ -186,10 +214,19 @@ def _layout_shards(store: str, engines: int | None) -> int:
 
 
 def _serve_ray(
-    o: EngineOptions, host: str, port: int, api_keys: str | None, shards: int | None
+    o: EngineOptions,
+    host: str,
+    port: int,
+    api_keys: str | None,
+    shards: int | None,
+    log_level: str,
 ) -> None:
-    """``serve --ray``: memoryos_gpu.distributed.ray_serve on Ray Serve until Ctrl-C."""
+    """``serve --ray``: memoryos_gpu.distributed.ray_serve on Ray Serve until Ctrl-C. The
+    driver's log gets the servers' setup; the replicas log as Ray configures them."""
     from memoryos_gpu.distributed.ray_common import RayUnavailableError
+    from memoryos_gpu.log_setup import setup_logging
+
+    setup_logging(log_level)
 
     store = resolve_store(o)
     cfg = build_config(o, store=store)

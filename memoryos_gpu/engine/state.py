@@ -176,7 +176,7 @@ class EngineState:
             "segments_created": 0,
             "segments_evicted": 0,
             "promotions": 0,
-            "derived_failures": 0,  # inline derived work after an add that failed (left pending)
+            "derived_failures": 0,  # failed derived rounds (left pending): inline or a server's
         }
 
     def _empty(self) -> None:

@@ -174,6 +174,19 @@ class BackendStats:
                 stage = req.stage or ""
                 self.by_stage[stage] = self.by_stage.get(stage, 0) + 1
 
+    def record_failed_batch(self, requests: Sequence[ChatRequest]) -> None:
+        """Account a batch that failed as a whole (``generate`` raised: the server
+        unreachable, failing every request, the breaker open): its requests count as calls and
+        errors. Why: a backend whose every batch failed otherwise reported no calls and no
+        errors at all, so its outage showed nowhere but the log."""
+        with self._lock:
+            self.batches += 1
+            self.calls += len(requests)
+            self.errors += len(requests)
+            for req in requests:
+                stage = req.stage or ""
+                self.by_stage[stage] = self.by_stage.get(stage, 0) + 1
+
     def as_dict(self) -> dict[str, Any]:
         with self._lock:
             d: dict[str, Any] = {k: getattr(self, k) for k in _STAT_FIELDS}
@@ -203,7 +216,11 @@ class LLMBackend(abc.ABC):
         reqs = _check_requests(requests)
         if not reqs:
             return []
-        results = self._generate_batch(reqs)
+        try:
+            results = self._generate_batch(reqs)
+        except Exception:
+            self.stats.record_failed_batch(reqs)
+            raise
         if len(results) != len(reqs):  # a backend bug, not a bad output
             raise LLMBackendError(
                 f"{self.name}: backend returned {len(results)} results for {len(reqs)} requests"

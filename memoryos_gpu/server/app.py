@@ -17,9 +17,11 @@ tenant, user ids stored as given.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import os
+import time
 import tomllib
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
@@ -30,9 +32,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from memoryos_gpu.config import EngineConfig, server_table
+from memoryos_gpu.log_setup import announce_loaded, setup_logging, uvicorn_logging
 from memoryos_gpu.server import models as m
 from memoryos_gpu.server.auth import KeyLimits, KeyRing, load_api_keys
 from memoryos_gpu.server.edge import Edge, ErrorMapper
+from memoryos_gpu.server.header_timeout import header_timeout_protocol
 from memoryos_gpu.server.mem0_routes import add_mem0_routes
 from memoryos_gpu.server.memory_routes import add_memory_routes
 from memoryos_gpu.server.metrics import ServerMetrics
@@ -154,10 +158,14 @@ def create_app(
                 len(keyring),
                 len(keyring.tenants),
             )
+        started = time.monotonic()
         await service.start(wait=False)
+        # the one startup line saying what was loaded, once the background load is done
+        announcing = asyncio.get_running_loop().create_task(announce_loaded(service, log, started))
         try:
             yield
         finally:
+            announcing.cancel()
             try:
                 await service.close()
                 metrics.close()
@@ -371,10 +379,7 @@ def run(
     # The CPU kernels' OpenMP regions spin-wait by default; on a small, busy box that costs a
     # scheduler quantum per call. Passive waiting must be set before the runtime loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(log_level)
     if api_keys is not None and api_keys_file is not None:
         raise ValueError("give api_keys or api_keys_file, not both")
     # first, before any engine work: a configured source without keys refuses to start (never
@@ -417,9 +422,10 @@ def run(
                 app,
                 host=host,
                 port=int(port),
-                log_level=log_level.lower(),
+                **uvicorn_logging(log_level),
                 timeout_graceful_shutdown=graceful_timeout_s,
                 h11_max_incomplete_event_size=settings.max_header_bytes,  # h11's header cap
+                http=header_timeout_protocol(settings.header_timeout_s),
             )
     except SystemExit as exc:  # uvicorn's "did not start" (exit 3, the CLI's ingest rejects)
         if exc.code != uvicorn.config.STARTUP_FAILURE:

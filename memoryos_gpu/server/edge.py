@@ -23,6 +23,7 @@ from starlette.routing import BaseRoute, Match
 
 from memoryos_gpu.embed.base import EmbeddingError
 from memoryos_gpu.errors import MemoryOSError, UnknownItemError, UnknownUserError
+from memoryos_gpu.log_setup import LogThrottle
 from memoryos_gpu.server.auth import KeyLimits, KeyRing, Principal, RateLimiter, Refusal
 from memoryos_gpu.server.batching import Overloaded, Unavailable
 from memoryos_gpu.server.bodies import parse_body
@@ -92,6 +93,9 @@ class ErrorMapper:
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
+        # a failure that persists (a full disk, the store or the embedder down) fails every
+        # request the same way: one line a minute says so, the counters keep the numbers
+        self._log = LogThrottle()
 
     def __call__(self, exc: Exception, tenancy: Scope | None) -> Response | None:
         """The response for ``exc``, or None for an exception no handler maps (a bug: the
@@ -118,7 +122,8 @@ class ErrorMapper:
             self.metrics.rejected.labels(reason).inc()
             return error_response(status, reason, str(exc), {"Retry-After": str(exc.retry_after)})
         if isinstance(exc, StoreUnavailableError):  # PostgreSQL down, restarting, cut off
-            log.warning("%s", exc)  # the operator's: names the store, password masked
+            # the operator's: names the store, password masked
+            self._log.log(log, "store_unavailable", logging.WARNING, "%s", exc)
             self.metrics.rejected.labels("unavailable").inc()
             return error_response(
                 503,
@@ -128,7 +133,8 @@ class ErrorMapper:
                 {"Retry-After": str(self.STORE_RETRY_AFTER)},
             )
         if isinstance(exc, EmbeddingError):  # the embedding server down or answering badly
-            log.warning("the embedder cannot be used: %s", exc)  # URL shown password-masked
+            # URL shown password-masked
+            self._log.log(log, "embedder", logging.WARNING, "the embedder cannot be used: %s", exc)
             self.metrics.rejected.labels("unavailable").inc()
             return error_response(
                 503,
@@ -141,7 +147,8 @@ class ErrorMapper:
             log.error("write failed part way: %s", exc)
             return error_response(500, "partially_committed", _said(exc, tenancy))
         if isinstance(exc, StoreFullError):  # the operator's problem: the log says where
-            log.error("%s", exc)
+            self._log.log(log, "store_full", logging.ERROR, "%s", exc)
+            self.metrics.rejected.labels("store_full").inc()
             return error_response(
                 507,
                 "insufficient_storage",

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ import zmq
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.distributed.ray_common import BoxedError
+from memoryos_gpu.log_setup import announce_loaded, setup_logging
 from memoryos_gpu.server.batching import Unavailable
 from memoryos_gpu.server.ipc import LoopSocket, dump, load
 from memoryos_gpu.server.scope import with_known
@@ -59,10 +61,8 @@ def serve_engine(spec: dict[str, Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the store's writer lock records the command line: the server's, not multiprocessing's
     sys.argv = list(spec.get("argv") or sys.argv)
-    logging.basicConfig(
-        level=getattr(logging, str(spec.get("log_level", "info")).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",
-    )
+    shard = spec.get("shard")
+    setup_logging(spec.get("log_level", "info"), tag=f"engine {shard[0]}" if shard else "engine")
     try:
         import uvloop
 
@@ -83,9 +83,12 @@ async def _serve(spec: dict[str, Any]) -> None:
     )
     ctx = zmq.Context()
     server = EngineServer(service, ctx, spec["address"])
+    started = time.monotonic()
     await service.start(wait=False)  # answers "starting" while the store loads
+    announcing = asyncio.get_running_loop().create_task(announce_loaded(service, log, started))
     server.sock.start()
     await stop.wait()
+    announcing.cancel()
     log.info("engine process: draining the queues and finishing derived work")
     server.refuse_new(service.settings.retry_after_s)  # those admitted are still answered
     await service.close()
@@ -281,6 +284,7 @@ class EngineServer:
             "batching": s.batch_stats(),
             "depths": s.queue_depths(),
             "derived_runs": s._derived_runs,
+            "health": s.health(),
         }
         engine = s.engine
         if engine is None or not s.ready:

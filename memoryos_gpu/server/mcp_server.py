@@ -52,13 +52,16 @@ from memoryos_gpu.cli.options import (
     ENV_EMBEDDER,
     EXIT_USAGE,
     UsageFailure,
+    device_problem,
     embedder_choice,
     flag_or_env_store,
+    listen_host_problem,
     quiet_model_loading,
 )
 from memoryos_gpu.config import EngineConfig, explain_settings_error, llm_settings_problem
 from memoryos_gpu.embed.factory import EMBEDDER_KINDS
 from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.log_setup import LOG_LEVELS, setup_logging, uvicorn_logging
 from memoryos_gpu.reference import (
     ConfigError,
     ReferenceSettings,
@@ -69,6 +72,7 @@ from memoryos_gpu.reference import (
     stamp,
     user_meta,
 )
+from memoryos_gpu.server.header_timeout import header_timeout_protocol
 from memoryos_gpu.server.memory_routes import check_meta
 from memoryos_gpu.server.scope import ApiError, user_id_problem
 from memoryos_gpu.server.service import MemoryService, Overloaded, Unavailable
@@ -505,6 +509,15 @@ def build_mcp(
 
 
 # ====================================================================== CLI
+def _host(text: str) -> str:
+    """``--host``, refused when empty or blank
+    (:func:`~memoryos_gpu.cli.options.listen_host_problem`)."""
+    problem = listen_host_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def _port(text: str) -> int:
     """A TCP port, 1 to 65535 (``memoryos-gpu serve --port``'s range): the OS would take
     99999 as 99999 mod 65536, so the server would listen where the URL it prints is not."""
@@ -555,7 +568,7 @@ def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.
         choices=["stdio", "streamable-http", "http"],
         help="stdio (default) or streamable HTTP.",
     )
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", type=_host, default="127.0.0.1")
     p.add_argument("--port", type=_port, default=8765, help="1 to 65535 [default: 8765].")
     p.add_argument("--path", default="/mcp", help="Streamable HTTP endpoint path.")
     p.add_argument(
@@ -592,10 +605,6 @@ def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.
         help="Logging level on stderr [default: WARNING].",
     )
     return p
-
-
-#: The levels ``--log-level`` takes (any case): a misspelt one was taken for WARNING, silently.
-LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
 
 def _is_json(path: str) -> bool:
@@ -644,6 +653,9 @@ def _checked(cfg: EngineConfig) -> EngineConfig:
     problem = llm_settings_problem(cfg.llm) if cfg.llm.mode == "llm" else None
     if problem:
         raise ConfigError(problem)
+    problem = device_problem(cfg.device)
+    if problem:
+        raise ConfigError(f"device {cfg.device!r}: {problem}; use auto or cpu")
     return cfg
 
 
@@ -697,11 +709,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = (_parser(prog) if prog else _parser()).parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before the OpenMP runtime loads
     quiet_model_loading()  # no progress bar in the client's log of this server's stderr
-    logging.basicConfig(  # stderr only: stdout carries the stdio protocol
-        stream=sys.stderr,
-        level=getattr(logging, args.log_level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(args.log_level)  # stderr only: stdout carries the stdio protocol
     try:
         config, ref = _config(args)
         user = _default_user(args, ref)
@@ -870,7 +878,13 @@ def _serve_http(service: MemoryService, mcp: Any, args: argparse.Namespace) -> N
         stateless=args.stateless,
         json_response=args.json_response,
     )
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        **uvicorn_logging(args.log_level),
+        http=header_timeout_protocol(ServerSettings().header_timeout_s),
+    )
     server = _announcing(
         config, f"memoryos-gpu MCP server on http://{args.host}:{args.port}{args.path}"
     )

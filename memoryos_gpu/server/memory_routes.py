@@ -20,6 +20,7 @@ from fastapi.responses import Response
 from memoryos_gpu.engine.validation import MAX_META_BYTES
 from memoryos_gpu.llm.base import LLMBackendError
 from memoryos_gpu.llm.breaker import DEFAULT_COOLDOWN_S
+from memoryos_gpu.log_setup import LogThrottle
 from memoryos_gpu.server import models as m
 from memoryos_gpu.server.batching import Unavailable
 from memoryos_gpu.server.bodies import parse_body
@@ -43,6 +44,8 @@ from memoryos_gpu.types import PageInput
 __all__ = ["BLANK_PAGE", "add_memory_routes", "check_meta"]
 
 log = logging.getLogger("memoryos_gpu.server")
+#: The LLM's failures as respond meets them, one line per request otherwise (LogThrottle).
+LLM_LOG = LogThrottle()
 #: Seconds a client is told to wait when the LLM server cannot be used and the error does not
 #: say for how long: an HTTP LLM backend's circuit breaker (by default) fails every call at
 #: once for this long after it opened.
@@ -99,7 +102,10 @@ def _llm_outage(exc: LLMBackendError) -> Unavailable:
     503 ``unavailable`` with Retry-After, as for any part of the server that cannot serve now,
     since the same call may succeed once it is back; one log line for the operator and no
     traceback (nothing in this server failed)."""
-    log.warning("respond: the LLM cannot be used: %s", exc)
+    # once per request while the LLM is down: throttled (the 503s are counted in /metrics)
+    LLM_LOG.log(
+        log, "respond-llm-down", logging.WARNING, "respond: the LLM cannot be used: %s", exc
+    )
     return Unavailable(
         f"the LLM cannot be used now; nothing was remembered: {exc}", _llm_retry_after(exc)
     )
@@ -279,7 +285,13 @@ def add_memory_routes(
         except LLMBackendError as exc:
             raise _llm_outage(exc) from None
         if r.error is not None:  # a gateway's answer: the upstream (the LLM) failed
-            log.warning("respond: no usable answer from the LLM: %s", r.error)
+            LLM_LOG.log(
+                log,
+                "respond-llm-error",
+                logging.WARNING,
+                "respond: no usable answer from the LLM: %s",
+                r.error,
+            )
             raise ApiError(
                 502, "llm_error", f"no usable answer from the LLM (nothing remembered): {r.error}"
             )

@@ -6,19 +6,28 @@ the engine process); the sampled gauges (queue depth, pending work, engine count
 engine process's, read at scrape time.
 
 * ``memoryos_http_request_duration_seconds{method,route,status}``: request latency.
-* ``memoryos_batch_size{queue}``: items per engine call of each queue (retrieve, write, respond).
+* ``memoryos_batch_size{queue}``: items per engine call of each queue (retrieve, write,
+  respond, derived).
 * ``memoryos_engine_call_seconds{op}``: wall time of engine calls (retrieve_many, add_many,
   respond_many, process_pending).
-* ``memoryos_kernel_seconds{kernel}``: time inside the native kernel entry points
-  (``memoryos_gpu.ops``: score_segments, select_pages, knowledge_topk, match_segments,
-  recompute_heat, apply_hits).
-* ``memoryos_queue_depth{queue}``: admitted, unanswered items per queue (sampled at scrape).
+* ``memoryos_kernel_seconds{kernel}``: time inside the native kernel entry points the engine
+  calls while serving (:data:`KERNELS`: retrieve, the fused retrieval pass, once a retrieval
+  batch; knowledge_topk; match_segments; recompute_heat).
+* ``memoryos_queue_depth{queue,shard}``: admitted, unanswered items per queue (sampled at
+  scrape; ``shard`` is the engine process's index under ``--engines K``, empty otherwise).
 * ``memoryos_pending_derived``: derived items (chain, MTM placement, promotion) still owed.
 * ``memoryos_llm_calls_total``, ``memoryos_llm_tokens_total{kind}``,
-  ``memoryos_llm_fallbacks_total``: LLM work of the engine's stages.
-* ``memoryos_engine_events_total{event}``: the engine's counters (pages added, retrievals, ...).
+  ``memoryos_llm_fallbacks_total``: LLM work of the engine's stages (answered batches).
+* ``memoryos_llm_backend_events_total{event}``: the LLM backend's own counts (requests,
+  batches, retries, errors, invalid_json, repaired_json), failed batches included.
+* ``memoryos_llm_breaker_state{state}``: 1 for the HTTP LLM backend's circuit breaker state
+  (closed, open, half_open), 0 for the others.
+* ``memoryos_degraded{state,shard}``: 1 while the server serves degraded (store_full,
+  llm_unavailable; :meth:`MemoryService.health`), else 0.
+* ``memoryos_engine_events_total{event}``: the engine's counters (pages added, retrievals,
+  derived_failures, ...).
 * ``memoryos_rejected_total{reason}``: requests refused (auth, rate_limit, overload, too_large,
-  body_timeout, client_disconnect).
+  body_timeout, client_disconnect, store_full).
 """
 
 from __future__ import annotations
@@ -50,14 +59,29 @@ LATENCY_BUCKETS = (
     10.0,
 )
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-KERNELS = (
-    "score_segments",
-    "select_pages",
-    "knowledge_topk",
-    "match_segments",
-    "recompute_heat",
-    "apply_hits",
+#: The native entry points timed, as (module, function): the ones the engine calls while it
+#: serves, looked up on their module at call time, so wrapping the module's attribute times
+#: every call. The label is the function's name; ``retrieve`` is the fused retrieval pass (one
+#: call a retrieval batch). Entry points only the ``measure`` command calls (score_segments,
+#: select_pages, apply_hits) are left out: their series would never appear.
+KERNELS: tuple[tuple[str, str], ...] = (
+    ("memoryos_gpu.ops.retrieval", "retrieve"),
+    ("memoryos_gpu.ops", "knowledge_topk"),
+    ("memoryos_gpu.ops", "match_segments"),
+    ("memoryos_gpu.ops", "recompute_heat"),
 )
+#: The states of ``memoryos_degraded``, each exported 0 or 1 (an alert needs the 0 too).
+DEGRADED_STATES = ("store_full", "llm_unavailable")
+#: The LLM backend's counters exported, as (BackendStats field, event label).
+LLM_BACKEND_EVENTS = (
+    ("calls", "requests"),
+    ("batches", "batches"),
+    ("retries", "retries"),
+    ("errors", "errors"),
+    ("invalid_json", "invalid_json"),
+    ("repaired_json", "repaired_json"),
+)
+BREAKER_STATES = ("closed", "open", "half_open")
 
 # ---------------------------------------------------------------- kernel timing hook
 _kernel_observers: list[Callable[[str, float], None]] = []
@@ -66,15 +90,16 @@ _kernels_wrapped = False
 
 
 def _wrap_kernels() -> None:
-    """Wrap the ``memoryos_gpu.ops`` entry points once per process with a timer that feeds every
-    registered observer (the engine looks them up as ``ops.<name>`` at call time)."""
+    """Wrap the :data:`KERNELS` entry points once per process with a timer that feeds every
+    registered observer (the engine looks them up on their module at call time)."""
     global _kernels_wrapped
     with _kernel_lock:
         if _kernels_wrapped:
             return
-        from memoryos_gpu import ops
+        import importlib
 
-        for name in KERNELS:
+        for module_name, name in KERNELS:
+            ops = importlib.import_module(module_name)
             fn = getattr(ops, name, None)
             if fn is None or getattr(fn, "_memoryos_timed", False):
                 continue
@@ -120,7 +145,7 @@ class ServerMetrics:
         )
         self.batch_size = Histogram(
             "memoryos_batch_size",
-            "Items per engine call, by queue (retrieve, write, respond).",
+            "Items per engine call, by queue (retrieve, write, respond, derived).",
             ("queue",),
             buckets=SIZE_BUCKETS,
             registry=r,
@@ -142,7 +167,7 @@ class ServerMetrics:
         self.rejected = Counter(
             "memoryos_rejected_total",
             "Requests refused, by reason (unauthorized, forbidden, rate_limited, overloaded, "
-            "too_large, unavailable, body_timeout, client_disconnect).",
+            "too_large, unavailable, body_timeout, client_disconnect, store_full).",
             ("reason",),
             registry=r,
         )
@@ -180,13 +205,17 @@ class _ServiceCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         svc = self._metrics._service
+        parts = _parts(svc)
         depth = GaugeMetricFamily(
-            "memoryos_queue_depth", "Admitted, unanswered items per queue.", labels=["queue"]
+            "memoryos_queue_depth",
+            "Admitted, unanswered items per queue (shard: the engine process under --engines).",
+            labels=["queue", "shard"],
         )
-        if svc is not None:
-            for name, value in svc.queue_depths().items():
-                depth.add_metric([name], value)
+        for shard, part in parts:
+            for name, value in part.queue_depths().items():
+                depth.add_metric([name, shard], value)
         yield depth
+        yield from _health_metrics(parts)
         engine = getattr(svc, "engine", None) if svc is not None else None
         if engine is None:
             return
@@ -225,3 +254,63 @@ class _ServiceCollector(Collector):
                 if isinstance(v, int | float):
                     ev.add_metric([k], v)
             yield ev
+
+
+def _parts(svc: Any) -> list[tuple[str, Any]]:
+    """The services whose queues and health are sampled, with their ``shard`` label: each
+    engine process's under ``--engines K`` (a shard router's ``parts``), else the one service
+    with an empty label (PromQL reads an empty label as none, so ``queue="retrieve"`` selects
+    the single engine's series and ``sum by (queue)`` the shards')."""
+    if svc is None:
+        return []
+    parts = getattr(svc, "parts", None)
+    if isinstance(parts, list | tuple):
+        return [(str(i), p) for i, p in enumerate(parts)]
+    return [("", svc)]
+
+
+def _health_metrics(parts: list[tuple[str, Any]]) -> Iterator[Any]:
+    """``memoryos_degraded``, and the LLM backend's counters and breaker state, from each
+    part's :meth:`~memoryos_gpu.server.service.MemoryService.health` (a service without one,
+    such as a worker's proxy of an engine process that does not send it, exports none)."""
+    healths = []
+    for shard, part in parts:
+        health = getattr(part, "health", None)
+        if health is None:
+            continue
+        try:
+            healths.append((shard, health()))
+        except Exception:  # the engine may be loading or closing: sampled at the next scrape
+            continue
+    if not healths:
+        return
+    degraded = GaugeMetricFamily(
+        "memoryos_degraded",
+        "1 while the server serves degraded, by state (store_full: writes fail for a full "
+        "disk; llm_unavailable: the LLM cannot be used), else 0.",
+        labels=["state", "shard"],
+    )
+    events = CounterMetricFamily(
+        "memoryos_llm_backend_events",
+        "The LLM backend's own counts (requests, batches, retries, errors, invalid_json, "
+        "repaired_json), batches that failed as a whole included.",
+        labels=["event", "shard"],
+    )
+    breaker = GaugeMetricFamily(
+        "memoryos_llm_breaker_state",
+        "1 for the LLM backend's circuit breaker state (closed, open, half_open), 0 else.",
+        labels=["state", "shard"],
+    )
+    for shard, h in healths:
+        for state in DEGRADED_STATES:
+            degraded.add_metric([state, shard], 1.0 if state in h.get("degraded", ()) else 0.0)
+        llm = h.get("llm") or {}
+        for field, event in LLM_BACKEND_EVENTS:
+            if field in llm:
+                events.add_metric([event, shard], llm[field])
+        if llm.get("breaker") is not None:
+            for state in BREAKER_STATES:
+                breaker.add_metric([state, shard], 1.0 if llm["breaker"] == state else 0.0)
+    yield degraded
+    yield events
+    yield breaker

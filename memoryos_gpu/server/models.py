@@ -281,6 +281,11 @@ class HealthOut(BaseModel):
 class ReadyOut(BaseModel):
     ready: bool
     status: str
+    degraded: list[str] | None = Field(
+        None,
+        description="While ready: what does not work (store_full: writes answer 507; "
+        "llm_unavailable: the LLM cannot be used); absent where the service cannot tell.",
+    )
 
 
 class PageListOut(BaseModel):

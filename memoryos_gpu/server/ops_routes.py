@@ -47,9 +47,11 @@ def add_probe_routes(
         "/ready",
         tags=["operations"],
         summary="Readiness",
-        description="200 once the engine is loaded and the queues run; 503 while loading, "
-        "after a failed load, or while shutting down (no key needed; HEAD answers alike, "
-        "without a body).",
+        description="200 once the engine is loaded and the queues run, `degraded` naming what "
+        "does not work meanwhile (`store_full`: writes fail for a full disk; "
+        "`llm_unavailable`: the LLM cannot be used), empty when serving fully; 503 while "
+        "loading, after a failed load, or while shutting down (no key needed; HEAD answers "
+        "alike, without a body).",
         response_model=m.ReadyOut,
         responses={503: {"model": m.ReadyOut}},
     )
@@ -58,6 +60,12 @@ def add_probe_routes(
         if service.state in ("failed", "starting") and service.error:  # why, when known
             body["status"] = f"{service.state}: {service.error}"
         if service.ready:
+            # still 200 when degraded: retrievals work, and a probe that failed would take
+            # them away too; the body says what does not (left out by a service that cannot
+            # tell, rather than an empty list that would say all is well)
+            health = getattr(service, "health", None)
+            if health is not None:
+                body["degraded"] = health()["degraded"]
             return JSONResponse(body)
         return JSONResponse(body, 503, headers={"Retry-After": str(settings.retry_after_s)})
 
@@ -66,7 +74,8 @@ def add_probe_routes(
         tags=["operations"],
         summary="Prometheus metrics",
         description="Request latency histograms, batch sizes, queue depths, pending derived "
-        "work, LLM calls and tokens, engine and kernel time (Prometheus text format).",
+        "work, LLM calls and tokens, the LLM backend's counters and breaker state, degraded "
+        "states, engine and kernel time (Prometheus text format).",
         response_class=Response,
     )
     def prometheus_metrics() -> Response:
@@ -97,15 +106,13 @@ def add_stats_route(app: FastAPI, service: Any, keyed: bool) -> None:
                 {"tenant": scope.tenant, "users": sum(1 for u in users if scope.owns(u))}
             )
         eng = await service.call(service.engine.stats)
-        return json_response(
-            {
-                "tenant": None,
-                "users": len(users),
-                "server": {
-                    "state": service.state,
-                    "batching": service.batch_stats(),
-                    "derived_runs": service._derived_runs,
-                },
-                "engine": eng,
-            }
-        )
+        server: dict[str, Any] = {
+            "state": service.state,
+            "batching": service.batch_stats(),
+            "derived_runs": service._derived_runs,
+        }
+        health = getattr(service, "health", None)
+        if health is not None:  # degraded states and the LLM backend's counts (None: no LLM)
+            h = health()
+            server.update(degraded=h["degraded"], llm_backend=h["llm"])
+        return json_response({"tenant": None, "users": len(users), "server": server, "engine": eng})

@@ -301,6 +301,12 @@ class RemoteService:
     def _derived_runs(self) -> int:
         return int(self._status.get("derived_runs", 0))
 
+    def health(self) -> dict[str, Any]:
+        """The engine process's :meth:`~memoryos_gpu.server.service.MemoryService.health`,
+        from its status snapshot."""
+        empty = {"degraded": [], "llm": None, "derived_runs": self._derived_runs}
+        return dict(self.snapshot().get("health") or empty)
+
     @property
     def has_llm(self) -> bool:
         return bool(self._status.get("has_llm", False))

@@ -35,10 +35,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.embed.base import EmbeddingError
 from memoryos_gpu.engine.assembly import retrieval_json
 from memoryos_gpu.engine.validation import validate_pages
-from memoryos_gpu.errors import MemoryOSError, UnknownUserError
+from memoryos_gpu.errors import EngineClosedError, MemoryOSError, UnknownUserError
 from memoryos_gpu.host_memory import freeze_long_lived
+from memoryos_gpu.llm.base import LLMBackendError
 from memoryos_gpu.llm.breaker import OPEN, CircuitBreaker
 from memoryos_gpu.server.batching import (
     ChunkFailed,
@@ -50,7 +52,7 @@ from memoryos_gpu.server.batching import (
 )
 from memoryos_gpu.server.scope import done_writing, with_known
 from memoryos_gpu.server.settings import ServerSettings
-from memoryos_gpu.store.errors import StoreError, StoreFullError
+from memoryos_gpu.store.errors import StoreError, StoreFullError, StoreUnavailableError
 from memoryos_gpu.store.rounds import tenant_of
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -81,6 +83,19 @@ LOAD_RETRY_FIRST_S = 1.0
 NOT_RETRIED = "not retried: fix it and restart the server"
 #: how a service that does not wait for its store (:attr:`MemoryService.wait_for_store`) ends
 NOT_WAITED = "the server stops without waiting for it: start it again once the store is free"
+#: Failures of what every item of a batch needs (the LLM, unreachable or behind an open
+#: breaker; the embedding server; the store's database server; the engine itself, closed):
+#: the batch's error is every item's answer. Retrying items alone would fail each the same
+#: way, after redoing its work: a respond item retrieves again, counting the retrieval and
+#: crediting its pages' heat a second time. Any other failure may be one item's (a user
+#: deleted meanwhile, one bad page, a disk with room for a smaller part), so the batch's
+#: items are retried alone. A full disk is such a failure: one item may still fit.
+BATCH_FAILURES: tuple[type[Exception], ...] = (
+    LLMBackendError,
+    EmbeddingError,
+    StoreUnavailableError,
+    EngineClosedError,
+)
 
 
 def doubling(first: float, cap: float) -> Iterator[float]:
@@ -202,7 +217,11 @@ class MemoryService:
         self._derived_stop = threading.Event()
         self._derived_urgent = threading.Event()  # a reader waits: skip the coalescing pause
         self._derived_thread: threading.Thread | None = None
-        self._derived_runs = 0
+        self._derived_runs = 0  # rounds started, failed ones included
+        # what the last batches said (:meth:`health`): writes fail for a full disk; the LLM
+        # could not be used (its batch failed whole)
+        self._store_full = False
+        self._llm_failing = False
         self._derived_backlog = 0  # pages accepted since the last derived round started
         self._derived_max_batch = self.settings.derived_max_batch or 256  # engine's, once built
         self._loading: asyncio.Task | None = None
@@ -474,6 +493,7 @@ class MemoryService:
             try:
                 done = self.engine.process_pending(max_batch=self._derived_max_batch, max_rounds=1)
             except Exception as exc:
+                self._derived_failed(exc)
                 _log_failure("derived work failed at shutdown; it stays pending in the store", exc)
                 return
             if not (sum(done.values()) if isinstance(done, dict) else 0):
@@ -598,8 +618,9 @@ class MemoryService:
         try:
             results = self.engine.add_many(flat)
         except Exception as exc:
-            if len(requests) == 1:
-                return [exc]
+            if len(requests) == 1 or isinstance(exc, BATCH_FAILURES):
+                self._note(exc)
+                return [exc] * len(requests)
             # one bad request must not fail the others: nothing was committed, so retry each
             out: list[Any] = []
             for r in requests:
@@ -607,8 +628,12 @@ class MemoryService:
                     out.append(self.engine.add_many(r))
                 except Exception as e:
                     out.append(e)
-            self._after_write([x for o in out if not isinstance(o, BaseException) for x in o])
+            done = [x for o in out if not isinstance(o, BaseException) for x in o]
+            full = next((o for o in out if isinstance(o, StoreFullError)), None)
+            self._note(full, wrote=bool(done))
+            self._after_write(done)
             return out
+        self._note(None, wrote=True)
         self._after_write(results)
         out, i = [], 0
         for r in requests:
@@ -681,6 +706,8 @@ class MemoryService:
             kw = {"top_pages": tp, "top_segments": ts, "as_json": as_json}
             try:
                 res = self.engine.retrieve_many(queries, **kw)
+            except BATCH_FAILURES as exc:
+                res = [exc] * len(queries)
             except Exception:
                 res = []
                 for q in queries:  # isolate the failing query (e.g. a user deleted meanwhile)
@@ -720,6 +747,9 @@ class MemoryService:
             queries = [(items[i][0], items[i][1]) for i in idx]
             try:
                 res: list[Any] = list(self.engine.respond_many(queries, timestamp=ts))
+            except BATCH_FAILURES as exc:
+                self._note(exc)
+                res = [exc] * len(queries)
             except Exception:
                 res = []
                 for q in queries:
@@ -727,6 +757,9 @@ class MemoryService:
                         res.append(self.engine.respond_many([q], timestamp=ts)[0])
                     except Exception as e:
                         res.append(e)
+                        self._note(e)
+            else:
+                self._note(None, wrote=True, used_llm=True)
             for i, r in zip(idx, res, strict=True):
                 out[i] = r
         self._derived_wake.set()
@@ -825,6 +858,7 @@ class MemoryService:
                 if self._derived_stop.is_set():  # e.g. the LLM closed at the shutdown deadline
                     _log_failure("derived work stopped by shutdown; it stays pending", exc)
                     break
+                self._derived_failed(exc)
                 delay = next(delays)
                 _log_failure(f"derived work failed; it stays pending, next try in {delay:g} s", exc)
                 self._derived_stop.wait(delay)
@@ -846,23 +880,94 @@ class MemoryService:
         self._derived_urgent.clear()
         self._derived_backlog = 0
         t0 = time.perf_counter()
+        self._derived_runs += 1  # before the call: a round that fails was run too
         done = self.engine.process_pending(max_batch=full, max_rounds=1)
         dt = time.perf_counter() - t0
-        self._derived_runs += 1
         n = sum(done.values()) if isinstance(done, dict) else 0
         if self.metrics is not None:
             self.metrics.observe_batch("derived", "process_pending", n, dt)
         if n:
+            self._note(None, wrote=True, used_llm=True)
             self._derived_wake.set()  # the rest, and what came meanwhile, gather next
+
+    def _derived_failed(self, exc: Exception) -> None:
+        """Count a failed derived round where the engine counts its own
+        (``counters["derived_failures"]`` and its kinds, shown by ``/metrics`` and
+        ``/v1/stats``) and keep what it says about the store and the LLM (:meth:`health`)."""
+        self._note(exc)
+        count = getattr(self.engine, "count_derived_failure", None)
+        if count is not None:  # an engine of another kind (a test's stand-in) counts nothing
+            count(exc)
+
+    def _note(
+        self, exc: BaseException | None, *, wrote: bool = False, used_llm: bool = False
+    ) -> None:
+        """Keep what a batch said about the store and the LLM, for :meth:`health`: a full
+        disk (``StoreFullError``) or an unusable LLM (``LLMBackendError``: unreachable,
+        failing every request, its breaker open) is set by the failure that met it and
+        cleared by the next batch that committed pages (``wrote``) or got the LLM's answers
+        (``used_llm``). O(1): called once a batch, not per item."""
+        if isinstance(exc, StoreFullError):
+            self._store_full = True
+        elif exc is None and wrote:
+            self._store_full = False
+        if isinstance(exc, LLMBackendError):
+            self._llm_failing = True
+        elif exc is None and used_llm:
+            self._llm_failing = False
+
+    def health(self) -> dict[str, Any]:
+        """How the server serves beyond ready-or-not, for ``/ready``, ``/metrics`` and
+        ``/v1/stats``. Why: a server whose every write fails (a full disk: 507) or whose LLM
+        cannot be used still retrieves, so ``/ready`` stays 200 (a load balancer must not take
+        retrievals away from it), and without this nothing but the log said it was degraded.
+
+        * ``degraded``: ``store_full`` (the last write or derived round met a full disk, and
+          none has committed since), ``llm_unavailable`` (the LLM backend's circuit breaker is
+          open, or the last derived round or response batch failed because the LLM could not
+          be used, and none has got its answers since); empty when serving fully;
+        * ``llm``: the LLM backend's own counts (``calls``: requests given to it, ``retries``,
+          ``errors``: requests that failed, batches failed whole included, ``invalid_json``,
+          ...), its name and its breaker's state (``closed``, ``open``, ``half_open``; None
+          for a backend without one) with ``retry_in_s`` while open; None without an LLM;
+        * ``derived_runs``: derived rounds run, failed ones included.
+
+        Read from any thread (a scrape's): reads counters under their own locks only."""
+        llm = _llm_status(self.engine)
+        degraded = ["store_full"] if self._store_full else []
+        if self._llm_failing or (llm is not None and llm["breaker"] == OPEN):
+            degraded.append("llm_unavailable")
+        return {"degraded": degraded, "llm": llm, "derived_runs": self._derived_runs}
+
+
+def _llm_backend(engine: Any) -> Any:
+    """``engine``'s LLM backend; None in the extractive mode or for a proxy of a remote
+    engine (whose stages are not the objects)."""
+    return getattr(getattr(engine, "stages", None), "backend", None)
 
 
 def _llm_breaker(engine: Any) -> CircuitBreaker | None:
     """The circuit breaker of ``engine``'s LLM backend, if it has one (the HTTP
     backends); None for the extractive mode, other backends, or a proxy of a remote engine
     (whose attributes are not the objects)."""
-    backend = getattr(getattr(engine, "stages", None), "backend", None)
-    breaker = getattr(backend, "breaker", None)
+    breaker = getattr(_llm_backend(engine), "breaker", None)
     return breaker if isinstance(breaker, CircuitBreaker) else None
+
+
+def _llm_status(engine: Any) -> dict[str, Any] | None:
+    """The LLM backend's counts and breaker state (:meth:`MemoryService.health`'s ``llm``),
+    or None without a backend."""
+    backend = _llm_backend(engine)
+    stats = getattr(backend, "stats", None)
+    if stats is None:
+        return None
+    out: dict[str, Any] = {"backend": getattr(backend, "name", type(backend).__name__)}
+    out.update((k, v) for k, v in stats.as_dict().items() if k != "by_stage")
+    breaker = _llm_breaker(engine)
+    out["breaker"] = None if breaker is None else breaker.state
+    if out["breaker"] == OPEN:
+        out["retry_in_s"] = round(breaker.outage().retry_in_s, 1)  # type: ignore[union-attr]
+    return out
 
 
 def _log_failure(what: str, exc: Exception) -> None:

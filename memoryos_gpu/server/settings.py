@@ -144,6 +144,15 @@ class ServerSettings(BaseModel):
         "longer. Bounds the whole body, not the gap between two of its chunks, so a byte a "
         "second cannot keep a request open either.",
     )
+    header_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Seconds a request's headers may take to arrive, counted from the "
+        "connection (or, on a kept-alive one, from the request's first byte): past it the "
+        "connection is closed (408 once a request has begun), so a client that sends nothing "
+        "or trickles its headers (slowloris) holds no connection longer.",
+    )
     max_user_id_chars: int = Field(200, ge=1, le=240, description="Limit of a user id.")
     max_wait_timeout_s: float = Field(60.0, gt=0, le=3600, description="Cap of /wait timeouts.")
     # rate limits per API key (token buckets); 0 disables one; open mode is not rate limited

@@ -40,6 +40,7 @@ from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.distributed.layout import ShardMap
 from memoryos_gpu.distributed.ray_router import DEFAULT_SYNC_S, RouterService
 from memoryos_gpu.distributed.ray_routing import _Remote, add_by_shard
+from memoryos_gpu.llm.breaker import CLOSED, HALF_OPEN, OPEN
 from memoryos_gpu.server.remote_service import RemoteService, _Stages
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
@@ -47,6 +48,10 @@ from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 __all__ = ["ExchangeLock", "ShardedRemoteService"]
 
 LOCK_POLL_S = 0.005
+
+
+#: How bad each breaker state is, for the shards' worst (no breaker: 0).
+_BREAKER_SEVERITY = {CLOSED: 1, HALF_OPEN: 2, OPEN: 3}
 
 
 class ExchangeLock:
@@ -248,6 +253,26 @@ class ShardedRemoteService:
     @property
     def _derived_runs(self) -> int:
         return sum(p._derived_runs for p in self.parts)
+
+    def health(self) -> dict[str, Any]:
+        """The engines' :meth:`~memoryos_gpu.server.service.MemoryService.health` as one:
+        every state one of them is degraded in, their derived rounds summed, and their LLM
+        backends' counts summed under the worst breaker state (one open breaker is what an
+        operator must see)."""
+        parts = [p.health() for p in self.parts]
+        degraded = list(dict.fromkeys(d for h in parts for d in h.get("degraded", [])))
+        llms = [h["llm"] for h in parts if h.get("llm")]
+        llm: dict[str, Any] | None = None
+        if llms:
+            counts: Counter[str] = Counter()
+            for one in llms:
+                counts.update(
+                    {k: v for k, v in one.items() if isinstance(v, int) and not isinstance(v, bool)}
+                )
+            worst = max(llms, key=lambda one: _BREAKER_SEVERITY.get(one.get("breaker"), 0))
+            llm = {**worst, **counts}
+        runs = sum(int(h.get("derived_runs", 0)) for h in parts)
+        return {"degraded": degraded, "llm": llm, "derived_runs": runs}
 
     @property
     def has_llm(self) -> bool:

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.server.header_timeout import header_timeout_protocol
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.stop_signals import sigterm_as_ctrl_c
 
@@ -195,14 +196,12 @@ def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pids: list[An
     import uvicorn
 
     from memoryos_gpu.host_memory import freeze_long_lived
+    from memoryos_gpu.log_setup import setup_logging, uvicorn_logging
     from memoryos_gpu.server.app import create_app, shutdown_failed
     from memoryos_gpu.server.auth import KeyRing
     from memoryos_gpu.server.shared_limits import SharedKeyLimits
 
-    logging.basicConfig(
-        level=getattr(logging, spec["log_level"].upper(), logging.INFO),
-        format=f"%(asctime)s %(levelname)s %(name)s[worker {spec['index']}]: %(message)s",
-    )
+    setup_logging(spec["log_level"], tag=f"worker {spec['index']}")
     settings = ServerSettings(**spec["settings"])
     keys = spec["api_keys"]
     service = _worker_service(spec, settings, engine_pids)
@@ -214,9 +213,10 @@ def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pids: list[An
         freeze_long_lived()
     config = uvicorn.Config(
         app,
-        log_level=spec["log_level"].lower(),
+        **uvicorn_logging(spec["log_level"]),
         timeout_graceful_shutdown=spec["graceful_timeout_s"],
         h11_max_incomplete_event_size=settings.max_header_bytes,
+        http=header_timeout_protocol(settings.header_timeout_s),
     )
     try:
         run_server(uvicorn.Server(config), sockets=[sock])
@@ -344,7 +344,7 @@ class Supervisor:
         self.started[p.pid] = time.monotonic()
         self.engines[i] = p
         self.engine_pids[i].value = p.pid
-        log.warning("memoryos-gpu: %s started (pid %d)", self._engine_name(i), p.pid)
+        log.info("memoryos-gpu: %s started (pid %d)", self._engine_name(i), p.pid)
 
     def _start_worker(self, i: int) -> None:
         spec = {**self.worker_spec, "index": i}
@@ -357,14 +357,14 @@ class Supervisor:
         p.start()
         self.started[p.pid] = time.monotonic()
         self.workers[i] = p
-        log.warning("memoryos-gpu: HTTP worker %d started (pid %d)", i, p.pid)
+        log.info("memoryos-gpu: HTTP worker %d started (pid %d)", i, p.pid)
 
     def start(self) -> None:
         for i in range(len(self.engines)):
             self._start_engine(i)
         for i in range(self.n_workers):
             self._start_worker(i)
-        log.warning(
+        log.info(
             "memoryos-gpu: %d HTTP worker(s) in front of %d engine process(es) on port %d",
             self.n_workers,
             len(self.engines),
@@ -516,7 +516,7 @@ def run_workers(
             with contextlib.suppress(Exception):
                 signal.signal(s, h)
         if not failures:
-            log.warning("memoryos-gpu: workers stopped, queues drained, store closed")
+            log.info("memoryos-gpu: workers stopped, queues drained, store closed")
     if failures:  # a stop signal, but not a clean stop: the exit status says so
         raise ShutdownError(
             f"the HTTP server's shutdown failed: {'; '.join(failures)} (the log above says why); "
