@@ -74,6 +74,26 @@ def _pages(users: int, per_user: int) -> list[PageInput]:
     ]
 
 
+def _serve(engine: Any, metrics: ServerMetrics, body: Callable[[MemoryService], Any]) -> None:
+    """Run ``await body(svc)`` on a started service over ``engine`` whose metrics are bound,
+    then close the service, the metrics and the engine."""
+
+    async def scenario() -> None:
+        svc = MemoryService(engine, ServerSettings(derived_max_wait_ms=0), metrics=metrics)
+        metrics.bind(svc)
+        await svc.start()
+        try:
+            await body(svc)
+        finally:
+            await svc.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        metrics.close()
+        engine.close()
+
+
 def test_a_servers_failed_derived_rounds_are_counted_and_exported_with_the_llm_backend() -> None:
     """The server's derived-work thread counts its runs and failures where the engine counts
     its own (``derived_failures``, ``derived_llm_failures``), ``/metrics`` shows them with the
@@ -83,37 +103,27 @@ def test_a_servers_failed_derived_rounds_are_counted_and_exported_with_the_llm_b
     engine = _engine(llm)
     metrics = ServerMetrics()
 
-    async def scenario() -> None:
-        svc = MemoryService(engine, ServerSettings(derived_max_wait_ms=0), metrics=metrics)
-        metrics.bind(svc)
-        await svc.start()
-        try:
-            await svc.add_pages(_pages(3, 3))
-            await _until(lambda: engine.counters["derived_failures"] >= 1)
-            assert engine.counters["derived_llm_failures"] >= 1
-            assert svc._derived_runs >= 1  # the failed round was run
-            health = svc.health()
-            assert health["degraded"] == ["llm_unavailable"]
-            llm_stats = health["llm"]
-            assert llm_stats["backend"] == "scripted" and llm_stats["breaker"] is None
-            assert llm_stats["calls"] >= 1 and llm_stats["errors"] == llm_stats["calls"]
-            failures = _sample(metrics, "memoryos_engine_events_total", event="derived_failures")
-            assert failures is not None and failures >= 1
-            assert _sample(metrics, "memoryos_degraded", state="llm_unavailable", shard="") == 1
-            assert _sample(metrics, "memoryos_degraded", state="store_full", shard="") == 0
-            errors = _sample(metrics, "memoryos_llm_backend_events_total", event="errors", shard="")
-            assert errors is not None and errors >= 1
-            llm.down = False  # the next try (after 1 s) goes through
-            await _until(lambda: engine.pending_count() == 0 and not svc.health()["degraded"])
-            assert _sample(metrics, "memoryos_degraded", state="llm_unavailable", shard="") == 0
-        finally:
-            await svc.close()
+    async def scenario(svc: MemoryService) -> None:
+        await svc.add_pages(_pages(3, 3))
+        await _until(lambda: engine.counters["derived_failures"] >= 1)
+        assert engine.counters["derived_llm_failures"] >= 1
+        assert svc._derived_runs >= 1  # the failed round was run
+        health = svc.health()
+        assert health["degraded"] == ["llm_unavailable"]
+        llm_stats = health["llm"]
+        assert llm_stats["backend"] == "scripted" and llm_stats["breaker"] is None
+        assert llm_stats["calls"] >= 1 and llm_stats["errors"] == llm_stats["calls"]
+        failures = _sample(metrics, "memoryos_engine_events_total", event="derived_failures")
+        assert failures is not None and failures >= 1
+        assert _sample(metrics, "memoryos_degraded", state="llm_unavailable", shard="") == 1
+        assert _sample(metrics, "memoryos_degraded", state="store_full", shard="") == 0
+        errors = _sample(metrics, "memoryos_llm_backend_events_total", event="errors", shard="")
+        assert errors is not None and errors >= 1
+        llm.down = False  # the next try (after 1 s) goes through
+        await _until(lambda: engine.pending_count() == 0 and not svc.health()["degraded"])
+        assert _sample(metrics, "memoryos_degraded", state="llm_unavailable", shard="") == 0
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        metrics.close()
-        engine.close()
+    _serve(engine, metrics, scenario)
 
 
 def test_an_open_llm_breaker_is_a_gauge_and_says_degraded() -> None:
@@ -131,28 +141,18 @@ def test_an_open_llm_breaker_is_a_gauge_and_says_degraded() -> None:
     engine = _engine(llm)
     metrics = ServerMetrics()
 
-    async def scenario() -> None:
-        svc = MemoryService(engine, ServerSettings(derived_max_wait_ms=0), metrics=metrics)
-        metrics.bind(svc)
-        await svc.start()
-        try:
-            await svc.add_pages(_pages(2, 3))
-            await _until(lambda: (svc.health()["llm"] or {}).get("breaker") == "open")
-            health = svc.health()
-            assert "llm_unavailable" in health["degraded"]
-            assert health["llm"]["retry_in_s"] > 0
-            assert health["llm"]["errors"] >= 1 and health["llm"]["calls"] >= 1
-            assert _sample(metrics, "memoryos_llm_breaker_state", state="open", shard="") == 1
-            assert _sample(metrics, "memoryos_llm_breaker_state", state="closed", shard="") == 0
-            assert not svc.derived_can_progress()
-        finally:
-            await svc.close()
+    async def scenario(svc: MemoryService) -> None:
+        await svc.add_pages(_pages(2, 3))
+        await _until(lambda: (svc.health()["llm"] or {}).get("breaker") == "open")
+        health = svc.health()
+        assert "llm_unavailable" in health["degraded"]
+        assert health["llm"]["retry_in_s"] > 0
+        assert health["llm"]["errors"] >= 1 and health["llm"]["calls"] >= 1
+        assert _sample(metrics, "memoryos_llm_breaker_state", state="open", shard="") == 1
+        assert _sample(metrics, "memoryos_llm_breaker_state", state="closed", shard="") == 0
+        assert not svc.derived_can_progress()
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        metrics.close()
-        engine.close()
+    _serve(engine, metrics, scenario)
 
 
 def test_a_respond_batch_the_llm_fails_retrieves_and_credits_heat_once_per_request() -> None:

@@ -23,7 +23,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -244,23 +243,14 @@ def test_a_rewrite_that_fails_at_close_is_not_blamed_on_a_reader(
     """A full disk fails the file's rewrite (it needs about the store's size free): the
     warning says so and what completes it, not "once the reader has finished" and a command
     that rewrites nothing (the sweep's full-disk delete, with no reader anywhere)."""
+    from test_erasure_owed import _no_room
+
     from memoryos_gpu.store.sqlite import SQLiteStore
 
     st = SQLiteStore(str(tmp_path / "s.sqlite3"))
-    real = st._db
-
-    class NoRoom:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
-
-        def execute(self, sql: str, *args: Any) -> Any:
-            if sql == "VACUUM":
-                raise sqlite3.OperationalError("database or disk is full")
-            return real.execute(sql, *args)
-
     st.erase_at_close = True
     st.checkpoint()  # a deletion committed: its erasure is left to the close
-    st._db = NoRoom()
+    _no_room(st)
     with caplog.at_level("WARNING", logger="memoryos_gpu.store"):
         st.close()
     said = " ".join(r.getMessage() for r in caplog.records)
