@@ -211,8 +211,10 @@ def loaded_line(engine: Any, seconds: float) -> str:
     stats = engine.stats()
     counts = stats.get("store") or {}
     pages = sum(n for k, n in counts.items() if k.startswith("pages_") and k != "pages_evicted")
+    from memoryos_gpu.cli.stores import shown  # the store as every message shows it
+
     parts = [
-        f"store {redact(str(getattr(config, 'store', '?')))}",
+        f"store {shown(str(getattr(config, 'store', '?')))}",
         f"embedder {_embedder(config)}",
         f"LLM {_llm(config)}",
         f"device {stats.get('device', '?')}",
@@ -222,18 +224,22 @@ def loaded_line(engine: Any, seconds: float) -> str:
 
 
 def _embedder(config: Any) -> str:
+    from memoryos_gpu.llm.openai_compat import redact_url
+
     kind = getattr(config, "embedder", "?")
     where = getattr(config, "embedding_base_url", None) if kind == "openai" else None
     model = getattr(config, "embedding_model", None)
-    return " ".join(str(x) for x in (kind, model, where and redact(where)) if x)
+    return " ".join(str(x) for x in (kind, model, where and redact_url(where)) if x)
 
 
 def _llm(config: Any) -> str:
+    from memoryos_gpu.llm.openai_compat import redact_url
+
     llm = getattr(config, "llm", None)
     if llm is None or llm.mode != "llm":
         return "extractive (no LLM)"
     return " ".join(
-        str(x) for x in (llm.backend, llm.model, llm.base_url and redact(llm.base_url)) if x
+        str(x) for x in (llm.backend, llm.model, llm.base_url and redact_url(llm.base_url)) if x
     )
 
 

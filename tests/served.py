@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_ready(
+    proc: Any, base: str, said: Callable[[], str], timeout: float = 60, every: float = 0.05
+) -> None:
+    """Until the server subprocess ``proc`` at ``base`` answers ``/ready`` 200; fails with
+    ``said()`` (its log, say) when it exits first or the ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, said()
+        try:
+            if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(every)
+    raise AssertionError(f"not ready: {said()}")
 
 
 def hashing(store: Path | str = ":memory:", **kw: Any) -> EngineConfig:

@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pytest
 pytest.importorskip("uvicorn")
 
 from tests.llm.fake_openai_server import FakeServer
-from tests.served import ROOT, free_port
+from tests.served import ROOT, free_port, wait_ready
 
 PASSWORD = "pa55word"
 API_KEY = "sk-topsecret-123"
@@ -60,7 +59,7 @@ def serve_log(
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait_ready(proc, base, log)
+        wait_ready(proc, base, lambda: log.read_text()[-3000:])
         with httpx.Client(base_url=base, timeout=30) as client:
             for i in range(adds):
                 page = {"user_input": f"I like tea {i}", "agent_response": "noted"}
@@ -74,19 +73,6 @@ def serve_log(
             proc.kill()
             proc.wait()
     return log.read_text()
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"not ready: {log.read_text()[-3000:]}")
 
 
 def test_one_process_at_info(tmp_path: Path, llm: FakeServer) -> None:

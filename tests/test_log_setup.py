@@ -10,6 +10,7 @@ and reads what the handler wrote to stderr."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -333,9 +334,7 @@ def test_serve_takes_a_log_level_and_passes_it_on(monkeypatch: pytest.MonkeyPatc
 
 def test_the_workers_and_engine_processes_get_the_level(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("fastapi")
-    # the Supervisor sets it for its children: put back (absent) after the test, or every
-    # later test's metrics would read a directory its stop() deleted
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)  # the Supervisor sets it
     from memoryos_gpu.config import EngineConfig
     from memoryos_gpu.server.settings import ServerSettings
     from memoryos_gpu.server.workers import Supervisor
@@ -355,3 +354,5 @@ def test_the_workers_and_engine_processes_get_the_level(monkeypatch: pytest.Monk
     finally:
         sup.sock.close()
         sup.stop()
+    # stop() put the variable back: a later registry must not read the deleted directory
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ

@@ -29,7 +29,7 @@ pytest.importorskip("uvicorn")
 
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.server.shared_limits import SharedKeyLimits, create_bucket_file
-from tests.served import HA, HADMIN, HB, KEY_ADMIN, KEYS, ROOT, free_port
+from tests.served import HA, HADMIN, HB, KEY_ADMIN, KEYS, ROOT, free_port, wait_ready
 
 SCRIPT = """
 import json, sys
@@ -81,16 +81,7 @@ class Supervised:
         return [int(p) for p in re.findall(rf"{what} started \(pid (\d+)\)", text)]
 
     def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{self.base}/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"not ready: {self.log.read_text()[-3000:]}")
+        wait_ready(self.proc, self.base, lambda: self.log.read_text()[-3000:], timeout, 0.1)
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -34,6 +34,7 @@ from served import (  # noqa: E402
     free_port,
     hashing,
     serve,
+    wait_ready,
 )
 
 from memoryos_gpu.engine import MemoryEngine  # noqa: E402
@@ -770,26 +771,13 @@ def _spawn(store: Path, keyfile: Path, port: int, *extra: str) -> subprocess.Pop
     )
 
 
-def _wait_ready(base: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read()  # type: ignore[union-attr]
-        try:
-            if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError("server not ready")
-
-
 def test_sigterm_with_inflight_writes_commits_everything(tmp_path: Path) -> None:
     store, keyfile, port = tmp_path / "store", tmp_path / "keys", free_port()
     keyfile.write_text(f"{KEY_A} acme\n")
     proc = _spawn(store, keyfile, port)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(base, proc)
+        wait_ready(proc, base, proc.stderr.read)  # type: ignore[union-attr]
 
         async def load() -> list[Any]:
             limits = httpx.Limits(max_connections=64)
@@ -871,7 +859,7 @@ def test_cli_serve_contract_with_real_embedder(tmp_path: Path) -> None:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(base, proc, timeout=120)
+        wait_ready(proc, base, proc.stderr.read, timeout=120)  # type: ignore[union-attr]
         assert httpx.get(f"{base}/health").status_code == 200
         r = httpx.post(f"{base}/v1/users/pat/retrieve", json={"query": "x"})
         assert r.status_code == 401 and r.json()["error"] == "unauthorized"

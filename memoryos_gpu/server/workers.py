@@ -280,7 +280,10 @@ class Supervisor:
         self.dir = Path(tempfile.mkdtemp(prefix="memoryos-serve-"))  # mode 0700
         metrics_dir = self.dir / "metrics"
         metrics_dir.mkdir()
-        # read by prometheus_client when a child imports it: every process records to files
+        # read by prometheus_client when a child imports it: every process records to files;
+        # put back by stop(), which deletes the directory (a later registry in this process,
+        # a second run() or a test's, failed on "a nonexistent directory")
+        self._env_before = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         limits_path = self.dir / "limits"
         create_bucket_file(limits_path, len(api_keys or {}))
@@ -435,6 +438,10 @@ class Supervisor:
         for v in self.engine_pids:
             v.value = 0
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self._env_before is None:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        else:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = self._env_before
         return failures
 
 

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from memoryos_gpu.log_setup import redact
 from memoryos_gpu.sizes import size_text
 from memoryos_gpu.store.errors import StoreError, StoreFullError
 
@@ -87,7 +88,6 @@ SHOWN_VALUES = frozenset(
 )
 _COMMAND_WORD = re.compile(r"[a-z][a-z0-9_-]*")
 _NOTE = re.compile(r"\[[a-z ]+ of pid \d+\]")  # what a server adds: [engine process of pid N]
-_URL_PASSWORD = re.compile(r"(://[^/:@\s]+):[^@/\s]+@")
 
 
 class StoreLockedError(StoreError):
@@ -170,7 +170,9 @@ def command_line(argv: list[str] | None = None) -> str:
 
 
 def _no_password(text: str) -> str:
-    return _URL_PASSWORD.sub(r"\1:***@", text)
+    """``text`` with any secret masked: the log's rule (:func:`memoryos_gpu.log_setup.redact`),
+    one rule for every text a secret may reach."""
+    return redact(text)
 
 
 def program_name(argv0: str) -> str:
