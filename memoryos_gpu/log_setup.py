@@ -26,7 +26,6 @@ writes the one startup line that says what the server loaded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import sys
@@ -247,12 +246,10 @@ async def announce_loaded(service: Any, logger: logging.Logger, started: float) 
     """Once ``service`` (a MemoryService started with ``wait=False``) has loaded its engine,
     log :func:`loaded_line` at INFO. A failed or abandoned load says nothing here (the service
     logged why); a service with no load of its own (a worker's remote one) neither."""
-    loading = getattr(service, "_loading", None)
-    if loading is None or not logger.isEnabledFor(logging.INFO):
+    loaded = getattr(service, "loaded", None)
+    if loaded is None or not logger.isEnabledFor(logging.INFO):
         return
-    with contextlib.suppress(Exception):
-        await asyncio.shield(loading)
-    if getattr(service, "state", None) != "ready" or service.engine is None:
+    if not await loaded():
         return
     seconds = time.monotonic() - started
     try:

@@ -411,7 +411,7 @@ def test_a_server_started_before_its_store_loads_once_the_store_answers(
         with pytest.raises(Unavailable, match="waiting for the store"):
             svc.check_ready()
         go.set()
-        await svc._loading
+        assert await svc.loaded()  # waits for the third try's load, through the public call
         ready = svc.state
         await svc.close()
         return waiting[0], waiting[1], ready
@@ -435,6 +435,7 @@ def test_close_ends_a_load_that_waits_for_the_store(monkeypatch: pytest.MonkeyPa
         await svc.start(wait=False)
         await asyncio.sleep(0.05)
         await asyncio.wait_for(svc.close(), 5)  # not the 60 s wait
+        assert not await svc.loaded()  # the load ended without an engine
         return svc.state
 
     assert asyncio.run(run()) == "closed"

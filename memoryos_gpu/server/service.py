@@ -261,6 +261,15 @@ class MemoryService:
         if wait:
             await self._loading
 
+    async def loaded(self) -> bool:
+        """Wait for the load :meth:`start` began (``wait=False``) to end, however it ends;
+        True when the engine is ready. Shielded: a caller that stops waiting does not cancel
+        the load. A service that never started a load answers at once."""
+        if self._loading is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._loading)
+        return self.state == "ready" and self.engine is not None
+
     async def _load(self) -> None:
         engine = await self._build_when_store_answers()
         if engine is None:
