@@ -70,6 +70,8 @@ BAD = [
     ("store_cache.py", ["--waves", "0"], {}),
     ("store_cache.py", ["--quick"], {"MEMORYOS_GPU_LOCOMO": "/nonexistent/nope.json"}),
     ("history.py", ["--quick"], {"MEMORYOS_GPU_LOCOMO": "/nonexistent/nope.json"}),
+    ("drain.py", ["--backlog", "0"], {}),
+    ("drain.py", ["--quick"], {"MEMORYOS_GPU_LOCOMO": "/nonexistent/nope.json"}),
     ("instructions.py", ["--quick"], {"MEMORYOS_GPU_LOCOMO": "/nonexistent/nope.json"}),
     ("reopen.py", ["--segments", "0"], {}),
     ("derived_latency.py", ["--llm-seconds", "-1"], {}),

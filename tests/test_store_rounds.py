@@ -1,6 +1,7 @@
 """The order of a derived-work round (memoryos_gpu/store/rounds.py): held to the SQL window
 query that computed it before (waves per user, tenants in turn within a wave, queue order),
-run by SQLite on the same pending items."""
+run by SQLite on the same pending items; a drain's rounds from a queue read once
+(``PendingQueue``) held to ``round_order`` over the items left, round after round."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from store_backends import Backend
 
-from memoryos_gpu.store.rounds import round_order
+from memoryos_gpu.store.rounds import PendingQueue, round_order
 
 TENANT = (
     "CASE WHEN instr(user_id, '/') > 0 THEN substr(user_id, 1, instr(user_id, '/') - 1) ELSE '' END"
@@ -42,6 +43,35 @@ def _by_sql(users: list[str], per_user: int, limit: int) -> list[int]:
 )
 def test_round_order_is_the_window_querys(users: list[str], per_user: int, limit: int) -> None:
     assert round_order(users, per_user, limit).tolist() == _by_sql(users, per_user, limit)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(USERS), max_size=60),
+    st.lists(st.tuples(st.integers(1, 8), st.integers(1, 30)), min_size=1, max_size=12),
+)
+def test_a_drain_reads_the_queue_once_for_the_same_rounds(
+    users: list[str], rounds: list[tuple[int, int]]
+) -> None:
+    """Round after round (each its own per_user and limit), the queue read once hands out
+    what ``round_order`` picks from the items still pending, in its order, until it is empty."""
+    left = [(10 * i + 1, u, i) for i, u in enumerate(users)]  # (work id, user, ref)
+    queue = PendingQueue(left)
+    for per_user, limit in rounds:
+        want = [left[i] for i in round_order([u for _, u, _ in left], per_user, limit).tolist()]
+        got = queue.next_round(limit, per_user)
+        assert got == want
+        queue.done(got)
+        taken = set(got)
+        left = [it for it in left if it not in taken]
+        assert bool(queue) == bool(left)
+    while left:  # the rest, in the default rounds of a drain
+        want = [left[i] for i in round_order([u for _, u, _ in left], 5, 5).tolist()]
+        got = queue.next_round(5, 5)
+        assert got == want
+        queue.done(got)
+        left = left[:0] + [it for it in left if it not in set(got)]
+    assert not queue and queue.next_round(5, 5) == []
 
 
 def test_nothing_pending_or_nothing_asked() -> None:

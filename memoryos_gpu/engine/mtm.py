@@ -89,6 +89,7 @@ class Segments:
             for read, out in zip(waves, done, strict=True):
                 gone += self._apply_round(db, read, out, writes)
             writes.flush(db, s.arena)
+            s.queue_changes += 1
             return gone + len(writes.done)
 
     def _read_round(self, items: list[WorkItem]) -> tuple[list[RoundInput], int]:

@@ -156,6 +156,10 @@ class EngineState:
         # reads its inputs, runs its stages without the lock, and compares texts it read again
         # only when this moved meanwhile
         self.edits = 0
+        # changes to the queue of pending pages other than deletions (pages queued as they
+        # leave STM, rounds applied): a drain's queue read once (derived.py) holds while this
+        # and ``edits`` move only by its own rounds
+        self.queue_changes = 0
         # what reloads the in-memory state from the store (the engine sets it: Rebuild.reload),
         # and whether a failed apply's reload is still owed (write_transaction)
         self.reload: Callable[[], None] | None = None

@@ -239,6 +239,7 @@ class ShortTerm:
             "INSERT INTO pending(user_id, kind, ref, created, clock) VALUES (?, 'page', ?, ?, ?)",
             [(u, p, now, clock) for u, p, clock in pending],
         )
+        s.queue_changes += bool(pending)  # never put back: a rollback only costs a drain a read
         touched = [s.users[u] for u in dict.fromkeys(items[i].user_id for i in fresh)]
         db.executemany(
             "UPDATE users SET clock = ?, next_seq = ? WHERE user_id = ?",

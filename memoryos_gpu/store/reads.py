@@ -252,13 +252,18 @@ class StoreReads:
         thousand users pending does not push another tenant's one page into later rounds.
         Without tenant prefixes each wave is oldest first. The order is :func:`round_order`'s,
         over the kind's items read in queue order."""
-        rows = self.query(
-            "SELECT work_id, user_id, ref FROM pending WHERE kind = ? ORDER BY work_id", (kind,)
-        )
+        rows = self.pending_items(kind)
         if not rows:
             return []
         _, users, _ = zip(*rows, strict=True)
         return [rows[i] for i in round_order(users, per_user, limit).tolist()]
+
+    def pending_items(self, kind: str) -> list[tuple[int, str, int]]:
+        """(work_id, user_id, ref) of every pending item of ``kind``, in queue order: what a
+        drain's :class:`~memoryos_gpu.store.rounds.PendingQueue` is read from."""
+        return self.query(
+            "SELECT work_id, user_id, ref FROM pending WHERE kind = ? ORDER BY work_id", (kind,)
+        )
 
     def count_pending(self, user_id: str | None = None) -> int:
         if user_id is None:
