@@ -25,6 +25,7 @@ from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.server.batching import ChunkFailed, FairBatcher, Overloaded
 from memoryos_gpu.server.service import split_pages, tenant_of
 from memoryos_gpu.server.settings import ServerSettings
+from memoryos_gpu.store.rounds import PendingQueue
 from memoryos_gpu.types import PageInput
 
 
@@ -142,7 +143,7 @@ def test_derived_rounds_take_tenants_in_turn(backend: Backend) -> None:
             ]
         )
         e.add_many([{"user_id": "b/u", "user_input": f"b {j}"} for j in range(cap + 2)])
-        first = [w[1] for w in e.store.pending_round("page", 3)]
+        first = [w[1] for w in PendingQueue(e.store.pending_items("page")).next_round(3, 1)]
         assert first == ["a/u0", "b/u", "a/u1"]
         e.process_pending()
         assert e.pending_count() == 0

@@ -979,6 +979,27 @@ def test_arena_extent_counts_live_ring_positions(backend: Backend) -> None:
     s.close()
 
 
+def test_a_shards_view_lists_only_its_own_users_pending_items(backend: Backend) -> None:
+    """A shard of a shared store drains its own users' pending pages only: another shard's
+    items read by its drain would be derived twice, by two engines."""
+    from memoryos_gpu.distributed.layout import OwnedStore
+    from memoryos_gpu.ingest import shard_of
+
+    s = backend.open(backend.spec("owned_pending"))
+    users = [f"u{i}" for i in range(8)]
+    with s.transaction() as db:
+        s.ensure_users(db, [(u, "a") for u in users], 0.0)
+        db.executemany(
+            "INSERT INTO pending(user_id, kind, ref, created) VALUES (?, 'page', ?, 0)",
+            [(u, i) for i, u in enumerate(users)],
+        )
+    every = s.pending_items("page")
+    for shard in (0, 1):
+        mine = OwnedStore(s, shard, 2).pending_items("page")
+        assert mine == [w for w in every if shard_of(w[1], 2) == shard]
+        assert mine and len(mine) < len(every)
+
+
 def test_a_shards_arena_extent_counts_only_what_it_loads(backend: Backend) -> None:
     """A shard reserves for its own users' segments and rings and every assistant's ring (it
     loads all assistant knowledge): the shards' segments and blocks add up to the store's."""

@@ -80,7 +80,8 @@ def test_nothing_pending_or_nothing_asked() -> None:
 
 
 def test_the_store_reads_a_round_of_its_own_pending_items(backend: Backend) -> None:
-    """``pending_round`` returns the rows (work_id, user_id, ref) in that order, one kind."""
+    """``pending_items`` lists the rows (work_id, user_id, ref) of one kind in queue order, and
+    a queue read from them hands them out in the round's order."""
     st_ = backend.open(backend.spec("rounds"))
     try:
         with st_.transaction() as db:
@@ -95,10 +96,12 @@ def test_the_store_reads_a_round_of_its_own_pending_items(backend: Backend) -> N
                     ("y/c", "page", 4),
                 ],
             )
-        got = st_.pending_round("page", 10, per_user=2)
+        items = st_.pending_items("page")
+        assert [ref for _, _, ref in items] == [1, 2, 3, 4]
+        got = PendingQueue(items).next_round(10, 2)
         assert [(u, ref) for _, u, ref in got] == [("x/a", 1), ("y/c", 4), ("x/b", 3), ("x/a", 2)]
         assert len({w for w, _, _ in got}) == 4  # each row its own work item
-        firsts = st_.pending_round("page", 2, per_user=1)
+        firsts = PendingQueue(items).next_round(2, 1)
         assert [(u, ref) for _, u, ref in firsts] == [("x/a", 1), ("y/c", 4)]
     finally:
         st_.close()

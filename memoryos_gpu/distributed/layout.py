@@ -329,11 +329,8 @@ class OwnedStore:
     def pending(self, kind: str) -> list[tuple[int, str, int]]:
         return [w for w in self._store.pending(kind) if self.owns(w[1])]
 
-    def pending_round(self, kind: str, limit: int, per_user: int = 1) -> list[tuple[int, str, int]]:
-        # the oldest items of each user, over every user, then this shard's: a user's oldest
-        # items are the same either way
-        every = self._store.pending_round(kind, 1 << 62, per_user)
-        return [w for w in every if self.owns(w[1])][:limit]
+    def pending_items(self, kind: str) -> list[tuple[int, str, int]]:
+        return [w for w in self._store.pending_items(kind) if self.owns(w[1])]
 
     def count_pending(self, user_id: str | None = None) -> int:
         if user_id is not None:

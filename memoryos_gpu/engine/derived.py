@@ -186,7 +186,7 @@ class _QueueRead:
 
 
 def full_waves(items: list[WorkItem], share: float) -> list[WorkItem]:
-    """The leading waves of a round's items (listed wave by wave, as ``store.pending_round``
+    """The leading waves of a round's items (listed wave by wave, as ``PendingQueue.next_round``
     gives them) that each hold at least ``share`` of the first wave's items.
 
     Why: a wave's stages and apply have a fixed cost, so a wave of the few users with a second

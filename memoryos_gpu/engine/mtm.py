@@ -63,7 +63,7 @@ class Segments:
 
     def process_pages(self, items: list[WorkItem]) -> int:
         """Apply one round of pending pages to their users' MTM: its *waves* in order (wave
-        ``j`` holds the ``j``-th item of each user, as ``store.pending_round`` lists them).
+        ``j`` holds the ``j``-th item of each user, as ``PendingQueue.next_round`` lists them).
 
         The inputs are read under the engine lock, the stages (LLM, summary embeddings) run
         without it, wave after wave (a page's chain context is the previous wave's outcome),

@@ -20,7 +20,6 @@ import numpy as np
 
 from memoryos_gpu.store.derivations import KNOWLEDGE, profile_sources, sources
 from memoryos_gpu.store.errors import StoreError
-from memoryos_gpu.store.rounds import round_order
 from memoryos_gpu.store.rows import (
     PageView,
     blob_matrix,
@@ -240,27 +239,10 @@ class StoreReads:
             )
         ]
 
-    def pending_round(self, kind: str, limit: int, per_user: int = 1) -> list[tuple[int, str, int]]:
-        """(work_id, user_id, ref) of one scheduling round: the oldest ``per_user`` pending
-        items of each user that has some, at most ``limit``, in *waves*: every user's oldest
-        item first, then every user's second oldest, and so on (so a user's items stay in
-        order, and a user with a long backlog does not push another user's one page into
-        later rounds).
-
-        Within a wave tenants take turns: the oldest user of every tenant first, then the
-        second oldest of each, and so on (oldest first within a turn), so a tenant with a
-        thousand users pending does not push another tenant's one page into later rounds.
-        Without tenant prefixes each wave is oldest first. The order is :func:`round_order`'s,
-        over the kind's items read in queue order."""
-        rows = self.pending_items(kind)
-        if not rows:
-            return []
-        _, users, _ = zip(*rows, strict=True)
-        return [rows[i] for i in round_order(users, per_user, limit).tolist()]
-
     def pending_items(self, kind: str) -> list[tuple[int, str, int]]:
         """(work_id, user_id, ref) of every pending item of ``kind``, in queue order: what a
-        drain's :class:`~memoryos_gpu.store.rounds.PendingQueue` is read from."""
+        drain's :class:`~memoryos_gpu.store.rounds.PendingQueue` is read from, which hands
+        out its rounds (waves per user, tenants in turn: ``rounds.round_order``)."""
         return self.query(
             "SELECT work_id, user_id, ref FROM pending WHERE kind = ? ORDER BY work_id", (kind,)
         )

@@ -1,10 +1,11 @@
 """The order of a derived-work round: waves of users' pending items, tenants in turn.
 
-:meth:`~memoryos_gpu.store.reads.StoreReads.pending_round` reads the pending items of a kind
-in queue order and hands them here. The order is computed with array sorts rather than by
-the database: as two SQL window functions and a sort, SQLite took ~1 ms for a round read of
-330 items (~3 us an item: a derived round's largest statement at ingestion), where the plain
-read takes ~0.18 ms and these sorts ~0.08 ms.
+:meth:`~memoryos_gpu.store.reads.StoreReads.pending_items` reads the pending items of a kind
+in queue order; :class:`PendingQueue` hands out their rounds in the order :func:`round_order`
+defines. The order is computed in Python rather than by the database: as two SQL window
+functions and a sort, SQLite took ~1 ms for a round read of 330 items (~3 us an item: a derived
+round's largest statement at ingestion), where the plain read takes ~0.18 ms and array sorts
+~0.08 ms.
 
 A drain (``process_pending`` until the queue is empty) reads the queue once into a
 :class:`PendingQueue`, which hands out the same rounds from memory: reading the whole queue for
@@ -35,9 +36,12 @@ def tenant_of(user_id: str) -> str:
 def round_order(user_ids: Sequence[str], per_user: int, limit: int) -> np.ndarray:
     """Positions (into ``user_ids``, one per pending item in queue order) of one round: the
     oldest ``per_user`` items of each user, at most ``limit``, in *waves* (every user's oldest
-    item, then every user's second oldest, ...), within a wave the tenants in turn (the oldest
-    item of every tenant, then the second oldest of each, ...; tenants by :func:`tenant_of`),
-    ties in queue order."""
+    item, then every user's second oldest, ...: a user's items stay in order, and a user with
+    a long backlog does not push another user's one page into later rounds), within a wave
+    the tenants in turn (the oldest item of every tenant, then the second oldest of each, ...;
+    tenants by :func:`tenant_of`: a tenant with a thousand users pending does not push another
+    tenant's one page into later rounds), ties in queue order. The rule
+    :class:`PendingQueue` follows; kept as the reference its tests hold it to."""
     n = len(user_ids)
     if n == 0 or limit <= 0 or per_user <= 0:
         return np.zeros(0, np.int64)
