@@ -348,10 +348,13 @@ def _write_as_is(path: str, text: str, how: str) -> None:
 
 def _replace_atomically(real: Path, text: str, mode: int | None) -> None:
     """Write ``text`` into a temporary file beside ``real`` (a path without links), flushed,
-    then renamed over ``real``, which keeps its permissions (``mode``; None: a new file)."""
+    then renamed over ``real``, which keeps its permissions (``mode``; None: a new file,
+    readable by its owner only, as the store is: an export holds a user's whole memory,
+    decrypted when the store is encrypted)."""
     tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

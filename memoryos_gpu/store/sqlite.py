@@ -20,6 +20,7 @@ side (:mod:`memoryos_gpu.store.reads`) and the erasure of deleted content
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -134,7 +135,7 @@ class SQLiteStore(StoreReads, SQLiteErasure):
                 raise StoreError(f"cannot open store {self.path}: it is a directory")
             folder = Path(self.path).parent
             try:  # a user's path (under /proc, no permission): one line, not a traceback
-                folder.mkdir(parents=True, exist_ok=True)
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             except OSError as exc:
                 why = exc.strerror or str(exc)
                 raise StoreError(
@@ -144,6 +145,7 @@ class SQLiteStore(StoreReads, SQLiteErasure):
             if writer:  # first: a refused open must not touch the database
                 self._writer = SQLiteWriterLock(self.path)
                 self._writer.acquire()
+                _create_private(self.path)
         try:
             self._db, self._dbapi = connect(
                 self.path, secret, check_same_thread=False, isolation_level=None, timeout=30.0
@@ -593,3 +595,12 @@ class SQLiteStore(StoreReads, SQLiteErasure):
         others = {(e, o) for e, o in forgotten.owners if o != user_id}
         self.audit_many(db, [(o, "delete", "knowledge", e) for e, o in sorted(others)])
         return forgotten
+
+
+def _create_private(path: str) -> None:
+    """Create a new store's database file readable by its owner only (0600), before SQLite
+    creates it 0644 (less the umask): the file holds every user's text, and SQLite gives its
+    ``-wal`` and ``-shm`` files the database file's permissions. A folder the store creates is
+    0700; an existing file or folder keeps its permissions (the operator's choice)."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
