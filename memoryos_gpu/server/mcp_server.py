@@ -572,6 +572,23 @@ def _parser(prog: str = "python -m memoryos_gpu.server.mcp_server") -> argparse.
     p.add_argument("--port", type=_port, default=8765, help="1 to 65535 [default: 8765].")
     p.add_argument("--path", default="/mcp", help="Streamable HTTP endpoint path.")
     p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=None,
+        metavar="HOST[:PORT]",
+        help="A Host header the HTTP transport answers (repeat for several; 'name:*' for any "
+        "port): turns the SDK's DNS-rebinding checks on for a non-loopback --host, which "
+        "otherwise runs without them (a warning says so).",
+    )
+    p.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=None,
+        metavar="ORIGIN",
+        help="An Origin header the HTTP transport accepts (e.g. https://app.example.com; "
+        "repeat for several), with --allowed-host.",
+    )
+    p.add_argument(
         "--stateless",
         action="store_true",
         help="Streamable HTTP without sessions (each request stands alone; for load balancers "
@@ -834,10 +851,27 @@ def http_app(
     host: str = "127.0.0.1",
     stateless: bool = False,
     json_response: bool = False,
+    allowed_hosts: list[str] | None = None,
+    allowed_origins: list[str] | None = None,
 ) -> Any:
-    """The streamable HTTP app; its lifespan starts and drains the service."""
+    """The streamable HTTP app; its lifespan starts and drains the service. The SDK checks
+    Host and Origin (DNS rebinding) by itself only on a loopback ``host``; ``allowed_hosts``
+    turns the checks on for any host, with those names (and ``allowed_origins``)."""
+    security = None
+    if allowed_hosts:
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=list(allowed_hosts),
+            allowed_origins=list(allowed_origins or []),
+        )
     app = mcp.streamable_http_app(
-        streamable_http_path=path, host=host, stateless_http=stateless, json_response=json_response
+        streamable_http_path=path,
+        host=host,
+        stateless_http=stateless,
+        json_response=json_response,
+        transport_security=security,
     )
     app.add_middleware(_BodyFirst)
     inner = app.router.lifespan_context
@@ -859,6 +893,32 @@ def http_app(
     return app
 
 
+def warn_if_unchecked(host: str, allowed_hosts: list[str] | None) -> None:
+    """One warning when the HTTP transport listens beyond loopback with no Host/Origin checks:
+    the SDK makes them only for a loopback host, and the transport has no authentication, so a
+    web page a user opens could reach it by DNS rebinding and nothing would say so."""
+    if not allowed_hosts and not _loopback(host):
+        log.warning(
+            "MCP server on %s without Host/Origin checks (DNS rebinding protection) and "
+            "without authentication: give --allowed-host with the names clients use (and "
+            "--allowed-origin), and keep it behind a proxy that authenticates",
+            host,
+        )
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` (a --host value) is a loopback name or address: where the SDK checks
+    Host and Origin by itself."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _serve_http(service: MemoryService, mcp: Any, args: argparse.Namespace) -> None:
     """Serve until SIGTERM / Ctrl-C. A taken port is :class:`StartupError` before the engine
     loads (uvicorn binds after the app's startup, and says so as its own ERROR and exit code
@@ -870,6 +930,7 @@ def _serve_http(service: MemoryService, mcp: Any, args: argparse.Namespace) -> N
     from memoryos_gpu.server.app import shutdown_failed
 
     check_listen_address(args.host, args.port)
+    warn_if_unchecked(args.host, args.allowed_host)
     app = http_app(
         service,
         mcp,
@@ -877,6 +938,8 @@ def _serve_http(service: MemoryService, mcp: Any, args: argparse.Namespace) -> N
         host=args.host,
         stateless=args.stateless,
         json_response=args.json_response,
+        allowed_hosts=args.allowed_host,
+        allowed_origins=args.allowed_origin,
     )
     config = uvicorn.Config(
         app,
