@@ -22,8 +22,9 @@ pages are there, queued derived work resumes. Requests to its users fail (503) m
 
 **Shutdown** (:func:`finish_app`, before the application is deleted): the router refuses new
 requests, the shards drain and finish derived work, one last exchange, then each shard saves
-its keyword statistics and closes its store. A replica stopped without it (``serve delete``)
-closes itself in Serve's shutdown hook, without the last exchange.
+its keyword statistics and closes its store. Then :func:`stop_app` takes the application down
+with Serve's HTTP proxy (never a 404 for a route that is gone). A replica stopped without it
+(``serve delete``) closes itself in Serve's shutdown hook, without the last exchange.
 
 Run it: ``memoryos-gpu serve --ray --shards N --store DIR`` (local Ray, or $RAY_ADDRESS), or
 ``serve run deploy/ray-serve.yaml`` (see that file), whose import path is :func:`app_builder`.
@@ -63,6 +64,7 @@ __all__ = [
     "build_app",
     "finish_app",
     "run",
+    "stop_app",
 ]
 
 log = logging.getLogger("memoryos_gpu.server")
@@ -260,7 +262,8 @@ def run(
     ``blocking``, serve until SIGINT, SIGTERM or SIGHUP, then shut the application down and
     return: the shards drain their queues, finish derived work, exchange keyword statistics and
     facts a last time, save and close their stores (:func:`finish_app`), then the application
-    is deleted. The signals follow :mod:`memoryos_gpu.stop_signals` (the first stops
+    is deleted, with Serve itself when this run started it (:func:`stop_app`: no 404s while
+    it stops). The signals follow :mod:`memoryos_gpu.stop_signals` (the first stops
     gracefully, a second Ctrl-C stops waiting for the shards); a stop that comes while the
     application starts shuts it down as soon as it has started. A store laid out for another
     shard count, or a shard another process holds for writing, is refused before Ray starts
@@ -283,6 +286,7 @@ def run(
             # short by SIGABRT (exit -6). Set through signal.signal, ours replaces both.
             stop.install()
         serve = _serve()
+        own_serve = not _serve_running(serve)
         serve.start(http_options={"host": host, "port": int(port)})
         app = build_app(config, shards, api_keys=api_keys, settings=settings, **kw)
         serve.run(app, name=APP_NAME, route_prefix="/")
@@ -295,9 +299,37 @@ def run(
         try:
             finish_app(serve)
         finally:  # a second Ctrl-C in finish_app's wait, or its failure, is logged there
-            serve.delete(APP_NAME)
+            stop_app(serve, own_serve)
     finally:
         stop.restore()
+
+
+def _serve_running(serve: Any) -> bool:
+    """Whether Serve already runs on the cluster (proxies or applications), before
+    :func:`run` starts it: one that runs is someone else's to stop (:func:`stop_app`)."""
+    status = serve.status()
+    return bool(status.proxies or status.applications)
+
+
+def stop_app(serve: Any, own_serve: bool) -> None:
+    """Take the application down once :func:`finish_app` is done: all of Serve when this run
+    started it (``own_serve``) and the application is its only one, else the application only.
+
+    Why not always ``serve.delete``: Serve's HTTP proxy outlives the deletion (until Ray
+    stops) and answers ``404 Path '...' not found`` (text/plain) for every path the deleted
+    application routed: seconds of 404s for ``/v1/users/{user}/...`` after the router's 503s,
+    an answer clients take for "no such route" and do not retry. ``serve.shutdown`` stops the
+    proxies in the same controller step that starts deleting the applications, before their
+    routes go: clients get the router's 503 + ``Retry-After``, then connection refused.
+    Serve that runs someone else's applications (or that was running before) keeps its
+    proxies; only this application is deleted there, and its paths then answer Serve's 404.
+    ``serve.shutdown`` waits for the replicas 30 s at most (Ray's limit; ``serve.delete`` has
+    none): after :func:`finish_app` they are closed already, but after a second Ctrl-C a
+    replica's own close that takes longer is cut short when Ray stops."""
+    if own_serve and set(serve.status().applications) <= {APP_NAME}:
+        serve.shutdown()
+    else:
+        serve.delete(APP_NAME)
 
 
 def finish_app(serve: Any) -> None:
