@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import click
 
@@ -374,6 +375,34 @@ def _warn_of_unused_settings(o: EngineOptions, cfg: Any) -> None:
     ]
     if unread:
         _warn(f"{', '.join(unread)} have no effect with the {cfg.embedder} embedder")
+    _warn_of_secrets_in_flags(o)
+
+
+def _warn_of_secrets_in_flags(o: EngineOptions) -> None:
+    """One line when a secret came as a command-line flag (``--llm-api-key``, a password in
+    ``--llm-base-url``): the process's command line is readable by every local user (``ps``),
+    for as long as it runs -- the server's above all. The variable and the config file are not
+    shown there."""
+    flags = []
+    if o.llm_api_key is not None and _on_command_line("llm_api_key"):
+        flags.append("--llm-api-key")
+    if o.llm_base_url and urlsplit(o.llm_base_url).password:
+        flags.append("a password in --llm-base-url")
+    if flags:
+        _warn(
+            f"{' and '.join(flags)}: the command line is visible to every user of this machine "
+            f"(ps); give the key in ${ENV_LLM_API_KEY} or the config file's [llm] api_key"
+        )
+
+
+def _on_command_line(param: str) -> bool:
+    """Whether click took ``param`` from the command line (not its environment variable)."""
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        if param in ctx.params:
+            return ctx.get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE
+        ctx = ctx.parent
+    return False
 
 
 _warned: set[str] = set()  # each warning once per process (a command may build twice)
