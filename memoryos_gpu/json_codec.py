@@ -20,8 +20,19 @@ def _default(obj: Any) -> Any:
 def _dumps_stdlib(data: Any) -> bytes:
     """The standard library's JSON as UTF-8. A lone surrogate (a str no UTF-8 encodes, which
     reached a store before the server refused them) is written as its JSON escape
-    (``\\ud800``): an answer must not fail to encode, least of all after its write."""
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=_default)
+    (``\\ud800``): an answer must not fail to encode, least of all after its write.
+
+    A value nested deeper than the interpreter's stack allows (~1,000 levels: orjson, which
+    stops at 255, hands such a value here) is ``ValueError`` saying so, as for any other value
+    JSON cannot carry: a ``RecursionError`` escaped every caller's ``(TypeError, ValueError)``
+    (a request's meta checked with it was a plain-text 500 and a traceback of ~3,000 lines)."""
+    try:
+        text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=_default)
+    except RecursionError:
+        raise ValueError(
+            "the value is nested too deeply to encode as JSON (objects and arrays within one "
+            "another past the interpreter's recursion limit): flatten it"
+        ) from None
     return text.encode("utf-8", "backslashreplace")
 
 

@@ -18,7 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from memoryos_gpu import EngineConfig, MemoryEngine
-from memoryos_gpu.engine.validation import InvalidInputError
+from memoryos_gpu.engine.validation import MAX_META_DEPTH, InvalidInputError
 from memoryos_gpu.store.writer import StoreLockedError
 
 META = {"speaker": {"name": "Alice"}, "tags": ["a", {"deep": ["x"]}]}
@@ -95,13 +95,17 @@ def test_frozen_extra_still_behaves_as_plain_data() -> None:
         assert e.retrieve("u", "hello").stm[0].extra == META
 
 
-def test_meta_nested_as_deep_as_json_allows_is_kept() -> None:
+def test_meta_nested_to_the_limit_is_kept_and_one_level_more_refused() -> None:
+    """A meta nests at most MAX_META_DEPTH levels (the meta itself is level 1): every way a
+    page is served back recurses per level, so deeper is refused at write, never stored."""
     deep: Any = "leaf"
-    for _ in range(600):  # json.dumps takes it; a recursive copy of 2-3 frames a level would not
+    for _ in range(MAX_META_DEPTH - 1):  # lists in lists, in {"d": ...}: the limit exactly
         deep = [deep]
     with _engine() as e:
         e.add("u", "deep", meta={"d": deep})
         assert e.retrieve("u", "deep").stm[0].extra == {"d": deep}
+        with pytest.raises(InvalidInputError, match=f"the limit is {MAX_META_DEPTH}"):
+            e.add("u", "deeper", meta={"d": [deep]})
 
 
 # -- an engine dropped without close() ------------------------------------------------------

@@ -62,6 +62,7 @@ from .state import DEFAULT_ASSISTANT
 from .validation import (
     MAX_ID_CHARS,
     MAX_META_BYTES,
+    MAX_META_DEPTH,
     MAX_TEXT_CHARS,
     InvalidInputError,
     _clean_id,
@@ -76,6 +77,7 @@ __all__ = [
     "DEFAULT_ASSISTANT",
     "MAX_ID_CHARS",
     "MAX_META_BYTES",
+    "MAX_META_DEPTH",
     "MAX_TEXT_CHARS",
     "InvalidInputError",
     "MemoryEngine",

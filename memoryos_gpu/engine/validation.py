@@ -35,6 +35,16 @@ MAX_TEXT_CHARS = 1_000_000
 MAX_ID_CHARS = 256
 #: Most bytes of a page's ``meta``, counted as stored: UTF-8 JSON (``json_codec.dumps``).
 MAX_META_BYTES = 65_536
+#: Most levels of dicts and lists (tuples) within one another in a page's ``meta``, the meta
+#: itself level 1 (``{"a": {"b": [1]}}`` is 3). Why a limit, and why 64: the bytes limit
+#: leaves room for ~20,000 levels, and every path that serves a page back recurses once or
+#: more per level -- pickling between the processes of ``serve --workers`` (failed from ~490
+#: levels, and took the requests sent beside it down too), the standard library's JSON
+#: (orjson stops at 255, counted from the answer's top, where a meta sits ~5 levels deep),
+#: ``Scope.strip_ids``, the answers' models -- so a meta the store kept could no longer be
+#: listed, exported or retrieved with its sources. 64 is 4x what orjson takes even inside an
+#: answer and ~8x under the shallowest recursion limit, and far more than metadata needs.
+MAX_META_DEPTH = 64
 MAX_ITEM_ID = 2**63 - 1  # the largest SQLite INTEGER (and PostgreSQL BIGINT)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # category Cc, but \t and \n
@@ -264,6 +274,7 @@ def _check_meta(meta: dict[str, Any]) -> dict[str, Any]:
     was stored and then broke every answer showing the page (``export``, ``retrieve
     --json``). The check costs one C-level scan of the encoding the strict check makes
     anyway (none for an ASCII meta); only a meta holding a surrogate is copied."""
+    check_meta_depth(meta)  # first: the encoders below recurse once or more per level
     try:
         text = json.dumps(meta, allow_nan=False, ensure_ascii=False)
         if not text.isascii() and _SURROGATE.search(text):
@@ -280,6 +291,29 @@ def _check_meta(meta: dict[str, Any]) -> dict[str, Any]:
             f"meta is {size} bytes as stored (UTF-8 JSON); the limit is {MAX_META_BYTES}"
         )
     return meta
+
+
+def check_meta_depth(meta: Any, what: str = "meta") -> None:
+    """:class:`InvalidInputError` naming :data:`MAX_META_DEPTH` when ``meta`` holds dicts,
+    lists or tuples more than that many levels within one another (``meta`` itself is level
+    1); nothing for any other value. Iterative, so it cannot itself overflow the stack, and it
+    stops at the first container past the limit: a meta that holds itself is refused here as
+    too deep (the JSON encoder would call it circular). Public so a way in that reads a meta
+    before the engine does (the HTTP models, which pickle it to the engine process under
+    ``serve --workers``) refuses it with the same words."""
+    if not isinstance(meta, dict | list | tuple):
+        return
+    todo: list[tuple[Any, int]] = [(meta, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if depth > MAX_META_DEPTH:
+            raise InvalidInputError(
+                f"{what} is nested too deeply: more than {MAX_META_DEPTH} levels of objects "
+                f"and arrays within one another; the limit is {MAX_META_DEPTH}: flatten it"
+            )
+        for value in node.values() if isinstance(node, dict) else node:
+            if isinstance(value, dict | list | tuple):
+                todo.append((value, depth + 1))
 
 
 def _without_surrogates(value: Any) -> Any:

@@ -45,6 +45,7 @@ from typing import Any
 import zmq
 
 from memoryos_gpu.distributed.ray_common import BoxedError
+from memoryos_gpu.engine.validation import InvalidInputError
 from memoryos_gpu.server.batching import Unavailable
 from memoryos_gpu.types import KnowledgeEntry, Retrieval, RetrievedPage
 
@@ -57,6 +58,10 @@ HWM = 1_000_000
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 log = logging.getLogger("memoryos_gpu.server")
+
+
+#: A request as it travels: ``(id, method, args, kwargs)``.
+_Request = tuple[int, str, tuple[Any, ...], dict[str, Any]]
 
 
 def _by_fields(cls: type) -> Callable[[Any], tuple[type, tuple[Any, ...]]]:
@@ -169,7 +174,7 @@ class EngineClient:
         self._sock.sock.connect(address)
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future] = {}
-        self._outbox: list[tuple[int, str, tuple[Any, ...], dict[str, Any]]] = []
+        self._outbox: list[_Request] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
 
@@ -205,20 +210,55 @@ class EngineClient:
 
     def _flush(self) -> None:
         """Send what this loop iteration's requests queued, as one message: under load that is
-        one ZeroMQ message (one wake-up of each side) for many requests."""
+        one ZeroMQ message (one wake-up of each side) for many requests.
+
+        When the batch does not pickle, each request goes as its own message and one that
+        cannot be pickled fails alone (:meth:`_one_by_one`); a send that fails fails the
+        requests of its message (:class:`EngineGone`). Why: any exception but ``zmq.Again``
+        used to drop the whole batch -- every request of the loop iteration, of any tenant --
+        with nothing answered, and their clients waited until the server stopped (one page
+        whose meta nested ~500 deep did it)."""
         batch, self._outbox = self._outbox, []
         try:
-            self._sock.send([dump(batch)])
-        except zmq.Again:  # no engine process connected (restarting)
-            for rid, *_ in batch:
-                fut = self._pending.pop(rid, None)
-                if fut is not None and not fut.done():
-                    fut.set_exception(
-                        EngineGone(
-                            "the engine process is not running (restarting); retry",
-                            self.retry_after,
-                        )
+            messages = [(batch, dump(batch))]
+        except Exception:  # a request pickle cannot carry (nested past the stack, ...)
+            messages = self._one_by_one(batch)
+        for sent, data in messages:
+            try:
+                self._sock.send([data])
+            except zmq.Again:  # no engine process connected (restarting)
+                self._fail(sent, "the engine process is not running (restarting); retry")
+            except Exception as exc:  # the socket failed (closed, context ended): not sent
+                log.warning("a message to the engine process could not be sent: %r", exc)
+                self._fail(sent, f"the request could not be sent to the engine process: {exc}")
+
+    def _one_by_one(self, batch: list[_Request]) -> list[tuple[list[_Request], bytes]]:
+        """A message for each request of ``batch`` that pickles; each other one's caller gets
+        the error: :class:`InvalidInputError` (a 422) for one nested past the interpreter's
+        recursion limit -- only a client's data nests so deep -- else the pickling error
+        itself (a server bug: a 500, logged)."""
+        messages: list[tuple[list[_Request], bytes]] = []
+        for request in batch:
+            try:
+                messages.append(([request], dump([request])))
+            except Exception as exc:
+                fut = self._pending.pop(request[0], None)
+                if fut is None or fut.done():
+                    continue
+                if isinstance(exc, RecursionError):
+                    exc = InvalidInputError(
+                        f"the request to {request[1]!r} is nested too deeply to pass to the "
+                        "engine process (objects and arrays within one another): flatten it"
                     )
+                fut.set_exception(exc)
+        return messages
+
+    def _fail(self, batch: list[_Request], why: str) -> None:
+        """Fail each request of ``batch`` that still waits with :class:`EngineGone` (a 503)."""
+        for rid, *_ in batch:
+            fut = self._pending.pop(rid, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(EngineGone(why, self.retry_after))
 
     def request_sync(self, method: str, *args: Any, timeout: float | None = None, **kw: Any) -> Any:
         """:meth:`request` from a thread other than the event loop's."""

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
-from memoryos_gpu.engine.validation import MAX_META_BYTES
+from memoryos_gpu.engine.validation import MAX_META_BYTES, InvalidInputError, check_meta_depth
 from memoryos_gpu.llm.base import LLMBackendError
 from memoryos_gpu.llm.breaker import DEFAULT_COOLDOWN_S
 from memoryos_gpu.log_setup import LogThrottle
@@ -74,6 +74,10 @@ def check_meta(meta: Mapping[str, Any], limit: int) -> None:
     between the two limits got a 422 where every other size limit answers 413."""
     if not meta:
         return
+    try:  # first: the encoders below recurse once or more per level
+        check_meta_depth(meta)
+    except InvalidInputError as exc:
+        raise ApiError(422, "invalid_input", str(exc)) from None
     try:
         size = len(dumps(meta))  # what the store keeps, measured as the engine measures it
         exact = json.dumps(meta).encode()  # exact integers, NaN as NaN, surrogates escaped

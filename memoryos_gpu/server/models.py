@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from memoryos_gpu.engine.validation import check_meta_depth
 from memoryos_gpu.mem0.filters import entity_id
 
 
@@ -54,6 +55,18 @@ def _written_name(value: str | None, what: str) -> str | None:
     return value
 
 
+def _shallow_meta(value: dict[str, Any] | None, what: str) -> dict[str, Any] | None:
+    """``value`` if it nests at most the engine's ``MAX_META_DEPTH`` levels, else ValueError
+    (a 422 naming the field and the limit). Why here and not only in the engine, which refuses
+    it too: under ``serve --workers`` the meta is pickled to the engine process first, and
+    pickling recurses per level (a meta ~490 deep failed the send and, with it, every request
+    of other tenants sent in the same message); a model checks it in the worker, for the
+    FastAPI and the direct routes alike."""
+    if value is not None:
+        check_meta_depth(value, what)  # InvalidInputError is a ValueError: pydantic's 422
+    return value
+
+
 def _not_bool(value: Any) -> Any:
     """Refuse a boolean timestamp with a message that says so: strict mode refuses it too, but
     as "not a valid number" and "not a valid string" of the union's two arms."""
@@ -92,6 +105,11 @@ class PageIn(_Strict):
     @classmethod
     def _src(cls, v: str | None) -> str | None:
         return _written_name(v, "source")
+
+    @field_validator("meta")
+    @classmethod
+    def _meta(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _shallow_meta(v, "meta")  # type: ignore[return-value]
 
 
 class UserPageIn(PageIn):
@@ -363,6 +381,11 @@ class Mem0AddIn(_Strict):
     @classmethod
     def _rid(cls, v: str | int | None) -> str | None:
         return _mem0_id(v, "run_id")
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _shallow_meta(v, "metadata")  # stored as the page's meta
 
 
 class Mem0SearchIn(_Strict):

@@ -226,22 +226,36 @@ class Scope:
         return stored_id
 
     def strip_ids(self, data: Any) -> Any:
-        """Remove the tenant prefix from id fields anywhere in a JSON-like structure."""
-        if not self.prefix:
+        """Remove the tenant prefix from id fields anywhere in a JSON-like structure (a copy:
+        its dicts and lists new, the rest shared).
+
+        Iterative: a page's meta is part of what is stripped, and the recursive walk of one
+        call per level raised RecursionError (a 500 on every read of that user, under
+        ``serve --workers`` from ~480 levels); the engine now refuses a meta deeper than
+        ``MAX_META_DEPTH``, but a store may hold one written before."""
+        if not self.prefix or not isinstance(data, dict | list):
             return data
-        if isinstance(data, dict):
-            return {
-                k: (
-                    self.strip(v)
-                    if k
-                    in ("user_id", "owner_id", "assistant_id", "agent_id", "source", "source_user")
-                    else self.strip_ids(v)
-                )
-                for k, v in data.items()
-            }
-        if isinstance(data, list):
-            return [self.strip_ids(v) for v in data]
-        return data
+        out: Any = {} if isinstance(data, dict) else []
+        todo: list[tuple[Any, Any]] = [(data, out)]
+        while todo:
+            src, dst = todo.pop()
+            items = src.items() if isinstance(src, dict) else enumerate(src)
+            for k, v in items:
+                if isinstance(src, dict) and k in _ID_FIELDS:
+                    v = self.strip(v)
+                elif isinstance(v, dict | list):
+                    child: Any = {} if isinstance(v, dict) else []
+                    todo.append((v, child))
+                    v = child
+                if isinstance(dst, dict):
+                    dst[k] = v
+                else:
+                    dst.append(v)
+        return out
+
+
+#: The fields :meth:`Scope.strip_ids` takes the tenant prefix off, at any depth.
+_ID_FIELDS = frozenset(("user_id", "owner_id", "assistant_id", "agent_id", "source", "source_user"))
 
 
 def check_text(settings: ServerSettings, **texts: str | None) -> None:
