@@ -33,7 +33,7 @@ pytest.importorskip("prometheus_client")
 
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
-from served import HA, KEYS, hashing, serve
+from served import ADMIN_KEYS, HA, HADMIN, hashing, serve
 from starlette.routing import Route
 
 from memoryos_gpu.engine import MemoryEngine
@@ -155,12 +155,15 @@ def _wait_for(client: Any, state: str) -> str:
 def test_every_route_answers_503_naming_the_load_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, keyed: bool
 ) -> None:
+    """Every route answers 503 while the engine is not loaded; an open server names the load
+    error (its one tenant is its operator), a server with API keys names it to the admin key
+    only: the error names the store's file or database host (security sweep, defect 7)."""
     monkeypatch.delenv("MEMORYOS_GPU_KEY", raising=False)
     make, state, cause = SOURCES[kind]
     headers = HA if keyed else {}
-    with serve(make(tmp_path), keys=KEYS if keyed else None, wait_ready=False) as c:
+    with serve(make(tmp_path), keys=ADMIN_KEYS if keyed else None, wait_ready=False) as c:
         status = _wait_for(c, state)
-        assert cause in status
+        assert (cause in status) is not keyed, status
         if state == "failed":
             assert NOT_RETRIED in status  # a permanent failure says so
         calls = app_calls(c.app)  # type: ignore[attr-defined]
@@ -174,17 +177,22 @@ def test_every_route_answers_503_naming_the_load_error(
             if call.path == "/ready":
                 assert r.status_code == 503 and r.json()["ready"] is False, what
                 assert r.json()["status"] == status and "retry-after" in r.headers, what
+            elif call.path == "/metrics" and keyed:
+                assert r.status_code == 403, what  # every tenant's load: the admin's
             elif not call.path.startswith("/v1/"):
                 assert r.status_code == 200, what  # /health, /metrics, the API's description
             else:
                 assert r.status_code == 503, what
-                assert r.json()["error"] == "unavailable" and cause in r.json()["detail"], what
+                detail = r.json()["detail"]
+                assert r.json()["error"] == "unavailable" and (cause in detail) is not keyed, what
                 assert int(r.headers["retry-after"]) >= 1, what
                 if state == "failed":
-                    assert "failed to load" in r.json()["detail"], what
-                    assert NOT_RETRIED in r.json()["detail"], what
+                    assert "failed to load" in detail and NOT_RETRIED in detail, what
                 else:  # tried again: the configured Retry-After, as /ready says
                     assert r.headers["retry-after"] == RETRY_AFTER, what
+        if keyed:  # the operator's view: the whole error
+            r = c.get("/v1/stats", headers=HADMIN)
+            assert r.status_code == 503 and cause in r.json()["detail"], r.text
 
 
 # ====================================================================== rejects of an ingest

@@ -272,7 +272,7 @@ def test_metrics_add_up_over_workers(server: Supervised) -> None:
     counts all of them."""
 
     def count() -> float:
-        text = httpx.get(f"{server.base}/metrics").text
+        text = httpx.get(f"{server.base}/metrics", headers=HADMIN).text
         pat = (
             r"memoryos_http_request_duration_seconds_count"
             r'\{method="GET",route="/health",status="200"\} (\S+)'
@@ -284,7 +284,7 @@ def test_metrics_add_up_over_workers(server: Supervised) -> None:
     for _ in range(40):
         assert httpx.get(f"{server.base}/health").status_code == 200
     assert count() - before == 40
-    text = httpx.get(f"{server.base}/metrics").text
+    text = httpx.get(f"{server.base}/metrics", headers=HADMIN).text
     assert re.search(r'memoryos_batch_size_count\{queue="write"\} [1-9]', text)  # engine's
     assert re.search(r"^memoryos_pending_derived \S+$", text, re.M)
 

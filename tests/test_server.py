@@ -98,7 +98,7 @@ def test_token_bucket() -> None:
 
 # ====================================================================== probes, auth
 def test_probes_auth_and_openapi() -> None:
-    with serve(hashing()) as c:
+    with serve(hashing(), keys=ADMIN_KEYS) as c:
         assert c.get("/health").json() == {"status": "ok"}
         assert c.get("/ready").json()["ready"] is True
         spec = c.get("/openapi.json").json()
@@ -110,8 +110,10 @@ def test_probes_auth_and_openapi() -> None:
         probes = {p: set(spec["paths"][p]["get"]["responses"]) for p in ("/health", "/ready")}
         assert probes == {"/health": {"200"}, "/ready": {"200", "503"}}  # no key: no 401
         assert {"401", "429"} <= set(spec["paths"]["/v1/users"]["get"]["responses"])
-        for probe in ("/health", "/metrics"):  # what the spec says: 200 with any key or none
-            assert c.get(probe, headers={"Authorization": "Bearer wrong"}).status_code == 200
+        # /health: 200 with any key or none; /metrics shows every tenant's load: the admin's
+        assert c.get("/health", headers={"Authorization": "Bearer wrong"}).status_code == 200
+        assert c.get("/metrics").status_code == 401
+        assert c.get("/metrics", headers=HA).status_code == 403
         for path, meth in v1:
             url = path.replace("{user_id}", "alice").replace("{page_id}", "1")
             url = url.replace("{entry_id}", "1")
@@ -124,7 +126,7 @@ def test_probes_auth_and_openapi() -> None:
         r = c.get("/v1/users", headers={"Authorization": KEY_A})  # no Bearer scheme
         assert r.status_code == 401
         assert c.get("/v1/users", headers=HA).json() == {"users": []}
-        metrics = c.get("/metrics").text
+        metrics = c.get("/metrics", headers=HADMIN).text
         for name in (
             "memoryos_http_request_duration_seconds",
             "memoryos_queue_depth",
@@ -549,7 +551,11 @@ def test_direct_routes_answer_like_fastapi() -> None:
     answers, labels = {}, {}
     for direct in (True, False):
         with serve(
-            hashing(), direct_routes=direct, max_text_chars=1000, max_body_bytes=64 * 1024
+            hashing(),
+            direct_routes=direct,
+            max_text_chars=1000,
+            max_body_bytes=64 * 1024,
+            metrics_public=True,  # a scraper without a key, as on a private network
         ) as c:
             answers[direct] = _hot_route_script(c)
             text = c.get("/metrics").text
@@ -680,7 +686,7 @@ def test_concurrent_retrievals_share_engine_calls() -> None:
         assert [r.json()["user_id"] for r in res] == users
         b = c.get("/v1/stats", headers=HADMIN).json()["server"]["batching"]["retrieve"]
         assert b["items"] == 40 and b["batches"] <= 10, b  # 40 requests, few engine calls
-        text = c.get("/metrics").text
+        text = c.get("/metrics", headers=HADMIN).text
         assert 'memoryos_batch_size_count{queue="retrieve"}' in text
         assert "memoryos_kernel_seconds_count" in text
     engine.close()
@@ -710,7 +716,9 @@ def test_per_user_order_under_concurrency() -> None:
 
 def test_overload_answers_503_with_retry_after() -> None:
     engine = SlowEngine(hashing())
-    with serve(engine, write_queue_limit=2, read_queue_limit=2, retry_after_s=2) as c:
+    with serve(
+        engine, write_queue_limit=2, read_queue_limit=2, retry_after_s=2, metrics_public=True
+    ) as c:
         calls = [("POST", f"/v1/users/o{i}/pages", {"user_input": f"p{i}"}) for i in range(20)]
         res = asyncio.run(_many(str(c.base_url), calls, HA))
         codes = [r.status_code for r in res]
@@ -740,7 +748,7 @@ def test_respond_with_scripted_llm() -> None:
 
     llm = scripted.ScriptedBackend(lambda req: "You told me about Lisbon.")
     engine = MemoryEngine(hashing(llm=LLMConfig(mode="llm", backend="scripted")), llm=llm)
-    with serve(engine) as c:
+    with serve(engine, metrics_public=True) as c:
         add(c, "alice", "I moved to Lisbon last year")
         r = c.post("/v1/users/alice/respond", json={"query": "Where do I live?"}, headers=HA)
         assert r.status_code == 200, r.text

@@ -134,7 +134,9 @@ def test_a_stalled_upload_is_a_408_and_nothing_is_stored(
 ) -> None:
     with (
         caplog.at_level(logging.INFO, logger="memoryos_gpu.server"),
-        serve(hashing(), direct_routes=direct_routes, body_timeout_s=TIMEOUT) as c,
+        serve(
+            hashing(), direct_routes=direct_routes, body_timeout_s=TIMEOUT, metrics_public=True
+        ) as c,
     ):
         status, headers, body, closed, took = _stalled(_port(c), path)
         assert status == 408, body

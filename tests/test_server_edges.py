@@ -17,7 +17,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from served import HA, HB, hashing, serve  # noqa: E402
+from served import HA, HADMIN, HB, hashing, serve  # noqa: E402
 
 from memoryos_gpu.json_codec import dumps  # noqa: E402
 from memoryos_gpu.server.batching import Unavailable  # noqa: E402
@@ -270,7 +270,7 @@ def _metric(text: str, name: str, **labels: str) -> float:
 def test_every_413_counts_and_refusals_name_their_route(direct_routes: bool) -> None:
     limits = {"max_body_bytes": 4096, "max_text_chars": 100, "max_batch_items": 2}
     h = {"headers": HA}
-    with serve(hashing(), direct_routes=direct_routes, **limits) as c:
+    with serve(hashing(), direct_routes=direct_routes, metrics_public=True, **limits) as c:
 
         def chunks() -> Any:  # no Content-Length: counted while read
             yield b'{"user_input": "'
@@ -357,7 +357,7 @@ def test_a_worker_process_answers_these_edges_alike(tmp_path: Path) -> None:
             big = c.post("/v1/users/u/pages", content=b"x" * (9 << 20), headers=JSON)
             long = c.post("/v1/users/u/pages", json={"user_input": "x" * 100_001}, headers=HA)
             assert (big.status_code, long.status_code) == (413, 413)
-            text = c.get("/metrics").text
+            text = c.get("/metrics", headers=HADMIN).text  # the Supervised's admin key
     finally:
         server.stop()
     assert _metric(text, "memoryos_rejected_total", reason="too_large") == 2

@@ -43,11 +43,16 @@ class Overloaded(Exception):
 
 
 class Unavailable(Exception):
-    """The service is starting or shutting down; retry after ``retry_after`` seconds."""
+    """The service is starting or shutting down; retry after ``retry_after`` seconds.
 
-    def __init__(self, message: str, retry_after: int = 1) -> None:
+    ``public``: the message for a tenant of a server with API keys, when the message names
+    internal details (a failed load's error names the store's file or database host and the
+    exception): the operator reads those in the log and the admin's ``/v1/stats``."""
+
+    def __init__(self, message: str, retry_after: int = 1, *, public: str | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.public = public if public is not None else message
 
 
 def check_state(
@@ -59,11 +64,20 @@ def check_state(
     if state == "ready":
         return
     if state in ("created", "starting"):
+        loading = f"{what} {'are' if plural else 'is'} still loading"
         why = f" ({error})" if error else ""  # e.g. waiting for its store
-        raise Unavailable(f"{what} {'are' if plural else 'is'} still loading{why}", retry_after)
+        raise Unavailable(f"{loading}{why}", retry_after, public=loading)
     if state == "failed":
-        raise Unavailable(f"{what} failed to load: {error}", 30)
+        raise Unavailable(f"{what} failed to load: {error}", 30, public=failed_publicly(what))
     raise Unavailable("the server is shutting down", retry_after)
+
+
+def failed_publicly(what: str = "the engine") -> str:
+    """A failed load as a tenant of a server with API keys reads it: no path, host or error."""
+    return (
+        f"{what} failed to load (the server's log says why); not retried: fix it and restart "
+        "the server"
+    )
 
 
 @dataclass

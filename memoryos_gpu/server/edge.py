@@ -120,7 +120,8 @@ class ErrorMapper:
             reason = "overloaded" if isinstance(exc, Overloaded) else "unavailable"
             status = getattr(exc, "status", 503)  # 429: the caller's own share is full
             self.metrics.rejected.labels(reason).inc()
-            return error_response(status, reason, str(exc), {"Retry-After": str(exc.retry_after)})
+            detail = str(exc) if _operator(tenancy) else getattr(exc, "public", str(exc))
+            return error_response(status, reason, detail, {"Retry-After": str(exc.retry_after)})
         if isinstance(exc, StoreUnavailableError):  # PostgreSQL down, restarting, cut off
             # the operator's: names the store, password masked
             self._log.log(log, "store_unavailable", logging.WARNING, "%s", exc)
@@ -167,6 +168,12 @@ class ErrorMapper:
             log.exception("engine error", exc_info=exc)
             return error_response(500, "engine_error", _said(exc, tenancy))
         return None
+
+
+def _operator(tenancy: Scope | None) -> bool:
+    """Whether the caller may read internal details (a store's path, a failed load's error):
+    an open server's (one tenant, its operator) or the admin key's, not another tenant's."""
+    return tenancy is None or tenancy.tenant is None or tenancy.principal.admin
 
 
 def _said(exc: Exception, tenancy: Scope | None) -> str:

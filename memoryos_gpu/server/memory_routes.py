@@ -110,8 +110,11 @@ def _llm_outage(exc: LLMBackendError) -> Unavailable:
     LLM_LOG.log(
         log, "respond-llm-down", logging.WARNING, "respond: the LLM cannot be used: %s", exc
     )
-    return Unavailable(
-        f"the LLM cannot be used now; nothing was remembered: {exc}", _llm_retry_after(exc)
+    wait = _llm_retry_after(exc)
+    return Unavailable(  # the error names the LLM's URL (and user): a tenant reads it without
+        f"the LLM cannot be used now; nothing was remembered: {exc}",
+        wait,
+        public=f"the LLM cannot be used now; nothing was remembered; retry in {wait} s",
     )
 
 

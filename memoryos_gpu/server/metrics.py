@@ -17,7 +17,8 @@ engine process's, read at scrape time.
   scrape; ``shard`` is the engine process's index under ``--engines K``, empty otherwise).
 * ``memoryos_pending_derived``: derived items (chain, MTM placement, promotion) still owed.
 * ``memoryos_llm_calls_total``, ``memoryos_llm_tokens_total{kind}``,
-  ``memoryos_llm_fallbacks_total``: LLM work of the engine's stages (answered batches).
+  ``memoryos_llm_fallbacks_total``: LLM work of the engine's stages (answered batches); under
+  ``--engines K`` one series per engine process (label ``shard``).
 * ``memoryos_llm_backend_events_total{event}``: the LLM backend's own counts (requests,
   batches, retries, errors, invalid_json, repaired_json), failed batches included.
 * ``memoryos_llm_breaker_state{state}``: 1 for the HTTP LLM backend's circuit breaker state
@@ -25,7 +26,8 @@ engine process's, read at scrape time.
 * ``memoryos_degraded{state,shard}``: 1 while the server serves degraded (store_full,
   llm_unavailable; :meth:`MemoryService.health`), else 0.
 * ``memoryos_engine_events_total{event}``: the engine's counters (pages added, retrievals,
-  derived_failures, ...).
+  derived_failures, ...); under ``--engines K`` ``{event,shard}``, one series per engine
+  process, so one engine's restart resets only its own series (:func:`_engine_counters`).
 * ``memoryos_rejected_total{reason}``: requests refused (auth, rate_limit, overload, too_large,
   body_timeout, client_disconnect, store_full).
 """
@@ -227,33 +229,67 @@ class _ServiceCollector(Collector):
         except Exception:  # the store may be closed during shutdown
             return
         yield pending
-        stages = getattr(engine, "stages", None)
-        stats = getattr(stages, "stats", None)
+        yield from _engine_counters(_engines(parts, engine))
+
+
+def _engines(parts: list[tuple[str, Any]], engine: Any) -> list[tuple[str, Any]]:
+    """The engines whose counters are exported, with their ``shard`` label: each engine
+    process's own under ``--engines K`` (a part's ``engine``: its status snapshot), else the
+    one engine with an empty label (no ``shard`` label at all, as before)."""
+    if parts and all(shard for shard, _ in parts):
+        return [(shard, getattr(part, "engine", None)) for shard, part in parts]
+    return [("", engine)]
+
+
+def _engine_counters(engines: list[tuple[str, Any]]) -> Iterator[Any]:
+    """The engine's counters (``memoryos_engine_events``, ``memoryos_llm_*``), one series per
+    engine process under ``--engines K`` (label ``shard``), as ``memoryos_queue_depth``.
+
+    Why per shard: each engine process counts from 0 when it (re)starts, so a sum over the
+    shards fell part way when one engine restarted and the others did not, and Prometheus's
+    ``rate()``/``increase()`` read the drop as a reset to 0 and counted a false increase of
+    the survivors' whole total. Each shard's own series resets only with its own engine (a
+    true counter reset); ``sum by (event)`` adds them up. A single engine keeps its series
+    without a ``shard`` label (unchanged)."""
+    sharded = any(shard for shard, _ in engines)
+    extra = ["shard"] if sharded else []
+    calls = CounterMetricFamily(
+        "memoryos_llm_calls", "LLM requests made by the engine.", labels=extra
+    )
+    tokens = CounterMetricFamily(
+        "memoryos_llm_tokens", "LLM tokens, by kind (prompt, completion).", labels=["kind", *extra]
+    )
+    fb = CounterMetricFamily(
+        "memoryos_llm_fallbacks", "LLM outputs replaced by the extractive fallback.", labels=extra
+    )
+    ev = CounterMetricFamily(
+        "memoryos_engine_events", "The engine's own counters.", labels=["event", *extra]
+    )
+    any_llm = any_counters = False
+    for shard, engine in engines:
+        if engine is None:
+            continue
+        label = [shard] if sharded else []
+        stats = getattr(getattr(engine, "stages", None), "stats", None)
         if stats is not None:
+            any_llm = True
             s = stats.as_dict()
-            calls = CounterMetricFamily("memoryos_llm_calls", "LLM requests made by the engine.")
-            calls.add_metric([], s.get("llm_calls", 0))
-            yield calls
-            tokens = CounterMetricFamily(
-                "memoryos_llm_tokens", "LLM tokens, by kind (prompt, completion).", labels=["kind"]
-            )
-            tokens.add_metric(["prompt"], s.get("prompt_tokens", 0))
-            tokens.add_metric(["completion"], s.get("completion_tokens", 0))
-            yield tokens
-            fb = CounterMetricFamily(
-                "memoryos_llm_fallbacks", "LLM outputs replaced by the extractive fallback."
-            )
-            fb.add_metric([], s.get("fallbacks", 0))
-            yield fb
+            calls.add_metric(label, s.get("llm_calls", 0))
+            tokens.add_metric(["prompt", *label], s.get("prompt_tokens", 0))
+            tokens.add_metric(["completion", *label], s.get("completion_tokens", 0))
+            fb.add_metric(label, s.get("fallbacks", 0))
         counters = getattr(engine, "counters", None)
         if isinstance(counters, dict):
-            ev = CounterMetricFamily(
-                "memoryos_engine_events", "The engine's own counters.", labels=["event"]
-            )
+            any_counters = True
             for k, v in list(counters.items()):
                 if isinstance(v, int | float):
-                    ev.add_metric([k], v)
-            yield ev
+                    ev.add_metric([k, *label], v)
+    if any_llm:
+        yield calls
+        yield tokens
+        yield fb
+    if any_counters:
+        yield ev
 
 
 def _parts(svc: Any) -> list[tuple[str, Any]]:

@@ -168,6 +168,14 @@ class ServerSettings(BaseModel):
     auth_failures_burst: int = Field(
         20, ge=1, le=MAX_BURST, description="Unknown keys an address may send at once before 429s."
     )
+    metrics_public: bool = Field(
+        False,
+        description="Serve /metrics without a key on a server with API keys (a Prometheus "
+        "scraper on a private network). Off, /metrics needs the admin key "
+        "(Authorization: Bearer KEY): it shows every tenant's load (request counts and "
+        "latencies, queue depths, engine counters), which a tenant's key never sees. "
+        "A server without API keys serves /metrics to anyone either way.",
+    )
     docs: bool = Field(
         True, description="Serve /docs and /redoc (from the package's files: no CDN)."
     )

@@ -334,9 +334,14 @@ class ShardedRemoteService:
 
     async def call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         """An engine method routed by the router (``engine_for(u).x``, ``engine.stats``), or
-        any other callable in a worker thread."""
+        any other callable in a worker thread. After ``engine.stats`` (``/v1/stats``) every
+        engine's status snapshot is refreshed, as one engine's :meth:`RemoteService.call`
+        does: the batching statistics read beside it are then current, not up to 0.5 s old."""
         self.check_ready()
-        return await self.router.call(fn, *args, **kw)
+        out = await self.router.call(fn, *args, **kw)
+        if fn is self.engine.stats:
+            await asyncio.gather(*(p.refresh() for p in self.parts))
+        return out
 
     async def delete_user(self, user_id: str) -> bool:
         """The user's shard deletes the user, every shard forgets what its pages taught the
