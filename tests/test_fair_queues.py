@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,8 @@ from store_backends import Backend
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine import MemoryEngine
-from memoryos_gpu.server.batching import ChunkFailed, FairBatcher, Overloaded
-from memoryos_gpu.server.service import split_pages, tenant_of
+from memoryos_gpu.server.batching import ChunkFailed, FairBatcher, MicroBatcher, Overloaded
+from memoryos_gpu.server.service import MemoryService, split_pages, tenant_of
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.store.rounds import PendingQueue
 from memoryos_gpu.types import PageInput
@@ -112,6 +113,50 @@ def test_a_tenants_share_of_the_queue_is_bounded() -> None:
     asyncio.run(main())
 
 
+def test_a_tenants_share_of_the_retrieval_queue_is_bounded() -> None:
+    """One tenant's retrievals take at most ``key_limit`` of the queue (429 past it, for that
+    tenant alone); another tenant's, and ids without a tenant, are still admitted, and a
+    tenant's share comes back as its retrievals are answered."""
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as ex:
+            opts = {"executor": ex, "max_batch": 64, "max_wait_s": 10.0, "limit": 100}
+            b = MicroBatcher("retrieve", lambda items: items, key_limit=3, **opts)
+            b.start()
+            first = [b.enqueue(f"a{i}", key="acme") for i in range(3)]
+            with pytest.raises(Overloaded) as info:
+                b.enqueue("a3", key="acme")
+            assert info.value.status == 429 and "this tenant's share" in str(info.value)
+            others = [b.enqueue("b0", key="beta"), b.enqueue("open", key=None)]
+            await b.drain()  # runs what was admitted
+            assert [f.result() for f in first + others] == ["a0", "a1", "a2", "b0", "open"]
+
+    asyncio.run(main())
+
+
+def test_a_server_gives_each_tenant_a_share_of_the_retrieval_queue() -> None:
+    """Through the service: a tenant's stored ids (``tenant/user``) take its share; an open
+    server's ids (no tenant) are bounded by the whole queue only."""
+
+    async def main() -> None:
+        svc = MemoryService(
+            EngineConfig(embedder="hashing", store=":memory:", auto_process=False),
+            ServerSettings(tenant_read_queue_limit=2, max_batch_items=2, max_wait_ms=60_000),
+        )
+        await svc.start()
+        try:
+            held = [svc.enqueue_retrieval("acme/u", "q", None, None) for _ in range(2)]
+            with pytest.raises(Overloaded):
+                svc.enqueue_retrieval("acme/v", "q", None, None)
+            held += [svc.enqueue_retrieval("beta/u", "q", None, None)]
+            held += [svc.enqueue_retrieval("u", "q", None, None) for _ in range(3)]
+        finally:
+            await svc.close()
+        assert len([f for f in held if f.done()]) == len(held)
+
+    asyncio.run(main())
+
+
 def test_split_pages_by_count_and_characters() -> None:
     pages = [PageInput("t/u", "x" * n, "") for n in (10, 10, 50, 5, 5, 5)]
     assert [len(c) for c in split_pages(pages, 2, 30)] == [2, 1, 2, 1]
@@ -124,6 +169,8 @@ def test_settings_keep_the_largest_allowed_request_servable() -> None:
         ServerSettings(rate_limit_bytes_burst=1024 * 1024)  # < max_body_bytes
     with pytest.raises(ValueError, match="rate_limit_pages_burst"):
         ServerSettings(rate_limit_pages_burst=10)  # < max_batch_items
+    with pytest.raises(ValueError, match="tenant_read_queue_limit"):
+        ServerSettings(tenant_read_queue_limit=10)  # < max_batch_items: never servable
     ServerSettings(rate_limit_pages_burst=10, rate_limit_pages_per_s=0)  # disabled: fine
 
 

@@ -87,6 +87,7 @@ class _Entry:
     future: asyncio.Future
     t: float
     context: Any = field(default=None)
+    key: str | None = None  # whose share of the queue it takes (MicroBatcher's key_limit)
 
 
 BatchFn = Callable[[list[Any]], Sequence[Any]]
@@ -184,12 +185,19 @@ class MicroBatcher(_Batcher):
 
     Items whose submitter went away before their batch ran are dropped (reads; the write
     queue is a :class:`FairBatcher`, which runs every admitted item).
+
+    ``key_limit``: the most weight one key (a tenant) may have admitted at once, past which
+    its items are :class:`Overloaded` with 429 (its own share) while other keys' are still
+    admitted. Why: one tenant's large retrieval requests, within their rate limits, filled the
+    whole queue and other tenants' retrievals got 503 (a security sweep: 20 % of them).
     """
 
-    def __init__(self, name: str, fn: BatchFn, **kw: Any) -> None:
+    def __init__(self, name: str, fn: BatchFn, *, key_limit: int | None = None, **kw: Any) -> None:
         """``kw``: :class:`_Batcher`'s (``executor``, ``max_batch``, ``max_wait_s``, ``limit``,
         ``retry_after``, ``on_batch``)."""
         super().__init__(name, fn, **kw)
+        self.key_limit = key_limit
+        self._by_key: dict[str, int] = {}  # key -> weight admitted (queued or running)
         self._queue: deque[_Entry] = deque()
         self._queued_weight = 0
         self._full: asyncio.Event | None = None  # set once max_batch weight is queued
@@ -203,22 +211,39 @@ class MicroBatcher(_Batcher):
         self._full.set()  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ submit
-    def enqueue(self, item: Any, weight: int = 1) -> asyncio.Future:
-        """Admit an item (or raise :class:`Overloaded` / :class:`Unavailable` at once); the
-        returned future resolves when its batch ran."""
+    def enqueue(self, item: Any, weight: int = 1, key: str | None = None) -> asyncio.Future:
+        """Admit an item under ``key`` (or raise :class:`Overloaded` / :class:`Unavailable` at
+        once); the returned future resolves when its batch ran."""
         self._check_open()
+        if self.key_limit is None:
+            key = None
+        mine = self._by_key.get(key, 0) if key is not None else 0
+        if mine and mine + weight > self.key_limit:  # type: ignore[operator]
+            raise Overloaded(f"{self.name} (this tenant's share)", self.retry_after, status=429)
         self._check_limit(weight)
         fut = asyncio.get_running_loop().create_future()
-        self._queue.append(_Entry(item, weight, fut, time.monotonic()))
+        self._queue.append(_Entry(item, weight, fut, time.monotonic(), key=key))
         self._queued_weight += weight
         self.admitted += weight
+        if key is not None:
+            self._by_key[key] = mine + weight
         self._wake.set()  # type: ignore[union-attr]
         if self._queued_weight >= self.max_batch:
             self._full.set()  # type: ignore[union-attr]
         return fut
 
-    async def submit(self, item: Any, weight: int = 1) -> Any:
-        return await self.enqueue(item, weight)
+    async def submit(self, item: Any, weight: int = 1, key: str | None = None) -> Any:
+        return await self.enqueue(item, weight, key)
+
+    def _release(self, e: _Entry) -> None:
+        """An entry leaves the queue's admitted weight (answered, or its submitter gone)."""
+        self.admitted -= e.weight
+        if e.key is not None:
+            left = self._by_key[e.key] - e.weight
+            if left:
+                self._by_key[e.key] = left
+            else:
+                del self._by_key[e.key]
 
     # ------------------------------------------------------------------ collector
     async def _run(self) -> None:
@@ -240,7 +265,7 @@ class MicroBatcher(_Batcher):
                 continue
             results = await self._call([e.item for e in batch], sum(e.weight for e in batch))
             for e, r in zip(batch, results, strict=True):
-                self.admitted -= e.weight
+                self._release(e)
                 if e.future.done():
                     continue
                 if isinstance(r, BaseException):
@@ -257,7 +282,7 @@ class MicroBatcher(_Batcher):
             e = self._queue.popleft()
             self._queued_weight -= e.weight
             if e.future.cancelled():
-                self.admitted -= e.weight
+                self._release(e)
                 continue
             batch.append(e)
             weight += e.weight

@@ -288,6 +288,7 @@ class MemoryService:
                 max_batch=s.max_batch,
                 max_wait_s=s.max_wait_ms / 1000,
                 limit=s.read_queue_limit,
+                key_limit=s.tenant_read_queue_limit,
                 retry_after=s.retry_after_s,
                 on_batch=self._observer("retrieve", "retrieve_many"),
             ),
@@ -684,7 +685,8 @@ class MemoryService:
         ``as_json``: a future of the result's JSON bytes (``retrieval_json``, no known_user)."""
         self.check_ready()
         item = (user_id, query, top_pages, top_segments, as_json)
-        return self._batchers["retrieve"].enqueue(item)
+        # a tenant's share (keyed servers store tenant/user); an open server's ids take none
+        return self._batchers["retrieve"].enqueue(item, key=tenant_of(user_id) or None)
 
     async def retrieve_body(
         self,

@@ -93,6 +93,13 @@ class ServerSettings(BaseModel):
     read_queue_limit: int = Field(
         4096, ge=1, le=MAX_QUEUE, description="Retrievals admitted at once."
     )
+    tenant_read_queue_limit: int = Field(
+        1024,
+        ge=1,
+        le=MAX_QUEUE,
+        description="Retrievals one tenant may have admitted at once (past it: 429 for that "
+        "tenant, while the others' are still admitted).",
+    )
     write_queue_limit: int = Field(16384, ge=1, le=MAX_QUEUE, description="Pages admitted at once.")
     respond_queue_limit: int = Field(
         256, ge=1, le=MAX_QUEUE, description="Responses admitted at once."
@@ -266,6 +273,13 @@ class ServerSettings(BaseModel):
             (
                 "tenant_write_queue_limit",
                 self.tenant_write_queue_limit,
+                "max_batch_items",
+                self.max_batch_items,
+                1,
+            ),
+            (
+                "tenant_read_queue_limit",
+                self.tenant_read_queue_limit,
                 "max_batch_items",
                 self.max_batch_items,
                 1,
