@@ -144,7 +144,9 @@ def _new_identity(value: Any, what: str) -> str:
     if not unicodedata.is_normalized("NFC", value):
         raise InvalidInputError(
             f"{what} must be in Unicode NFC form (composed characters, as most keyboards "
-            "type them), so that ids that look alike are equal"
+            "type them), so that one id is written one way (a composed and a decomposed 'é' "
+            "would be two users); ids that only look alike (fullwidth letters, another "
+            "script) stay distinct ids"
         )
     return value
 
