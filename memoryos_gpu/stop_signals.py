@@ -23,7 +23,8 @@ and the ``--workers`` supervisor aborted on any second signal); they now share t
 
 The HTTP servers (``memoryos-gpu serve``, its worker processes, ``memoryos-gpu mcp`` over HTTP)
 stop by uvicorn's rule instead, and :func:`sigterm_as_ctrl_c` makes SIGTERM end them as Ctrl-C
-does: after the graceful shutdown, with exit status 0.
+does: after the graceful shutdown, with exit status 0; :func:`sighup_as_sigterm` makes SIGHUP
+a SIGTERM while ``serve`` serves.
 """
 
 from __future__ import annotations
@@ -151,3 +152,21 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+@contextmanager
+def sighup_as_sigterm() -> Iterator[None]:
+    """While in this block, SIGHUP (a closed terminal, some process managers) does what
+    SIGTERM does: a graceful stop (main thread only). uvicorn takes SIGINT and SIGTERM
+    alone, and SIGHUP's default action killed the server outright (exit 129: no drain, the
+    requests in flight cut), where ``ingest``, ``mcp`` and ``serve --ray`` stop gracefully
+    (:data:`STOP_SIGNALS`). A repeated SIGHUP is a repeated
+    SIGTERM: it changes nothing."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGHUP"):
+        yield
+        return
+    old = signal.signal(signal.SIGHUP, lambda signum, frame: signal.raise_signal(signal.SIGTERM))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, old)

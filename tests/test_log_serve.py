@@ -72,7 +72,12 @@ def serve_log(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return log.read_text()
+    text = log.read_text()
+    # the CLI's one line for the password the command line carries (test_secret_flags.py),
+    # before any logging: the log is what follows it
+    said, _, rest = text.partition("\n")
+    assert said.startswith("warning: a password in --llm-base-url"), text[:500]
+    return rest
 
 
 def test_one_process_at_info(tmp_path: Path, llm: FakeServer) -> None:

@@ -140,6 +140,7 @@ def serve(
         raise UsageFailure(
             f"{shown(store)} holds {shards} shards: serve it with --engines {shards}"
         )
+    engines_given = engines is not None
     engines = engines or shards
     if workers is None:
         from memoryos_gpu.server.workers import default_workers
@@ -147,8 +148,13 @@ def serve(
         # several engines are reached through workers: at least one, even on a small box
         workers = max(default_workers(engines), 1 if engines > 1 else 0)
     if engines > 1 and not workers:
+        # name what the user gave: without --engines, the count is the store's layout
         raise UsageFailure(
             f"--engines {engines} needs --workers >= 1 (the HTTP workers route by shard)"
+            if engines_given
+            else f"--workers 0 (one process) cannot serve {shown(store)}: it holds {shards} "
+            f"shards, served by {shards} engine processes behind HTTP workers that route "
+            "by shard; give --workers N (N >= 1), or leave --workers out"
         )
     candidates = {
         "store": store,

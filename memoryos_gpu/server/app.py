@@ -47,7 +47,6 @@ from memoryos_gpu.server.scope import TENANCY, ApiError, Scope
 from memoryos_gpu.server.service import MemoryService
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.server.user_routes import add_user_routes
-from memoryos_gpu.stop_signals import sigterm_as_ctrl_c
 
 __all__ = ["ApiError", "create_app", "run", "shutdown_failed"]
 
@@ -223,7 +222,7 @@ def create_app(
                 raise ApiError(*refused)
 
     # declared in this order: it is the order of the API description
-    add_probe_routes(app, service, settings, metrics)
+    add_probe_routes(app, service, settings, metrics, keyring=keyring, limits=limits)
     direct = add_memory_routes(app, service, settings, charge_pages)
     add_user_routes(app, service, settings)
     add_page_routes(app, service, settings)
@@ -410,14 +409,22 @@ def run(
             engines=engines,
         )
         return
-    from memoryos_gpu.server.workers import ShutdownError, StartupError, check_listen_address
+    from memoryos_gpu.server.workers import (
+        FORCED_QUIT,
+        ShutdownError,
+        StartupError,
+        check_listen_address,
+        served_signals,
+    )
 
     # uvicorn binds only after the app's startup, which begins loading the engine: a taken
     # port must be said before the model loads
     check_listen_address(host, int(port))
     app = create_app(cfg, api_keys=keys, settings=settings, use_env_keys=False)
     try:
-        with sigterm_as_ctrl_c():  # a SIGTERM stop ends the run as Ctrl-C does: status 0
+        # a SIGTERM or SIGHUP stop ends the run as Ctrl-C does (status 0); whether a second
+        # Ctrl-C forced uvicorn to quit is read from the signals (served_signals says why)
+        with served_signals() as signals:
             uvicorn.run(
                 app,
                 host=host,
@@ -426,6 +433,7 @@ def run(
                 timeout_graceful_shutdown=graceful_timeout_s,
                 h11_max_incomplete_event_size=settings.max_header_bytes,  # h11's header cap
                 http=header_timeout_protocol(settings.header_timeout_s),
+                **settings.proxy_headers(),
             )
     except SystemExit as exc:  # uvicorn's "did not start" (exit 3, the CLI's ingest rejects)
         if exc.code != uvicorn.config.STARTUP_FAILURE:
@@ -433,6 +441,11 @@ def run(
         raise StartupError(
             f"the HTTP server did not start on {host}:{port} (uvicorn's log above says why)"
         ) from None
+    if signals.forced:  # as under --workers: the same line, the same exit status
+        raise ShutdownError(
+            f"the HTTP server's shutdown failed: {FORCED_QUIT}; pending writes may not be "
+            "committed nor the store closed: start it again on the store to recover"
+        )
     if shutdown_failed(app):
         raise ShutdownError(
             "the HTTP server's shutdown failed: pending writes may not be committed nor the "

@@ -11,8 +11,12 @@ Guarantees kept across processes because they live here, in the one place every 
 passes: an add is answered after its commit; ``wait_for_user`` sees every worker's queued
 writes of the user; the tenant write-queue shares and the queue bounds are global; SIGTERM
 (sent by the supervisor once the workers have stopped) drains every queue, finishes the derived
-work and closes the store. SIGINT is ignored: a Ctrl-C reaches the whole process group, and the
-engine must outlive the workers that are still answering their last requests. The kernel sends
+work and closes the store. SIGINT and SIGHUP are ignored: a Ctrl-C or a closed terminal's
+SIGHUP reaches the whole process group, and the engine must outlive the workers that are still
+answering their last requests (the supervisor stops it after them). A SIGTERM to the whole group
+(systemd's ``KillMode=control-group``, ``timeout``, ``kill -TERM -PGID``) is not yet the
+supervisor's word either: the engine goes on serving until the supervisor says the workers have
+stopped (:func:`_on_sigterm`). The kernel sends
 the same SIGTERM if the supervisor dies without stopping it (SIGKILL;
 :mod:`memoryos_gpu.parent_death`), so no orphan keeps the store's writer claim.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -52,13 +57,17 @@ def serve_engine(spec: dict[str, Any]) -> None:
     (ServerSettings fields), ``address`` (the ``ipc://`` endpoint to bind), ``log_level``,
     ``argv`` (the command line the store's writer lock shows), ``shard`` (``[i, K]`` with
     ``--engines K``, else absent), ``parent`` (the supervisor's pid: its death is a SIGTERM
-    here; absent: not watched). A SIGTERM before the event loop handles it ends the process
-    by default, which is harmless then: nothing is open yet."""
+    here; absent: not watched), ``workers_gone`` (a shared flag the supervisor sets once its
+    workers have stopped, before its SIGTERM; absent: any SIGTERM stops at once). A SIGTERM
+    before the event loop handles it ends the process by default, which is harmless then:
+    nothing is open yet."""
     from memoryos_gpu.parent_death import die_with_parent
 
     if spec.get("parent"):
         die_with_parent(int(spec["parent"]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # the store's writer lock records the command line: the server's, not multiprocessing's
     sys.argv = list(spec.get("argv") or sys.argv)
     shard = spec.get("shard")
@@ -75,9 +84,11 @@ async def _serve(spec: dict[str, Any]) -> None:
     from memoryos_gpu.server.metrics import ServerMetrics
 
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    metrics = ServerMetrics()
     config = _config(spec["config"])
+    asyncio.get_running_loop().add_signal_handler(
+        signal.SIGTERM, _on_sigterm(spec, stop, config.shutdown_drain_s)
+    )
+    metrics = ServerMetrics()
     service = MemoryService(
         _engine(config, spec.get("shard")), ServerSettings(**spec["settings"]), metrics=metrics
     )
@@ -99,6 +110,39 @@ async def _serve(spec: dict[str, Any]) -> None:
     # the last line says what the close left (N derived items pending), as a single-process
     # server's does: under --workers only this process knows it
     log.info("engine process: %s", service.closed_message)
+
+
+def _on_sigterm(spec: dict[str, Any], stop: asyncio.Event, wait_s: float) -> Callable[[], None]:
+    """The SIGTERM handler: ``stop`` set at once when the SIGTERM is the supervisor's (sent
+    once its workers have stopped: ``spec["workers_gone"]`` is set), when the supervisor is
+    gone (the kernel's parent-death SIGTERM) or when no supervisor watches this process.
+
+    Otherwise the SIGTERM went to the whole process group (systemd's default
+    ``KillMode=control-group``, ``timeout``, ``kill -TERM -PGID``): the workers got it at the
+    same moment and are answering their requests in flight, which this process must serve;
+    stopping at once answered them 503 "the engine process is stopping". So it goes on
+    serving until the supervisor, which got the signal too, has stopped the workers and
+    sends its own SIGTERM, for at most ``wait_s`` (``shutdown_drain_s``: a SIGTERM sent to
+    this process alone stops it then), and then stops as always."""
+    parent, gone = spec.get("parent"), spec.get("workers_gone")
+    waiting = False
+
+    def on_sigterm() -> None:
+        nonlocal waiting
+        if stop.is_set():
+            return
+        if not parent or gone is None or gone.value or os.getppid() != int(parent):
+            stop.set()
+        elif not waiting:
+            waiting = True
+            log.info(
+                "engine process: SIGTERM while the supervisor runs (the process group's?): "
+                "serving the workers until they have stopped (at most %g s)",
+                wait_s,
+            )
+            asyncio.get_running_loop().call_later(wait_s, stop.set)
+
+    return on_sigterm
 
 
 def _config(config: EngineConfig) -> EngineConfig:

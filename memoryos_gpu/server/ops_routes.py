@@ -42,27 +42,15 @@ def client_status(state: str, error: str | None) -> str:
     return state
 
 
-def _keyring_of(app: Any) -> tuple[Any, Any, bool]:
-    """``(keyring, limits, found)`` of the app's edge middleware (the API keys and the
-    unknown-key throttle it authenticates ``/v1`` with), read from the app's middleware
-    declaration: ``create_app`` hands the key ring to the edge only, and ``/metrics`` must
-    check the same keys. ``found`` False: no edge (an app built otherwise), served as before."""
-    from memoryos_gpu.server.edge import Edge
-
-    for mw in getattr(app, "user_middleware", ()):
-        if getattr(mw, "cls", None) is Edge:
-            return mw.kwargs.get("keyring"), mw.kwargs.get("limits"), True
-    return None, None, False
-
-
-def _metrics_refusal(request: Request, metrics: ServerMetrics) -> Response | None:
+def _metrics_refusal(
+    request: Request, metrics: ServerMetrics, keyring: Any, limits: Any
+) -> Response | None:
     """Why ``/metrics`` is refused to this caller, or None. With API keys it shows server-wide
     load (every tenant's requests, queues, engine counters), which docs/server.md keeps to the
     admin key: ``Authorization: Bearer ADMIN_KEY`` (401 without a key or with an unknown one,
     throttled per address as on ``/v1``; 403 for a tenant's key)."""
     from memoryos_gpu.server.auth import RateLimiter
 
-    keyring, limits, _ = _keyring_of(request.app)
     if keyring is None:  # open mode: every caller is the one tenant
         return None
     challenge = {"WWW-Authenticate": "Bearer"}
@@ -90,10 +78,18 @@ def _metrics_refusal(request: Request, metrics: ServerMetrics) -> Response | Non
 
 
 def add_probe_routes(
-    app: FastAPI, service: Any, settings: ServerSettings, metrics: ServerMetrics
+    app: FastAPI,
+    service: Any,
+    settings: ServerSettings,
+    metrics: ServerMetrics,
+    *,
+    keyring: Any = None,
+    limits: Any = None,
 ) -> None:
     """Declare ``/health``, ``/ready`` and ``/metrics`` on ``app`` (first: probes are the
-    first operations of the API description)."""
+    first operations of the API description). ``keyring`` and ``limits``: the API keys and
+    the unknown-key throttle the edge authenticates ``/v1`` with (None: an open server),
+    which ``/metrics`` checks too."""
 
     @app.get(
         "/health",
@@ -121,7 +117,7 @@ def add_probe_routes(
     async def ready(request: Request) -> Any:
         body = {"ready": service.ready, "status": service.state}
         if service.state in ("failed", "starting") and service.error:  # why, when known
-            keyed = _keyring_of(request.app)[0] is not None
+            keyed = keyring is not None
             # with keys, a generic reason: the load error names the store's path or host
             body["status"] = (
                 client_status(service.state, service.error)
@@ -153,7 +149,7 @@ def add_probe_routes(
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         if not settings.metrics_public:
-            refused = _metrics_refusal(request, metrics)
+            refused = _metrics_refusal(request, metrics, keyring, limits)
             if refused is not None:
                 return refused
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -8,6 +8,8 @@ never close, so it answers nothing and says nothing about why.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Upper bounds (the table under docs/server.md's `[server]` example). Gather windows longer
@@ -151,6 +153,14 @@ class ServerSettings(BaseModel):
         "longer. Bounds the whole body, not the gap between two of its chunks, so a byte a "
         "second cannot keep a request open either.",
     )
+    forwarded_allow_ips: str | None = Field(
+        None,
+        description="The proxies (comma-separated addresses or networks, '*' for any) whose "
+        "X-Forwarded-For / X-Forwarded-Proto headers give the client's address: set it behind "
+        "a reverse proxy. Unset, those headers are ignored: uvicorn trusted them from "
+        "127.0.0.1, so any local process could pose as any address and slip past the "
+        "per-address throttle of unknown keys.",
+    )
     header_timeout_s: float = Field(
         30.0,
         gt=0,
@@ -250,6 +260,13 @@ class ServerSettings(BaseModel):
     close_engine: bool | None = Field(
         None, description="Close the engine on shutdown (default: only if the server built it)."
     )
+
+    def proxy_headers(self) -> dict[str, Any]:
+        """uvicorn's options for the X-Forwarded-* headers: trusted from
+        ``forwarded_allow_ips`` only, else ignored (the setting says why)."""
+        if self.forwarded_allow_ips:
+            return {"proxy_headers": True, "forwarded_allow_ips": self.forwarded_allow_ips}
+        return {"proxy_headers": False}
 
     @model_validator(mode="after")
     def _requests_within_limits_fit(self) -> ServerSettings:

@@ -22,8 +22,11 @@ add it had sent still commits in the engine, an add it had acknowledged is commi
 process that dies is started again; meanwhile, and until it has reopened the store, every
 worker answers 503 + Retry-After (``/ready`` too) and the requests in flight fail the same way
 (with K engines: the requests of that engine's users; the other shards' users are served).
-Shutdown (SIGTERM / Ctrl-C): the workers stop first (uvicorn answers what it has), then the
-engine process drains its queues, finishes the derived work and closes the store. A supervisor
+Shutdown (SIGTERM, Ctrl-C, SIGHUP; to the supervisor or to the whole process group): the
+listening socket is closed (new connections are refused), the workers stop first (uvicorn
+answers what it has), then the engine process drains its queues, finishes the derived work and
+closes the store. A second Ctrl-C forces the workers to quit (their requests in flight are
+aborted) and the stop counts as failed. A supervisor
 killed outright (SIGKILL, the OOM killer) runs no shutdown: each child is then sent SIGTERM by
 the kernel (Linux, :mod:`memoryos_gpu.parent_death`) and stops as above on its own (a worker
 answers what it has; the engine process drains, finishes and closes the store, giving up its
@@ -34,6 +37,7 @@ process whose close raised, a worker killed past its grace) makes it :class:`Shu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -45,14 +49,16 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.server.header_timeout import header_timeout_protocol
 from memoryos_gpu.server.settings import ServerSettings
-from memoryos_gpu.stop_signals import sigterm_as_ctrl_c
+from memoryos_gpu.stop_signals import STOP_SIGNALS, sighup_as_sigterm, sigterm_as_ctrl_c
 
 __all__ = [
     "ShutdownError",
@@ -68,6 +74,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("memoryos_gpu.server")
+EXIT_FORCED_QUIT = 130  # a worker forced to quit by a second Ctrl-C (128 + SIGINT)
 QUICK_DEATH_S = 5.0  # a process that dies sooner than this after starting is restarted slowly
 RESTART_PAUSE_S = 1.0
 
@@ -110,16 +117,118 @@ class ShutdownError(RuntimeError):
 
 
 def run_server(server: Any, sockets: list[socket.socket] | None = None) -> None:
-    """Run the uvicorn ``server`` until SIGINT or SIGTERM, then return once its graceful
-    shutdown is done, as ``uvicorn.run`` does (:func:`~memoryos_gpu.stop_signals.sigterm_as_ctrl_c`
-    says why SIGTERM needs this). A stop before it started serving is re-raised
-    (``KeyboardInterrupt``): nothing was served, nothing was shut down."""
-    with sigterm_as_ctrl_c():
+    """Run the uvicorn ``server`` until SIGINT, SIGTERM or SIGHUP, then return once its
+    graceful shutdown is done, as ``uvicorn.run`` does
+    (:func:`~memoryos_gpu.stop_signals.sigterm_as_ctrl_c` says why SIGTERM needs this;
+    :func:`sighup_as_sigterm` why SIGHUP). A stop before it
+    started serving is re-raised (``KeyboardInterrupt``): nothing was served, nothing was
+    shut down. A second Ctrl-C (uvicorn's force quit: ``server.force_exit``) aborts the
+    requests in flight: one WARNING line each (:class:`_ForcedQuitLog`), and the caller says
+    that the shutdown was cut short."""
+    with _forced_quit_log(lambda: server.force_exit), sigterm_as_ctrl_c(), sighup_as_sigterm():
         try:
             server.run(sockets=sockets)
         except KeyboardInterrupt:  # uvicorn gives a stop it took back once it has shut down
             if not server.started:
                 raise
+
+
+class ServedSignals:
+    """The stop signals a ``uvicorn.run`` took, in the order they came (:func:`served_signals`)."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @property
+    def forced(self) -> bool:
+        """Whether a second Ctrl-C forced uvicorn to quit: a SIGINT after an earlier stop
+        signal, uvicorn's own rule for ``force_exit``."""
+        return signal.SIGINT in self.seen[1:]
+
+    def handle(self, signum: int, frame: Any) -> None:
+        # uvicorn gives back each signal it took once it has shut down, last first, from its
+        # event loop: recorded. Outside a loop (the server not serving yet) a stop interrupts,
+        # as Ctrl-C does (sigterm_as_ctrl_c)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise KeyboardInterrupt from None
+        self.seen.insert(0, signum)
+
+
+@contextlib.contextmanager
+def served_signals() -> Iterator[ServedSignals]:
+    """For ``uvicorn.run`` (the single-process server), which keeps its ``Server`` to itself:
+    SIGINT, SIGTERM and SIGHUP stop it gracefully (SIGTERM and SIGHUP as Ctrl-C does, exit
+    status 0: :func:`~memoryos_gpu.stop_signals.sigterm_as_ctrl_c`, :func:`sighup_as_sigterm`),
+    and the yielded :class:`ServedSignals` says afterwards whether a second Ctrl-C forced it
+    to quit, which then logs the aborted requests as :func:`run_server` does (main thread
+    only; elsewhere it records nothing)."""
+    signals = ServedSignals()
+    if threading.current_thread() is not threading.main_thread():
+        yield signals
+        return
+    old = {s: signal.signal(s, signals.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with _forced_quit_log(lambda: signals.forced), sighup_as_sigterm():
+            yield signals
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _forced_quit_log(forced: Any) -> Iterator[None]:
+    """:class:`_ForcedQuitLog` on uvicorn's error log while in this block."""
+    quiet = _ForcedQuitLog(forced)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        uvicorn_log.removeFilter(quiet)
+
+
+#: The line a server forced to quit by a second Ctrl-C ends with (every mode: ShutdownError).
+FORCED_QUIT = (
+    "a second Ctrl-C forced the server to quit: its requests in flight were aborted, "
+    "its shutdown cut short"
+)
+
+
+class _ForcedQuitLog(logging.Filter):
+    """After uvicorn's force quit (a second Ctrl-C), the tasks it leaves are cancelled: each
+    request in flight raised ``CancelledError`` and uvicorn logged an ERROR "Exception in
+    ASGI application" traceback, and the app's cut-short shutdown another (Starlette's
+    "lifespan.shutdown.failed" message: the traceback as text), for an abort the user asked
+    for. Each such record becomes one WARNING line without its traceback."""
+
+    ABORTS = (asyncio.CancelledError, KeyboardInterrupt)
+
+    def __init__(self, forced: Any) -> None:
+        super().__init__()
+        self.forced = forced  # () -> whether the server was forced to quit
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not self.forced():
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        text = str(record.msg)
+        if isinstance(exc, self.ABORTS) and "ASGI application" in text:
+            what = "a request in flight was aborted"
+        elif isinstance(exc, self.ABORTS) or (
+            text.startswith("Traceback (most recent call last)")
+            and text.rstrip()
+            .rsplit("\n", 1)[-1]
+            .startswith(("asyncio.exceptions.CancelledError", "KeyboardInterrupt"))
+        ):
+            what = "the application's shutdown was cut short"
+        else:
+            return True
+        record.msg, record.args = f"{what} (a second Ctrl-C forced the server to quit)", ()
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info, record.exc_text = None, None
+        return True
 
 
 def _address(host: str, port: int) -> str:
@@ -193,6 +302,8 @@ def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pids: list[An
 
     if spec.get("parent"):  # first: an orphan must not go on serving the old port
         die_with_parent(int(spec["parent"]))
+    if hasattr(signal, "SIGHUP"):  # a closed terminal's SIGHUP to the process group: the
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # supervisor stops this one in order
     import uvicorn
 
     from memoryos_gpu.host_memory import freeze_long_lived
@@ -217,11 +328,15 @@ def serve_worker(spec: dict[str, Any], sock: socket.socket, engine_pids: list[An
         timeout_graceful_shutdown=spec["graceful_timeout_s"],
         h11_max_incomplete_event_size=settings.max_header_bytes,
         http=header_timeout_protocol(settings.header_timeout_s),
+        **settings.proxy_headers(),
     )
+    server = uvicorn.Server(config)
     try:
-        run_server(uvicorn.Server(config), sockets=[sock])
+        run_server(server, sockets=[sock])
     except KeyboardInterrupt:  # stopped before it served: nothing to finish
         return
+    if server.force_exit:  # a second Ctrl-C aborted its requests: not a clean stop
+        sys.exit(EXIT_FORCED_QUIT)
     if shutdown_failed(app):  # uvicorn logged why; the supervisor reads the exit code
         sys.exit(1)
 
@@ -270,6 +385,7 @@ class Supervisor:
         from memoryos_gpu.server.shared_limits import create_bucket_file
 
         self.sock = _listen(host, port)  # first: a port in use fails before anything exists
+        self._port = int(self.sock.getsockname()[1])  # stop() closes the socket first
         if engines > 1:  # lays the shards out in the store: only once the port is ours
             try:
                 _check_shardable(config.store, engines)
@@ -288,6 +404,9 @@ class Supervisor:
         limits_path = self.dir / "limits"
         create_bucket_file(limits_path, len(api_keys or {}))
         addresses = [f"ipc://{self.dir / f'engine-{i}.sock'}" for i in range(engines)]
+        # set by stop() once the workers have stopped: an engine process's SIGTERM is then
+        # the supervisor's, and it stops at once (engine_process._on_sigterm says why)
+        self.workers_gone = self.ctx.RawValue("b", 0)
         # no lock: a killed reader holds none
         self.engine_pids = [self.ctx.RawValue("i", 0) for _ in range(engines)]
         base = engine_config(config, workers, engines)
@@ -300,6 +419,7 @@ class Supervisor:
                 "log_level": log_level,
                 "argv": [*sys.argv, f"[engine process of pid {os.getpid()}]"],
                 "parent": os.getpid(),  # SIGTERM to it when this supervisor dies
+                "workers_gone": self.workers_gone,
                 **({"shard": [i, engines]} if engines > 1 else {}),
             }
             for i, address in enumerate(addresses)
@@ -324,7 +444,7 @@ class Supervisor:
 
     @property
     def port(self) -> int:
-        return int(self.sock.getsockname()[1])
+        return self._port
 
     def _engine_name(self, i: int) -> str:
         return "engine process" if len(self.engines) == 1 else f"engine process {i}"
@@ -383,6 +503,15 @@ class Supervisor:
                 if p.sentinel in ready and not self.stopping:
                     self._restart(p)
 
+    def force_quit(self) -> None:
+        """A second Ctrl-C (SIGINT) during the stop, sent to this process alone (``kill -INT``
+        twice): passed on to the workers, for uvicorn's force quit there, as a second Ctrl-C
+        at the terminal does to the whole process group. The engine processes still drain."""
+        for p in self.workers:
+            if p is not None and p.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, signal.SIGINT)
+
     def _restart(self, p: Any) -> None:
         p.join()
         quick = time.monotonic() - self.started.pop(p.pid, 0.0) < QUICK_DEATH_S
@@ -390,7 +519,10 @@ class Supervisor:
             i = self.engines.index(p)
             self.engine_pids[i].value = 0  # the workers fail what is in flight, answer 503
             log.error(
-                "the %s %d exited (%s); starting it again", self._engine_name(i), p.pid, p.exitcode
+                "%s (pid %d) %s; starting it again",
+                self._engine_name(i),
+                p.pid,
+                _exit_phrase(p.exitcode),
             )
             self.restarts["engine"] += 1
             if quick:
@@ -408,8 +540,15 @@ class Supervisor:
         """Workers first (each answers its requests in flight; worker 0 syncs the shards a
         last time), then the engine processes (each drains its queues, finishes derived work,
         closes its store). Returns what failed to stop cleanly, one phrase per process (empty:
-        the stop was clean)."""
+        the stop was clean).
+
+        The listening socket is closed first: while this process held its copy, the port
+        stayed open through the whole stop, and the kernel queued new connections that no
+        worker would accept (held until the stop ended, then reset), where the
+        single-process server refuses them at once. Each worker closes its own copy as its
+        shutdown begins; the connections they have are still answered."""
         self.stopping = True
+        self.sock.close()
         for p in self.workers:
             if p is not None and p.is_alive():
                 p.terminate()
@@ -424,7 +563,7 @@ class Supervisor:
                     failures.append(f"HTTP worker {i} (pid {p.pid}) did not stop in {grace:g} s")
                 elif not _stopped_cleanly(p.exitcode):
                     failures.append(f"HTTP worker {i} (pid {p.pid}) {_exit_phrase(p.exitcode)}")
-        self.sock.close()
+        self.workers_gone.value = 1  # the SIGTERM below is the supervisor's: stop now
         live = [p for p in self.engines if p is not None and p.is_alive()]
         for p in live:
             p.terminate()
@@ -453,6 +592,8 @@ def _stopped_cleanly(exitcode: int | None) -> bool:
 
 def _exit_phrase(exitcode: int | None) -> str:
     """``exited with status 1`` / ``was killed by SIGKILL``, for the shutdown's error."""
+    if exitcode == EXIT_FORCED_QUIT:
+        return "was forced to quit by a second Ctrl-C (its requests in flight were aborted)"
     if exitcode is not None and exitcode < 0:
         try:
             return f"was killed by {signal.Signals(-exitcode).name}"
@@ -496,7 +637,14 @@ def run_workers(
     engines: int = 1,
 ) -> None:
     """Serve with ``workers`` HTTP processes in front of ``engines`` engine processes until
-    SIGINT / SIGTERM, then stop in order."""
+    SIGINT, SIGTERM or SIGHUP (:data:`~memoryos_gpu.stop_signals.STOP_SIGNALS`, as every
+    command: SIGHUP's default action killed the supervisor outright, leaving its runtime
+    directory behind), then stop in order. A second SIGINT (Ctrl-C again) forces the workers
+    to quit (:meth:`Supervisor.force_quit`), and the stop is then not a clean one
+    (:class:`ShutdownError`); a repeated SIGTERM or SIGHUP changes nothing. The rule is
+    :class:`~memoryos_gpu.stop_signals.StopSignals`', whose handler is not used here: it
+    raises ``KeyboardInterrupt`` on the second Ctrl-C, which would cut this process's own
+    ordered stop short (engine processes left unstopped, the runtime directory left)."""
     sup = Supervisor(
         config,
         settings,
@@ -510,9 +658,11 @@ def run_workers(
     )
 
     def stop(signum: int, frame: Any) -> None:
+        if sup.stopping and signum == signal.SIGINT:
+            sup.force_quit()
         sup.stopping = True
 
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
     failures: list[str] = []
     try:
         sup.start()
