@@ -295,6 +295,10 @@ class EngineServer:
                 self.sock.send([ident, data])
             except zmq.Again:  # the worker's queue is full (it is stuck or gone)
                 log.warning("engine process: %d answers for a worker dropped", len(answers))
+            except Exception as exc:  # one worker's failed send must not skip the others'
+                log.warning(
+                    "engine process: %d answers for a worker not sent: %r", len(answers), exc
+                )
 
     async def retrieve(
         self, user_id: str, query: str, top_pages: int | None, top_segments: int | None
