@@ -117,8 +117,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _raw_initialize(url: str) -> Any:
-    """One initialize request without the SDK: what the transport answers on the wire."""
+def raw_initialize(url: str, **headers: str) -> Any:
+    """One initialize request without the SDK (``headers`` added): what the transport answers
+    on the wire."""
     import httpx
 
     body = {
@@ -131,7 +132,7 @@ def _raw_initialize(url: str) -> Any:
             "clientInfo": {"name": "raw", "version": "0"},
         },
     }
-    headers = {"Accept": "application/json, text/event-stream"}
+    headers = {"Accept": "application/json, text/event-stream", **headers}
     return httpx.post(url, json=body, headers=headers, timeout=30)
 
 
@@ -184,7 +185,7 @@ def test_streamable_http_transport(tmp_path: Path, flags: list[str]) -> None:
                 assert out["short_term_memory"][0]["user_input"] == "I live in Porto"
 
         asyncio.run(main())
-        raw = _raw_initialize(f"http://127.0.0.1:{port}/mcp")
+        raw = raw_initialize(f"http://127.0.0.1:{port}/mcp")
         assert raw.status_code == 200, raw.text
         kind = raw.headers["content-type"]
         # --json-response: plain JSON, not an SSE stream; --stateless: no session to resume

@@ -12,29 +12,17 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import httpx
 import pytest
 
 pytest.importorskip("mcp.server.mcpserver")
 pytest.importorskip("uvicorn")
 
 from served import running
+from test_mcp import raw_initialize
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.server.mcp_server import build_mcp, http_app, warn_if_unchecked
 from memoryos_gpu.server.service import MemoryService
-
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"},
-    },
-}
-ACCEPT = {"Accept": "application/json, text/event-stream"}
 
 
 @contextmanager
@@ -48,8 +36,7 @@ def _server(**checks: list[str]) -> Iterator[int]:
 
 
 def _post(port: int, **headers: str) -> int:
-    r = httpx.post(f"http://127.0.0.1:{port}/mcp", json=INIT, headers={**ACCEPT, **headers})
-    return r.status_code
+    return raw_initialize(f"http://127.0.0.1:{port}/mcp", **headers).status_code
 
 
 def test_allowed_hosts_and_origins_are_checked_on_any_host() -> None:

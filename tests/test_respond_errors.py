@@ -63,9 +63,15 @@ def test_an_unreachable_llm_is_a_503_with_retry_after() -> None:
         _add(c, "alice")
         r = c.post("/v1/users/alice/respond", json={"query": "what do I like?"}, headers=HA)
         assert r.status_code == 503, r.text
-        assert r.json()["error"] == "unavailable" and "cannot connect" in r.json()["detail"]
+        detail = r.json()["detail"]  # a tenant's: why not, without the LLM's address
+        assert r.json()["error"] == "unavailable" and "cannot be used now" in detail, detail
+        assert dead not in detail and "127.0.0.1" not in detail, detail
         assert int(r.headers["Retry-After"]) > 0
         assert _pages(c, "alice") == [""]
+    with serve(engine, keys=None, derived_enabled=False) as c:  # open: its operator's
+        assert c.post("/v1/users/bob/pages", json={"user_input": "hi"}).status_code == 201
+        r = c.post("/v1/users/bob/respond", json={"query": "what do I like?"})
+        assert r.status_code == 503 and "cannot connect" in r.json()["detail"], r.text
     engine.close()
 
 
