@@ -1,12 +1,15 @@
-"""A real uvicorn server in a thread with an httpx client bound to it: the HTTP tests' harness."""
+"""A real uvicorn server in a thread with an httpx client bound to it: the HTTP tests' harness
+(and a fake engine process for the worker's channel to it)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +102,44 @@ def serve(
             yield client
         finally:
             client.close()
+
+
+@asynccontextmanager
+async def fake_engine(
+    address: str, answer: Callable[[str, tuple[Any, ...]], tuple[bool, Any]]
+) -> AsyncIterator[Any]:
+    """An ``EngineClient`` connected to a fake engine process at ``address`` (``ipc://...``):
+    a ROUTER socket answering each message's requests ``(id, method, args, kwargs)`` with
+    ``answer(method, args) -> (ok, value)``, all of a message's answers in one message, as the
+    engine process does. Yields the client once its socket has connected (a request of
+    method ``"x"`` with argument 0 must answer 0)."""
+    import zmq
+    import zmq.asyncio
+
+    from memoryos_gpu.server.ipc import EngineClient, EngineGone, dump, load
+
+    ctx = zmq.asyncio.Context()
+    engine = ctx.socket(zmq.ROUTER)
+    engine.bind(address)
+
+    async def serve_requests() -> None:
+        while True:
+            ident, payload = await engine.recv_multipart()
+            out = [(rid, *answer(method, args)) for rid, method, args, _kw in load(payload)]
+            await engine.send_multipart([ident, dump(out)])
+
+    server = asyncio.get_running_loop().create_task(serve_requests())
+    client = EngineClient(address)
+    client.start()
+    try:
+        while True:  # until the client's socket has connected
+            with contextlib.suppress(EngineGone):
+                assert await client.request("x", 0) == 0
+                break
+            await asyncio.sleep(0.01)
+        yield client
+    finally:
+        server.cancel()
+        await client.close()
+        engine.close(0)
+        ctx.term()

@@ -10,7 +10,6 @@ to 950 levels was stored and then every listing and export of that user was a 50
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -157,9 +156,7 @@ def test_a_request_that_cannot_be_pickled_fails_alone(tmp_path: Path) -> None:
     """Requests of one loop iteration go as one message; one that pickle cannot carry used to
     drop them all, answered never. Now it fails alone and the others are answered."""
     pytest.importorskip("zmq")
-    import zmq.asyncio
-
-    from memoryos_gpu.server.ipc import EngineClient, EngineGone, dump, load
+    from tests.served import fake_engine
 
     deep: Any = 1
     for _ in range(20_000):
@@ -167,25 +164,7 @@ def test_a_request_that_cannot_be_pickled_fails_alone(tmp_path: Path) -> None:
 
     async def go() -> list[Any]:
         address = f"ipc://{tmp_path}/engine.sock"
-        ctx = zmq.asyncio.Context()
-        engine = ctx.socket(zmq.ROUTER)
-        engine.bind(address)
-
-        async def answer() -> None:
-            while True:
-                ident, payload = await engine.recv_multipart()
-                out = [(rid, True, args[0] * 2) for rid, _m, args, _kw in load(payload)]
-                await engine.send_multipart([ident, dump(out)])
-
-        server = asyncio.get_running_loop().create_task(answer())
-        client = EngineClient(address)
-        client.start()
-        try:
-            while True:  # until the client's socket has connected
-                with contextlib.suppress(EngineGone):
-                    assert await client.request("x", 0) == 0
-                    break
-                await asyncio.sleep(0.01)
+        async with fake_engine(address, lambda _method, args: (True, args[0] * 2)) as client:
             calls = [  # queued in one loop iteration: one batch
                 client.request("x", 1),
                 client.request("x", _Unpicklable()),
@@ -194,11 +173,6 @@ def test_a_request_that_cannot_be_pickled_fails_alone(tmp_path: Path) -> None:
                 client.request("x", 3),
             ]
             return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
-        finally:
-            server.cancel()
-            await client.close()
-            engine.close(0)
-            ctx.term()
 
     one, bad, two, too_deep, three = asyncio.run(go())
     assert (one, two, three) == (2, 4, 6)

@@ -8,7 +8,6 @@ server acknowledged must be in the store afterwards.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import multiprocessing
 import os
@@ -29,7 +28,7 @@ pytest.importorskip("uvicorn")
 
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.server.shared_limits import SharedKeyLimits, create_bucket_file
-from tests.served import HA, HADMIN, HB, KEY_ADMIN, KEYS, ROOT, free_port, wait_ready
+from tests.served import HA, HADMIN, HB, KEY_ADMIN, KEYS, ROOT, fake_engine, free_port, wait_ready
 
 SCRIPT = """
 import json, sys
@@ -602,48 +601,20 @@ def test_an_engine_error_fails_only_its_request_in_a_batch_of_answers(tmp_path: 
     raised to its caller as its own type (message and attributes kept), and the answers beside
     it in that message still reach theirs. (An error used to be raised while being delivered:
     its caller and every answer after it in the message waited forever.)"""
-    import zmq
-    import zmq.asyncio
-
     from memoryos_gpu.distributed.ray_common import BoxedError
     from memoryos_gpu.errors import UnknownUserError
-    from memoryos_gpu.server.ipc import EngineClient, EngineGone, dump, load
+
+    def answer(method: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
+        if method == "bad":
+            err = UnknownUserError(f"no user {args[0]}")
+            err.user_id = args[0]
+            return False, BoxedError.of(err)
+        return True, args[0] * 2
 
     async def go() -> list[Any]:
-        address = f"ipc://{tmp_path}/engine.sock"
-        ctx = zmq.asyncio.Context()
-        engine = ctx.socket(zmq.ROUTER)
-        engine.bind(address)
-
-        async def answer() -> None:
-            while True:
-                ident, payload = await engine.recv_multipart()
-                out = []
-                for rid, method, args, _kw in load(payload):
-                    if method == "bad":
-                        err = UnknownUserError(f"no user {args[0]}")
-                        err.user_id = args[0]
-                        out.append((rid, False, BoxedError.of(err)))
-                    else:
-                        out.append((rid, True, args[0] * 2))
-                await engine.send_multipart([ident, dump(out)])
-
-        server = asyncio.get_running_loop().create_task(answer())
-        client = EngineClient(address)
-        client.start()
-        try:
-            while True:  # until the client's socket has connected
-                with contextlib.suppress(EngineGone):
-                    assert await client.request("x", 0) == 0
-                    break
-                await asyncio.sleep(0.01)
+        async with fake_engine(f"ipc://{tmp_path}/engine.sock", answer) as client:
             calls = [client.request("bad", "ann"), client.request("x", 2), client.request("x", 5)]
             return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
-        finally:
-            server.cancel()
-            await client.close()
-            engine.close(0)
-            ctx.term()
 
     err, *rest = asyncio.run(go())
     assert isinstance(err, UnknownUserError), err

@@ -9,9 +9,10 @@ import sqlite3
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rounds_reference import round_order
 from store_backends import Backend
 
-from memoryos_gpu.store.rounds import PendingQueue, round_order
+from memoryos_gpu.store.rounds import PendingQueue
 
 TENANT = (
     "CASE WHEN instr(user_id, '/') > 0 THEN substr(user_id, 1, instr(user_id, '/') - 1) ELSE '' END"

@@ -242,7 +242,7 @@ class StoreReads:
     def pending_items(self, kind: str) -> list[tuple[int, str, int]]:
         """(work_id, user_id, ref) of every pending item of ``kind``, in queue order: what a
         drain's :class:`~memoryos_gpu.store.rounds.PendingQueue` is read from, which hands
-        out its rounds (waves per user, tenants in turn: ``rounds.round_order``)."""
+        out its rounds (waves per user, tenants in turn)."""
         return self.query(
             "SELECT work_id, user_id, ref FROM pending WHERE kind = ? ORDER BY work_id", (kind,)
         )

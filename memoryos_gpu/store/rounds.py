@@ -1,11 +1,11 @@
 """The order of a derived-work round: waves of users' pending items, tenants in turn.
 
 :meth:`~memoryos_gpu.store.reads.StoreReads.pending_items` reads the pending items of a kind
-in queue order; :class:`PendingQueue` hands out their rounds in the order :func:`round_order`
-defines. The order is computed in Python rather than by the database: as two SQL window
-functions and a sort, SQLite took ~1 ms for a round read of 330 items (~3 us an item: a derived
-round's largest statement at ingestion), where the plain read takes ~0.18 ms and array sorts
-~0.08 ms.
+in queue order; :class:`PendingQueue` hands out their rounds (its docstring has the order;
+``tests/rounds_reference.py`` states it as array sorts, the reference it is tested against).
+The order is computed in Python rather than by the database: as two SQL window functions and a
+sort, SQLite took ~1 ms for a round read of 330 items (~3 us an item: a derived round's largest
+statement at ingestion), where the plain read takes ~0.18 ms.
 
 A drain (``process_pending`` until the queue is empty) reads the queue once into a
 :class:`PendingQueue`, which hands out the same rounds from memory: reading the whole queue for
@@ -16,13 +16,12 @@ of reading a round of 256 pages, whose own work takes ~35 ms).
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["PendingQueue", "rank_within", "round_order", "tenant_of"]
+__all__ = ["PendingQueue", "rank_within", "tenant_of"]
 
 
 def tenant_of(user_id: str) -> str:
@@ -31,29 +30,6 @@ def tenant_of(user_id: str) -> str:
     turns both go by it."""
     head, sep, _ = user_id.partition("/")
     return head if sep else ""
-
-
-def round_order(user_ids: Sequence[str], per_user: int, limit: int) -> np.ndarray:
-    """Positions (into ``user_ids``, one per pending item in queue order) of one round: the
-    oldest ``per_user`` items of each user, at most ``limit``, in *waves* (every user's oldest
-    item, then every user's second oldest, ...: a user's items stay in order, and a user with
-    a long backlog does not push another user's one page into later rounds), within a wave
-    the tenants in turn (the oldest item of every tenant, then the second oldest of each, ...;
-    tenants by :func:`tenant_of`: a tenant with a thousand users pending does not push another
-    tenant's one page into later rounds), ties in queue order. The rule
-    :class:`PendingQueue` follows; kept as the reference its tests hold it to."""
-    n = len(user_ids)
-    if n == 0 or limit <= 0 or per_user <= 0:
-        return np.zeros(0, np.int64)
-    first = _first_codes(user_ids, n)  # a code per user
-    wave = rank_within(first)
-    keep = np.flatnonzero(wave < per_user)
-    wave = wave[keep]
-    tenant = _tenant_codes(user_ids)[keep]
-    # a group per (wave, tenant); within it, queue order
-    turn = rank_within(wave * (int(tenant.max()) + 1) + tenant)
-    order = np.lexsort((keep, turn, wave))  # wave, then turn, then queue order
-    return keep[order[:limit]]
 
 
 def rank_within(groups: np.ndarray) -> np.ndarray:
@@ -67,26 +43,20 @@ def rank_within(groups: np.ndarray) -> np.ndarray:
     return rank
 
 
-def _first_codes(keys: Iterable[Hashable], n: int) -> np.ndarray:
-    """A code per distinct key of ``n``: the position of its first occurrence
-    (``dict.setdefault``, mapped at C level)."""
-    return np.fromiter(map({}.setdefault, keys, itertools.count()), np.int64, n)
-
-
-def _tenant_codes(users: Sequence[str]) -> np.ndarray:
-    """A code per distinct :func:`tenant_of`."""
-    if "/" not in "".join(users):
-        return np.zeros(len(users), np.int64)
-    return _first_codes(map(tenant_of, users), len(users))
-
-
 Item = tuple[int, str, int]  # a pending row: (work id, user id, ref), as the store lists it
 
 
 class PendingQueue:
-    """A kind's pending items, read once, handing out the rounds :func:`round_order` would
-    pick from the items left, in its order, at O(round * log users) a round instead of a pass
-    over the whole queue.
+    """A kind's pending items, read once, handing out their rounds at O(round * log users) a
+    round instead of a pass over the whole queue.
+
+    A round is the oldest ``per_user`` items of each user, at most ``limit``, in *waves*
+    (every user's oldest item, then every user's second oldest, ...: a user's items stay in
+    order, and a user with a long backlog does not push another user's one page into later
+    rounds); within a wave the tenants take turns (the oldest item of every tenant, then the
+    second oldest of each, ...; :func:`tenant_of`: a tenant with a thousand users pending does
+    not push another tenant's one page into later rounds), ties in queue order
+    (``tests/rounds_reference.py`` states the same as array sorts).
 
     Each user's items wait in a deque (queue order); each tenant's users in a heap keyed by
     their oldest item's work id; the tenants in a heap keyed by their oldest user's (entries
@@ -117,8 +87,8 @@ class PendingQueue:
         return bool(self._items)
 
     def next_round(self, limit: int, per_user: int) -> list[Item]:
-        """At most ``limit`` items, at most ``per_user`` of each user, as :func:`round_order`
-        orders them over the items left. Call :meth:`done` after it was applied whole."""
+        """The next round over the items left: at most ``limit`` items, at most ``per_user``
+        of each user, in the order above. Call :meth:`done` after it was applied whole."""
         if limit <= 0 or per_user <= 0 or not self._items:
             return []
         users = self._first_wave(limit)
@@ -179,7 +149,7 @@ class PendingQueue:
 
 
 def _in_turns(wave: list[Item]) -> list[Item]:
-    """A later wave's items in :func:`round_order`'s order: tenants in turn, each turn in
+    """A later wave's items in a round's order: tenants in turn, each turn in
     queue order."""
     wave = sorted(wave)
     turn: dict[str, int] = {}
