@@ -37,9 +37,14 @@ def test_a_failed_llm_call_is_a_502_and_nothing_is_remembered(make_engine: Any, 
         r = c.post("/v1/users/alice/respond", json={"query": "what do I like?"}, headers=HA)
         assert r.status_code == 502, r.text
         body = r.json()
-        assert body["error"] == "llm_error" and "HTTP 500: boom" in body["detail"]
+        assert body["error"] == "llm_error" and "no usable answer" in body["detail"]
+        assert "boom" not in body["detail"]  # a tenant's: not the LLM server's own text
         assert set(body) == {"error", "detail"}  # the error shape of every route
         assert _pages(c, "alice") == [""]  # only the page added before
+    with serve(engine, keys=None) as c:  # an open server's caller is its operator
+        _add(c, "bob")
+        r = c.post("/v1/users/bob/respond", json={"query": "what do I like?"})
+        assert r.status_code == 502 and "HTTP 500: boom" in r.json()["detail"], r.text
 
 
 def test_an_answer_past_max_tokens_is_a_502_not_a_page(make_engine: Any, kit: Any) -> None:
@@ -49,8 +54,11 @@ def test_an_answer_past_max_tokens_is_a_502_not_a_page(make_engine: Any, kit: An
         _add(c, "alice")
         r = c.post("/v1/users/alice/respond", json={"query": "again"}, headers=HA)
         assert r.status_code == 502 and r.json()["error"] == "llm_error", r.text[:300]
-        assert "max_tokens=256" in r.json()["detail"]
         assert _pages(c, "alice") == [""]
+    with serve(engine, keys=None) as c:  # an open server's caller is its operator
+        assert c.post("/v1/users/bob/pages", json={"user_input": "hi"}).status_code == 201
+        r = c.post("/v1/users/bob/respond", json={"query": "again"})
+        assert r.status_code == 502 and "max_tokens=256" in r.json()["detail"], r.text[:300]
 
 
 def test_an_unreachable_llm_is_a_503_with_retry_after() -> None:

@@ -120,7 +120,7 @@ class ErrorMapper:
             reason = "overloaded" if isinstance(exc, Overloaded) else "unavailable"
             status = getattr(exc, "status", 503)  # 429: the caller's own share is full
             self.metrics.rejected.labels(reason).inc()
-            detail = str(exc) if _operator(tenancy) else getattr(exc, "public", str(exc))
+            detail = str(exc) if operator_may_read(tenancy) else getattr(exc, "public", str(exc))
             return error_response(status, reason, detail, {"Retry-After": str(exc.retry_after)})
         if isinstance(exc, StoreUnavailableError):  # PostgreSQL down, restarting, cut off
             # the operator's: names the store, password masked
@@ -170,9 +170,10 @@ class ErrorMapper:
         return None
 
 
-def _operator(tenancy: Scope | None) -> bool:
-    """Whether the caller may read internal details (a store's path, a failed load's error):
-    an open server's (one tenant, its operator) or the admin key's, not another tenant's."""
+def operator_may_read(tenancy: Scope | None) -> bool:
+    """Whether the caller may read internal details (a store's path, a failed load's error,
+    the LLM server's own error text): an open server's (one tenant, its operator) or the admin
+    key's, not another tenant's."""
     return tenancy is None or tenancy.tenant is None or tenancy.principal.admin
 
 

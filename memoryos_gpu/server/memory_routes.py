@@ -24,7 +24,7 @@ from memoryos_gpu.log_setup import LogThrottle
 from memoryos_gpu.server import models as m
 from memoryos_gpu.server.batching import Unavailable
 from memoryos_gpu.server.bodies import parse_body
-from memoryos_gpu.server.edge import DirectRoute
+from memoryos_gpu.server.edge import DirectRoute, operator_may_read
 from memoryos_gpu.server.scope import (
     ApiError,
     Scope,
@@ -116,6 +116,16 @@ def _llm_outage(exc: LLMBackendError) -> Unavailable:
         wait,
         public=f"the LLM cannot be used now; nothing was remembered; retry in {wait} s",
     )
+
+
+def _llm_failure(error: str, scope: Scope) -> str:
+    """A 502's detail: the LLM's error for the operator; a tenant's reads only that the call
+    failed, since the LLM server's own text (an upstream error page, a proxy's message, a
+    body excerpt) may name hosts, models and other tenants' traffic (the log has it all)."""
+    said = "no usable answer from the LLM (nothing remembered)"
+    if operator_may_read(scope):
+        return f"{said}: {error}"
+    return f"{said}; the server's log says why"
 
 
 def _llm_retry_after(exc: LLMBackendError) -> int:
@@ -299,9 +309,7 @@ def add_memory_routes(
                 "respond: no usable answer from the LLM: %s",
                 r.error,
             )
-            raise ApiError(
-                502, "llm_error", f"no usable answer from the LLM (nothing remembered): {r.error}"
-            )
+            raise ApiError(502, "llm_error", _llm_failure(r.error, scope))
         return json_response(
             {
                 "user_id": user_id,
