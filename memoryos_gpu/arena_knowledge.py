@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from memoryos_gpu.arena_memory import grown_capacity
-from memoryos_gpu.arena_pages import _rank_within
 from memoryos_gpu.errors import ArenaError
+from memoryos_gpu.grouping import rank_within
 
 
 class ArenaKnowledge:
@@ -31,7 +31,7 @@ class ArenaKnowledge:
         self.check_owners(owners)
         cap = self.config.knowledge_capacity
         # each entry's rank among the batch's entries of its owner (batch order kept)
-        ring = ((self._ring_head[owners] + _rank_within(owners)) % cap).astype(np.int32)
+        ring = ((self._ring_head[owners] + rank_within(owners)) % cap).astype(np.int32)
         np.add.at(self._ring_head, owners, 1)
         self._fit_rings(ring)
         # if one batch wraps a ring, only the last write per slot survives (FIFO semantics)

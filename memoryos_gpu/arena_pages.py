@@ -3,8 +3,8 @@
 edited and deleted, their BM25 term rows written (the rows are
 :mod:`memoryos_gpu.arena_lexical`'s), and a segment's pages listed.
 
-Also the batch helpers of placement: :func:`_rank_within` (a page's position among the batch's
-pages of its segment; the knowledge rings rank entries with it too) and :func:`_sorted_unique`.
+Also a batch helper of placement, :func:`_sorted_unique`; a page's position among the batch's
+pages of its segment is :func:`memoryos_gpu.grouping.rank_within`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 
 from memoryos_gpu.arena_layout import _INT32_MAX
 from memoryos_gpu.errors import ArenaError
+from memoryos_gpu.grouping import rank_within
 
 
 class ArenaPages:
@@ -35,7 +36,7 @@ class ArenaPages:
         self.check_users(users)
         self._check_slots(slots)
         key = users.astype(np.int64) * self.segment_width + slots
-        positions = self._h_npages.reshape(-1)[key].astype(np.int64) + _rank_within(key)
+        positions = self._h_npages.reshape(-1)[key].astype(np.int64) + rank_within(key)
         out = self._place(users, slots, positions)
         self.write_pages(out, emb)
         return out
@@ -192,22 +193,3 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
-
-
-def _rank_within(key: np.ndarray) -> np.ndarray:
-    """Each element's rank among the elements of equal key before it (order kept): the
-    position a page takes among the batch's pages of its segment."""
-    n = key.size
-    rank = np.zeros(n, np.int64)
-    if n < 2:
-        return rank
-    order = np.argsort(key, kind="stable")
-    sk = key[order]
-    new = np.empty(n, bool)
-    new[0] = True
-    np.not_equal(sk[1:], sk[:-1], out=new[1:])
-    if new.all():  # every page in a segment of its own: the common wave
-        return rank
-    starts = np.flatnonzero(new)
-    rank[order] = np.arange(n) - starts[np.cumsum(new) - 1]
-    return rank

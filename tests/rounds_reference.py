@@ -10,7 +10,8 @@ from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
-from memoryos_gpu.store.rounds import rank_within, tenant_of
+from memoryos_gpu.grouping import rank_within
+from memoryos_gpu.store.rounds import tenant_of
 
 
 def round_order(user_ids: Sequence[str], per_user: int, limit: int) -> np.ndarray:

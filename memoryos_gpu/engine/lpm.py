@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from memoryos_gpu.embed.base import encode_checked
+from memoryos_gpu.grouping import rank_within
 from memoryos_gpu.stages import PromotionOutcome, PromotionWork
 from memoryos_gpu.store.derivations import PROFILE, record
-from memoryos_gpu.store.rounds import rank_within
 
 from .heat import Claim, Heat
 from .knowledge_ring import KnowledgeRing

@@ -19,9 +19,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-import numpy as np
-
-__all__ = ["PendingQueue", "rank_within", "tenant_of"]
+__all__ = ["PendingQueue", "tenant_of"]
 
 
 def tenant_of(user_id: str) -> str:
@@ -30,17 +28,6 @@ def tenant_of(user_id: str) -> str:
     turns both go by it."""
     head, sep, _ = user_id.partition("/")
     return head if sep else ""
-
-
-def rank_within(groups: np.ndarray) -> np.ndarray:
-    """Each item's position among the items of its group, in input order (0 for the first)."""
-    by_group = np.argsort(groups, kind="stable")
-    sorted_groups = groups[by_group]
-    starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
-    sizes = np.diff(np.r_[starts, groups.size])
-    rank = np.empty(groups.size, np.int64)
-    rank[by_group] = np.arange(groups.size) - np.repeat(starts, sizes)
-    return rank
 
 
 Item = tuple[int, str, int]  # a pending row: (work id, user id, ref), as the store lists it
