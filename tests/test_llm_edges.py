@@ -483,6 +483,25 @@ def test_cli_reports_llm_misconfiguration_without_a_traceback(
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("model", ["missing.gguf", "missing-folder"])
+def test_cli_refuses_a_transformers_model_path_that_is_not_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture, model: str
+) -> None:
+    # a setting's error (exit 2, as a missing embedding model), before the store is created:
+    # it was exit 1, and a missing folder read as transformers' complaint about repo ids
+    from memoryos_gpu.cli.app import main
+
+    pytest.importorskip("transformers")
+    pages = Path(__file__).parent / "data" / "pages.jsonl"
+    store = tmp_path / "s"
+    llm = ["--llm-mode", "llm", "--llm-backend", "transformers"]
+    argv = ["ingest", str(pages), "--store", str(store), "--embedder", "hashing", *llm]
+    assert main([*argv, "--llm-model", str(tmp_path / model)]) == 2
+    err = capsys.readouterr().err
+    assert "not found" in err and str(tmp_path / model) in err and "Traceback" not in err
+    assert not store.exists()
+
+
 # ------------------------------------------------------------------ 6. degenerate JSON output
 
 

@@ -38,6 +38,7 @@ from memoryos_gpu.llm.base import (
     ChatResult,
     LLMBackend,
     LLMBackendError,
+    LLMConfigError,
     retry_unparsed,
 )
 from memoryos_gpu.llm.jsonfix import parse_json_output
@@ -84,23 +85,36 @@ def xgrammar_available() -> bool:
     return importlib.util.find_spec("xgrammar") is not None
 
 
+def _names_a_path(model: str | os.PathLike) -> bool:
+    """Whether ``model`` is a filesystem path rather than a hub id (``org/name``)."""
+    return isinstance(model, os.PathLike) or model.startswith(("/", "./", "../", "~"))
+
+
 def _resolve_source(
     model: str | os.PathLike | None, gguf_file: str | None
 ) -> tuple[str, str | None]:
-    """(model_dir_or_id, gguf_file_name_or_None)."""
+    """(model_dir_or_id, gguf_file_name_or_None). A model named by a path that is not there
+    is a setting error (``LLMConfigError``: the CLI's exit 2, as for a missing embedding
+    model), raised before any store is opened: offline, transformers would take the path for
+    a hub id and fail with a message about repository names."""
     if model is None and gguf_file is None:
         p = bundled_smollm2_path()
         return str(p.parent), p.name
     if model is not None and gguf_file is None and str(model).endswith(".gguf"):
         p = Path(model)
         if not p.is_file():
-            raise LLMBackendError(f"GGUF file not found: {p}")
+            raise LLMConfigError(f"GGUF file not found: {p}")
         return str(p.resolve().parent), p.name
     if model is None and gguf_file is not None:
         p = Path(gguf_file)
         if not p.is_file():
-            raise LLMBackendError(f"GGUF file not found: {p}")
+            raise LLMConfigError(f"GGUF file not found: {p}")
         return str(p.resolve().parent), p.name
+    if model is not None and _names_a_path(model) and not Path(model).expanduser().exists():
+        raise LLMConfigError(
+            f"LLM model not found: {model} (a local path: give an existing model folder or "
+            ".gguf file, or a model id of the local Hugging Face cache)"
+        )
     if gguf_file is not None and os.path.isabs(gguf_file):
         p = Path(gguf_file)
         return str(p.parent), p.name
