@@ -18,7 +18,6 @@ keyword that are the same word have the same id.
 from __future__ import annotations
 
 import math
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,6 +27,7 @@ import numpy as np
 
 from memoryos_gpu.ops.retrieval import MAX_QUERY_TERMS, QueryTerms
 from memoryos_gpu.text.keywords import STOPWORDS
+from memoryos_gpu.text.words import normalise
 
 
 def date_words(timestamp: float | None) -> str:
@@ -92,16 +92,15 @@ def _splitter() -> object:
 
 
 def _normalised(texts: Sequence[str]) -> str:
-    """The batch joined by U+0000, NFKC-normalised and case-folded (one C call for an ASCII
-    batch, where both reduce to ``lower``; else per text, U+0000 being inert to both). Texts
-    must not contain U+0000 (engine-cleaned text never does: control characters are dropped
-    on the way in)."""
+    """The batch joined by U+0000, each text normalised
+    (:func:`~memoryos_gpu.text.words.normalise`: one C call for an ASCII batch, where it
+    reduces to ``lower``; U+0000 is inert to it).
+    Texts must not contain U+0000 (engine-cleaned text never does: control characters are
+    dropped on the way in)."""
     joined = "\x00".join(texts)
     if joined.isascii():
         return joined.lower()
-    return "\x00".join(  # per text, the ASCII ones without a normalisation pass
-        t.lower() if t.isascii() else unicodedata.normalize("NFKC", t).casefold() for t in texts
-    )
+    return "\x00".join(map(normalise, texts))  # an ASCII text without a normalisation pass
 
 
 def page_terms(texts: Sequence[str], timestamps: Sequence[float] | np.ndarray | None) -> PageTerms:

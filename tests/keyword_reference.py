@@ -16,8 +16,8 @@ from memoryos_gpu.text.keywords import (
     _fold_plural,
     _strip_apostrophes,
 )
+from memoryos_gpu.text.words import casefold, word_spans
 
-WORD_RE = re.compile(r"[^\W_]+(?:['\u2019][^\W_]+)*", re.UNICODE)
 SENT_END_RE = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
 
 
@@ -28,13 +28,13 @@ def raw_tokens(text: str) -> list[tuple[str, str, bool]]:
     text = unicodedata.normalize("NFKC", (text or "").replace("\x00", " "))
     out: list[tuple[str, str, bool]] = []
     last_end = 0
-    for m in WORD_RE.finditer(text):
-        gap = text[last_end : m.start()]
+    for start, end in word_spans(text):  # the pairs of an unspaced run overlap: no gap
+        gap = text[last_end:start]
         sentence_initial = last_end == 0 or bool(SENT_END_RE.search(gap))
-        last_end = m.end()
-        norm = _strip_apostrophes(m.group(0).casefold())
+        last_end = end
+        norm = _strip_apostrophes(casefold(text[start:end]))
         if norm:
-            out.append((norm, m.group(0), sentence_initial))
+            out.append((norm, text[start:end], sentence_initial))
     return out
 
 

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from keyword_reference import raw_tokens, scores
 
 from memoryos_gpu.text.keywords import KeywordExtractor, _norm_tokens, hash_keyword
+from memoryos_gpu.text.unicode_ranges import UNSPACED_RANGES
+from memoryos_gpu.text.words import casefold
 
 # pieces that reach every rule: sentence ends with closers, apostrophes (inner, trailing,
 # possessive, U+2019), acronyms, capitalised words, ambiguous dates, digits of other scripts,
@@ -68,6 +70,18 @@ PIECES = [
     "ſt",
     "K",
     "K",
+    # scripts without spaces (pairs of letters), marks that continue a word, folded marks
+    "马拉松",
+    "我在Google工作。",
+    "日本語のテキスト",
+    "ฉันอยู่",
+    "मैराथन",
+    "हिन्दी",
+    "القَاهِرَة",
+    "שָׁלוֹם",
+    "i\u0307",
+    "\u0301x",
+    "ｶﾀｶﾅ",
 ]
 text_st = st.lists(st.sampled_from(PIECES) | st.text(max_size=4), max_size=30).map("".join)
 
@@ -169,6 +183,16 @@ def _every_char(test) -> list[str]:
     return [chr(c) for c in range(1, 0x110000) if not 0xD800 <= c < 0xE000 and test(chr(c))]
 
 
+def _mark(c: str) -> bool:
+    import unicodedata
+
+    return unicodedata.category(c).startswith("M")
+
+
+def _unspaced(c: str) -> bool:
+    return any(a <= ord(c) < b for a, b in UNSPACED_RANGES)
+
+
 def test_case_folding_and_classes_are_this_pythons_for_every_code_point() -> None:
     """The generated tables (scripts/gen_unicode_table.py) against this Python's str methods,
     code point by code point: the folded word, the digit test (a date word), the upper-case
@@ -179,11 +203,21 @@ def test_case_folding_and_classes_are_this_pythons_for_every_code_point() -> Non
     if _table_version() != unicodedata.unidata_version:
         pytest.skip(f"tables are Unicode {_table_version()}, Python {unicodedata.unidata_version}")
     ex = KeywordExtractor(stopwords=())
-    alnum = _every_char(lambda c: c.isalnum() and unicodedata.normalize("NFKC", c) == c)
+    stable = _every_char(lambda c: unicodedata.normalize("NFKC", c) == c)
+    alnum = [c for c in stable if c.isalnum() and not _unspaced(c)]
     # "q<c>q" is one word: its normalised form is the casefold, a date word iff a digit
     _, _, _, flags, words = ex._scan([f"q{c}q" for c in alnum])
-    assert words == [f"q{c}q".casefold() for c in alnum]
+    assert words == [casefold(f"q{c}q") for c in alnum]
     assert ((flags & 4) != 0).tolist() == [any(x.isdigit() for x in w) for w in words]
+    # a combining mark continues its word: "q<m>q" is one word
+    marks = [m for m in stable if _mark(m) and unicodedata.normalize("NFKC", f"q{m}q") == f"q{m}q"]
+    assert ex._scan([f"q{m}q" for m in marks])[4] == [casefold(f"q{m}q") for m in marks]
+    # a letter of an unspaced script ends a word, and doubled it is one pair: "<c><c>"
+    unspaced = [c for c in stable if _unspaced(c)]
+    assert len(unspaced) > 90_000  # Han, kana, Thai, Lao, Khmer, Myanmar
+    offsets, _, _, _, words = ex._scan([f"qq{c}{c}qq" for c in unspaced])
+    assert np.diff(offsets).tolist() == [2] * len(unspaced)
+    assert words[1::2] == [casefold(c + c) for c in unspaced]
     # "zz <c>bc": the second word is proper iff capitalised (its first code point upper case)
     alpha = [c for c in alnum if c.isalpha()]
     offsets, _, _, flags, words = ex._scan([f"zz {c}bc" for c in alpha])

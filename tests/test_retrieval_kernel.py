@@ -25,6 +25,7 @@ from memoryos_gpu.ops.params import HeatParams
 from memoryos_gpu.ops.retrieval import QueryTerms, RetrievalParams, credit_served, retrieve
 from memoryos_gpu.ops.retrieval_reference import credit_served_ref, retrieve_ref, standardized
 from memoryos_gpu.text.keywords import hash_keyword, tokenize
+from memoryos_gpu.text.unicode_ranges import UNSPACED_RANGES
 
 
 def _cuda_available() -> bool:
@@ -480,6 +481,8 @@ def test_bad_input_raises_clear_errors(call, error) -> None:
 WORDS = st.text(
     alphabet=st.sampled_from(
         [*"abcXYZ019 '’.,-_\n\t", "é", "É", "ß", "İ", "ﬁ", "Ω", "日", "本", "١", "ǅ", "½", "\u0301"]
+        # unspaced letters and their marks, Indic vowel signs and viramas, harakat, a dotted i
+        + [*"のカーกั", "\u0e48", "\u3099", "म", "\u0948", "\u094d", "ق", "\u064e", "\u0307"]
     ),
     max_size=40,
 )
@@ -564,10 +567,19 @@ def test_date_words_out_of_range_and_pages_get_them() -> None:
     assert row[0].tolist() == sorted(hash_keyword(w) for w in words)
 
 
+def _q_tokens(c: str) -> int:
+    """Tokens of "q" + c + "q": three around a letter of an unspaced script (a run of one
+    letter is a token), one when c joins or continues the word (a letter or digit, a
+    combining mark, an apostrophe), else two."""
+    if any(a <= ord(c) < b for a, b in UNSPACED_RANGES):
+        return 3
+    return 1 if c.isalnum() or unicodedata.category(c)[0] == "M" or c in "'\u2019" else 2
+
+
 def test_unicode_table_matches_this_python() -> None:
-    """The native word test is Python's str.isalnum (a generated table; regenerate it with
-    scripts/gen_unicode_table.py when the Unicode version changes): "q" + c + "q" is one word
-    exactly when c is alphanumeric (or an apostrophe, which joins), else two."""
+    """The native word test is Python's str.isalnum, the mark test its category M*, and the
+    unspaced letters those of memoryos_gpu/text/unicode_ranges.py (generated tables;
+    regenerate them with scripts/gen_unicode_table.py when the Unicode version changes)."""
     from pathlib import Path
 
     from memoryos_gpu.lexical import _splitter
@@ -578,7 +590,7 @@ def test_unicode_table_matches_this_python() -> None:
         pytest.skip(f"table is Unicode {version}, this Python has {unicodedata.unidata_version}")
     chars = [chr(c) for c in range(1, 0x110000) if not 0xD800 <= c < 0xE000]
     _, _, _, length = _splitter().split("\x00".join(f"q{c}q" for c in chars), len(chars))
-    want = np.array([1 if c.isalnum() or c in "'\u2019" else 2 for c in chars])
+    want = np.array([_q_tokens(c) for c in chars])
     np.testing.assert_array_equal(length, want)
 
 

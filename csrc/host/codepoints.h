@@ -47,6 +47,21 @@ inline bool is_space(uint32_t c) {
   return in_ranges(kSpaceRanges, c);
 }
 inline bool is_apostrophe(uint32_t c) { return c == 0x27 || c == 0x2019; }
+/// A combining mark (general category M*): it continues the word before it.
+inline bool is_mark(uint32_t c) { return c >= 128 && in_ranges(kMarkRanges, c); }
+/// A letter of a script written without spaces between words (Han, kana, Thai, ...): a run
+/// of them is split into overlapping pairs (memoryos_gpu/text/words.py).
+inline bool is_unspaced(uint32_t c) { return c >= 128 && in_ranges(kUnspacedRanges, c); }
+/// An optional vowel or cantillation mark of Arabic (harakat) or Hebrew (niqqud): most text
+/// leaves them out, so folding drops them and a vocalised word matches its plain spelling.
+inline bool is_optional_mark(uint32_t c) {
+  const bool in_block = (c >= 0x591 && c < 0x5C8) || (c >= 0x610 && c < 0x61B) ||
+                        (c >= 0x64B && c < 0x660) || c == 0x670 || (c >= 0x6D6 && c < 0x6EE);
+  return in_block && is_mark(c);
+}
+/// A code point that starts a word of a spaced script, and one that continues it.
+inline bool starts_word(uint32_t c) { return is_alnum(c) && !is_unspaced(c); }
+inline bool continues_word(uint32_t c) { return starts_word(c) || is_mark(c); }
 
 /// Appends str.casefold() of one code point to `out` (one to three code points).
 template <typename Vec>

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #include "codepoints.h"
 #include "memoryos/terms.h"
@@ -66,15 +68,23 @@ void fold_plural(W* w) {
   }
 }
 
-/// casefold, U+2019 read as ', a trailing "'s" dropped, then every apostrophe dropped. `norm`
-/// holds code points, or, for an all-ASCII surface, the UTF-8 bytes themselves (casefold is
-/// then ASCII lower case and U+2019 cannot occur).
+/// casefold (a combining dot above after an i and Arabic and Hebrew vowel marks dropped:
+/// words.casefold), U+2019 read as ', a
+/// trailing "'s" dropped, then every apostrophe dropped. `norm` holds code points, or, for an
+/// all-ASCII surface, the UTF-8 bytes themselves (casefold is then ASCII lower case and
+/// neither U+2019 nor the dot can occur).
 template <typename Ch, typename W>
 void normalise(const Ch* surface, size_t n, W* norm) {
   norm->clear();
   for (size_t i = 0; i < n; ++i) {
     const auto c = static_cast<uint32_t>(surface[i]);
+    if (cp::is_optional_mark(c)) continue;
     cp::casefold(c == 0x2019 ? 0x27 : c, norm);
+    if constexpr (!std::is_same_v<W, std::string>) {
+      while (norm->size() >= 2 && norm->back() == 0x307 && (*norm)[norm->size() - 2] == 'i') {
+        norm->pop_back();
+      }
+    }
   }
   if (norm->size() >= 2 && (*norm)[norm->size() - 2] == '\'' && norm->back() == 's') {
     norm->resize(norm->size() - 2);
@@ -203,6 +213,7 @@ int64_t scan_text(const Ch* s, size_t n, const ScanContext& ctx, KeywordBatch* o
   GapState gap;
   Word norm;
   std::string utf8;
+  std::vector<size_t> units;  // where each letter of an unspaced run starts, then its end
   bool first = true;  // the next word is its document's first
   int64_t docs = 0;
   size_t i = 0;
@@ -214,6 +225,23 @@ int64_t scan_text(const Ch* s, size_t n, const ScanContext& ctx, KeywordBatch* o
       gap.reset();
       continue;
     }
+    if (cp::is_unspaced(c)) {  // a run of an unspaced script: its overlapping letter pairs
+      units.clear();
+      while (i < n && cp::is_unspaced(static_cast<uint32_t>(s[i]))) {
+        units.push_back(i++);
+        while (i < n && cp::is_mark(static_cast<uint32_t>(s[i]))) ++i;
+      }
+      units.push_back(i);
+      const size_t pairs = units.size() == 2 ? 1 : units.size() - 2;
+      for (size_t k = 0; k < pairs; ++k) {
+        const size_t end = units[std::min(k + 2, units.size() - 1)];
+        const bool initial = k == 0 && (first || gap.ended());
+        add_word(ctx, s + units[k], end - units[k], initial, &norm, &utf8, &doc);
+      }
+      first = false;
+      gap.reset();
+      continue;
+    }
     if (!cp::is_alnum(c)) {
       gap.feed(c);
       ++i;
@@ -222,9 +250,9 @@ int64_t scan_text(const Ch* s, size_t n, const ScanContext& ctx, KeywordBatch* o
     const size_t start = i;
     bool ascii = true;
     while (true) {
-      for (; i < n && cp::is_alnum(static_cast<uint32_t>(s[i])); ++i) ascii &= s[i] < 128;
+      for (; i < n && cp::continues_word(static_cast<uint32_t>(s[i])); ++i) ascii &= s[i] < 128;
       if (i + 1 < n && cp::is_apostrophe(static_cast<uint32_t>(s[i])) &&
-          cp::is_alnum(static_cast<uint32_t>(s[i + 1]))) {
+          cp::starts_word(static_cast<uint32_t>(s[i + 1]))) {
         ascii &= s[i++] < 128;
         continue;
       }

@@ -214,6 +214,7 @@ void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
                 TermBatch* out) {
   DocTerms doc;
   std::string word;
+  std::vector<size_t> units;  // where each letter of an unspaced run starts, then its end
   int64_t docs_done = 0;
   auto emit = [&](const std::string& w) {
     if (w.empty()) return;
@@ -236,16 +237,36 @@ void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
       ++i;
       continue;
     }
+    if (cp::is_unspaced(c)) {  // a run of an unspaced script: its overlapping letter pairs
+      units.clear();
+      while (i < n && cp::is_unspaced(static_cast<uint32_t>(s[i]))) {
+        units.push_back(i++);
+        while (i < n && cp::is_mark(static_cast<uint32_t>(s[i]))) ++i;
+      }
+      units.push_back(i);
+      const size_t pairs = units.size() == 2 ? 1 : units.size() - 2;
+      for (size_t k = 0; k < pairs; ++k) {
+        word.clear();
+        for (size_t j = units[k]; j < units[std::min(k + 2, units.size() - 1)]; ++j) {
+          put_utf8(static_cast<uint32_t>(s[j]), &word);
+        }
+        emit(word);
+      }
+      continue;
+    }
     if (!is_alnum(c)) {
       ++i;
       continue;
     }
-    // one word: alnum+ (apostrophe alnum+)*, apostrophes kept as ' for the possessive rule
+    // one word: a letter or digit, then letters, digits and marks, with inner apostrophes
+    // (kept as ' for the possessive rule)
     word.clear();
     while (true) {
-      while (i < n && is_alnum(static_cast<uint32_t>(s[i]))) put_utf8(static_cast<uint32_t>(s[i++]), &word);
+      while (i < n && cp::continues_word(static_cast<uint32_t>(s[i]))) {
+        put_utf8(static_cast<uint32_t>(s[i++]), &word);
+      }
       if (i + 1 < n && is_apostrophe(static_cast<uint32_t>(s[i])) &&
-          is_alnum(static_cast<uint32_t>(s[i + 1]))) {
+          cp::starts_word(static_cast<uint32_t>(s[i + 1]))) {
         word.push_back('\'');
         ++i;
         continue;

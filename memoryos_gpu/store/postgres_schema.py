@@ -182,4 +182,11 @@ CREATE TABLE claims(
     # sqlite_schema.MIGRATIONS[7]: the pages an LLM derived, indexed
     8: "ALTER TABLE pending ADD COLUMN clock DOUBLE PRECISION",
     # sqlite_schema.MIGRATIONS[8]: a pending page's clock when it left STM
+    9: """
+UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
+  SELECT page_id FROM pages WHERE tier <> 'evicted' AND (
+    octet_length(user_input) <> char_length(user_input)
+    OR octet_length(agent_response) <> char_length(agent_response)
+    OR octet_length(extra) <> char_length(extra)))
+""",  # sqlite_schema.MIGRATIONS[9]: term rows of non-ASCII pages split again
 }

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Callable
 
 #: The version this code writes: a store at an older one is migrated up (:data:`MIGRATIONS`).
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 SCHEMA_V1 = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -260,6 +260,20 @@ INSERT OR IGNORE INTO meta(key, value)
     # segment, so all heats tied and eviction could drop the newest segment. NULL (rows of
     # older versions, promotion rows): the user's clock, as before
     8: "ALTER TABLE pending ADD COLUMN clock REAL",
+    # 9 -> 10: words of scripts written without spaces (Chinese, Japanese, Thai...) are split
+    # into letter pairs, combining marks stay in their words, and Arabic and Hebrew vowel marks
+    # and the dot of a Turkish capital I fold away (memoryos_gpu/text/words.py). The term rows
+    # of pages with any text outside ASCII were split the old way: their rows go, and the open
+    # computes them again from the text (rebuild._backfill_terms), so old pages match new
+    # queries. ASCII text splits as before (length in characters = length in bytes). Speaker
+    # names come from ``extra``.
+    9: """
+UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
+  SELECT page_id FROM pages WHERE tier != 'evicted' AND (
+    length(CAST(user_input AS BLOB)) != length(user_input)
+    OR length(CAST(agent_response AS BLOB)) != length(agent_response)
+    OR length(CAST(extra AS BLOB)) != length(extra)))
+""",
 }
 
 

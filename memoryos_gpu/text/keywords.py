@@ -11,10 +11,12 @@ Used in two places:
 Normalisation (applied identically to page keywords, query keywords and before
 hashing, so ids always agree):
 
-* Unicode NFKC, then ``casefold`` (lower case);
-* word tokens are maximal runs of letters/digits (``_`` is a separator);
-  an apostrophe inside a word is kept only for contractions, a trailing
-  possessive ``'s`` / ``'`` is stripped ("Caroline's" -> "caroline");
+* Unicode NFKC, then ``casefold`` (lower case), then NFKC again
+  (:func:`memoryos_gpu.text.words.normalise`);
+* word tokens are runs of letters/digits and their combining marks (``_`` is a
+  separator), and the overlapping letter pairs of scripts written without spaces
+  (:mod:`memoryos_gpu.text.words`); an apostrophe inside a word is kept only for
+  contractions, a trailing possessive ``'s`` / ``'`` is stripped ("Caroline's" -> "caroline");
 * digits are kept ("2023", "7pm", "3d");
 * a built-in English stopword list is removed (pass ``stopwords=`` to change);
 * plural folding (``fold_plurals=True``) is OFF by default. It is a crude
@@ -36,7 +38,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -45,6 +46,9 @@ from itertools import repeat
 from typing import Any
 
 import numpy as np
+
+from memoryos_gpu.text.words import normalise
+from memoryos_gpu.text.words import words as split_words
 
 __all__ = [
     "PAD_ID",
@@ -121,10 +125,6 @@ _WEEKDAYS = _words(
 # get the date boost only when capitalised in the source text.
 _AMBIGUOUS_DATE = frozenset({"may", "mar", "sat", "sun", "wed", "jan", "dec"})
 
-# Word = run of letters/digits, optionally with an inner apostrophe part.
-_WORD_RE = re.compile(r"[^\W_]+(?:['\u2019][^\W_]+)*", re.UNICODE)
-_SENT_END_RE = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
-
 
 def _nfkc(text: str) -> str:
     return text if text.isascii() else unicodedata.normalize("NFKC", text)  # ASCII: NFKC already
@@ -151,6 +151,11 @@ def _strip_apostrophes(word: str) -> str:
     return word.replace("'", "")
 
 
+def _in_word(ch: str) -> bool:
+    """A letter, digit or combining mark: what a word keeps when it is normalised."""
+    return ch.isalnum() or unicodedata.category(ch)[0] == "M"
+
+
 def normalize_word(word: str, *, fold_plurals: bool = False) -> str:
     """Normalise one keyword exactly as :func:`tokenize` does (no stopword test).
 
@@ -159,8 +164,8 @@ def normalize_word(word: str, *, fold_plurals: bool = False) -> str:
     e.g. ``"New-York"`` -> ``"newyork"``. Callers that start from raw text
     should use :func:`tokenize` instead.
     """
-    w = _strip_apostrophes(_nfkc(word).casefold().strip())
-    w = "".join(ch for ch in w if ch.isalnum())
+    w = _strip_apostrophes(normalise(word.strip()))
+    w = w if w.isascii() and w.isalnum() else "".join(ch for ch in w if _in_word(ch))
     if fold_plurals:
         w = _fold_plural(w)
     return w
@@ -172,7 +177,7 @@ def _norm_tokens(text: str) -> list[str]:
     of the lexical index (``csrc/host/terms.cpp``) does exactly this for whole batches, so a
     word has one id in both."""
     out = []
-    for norm in _WORD_RE.findall(_nfkc(text or "").casefold()):
+    for norm in split_words(normalise(text or "")):
         if "'" in norm or "\u2019" in norm:
             norm = _strip_apostrophes(norm)
         if norm:

@@ -1,0 +1,50 @@
+"""Schema 10: the BM25 term rows of pages with text outside ASCII, split before scripts without
+spaces were split into letter pairs (a Chinese clause was one term), are computed again from
+their text when the store is opened, in both dialects, so an upgraded store's old pages match
+new queries; ASCII pages keep their rows untouched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.engine import MemoryEngine
+from memoryos_gpu.engine.page_text import page_terms_of
+from memoryos_gpu.lexical import page_terms, terms_to_blobs
+
+OLD_ROW = terms_to_blobs(page_terms(["stale"], None))[0]  # what the old split stored
+
+
+def _engine(spec: str) -> MemoryEngine:
+    return MemoryEngine(EngineConfig(store=spec, embedder="hashing", device="cpu"))
+
+
+def test_an_upgraded_store_splits_its_non_ascii_pages_again(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memoryos_gpu.store.sqlite_schema as sq
+
+    spec = backend.spec("v9")
+    monkeypatch.setattr(sq, "SCHEMA_VERSION", 9)
+    texts = ["去年春天我领养了一只叫麻糬的猫。", "I adopted a cat named Mochi.", "मैं मैराथन दौड़ता हूँ"]
+    with _engine(spec) as engine:
+        ids = [
+            r.page_id for r in engine.add_many([{"user_id": "u", "user_input": t} for t in texts])
+        ]
+    st = backend.open(spec)
+    with st.transaction() as db:  # the rows a version-9 engine wrote
+        db.executemany(
+            "UPDATE page_vectors SET terms = ? WHERE page_id = ?", [(OLD_ROW, i) for i in ids]
+        )
+    st.close()
+    monkeypatch.undo()
+    with _engine(spec) as engine:
+        rows = engine.store.page_terms(ids)
+        assert engine.store.schema_version == 10
+        assert rows[ids[1]] == OLD_ROW  # ASCII: split as before, not rewritten
+        for i in (0, 2):
+            page = engine.get_page(ids[i])
+            now = page_terms_of([(texts[i], "", page["timestamp"], page.get("extra") or {})])
+            assert rows[ids[i]] == terms_to_blobs(now)[0] != OLD_ROW
