@@ -96,7 +96,7 @@ def test_an_llm_option_typo_leaves_no_store(tmp_path: Path) -> None:
 def test_a_missing_llm_model_file_leaves_no_store(tmp_path: Path) -> None:
     store = tmp_path / "x"
     llm = LLMConfig(mode="llm", backend="transformers", model=str(tmp_path / "none.gguf"))
-    with pytest.raises(LLMBackendError, match="not found"):
+    with pytest.raises(LLMConfigError, match="not found"):  # a setting's error: exit 2
         _engine(store, llm=llm)
     assert not store.exists()
 
