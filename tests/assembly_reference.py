@@ -57,5 +57,5 @@ def _entries(
         if eid < 0:
             continue
         out.append(KnowledgeEntry(eid, texts[eid], score, None))
-        tokens += (len(texts[eid]) + 3) // 4
+        tokens += approx_tokens(texts[eid])
     return out, tokens

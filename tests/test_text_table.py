@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memoryos_gpu import _C
-from memoryos_gpu.page_views import KnowledgeTexts, PageTable, PageView
+from memoryos_gpu.page_views import KnowledgeTexts, PageTable, PageView, token_quarters
 from memoryos_gpu.types import ReadOnlyDict
 
 # ASCII, Latin-1, BMP and astral code points: the four ways CPython stores a str
@@ -26,7 +26,7 @@ TEXTS = st.one_of(
 
 
 def record(t0, t1, ts, extra, link) -> tuple:
-    return (t0, t1, ts, extra, link, sum(len(t) for t in (t0, t1) if t))
+    return (t0, t1, ts, extra, link, token_quarters(t0, t1))
 
 
 @settings(max_examples=300, deadline=None)

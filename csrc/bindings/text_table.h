@@ -23,7 +23,7 @@ namespace memoryos {
 /// A table of records by int64 id: two texts (each may be None), a timestamp, a link (the id
 /// of a record in another table, -1 for none: a page's dialogue chain, whose meta summary is
 /// kept once per chain so a growing chain rewrites one record, not one per page), the
-/// characters of the texts (page_views.approx_tokens counts tokens from them) and one shared
+/// texts' size in quarter tokens (page_views.token_quarters) and one shared
 /// Python object (a page's read-only metadata). Not thread-safe: callers hold the GIL.
 class TextTable {
  public:
@@ -33,7 +33,7 @@ class TextTable {
   struct Block {
     double timestamp;
     int64_t link;
-    int64_t chars;            // code points of both texts
+    int64_t chars;            // quarter tokens of both texts (page_views.token_quarters)
     uint32_t length[kTexts];  // code points
     uint8_t kind[kTexts];     // 0: None, else the CPython kind (1, 2 or 4 bytes a code point)
     uint8_t ascii[kTexts];    // a kind-1 text of ASCII only

@@ -26,7 +26,9 @@ from .options import (
     store_key,
 )
 from .output import (
+    aligned_rows,
     echo_json,
+    echo_utf8,
     is_terminal,
     iso_time,
     json_text,
@@ -166,9 +168,8 @@ def stats(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
         *((key, f"{c.get(key, 0):,}") for key in ("segments", "knowledge_live", "assistants")),
         ("pending", f"{c.get('pending', 0):,}"),
     ]
-    width = max(len(name) for name, _ in rows) + 2
-    for name, value in rows:
-        click.echo(f"{name:<{width}}{value}")
+    for line in aligned_rows(rows):
+        click.echo(line)
 
 
 #: The users of a store with their assistant, newest page time (``users.clock``: the newest
@@ -230,11 +231,8 @@ def users(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
         (r["user_id"], str(r["assistant_id"]), f"{r['pages']:,}", r["last_time"] or "-")
         for r in rows
     ]
-    widths = [max(len(row[c]) for row in table) for c in range(3)]
-    for user_id, assistant_id, pages, last in table:
-        click.echo(
-            f"{user_id:<{widths[0]}}  {assistant_id:<{widths[1]}}  {pages:>{widths[2]}}  {last}"
-        )
+    for line in aligned_rows(table, right=frozenset({2})):
+        click.echo(line)
     click.echo(plural(len(rows), "user"), err=True)
 
 
@@ -270,7 +268,7 @@ def export(ctx: click.Context, user_id: str, out_path: str | None, **kwargs: Any
         st.close()
     text = json_text(data, indent=2)
     if out_path is None:
-        click.echo(text)
+        echo_utf8(text)  # UTF-8 whatever the locale, as --out writes it
         return
     _write_whole(Path(out_path), text + "\n")
     click.echo(f"exported {user_id}: {plural(len(data['pages']), 'page')} -> {out_path}", err=True)

@@ -21,6 +21,7 @@ from .options import (
     EXIT_OK,
     CLIError,
     engine_options,
+    is_utf,
     pop_options,
 )
 from .serve import mcp_command, serve
@@ -96,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # wait policy each costs a scheduler quantum (~10 ms) whenever the CPUs are shared. Must
     # be set before the OpenMP runtime loads (memoryos_gpu._C and torch are imported lazily).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    _lenient_stdout()
     try:
         rv = cli.main(
             args=list(argv) if argv is not None else None,
@@ -127,6 +129,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _pipe_closed()
         raise
     return int(rv) if isinstance(rv, int) else EXIT_OK
+
+
+def _lenient_stdout() -> None:
+    """Let text output show a character stdout's encoding lacks as its escape (``\\U0001f3c3``)
+    instead of failing the command. Why: on a terminal in GBK or Latin-1 (a legacy console,
+    ``PYTHONIOENCODING``) one emoji in a page ended ``retrieve`` half printed, and a Chinese
+    user id ended ``users`` under Latin-1, with an error blaming the arguments; the person
+    still wants the rest. Only a stdout in a strict non-UTF encoding is changed: UTF-8 shows
+    every character (what it refuses, a lone surrogate, is an argument's fault, which
+    ``handle_errors`` says), and JSON does not pass through it (``output.echo_utf8`` writes
+    UTF-8 bytes). Here, not in the command group: the console script owns the process's
+    stdout, an in-process caller of :data:`cli` keeps its own."""
+    stream = sys.stdout
+    encoding = str(getattr(stream, "encoding", None) or "utf-8")
+    if getattr(stream, "errors", None) != "strict" or is_utf(encoding):
+        return
+    with contextlib.suppress(AttributeError, ValueError):  # no reconfigure, or closed
+        stream.reconfigure(errors="backslashreplace")
 
 
 def _stdout_gone() -> bool:

@@ -36,7 +36,7 @@ from .options import (
     refuse_undecodable,
 )
 from .output import (
-    json_text,
+    echo_json,
     print_ingest_summary,
 )
 from .stores import (
@@ -275,7 +275,7 @@ def ingest(
         if note:
             click.echo(note, err=True)
     if as_json:
-        click.echo(json_text(report))
+        echo_json(report)
     failed = (
         _store_unavailable_line(report) or _store_full_line(report) or _derived_failed_line(report)
     )

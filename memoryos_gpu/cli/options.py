@@ -4,8 +4,10 @@ share."""
 
 from __future__ import annotations
 
+import codecs
 import functools
 import os
+import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -580,10 +582,8 @@ def handle_errors(fn: Callable) -> Callable:
             raise CLIError(str(exc)) from None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
             raise CLIError(str(exc)) from None
-        except UnicodeEncodeError as exc:  # a non-UTF-8 argument no check caught: one line
-            raise CLIError(
-                f"an argument holds bytes that are not UTF-8 text ({_printable(str(exc))})"
-            ) from None
+        except UnicodeEncodeError as exc:  # an argument, or an output's encoding: one line
+            raise CLIError(_encode_error_line(exc)) from None
         except BrokenPipeError:  # stdout's reader gone, or another pipe: app.py tells which
             raise
         except OSError as exc:  # a full or read-only disk under a file the command writes
@@ -595,6 +595,41 @@ def handle_errors(fn: Callable) -> Callable:
             raise CLIError(line) from None
 
     return wrapper
+
+
+def _encode_error_line(exc: UnicodeEncodeError) -> str:
+    """One line for a ``UnicodeEncodeError`` no check caught. UTF-8 refuses only a lone
+    surrogate, which is what a byte of an argument that is not UTF-8 becomes: that argument's
+    line. Any other encoding is an output's: a stdout in GBK or Latin-1 that cannot show a
+    character (``main`` makes the console script's stdout lenient; a caller's own stream may
+    still be strict). Why not one line for both: an export under ``PYTHONIOENCODING=gbk``
+    blamed its arguments, which were fine, and said nothing of the fix."""
+    if is_utf(exc.encoding):
+        return f"an argument holds bytes that are not UTF-8 text ({_printable(str(exc))})"
+    stdout = _same_codec(getattr(sys.stdout, "encoding", None), exc.encoding)
+    what = ascii(exc.object[exc.start : min(exc.end, exc.start + 8)])
+    return (
+        f"{'stdout' if stdout else 'the output'}'s encoding ({exc.encoding}) cannot show "
+        f"{what}: set PYTHONIOENCODING=utf-8, or write to a file with --out where the command "
+        "has it"
+    )
+
+
+def is_utf(encoding: str) -> bool:
+    """Whether ``encoding`` is a UTF codec: one that encodes every character but a lone
+    surrogate (an unknown name is not)."""
+    try:
+        return codecs.lookup(encoding).name.startswith("utf")
+    except LookupError:
+        return False
+
+
+def _same_codec(a: str | None, b: str) -> bool:
+    """Whether encodings ``a`` and ``b`` name one codec (``GBK``, ``gbk``, ``cp936``...)."""
+    try:
+        return a is not None and codecs.lookup(a).name == codecs.lookup(b).name
+    except LookupError:
+        return False
 
 
 def _sqlite_line(exc: BaseException) -> str | None:

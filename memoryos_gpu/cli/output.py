@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,41 @@ def console(*, stderr: bool = False) -> Any:
     return Console(stderr=stderr, soft_wrap=True, emoji=False, highlight=False)
 
 
-def echo_json(data: Any) -> None:
-    click.echo(json_text(data))
+def echo_json(data: Any, indent: int | None = None) -> None:
+    """``data`` as one JSON document on stdout (:func:`json_text`), in UTF-8 whatever the locale
+    (:func:`echo_utf8`)."""
+    echo_utf8(json_text(data, indent=indent))
+
+
+def echo_utf8(text: str) -> None:
+    """``text`` and a newline on stdout as UTF-8 bytes, whatever stdout's encoding. Why: JSON is
+    UTF-8 (RFC 8259) and what reads it is a program, not the terminal; written through a
+    stdout in GBK or Latin-1 (``PYTHONIOENCODING``, a legacy console) a character that
+    encoding lacks (an emoji) failed the whole command, and the file ``export --out`` writes
+    is UTF-8 already. A text-only stdout (no byte buffer: a ``StringIO``) takes the text."""
+    if getattr(sys.stdout, "buffer", None) is None:
+        click.echo(text)
+        return
+    click.echo(text.encode("utf-8", "backslashreplace"))
+
+
+def aligned_rows(rows: list[tuple[str, ...]], right: frozenset[int] = frozenset()) -> list[str]:
+    """``rows`` as lines of columns two spaces apart, each column padded to its widest cell in
+    terminal columns (the last column unpadded; the columns in ``right`` aligned right). Why
+    display width and not ``len``: a CJK character fills two columns, and padding by ``len``
+    pushed every column after a Chinese user id out of line. The measure is rich's
+    ``cell_len``, the one its tables (the ``ingest`` summary) pad by: one rule of width."""
+    from rich.cells import cell_len
+
+    if not rows:
+        return []
+    widths = [max(cell_len(row[c]) for row in rows) for c in range(len(rows[0]) - 1)]
+
+    def cell(c: int, text: str) -> str:
+        gap = " " * (widths[c] - cell_len(text))
+        return gap + text if c in right else text + gap
+
+    return ["  ".join([*(cell(c, t) for c, t in enumerate(row[:-1])), row[-1]]) for row in rows]
 
 
 #: A lone surrogate (a store may hold one from before the engine replaced them with U+FFFD).
