@@ -109,7 +109,11 @@ class DerivedWork:
         per user (writes arriving faster than one wave a round) goes in rounds of full waves.
         Without ``max_rounds`` (a drain: ``flush``, bulk ingestion) a round holds as many
         waves as fit in ``max_batch``, so a backlog of many pages per user costs one read,
-        one commit and one promotion pass a round instead of one a page of each user.
+        one commit and one promotion pass a round instead of one a page of each user; and a
+        drain takes only the pages pending when it began: under writers that never pause
+        (32 threads adding), a ``flush`` called for read-your-writes drained their new pages
+        too and ran as long as they wrote (150 s), every other caller's derived work waiting
+        behind it.
         """
         s = self._s
         limit = s.config.derived_max_batch if max_batch is None else max_batch
@@ -120,11 +124,15 @@ class DerivedWork:
         done = {"pages": 0, "promotions": 0}
         rounds = 0
         queue: _QueueRead | None = None
+        # a drain takes the pages pending when it begins, not those written meanwhile
+        only: frozenset[int] | None = None
         # one lease per round
         while (max_rounds is None or rounds < max_rounds) and not (until and until()):
             with self.lease():
                 with s.lock:
-                    queue = queue if queue is not None and queue.holds(s) else _QueueRead(s)
+                    if queue is None or not queue.holds(s):
+                        queue = _QueueRead(s, only)
+                        only = queue.ids if max_rounds is None else None
                     round_items = queue.items.next_round(limit, limit)
                 if max_rounds is not None:
                     round_items = full_waves(round_items, FULL_WAVE_SHARE)
@@ -164,10 +172,15 @@ class _QueueRead:
     It holds while the counts move only by the drain's own rounds, each applied whole; a page
     queued, an edit or deletion (``edits``), another caller's round, a reload, or an item of
     the round left pending (its inputs changed) means reading the queue again: what a round
-    read from the store before. :meth:`holds` is asked under the engine lock."""
+    read from the store before. :meth:`holds` is asked under the engine lock. ``ids``: the
+    work ids read (``only``: a drain's first read, which a read again keeps to)."""
 
-    def __init__(self, s: EngineState) -> None:
-        self.items = PendingQueue(s.store.pending_items("page"))
+    def __init__(self, s: EngineState, only: frozenset[int] | None = None) -> None:
+        rows = s.store.pending_items("page")
+        if only is not None:  # a drain's read again: the items of its first read still here
+            rows = [r for r in rows if r[0] in only]
+        self.ids = only if only is not None else frozenset(r[0] for r in rows)
+        self.items = PendingQueue(rows)
         self._mark = (s.edits, s.queue_changes)
 
     def holds(self, s: EngineState) -> bool:
