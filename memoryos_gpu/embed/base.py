@@ -68,6 +68,7 @@ class EmbedderStats:
     tokens: int = 0  # real (non-padding) tokens embedded (local models)
     padded_tokens: int = 0  # tokens including padding (tokens / padded_tokens = efficiency)
     retries: int = 0  # requests repeated after a transient failure (remote backends)
+    cached: int = 0  # vectors in the cache now (at most the embedder's cache_size)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -132,6 +133,7 @@ class CachedEmbedder:
     def clear_cache(self) -> None:
         with self._lock:
             self._cache.clear()
+            self.stats.cached = 0
 
     def _embed(self, texts: list[str]) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -177,3 +179,4 @@ class CachedEmbedder:
                 self._cache[k] = v
                 if len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
+        self.stats.cached = len(self._cache)

@@ -44,7 +44,9 @@ def make_embedder(config: Any) -> Any:
     check_embedder_settings(config)
     kind = config.embedder
     size = config.embedding_batch_size  # None: the backend's own default
-    batch = {} if size is None else {"batch_size": size}
+    batch = {"cache_size": config.embedding_cache_size}
+    if size is not None:
+        batch["batch_size"] = size
     if kind == "hashing":
         from memoryos_gpu.embed.hashing import HashingEmbedder
 
