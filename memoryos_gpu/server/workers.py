@@ -48,15 +48,14 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.server.header_timeout import header_timeout_protocol
+from memoryos_gpu.server.runtime_dir import make_runtime_dir
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.stop_signals import STOP_SIGNALS, sighup_as_sigterm, sigterm_as_ctrl_c
 
@@ -393,7 +392,7 @@ class Supervisor:
                 self.sock.close()
                 raise
         self.ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
-        self.dir = Path(tempfile.mkdtemp(prefix="memoryos-serve-"))  # mode 0700
+        self.dir = make_runtime_dir()  # mode 0700
         metrics_dir = self.dir / "metrics"
         metrics_dir.mkdir()
         # read by prometheus_client when a child imports it: every process records to files;
