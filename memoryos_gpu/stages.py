@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ from memoryos_gpu.log_setup import LogThrottle
 from memoryos_gpu.text.keywords import (
     KeywordExtractor,
 )
+from memoryos_gpu.text.statements import user_statements
 from memoryos_gpu.text.topics import topic_keywords, topic_weights
 from memoryos_gpu.text.vocabulary import UserVocabulary
 
@@ -131,12 +131,6 @@ class StageStats:
                     for s in stages
                 },
             }
-
-
-# i, i'm, i've, i'd, i'll, my, me, mine, we, our -- as a prefix tree: each position of a
-# sentence tries a few branches instead of ten words (1.5 -> 1.0 us a LoCoMo sentence)
-_FIRST_PERSON = re.compile(r"\b(?:i(?:'(?:m|ve|d|ll))?|m(?:y|e|ine)|we|our)\b", re.IGNORECASE)
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
 def page_waves_in_order(
@@ -282,12 +276,9 @@ class ExtractiveStages:
         said on three pages is one fact whose sources must be all three (the knowledge ring
         merges them), or editing the pages it names would leave the others' word for it
         analysed and underived."""
-        facts: list[tuple[str, int]] = []
-        for i, p in enumerate(pages):
-            for sentence in _SENTENCE.split(p.get("user_input") or ""):
-                s = sentence.strip()
-                if 12 <= len(s) <= 300 and not s.endswith("?") and _FIRST_PERSON.search(s):
-                    facts.append((s, i))
+        facts = [
+            (s, i) for i, p in enumerate(pages) for s in user_statements(p.get("user_input") or "")
+        ]
         newest = list(dict.fromkeys(s for s, _ in reversed(facts)))[: self.max_facts]
         kept = set(newest)
         return [(s, i) for s, i in facts if s in kept]

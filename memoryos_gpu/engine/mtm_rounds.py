@@ -19,6 +19,7 @@ import numpy as np
 
 from memoryos_gpu.json_codec import dumps_text
 from memoryos_gpu.lexical import PageTerms
+from memoryos_gpu.stage_prompts.rendering import grapheme_ceil
 from memoryos_gpu.stages import PageOutcome, PageWork
 from memoryos_gpu.store.rows import emb_blob
 
@@ -164,13 +165,16 @@ def kw_blob(row: np.ndarray) -> bytes:
 
 def merge_summary(old: str, new: str, cap: int) -> str:
     """A segment's summary: its pages' topic summaries, newest last, capped at ``cap`` chars.
-    The oldest words go first, whole: a summary never opens mid-word (nor on a separator)."""
+    The oldest words go first, whole: a summary never opens mid-word (nor on a separator),
+    nor inside a grapheme (a ZWJ emoji's tail, a flag's second half, a lone combining mark),
+    which scripts without spaces would otherwise meet where no space realigns the cut."""
     if not new or new in old:
         return old
     merged = f"{old} | {new}" if old else new
     if len(merged) <= cap:
         return merged
-    tail = merged[-cap:]
-    if merged[-cap - 1] != " " and " " in tail:  # the cut fell inside a word: drop its rest
+    start = grapheme_ceil(merged, len(merged) - cap)
+    tail = merged[start:]
+    if merged[start - 1] != " " and " " in tail:  # the cut fell inside a word: drop its rest
         tail = tail[tail.index(" ") + 1 :]
     return tail.lstrip(" |")

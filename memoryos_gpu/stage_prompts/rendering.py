@@ -13,6 +13,7 @@ whitespace and truncation rules (``_clean``, :func:`truncate_text`); the fallbac
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,8 @@ __all__ = [
     "DEFAULT_PAGE_CHARS",
     "first_sentence",
     "format_timestamp",
+    "grapheme_ceil",
+    "grapheme_floor",
     "render_page",
     "render_pages",
     "truncate_text",
@@ -36,16 +39,81 @@ _ELLIPSIS = "\u2026"
 
 
 def truncate_text(text: str | None, max_chars: int | None) -> str:
-    """``text`` cut to at most ``max_chars`` characters (ending in an ellipsis).
+    """``text`` cut to at most ``max_chars`` characters (ending in an ellipsis), at a grapheme
+    boundary (:func:`grapheme_floor`): the cut may shorten a text further, never change what
+    its last character shows (a family emoji into a man, a flag into a letter).
 
-    ``None`` or ``max_chars <= 0`` means no limit. Only ever used on prompt copies.
+    ``None`` or ``max_chars <= 0`` means no limit. Used on prompt copies, and on the
+    extractive summaries and chain metas that are stored.
     """
     text = "" if text is None else str(text)
     if not max_chars or max_chars <= 0 or len(text) <= max_chars:
         return text
     if max_chars == 1:
         return _ELLIPSIS
-    return text[: max_chars - 1].rstrip() + _ELLIPSIS
+    return text[: grapheme_floor(text, max_chars - 1)].rstrip() + _ELLIPSIS
+
+
+_ZWJ = "\u200d"
+
+
+def _extends(ch: str) -> bool:
+    """Whether ``ch`` belongs to the grapheme of the character before it: a combining mark,
+    a zero-width joiner, a variation selector, an emoji skin tone or a tag character."""
+    o = ord(ch)
+    if o < 0x300:  # ASCII and Latin-1: never (the common case, without a table look-up)
+        return False
+    return (
+        ch == _ZWJ
+        or 0xFE00 <= o <= 0xFE0F
+        or 0x1F3FB <= o <= 0x1F3FF
+        or 0xE0020 <= o <= 0xE007F
+        or 0xE0100 <= o <= 0xE01EF
+        or unicodedata.category(ch)[0] == "M"
+    )
+
+
+def _regional(ch: str) -> bool:
+    """Whether ``ch`` is a regional indicator: two of them make one flag."""
+    return "\U0001f1e6" <= ch <= "\U0001f1ff"
+
+
+def _is_boundary(text: str, i: int) -> bool:
+    """Whether a cut before ``text[i]`` splits no grapheme cluster. Kept together: a character
+    and the marks, joiners, selectors, modifiers and tags after it; whatever follows a ZWJ (a
+    ZWJ emoji sequence is one picture); a consonant after a virama (an Indic conjunct); and
+    regional indicators in pairs (a flag)."""
+    if i <= 0 or i >= len(text):
+        return True
+    before, at = text[i - 1], text[i]
+    if _extends(at) or before == _ZWJ:
+        return False
+    if ord(before) >= 0x900 and unicodedata.combining(before) == 9 and at.isalpha():
+        return False
+    if _regional(before) and _regional(at):  # a boundary after each pair of the run
+        j = i - 1
+        while j > 0 and _regional(text[j - 1]):
+            j -= 1
+        return (i - j) % 2 == 0
+    return True
+
+
+def grapheme_floor(text: str, i: int) -> int:
+    """The largest grapheme boundary of ``text`` at or before index ``i``: where a text cut to
+    ``i`` characters may end without breaking a user-perceived character."""
+    i = max(0, min(i, len(text)))
+    while not _is_boundary(text, i):
+        i -= 1
+    return i
+
+
+def grapheme_ceil(text: str, i: int) -> int:
+    """The smallest grapheme boundary of ``text`` at or after index ``i``: where a tail of
+    ``text`` may start (:func:`grapheme_floor` from the other side)."""
+    i = max(0, min(i, len(text)))
+    while not _is_boundary(text, i):
+        i += 1
+    return i
 
 
 def format_timestamp(ts: Any) -> str:
@@ -123,7 +191,13 @@ def render_pages(
     return "\n\n".join(blocks) if blocks else empty_text
 
 
-_SENTENCE_RE = re.compile(r"(.+?[.!?\u3002\uff01\uff1f])(?=\s|$)", re.DOTALL)
+# A sentence ends at ".", "!" or "?" before whitespace or the end (so "3.5" and "e.g." do not
+# end one), or at a run of 。！？｡ with any closing quotes or brackets: CJK puts no space
+# after them (the extractive facts split sentences alike: memoryos_gpu.stages).
+_SENTENCE_RE = re.compile(
+    r"(.+?(?:[.!?](?=\s|$)|[\u3002\uff01\uff1f\uff61]+[\u300d\u300f\u201d\u2019\uff09)\"']*))",
+    re.DOTALL,
+)
 
 
 def first_sentence(text: str | None, max_chars: int = 200) -> str:

@@ -27,6 +27,13 @@ STAGES: tuple[str, ...] = (
 )
 
 _JSON_RULE = "Reply with a single JSON object and nothing else: no prose, no code fences."
+# Without it small models write English summaries, keywords and facts for pages in other
+# languages: English keywords never match the user's own query terms, and English summaries
+# are embedded beside the pages they describe. Keys and the profile's levels stay as listed.
+_LANGUAGE_RULE = (
+    "Write summaries, keywords, facts and reasons in the language of the conversation; "
+    "keep JSON keys and fixed values (profile keys, levels, actions) exactly as specified."
+)
 
 _SYS_CONTINUITY = f"""You maintain the memory of a conversational assistant. Dialogue is stored \
 as pages; a page is one exchange: a user message and the assistant's reply.
@@ -53,6 +60,7 @@ what the new page contributes, drop what has become irrelevant.
 - Keep concrete names, places, dates, numbers and decisions; no filler.
 
 Output format: {{"meta": "<summary>"}}
+{_LANGUAGE_RULE}
 {_JSON_RULE}"""
 
 _SYS_TOPIC = f"""You index dialogue for a conversational assistant's long-term memory. You \
@@ -68,6 +76,7 @@ places and organisations, dates and numbers, and distinctive nouns. No stopwords
 generic words such as "conversation", "user" or "assistant".
 
 Output format: {{"summary": "<text>", "keywords": ["word", ...]}}
+{_LANGUAGE_RULE}
 {_JSON_RULE}"""
 
 _SYS_PROFILE = f"""You maintain a user profile for a conversational assistant. The profile has \
@@ -86,6 +95,7 @@ that combines the old evidence with the new; leave out dimensions whose value wo
 - Describe the user only, never the assistant. Use the keys exactly as listed.
 
 Output format: {{"updates": {{"<key>": "<Level>: <reason>", ...}}}}
+{_LANGUAGE_RULE}
 {_JSON_RULE}"""
 
 _SYS_USER_KNOWLEDGE = f"""You extract facts about the user for a conversational assistant's \
@@ -103,6 +113,7 @@ time of the exchange, and add the date when it matters.
 - At most {DEFAULT_MAX_FACTS} facts, most important first; an empty list when there are none.
 
 Output format: {{"facts": ["<fact>", ...]}}
+{_LANGUAGE_RULE}
 {_JSON_RULE}"""
 
 _SYS_ASSISTANT_KNOWLEDGE = f"""You extract facts about the assistant for a conversational \
@@ -118,6 +129,7 @@ date when it matters.
 - At most {DEFAULT_MAX_FACTS} facts, most important first; an empty list when there are none.
 
 Output format: {{"facts": ["<fact>", ...]}}
+{_LANGUAGE_RULE}
 {_JSON_RULE}"""
 
 _SYS_FUSED_PAGE = f"""You maintain the memory of a conversational assistant. Dialogue is stored \
@@ -140,6 +152,7 @@ generic words such as "conversation", "user" or "assistant".
 
 Output format: {{"continuous": true, "meta": "<text>", "summary": "<text>", \
 "keywords": ["word", ...]}}
+{_LANGUAGE_RULE}
 {_JSON_RULE}"""
 
 _SYS_FUSED_PROMOTION = f"""You maintain the long-term memory of a conversational assistant: a \
@@ -169,6 +182,7 @@ Use only what the pages state. At most {DEFAULT_MAX_FACTS} facts per list, most 
 Output format: {{"profile_updates": {{"<key>": "<Level>: <reason>"}}, "user_facts": \
 [{{"fact": "<fact>", "action": "add"}}], "assistant_facts": [{{"fact": "<fact>", \
 "action": "update", "entry": 12}}]}}
+{_LANGUAGE_RULE}
 {_JSON_RULE}"""
 
 _SYS_RESPONSE = """You are a helpful conversational assistant with a long-term memory of your \
