@@ -21,10 +21,16 @@ What a page leaves behind besides its own row, and what happens to it here:
 - **the audit log**: the deletion is recorded without content, and the content of the page's
   earlier events (edits) is cleared.
 
-SQLite deletes with ``secure_delete`` and checkpoints the write-ahead log afterwards, so the
-text is not left in the database file or its log. The checkpoint comes last, once memory has
-followed the commit: it may have to wait for readers of the log (the store retries it until
-the log is truncated), and a deleted page must not be retrieved meanwhile.
+SQLite deletes with ``secure_delete``, and the file is rewritten and the write-ahead log
+truncated afterwards, so the text is not left in the database file or its log
+(:mod:`memoryos_gpu.store.erasure`). That comes last, once memory has followed the commit, and
+after the engine lock is released: the store's erasure thread does it (a rewrite takes seconds
+on a store of a few hundred MB, which every retrieval waited for under the engine lock), and
+it may have to wait for readers of the log; a deleted page must not be retrieved meanwhile.
+
+A deletion's statements find the rows they change by index, not by scanning a table that
+grows with the store: the page's chain neighbours through its chain (``pages_chain``), its
+audit events through its user (``audit_user``).
 
 Editing a page's text (:meth:`Forgetting.rederive_edited`, from ``update_page``) runs the same
 re-derivation with the page kept: what its old text implied goes, and the page is re-analysed
@@ -102,24 +108,26 @@ class Forgetting:
         s = self._s
         with s.lock:
             found = s.store.query(
-                "SELECT user_id, segment_id, chain_id, user_input || ' ' || agent_response "
-                "FROM pages WHERE page_id = ?",
+                "SELECT user_id, segment_id, chain_id, user_input || ' ' || agent_response, "
+                "prev_page, next_page FROM pages WHERE page_id = ?",
                 (int(page_id),),
             )
             if not found:
                 return False
-            uid, sid, chain, text = found[0]
+            uid, sid, chain, text, *links = found[0]
             user = s.users.get(uid)
             old_terms = terms_from_blobs([s.store.page_terms([page_id]).get(page_id)])
             s.store.begin_erasure()
             with s.store.transaction() as db:
                 forgotten = forget_audited(db, s.store, page_id)
                 touched = self._rederive_followers(db, page_id, chain)
-                self._unlink(db, user, page_id)
+                self._unlink(db, user, page_id, chain, links)
                 redone = self._rederive_around(db, user, {sid, *touched}, chain, forgotten)
+                # the page's events (its edits' texts) are its user's: found by audit_user
                 db.execute(
-                    "UPDATE audit SET detail = '{}' WHERE item_kind = 'page' AND item_id = ?",
-                    (int(page_id),),
+                    "UPDATE audit SET detail = '{}' "
+                    "WHERE user_id = ? AND item_kind = 'page' AND item_id = ?",
+                    (uid, int(page_id)),
                 )
                 s.store.audit(db, uid, "delete", "page", page_id, {})
             s.edits += 1
@@ -132,8 +140,8 @@ class Forgetting:
             s.extractor.remove([text])
             self.apply(user, redone)
             s.views.drop_chains(chains - s.store.live_chains(chains))
-            s.store.checkpoint()  # last: never a reason for memory not to follow (docstring)
-            return True
+        s.store.checkpoint()  # last, without the engine lock: never a reason for memory not
+        return True  # to follow, nor for a retrieval to wait (module docstring)
 
     def rederive_edited(self, db: Any, page_id: int) -> Rederived:
         """In ``update_page``'s transaction, once the page's new text is written: what its old
@@ -179,11 +187,32 @@ class Forgetting:
                 s.views.set_chain(chain, meta)
         self.drop(redone.forgotten)
 
-    def _unlink(self, db: Any, user: UserState | None, page_id: int) -> None:
-        """The page's row and pending work go; its chain neighbours are unlinked."""
+    def _unlink(
+        self,
+        db: Any,
+        user: UserState | None,
+        page_id: int,
+        chain: int | None,
+        links: list[int | None],
+    ) -> None:
+        """The page's row and pending work go; its chain neighbours are unlinked: its own
+        ``links`` ``[prev_page, next_page]`` by their ids, and any other page of its chain
+        that names it (a link joins a page to its predecessor's chain, ``mtm.py``; a page
+        with no chain id heads the chain that bears its page id) through ``pages_chain``.
+        Not by scanning the whole ``pages`` table, twice: ~30-150 ms a deletion at 60,000
+        pages, under the engine lock."""
         db.execute("DELETE FROM pending WHERE kind = 'page' AND ref = ?", (page_id,))
-        db.execute("UPDATE pages SET next_page = NULL WHERE next_page = ?", (page_id,))
-        db.execute("UPDATE pages SET prev_page = NULL WHERE prev_page = ?", (page_id,))
+        prev, nxt = links
+        key = page_id if chain is None else chain
+        for column, neighbour in (("next_page", prev), ("prev_page", nxt)):
+            db.execute(
+                f"UPDATE pages SET {column} = NULL WHERE page_id = ? AND {column} = ?",
+                (neighbour, page_id),
+            )
+            db.execute(
+                f"UPDATE pages SET {column} = NULL WHERE chain_id = ? AND {column} = ?",
+                (key, page_id),
+            )
         db.execute("DELETE FROM pages WHERE page_id = ?", (page_id,))
         if user is not None and page_id in user.stm:
             user.stm.remove(page_id)
