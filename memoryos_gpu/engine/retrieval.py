@@ -59,7 +59,12 @@ class RetrievalPipeline:
         """Many users' queries in one batched pass (see the module docstring); ``sources``:
         each knowledge entry also says which pages it was derived from (one store query for
         the whole batch, only when asked); ``as_json``: each query's result as the bytes of
-        its JSON object instead (``assembly.retrieval_json``), written natively."""
+        its JSON object instead (``assembly.retrieval_json``), written natively.
+
+        A closed engine refuses first (checked again under the lock, for a ``close`` racing
+        the call): the user check before it answered UnknownUserError for a user the closed
+        engine no longer knows, which a handler maps to 404 instead of 503."""
+        self._s.check_open()
         if as_json and sources:
             raise InvalidInputError("as_json does not carry sources: ask for the objects")
         t_start = time.perf_counter()

@@ -15,6 +15,7 @@ takes effect wherever the step runs.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -28,7 +29,7 @@ import numpy as np
 from memoryos_gpu import _C
 from memoryos_gpu.arena import Arena
 from memoryos_gpu.config import EngineConfig, MemoryConfig
-from memoryos_gpu.errors import EngineClosedError, UnknownUserError
+from memoryos_gpu.errors import EngineClosedError, EngineForkedError, UnknownUserError
 from memoryos_gpu.page_views import PageViews
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
 from memoryos_gpu.store import SQLiteStore, StoreFullError
@@ -41,6 +42,12 @@ from memoryos_gpu.types import AddResult, PageInput, Retrieval
 from .full_disk import FullDiskGate
 
 DEFAULT_ASSISTANT = "default"
+
+#: In a forked child: what the parent's engines held (their stores, connections, writer locks,
+#: clients), kept referenced for the child's lifetime so that nothing of it is ever closed or
+#: finalized there -- closing the child's copy of a store cleared the parent's writer-lock
+#: record, and SQLite forbids using a connection across a fork, closing included.
+INHERITED: list[Any] = []
 
 
 class Fact(NamedTuple):
@@ -170,6 +177,10 @@ class EngineState:
         # set by MemoryEngine.close (under the lock): every write and retrieval refuses from
         # then on (check_open), the store's statements too (StoreClosedError)
         self.closed = False
+        # the process that opened the engine, and whether this is a forked child of it (set
+        # by the fork hook, ``disown``): then every call refuses (check_process, check_open)
+        self.pid = os.getpid()
+        self.forked = False
         self._empty()
         self.counters = {
             "pages_added": 0,
@@ -260,31 +271,49 @@ class EngineState:
         memory or the store, until the disk has room (:mod:`~memoryos_gpu.engine.full_disk`):
         each retry against it would otherwise stall every retrieval for a reload."""
         self.full_disk.check()
-        with self.lock:
-            self.check_open()
-            self.reload_if_owed()
-            tx = self.store.transaction(durability)
-            db = tx.__enter__()
-            try:
-                yield db
-            except BaseException as exc:
-                reload = reload_on_error or self.reload_owed
-                try:
-                    tx.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
-                finally:
-                    self._failed(undo, reload)
-                if reload and isinstance(exc, StoreFullError):
-                    self.full_disk.failed(exc)
-                raise
+        committing = False  # the body is done: the COMMIT is owed (or was tried)
         try:
+            with self.lock:
+                self.check_open()
+                self.reload_if_owed()
+                tx = self.store.transaction(durability)
+                db = tx.__enter__()
+                try:
+                    yield db
+                except BaseException as exc:
+                    reload = reload_on_error or self.reload_owed
+                    try:
+                        tx.__exit__(type(exc), exc, exc.__traceback__)  # rolls back
+                    finally:
+                        self._failed(undo, reload)
+                    if reload and isinstance(exc, StoreFullError):
+                        self.full_disk.failed(exc)
+                    raise
+                committing = True
+                # what the body changed in memory is the COMMIT's now (a failed one reloads);
+                # left set until here, so that a Ctrl-C raised as the body ends (where this
+                # generator resumes) still reloads the memory the rollback no longer matches
+                self.reload_owed = False
             tx.__exit__(None, None, None)  # the COMMIT, without the engine lock
         except BaseException as exc:
-            with self.lock:
-                self._failed(undo, True)
-            if isinstance(exc, StoreFullError):
-                self.full_disk.failed(exc)
+            if committing:
+                self._commit_failed(tx, exc, undo)
             raise
         self.full_disk.passed()
+
+    def _commit_failed(self, tx: Any, exc: BaseException, undo: Callable[[], None] | None) -> None:
+        """After the body of :meth:`write_transaction`: its COMMIT failed, or never ran (a
+        Ctrl-C landing as the engine lock was released, before the COMMIT). A transaction
+        still open is rolled back (ending one that ended already does nothing): left to the
+        garbage collector, it rolled back with memory still showing its writes. Then the
+        memory is reloaded, as what the store committed is the truth."""
+        try:
+            tx.__exit__(type(exc), exc, exc.__traceback__)
+        finally:
+            with self.lock:
+                self._failed(undo, True)
+        if isinstance(exc, StoreFullError):
+            self.full_disk.failed(exc)
 
     def _failed(self, undo: Callable[[], None] | None, reload: bool) -> None:
         """After a write transaction rolled back (under the engine lock): its ``undo``, then
@@ -298,12 +327,32 @@ class EngineState:
                 self._reload()
 
     def check_open(self) -> None:
-        """EngineClosedError once the engine is closed (call under the lock). Checked where a
-        call reaches the engine's memory without a store statement first (a write
-        transaction, a retrieval, the reads of ``users`` and ``profile``); every other call
-        meets the store's own check (``StoreClosedError``, an EngineClosedError too)."""
+        """EngineClosedError once the engine is closed (call under the lock to rule out a
+        ``close`` racing the call), EngineForkedError in a forked child. The facade checks it
+        as each public call starts, and again where a call reaches the engine's memory without
+        a store statement first (a write transaction, a retrieval, the reads of ``users`` and
+        ``profile``); every other path meets the store's own check (``StoreClosedError``, an
+        EngineClosedError too). One attribute read while open: a child has ``closed`` set."""
         if self.closed:
+            if self.forked:
+                raise EngineForkedError.of(self.pid)
             raise EngineClosedError("this MemoryEngine is closed")
+
+    def check_process(self) -> None:
+        """EngineForkedError in a forked child; nothing otherwise, closed or not. For the calls
+        a closed engine still answers (validating a page) and those of its own shutdown."""
+        if self.forked:
+            raise EngineForkedError.of(self.pid)
+
+    def disown(self) -> None:
+        """In a forked child (the engine's fork hook): refuse every call from now on, and
+        never touch the parent's store. The store is kept referenced, unclosed, for the
+        child's lifetime (:data:`INHERITED`); in its place a stand-in refuses every use, so no
+        path of the engine can run a statement on the connection the parent shares. Only
+        attribute writes: nothing here may fail or block in a fresh child."""
+        INHERITED.append(self.store)
+        self.store = _InheritedStore(self.pid)  # type: ignore[assignment]
+        self.forked = self.closed = True
 
     def reload_if_owed(self) -> None:
         """The reload a failed apply still owes (see :meth:`write_transaction`), done before
@@ -403,6 +452,18 @@ class EngineState:
             known = ~np.isnan(clocks)
             now[known] = clocks[known]
         return now
+
+
+class _InheritedStore:
+    """What a forked child's engine holds instead of its parent's store: every attribute
+    raises :class:`EngineForkedError` (the parent's store object itself is kept, unclosed, in
+    :data:`INHERITED`)."""
+
+    def __init__(self, opened_in: int) -> None:
+        self._opened_in = opened_in
+
+    def __getattr__(self, name: str) -> Any:
+        raise EngineForkedError.of(self._opened_in)
 
 
 # ---------------------------------------------------------------- derived-work helpers

@@ -85,31 +85,53 @@ class ShortTerm:
         once it is accepted again. A failed ``sync`` after the COMMIT leaves them: the pages
         are committed.
         """
-        s = self._s
         learned: list[str] = []  # the texts the statistics learned, filled by _show
-        with s.write_transaction(
+        tx = self._s.write_transaction(
             "deferred", reload_on_error=False, undo=lambda: self._unlearn(learned)
-        ) as db:
-            known = s.store.known_sources(p.source for p in items if p.source)
-            fresh = [i for i, p in enumerate(items) if not (p.source and p.source in known)]
-            prep = prepared or Prepared({}, {})
-            late = [i for i in fresh if i not in prep.vec_of]
-            if late:
-                more = self.prepare(items, late)
-                prep = Prepared({**prep.vec_of, **more.vec_of}, {**prep.blob_of, **more.blob_of})
-            results = self._insert_restoring(db, items, known, prep)
-            try:
-                self._show(items, fresh, results, prep.blob_of, learned)
-            except BaseException:
-                s.reload_owed = True  # memory half-updated: reloaded after the rollback
-                raise
+        )
+        # not a ``with``: its exit runs outside the statement's protection, so a Ctrl-C landing
+        # as the exit (or the entry) starts left the transaction open, and the engine lock
+        # held, until the garbage collector closed it; here both are inside the try
+        try:
+            db = tx.__enter__()
+            results = self._write(db, items, prepared, learned)
+            tx.__exit__(None, None, None)  # the COMMIT
+        except BaseException as exc:
+            tx.__exit__(type(exc), exc, exc.__traceback__)  # rolls back what is still open
+            raise
+        return results
+
+    def _write(
+        self, db: Any, items: list[PageInput], prepared: Prepared | None, learned: list[str]
+    ) -> list[AddResult]:
+        """The body of :meth:`accept`'s transaction: check the sources again, prepare the pages
+        that became new, write them and show them. From the first change to memory on,
+        ``reload_owed`` is set: whatever cuts the rest short (a failed statement, a Ctrl-C),
+        the rollback reloads the memory, unless :meth:`_insert_restoring` put it back."""
+        s = self._s
+        known = s.store.known_sources(p.source for p in items if p.source)
+        fresh = [i for i, p in enumerate(items) if not (p.source and p.source in known)]
+        prep = prepared or Prepared({}, {})
+        late = [i for i in fresh if i not in prep.vec_of]
+        if late:
+            more = self.prepare(items, late)
+            prep = Prepared({**prep.vec_of, **more.vec_of}, {**prep.blob_of, **more.blob_of})
+        s.reload_owed = True  # cleared by write_transaction once the body is done
+        results = self._insert_restoring(db, items, known, prep)
+        self._show(items, fresh, results, prep.blob_of, learned)
         return results
 
     def _insert_restoring(
         self, db: Any, items: list[PageInput], known: dict[str, tuple[int, str]], prep: Prepared
     ) -> list[AddResult]:
         """:meth:`_insert_pages`, with the batch's users' in-memory records (clock, next seq,
-        STM) and the counters put back if a statement fails, and new users' slots freed.
+        STM) and the counters put back if it raises, and the users it created dropped (their
+        slots freed). Once that is done after an error, ``reload_owed`` (set by
+        :meth:`_write`) is cleared: no reload. After an interrupt (KeyboardInterrupt,
+        SystemExit) it stays set, and the rollback reloads the memory from the store: the
+        interrupt may have landed between a change and its entry in the undo log (keeping an
+        exact log would cost every page of every batch), and a restore cut short by a second
+        interrupt ends in the reload as well.
 
         The STM is put back by undoing its changes, newest first (``stm_log``), not from a copy
         of every touched user's STM made beforehand: the copies cost 0.3-1 us a page of every
@@ -117,33 +139,48 @@ class ShortTerm:
         for a rollback that almost never comes."""
         s = self._s
         users = s.users  # the batch's users only: a pass over every user cost O(users) a batch
-        snapshot = {
-            uid: (users[uid].clock, users[uid].next_seq)
-            for uid in {p.user_id for p in items}
-            if uid in users
-        }
+        batch = {p.user_id for p in items}
+        snapshot = {uid: (users[uid].clock, users[uid].next_seq) for uid in batch if uid in users}
         counters = dict(s.counters)
-        new_users: list[UserState] = []
         stm_log: list[tuple[str, int | None]] = []
         try:
-            return self._insert_pages(
-                db, items, known, prep.vec_of, prep.blob_of, new_users, stm_log
-            )
-        except BaseException:
-            for uid, popped in reversed(stm_log):
-                stm = users[uid].stm
-                if popped is None:
-                    stm.pop()  # undo an append
-                else:
-                    users[uid].pending.pop()
-                    stm.appendleft(popped)
-            for uid, (clock, next_seq) in snapshot.items():
-                u = s.users[uid]
-                u.clock, u.next_seq = clock, next_seq
-            for u in new_users:
-                s.drop_user_state(u)
-            s.counters = counters
+            return self._insert_pages(db, items, known, prep.vec_of, prep.blob_of, stm_log)
+        except BaseException as exc:
+            self._restore(stm_log, snapshot, batch, counters)
+            # memory is as it was, after a statement's error; an interrupt (Ctrl-C) may have
+            # landed between a change and its entry in stm_log: the reload stays owed then
+            s.reload_owed = not isinstance(exc, Exception)
             raise
+
+    def _restore(
+        self,
+        stm_log: list[tuple[str, int | None]],
+        snapshot: dict[str, tuple[float, int]],
+        batch: set[str],
+        counters: dict[str, int],
+    ) -> None:
+        """Put the in-memory state back as it was before a failed :meth:`_insert_pages`.
+
+        The users it created are the batch's users absent from ``snapshot`` that are now held:
+        found that way, not from a list the creation appends to, since an interrupt between
+        creating a user and listing it left the user in memory and not in the store (every
+        later add for it failed: ``FOREIGN KEY constraint failed``)."""
+        s = self._s
+        users = s.users
+        for uid, popped in reversed(stm_log):
+            stm = users[uid].stm
+            if popped is None:
+                stm.pop()  # undo an append
+            else:
+                users[uid].pending.pop()
+                stm.appendleft(popped)
+        for uid, (clock, next_seq) in snapshot.items():
+            u = users[uid]
+            u.clock, u.next_seq = clock, next_seq
+        for uid in batch.difference(snapshot):
+            if uid in users:
+                s.drop_user_state(users[uid])
+        s.counters = counters
 
     def _show(
         self,
@@ -186,7 +223,6 @@ class ShortTerm:
         known: dict[str, tuple[int, str]],
         vec_of: dict[int, np.ndarray],
         blob_of: dict[int, bytes],
-        new_users: list[UserState],
         stm_log: list[tuple[str, int | None]],
     ) -> list[AddResult]:
         """In the transaction ``db``, one statement per kind of row for the whole batch: new
@@ -196,6 +232,7 @@ class ShortTerm:
         s = self._s
         now = time.time()
         fresh, dup_of = self._plan(items, known)
+        new_users: list[UserState] = []
         for i in fresh:  # in-memory state first: restored by the caller if a statement fails
             p = items[i]
             user = s.users.get(p.user_id)

@@ -312,11 +312,16 @@ class SQLiteStore(StoreReads, SQLiteErasure):
                 finally:
                     self._depth -= 1
                 return
-            if durability != "commit":
-                self._db.execute("PRAGMA synchronous = NORMAL")
-            self._db.execute("BEGIN IMMEDIATE")
-            self._depth = 1
-            try:
+            if self._db.in_transaction:  # left open by a call interrupted before its rollback
+                log.warning("store %s: rolling back what an interrupted call left open", self.path)
+                self._db.execute("ROLLBACK")
+            try:  # from the first statement: a Ctrl-C after any of them still rolls back
+                # set each time: a level left lowered by an interrupted call is put back
+                self._db.execute(
+                    f"PRAGMA synchronous = {SYNCHRONOUS if durability == 'commit' else 'NORMAL'}"
+                )
+                self._db.execute("BEGIN IMMEDIATE")
+                self._depth = 1
                 yield self._db
                 self._db.execute("COMMIT")
             except BaseException as exc:
@@ -324,13 +329,16 @@ class SQLiteStore(StoreReads, SQLiteErasure):
                 if self._db.in_transaction:
                     with suppress(self._dbapi.Error):
                         self._db.execute("ROLLBACK")
-                said = environment_error(str(self.path), exc)
+                # said for an operator once begun (BEGIN's own error stays SQLite's, as before)
+                said = environment_error(str(self.path), exc) if self._depth else None
                 if said is not None:
                     raise said from exc
                 raise
             finally:
                 self._depth = 0
-                if durability != "commit":
+                # not inside a transaction a failed ROLLBACK left (SQLite refuses the change
+                # there, and its error would hide this one's): the next call ends it first
+                if durability != "commit" and not self._db.in_transaction:
                     self._db.execute(f"PRAGMA synchronous = {SYNCHRONOUS}")
 
     def sync(self) -> None:
@@ -384,13 +392,18 @@ class SQLiteStore(StoreReads, SQLiteErasure):
             raise StoreClosedError(f"store {self.path} is closed")
 
     def close(self) -> None:
-        """Close the connection and give the writer claim up (idempotent)."""
+        """Close the connection and give the writer claim up (idempotent).
+
+        The background checkpointer stops first: a checkpoint of its own in progress makes
+        the erasure's truncation of the log fail at once (SQLite does not wait for it), and
+        the close warned "a reader holds the log" with no reader anywhere."""
         with self._lock:
             if not self._closed:
-                self._erase_at_close()
-                self._closed = True
                 if self._checkpointer is not None:
                     self._checkpointer.close()
+                    self._checkpointer = None
+                self._erase_at_close()
+                self._closed = True
                 if self._wal_fd is not None:
                     os.close(self._wal_fd)
                 self._db.close()

@@ -6,6 +6,7 @@ import jsonschema
 import pytest
 
 from memoryos_gpu.llm import ChatRequest, LLMBackendError
+from memoryos_gpu.llm.base import LLMConfigError
 from memoryos_gpu.llm.transformers_backend import (
     TransformersBackend,
     bundled_smollm2_path,
@@ -29,7 +30,7 @@ def test_bundled_path(smollm2_gguf):
 
 
 def test_missing_files_raise_clear_errors(tmp_path, monkeypatch):
-    with pytest.raises(LLMBackendError, match="GGUF file not found"):
+    with pytest.raises(LLMConfigError, match="GGUF file not found"):  # a setting's error
         TransformersBackend(gguf_file=str(tmp_path / "nope.gguf"))
     with pytest.raises(LLMBackendError, match="offline"):
         TransformersBackend(model=str(tmp_path))  # an empty folder: no config, no weights
