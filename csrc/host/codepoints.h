@@ -5,9 +5,11 @@
 // code points >= 128 come from that Python (scripts/gen_unicode_table.py); ASCII is inline.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace memoryos {
 namespace cp {
@@ -82,6 +84,27 @@ inline void casefold(uint32_t c, Vec* out) {
   } else {
     out->push_back(c);
   }
+}
+
+/// The run of unspaced letters (each with its marks) that starts at s[i]: `units` gets where
+/// each letter starts and then where the run ends; returns that end. Its words are the letter
+/// pairs s[units[k], pair_end(units, k)) for k < unspaced_words(units).
+template <typename Ch>
+size_t unspaced_run(const Ch* s, size_t i, size_t n, std::vector<size_t>* units) {
+  units->clear();
+  while (i < n && is_unspaced(static_cast<uint32_t>(s[i]))) {
+    units->push_back(i++);
+    while (i < n && is_mark(static_cast<uint32_t>(s[i]))) ++i;
+  }
+  units->push_back(i);
+  return i;
+}
+/// The words of a run: its overlapping letter pairs, or the one letter of a run of one.
+inline size_t unspaced_words(const std::vector<size_t>& units) {
+  return units.size() == 2 ? 1 : units.size() - 2;
+}
+inline size_t pair_end(const std::vector<size_t>& units, size_t k) {
+  return units[std::min(k + 2, units.size() - 1)];
 }
 
 inline void put_utf8(uint32_t c, std::string* out) {

@@ -226,17 +226,11 @@ int64_t scan_text(const Ch* s, size_t n, const ScanContext& ctx, KeywordBatch* o
       continue;
     }
     if (cp::is_unspaced(c)) {  // a run of an unspaced script: its overlapping letter pairs
-      units.clear();
-      while (i < n && cp::is_unspaced(static_cast<uint32_t>(s[i]))) {
-        units.push_back(i++);
-        while (i < n && cp::is_mark(static_cast<uint32_t>(s[i]))) ++i;
-      }
-      units.push_back(i);
-      const size_t pairs = units.size() == 2 ? 1 : units.size() - 2;
-      for (size_t k = 0; k < pairs; ++k) {
-        const size_t end = units[std::min(k + 2, units.size() - 1)];
+      i = cp::unspaced_run(s, i, n, &units);
+      for (size_t k = 0; k < cp::unspaced_words(units); ++k) {
         const bool initial = k == 0 && (first || gap.ended());
-        add_word(ctx, s + units[k], end - units[k], initial, &norm, &utf8, &doc);
+        add_word(ctx, s + units[k], cp::pair_end(units, k) - units[k], initial, &norm, &utf8,
+                 &doc);
       }
       first = false;
       gap.reset();

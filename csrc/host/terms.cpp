@@ -238,16 +238,10 @@ void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
       continue;
     }
     if (cp::is_unspaced(c)) {  // a run of an unspaced script: its overlapping letter pairs
-      units.clear();
-      while (i < n && cp::is_unspaced(static_cast<uint32_t>(s[i]))) {
-        units.push_back(i++);
-        while (i < n && cp::is_mark(static_cast<uint32_t>(s[i]))) ++i;
-      }
-      units.push_back(i);
-      const size_t pairs = units.size() == 2 ? 1 : units.size() - 2;
-      for (size_t k = 0; k < pairs; ++k) {
+      i = cp::unspaced_run(s, i, n, &units);
+      for (size_t k = 0; k < cp::unspaced_words(units); ++k) {
         word.clear();
-        for (size_t j = units[k]; j < units[std::min(k + 2, units.size() - 1)]; ++j) {
+        for (size_t j = units[k]; j < cp::pair_end(units, k); ++j) {
           put_utf8(static_cast<uint32_t>(s[j]), &word);
         }
         emit(word);
