@@ -286,7 +286,8 @@ def test_batches_are_normalised_as_if_joined_first(texts) -> None:
 
     from memoryos_gpu.lexical import _normalised
     from memoryos_gpu.text.keywords import _nfkc_joined
+    from memoryos_gpu.text.words import normalise
 
     joined = "\x00".join(texts)
     assert _nfkc_joined(texts) == unicodedata.normalize("NFKC", joined)
-    assert _normalised(texts) == unicodedata.normalize("NFKC", joined).casefold()
+    assert _normalised(texts) == normalise(joined)
