@@ -131,8 +131,8 @@ class DerivedWork:
             with self.lease():
                 with s.lock:
                     if queue is None or not queue.holds(s):
-                        queue = _QueueRead(s, only)
-                        only = queue.ids if max_rounds is None else None
+                        queue = _QueueRead(s, only, drain=max_rounds is None)
+                        only = queue.ids
                     round_items = queue.items.next_round(limit, limit)
                 if max_rounds is not None:
                     round_items = full_waves(round_items, FULL_WAVE_SHARE)
@@ -173,13 +173,17 @@ class _QueueRead:
     queued, an edit or deletion (``edits``), another caller's round, a reload, or an item of
     the round left pending (its inputs changed) means reading the queue again: what a round
     read from the store before. :meth:`holds` is asked under the engine lock. ``ids``: the
-    work ids read (``only``: a drain's first read, which a read again keeps to)."""
+    work ids a drain's first read took, which a read again keeps to (``only``); None for a
+    scheduler's read."""
 
-    def __init__(self, s: EngineState, only: frozenset[int] | None = None) -> None:
+    def __init__(
+        self, s: EngineState, only: frozenset[int] | None = None, *, drain: bool = False
+    ) -> None:
         rows = s.store.pending_items("page")
         if only is not None:  # a drain's read again: the items of its first read still here
             rows = [r for r in rows if r[0] in only]
-        self.ids = only if only is not None else frozenset(r[0] for r in rows)
+        # a scheduler's read (not a drain) keeps to no ids: no set of the whole queue built
+        self.ids = only if only is not None or not drain else frozenset(r[0] for r in rows)
         self.items = PendingQueue(rows)
         self._mark = (s.edits, s.queue_changes)
 
