@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from memoryos_gpu.json_codec import dumps_text
+from memoryos_gpu.text.unicode_ranges import ONE_TOKEN_RANGES, class_body
 from memoryos_gpu.types import JSON_LEAVES, ReadOnlyDict, frozen_meta
 
 
@@ -47,10 +48,8 @@ class PageView(NamedTuple):
 
 #: The characters a tokenizer gives about one token each: CJK ideographs (with their radicals,
 #: strokes and symbols), kana, bopomofo, hangul, and the fullwidth and CJK compatibility forms.
-_ONE_TOKEN = re.compile(
-    "[\u1100-\u11ff\u2e80-\u9fff\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\ufe30-\ufe4f"
-    "\uff00-\uffef\U0001aff0-\U0001b16f\U00020000-\U0003ffff]"
-)
+#: Generated (scripts/gen_unicode_table.py) with the native tables' copy, so both count alike.
+_ONE_TOKEN = re.compile(f"[{class_body(ONE_TOKEN_RANGES)}]")
 
 
 def approx_tokens(*texts: str | None) -> int:

@@ -6,6 +6,8 @@
 #include <new>
 #include <string>
 
+#include "../host/codepoints.h"
+
 namespace memoryos {
 namespace {
 
@@ -23,26 +25,18 @@ void check_text(PyObject* t, const char* what) {
   if (t != Py_None && PyUnicode_READY(t) < 0) throw py::error_already_set();
 }
 
-/// Whether code point `c` is about one token to a tokenizer: a CJK ideograph (with its
-/// radicals, strokes and symbols), kana, bopomofo, hangul, or a fullwidth or CJK compatibility
-/// form. The ranges of page_views._ONE_TOKEN, which approx_tokens counts by.
-bool one_token(Py_UCS4 c) {
-  return (c >= 0x1100 && c <= 0x11FF) || (c >= 0x2E80 && c <= 0x9FFF) ||
-         (c >= 0xA960 && c <= 0xA97F) || (c >= 0xAC00 && c <= 0xD7FF) ||
-         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0xFE30 && c <= 0xFE4F) ||
-         (c >= 0xFF00 && c <= 0xFFEF) || (c >= 0x1AFF0 && c <= 0x1B16F) ||
-         (c >= 0x20000 && c <= 0x3FFFF);
-}
-
 /// A text's size in quarter tokens (page_views.token_quarters): a code point each, four for a
-/// one-token one. A kind-1 text (Latin-1) holds none of those: its length.
+/// one-token one (cp::is_one_token: the generated table page_views' regex is built from too).
+/// A kind-1 text (Latin-1) holds none of those: its length.
 int64_t token_quarters(PyObject* t) {
   const Py_ssize_t n = PyUnicode_GET_LENGTH(t);
   const int kind = PyUnicode_KIND(t);
   if (kind == PyUnicode_1BYTE_KIND) return n;
   const void* data = PyUnicode_DATA(t);
   int64_t wide = 0;
-  for (Py_ssize_t i = 0; i < n; ++i) wide += one_token(PyUnicode_READ(kind, data, i)) ? 1 : 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    wide += cp::is_one_token(PyUnicode_READ(kind, data, i)) ? 1 : 0;
+  }
   return n + 3 * wide;
 }
 

@@ -1,8 +1,9 @@
 // memoryos-gpu: Python's character classes and case folding for the native tokenizers.
 //
 // terms.cpp (BM25 terms) and keywords.cpp (keyword candidates) must split, fold and classify
-// words exactly as memoryos_gpu.text.keywords does with Python's str methods. The tables for
-// code points >= 128 come from that Python (scripts/gen_unicode_table.py); ASCII is inline.
+// words exactly as memoryos_gpu.text.keywords does with Python's str methods, and
+// text_table.cpp counts tokens as memoryos_gpu.page_views does. The tables for code points
+// >= 128 come from that Python (scripts/gen_unicode_table.py); ASCII is inline.
 #pragma once
 
 #include <algorithm>
@@ -54,6 +55,10 @@ inline bool is_mark(uint32_t c) { return c >= 128 && in_ranges(kMarkRanges, c); 
 /// A letter of a script written without spaces between words (Han, kana, Thai, ...): a run
 /// of them is split into overlapping pairs (memoryos_gpu/text/words.py).
 inline bool is_unspaced(uint32_t c) { return c >= 128 && in_ranges(kUnspacedRanges, c); }
+/// About one token to a tokenizer: a CJK ideograph, kana, bopomofo, hangul, or a CJK or
+/// fullwidth punctuation or form (ONE_TOKEN_RANGES of scripts/gen_unicode_table.py, which
+/// page_views.approx_tokens counts by). Nothing below U+1100 is: most text skips the search.
+inline bool is_one_token(uint32_t c) { return c >= 0x1100 && in_ranges(kOneTokenRanges, c); }
 /// An optional vowel or cantillation mark of Arabic (harakat) or Hebrew (niqqud): most text
 /// leaves them out, so folding drops them and a vocalised word matches its plain spelling.
 inline bool is_optional_mark(uint32_t c) {

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from memoryos_gpu.text.unicode_ranges import HAN_KANA_HANGUL_RANGES, class_body
+
 __all__ = ["user_statements"]
 
 
@@ -109,11 +111,10 @@ _SENTENCE_ANY = re.compile(
 )
 _QUESTION_ENDS = ("?", "？", "؟")
 # Han, kana and hangul: one of them says about what three Latin letters do, so a sentence's
-# length counts them thrice against the bounds (我对花生过敏。 is 7 characters, 19 counted)
-_WIDE = re.compile(
-    "[\u1100-\u11ff\u2e80-\u2fdf\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf"
-    "\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]"
-)
+# length counts them thrice against the bounds (我对花生过敏。 is 7 characters, 19 counted).
+# Their letters only, not page_views' one-token set: CJK punctuation and fullwidth forms weigh
+# one, or "我很好。" (4 characters, "I'm fine.") would weigh 12 and be a fact.
+_WIDE = re.compile(f"[{class_body(HAN_KANA_HANGUL_RANGES)}]")
 _WIDE_WEIGHT = 3
 _LOW, _HIGH = 12, 300  # a fact's length bounds, in (weighted) characters
 

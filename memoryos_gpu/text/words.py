@@ -27,19 +27,13 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from memoryos_gpu.text.unicode_ranges import MARK_RANGES, UNSPACED_RANGES
+from memoryos_gpu.text.unicode_ranges import MARK_RANGES, UNSPACED_RANGES, class_body
 
 __all__ = ["casefold", "normalise", "word_spans", "words"]
 
 
-def _class_body(ranges: tuple[tuple[int, int], ...]) -> str:
-    """``ranges`` (half-open, all >= U+0080, none a regex metacharacter) as the inside of a
-    regex character class."""
-    return "".join(f"{chr(a)}-{chr(b - 1)}" for a, b in ranges)
-
-
-_MARK = _class_body(MARK_RANGES)
-_UNSPACED = _class_body(UNSPACED_RANGES)
+_MARK = class_body(MARK_RANGES)
+_UNSPACED = class_body(UNSPACED_RANGES)
 _START = rf"[^\W_{_UNSPACED}]"  # a letter or digit of a spaced script
 _WORD = rf"{_START}(?:{_START}|[{_MARK}])*"
 _TOKEN_RE = re.compile(rf"(?P<run>(?:[{_UNSPACED}][{_MARK}]*)+)|{_WORD}(?:['\u2019]{_WORD})*")
