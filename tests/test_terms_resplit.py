@@ -42,7 +42,7 @@ def test_an_upgraded_store_splits_its_non_ascii_pages_again(
     monkeypatch.undo()
     with _engine(spec) as engine:
         rows = engine.store.page_terms(ids)
-        assert engine.store.schema_version == 10
+        assert engine.store.schema_version == sq.SCHEMA_VERSION
         assert rows[ids[1]] == OLD_ROW  # ASCII: split as before, not rewritten
         for i in (0, 2):
             page = engine.get_page(ids[i])

@@ -189,4 +189,6 @@ UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
     OR octet_length(agent_response) <> char_length(agent_response)
     OR octet_length(extra) <> char_length(extra)))
 """,  # sqlite_schema.MIGRATIONS[9]: term rows of non-ASCII pages split again
+    10: "CREATE INDEX audit_knowledge ON audit(item_id) WHERE item_kind = 'knowledge'",
+    # sqlite_schema.MIGRATIONS[10]: a knowledge entry's audit events, indexed
 }
