@@ -129,7 +129,7 @@ class DerivedWork:
         # one lease per round
         while (max_rounds is None or rounds < max_rounds) and not (until and until()):
             with self.lease():
-                with s.lock:
+                with s.locked():  # reads the store: past the rewrite gate first (state.py)
                     if queue is None or not queue.holds(s):
                         queue = _QueueRead(s, only, drain=max_rounds is None)
                         only = queue.ids
@@ -147,7 +147,7 @@ class DerivedWork:
                 break
         with self.lease():
             done["promotions"] += self._hooks._process_promotions()
-            with s.lock:
+            with s.locked():
                 if s.counters["pages_added"] - self._extractor_saved >= EXTRACTOR_SAVE_EVERY:
                     self.save_extractor()
         return done

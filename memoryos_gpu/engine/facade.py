@@ -530,7 +530,7 @@ class MemoryEngine:
         if segment_slot is not None:
             segment_slot = clean_int(segment_slot, "segment_slot", 0, self.arena.segment_width - 1)
         with self._derived.lease():
-            with self._lock:
+            with self._state.locked():  # writes the store: the rewrite gate first (state.py)
                 self._lpm.queue_promotions(user_id, segment_slot)
             return self._process_promotions()
 
@@ -664,7 +664,9 @@ class MemoryEngine:
         lock record), and a lock a parent's thread held would never be released here."""
         if self._state.forked:
             return
-        with self._derived.lease(), self._lock:
+        # the rewrite gate before the engine lock (state.py): a close that comes during a
+        # rewrite of the file waits for it there, not holding up the retrievals meanwhile
+        with self._derived.lease(), self._state.locked():
             if self._state.closed:
                 return
             try:

@@ -106,7 +106,7 @@ class Forgetting:
     def delete_page(self, page_id: int) -> bool:
         """Remove a page from every tier and everything derived from it (module docstring)."""
         s = self._s
-        with s.lock:
+        with s.locked():
             found = s.store.query(
                 "SELECT user_id, segment_id, chain_id, user_input || ' ' || agent_response, "
                 "prev_page, next_page FROM pages WHERE page_id = ?",

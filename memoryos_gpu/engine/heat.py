@@ -104,7 +104,16 @@ class Heat:
         fsync. On failure the taken marks go back into the buffers. Never call it inside a
         store transaction (it opens its own). EngineClosedError once the engine is closed:
         with nothing buffered it reaches no store statement, so ``sync`` and ``write_behind``
-        returned as if they had written (``close`` itself calls it before it closes)."""
+        returned as if they had written (``close`` itself calls it before it closes).
+
+        All of it inside the store's rewrite gate (``EngineState.using_store``), entered
+        before the engine lock: a write-behind whose store write waited through a rewrite of
+        the file held the writer lock below, and the next one waited for that under the
+        engine lock, holding up every retrieval."""
+        with self._s.using_store():
+            return self._write_behind()
+
+    def _write_behind(self) -> dict[str, int]:
         s = self._s
         with s.lock:
             s.check_open()

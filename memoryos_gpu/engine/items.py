@@ -57,7 +57,7 @@ class Items:
         brings back what the new text says). :class:`UnknownItemError` (a ``KeyError``) when
         there is no such page: a caller that checked it may have lost a race to its deletion."""
         s = self._s
-        with s.lock:
+        with s.locked():
             row = self.get_page(page_id)
             if row is None:
                 raise UnknownItemError(f"no page {page_id}")
@@ -118,7 +118,7 @@ class Items:
         text = _clean_text(text, "text")
         if not text.strip():  # a fact of no words: retrieved, embedded, conflict-keyed as one
             raise InvalidInputError("text is blank: delete the entry instead of blanking it")
-        with s.lock:
+        with s.locked():
             rows = s.store.knowledge_rows([entry_id])
             if entry_id not in rows:
                 raise UnknownItemError(f"no knowledge entry {entry_id}")
@@ -150,7 +150,7 @@ class Items:
         log is truncated: the truncation may have to wait for readers (``store.checkpoint``
         retries it then), the entry must not be retrieved meanwhile."""
         s = self._s
-        with s.lock:
+        with s.locked():
             rows = s.store.knowledge_rows([entry_id])
             if entry_id not in rows:
                 return False
@@ -187,7 +187,7 @@ class Items:
         """Everything held about a user, derived profile and knowledge included (JSON-ready)."""
         s = self._s
         user_id = clean_user_id(user_id)
-        with s.lock:
+        with s.locked():
             self._heat.write_behind()
             data = s.store.export_user(user_id)
             if data is None:
@@ -204,7 +204,7 @@ class Items:
         records in plain text; :meth:`Forgetting.drop_rejects`)."""
         user_id = clean_user_id(user_id)
         s = self._s
-        with s.lock:
+        with s.locked():
             pages = s.store.query(
                 "SELECT page_id, user_input || ' ' || agent_response FROM pages WHERE user_id = ?",
                 (user_id,),

@@ -84,7 +84,7 @@ class LongTerm:
         through the engine's ``_push_knowledge`` hook.
         """
         s = self._s
-        with s.lock:
+        with s.locked():
             s.reload_if_owed()
             read = self._read_promotions()
         if not read.items:

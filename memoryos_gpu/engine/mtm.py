@@ -76,7 +76,7 @@ class Segments:
         (page or user deleted).
         """
         s = self._s
-        with s.lock:
+        with s.locked():
             s.reload_if_owed()
             waves, gone = self._read_round(items)
         done = self._run_stages(waves)

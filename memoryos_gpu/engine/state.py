@@ -35,6 +35,7 @@ from memoryos_gpu.stages import ExtractiveStages, LLMStages
 from memoryos_gpu.store import SQLiteStore, StoreFullError
 from memoryos_gpu.store.rows import select_in
 from memoryos_gpu.store.sqlite import Durability
+from memoryos_gpu.store.write_gate import NO_REWRITES, NoRewrites, RewriteGate
 from memoryos_gpu.text.keywords import KeywordExtractor, hash_keyword
 from memoryos_gpu.text.vocabulary import UserVocabulary
 from memoryos_gpu.types import AddResult, PageInput, Retrieval
@@ -155,6 +156,10 @@ class EngineState:
         self.lock = threading.RLock()
         self.embedder = embedder
         self.store = store
+        # what a store section waits at, before the engine lock, while the store's erasure
+        # thread rewrites its file (locked(), store/write_gate.py); kept here, so that a forked
+        # child's stand-in store is never asked for it
+        self.gate: RewriteGate | NoRewrites = getattr(store, "rewrite_gate", NO_REWRITES)
         self.arena = arena
         self.extractor = extractor
         self.vocabulary = vocabulary  # each user's document frequencies (extractive keywords)
@@ -227,6 +232,35 @@ class EngineState:
             raise
         self.edits += 1  # rounds read before the reload find their users changed
 
+    def owns_lock(self) -> bool:
+        """Whether this thread holds the engine lock. Asked of the lock itself
+        (``RLock._is_owned``, what ``threading.Condition`` relies on, the derived lease's
+        included) rather than of a flag set by :meth:`locked`: the lock is also taken directly
+        (a retrieval, the shard engine, ``sharded_forget``), and a nested write under such a
+        holder must not wait at the gate either."""
+        return bool(self.lock._is_owned())  # type: ignore[attr-defined]
+
+    @contextmanager
+    def using_store(self) -> Iterator[None]:
+        """Inside the store's rewrite gate for the body (:mod:`~memoryos_gpu.store.write_gate`):
+        waits while the erasure thread rewrites the file, unless this thread holds the engine
+        lock already (then it must not wait: the deadlock rule there). For a section that
+        touches the store and takes the engine lock on the way (or waits for a lock taken
+        under it: the heat write-behind); enter it before the engine lock."""
+        with self.gate.enter(wait=not self.owns_lock()):
+            yield
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """The engine lock for a section that touches the store under it: the rewrite gate
+        first (:meth:`using_store`), then the lock. Why: a write that took the engine lock
+        and then waited for the store lock through a rewrite of the file held up every
+        retrieval for the rest of it (seconds on a large store); at the gate it waits holding
+        nothing. A section that reads memory only (a retrieval) takes the plain lock: it
+        never waits at the gate."""
+        with self.using_store(), self.lock:
+            yield
+
     @contextmanager
     def write_transaction(
         self,
@@ -245,8 +279,10 @@ class EngineState:
         writer waits for the store as it would have waited for the engine lock (the serving
         pattern replayed in one process: the engine lock held ~1/6 less of the time). A
         retrieval may thus show a write a moment before it is committed; acknowledging it
-        still waits for the commit (and the caller's ``sync``). Lock order stays engine, then
-        store: nothing waits for the engine lock while holding the store. The store never
+        still waits for the commit (and the caller's ``sync``). Lock order stays gate, engine,
+        then store (:meth:`locked`): nothing waits for the engine lock while holding the store,
+        and a write that comes during a rewrite of the file waits at the store's gate, before
+        the engine lock, its COMMIT included (inside the gate). The store never
         hands out an id twice in a process, even a rolled-back one's (``store.new_ids``).
 
         If the body raises, the transaction rolls back and -- ``reload_on_error``, for a body
@@ -271,6 +307,13 @@ class EngineState:
         memory or the store, until the disk has room (:mod:`~memoryos_gpu.engine.full_disk`):
         each retry against it would otherwise stall every retrieval for a reload."""
         self.full_disk.check()
+        with self.using_store():
+            yield from self._write_transaction(durability, reload_on_error, undo)
+
+    def _write_transaction(
+        self, durability: Durability, reload_on_error: bool, undo: Callable[[], None] | None
+    ) -> Iterator[Any]:
+        """:meth:`write_transaction`'s body, inside the store's rewrite gate."""
         committing = False  # the body is done: the COMMIT is owed (or was tried)
         try:
             with self.lock:

@@ -49,6 +49,7 @@ from memoryos_gpu.store.reads import StoreReads
 from memoryos_gpu.store.rows import audit_owner
 from memoryos_gpu.store.sqlite_schema import SCHEMA_V1, Migration, run_sql
 from memoryos_gpu.store.wal import BACKSTOP_PAGES, WalCheckpointer
+from memoryos_gpu.store.write_gate import RewriteGate
 
 log = logging.getLogger("memoryos_gpu.store")
 
@@ -157,6 +158,8 @@ class SQLiteStore(StoreReads, SQLiteErasure):
                 raise said or StoreError(f"cannot open store {self.path}: {exc}") from exc
             raise
         self._lock = threading.RLock()
+        if self.path != ":memory:":  # a file the erasure thread rewrites (erasure.py)
+            self.rewrite_gate = RewriteGate()
         self._depth = 0
         self._checkpointer: WalCheckpointer | None = None
         self._wal_fd: int | None = None  # the log, for sync()
