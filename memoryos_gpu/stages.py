@@ -194,10 +194,15 @@ class ExtractiveStages:
         self.stats = StageStats()
 
     def pages(self, work: Sequence[PageWork]) -> list[PageOutcome]:
+        """Each page's outcome: its keywords, whether it continues its chain, and as summary
+        its first sentence (``fallback_chain_meta``'s, which the chain meta is too when the
+        page starts a chain)."""
         keywords = self._keywords(work)
-        continuous = self._continuous(work)
+        continuous = self._continuous(work).tolist()
+        summaries = [prompts.fallback_chain_meta(None, w.page) for w in work]
         return [
-            self._page(w, k, c) for w, k, c in zip(work, keywords, continuous.tolist(), strict=True)
+            PageOutcome(c, _chain_meta(w.prev_meta, c, summary), summary, k, self.mode)
+            for w, k, c, summary in zip(work, keywords, continuous, summaries, strict=True)
         ]
 
     def page_waves(self, waves: Sequence[Sequence[PageWork]]) -> list[list[PageOutcome]]:
@@ -252,11 +257,6 @@ class ExtractiveStages:
         )
         words = [c.words[a:b] for a, b in itertools.pairwise(c.offsets.tolist())]
         return topic_keywords(words, weights, c.scores, self.page_keywords)
-
-    def _page(self, w: PageWork, keywords: list[str], continuous: bool) -> PageOutcome:
-        summary = prompts.fallback_topic_summary([w.page], extractor=self.extractor, max_keywords=0)
-        meta = _chain_meta(w.prev_meta, continuous, summary.summary)
-        return PageOutcome(continuous, meta, summary.summary, keywords, self.mode)
 
     def promotions(self, work: Sequence[PromotionWork]) -> list[PromotionOutcome]:
         out = []

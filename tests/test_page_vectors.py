@@ -9,10 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memoryos_gpu.config import EngineConfig, preset
 from memoryos_gpu.engine import MemoryEngine
-from memoryos_gpu.store.rows import emb_blob
+from memoryos_gpu.store.rows import blob_matrix, emb_blob, emb_blobs
 
 
 def _v5_pages(rng: np.random.Generator, dim: int) -> list[tuple]:
@@ -120,3 +122,25 @@ def test_a_pages_vectors_go_where_the_page_goes(tmp_path) -> None:
         assert hits and hits[0].page_id == edited
     finally:
         eng.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(0, 9),
+    dim=st.integers(1, 40),
+    dtype=st.sampled_from([np.float32, np.float64, np.float16]),
+    transposed=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_matrix_of_embeddings_makes_the_blobs_its_rows_make(
+    n: int, dim: int, dtype: type, transposed: bool, seed: int
+) -> None:
+    """``emb_blobs`` (one conversion for a batch's matrix, its bytes sliced) writes what
+    ``emb_blob`` writes row by row, for any float type and a non-contiguous matrix too, and
+    ``blob_matrix`` reads them back."""
+    m = np.random.default_rng(seed).standard_normal((dim, n) if transposed else (n, dim))
+    m = (m.T if transposed else m).astype(dtype)
+    blobs = emb_blobs(m)
+    assert blobs == [emb_blob(row) for row in m]
+    assert blobs == emb_blobs(list(m))  # a list of rows, as a batch's facts come
+    np.testing.assert_array_equal(blob_matrix(blobs, dim), m.astype(np.float32))

@@ -24,7 +24,7 @@ import numpy as np
 
 from memoryos_gpu import ops
 from memoryos_gpu.store.derivations import KNOWLEDGE, record
-from memoryos_gpu.store.rows import audit_owner, blob_matrix, emb_blob
+from memoryos_gpu.store.rows import audit_owner, blob_matrix, emb_blob, emb_blobs
 
 from .conflicts import Decision, LiveEntry, decide, fact_key
 from .state import EngineState, Fact, to_host
@@ -154,7 +154,8 @@ class KnowledgeRing:
         s, db = self._s, self._db
         t = time.time()
         rows, spans, owners = [], {}, []  # spans: (owner kind, id) -> (first, last) new seq
-        for index, fact, vec in adds:
+        blobs = emb_blobs([vec for _, _, vec in adds])
+        for (index, fact, _), blob in zip(adds, blobs, strict=True):
             o = self.owner_slot(fact.kind, fact.owner_id)
             owners.append(o)
             seq = self._heads.setdefault(o, s.arena.ring_head(o))
@@ -165,7 +166,7 @@ class KnowledgeRing:
             valid_from = fact.valid_from if fact.valid_from is not None else t
             rows.append(
                 (
-                    *(fact.kind, fact.owner_id, seq, fact.text, emb_blob(vec), fact.mode, t),
+                    *(fact.kind, fact.owner_id, seq, fact.text, blob, fact.mode, t),
                     *(fact.source_user, valid_from, key[0] if key else None),
                 )
             )

@@ -28,7 +28,7 @@ from memoryos_gpu.embed.base import encode_checked
 from memoryos_gpu.json_codec import dumps_text, loads
 from memoryos_gpu.lexical import terms_from_blobs
 from memoryos_gpu.stages import PageOutcome, PageWork
-from memoryos_gpu.store.rows import blob_matrix, emb_blob, select_in
+from memoryos_gpu.store.rows import blob_matrix, emb_blobs, select_in
 from memoryos_gpu.text.keywords import keyword_tokens
 
 from .heat import Heat
@@ -452,6 +452,7 @@ class Segments:
         kw_rows = self._kw_matrix(counts)
         cap = s.memory.summary_chars
         ids = s.store.new_ids(db, "segments", idx.size)
+        blobs = emb_blobs(emb)
         db.executemany(
             "INSERT INTO segments(segment_id, user_id, slot, summary, keywords, kw_ids, "
             "embedding, n_visit, l_interaction, last_access, created, n_pages) "
@@ -464,7 +465,7 @@ class Segments:
                     r.outcomes[i].summary[:cap],
                     dumps_text(counts[j]),
                     kw_blob(kw_rows[j]),
-                    emb_blob(emb[j]),
+                    blobs[j],
                     float(r.now[i]),
                     float(r.now[i]),
                 )

@@ -21,7 +21,7 @@ from memoryos_gpu.json_codec import dumps_text
 from memoryos_gpu.lexical import PageTerms
 from memoryos_gpu.stage_prompts.rendering import grapheme_ceil
 from memoryos_gpu.stages import PageOutcome, PageWork
-from memoryos_gpu.store.rows import emb_blob
+from memoryos_gpu.store.rows import emb_blobs
 
 from .state import UserState, WorkItem
 
@@ -105,7 +105,7 @@ class RoundWrites:
                 [r.summary for _, r in rows],
                 [dumps_text(r.counts) for _, r in rows],
                 [kw_blob(r.kw_row) for _, r in rows],
-                [emb_blob(r.emb) for _, r in rows],
+                emb_blobs([r.emb for _, r in rows]),
                 heat["l_interaction"][at].tolist(),
                 heat["last_access"][at].tolist(),
                 [r.n_pages for _, r in rows],

@@ -18,7 +18,7 @@ import numpy as np
 from memoryos_gpu.embed.base import encode_checked
 from memoryos_gpu.json_codec import dumps_text
 from memoryos_gpu.lexical import terms_from_blobs, terms_to_blobs
-from memoryos_gpu.store.rows import emb_blob
+from memoryos_gpu.store.rows import emb_blobs
 from memoryos_gpu.types import AddResult, PageInput
 
 from .page_text import page_terms_of, page_text
@@ -29,9 +29,10 @@ from .validation import PageRefusedError
 @dataclass(frozen=True)
 class Prepared:
     """What accepting pages computes before it needs the engine's state: by position in the
-    batch, each new page's embedding and BM25 term-row blob."""
+    batch, each new page's embedding (as the store keeps it: a float32 blob) and BM25 term-row
+    blob."""
 
-    vec_of: dict[int, np.ndarray]
+    emb_of: dict[int, bytes]
     blob_of: dict[int, bytes]
 
 
@@ -62,7 +63,8 @@ class ShortTerm:
             ]
         )
         return Prepared(
-            dict(zip(only, emb, strict=True)), dict(zip(only, terms_to_blobs(terms), strict=True))
+            dict(zip(only, emb_blobs(emb), strict=True)),
+            dict(zip(only, terms_to_blobs(terms), strict=True)),
         )
 
     def accept(self, items: list[PageInput], prepared: Prepared | None = None) -> list[AddResult]:
@@ -112,10 +114,10 @@ class ShortTerm:
         known = s.store.known_sources(p.source for p in items if p.source)
         fresh = [i for i, p in enumerate(items) if not (p.source and p.source in known)]
         prep = prepared or Prepared({}, {})
-        late = [i for i in fresh if i not in prep.vec_of]
+        late = [i for i in fresh if i not in prep.emb_of]
         if late:
             more = self.prepare(items, late)
-            prep = Prepared({**prep.vec_of, **more.vec_of}, {**prep.blob_of, **more.blob_of})
+            prep = Prepared({**prep.emb_of, **more.emb_of}, {**prep.blob_of, **more.blob_of})
         s.reload_owed = True  # cleared by write_transaction once the body is done
         results = self._insert_restoring(db, items, known, prep)
         self._show(items, fresh, results, prep.blob_of, learned)
@@ -144,7 +146,7 @@ class ShortTerm:
         counters = dict(s.counters)
         stm_log: list[tuple[str, int | None]] = []
         try:
-            return self._insert_pages(db, items, known, prep.vec_of, prep.blob_of, stm_log)
+            return self._insert_pages(db, items, known, prep.emb_of, prep.blob_of, stm_log)
         except BaseException as exc:
             self._restore(stm_log, snapshot, batch, counters)
             # memory is as it was, after a statement's error; an interrupt (Ctrl-C) may have
@@ -221,7 +223,7 @@ class ShortTerm:
         db: Any,
         items: list[PageInput],
         known: dict[str, tuple[int, str]],
-        vec_of: dict[int, np.ndarray],
+        emb_of: dict[int, bytes],
         blob_of: dict[int, bytes],
         stm_log: list[tuple[str, int | None]],
     ) -> list[AddResult]:
@@ -265,7 +267,7 @@ class ShortTerm:
         self._insert_rows(db, ids, rows, {p for _, p, _ in pending})
         db.executemany(  # written once, beside the narrow page row that tiers rewrite
             "INSERT INTO page_vectors(page_id, embedding, terms) VALUES (?, ?, ?)",
-            [(p, emb_blob(vec_of[i]), blob_of[i]) for p, i in zip(ids, fresh, strict=True)],
+            [(p, emb_of[i], blob_of[i]) for p, i in zip(ids, fresh, strict=True)],
         )
         batch = set(ids)
         db.executemany(  # pages of earlier batches pushed out now

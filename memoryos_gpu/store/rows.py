@@ -22,6 +22,17 @@ def emb_blob(v: np.ndarray) -> bytes:
     return np.ascontiguousarray(v, dtype="<f4").tobytes()
 
 
+def emb_blobs(m: np.ndarray | Sequence[np.ndarray]) -> list[bytes]:
+    """The rows of an ``[n, dim]`` embedding matrix as :func:`emb_blob` makes them, with one
+    conversion for the matrix: slicing its bytes costs a fifth of a conversion a row."""
+    if not len(m):
+        return []
+    raw = np.ascontiguousarray(m, dtype="<f4")
+    step = raw.shape[1] * 4
+    data = raw.tobytes()
+    return [data[k : k + step] for k in range(0, len(data), step)]
+
+
 def blob_matrix(blobs: Sequence[bytes], dim: int) -> np.ndarray:
     """Many float32 blobs to one ``[n, dim]`` array in a single copy (no per-row numpy)."""
     if not len(blobs):
