@@ -351,3 +351,48 @@ def test_a_second_writer_in_a_child_is_still_refused_by_the_lock(tmp_path: Path)
             return "opened"
 
         assert f"is open for writing by pid {os.getpid()} " in _in_child(second)
+
+
+def test_a_bare_store_in_a_forked_child_is_refused_and_its_close_leaves_the_parents(
+    tmp_path: Path,
+) -> None:
+    """A store opened without an engine (a tool, a test, the store API) and inherited by a
+    child: its statements are refused there, saying why, and the child's close neither clears
+    the parent's lock record nor rewrites the parent's file (an erasure owed ran a VACUUM of
+    the parent's database from the child)."""
+    from memoryos_gpu.store import open_store
+    from memoryos_gpu.store.errors import StoreClosedError
+
+    path = str(tmp_path / "memory.sqlite3")
+    st = open_store(path)
+    with st.transaction() as db:
+        db.execute("INSERT INTO meta VALUES ('k', 'parent')")
+    record = Path(path + ".lock").read_text()
+    st._rewrite_due = st._erasure_due = True  # as after a deletion (the rewrite owed)
+
+    def child() -> dict[str, Any]:
+        rewrote = []
+        st._rewrite = lambda: rewrote.append(1) or True  # the VACUUM, marked instead
+        try:
+            st.query("SELECT 1")
+            said = "no refusal"
+        except StoreClosedError as exc:
+            said = str(exc)
+        st.close()
+        return {"said": said, "rewrote": bool(rewrote), "closed": st._closed}
+
+    out = _in_child(child)
+    assert "is a fork of it" in out["said"] and "open the store again" in out["said"], out
+    assert out["closed"] and not out["rewrote"], out
+    assert Path(path + ".lock").read_text() == record  # the claim's record is the parent's
+    with pytest.raises(StoreLockedError, match="this process"):
+        open_store(path)  # the parent still holds the store, and says so
+    assert st.get_meta("k") == "parent"
+    st.set_meta("k", "after")  # the parent's connection and lock are untouched
+    st._rewrite_due = st._erasure_due = False
+    st.close()
+    again = open_store(path)
+    try:
+        assert again.get_meta("k") == "after" and again.check_integrity() == []
+    finally:
+        again.close()

@@ -27,6 +27,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -52,6 +53,20 @@ from memoryos_gpu.store.wal import BACKSTOP_PAGES, WalCheckpointer
 from memoryos_gpu.store.write_gate import RewriteGate
 
 log = logging.getLogger("memoryos_gpu.store")
+
+#: The stores open in this process, for the fork hook (:func:`_disown_in_children`).
+_OPEN_STORES: weakref.WeakSet[SQLiteStore] = weakref.WeakSet()
+
+
+def _disown_in_children() -> None:
+    """In a forked child, every store the parent had open is the parent's (:meth:`_disown`):
+    a child that wrote through the inherited connection corrupted its parent's view, and one
+    that closed it rewrote or checkpointed the parent's file and cleared its lock record."""
+    for store in list(_OPEN_STORES):
+        store._disown()
+
+
+os.register_at_fork(after_in_child=_disown_in_children)
 
 SYNCHRONOUS = "FULL"  # an acknowledged page survives power loss, not only a process crash
 
@@ -158,6 +173,9 @@ class SQLiteStore(StoreReads, SQLiteErasure):
                 raise said or StoreError(f"cannot open store {self.path}: {exc}") from exc
             raise
         self._lock = threading.RLock()
+        self._opened_in = os.getpid()
+        self._forked = False  # set in a forked child (_disown_in_children)
+        _OPEN_STORES.add(self)
         if self.path != ":memory:":  # a file the erasure thread rewrites (erasure.py)
             self.rewrite_gate = RewriteGate()
         self._depth = 0
@@ -390,16 +408,44 @@ class SQLiteStore(StoreReads, SQLiteErasure):
 
     def _check_open(self) -> None:
         """StoreClosedError once :meth:`close` ran (call under the store lock): the statements
-        of a closed store would raise the driver's own error, which names no cause."""
+        of a closed store would raise the driver's own error, which names no cause. In a
+        forked child, always (:meth:`_disown`)."""
+        if self._forked:
+            raise StoreClosedError(
+                f"store {self.path} was opened in process {self._opened_in}, and process "
+                f"{os.getpid()} is a fork of it: a SQLite connection must not cross a fork "
+                "(its writes would collide with the parent's); open the store again in this "
+                "process"
+            )
         if self._closed:
             raise StoreClosedError(f"store {self.path} is closed")
+
+    def _disown(self) -> None:
+        """In a forked child: the store is the parent's. Its statements are refused
+        (:meth:`_check_open`), and its close touches nothing of the parent's (no checkpoint,
+        no rewrite of the file, no record cleared: :meth:`close`). A fresh store lock, since a
+        parent's thread may have held this one at the fork, and none of the parent's threads
+        (the checkpointer, the erasure timer) exists here."""
+        self._forked = True
+        self._lock = threading.RLock()
+        self._checkpointer = None
+        self._erasure_timer = None
 
     def close(self) -> None:
         """Close the connection and give the writer claim up (idempotent).
 
         The background checkpointer stops first: a checkpoint of its own in progress makes
         the erasure's truncation of the log fail at once (SQLite does not wait for it), and
-        the close warned "a reader holds the log" with no reader anywhere."""
+        the close warned "a reader holds the log" with no reader anywhere.
+
+        In a forked child only this process's descriptors of the writer lock close (the
+        claim, its record and the file stay the parent's); the connection is left to the
+        garbage collector, and nothing is checkpointed or rewritten."""
+        if self._forked:
+            if not self._closed:
+                self._closed = True
+                self._release_writer()
+            return
         with self._lock:
             if not self._closed:
                 if self._checkpointer is not None:

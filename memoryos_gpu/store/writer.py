@@ -267,6 +267,7 @@ class SQLiteWriterLock:
         # which the finalizer shares
         self._db_fds: list[int] = []
         self._finalizer: weakref.finalize | None = None
+        self._pid = 0  # the claiming process: only it clears the record (a forked child not)
 
     @property
     def held(self) -> bool:
@@ -304,10 +305,12 @@ class SQLiteWriterLock:
             if isinstance(exc, OSError):
                 raise self._lock_file_error("write", exc) from None
             raise
-        self._fd = fd
+        self._fd, self._pid = fd, os.getpid()
         # closes the file (so drops the flock) if this lock is collected unreleased; not at
         # exit, where the kernel drops it anyway and an engine's own close may still run
-        self._finalizer = weakref.finalize(self, _drop_claim, fd, self.store, self._db_fds)
+        self._finalizer = weakref.finalize(
+            self, _drop_claim, fd, self.store, self._db_fds, self._pid
+        )
         self._finalizer.atexit = False
         _after_claim(self.store)
 
@@ -356,7 +359,13 @@ class SQLiteWriterLock:
 
     def release(self) -> None:
         """Give the store up (idempotent); the record is cleared first. Called after the
-        store's connection closed (see :meth:`hold_database`)."""
+        store's connection closed (see :meth:`hold_database`).
+
+        In a forked child (a bare store opened before ``os.fork``, closed in the child) only
+        the child's copies of the descriptors close: the lock and the database's byte lock
+        are the parent's open file descriptions, held as long as the parent keeps its own
+        descriptors, and the record is the parent's too; clearing it made a second writer's
+        refusal name no holder while the parent still held the store."""
         fd, self._fd = self._fd, None
         if fd is None:
             return
@@ -364,7 +373,8 @@ class SQLiteWriterLock:
             self._finalizer.detach()  # the fds are closed here, once
             self._finalizer = None
         try:
-            os.ftruncate(fd, 0)
+            if os.getpid() == self._pid:
+                os.ftruncate(fd, 0)
         finally:
             os.close(fd)  # closing the file drops the flock
             while self._db_fds:
@@ -376,18 +386,24 @@ class SQLiteWriterLock:
 _DB_LOCK = struct.pack("hhqqi4x", getattr(fcntl, "F_WRLCK", 1), os.SEEK_SET, 1 << 62, 1, 0)
 
 
-def _drop_claim(fd: int, store: str, others: list[int]) -> None:
+def _drop_claim(fd: int, store: str, others: list[int], pid: int) -> None:
     """Give up the claim of a lock collected without :meth:`SQLiteWriterLock.release`: the
     record cleared, the files closed (which drops the locks). A ``ResourceWarning`` says so,
-    as for a file left open (Python shows it under ``-X dev`` or ``-W default``)."""
+    as for a file left open (Python shows it under ``-X dev`` or ``-W default``). In a forked
+    child (``pid`` is the claimer's) the descriptors close and nothing else: the claim is the
+    parent's (:meth:`SQLiteWriterLock.release`)."""
+    mine = os.getpid() == pid
     try:
-        os.ftruncate(fd, 0)
+        if mine:
+            os.ftruncate(fd, 0)
     except OSError:
         pass  # the record is only read while the lock is held: a stale one is never shown
     finally:
         os.close(fd)
         while others:
             os.close(others.pop())
+    if not mine:
+        return
     warnings.warn(
         f"store {store} was still open for writing when its engine was garbage-collected; "
         "its writer lock is given back now: close an engine (engine.close(), or "
