@@ -307,3 +307,47 @@ def test_a_write_during_a_rewrite_waits_and_retrievals_answer(
         assert result[0].page_id in {p["page_id"] for p in store.user_pages("alice")}
         got = eng.retrieve_many([("alice", "zebra mondays")], update_heat=False)[0]
         assert "zebra mondays" in str(got.all_pages())
+
+
+#: A shard engine's own writes (sharding.py, exchange.py, sharded_forget.py take the engine lock
+#: themselves, around the engine's methods): each passes the gate before that lock too.
+SHARD_WRITES: dict[str, Callable[[Any, int], Any]] = {
+    "delete": lambda e, page: e.delete_page(page),
+    "edit": lambda e, page: e.update_page(page, user_input="edited zebra text"),
+    "keyword marks": lambda e, _: e.save_keywords([0]),
+    "reanalyse": lambda e, page: e.reanalyse_pages([(page, "alice")]),
+}
+
+
+@pytest.mark.parametrize("write", list(SHARD_WRITES))
+def test_a_shard_engines_write_during_a_rewrite_waits_and_retrievals_answer(
+    tmp_path: Path, write: str
+) -> None:
+    from memoryos_gpu.distributed.sharding import ShardEngine
+
+    e = ShardEngine(EngineConfig(store=str(tmp_path / "s"), embedder="hashing"), shard=0, count=1)
+    try:
+        e.add_many(
+            [{"user_id": "bob", "user_input": "my vault code is 1234"}]
+            + [
+                {"user_id": "alice", "user_input": f"I run marathons, session {i}."}
+                for i in range(5)
+            ]
+            + [{"user_id": f"f{i % 20}", "user_input": "lorem ipsum " * 30} for i in range(600)]
+        )
+        store = e.store
+        page = store.user_pages("alice")[0]["page_id"]
+        held = HeldRewrite(store)
+        try:
+            assert e.delete_page(store.user_pages("bob")[0]["page_id"])
+            assert held.started.wait(WAIT_S), "the erasure thread's rewrite never began"
+            writing, _ = started(lambda: SHARD_WRITES[write](e, page))
+            time.sleep(SHORT_S)
+            _retrieves_promptly(e)
+            assert writing.is_alive(), "the write did not wait for the rewrite"
+        finally:
+            held.release.set()
+        assert joined(writing), "the write never finished after the rewrite"
+        store._db = held.real
+    finally:
+        e.close()

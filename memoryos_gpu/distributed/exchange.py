@@ -64,7 +64,8 @@ class KeywordExchange:
     """The keyword-statistics side of a shard engine (mixed into
     :class:`~memoryos_gpu.distributed.sharding.ShardEngine`, before ``MemoryEngine``): the texts
     accepted since the last exchange, the deltas it sends, the deltas it adds, and the exchange
-    marks saved with its statistics. Uses the engine's ``extractor``, ``store`` and ``_lock``,
+    marks saved with its statistics. Uses the engine's ``extractor``, ``store``, ``_lock`` and
+    ``_state`` (its ``locked()``: the rewrite gate, then the engine lock, for a store write),
     and the shard engine's ``owns`` and ``shard_count``."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -198,14 +199,14 @@ class KeywordExchange:
     def apply_exchange(self, delta: dict[str, Any], through: list[int]) -> None:
         """Receiver side: add the other shards' frequencies and save them with the new marks in
         one write, so a statistic and the mark that says it is counted are never apart."""
-        with self._lock:
+        with self._state.locked():  # touches the store: the rewrite gate first (engine/state.py)
             self.apply_keyword_delta(delta)
             self.save_keywords(through)
 
     def save_keywords(self, through: list[int]) -> None:
         """The keyword statistics as the engine saves them (the state and the page watermark
         the open refits from), plus the exchange marks ``through``."""
-        with self._lock:
+        with self._state.locked():
             state = {
                 **self.extractor.to_dict(),
                 "page_watermark": self.page_watermark(),

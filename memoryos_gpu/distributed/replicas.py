@@ -108,7 +108,7 @@ class AssistantReplicas:
         facts = [Fact(*f) for f in facts]  # over Ray: plain tuples are accepted too
         if not facts:
             return []
-        with self._lock:
+        with self._state.locked():  # touches the store: the rewrite gate first (engine/state.py)
             emb = encode_checked(self.embedder, [f.text for f in facts])
             # the rings change as the transaction goes (reloaded from the store if it fails);
             # committed under the lock this method holds (it answers what the rings hold)
@@ -144,7 +144,7 @@ class AssistantReplicas:
         every later copy."""
         if not entries:
             return
-        with self._lock:
+        with self._state.locked():
             if self.shared_store:
                 self._reload_assistants(sorted({e.assistant_id for e in entries}))
                 return

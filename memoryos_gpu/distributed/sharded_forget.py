@@ -65,7 +65,7 @@ def forget_learned_from(
     e: ShardEngine, user_id: str, pages: Sequence[int] | None = None
 ) -> Learned:
     """Step 1 on one shard (see the module docstring)."""
-    with e._lock:
+    with e._state.locked():  # touches the store: the rewrite gate first (engine/state.py)
         e.store.begin_erasure()
         with e.store.transaction() as db:
             gone = forget_learned(
@@ -84,7 +84,7 @@ def drop_assistant_entries(
     how many. ``superseded``: the owner superseded them instead, the rows stay as history (not
     live). A shared store holds one row per entry, already changed by its owner: the shard
     re-reads every assistant ring it holds."""
-    with e._lock:
+    with e._state.locked():
         if e.shared_store:
             e._reload_assistants(sorted(e._state.assistant_owner))
             return 0
@@ -123,7 +123,7 @@ def user_keyword_delta(
 def forget_keyword_delta(e: ShardEngine, delta: dict[str, Any]) -> None:
     """Step 3, every other shard: un-count those frequencies (a word no document holds any
     more is dropped) and rewrite the saved copy at once, so it does not keep them."""
-    with e._lock:
+    with e._state.locked():
         if e.extractor.n_docs <= _own_pages(e):
             return  # it counts no other shard's page (never exchanged): nothing of them to take
         df = e.extractor.df
@@ -146,7 +146,7 @@ def _own_pages(e: ShardEngine) -> int:
 def reanalyse_pages(e: ShardEngine, pages: Sequence[tuple[int, str]]) -> list[int]:
     """Step 4 on one shard: the pages it holds are marked unanalysed and their segments queued
     for promotion (the next ``process_pending`` derives their facts again)."""
-    with e._lock, e.store.transaction() as db:
+    with e._state.locked(), e.store.transaction() as db:
         return reanalyse(db, pages)
 
 

@@ -123,14 +123,14 @@ class ShardEngine(KeywordExchange, AssistantReplicas, MemoryEngine):
     def delete_user(self, user_id: str) -> bool:
         """The engine's delete, and the user's facts still in the outbox go too (they were
         not routed to their owner yet)."""
-        with self._lock:
+        with self._state.locked():  # touches the store: the rewrite gate first (engine/state.py)
             self._outbox = [f for f in self._outbox if f.source_user != user_id]
             return super().delete_user(user_id)
 
     def delete_page(self, page_id: int) -> bool:
         """The engine's delete; the page's facts still in the outbox go too (their other
         pages are re-analysed)."""
-        with self._lock:
+        with self._state.locked():
             self._drop_outbox_of(page_id)
             return super().delete_page(page_id)
 
@@ -139,7 +139,7 @@ class ShardEngine(KeywordExchange, AssistantReplicas, MemoryEngine):
     ) -> dict[str, Any]:
         """The engine's edit; the facts of the page's old text still in the outbox go too."""
         sharded_forget.check_edit(user_input, agent_response)
-        with self._lock:
+        with self._state.locked():
             self._drop_outbox_of(page_id)
             return super().update_page(
                 page_id, user_input=user_input, agent_response=agent_response
