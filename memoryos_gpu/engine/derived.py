@@ -47,8 +47,10 @@ class DerivedWork:
         # condition releases that lock (even when the caller holds it), so a waiter never
         # blocks the round it waits for
         self._idle = threading.Condition(state.lock)
-        self._holder: int | None = None
-        self._depth = 0  # the holder may take the lease again (a hook that calls promote)
+        # (holder thread id, depth): one attribute, so that taking or giving the lease back is
+        # one assignment a Ctrl-C lands wholly before or after; the holder may take the lease
+        # again (a hook that calls promote)
+        self._lease: tuple[int | None, int] = (None, 0)
 
     @contextmanager
     def lease(self) -> Iterator[None]:
@@ -60,19 +62,26 @@ class DerivedWork:
         thread that holds it.
         """
         me = threading.get_ident()
-        with self._idle:
-            while self._holder not in (None, me):
-                self._idle.wait()
-            self._holder = me
-            self._depth += 1
+        taken = (me, -1)  # the lease as this call leaves it taken (-1: not taken yet)
+        # ``with`` the engine lock itself, not the condition over it: the condition's
+        # ``__exit__`` is Python, where a Ctrl-C can land before it releases the lock
         try:
+            with self._s.lock:
+                while self._lease[0] not in (None, me):
+                    self._idle.wait()
+                taken = (me, self._lease[1] + 1)
+                self._lease = taken
             yield
         finally:
-            with self._idle:
-                self._depth -= 1
-                if not self._depth:
-                    self._holder = None
-                    self._idle.notify_all()
+            # given back as this call found it, judged from the lease itself: with the taking
+            # outside the ``try``, a Ctrl-C landing between the two left the lease held for
+            # good, every other caller's round waiting on it
+            with self._s.lock:
+                if self._lease == taken:
+                    depth = taken[1] - 1
+                    self._lease = (me if depth else None, depth)
+                    if not depth:
+                        self._idle.notify_all()
 
     def process_pending(
         self,

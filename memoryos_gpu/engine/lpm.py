@@ -93,8 +93,9 @@ class LongTerm:
         outcomes = [next(found) if _staged(read, p) else None for p in read.parts]
         facts, fact_of = self._facts(read, outcomes)
         fact_emb = encode_checked(s.embedder, [f[2] for f in facts]) if facts else None
-        with s.write_transaction() as db:  # redone from pending if lost
-            return self._apply_promotions(db, read, outcomes, facts, fact_of, fact_emb)
+        return s.in_write_transaction(  # redone from pending if lost
+            lambda db: self._apply_promotions(db, read, outcomes, facts, fact_of, fact_emb)
+        )
 
     def _read_promotions(self) -> _PromotionInput:
         """The queued promotions and their stage inputs (one query for every promoted

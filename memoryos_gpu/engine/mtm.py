@@ -82,15 +82,21 @@ class Segments:
         done = self._run_stages(waves)
         if not done:
             return gone
-        with s.write_transaction() as db:
-            # redone from pending if lost; the waves share the transaction (not a savepoint
-            # each: SQLite copies every page a savepoint changes to a journal of its own)
-            writes = RoundWrites()
-            for read, out in zip(waves, done, strict=True):
-                gone += self._apply_round(db, read, out, writes)
-            writes.flush(db, s.arena)
-            s.queue_changes += 1
-            return gone + len(writes.done)
+        # redone from pending if lost
+        return gone + s.in_write_transaction(lambda db: self._apply_waves(db, waves, done))
+
+    def _apply_waves(self, db: Any, waves: list[RoundInput], done: list[RoundOutput]) -> int:
+        """The round's waves applied in the transaction ``db`` (one for the round, not a
+        savepoint a wave: SQLite copies every page a savepoint changes to a journal of its
+        own); returns how many items left the queue (applied, or gone)."""
+        s = self._s
+        gone = 0
+        writes = RoundWrites()
+        for read, out in zip(waves, done, strict=True):
+            gone += self._apply_round(db, read, out, writes)
+        writes.flush(db, s.arena)
+        s.queue_changes += 1
+        return gone + len(writes.done)
 
     def _read_round(self, items: list[WorkItem]) -> tuple[list[RoundInput], int]:
         """A round's stage inputs by wave, read under the lock: the pages, their embeddings

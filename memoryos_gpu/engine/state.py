@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -41,6 +41,8 @@ from memoryos_gpu.text.vocabulary import UserVocabulary
 from memoryos_gpu.types import AddResult, PageInput, Retrieval
 
 from .full_disk import FullDiskGate
+
+T = TypeVar("T")
 
 DEFAULT_ASSISTANT = "default"
 
@@ -309,6 +311,31 @@ class EngineState:
         self.full_disk.check()
         with self.using_store():
             yield from self._write_transaction(durability, reload_on_error, undo)
+
+    def in_write_transaction(
+        self,
+        body: Callable[[Any], T],
+        durability: Durability = "none",
+        *,
+        reload_on_error: bool = True,
+        undo: Callable[[], None] | None = None,
+    ) -> T:
+        """``body(db)`` in :meth:`write_transaction` (same arguments); returns what it returns.
+
+        Not a ``with``: a ``with``'s entry and exit run outside the statement's protection, so
+        a Ctrl-C landing as the exit (or the entry) began left the transaction open and the
+        engine lock held until the garbage collector closed the generator (every other
+        thread's call waiting meanwhile). Here both run inside the ``try``: an interrupt
+        anywhere rolls back what is still open, or finds the COMMIT done."""
+        tx = self.write_transaction(durability, reload_on_error=reload_on_error, undo=undo)
+        try:
+            db = tx.__enter__()
+            out = body(db)
+            tx.__exit__(None, None, None)  # the COMMIT
+        except BaseException as exc:
+            tx.__exit__(type(exc), exc, exc.__traceback__)  # rolls back what is still open
+            raise
+        return out
 
     def _write_transaction(
         self, durability: Durability, reload_on_error: bool, undo: Callable[[], None] | None

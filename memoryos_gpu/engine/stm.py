@@ -88,20 +88,12 @@ class ShortTerm:
         are committed.
         """
         learned: list[str] = []  # the texts the statistics learned, filled by _show
-        tx = self._s.write_transaction(
-            "deferred", reload_on_error=False, undo=lambda: self._unlearn(learned)
+        return self._s.in_write_transaction(
+            lambda db: self._write(db, items, prepared, learned),
+            "deferred",
+            reload_on_error=False,
+            undo=lambda: self._unlearn(learned),
         )
-        # not a ``with``: its exit runs outside the statement's protection, so a Ctrl-C landing
-        # as the exit (or the entry) starts left the transaction open, and the engine lock
-        # held, until the garbage collector closed it; here both are inside the try
-        try:
-            db = tx.__enter__()
-            results = self._write(db, items, prepared, learned)
-            tx.__exit__(None, None, None)  # the COMMIT
-        except BaseException as exc:
-            tx.__exit__(type(exc), exc, exc.__traceback__)  # rolls back what is still open
-            raise
-        return results
 
     def _write(
         self, db: Any, items: list[PageInput], prepared: Prepared | None, learned: list[str]

@@ -427,8 +427,9 @@ class PostgresStore(SQLiteStore):
                     self._depth -= 1
                 return
             with self._failures():
-                conn = self._getconn()
-                try:
+                conn = None
+                try:  # the connection taken inside: a Ctrl-C after it still gives it back
+                    conn = self._getconn()
                     conn.execute("BEGIN READ WRITE" if self._migrating else "BEGIN")
                     if durability == "none":
                         conn.execute("SET LOCAL synchronous_commit TO OFF")
@@ -449,7 +450,8 @@ class PostgresStore(SQLiteStore):
                         self._tx = self._tx_owner = None
                         self._depth = 0
                 finally:
-                    self._pool.putconn(conn)
+                    if conn is not None:  # one left in a transaction is rolled back by the pool
+                        self._pool.putconn(conn)
 
     @contextmanager
     def _snapshot(self) -> Iterator[PgConnection]:  # type: ignore[override]
@@ -465,28 +467,33 @@ class PostgresStore(SQLiteStore):
                 view.close_cursors()
             return
         with self._failures():
-            conn = self._getconn()
-            view = PgConnection(conn, server_side=True)
-            try:
+            conn = view = None
+            try:  # the connection taken inside: a Ctrl-C after it still gives it back
+                conn = self._getconn()
+                view = PgConnection(conn, server_side=True)
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 yield view
             finally:
-                view.close_cursors()
-                if conn.info.transaction_status != TransactionStatus.IDLE:
-                    with suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")  # read only: nothing to commit
-                self._pool.putconn(conn)
+                if view is not None:
+                    view.close_cursors()
+                if conn is not None:
+                    if conn.info.transaction_status != TransactionStatus.IDLE:
+                        with suppress(psycopg.Error):
+                            conn.execute("ROLLBACK")  # read only: nothing to commit
+                    self._pool.putconn(conn)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         tx = self._own_tx()
         if tx is not None:
             return tx.execute(sql, params).fetchall()
         with self._failures():
-            conn = self._getconn()
+            conn = None
             try:
+                conn = self._getconn()
                 return PgConnection(conn).execute(sql, params).fetchall()
             finally:
-                self._pool.putconn(conn)
+                if conn is not None:
+                    self._pool.putconn(conn)
 
     def close(self) -> None:
         """Close every pooled connection and give the writer claim up (idempotent)."""

@@ -388,8 +388,8 @@ class SQLiteStore(StoreReads, SQLiteErasure):
             if self._db.in_transaction:
                 yield self._db
                 return
-            self._db.execute("BEGIN")
-            try:
+            try:  # BEGIN inside: a Ctrl-C after it still ends the read transaction
+                self._db.execute("BEGIN")
                 yield self._db
             finally:
                 if self._db.in_transaction:
