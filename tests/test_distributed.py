@@ -456,6 +456,28 @@ def _start_serve(serve: Any, attempts: int = 3) -> int:
     raise AssertionError("unreachable")
 
 
+def _pages_added_by_shard(c: Any, admin: dict[str, str], total: int) -> dict[str, float]:
+    """``memoryos_engine_events_total{event="pages_added"}`` by ``shard`` from ``/metrics``,
+    once the router's refresh (every sync) has the shards' counts of ``total`` pages."""
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    added: dict[str, float] = {}
+    for _ in range(60):
+        text = c.get("/metrics", headers=admin).text
+        added = {
+            s.labels.get("shard", ""): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "memoryos_engine_events_total" and s.labels["event"] == "pages_added"
+        }
+        if sum(added.values()) >= total:
+            break
+        time.sleep(0.5)
+    return added
+
+
 def test_serve_app_answers_the_http_api_with_auth(ray_local, tmp_path):
     import httpx
 
@@ -512,8 +534,15 @@ def test_serve_app_answers_the_http_api_with_auth(ray_local, tmp_path):
             assert c.get(f"/v1/users/{u0}/export", headers=a).json()["user"]["user_id"] == u0
             assert c.get("/v1/stats", headers=a).json() == {"tenant": "acme", "users": len(users)}
             admin = {"Authorization": "Bearer key-admin-333"}
+            added = _pages_added_by_shard(c, admin, len(pages))
+            assert set(added) == {"0", "1"} and sum(added.values()) == len(pages), added
             stats = c.get("/v1/stats", headers=admin).json()
             assert stats["engine"]["shard_count"] == 2 and stats["users"] == len(users)
+            shards = stats["server"]["shards"]  # each shard's state and health, as --engines
+            assert [(s["shard"], s["state"], s["degraded"]) for s in shards] == [
+                (0, "ready", []),
+                (1, "ready", []),
+            ], shards
             url = f"/v1/users/{u0}/pages/{page_id}"  # page changes: the router, every shard
             edited = c.patch(url, json={"user_input": "I sail in Oslo now."}, headers=a)
             assert edited.status_code == 200, edited.text

@@ -279,3 +279,62 @@ def test_a_full_disk_keeps_ready_200_and_says_store_full(tmp_path: Path) -> None
             assert stats["degraded"] == [] and stats["llm_backend"] is None
     finally:
         engine.close()
+
+
+def test_the_ray_router_exports_each_shards_engine_series() -> None:
+    """``serve --ray``'s ``/metrics`` had the router's own series only: no engine counters, no
+    queue depths, no degraded state of any shard. The router keeps each shard's last status
+    (``MemoryService.status``, as an engine process sends its workers) and exports it
+    labelled ``shard``, as ``serve --engines K`` does."""
+    from memoryos_gpu.config import EngineConfig as Config
+    from memoryos_gpu.distributed.ray_router import RouterService
+    from memoryos_gpu.server.service import MemoryService
+    from memoryos_gpu.server.settings import ServerSettings
+
+    engines = [
+        MemoryEngine(EngineConfig(store=":memory:", embedder="hashing", device="cpu"))
+        for _ in range(2)
+    ]
+    engines[0].add_many(_pages(2, 3))
+    engines[1].add_many(_pages(1, 2))
+    settings = ServerSettings(derived_max_wait_ms=0, close_engine=True)
+    services = [MemoryService(e, settings) for e in engines]
+
+    class Router(RouterService):
+        async def _ask_all(self, method: str, *args: Any) -> list[Any]:
+            assert method == "status"
+            return [
+                {**await svc.status(), "shard": i, "users": svc.known_users()}
+                for i, svc in enumerate(services)
+            ]
+
+    async def scraped() -> dict[str, Any]:
+        for svc in services:
+            await svc.start()
+        router = Router([None, None], Config(), sync_interval_s=None)
+        metrics = ServerMetrics(router)
+        try:
+            await router.refresh()
+            return {
+                "added": [
+                    _sample(metrics, "memoryos_engine_events_total", event="pages_added", shard=s)
+                    for s in ("0", "1")
+                ],
+                "unlabelled": _sample(metrics, "memoryos_engine_events_total", event="pages_added"),
+                "store_full": [
+                    _sample(metrics, "memoryos_degraded", state="store_full", shard=s)
+                    for s in ("0", "1")
+                ],
+                "depth": [
+                    _sample(metrics, "memoryos_queue_depth", queue="retrieve", shard=s)
+                    for s in ("0", "1")
+                ],
+            }
+        finally:
+            metrics.close()
+            for svc in services:
+                await svc.close()
+
+    got = asyncio.run(scraped())
+    assert got["added"] == [6, 2] and got["unlabelled"] is None, got
+    assert got["store_full"] == [0, 0] and got["depth"] == [0, 0], got

@@ -30,6 +30,7 @@ from memoryos_gpu.distributed.ray_routing import (
 )
 from memoryos_gpu.distributed.sharded_forget import check_edit, forget_everywhere_async
 from memoryos_gpu.errors import UnknownItemError
+from memoryos_gpu.server.remote_service import StatusPart
 from memoryos_gpu.server.scope import RetrievalBodies, done_writing
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
@@ -70,6 +71,10 @@ class RouterService(RetrievalBodies):
         self._user_writes: Counter[str] = Counter()
         self._batching: dict[str, Any] = {}
         self._derived_runs = 0
+        # each shard as ``/metrics`` reads it (queue depths, health, engine counters, labelled
+        # ``shard``), from the statuses of the last refresh: a scrape is answered from memory,
+        # not by asking every shard
+        self.parts: list[Any] = []
         self._task: asyncio.Task | None = None
         self._loading: asyncio.Task | None = None
         # held by a sync (facts taken from the outboxes until the owners committed them) and by
@@ -317,6 +322,7 @@ class RouterService(RetrievalBodies):
         self.pending = sum(int(s["pending"]) for s in statuses)
         self._derived_runs = sum(int(s["derived_runs"]) for s in statuses)
         self._batching = {f"shard-{s['shard']}": s["batching"] for s in statuses}
+        self.parts = [StatusPart(s) for s in statuses]
 
     # ------------------------------------------------------------------ state
     @property

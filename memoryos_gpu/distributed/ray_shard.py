@@ -152,16 +152,13 @@ class ShardReplica:
         return await self._boxed(self.service.wait_for_user, user_id, timeout)
 
     async def status(self) -> Any:
-        """Users, queue statistics and pending work (the router's cached view)."""
+        """Users, queue statistics, pending work, health and the engine's counters (the
+        router's cached view, which its ``/metrics`` reads: ``MemoryService.status``)."""
         return await self._boxed(self._status)
 
     async def _status(self) -> dict[str, Any]:
         svc = self.service
-        return {
-            "shard": self.shard,
-            "state": svc.state,
-            "users": svc.known_users(),
-            "batching": svc.batch_stats(),
-            "derived_runs": svc._derived_runs,
-            "pending": await svc.call(svc.engine.pending_count),
-        }
+        out = {**await svc.status(), "shard": self.shard, "users": svc.known_users()}
+        if "pending" not in out:  # not loaded yet: refused, as the router expects
+            out["pending"] = await svc.call(svc.engine.pending_count)
+        return out

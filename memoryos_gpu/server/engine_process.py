@@ -24,7 +24,6 @@ the same SIGTERM if the supervisor dies without stopping it (SIGKILL;
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -325,27 +324,4 @@ class EngineServer:
 
     async def status(self) -> dict[str, Any]:
         """What the workers cache: lifecycle state, queue statistics, gauges, the config."""
-        s = self.service
-        out: dict[str, Any] = {
-            "state": s.state,
-            "error": s.error,
-            "batching": s.batch_stats(),
-            "depths": s.queue_depths(),
-            "derived_runs": s._derived_runs,
-            "health": s.health(),
-        }
-        engine = s.engine
-        if engine is None or not s.ready:
-            return out
-        stats = getattr(getattr(engine, "stages", None), "stats", None)
-        with contextlib.suppress(Exception):  # the store may be closing
-            out["pending"] = await s.call(engine.pending_count)
-        out.update(
-            has_llm=s.has_llm,
-            config=getattr(engine, "config", None),
-            memory=getattr(engine, "memory", None),
-            embedder_dim=getattr(getattr(engine, "embedder", None), "dim", 0),
-            counters=dict(getattr(engine, "counters", None) or {}),
-            llm=stats.as_dict() if stats is not None else None,
-        )
-        return out
+        return await self.service.status()

@@ -116,6 +116,34 @@ class RemoteEngine(_Remote):
         return int(self._service.client.request_sync("call", "pending_count", (user_id,), {}))
 
 
+class StatusPart:
+    """An engine (a shard) as ``/metrics`` reads it, from the last status snapshot it sent
+    (:meth:`~memoryos_gpu.server.service.MemoryService.status`): for a router that keeps its
+    shards' statuses (``serve --ray``), as a worker's :class:`RemoteService` keeps its engine
+    process's. Its state, queue depths, health, and the engine's counters and LLM statistics
+    (:class:`RemoteEngine` over the snapshot); ``/v1/stats`` reads the first two per shard."""
+
+    def __init__(self, status: dict[str, Any]) -> None:
+        self._status = status
+        self.engine = RemoteEngine(self)  # type: ignore[arg-type]  # reads snapshot() only
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._status
+
+    @property
+    def state(self) -> str:
+        return str(self._status.get("state", "unknown"))
+
+    def queue_depths(self) -> dict[str, int]:
+        return dict(self._status.get("depths", {}))
+
+    def health(self) -> dict[str, Any]:
+        runs = int(self._status.get("derived_runs", 0))
+        return dict(
+            self._status.get("health") or {"degraded": [], "llm": None, "derived_runs": runs}
+        )
+
+
 class RemoteService:
     """The HTTP app's service in a worker process: every engine request goes to the engine
     process. ``engine_pid``: returns the engine process's pid (0 while none runs)."""

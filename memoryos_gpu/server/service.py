@@ -950,6 +950,35 @@ class MemoryService:
             degraded.append("llm_unavailable")
         return {"degraded": degraded, "llm": llm, "derived_runs": self._derived_runs}
 
+    async def status(self) -> dict[str, Any]:
+        """What a process that serves no engine itself reads of this one, as a snapshot it
+        refreshes (a ``--workers`` worker, ``--engines``' router, ``--ray``'s router):
+        lifecycle state, queue statistics, health, and once loaded the gauges, counters and
+        config that its routes and ``/metrics`` read (:mod:`~memoryos_gpu.server.metrics`)."""
+        out: dict[str, Any] = {
+            "state": self.state,
+            "error": self.error,
+            "batching": self.batch_stats(),
+            "depths": self.queue_depths(),
+            "derived_runs": self._derived_runs,
+            "health": self.health(),
+        }
+        engine = self.engine
+        if engine is None or not self.ready:
+            return out
+        stats = getattr(getattr(engine, "stages", None), "stats", None)
+        with contextlib.suppress(Exception):  # the store may be closing
+            out["pending"] = await self.call(engine.pending_count)
+        out.update(
+            has_llm=self.has_llm,
+            config=getattr(engine, "config", None),
+            memory=getattr(engine, "memory", None),
+            embedder_dim=getattr(getattr(engine, "embedder", None), "dim", 0),
+            counters=dict(getattr(engine, "counters", None) or {}),
+            llm=stats.as_dict() if stats is not None else None,
+        )
+        return out
+
 
 def _llm_backend(engine: Any) -> Any:
     """``engine``'s LLM backend; None in the extractive mode or for a proxy of a remote
