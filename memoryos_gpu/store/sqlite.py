@@ -119,6 +119,9 @@ class SQLiteStore(StoreReads, SQLiteErasure):
     #: Times this store's writer claim was found lost (PostgreSQL: its session dropped by a
     #: server restart); a file lock is never lost. The engine reloads when it moves.
     claims_lost: int = 0
+    #: Set in a forked child (:meth:`_disown`): the store is the parent's. A class default, so
+    #: a backend that opens without this class's ``__init__`` (PostgreSQL) has it too.
+    _forked: bool = False
 
     #: Whether the store is encrypted at rest (its key is never kept on the object).
     encrypted: bool = False
@@ -174,7 +177,6 @@ class SQLiteStore(StoreReads, SQLiteErasure):
             raise
         self._lock = threading.RLock()
         self._opened_in = os.getpid()
-        self._forked = False  # set in a forked child (_disown_in_children)
         _OPEN_STORES.add(self)
         if self.path != ":memory:":  # a file the erasure thread rewrites (erasure.py)
             self.rewrite_gate = RewriteGate()
