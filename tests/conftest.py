@@ -168,6 +168,22 @@ def ray_local() -> Iterator[Any]:
         ray.shutdown()
 
 
+def chain_engine(store: str, pages: int) -> MemoryEngine:
+    """An engine whose every page after the first continues the chain (the scripted LLM says
+    so, ``p0`` .. ``p{pages-1}``), each with a new meta; STM holds one page, so every add
+    sends the previous one towards MTM; derived work waits for ``process_pending``."""
+    script = {f"p{i}": {"continuous": i > 0, "meta": f"meta {i}"} for i in range(pages)}
+    cfg = EngineConfig(
+        memory=preset("paper", stm_capacity=1),
+        llm=LLMConfig(mode="llm", backend="scripted"),
+        embedder="hashing",
+        device="cpu",
+        store=store,
+        auto_process=False,
+    )
+    return MemoryEngine(cfg, embedder=TableEmbedder(), llm=ScriptedBackend(Script(pages=script)))
+
+
 @pytest.fixture(scope="session")
 def kit() -> SimpleNamespace:
     """The helpers above, as a fixture: ``from conftest import`` is ambiguous because
@@ -179,6 +195,7 @@ def kit() -> SimpleNamespace:
         device=TEST_DEVICE,
         score_tol=score_tol,
         pipe=pipe,
+        chain_engine=chain_engine,
     )
 
 

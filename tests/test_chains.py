@@ -9,26 +9,7 @@ from typing import Any
 
 import pytest
 
-from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.engine import MemoryEngine
-from memoryos_gpu.llm.scripted import ScriptedBackend
-
-
-def _engine(kit, store: str, pages: int) -> MemoryEngine:
-    """Every page after the first continues the chain (the scripted LLM says so), each with
-    a new meta; STM holds one page, so every add sends the previous one towards MTM."""
-    script = {f"p{i}": {"continuous": i > 0, "meta": f"meta {i}"} for i in range(pages)}
-    cfg = EngineConfig(
-        memory=preset("paper", stm_capacity=1),
-        llm=LLMConfig(mode="llm", backend="scripted"),
-        embedder="hashing",
-        device="cpu",
-        store=store,
-        auto_process=False,
-    )
-    return MemoryEngine(
-        cfg, embedder=kit.TableEmbedder(), llm=ScriptedBackend(kit.Script(pages=script))
-    )
 
 
 def _rows_written(eng: MemoryEngine) -> int:
@@ -38,7 +19,7 @@ def _rows_written(eng: MemoryEngine) -> int:
 
 def test_a_growing_chain_writes_the_same_rows_per_page(kit, tmp_path) -> None:
     n = 60
-    eng = _engine(kit, str(tmp_path / "chain.sqlite3"), n)
+    eng = kit.chain_engine(str(tmp_path / "chain.sqlite3"), n)
     try:
         written = []
         for i in range(n):
@@ -58,7 +39,7 @@ def test_a_growing_chain_writes_the_same_rows_per_page(kit, tmp_path) -> None:
         assert eng.stats()["views"]["chains"] == 1
     finally:
         eng.close()
-    again = _engine(kit, str(tmp_path / "chain.sqlite3"), n)
+    again = kit.chain_engine(str(tmp_path / "chain.sqlite3"), n)
     try:
         shown = again.retrieve_many([("u", "p3")], update_heat=False)[0]
         assert shown.pages and all(p.meta == f"meta {n - 2}" for p in shown.pages)
@@ -67,7 +48,7 @@ def test_a_growing_chain_writes_the_same_rows_per_page(kit, tmp_path) -> None:
 
 
 def test_deleting_a_chains_pages_removes_its_row(kit, tmp_path) -> None:
-    eng = _engine(kit, str(tmp_path / "gone.sqlite3"), 4)
+    eng = kit.chain_engine(str(tmp_path / "gone.sqlite3"), 4)
     try:
         ids = [eng.add("u", f"p{i}", f"r{i}", timestamp=float(i)).page_id for i in range(4)]
         eng.process_pending()

@@ -26,9 +26,8 @@ from typing import Any
 
 import pytest
 
-from memoryos_gpu.config import EngineConfig, LLMConfig, preset
+from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine import MemoryEngine
-from memoryos_gpu.llm.scripted import ScriptedBackend
 from memoryos_gpu.store.sqlite import SQLiteStore
 
 SECRET = "zqkumquatvault"  # bob's first page only
@@ -261,27 +260,11 @@ def test_the_close_stops_the_background_checkpoint_before_its_erasure(tmp_path: 
     assert alive == [False]
 
 
-def _chain_engine(kit: Any, store: str, pages: int) -> MemoryEngine:
-    """Every page continues the chain (the scripted LLM says so); STM holds one page."""
-    script = {f"p{i}": {"continuous": i > 0, "meta": f"meta {i}"} for i in range(pages)}
-    cfg = EngineConfig(
-        memory=preset("paper", stm_capacity=1),
-        llm=LLMConfig(mode="llm", backend="scripted"),
-        embedder="hashing",
-        device="cpu",
-        store=store,
-        auto_process=False,
-    )
-    return MemoryEngine(
-        cfg, embedder=kit.TableEmbedder(), llm=ScriptedBackend(kit.Script(pages=script))
-    )
-
-
 def test_a_page_deletion_unlinks_and_clears_by_index(kit: Any, tmp_path: Path) -> None:
     """The neighbours' links and the page's audit events were found by scanning ``pages``
     (twice) and ``audit``: ~80 ms a deletion at 60,000 pages, under the engine lock. They are
     found through the page's chain and its user now, and still all of them."""
-    eng = _chain_engine(kit, str(tmp_path / "c.sqlite3"), 5)
+    eng = kit.chain_engine(str(tmp_path / "c.sqlite3"), 5)
     try:
         ids = [eng.add("u", f"p{i}", f"r{i}", timestamp=float(i)).page_id for i in range(5)]
         eng.process_pending()
@@ -324,7 +307,7 @@ def test_a_chain_head_with_no_chain_id_is_unlinked_too(kit: Any, tmp_path: Path)
     """A page that heads its chain with no chain id of its own (its followers bear its page
     id: ``COALESCE(chain_id, page_id)`` in ``mtm.py``) is outside the chain's index: its link
     to a deleted follower is found by the follower's own ``prev_page``."""
-    eng = _chain_engine(kit, str(tmp_path / "h.sqlite3"), 4)
+    eng = kit.chain_engine(str(tmp_path / "h.sqlite3"), 4)
     try:
         ids = [eng.add("u", f"p{i}", f"r{i}", timestamp=float(i)).page_id for i in range(4)]
         eng.process_pending()
