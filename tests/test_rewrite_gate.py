@@ -23,8 +23,9 @@ import pytest
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine import MemoryEngine
 from memoryos_gpu.engine.state import EngineState
+from memoryos_gpu.shared_gate import SharedGate
 from memoryos_gpu.store.sqlite import SQLiteStore
-from memoryos_gpu.store.write_gate import NO_REWRITES, RewriteGate
+from memoryos_gpu.store.write_gate import NO_REWRITES
 
 WAIT_S = 10.0  # what must happen at once is given this long (never reached)
 SHORT_S = 0.3  # how long something that must wait is watched waiting
@@ -60,7 +61,7 @@ class Holder:
 
 # ------------------------------------------------------------------------------ the gate
 def test_users_overlap() -> None:
-    gate = RewriteGate()
+    gate = SharedGate()
     a, b = Holder(gate.enter), Holder(gate.enter)
     assert a.inside.wait(WAIT_S) and b.inside.wait(WAIT_S)  # both inside at once
     a.leave.set(), b.leave.set()
@@ -68,12 +69,12 @@ def test_users_overlap() -> None:
 
 
 def test_a_rewrite_waits_for_the_users_inside_and_holds_new_ones() -> None:
-    gate = RewriteGate()
+    gate = SharedGate()
     user = Holder(gate.enter)
     assert user.inside.wait(WAIT_S)
-    rewrite = Holder(gate.rewrite)
+    rewrite = Holder(gate.exclusive)
     assert not rewrite.inside.wait(SHORT_S)  # a user is inside
-    assert gate.rewriting
+    assert gate.exclusive_waiting
     newcomer = Holder(gate.enter)
     assert not newcomer.inside.wait(SHORT_S)  # a rewrite waits: new users wait behind it
     user.leave.set()
@@ -83,11 +84,11 @@ def test_a_rewrite_waits_for_the_users_inside_and_holds_new_ones() -> None:
     assert newcomer.inside.wait(WAIT_S)  # let in once it is done
     newcomer.leave.set()
     assert joined(user.thread) and joined(rewrite.thread) and joined(newcomer.thread)
-    assert not gate.rewriting
+    assert not gate.exclusive_waiting
 
 
 def test_a_thread_inside_enters_again_without_waiting() -> None:
-    gate = RewriteGate()
+    gate = SharedGate()
     again, out = threading.Event(), threading.Event()
     waiting = threading.Event()
 
@@ -100,8 +101,8 @@ def test_a_thread_inside_enters_again_without_waiting() -> None:
 
     t = threading.Thread(target=user, daemon=True)
     t.start()
-    rewrite = Holder(gate.rewrite)
-    assert _until(lambda: gate.rewriting)
+    rewrite = Holder(gate.exclusive)
+    assert _until(lambda: gate.exclusive_waiting)
     waiting.set()
     assert again.wait(WAIT_S) and out.wait(WAIT_S)
     assert rewrite.inside.wait(WAIT_S)
@@ -112,11 +113,11 @@ def test_a_thread_inside_enters_again_without_waiting() -> None:
 def test_an_entry_that_must_not_wait_does_not_wait() -> None:
     """``wait=False`` (the caller holds the engine lock): in while a rewrite waits, and while
     one runs; the rewrite waits for it to leave."""
-    gate = RewriteGate()
+    gate = SharedGate()
     user = Holder(gate.enter)
     assert user.inside.wait(WAIT_S)
-    rewrite = Holder(gate.rewrite)
-    assert _until(lambda: gate.rewriting)
+    rewrite = Holder(gate.exclusive)
+    assert _until(lambda: gate.exclusive_waiting)
     nowait = Holder(lambda: gate.enter(wait=False))
     assert nowait.inside.wait(WAIT_S)  # a rewrite waits: in all the same
     user.leave.set()
@@ -131,11 +132,11 @@ def test_an_entry_that_must_not_wait_does_not_wait() -> None:
 
 
 def test_no_rewrites_never_waits() -> None:
-    with NO_REWRITES.rewrite(), NO_REWRITES.enter():
-        assert not NO_REWRITES.rewriting
+    with NO_REWRITES.exclusive(), NO_REWRITES.enter():
+        assert not NO_REWRITES.exclusive_waiting
 
 
-def _state(gate: RewriteGate) -> EngineState:
+def _state(gate: SharedGate) -> EngineState:
     """An engine state with only what ``locked`` and ``using_store`` read."""
     s = EngineState.__new__(EngineState)
     s.lock, s.gate = threading.RLock(), gate
@@ -147,7 +148,7 @@ def test_the_engine_lock_holder_passes_the_gate_so_no_deadlock() -> None:
     then needs the store (a nested write: ``locked``). B must not wait at the gate, or all
     three wait forever. B holds the lock directly (as a retrieval or the shard engine does),
     not through ``locked``: the state asks the lock itself whether B holds it."""
-    gate = RewriteGate()
+    gate = SharedGate()
     s = _state(gate)
     b_has_lock, b_go, a_inside = threading.Event(), threading.Event(), threading.Event()
     done: list[str] = []
@@ -171,8 +172,8 @@ def test_the_engine_lock_holder_passes_the_gate_so_no_deadlock() -> None:
     ta = threading.Thread(target=a, daemon=True)
     ta.start()
     assert a_inside.wait(WAIT_S)
-    rewrite = Holder(gate.rewrite)
-    assert _until(lambda: gate.rewriting)
+    rewrite = Holder(gate.exclusive)
+    assert _until(lambda: gate.exclusive_waiting)
     b_go.set()
     assert joined(tb) and joined(ta), "deadlock: the engine lock holder waited at the gate"
     assert rewrite.inside.wait(WAIT_S)
@@ -184,9 +185,9 @@ def test_the_engine_lock_holder_passes_the_gate_so_no_deadlock() -> None:
 def test_locked_waits_at_the_gate_before_the_engine_lock() -> None:
     """A writer that comes during a rewrite waits at the gate holding nothing: the engine lock
     stays free for whoever reads memory only."""
-    gate = RewriteGate()
+    gate = SharedGate()
     s = _state(gate)
-    rewrite = Holder(gate.rewrite)
+    rewrite = Holder(gate.exclusive)
     assert rewrite.inside.wait(WAIT_S)
     writer = Holder(s.locked)
     assert not writer.inside.wait(SHORT_S)
@@ -211,7 +212,7 @@ def test_only_a_file_store_has_a_gate(tmp_path: Path) -> None:
     assert SQLiteStore(":memory:").rewrite_gate is NO_REWRITES
     st = SQLiteStore(str(tmp_path / "s.sqlite3"))
     try:
-        assert isinstance(st.rewrite_gate, RewriteGate)
+        assert isinstance(st.rewrite_gate, SharedGate)
     finally:
         st.close()
 

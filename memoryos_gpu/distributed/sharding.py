@@ -36,6 +36,7 @@ from typing import Any
 from memoryos_gpu.config import EngineConfig
 from memoryos_gpu.engine import InvalidInputError, MemoryEngine, clean_queries, validate_pages
 from memoryos_gpu.errors import UnknownItemError, UnknownUserError
+from memoryos_gpu.shared_gate import SharedGate
 from memoryos_gpu.store import open_store
 from memoryos_gpu.types import AddResult, PageInput, Response, Retrieval
 
@@ -109,9 +110,10 @@ class ShardEngine(KeywordExchange, AssistantReplicas, MemoryEngine):
     # ------------------------------------------------------------------ pages
     def accept_many(self, pages: Iterable[PageInput | dict[str, Any]]) -> list[AddResult]:
         """Commit pages like ``add_many`` (one transaction, acknowledged once it returns), but
-        run no derived work."""
+        run no derived work. The embeddings are made first, outside the engine lock, as
+        ``add_many`` makes them: retrievals on this shard go on meanwhile."""
         items = validate_pages(pages)
-        return self._accept_durably(items)
+        return self._accept_durably(items, self._stm.prepare(items))
 
     # ------------------------------------------------------------------ exchanges
     def take_sync(self) -> dict[str, Any]:
@@ -200,6 +202,17 @@ class ShardedEngine:
     or knowledge entry by id go through :meth:`engine_for` (ids are per shard store), except
     :meth:`delete_page` and :meth:`update_page`, which take the user and reach every shard.
 
+    Concurrency: each shard engine is thread-safe on its own, so the router only keeps calls
+    apart where they cross shards. Writes, retrievals, responses and promotions share its gate
+    (a :class:`~memoryos_gpu.shared_gate.SharedGate`) and run at once, each shard's work under
+    that shard's own locks; a deletion or edit, which changes every shard in steps
+    (``sharded_forget``), takes the gate alone, so no call sees or adds to a half-forgotten
+    user. The keyword exchange and the routing of assistant facts take a short lock of their
+    own inside the gate. The deadlock rule: the gate comes first, then the exchange lock, then
+    a shard engine's locks; nothing waits at the gate holding either. Before, one router lock
+    kept every call apart: a retrieval waited for another caller's whole batch (its
+    embedding included) or LLM response.
+
     ``shards``: how many; ``config.store``: a directory (one SQLite store per shard, the
     ``ingest --workers`` layout), a PostgreSQL URL (shared) or ``:memory:``; a store laid out
     for another count is refused (:func:`prepare_layout`).
@@ -237,7 +250,8 @@ class ShardedEngine:
             for e in self.engines:
                 e.close()
             raise
-        self._lock = threading.RLock()
+        self._gate = SharedGate()  # deletions across shards alone, everything else at once
+        self._sync_lock = threading.Lock()  # the keyword exchange and the facts' routing
         for e in self.engines:
             e.release_pending()
             if e.pending_count():
@@ -267,12 +281,13 @@ class ShardedEngine:
         """Commit pages on their users' shards (each shard one transaction), then derive."""
         items = validate_pages(pages)
         out: list[AddResult | None] = [None] * len(items)
-        with self._lock:
+        with self._gate.enter():
             for shard, idx in self.shard_map.group(p.user_id for p in items).items():
                 res = self.engines[shard].accept_many([items[i] for i in idx])
                 for i, r in zip(idx, res, strict=True):
                     out[i] = r
-            self._exchange_keywords()
+            with self._sync_lock:
+                self._exchange_keywords()
         if self.config.auto_process:
             self.process_pending()
         return [r for r in out if r is not None]
@@ -284,7 +299,7 @@ class ShardedEngine:
         done: Counter[str] = Counter()
         for e in self.engines:
             done.update(e.process_pending())
-        with self._lock:
+        with self._gate.enter(), self._sync_lock:
             self._route_facts()
         return dict(done)
 
@@ -293,7 +308,12 @@ class ShardedEngine:
 
     def sync_shards(self) -> None:
         """Exchange keyword statistics and route assistant facts now."""
-        with self._lock:
+        with self._gate.enter():
+            self._sync_all()
+
+    def _sync_all(self) -> None:
+        """:meth:`sync_shards`' work, for a caller inside the gate (or holding it alone)."""
+        with self._sync_lock:
             self._exchange_keywords()
             self._route_facts()
 
@@ -336,7 +356,7 @@ class ShardedEngine:
         ):
             raise InvalidInputError("top_pages and top_segments must be >= 1")
         cleaned = clean_queries(queries)
-        with self._lock:
+        with self._gate.enter():
             for uid, _ in cleaned:
                 if not self.engine_for(uid).has_user(uid):
                     raise UnknownUserError(f"unknown user {uid!r}")
@@ -353,7 +373,8 @@ class ShardedEngine:
                 for i, r in zip(idx, res, strict=True):
                     out[i] = r
             if self.config.auto_process:  # retrievals may have made segments hot: promote
-                self._route_facts()
+                with self._sync_lock:
+                    self._route_facts()
         return [r for r in out if r is not None]
 
     def respond(self, user_id: str, query: str, **kw: Any) -> Response:
@@ -361,13 +382,12 @@ class ShardedEngine:
 
     def respond_many(self, queries: Sequence[tuple[str, str]], **kw: Any) -> list[Response]:
         out: list[Response | None] = [None] * len(queries)
-        with self._lock:
+        with self._gate.enter():
             for shard, idx in self.shard_map.group(u for u, _ in queries).items():
                 res = self.engines[shard].respond_many([queries[i] for i in idx], **kw)
                 for i, r in zip(idx, res, strict=True):
                     out[i] = r
-            self._exchange_keywords()
-            self._route_facts()
+            self._sync_all()
         return [r for r in out if r is not None]
 
     # ------------------------------------------------------------------ per-user calls
@@ -389,7 +409,7 @@ class ShardedEngine:
     def delete_user(self, user_id: str) -> bool:
         """The user's rows on its shard, and what its pages taught the assistants on every
         shard (``sharded_forget.py``)."""
-        with self._lock:
+        with self._gate.exclusive():
             home = self.engine_for(user_id)
             return bool(
                 sharded_forget.forget_everywhere(
@@ -401,7 +421,7 @@ class ShardedEngine:
         """Remove one of the user's pages (ids are per shard: the user names the shard) and
         what it taught: on its shard as one engine does, and the assistant facts it taught on
         every shard (``sharded_forget.py``). False when the user has no such page."""
-        with self._lock:
+        with self._gate.exclusive():
             home = self.engine_for(user_id)
             if not _holds(home, user_id, page_id):
                 return False
@@ -429,7 +449,7 @@ class ShardedEngine:
         KeyError; 404 over HTTP) when the user has no such page, also when a delete won the
         race for it; bad text is refused before anything is forgotten."""
         sharded_forget.check_edit(user_input, agent_response)
-        with self._lock:
+        with self._gate.exclusive():
             home = self.engine_for(user_id)
             if not _holds(home, user_id, page_id):
                 raise UnknownItemError(f"user {user_id!r} has no page {page_id}")
@@ -448,9 +468,10 @@ class ShardedEngine:
         return getattr(self.engines[shard], name)(*args)
 
     def promote(self, user_id: str, segment_slot: int | None = None) -> int:
-        with self._lock:
+        with self._gate.enter():
             n = self.engine_for(user_id).promote(user_id, segment_slot)
-            self._route_facts()
+            with self._sync_lock:
+                self._route_facts()
             return n
 
     def pending_count(self, user_id: str | None = None) -> int:
@@ -481,9 +502,11 @@ class ShardedEngine:
             e.sync()
 
     def close(self) -> None:
-        with self._lock:
+        """Exchange and route what is owed, then close every shard: alone at the gate, so
+        calls in flight finish first."""
+        with self._gate.exclusive():
             try:
-                self.sync_shards()
+                self._sync_all()
             finally:
                 for e in self.engines:
                     e.close()

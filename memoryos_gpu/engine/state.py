@@ -31,11 +31,12 @@ from memoryos_gpu.arena import Arena
 from memoryos_gpu.config import EngineConfig, MemoryConfig
 from memoryos_gpu.errors import EngineClosedError, EngineForkedError, UnknownUserError
 from memoryos_gpu.page_views import PageViews
+from memoryos_gpu.shared_gate import SharedGate
 from memoryos_gpu.stages import ExtractiveStages, LLMStages
 from memoryos_gpu.store import SQLiteStore, StoreFullError
 from memoryos_gpu.store.rows import select_in
 from memoryos_gpu.store.sqlite import Durability
-from memoryos_gpu.store.write_gate import NO_REWRITES, NoRewrites, RewriteGate
+from memoryos_gpu.store.write_gate import NO_REWRITES, NoRewrites
 from memoryos_gpu.text.keywords import KeywordExtractor, hash_keyword
 from memoryos_gpu.text.vocabulary import UserVocabulary
 from memoryos_gpu.types import AddResult, PageInput, Retrieval
@@ -161,7 +162,7 @@ class EngineState:
         # what a store section waits at, before the engine lock, while the store's erasure
         # thread rewrites its file (locked(), store/write_gate.py); kept here, so that a forked
         # child's stand-in store is never asked for it
-        self.gate: RewriteGate | NoRewrites = getattr(store, "rewrite_gate", NO_REWRITES)
+        self.gate: SharedGate | NoRewrites = getattr(store, "rewrite_gate", NO_REWRITES)
         self.arena = arena
         self.extractor = extractor
         self.vocabulary = vocabulary  # each user's document frequencies (extractive keywords)

@@ -13,7 +13,7 @@ store lock throughout. So a deletion does not rewrite the file itself: it leaves
 the store's erasure thread (a timer), which holds the store lock only, never the engine's, and
 the deletion returns at once. Retrievals read memory only, so they go on meanwhile; what waits
 is whatever needs the store (a write, a derived round, a ``sources`` lookup). The erasure
-thread holds the store's :class:`~memoryos_gpu.store.write_gate.RewriteGate` exclusively
+thread holds the store's rewrite gate (:mod:`~memoryos_gpu.store.write_gate`) exclusively
 around its try (the gate first, then the store lock), and the engine passes that gate before
 it takes its own lock for any section that touches the store: a write arriving during a
 rewrite waits at the gate, holding nothing, and the retrievals and whatever else holds the
@@ -49,7 +49,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from memoryos_gpu.store.write_gate import NO_REWRITES, NoRewrites, RewriteGate
+from memoryos_gpu.shared_gate import SharedGate
+from memoryos_gpu.store.write_gate import NO_REWRITES, NoRewrites
 
 log = logging.getLogger("memoryos_gpu.store")
 
@@ -126,7 +127,7 @@ class SQLiteErasure:
     #: What a write waits at, outside the engine lock, while the erasure thread rewrites the
     #: file (:mod:`~memoryos_gpu.store.write_gate`): a file store's own gate, set as it
     #: opens; a store that never rewrites a file (``:memory:``, PostgreSQL) never waits.
-    rewrite_gate: RewriteGate | NoRewrites = NO_REWRITES
+    rewrite_gate: SharedGate | NoRewrites = NO_REWRITES
 
     def begin_erasure(self) -> None:
         """Deletions from now on zero the space they free (``PRAGMA secure_delete``), so the
@@ -357,7 +358,7 @@ class SQLiteErasure:
         other way round (a user inside the gate may be waiting for the store lock)."""
         if self._erasure_timer is not threading.current_thread():
             return  # replaced (as checked below): no need to hold the writers at the gate
-        with self.rewrite_gate.rewrite(), self._lock:
+        with self.rewrite_gate.exclusive(), self._lock:
             if self._erasure_timer is not threading.current_thread():
                 return  # replaced by an earlier one, which has run or will
             self._erasure_timer = None

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from pydantic import SecretStr
 
+from memoryos_gpu.shared_gate import SharedGate
 from memoryos_gpu.store import sqlite_schema
 from memoryos_gpu.store.derivations import Forgotten, forget_pages
 from memoryos_gpu.store.erasure import SQLiteErasure
@@ -50,7 +51,6 @@ from memoryos_gpu.store.reads import StoreReads
 from memoryos_gpu.store.rows import audit_owner
 from memoryos_gpu.store.sqlite_schema import SCHEMA_V1, Migration, run_sql
 from memoryos_gpu.store.wal import BACKSTOP_PAGES, WalCheckpointer
-from memoryos_gpu.store.write_gate import RewriteGate
 
 log = logging.getLogger("memoryos_gpu.store")
 
@@ -179,7 +179,7 @@ class SQLiteStore(StoreReads, SQLiteErasure):
         self._opened_in = os.getpid()
         _OPEN_STORES.add(self)
         if self.path != ":memory:":  # a file the erasure thread rewrites (erasure.py)
-            self.rewrite_gate = RewriteGate()
+            self.rewrite_gate = SharedGate()
         self._depth = 0
         self._checkpointer: WalCheckpointer | None = None
         self._wal_fd: int | None = None  # the log, for sync()

@@ -10,10 +10,10 @@ passes this gate *before* it takes its lock, for every section that touches the 
 it, and the rewrite holds the gate exclusively: a write arriving during a rewrite waits here,
 holding nothing, and the retrievals go on.
 
-The gate is a shared/exclusive lock with a waiting rewrite first in line. Users (the engine's
-store sections) overlap freely; :meth:`RewriteGate.rewrite` marks a rewrite waiting (new
-users wait from then on, so a steady stream of writes cannot starve it), waits until the
-users inside have left, runs, then lets everyone in again.
+The gate is a :class:`~memoryos_gpu.shared_gate.SharedGate`, a shared/exclusive lock with a
+waiting exclusive turn first in line. Users (the engine's store sections) overlap freely; the
+rewrite takes the exclusive turn: new users wait from then on (so a steady stream of writes
+cannot starve it), it waits until the users inside have left, runs, then lets everyone in.
 
 The deadlock rule. A thread never waits at the gate while it holds the engine lock. Else: A,
 inside the gate, waits for the engine lock that B holds; B waits at the gate because a
@@ -41,82 +41,21 @@ which never waits.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-
-class RewriteGate:
-    """Many users of the store at once, or one rewrite of its file (module docstring)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._users = 0  # entries inside (a thread's nested entries each count)
-        self._rewrites = 0  # rewrites waiting or running: new users wait while > 0
-        self._running = False
-        self._local = threading.local()  # .depth: this thread's entries inside
-
-    @contextmanager
-    def enter(self, *, wait: bool = True) -> Iterator[None]:
-        """Inside the gate for the body: waits while a rewrite runs or waits to run, unless
-        ``wait`` is False (the caller holds the engine lock: see the deadlock rule) or this
-        thread is inside already."""
-        depth = getattr(self._local, "depth", 0)
-        with self._cond:
-            if wait and not depth:
-                while self._rewrites:
-                    self._cond.wait()
-            self._users += 1
-        self._local.depth = depth + 1
-        try:
-            yield
-        finally:
-            self._local.depth = depth
-            with self._cond:
-                self._users -= 1
-                if not self._users:
-                    self._cond.notify_all()
-
-    @contextmanager
-    def rewrite(self) -> Iterator[None]:
-        """The gate alone for the body (the erasure thread's rewrite): new users wait from
-        now on; the body runs once the users inside have left. Call it holding no lock a
-        user may wait for (the store's, the engine's), and never from inside the gate."""
-        with self._cond:
-            self._rewrites += 1
-            try:
-                while self._users or self._running:
-                    self._cond.wait()
-            except BaseException:
-                self._rewrites -= 1
-                self._cond.notify_all()
-                raise
-            self._running = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._running = False
-                self._rewrites -= 1
-                self._cond.notify_all()
-
-    @property
-    def rewriting(self) -> bool:
-        """Whether a rewrite runs or waits to run (new users wait)."""
-        return self._rewrites > 0
 
 
 class NoRewrites:
     """The gate of a store that never rewrites its file: nothing ever waits."""
 
-    rewriting = False
+    exclusive_waiting = False
 
     @contextmanager
     def enter(self, *, wait: bool = True) -> Iterator[None]:
         yield
 
     @contextmanager
-    def rewrite(self) -> Iterator[None]:
+    def exclusive(self) -> Iterator[None]:
         yield
 
 
