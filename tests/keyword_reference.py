@@ -16,6 +16,7 @@ from memoryos_gpu.text.keywords import (
     _fold_plural,
     _strip_apostrophes,
 )
+from memoryos_gpu.text.stopword_lists import language_stopwords
 from memoryos_gpu.text.words import casefold, word_spans
 
 SENT_END_RE = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
@@ -57,17 +58,34 @@ def scores(
     tf: Counter[str] = Counter()
     proper: set[str] = set()
     capital_initial: set[str] = set()
+    languages = list(language_stopwords().values())
+    hits = [0] * len(languages)  # the text's words in each language's list
+    own_hits = 0  # ... and in the English list
+    lists: dict[str, set[int]] = {}  # the language lists each candidate's words are in
     for norm, surface, initial in raw_tokens(text):
-        if norm in STOPWORDS or (len(norm) < min_len and not norm.isdigit()):
+        found = {b for b, words in enumerate(languages) if norm in words}
+        for b in found:
+            hits[b] += 1
+        if norm in STOPWORDS:
+            own_hits += 1
+            continue
+        if len(norm) < min_len and not norm.isdigit():
             continue
         tok = _fold_plural(norm) if fold_plurals else norm
+        lists.setdefault(tok, set()).update(found)
         tf[tok] += 1
         if _is_acronym(surface) or (surface[:1].isupper() and not initial):
             proper.add(tok)
         elif surface[:1].isupper():
             capital_initial.add(tok)
+    # the text's language: the list with the most of its words (the first of equals), if it
+    # holds at least two and more than the English list
+    best = max(range(len(hits)), key=lambda b: (hits[b], -b), default=None)
+    language = best if best is not None and hits[best] >= 2 and hits[best] > own_hits else None
     out = {}
     for tok, count in tf.items():
+        if language in lists[tok]:
+            continue
         boost = proper_noun_boost if tok in proper else 1.0
         dated = any(ch.isdigit() for ch in tok) or tok in _WEEKDAYS or tok in _MONTHS
         if dated and (tok not in _AMBIGUOUS_DATE or tok in proper or tok in capital_initial):

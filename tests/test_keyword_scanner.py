@@ -82,6 +82,28 @@ PIECES = [
     "i\u0307",
     "\u0301x",
     "ｶﾀｶﾅ",
+    # stopwords of other languages, some also English words or English stopwords: a text's
+    # language is the list holding the most of its words (and more than English's)
+    " und ",
+    " der ",
+    " die ",
+    " Die ",
+    " le ",
+    " la ",
+    " je ",
+    " l'",
+    " de ",
+    " que ",
+    " y ",
+    " in ",
+    " was ",
+    " come ",
+    " son ",
+    " the ",
+    " and ",
+    " я ",
+    " и ",
+    " не ",
 ]
 text_st = st.lists(st.sampled_from(PIECES) | st.text(max_size=4), max_size=30).map("".join)
 

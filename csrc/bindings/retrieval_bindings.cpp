@@ -520,12 +520,14 @@ void register_retrieval(py::module_& m) {
       .def(py::init([](const std::vector<std::string>& stopwords,
                        const std::vector<std::string>& date_words,
                        const std::vector<std::string>& ambiguous_dates, int32_t min_len,
-                       bool fold_plurals) {
+                       bool fold_plurals,
+                       const std::vector<std::vector<std::string>>& language_stopwords) {
              return KeywordScanner(stopwords, date_words, ambiguous_dates,
-                                   KeywordOptions{min_len, fold_plurals});
+                                   KeywordOptions{min_len, fold_plurals}, language_stopwords);
            }),
            py::arg("stopwords"), py::arg("date_words"), py::arg("ambiguous_dates"),
-           py::arg("min_len") = 2, py::arg("fold_plurals") = false)
+           py::arg("min_len") = 2, py::arg("fold_plurals") = false,
+           py::arg("language_stopwords") = std::vector<std::vector<std::string>>{})
       .def("scan", &scan_keywords, py::arg("text"), py::arg("n_docs"),
            py::arg("with_ids") = true,
            "-> (offsets int64 [n+1], ids int32 (-1: not ASCII, or not asked for), tf int32, "

@@ -104,6 +104,7 @@ class KeywordExchange:
         ex = self.extractor
         return KeywordExtractor(
             stopwords=ex.stopwords,
+            language_stopwords=ex.language_stopwords,
             proper_noun_boost=ex.proper_noun_boost,
             number_boost=ex.number_boost,
             min_len=ex.min_len,

@@ -18,7 +18,9 @@ hashing, so ids always agree):
   (:mod:`memoryos_gpu.text.words`); an apostrophe inside a word is kept only for
   contractions, a trailing possessive ``'s`` / ``'`` is stripped ("Caroline's" -> "caroline");
 * digits are kept ("2023", "7pm", "3d");
-* a built-in English stopword list is removed (pass ``stopwords=`` to change);
+* a built-in English stopword list is removed (pass ``stopwords=`` to change), and a text
+  written in another language loses that language's stopwords too, the language found per
+  text (:mod:`memoryos_gpu.text.stopword_lists`; pass ``language_stopwords=`` to change);
 * plural folding (``fold_plurals=True``) is OFF by default. It is a crude
   suffix rule ("cats" -> "cat", "stories" -> "story", never touching words of
   4 characters or fewer or words ending in "ss"/"us"/"is"). It is not measured
@@ -40,13 +42,14 @@ import hashlib
 import math
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
 import numpy as np
 
+from memoryos_gpu.text.stopword_lists import language_stopwords
 from memoryos_gpu.text.words import normalise
 from memoryos_gpu.text.words import words as split_words
 
@@ -244,7 +247,12 @@ _F_PROPER, _F_CAPITAL_INITIAL, _F_DATE_WORD, _F_AMBIGUOUS_DATE = 1, 2, 4, 8
 
 
 @functools.cache
-def _scanner(stopwords: frozenset[str], min_len: int, fold_plurals: bool) -> Any:
+def _scanner(
+    stopwords: frozenset[str],
+    languages: tuple[frozenset[str], ...],
+    min_len: int,
+    fold_plurals: bool,
+) -> Any:
     from memoryos_gpu import _C
 
     return _C.KeywordScanner(
@@ -253,6 +261,7 @@ def _scanner(stopwords: frozenset[str], min_len: int, fold_plurals: bool) -> Any
         sorted(_AMBIGUOUS_DATE),
         min_len,
         fold_plurals,
+        [sorted(words) for words in languages],
     )
 
 
@@ -307,12 +316,20 @@ class KeywordExtractor:
         self,
         *,
         stopwords: Iterable[str] | None = None,
+        language_stopwords: Mapping[str, Iterable[str]] | None = None,
         proper_noun_boost: float = 2.0,
         number_boost: float = 1.5,
         min_len: int = 2,
         fold_plurals: bool = False,
     ) -> None:
         self.stopwords = STOPWORDS if stopwords is None else frozenset(stopwords)
+        #: other languages' stopwords by language, in the order ties go (a text's own
+        #: language found per text: ``stopword_lists``); None: the bundled lists
+        self.language_stopwords: dict[str, frozenset[str]] | None = (
+            None
+            if language_stopwords is None
+            else {str(k): frozenset(v) for k, v in language_stopwords.items()}
+        )
         self.proper_noun_boost = float(proper_noun_boost)
         self.number_boost = float(number_boost)
         self.min_len = int(min_len)
@@ -354,7 +371,12 @@ class KeywordExtractor:
     def _scan(self, texts: Sequence[str], *, with_ids: bool = False) -> tuple:
         """The native scanner's candidates of ``texts`` (``csrc/host/keywords.cpp``): offsets,
         ids (``with_ids``: of ASCII words), tf, flags, words."""
-        scanner = _scanner(self.stopwords, self.min_len, self.fold_plurals)
+        languages = (
+            language_stopwords() if self.language_stopwords is None else self.language_stopwords
+        )
+        scanner = _scanner(
+            self.stopwords, tuple(languages.values()), self.min_len, self.fold_plurals
+        )
         return scanner.scan(_nfkc_joined(texts), len(texts), with_ids)
 
     def candidates(self, texts: Sequence[str]) -> Candidates:
@@ -411,12 +433,16 @@ class KeywordExtractor:
             "min_len": self.min_len,
             "fold_plurals": self.fold_plurals,
             "stopwords": None if self.stopwords is STOPWORDS else sorted(self.stopwords),
+            "language_stopwords": None
+            if self.language_stopwords is None
+            else {k: sorted(v) for k, v in self.language_stopwords.items()},
         }
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> KeywordExtractor:
         ex = cls(
             stopwords=state.get("stopwords"),
+            language_stopwords=state.get("language_stopwords"),
             proper_noun_boost=state.get("proper_noun_boost", 2.0),
             number_boost=state.get("number_boost", 1.5),
             min_len=state.get("min_len", 2),

@@ -12,6 +12,11 @@
 //     every apostrophe dropped; stopwords (tested on the normalised form) and words shorter
 //     than min_len code points (unless all digits) are skipped; fold_plurals applies the
 //     suffix rule of keywords._fold_plural;
+//   - a document's language: each word (occurrence, normalised, before the plural rule) counts
+//     for every language stopword list it is in; the list with the most, if it has at least
+//     two and more than `stopwords` has, is the document's language (ties: the first list),
+//     and candidates whose words are in it are dropped (a German page loses "und" and
+//     "der"; an English page keeps "die" and "come");
 //   - a word is sentence-initial when it is a document's first, or the gap before it holds a
 //     newline or [.!?]+ ["')\]]* followed by whitespace;
 //   - flags, OR-ed over a candidate's occurrences: proper (an acronym -- two or more letters,
@@ -54,9 +59,12 @@ struct KeywordOptions {
 /// Finds keyword candidates. Holds the word lists; thread-safe once built.
 class KeywordScanner {
  public:
+  /// `language_stopwords`: other languages' lists (at most 31); a document written in one
+  /// of them (see above) loses that list's words too.
   KeywordScanner(const std::vector<std::string>& stopwords,
                  const std::vector<std::string>& date_words,
-                 const std::vector<std::string>& ambiguous_dates, const KeywordOptions& options);
+                 const std::vector<std::string>& ambiguous_dates, const KeywordOptions& options,
+                 const std::vector<std::vector<std::string>>& language_stopwords = {});
 
   /// `text`: `n_docs` NFKC texts joined by U+0000, code units of one width (1, 2 or 4 bytes).
   /// `with_ids` false leaves every id -1 (document frequencies need only the words).
@@ -66,7 +74,8 @@ class KeywordScanner {
   const KeywordOptions& options() const { return options_; }
 
  private:
-  WordSet stopwords_, date_words_, ambiguous_;
+  WordMasks stopwords_;  // bit 31: `stopwords`; bits 0..30: `language_stopwords`
+  WordSet date_words_, ambiguous_;
   KeywordOptions options_;
 };
 

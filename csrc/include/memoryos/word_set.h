@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,18 +45,55 @@ class WordSet {
 
   /// Whether `w` (of word_hash `hash`: the callers hash a word once for all their lookups)
   /// is in the set.
-  bool contains(std::string_view w, uint64_t hash) const {
+  bool contains(std::string_view w, uint64_t hash) const { return find(w, hash) >= 0; }
+
+  /// The position of `w` in the words the set was built from (the last, for a repeated
+  /// word), or -1.
+  int32_t find(std::string_view w, uint64_t hash) const {
     const size_t mask = slots_.size() - 1;
     for (size_t s = hash & mask;; s = (s + 1) & mask) {
       const int32_t k = slots_[s];
-      if (k < 0) return false;
-      if (words_[static_cast<size_t>(k)] == w) return true;
+      if (k < 0 || words_[static_cast<size_t>(k)] == w) return k;
     }
   }
 
  private:
   std::vector<std::string> words_;
   std::vector<int32_t> slots_;
+};
+
+/// An immutable map of words to bit masks (built once: the stopword lists, a bit a list).
+class WordMasks {
+ public:
+  WordMasks() = default;
+  /// `lists[b]`: the words of bit b (at most 32 lists); a word in several lists gets
+  /// every one's bit.
+  explicit WordMasks(const std::vector<std::vector<std::string>>& lists) {
+    if (lists.size() > 32) throw std::invalid_argument("at most 32 word lists");
+    std::vector<std::string> words;
+    for (size_t b = 0; b < lists.size(); ++b) {
+      for (const std::string& w : lists[b]) {
+        words.push_back(w);
+        masks_.push_back(uint32_t{1} << b);
+      }
+    }
+    set_ = WordSet(words.begin(), words.end());
+    // a repeated word's slot names its last position: gather every position's bit there
+    for (size_t i = 0; i < words.size(); ++i) {
+      const auto k = static_cast<size_t>(set_.find(words[i], word_hash(words[i])));
+      if (k != i) masks_[k] |= masks_[i];
+    }
+  }
+
+  /// The bits of `w` (of word_hash `hash`), 0 for a word in no list.
+  uint32_t mask(std::string_view w, uint64_t hash) const {
+    const int32_t k = set_.find(w, hash);
+    return k < 0 ? 0 : masks_[static_cast<size_t>(k)];
+  }
+
+ private:
+  WordSet set_;
+  std::vector<uint32_t> masks_;
 };
 
 /// Position of each distinct word of one document in the caller's list of them. Reused from

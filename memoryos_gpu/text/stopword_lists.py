@@ -1,0 +1,57 @@
+"""Stopword lists of languages other than English, for the keyword scanner's per-page rule.
+
+A page's keywords leave out its language's function words. English has the extractor's own
+list (``keywords.STOPWORDS``); a page written in one of :data:`LANGUAGES` also loses that
+language's list, the language being the list that holds the most of the page's words (at
+least two, and more than the English list holds: ``csrc/include/memoryos/keywords.h``). Why
+per page rather than one list for every language: the lists share many words with English
+(``die``, ``come``, ``son``, ``more``), which must stay keywords of an English page. Without
+this, German and French function words (``und``, ``der``, ``le``, ``la``) became keywords
+and linked unrelated pages (keyword overlap 0.11-0.14 between unrelated topics).
+
+The lists come from the ``stop-words`` package (BSD-3; 30+ languages, kept up to date)
+rather than lists of our own. An entry is normalised as the scanner normalises a word (NFKC,
+:func:`~memoryos_gpu.text.words.casefold`, apostrophes dropped); one that is not a single
+word (a phrase, a hyphenated pair) is left out, since the scanner tests one word at a time.
+Chinese and Japanese are not here: their text is indexed as letter pairs, which no list
+names.
+"""
+
+from __future__ import annotations
+
+import functools
+import unicodedata
+from collections.abc import Iterable
+
+from memoryos_gpu.text.words import casefold, word_spans
+
+#: The languages whose stopwords a page of theirs loses (ISO 639-1, as ``stop-words`` names
+#: them), in the order of the scanner's bits: a tie between two lists goes to the earlier.
+LANGUAGES: tuple[str, ...] = (
+    "es", "fr", "de", "pt", "it", "ru", "nl", "pl", "tr", "id", "sv", "da", "nb", "fi", "cs",
+    "sk", "ro", "hu", "uk", "bg", "el", "ca", "ms", "vi", "ko", "ar", "fa", "he", "hi", "gu",
+)  # fmt: skip
+
+
+def normalised_words(entries: Iterable[str]) -> frozenset[str]:
+    """The entries that are one word, as the keyword scanner normalises a word."""
+    from memoryos_gpu.text.keywords import _strip_apostrophes  # it imports this module
+
+    out: set[str] = set()
+    for entry in entries:
+        text = unicodedata.normalize("NFKC", entry.strip())
+        spans = word_spans(text)
+        if len(spans) == 1:
+            start, end = spans[0]
+            word = _strip_apostrophes(casefold(text[start:end]))
+            if word:
+                out.add(word)
+    return frozenset(out)
+
+
+@functools.cache
+def language_stopwords() -> dict[str, frozenset[str]]:
+    """Each of :data:`LANGUAGES`' stopwords, normalised (loaded once)."""
+    from stop_words import get_stop_words
+
+    return {lang: normalised_words(get_stop_words(lang)) for lang in LANGUAGES}

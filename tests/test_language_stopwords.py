@@ -1,0 +1,119 @@
+"""A page in another language loses that language's stopwords from its keywords
+(``text/stopword_lists.py``, the scanner's rule in ``csrc/include/memoryos/keywords.h``).
+
+Before, the stopwords were English only: German and French function words (``und``, ``der``,
+``le``, ``la``) became keywords and linked unrelated pages. The rule's details (word by word,
+on random texts) are checked against the plain-Python reference in
+``tests/test_keyword_scanner.py``; here, what it does for pages.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from memoryos_gpu.text.keywords import KeywordExtractor, jaccard
+from memoryos_gpu.text.stopword_lists import LANGUAGES, language_stopwords, normalised_words
+
+# three unrelated topics, two pages each, per language
+PAGES = {
+    "de": [
+        [
+            "Ich gehe jeden Samstag mit meinem Hund im Wald spazieren und der Hund liebt das.",
+            "Der Hund ist schon alt, aber er rennt noch gern durch den Wald.",
+        ],
+        [
+            "Meine Schwester hat eine neue Stelle als Ärztin in einem Krankenhaus in Hamburg.",
+            "Sie sagt, die Arbeit im Krankenhaus ist anstrengend, aber die Kollegen sind nett.",
+        ],
+        [
+            "Wir haben für den Sommer eine Reise nach Italien gebucht, mit dem Zug bis Rom.",
+            "Die Reise nach Rom dauert mit dem Zug zwölf Stunden, das ist mir egal.",
+        ],
+    ],
+    "fr": [
+        [
+            "Je vais à la piscine le mardi et le jeudi pour nager avec mon frère.",
+            "La piscine est fermée en août, alors nous nageons dans le lac.",
+        ],
+        [
+            "Ma mère fait un gâteau au chocolat pour mon anniversaire, c'est une tradition.",
+            "Le gâteau de ma mère est le meilleur, avec beaucoup de chocolat noir.",
+        ],
+        [
+            "J'apprends le piano depuis deux ans avec une professeure très patiente.",
+            "Le piano me calme le soir, je joue surtout du Chopin pour la professeure.",
+        ],
+    ],
+}
+
+
+def _keywords(texts: list[str]) -> list[list[str]]:
+    return KeywordExtractor().extract_many(texts, top_n=8)
+
+
+@pytest.mark.parametrize("lang", sorted(PAGES))
+def test_unrelated_pages_share_no_keyword_and_related_ones_do(lang: str) -> None:
+    topics = PAGES[lang]
+    kws = [_keywords(pages) for pages in topics]
+    for a, b in itertools.combinations(range(len(topics)), 2):
+        for x, y in itertools.product(kws[a], kws[b]):
+            assert jaccard(x, y) == 0.0, (x, y)  # before: "und", "der", "le", "la" shared
+    for pair in kws:
+        assert jaccard(pair[0], pair[1]) > 0.0, pair  # "hund", "piscine" ... shared
+
+
+def test_no_stopword_of_the_pages_language_is_a_keyword() -> None:
+    for lang, topics in PAGES.items():
+        stop = language_stopwords()[lang]
+        for words in _keywords([p for pages in topics for p in pages]):
+            assert words and not stop.intersection(words), (lang, words)
+
+
+def test_an_english_page_keeps_words_other_languages_list() -> None:
+    """An English page's language is English: words that other languages list as stopwords
+    ("die" in German, "come" in Italian, "son" in French) stay its keywords."""
+    text = "I will die hard on this hill, come what may, said my son about the rules"
+    assert {"die", "come", "son", "hard", "hill"} <= set(_keywords([text])[0])
+    for lang in ("de", "it", "fr"):  # the premise: each is a stopword there
+        assert {"die", "come", "son"} & language_stopwords()[lang]
+
+
+def test_a_language_needs_two_of_its_words_and_more_than_english() -> None:
+    ex = KeywordExtractor()
+    assert set(ex.extract("Berlin und Hamburg")) == {"berlin", "hamburg", "und"}  # one word
+    assert set(ex.extract("Berlin und der Hamburg")) == {"berlin", "hamburg"}  # two: German
+    # two German stopwords, but as many English ones: English, "die" stays
+    assert "die" in ex.extract("the die is cast in Berlin und the rest")
+
+
+def test_each_text_of_a_batch_has_its_own_language() -> None:
+    german, english = "Die Katze und der Hund", "The dog and the cat die"
+    got = KeywordExtractor().extract_many([german, english, german], top_n=8)
+    assert got[0] == got[2] and set(got[0]) == {"katze", "hund"}
+    assert "die" in got[1]
+
+
+def test_custom_language_lists_and_their_state() -> None:
+    ex = KeywordExtractor(language_stopwords={"xx": ["foo", "bar"]})
+    assert set(ex.extract("foo bar baz qux")) == {"baz", "qux"}
+    assert set(KeywordExtractor().extract("foo bar baz qux")) == {"foo", "bar", "baz", "qux"}
+    again = KeywordExtractor.from_dict(ex.to_dict())
+    assert again.language_stopwords == {"xx": frozenset({"foo", "bar"})}
+    assert set(again.extract("foo bar baz qux")) == {"baz", "qux"}
+    assert KeywordExtractor().to_dict()["language_stopwords"] is None  # the bundled lists
+
+
+def test_the_bundled_lists_are_normalised_single_words() -> None:
+    lists = language_stopwords()
+    assert list(lists) == list(LANGUAGES)
+    assert 0 < len(LANGUAGES) <= 31  # the scanner's bits
+    for lang, words in lists.items():
+        assert words, lang
+        assert normalised_words(words) == words, lang  # as the scanner reads a word
+    assert normalised_words(["L'", "par-devant", "Über", "aujourd'hui"]) == {
+        "l",
+        "über",
+        "aujourdhui",
+    }
