@@ -17,7 +17,7 @@ from memoryos_gpu.text.keywords import (
     _strip_apostrophes,
 )
 from memoryos_gpu.text.stopword_lists import language_stopwords
-from memoryos_gpu.text.words import casefold, word_spans
+from memoryos_gpu.text.words import ELIDED, ELISION_NEXT, casefold, word_spans
 
 SENT_END_RE = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
 
@@ -29,9 +29,18 @@ def raw_tokens(text: str) -> list[tuple[str, str, bool]]:
     text = unicodedata.normalize("NFKC", (text or "").replace("\x00", " "))
     out: list[tuple[str, str, bool]] = []
     last_end = 0
+    elided_initial = False  # the word before was a sentence-initial elided article
     for start, end in word_spans(text):  # the pairs of an unspaced run overlap: no gap
         gap = text[last_end:start]
-        sentence_initial = last_end == 0 or bool(SENT_END_RE.search(gap))
+        sentence_initial = last_end == 0 or bool(SENT_END_RE.search(gap)) or elided_initial
+        surface = text[start:end]
+        elided_initial = (
+            sentence_initial
+            and text[end : end + 1] in ("'", "\u2019")
+            and surface.isascii()
+            and surface.lower() in ELIDED
+            and text[end + 1 : end + 2] in ELISION_NEXT
+        )
         last_end = end
         norm = _strip_apostrophes(casefold(text[start:end]))
         if norm:

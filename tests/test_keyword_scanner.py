@@ -104,6 +104,19 @@ PIECES = [
     " я ",
     " и ",
     " не ",
+    # elision: an elided article or pronoun before a vowel or h is a word of its own
+    "L'",
+    "l'",
+    "qu'",
+    "Qu\u2019",
+    "dell'",
+    "un'",
+    "d'",
+    "été",
+    "École",
+    "hôpital",
+    "Italie",
+    "amico",
 ]
 text_st = st.lists(st.sampled_from(PIECES) | st.text(max_size=4), max_size=30).map("".join)
 

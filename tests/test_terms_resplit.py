@@ -48,3 +48,40 @@ def test_an_upgraded_store_splits_its_non_ascii_pages_again(
             page = engine.get_page(ids[i])
             now = page_terms_of([(texts[i], "", page["timestamp"], page.get("extra") or {})])
             assert rows[ids[i]] == terms_to_blobs(now)[0] != OLD_ROW
+
+
+def test_an_upgraded_store_splits_its_pages_with_an_apostrophe_again(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Schema 12: an elided article is a word of its own (``l'été``: ``l``, ``été``), so the
+    rows of pages whose text holds an apostrophe (either kind, in either text or the speaker
+    names) are computed again; the others keep theirs."""
+    import memoryos_gpu.store.sqlite_schema as sq
+
+    spec = backend.spec("v11")
+    monkeypatch.setattr(sq, "SCHEMA_VERSION", 11)
+    pages = [
+        {"user_id": "u", "user_input": "J'adore l'été à la plage."},
+        {"user_id": "u", "user_input": "no apostrophe here"},
+        {"user_id": "u", "user_input": "x", "agent_response": "C\u2019est l\u2019hôtel."},
+        {"user_id": "u", "user_input": "y", "meta": {"user_name": "D'Artagnan"}},
+    ]
+    with _engine(spec) as engine:
+        ids = [r.page_id for r in engine.add_many(pages)]
+    st = backend.open(spec)
+    with st.transaction() as db:  # the rows a version-11 engine wrote
+        db.executemany(
+            "UPDATE page_vectors SET terms = ? WHERE page_id = ?", [(OLD_ROW, i) for i in ids]
+        )
+    st.close()
+    monkeypatch.undo()
+    with _engine(spec) as engine:
+        rows = engine.store.page_terms(ids)
+        assert engine.store.schema_version == sq.SCHEMA_VERSION
+        assert rows[ids[1]] == OLD_ROW  # no apostrophe: not rewritten
+        for i in (0, 2, 3):
+            page = engine.get_page(ids[i])
+            now = page_terms_of(
+                [(page["user_input"], page["agent_response"], page["timestamp"], page["extra"])]
+            )
+            assert rows[ids[i]] == terms_to_blobs(now)[0] != OLD_ROW

@@ -7,10 +7,12 @@ pages, and a vocalised Arabic word or a Turkish capital İ never matched its pla
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memoryos_gpu import EngineConfig, MemoryEngine
 from memoryos_gpu.lexical import page_terms, query_terms
-from memoryos_gpu.text.keywords import KeywordExtractor, tokenize
+from memoryos_gpu.text.keywords import KeywordExtractor, hash_keyword, tokenize
 from memoryos_gpu.text.words import normalise, word_spans
 
 
@@ -31,6 +33,13 @@ def _words(text: str) -> list[str]:
         ("أَنَا فِي القَاهِرَة", ["أنا", "في", "القاهرة"]),
         ("İstanbul'a", ["istanbul'a"]),
         ("Caroline's don't", ["caroline's", "don't"]),
+        # elision: the article or pronoun and the word are two words ...
+        ("L'été à l'École", ["l", "été", "à", "l", "école"]),
+        ("Qu\u2019il dit jusqu'à l'hôtel", ["qu", "il", "dit", "jusqu", "à", "l", "hôtel"]),
+        ("dell'anno un'amica", ["dell", "anno", "un", "amica"]),
+        ("l'un'altro aujourd'hui", ["l", "un", "altro", "aujourd'hui"]),
+        # ... but not an English word's inner apostrophe, nor one before a consonant
+        ("O'Neil I'm c'mon y'all d'Bo", ["o'neil", "i'm", "c'mon", "y'all", "d'bo"]),
     ],
 )
 def test_words_of_each_script(text: str, words: list[str]) -> None:
@@ -54,6 +63,8 @@ def _matched(query: str, page: str) -> int:
         ("القاهرة", "أَنَا أَعِيشُ فِي القَاهِرَة"),
         ("Istanbul", "İstanbul çok güzel"),
         ("abc123", "我的密码是ＡＢＣ１２３。"),
+        ("hôpital", "Je suis allé à l'hôpital hier."),
+        ("Italia", "Sono tornato dall'Italia ieri."),
     ],
 )
 def test_a_query_word_matches_the_page_that_holds_it(query: str, page: str) -> None:
@@ -83,6 +94,8 @@ SENTENCES = [
     "שָׁלוֹם, אני גר בירושלים",
     "İstanbul'da büyük bir kedim var",
     "Die Straße in München ist schön",
+    "L'été dernier, j'ai visité l'Italie avec l'équipe d'Hélène.",
+    "Quest'anno vado all'università con un'amica dell'ufficio.",
 ]
 
 
@@ -113,3 +126,21 @@ def test_a_chinese_question_finds_its_page_among_many(tmp_path) -> None:
         for question, fact in [("麻糬吃什么？", facts[0]), ("李娜住在哪里？", facts[1])]:
             pages = engine.retrieve("u", question).pages
             assert pages and pages[0].user_input == fact, [p.user_input for p in pages]
+
+
+ELISION_PIECES = ["L'", "l\u2019", "qu'", "d'", "dell'", "un'", "été", "Hôtel", "amico", "x", "'"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([*ELISION_PIECES, " "]) | st.text(st.characters(exclude_characters="\x00")),
+        max_size=20,
+    ).map("".join)
+)
+def test_the_index_splits_words_as_the_python_rule(text: str) -> None:
+    """The native term splitter (BM25 rows and query terms) finds the words of
+    ``text/words.py`` (elisions included): a query's term ids are its words' ids."""
+    assert sorted(query_terms([text]).ids.tolist()) == sorted(
+        {hash_keyword(w) for w in tokenize(text)}
+    )

@@ -130,5 +130,45 @@ inline void put_utf8(uint32_t c, std::string* out) {
   }
 }
 
+/// A letter a French, Italian or Catalan word begins with when the article before it is
+/// elided (memoryos_gpu/text/words.py ELISION_NEXT: vowels, with their accents, and h).
+inline bool elision_next(uint32_t c) {
+  static const char32_t kNext[] = U"aeiouyh\u00e0\u00e2\u00e4\u00e1\u00e3\u00e5\u00e6"
+                                  U"\u00e9\u00e8\u00ea\u00eb\u00ed\u00ec\u00ee\u00ef\u00f3"
+                                  U"\u00f2\u00f4\u00f6\u00f5\u0153\u00fa\u00f9\u00fb\u00fc"
+                                  U"\u00fd\u00ff"
+                                  U"AEIOUYH\u00c0\u00c2\u00c4\u00c1\u00c3\u00c5\u00c6"
+                                  U"\u00c9\u00c8\u00ca\u00cb\u00cd\u00cc\u00ce\u00cf\u00d3"
+                                  U"\u00d2\u00d4\u00d6\u00d5\u0152\u00da\u00d9\u00db\u00dc"
+                                  U"\u00dd\u0178";
+  for (const char32_t* p = kNext; *p != 0; ++p) {
+    if (static_cast<uint32_t>(*p) == c) return true;
+  }
+  return false;
+}
+
+/// Elision (memoryos_gpu/text/words.py ELIDED): whether the word so far, code units
+/// [0, len) of `w`, is an elided article or pronoun (ASCII letters, either case) and `next`,
+/// the code point after its apostrophe, a letter it is elided before. Then the apostrophe
+/// ends the word and the next word begins after it (`l'été` is `l` and `été`).
+template <typename Ch>
+bool elides(const Ch* w, size_t len, uint32_t next) {
+  if (len == 0 || len > 6 || !elision_next(next)) return false;
+  std::string head;
+  for (size_t k = 0; k < len; ++k) {
+    const auto c = static_cast<uint32_t>(w[k]);
+    if (!ascii_lower(c) && !ascii_upper(c)) return false;
+    head.push_back(static_cast<char>(ascii_upper(c) ? c + 32 : c));
+  }
+  static const char* const kElided[] = {
+      "c",    "d",     "j",      "l",      "m",      "n",      "s",    "t",   "v",
+      "qu",   "jusqu", "lorsqu", "puisqu", "quoiqu", "presqu", "quelqu", "dell", "all",
+      "nell", "sull",  "dall",   "coll",   "quell",  "quest",  "un",   "bell", "sant"};
+  for (const char* e : kElided) {
+    if (head == e) return true;
+  }
+  return false;
+}
+
 }  // namespace cp
 }  // namespace memoryos

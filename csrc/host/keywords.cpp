@@ -262,6 +262,7 @@ int64_t scan_text(const Ch* s, size_t n, const ScanContext& ctx, KeywordBatch* o
   std::string utf8;
   std::vector<size_t> units;  // where each letter of an unspaced run starts, then its end
   bool first = true;  // the next word is its document's first
+  bool elided_initial = false;  // the word before was a sentence-initial elided article
   int64_t docs = 0;
   size_t i = 0;
   while (i < n) {
@@ -293,18 +294,22 @@ int64_t scan_text(const Ch* s, size_t n, const ScanContext& ctx, KeywordBatch* o
     while (true) {
       for (; i < n && cp::continues_word(static_cast<uint32_t>(s[i])); ++i) ascii &= s[i] < 128;
       if (i + 1 < n && cp::is_apostrophe(static_cast<uint32_t>(s[i])) &&
-          cp::starts_word(static_cast<uint32_t>(s[i + 1]))) {
+          cp::starts_word(static_cast<uint32_t>(s[i + 1])) &&
+          !cp::elides(s + start, i - start, static_cast<uint32_t>(s[i + 1]))) {
         ascii &= s[i++] < 128;
         continue;
       }
       break;
     }
-    const bool initial = first || gap.ended();
+    // the word after an elided article starts its sentence if the article did ("L'École")
+    const bool initial = first || gap.ended() || elided_initial;
     if (ascii) {
       add_word(ctx, s + start, i - start, initial, &utf8, &utf8, &doc);
     } else {
       add_word(ctx, s + start, i - start, initial, &norm, &utf8, &doc);
     }
+    elided_initial = initial && i + 1 < n && cp::is_apostrophe(static_cast<uint32_t>(s[i])) &&
+                     cp::elides(s + start, i - start, static_cast<uint32_t>(s[i + 1]));
     first = false;
     gap.reset();
   }

@@ -260,7 +260,8 @@ void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
         put_utf8(static_cast<uint32_t>(s[i++]), &word);
       }
       if (i + 1 < n && is_apostrophe(static_cast<uint32_t>(s[i])) &&
-          cp::starts_word(static_cast<uint32_t>(s[i + 1]))) {
+          cp::starts_word(static_cast<uint32_t>(s[i + 1])) &&
+          !cp::elides(word.data(), word.size(), static_cast<uint32_t>(s[i + 1]))) {
         word.push_back('\'');
         ++i;
         continue;

@@ -191,4 +191,11 @@ UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
 """,  # sqlite_schema.MIGRATIONS[9]: term rows of non-ASCII pages split again
     10: "CREATE INDEX audit_knowledge ON audit(item_id) WHERE item_kind = 'knowledge'",
     # sqlite_schema.MIGRATIONS[10]: a knowledge entry's audit events, indexed
+    11: """
+UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
+  SELECT page_id FROM pages WHERE tier <> 'evicted' AND (
+    strpos(user_input, '''') > 0 OR strpos(user_input, '’') > 0
+    OR strpos(agent_response, '''') > 0 OR strpos(agent_response, '’') > 0
+    OR strpos(extra, '''') > 0 OR strpos(extra, '’') > 0))
+""",  # sqlite_schema.MIGRATIONS[11]: term rows of pages with an apostrophe split again
 }

@@ -14,6 +14,11 @@ extractor, the BM25 index and the hashing embedder (``csrc/host/terms.cpp`` and
   CJK analyzer, under which a query's word matches every page that contains it (a whole
   clause was one token before, so a question never matched a page). A Latin word inside such
   text is a word of its own (``我在Google工作``: ``我在``, ``google``, ``工作``).
+* Elision: an article or pronoun of French, Italian or Catalan that drops its vowel before a
+  word beginning with a vowel or ``h`` (``l'été``, ``qu'il``, ``dell'anno``) is a word of its
+  own, and so is the word after it: ``l'été`` matches ``été``. The elided forms are
+  :data:`ELIDED`, the letters they drop before :data:`ELISION_NEXT`; an English word with an
+  inner apostrophe (``don't``, ``O'Neil``, ``I'm``, ``c'mon``) stays one word.
 * Anything else separates.
 
 Folding (:func:`casefold`) is ``str.casefold`` with two fixes for words that are written two
@@ -29,7 +34,21 @@ import unicodedata
 
 from memoryos_gpu.text.unicode_ranges import MARK_RANGES, UNSPACED_RANGES, class_body
 
-__all__ = ["casefold", "normalise", "word_spans", "words"]
+__all__ = ["ELIDED", "ELISION_NEXT", "casefold", "normalise", "word_spans", "words"]
+
+#: The elided articles and pronouns (French, Italian, Catalan), lower case ASCII: before an
+#: apostrophe and a letter of :data:`ELISION_NEXT`, a word of their own.
+ELIDED: frozenset[str] = frozenset(
+    {
+        *("c", "d", "j", "l", "m", "n", "s", "t", "v"),
+        *("qu", "jusqu", "lorsqu", "puisqu", "quoiqu", "presqu", "quelqu"),
+        *("dell", "all", "nell", "sull", "dall", "coll", "quell", "quest", "un", "bell", "sant"),
+    }
+)
+#: The letters (either case) a word begins with when the article before it is elided.
+ELISION_NEXT: frozenset[str] = frozenset(
+    "aeiouyhàâäáãåæéèêëíìîïóòôöõœúùûüýÿAEIOUYHÀÂÄÁÃÅÆÉÈÊËÍÌÎÏÓÒÔÖÕŒÚÙÛÜÝŸ"
+)
 
 
 _MARK = class_body(MARK_RANGES)
@@ -58,11 +77,12 @@ _OPTIONAL_MARKS = re.compile(
 def word_spans(text: str) -> list[tuple[int, int]]:
     """``(start, end)`` of each word of ``text`` in order (a run's pairs overlap)."""
     if text.isascii():
-        return [m.span() for m in _ASCII_WORD_RE.finditer(text)]
+        spans = [m.span() for m in _ASCII_WORD_RE.finditer(text)]
+        return _split_elisions(text, spans) if "'" in text else spans
     out: list[tuple[int, int]] = []
     for m in _TOKEN_RE.finditer(text):
         if m.lastgroup != "run":
-            out.append(m.span())
+            out.extend(_split_elisions(text, [m.span()]))
             continue
         starts = [u.start() for u in _UNIT_RE.finditer(text, m.start(), m.end())]
         if len(starts) == 1:
@@ -75,9 +95,28 @@ def word_spans(text: str) -> list[tuple[int, int]]:
 
 def words(text: str) -> list[str]:
     """The words of ``text`` in order (:func:`word_spans`, as strings)."""
-    if text.isascii():
+    if text.isascii() and "'" not in text:
         return _ASCII_WORD_RE.findall(text)
     return [text[a:b] for a, b in word_spans(text)]
+
+
+def _split_elisions(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``spans`` with each elided article or pronoun made a word of its own (module doc)."""
+    out: list[tuple[int, int]] = []
+    for a, b in spans:
+        while True:
+            k = next((j for j in range(a + 1, b) if text[j] in "'\u2019"), -1)
+            head = text[a:k]
+            if (
+                k < 0
+                or not (head.isascii() and head.lower() in ELIDED)
+                or (text[k + 1] not in ELISION_NEXT)
+            ):
+                break
+            out.append((a, k))
+            a = k + 1
+        out.append((a, b))
+    return out
 
 
 def casefold(text: str) -> str:

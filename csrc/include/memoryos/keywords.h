@@ -7,7 +7,9 @@
 // character classes and case folding of the Python that built the project (unicode_tables.inc):
 //
 //   - the caller passes NFKC-normalised texts (NOT case-folded) joined by U+0000;
-//   - a word is [^\W_]+(?:['\u2019][^\W_]+)* (alnum runs joined through inner apostrophes);
+//   - a word is [^\W_]+(?:['\u2019][^\W_]+)* (alnum runs joined through inner apostrophes),
+//     except that an elided article before a vowel or h is a word of its own (l'été: l, été;
+//     codepoints.h elides, words.py ELIDED);
 //     its normalised form is its casefold with U+2019 read as ', a trailing "'s" dropped, then
 //     every apostrophe dropped; stopwords (tested on the normalised form) and words shorter
 //     than min_len code points (unless all digits) are skipped; fold_plurals applies the

@@ -10,7 +10,8 @@
 //     whole batch), joined by U+0000;
 //   - a word is a maximal run of code points for which Python's str.isalnum() holds, joined
 //     through inner apostrophes (' or U+2019) followed by more of them (the regex
-//     [^\W_]+(?:['\u2019][^\W_]+)*);
+//     [^\W_]+(?:['\u2019][^\W_]+)*), except that an elided article before a vowel or h is a
+//     word of its own (l'été: l, été; codepoints.h elides, words.py ELIDED);
 //   - a trailing possessive "'s" is dropped, then every apostrophe ("don't" -> "dont");
 //   - stopwords are dropped;
 //   - the id is BLAKE2b with an 8-byte digest of the word's UTF-8, read little-endian and masked
