@@ -12,8 +12,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from memoryos_gpu.text.keywords import KeywordExtractor, jaccard
+from memoryos_gpu.text.keywords import KeywordExtractor, jaccard, keyword_tokens
 from memoryos_gpu.text.stopword_lists import LANGUAGES, language_stopwords, normalised_words
 
 # three unrelated topics, two pages each, per language
@@ -117,3 +119,27 @@ def test_the_bundled_lists_are_normalised_single_words() -> None:
         "über",
         "aujourdhui",
     }
+
+
+def test_an_llms_keyword_phrases_lose_their_languages_stopwords() -> None:
+    """LLM mode: the keyword phrases of a page (``keyword_tokens``) follow the same rule."""
+    assert keyword_tokens(["la plage", "cours de piano", "l'été"]) == ["plage", "cours", "piano"]
+    assert keyword_tokens(["der Wald", "Spaziergang mit dem Hund"]) == [
+        "wald",
+        "spaziergang",
+        "hund",
+    ]
+    assert keyword_tokens(["die hard", "support group"]) == ["die", "hard", "support", "group"]
+
+
+WORDS = ["und", "der", "die", "Hund", "le", "la", "de", "plage", "the", "and", "come", "son"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(WORDS), max_size=4).map(" ".join), max_size=5))
+def test_phrases_and_the_scanner_find_the_same_language(phrases: list[str]) -> None:
+    """``language_of`` (for phrases) decides as the native scanner does for a text: the
+    words each keeps of the same words are the same."""
+    kept = set(keyword_tokens(phrases))
+    c = KeywordExtractor(min_len=1).candidates(["\n".join(phrases)])
+    assert kept == set(c.words)

@@ -63,6 +63,7 @@ __all__ = [
     "jaccard",
     "jaccard_ids",
     "keyword_tokens",
+    "language_of",
     "normalize_word",
     "pack_keywords",
     "tokenize",
@@ -215,6 +216,20 @@ def tokenize(
     return toks
 
 
+def language_of(words: Sequence[str]) -> frozenset[str]:
+    """The stopwords of the language other than English that ``words`` (the normalised words
+    of one text, stopwords included) are written in, or an empty set: the native scanner's
+    rule (``csrc/include/memoryos/keywords.h``; :mod:`~memoryos_gpu.text.stopword_lists`), for
+    the texts that do not go through it (an LLM's keyword phrases). Its list holds the most
+    of the words (the first of equals), at least two, and more than the English list."""
+    lists = language_stopwords()
+    hits = [sum(w in stop for w in words) for stop in lists.values()]
+    best = max(range(len(hits)), key=lambda b: (hits[b], -b), default=None)
+    if best is None or hits[best] < 2 or hits[best] <= sum(w in STOPWORDS for w in words):
+        return frozenset()
+    return list(lists.values())[best]
+
+
 def keyword_tokens(
     keywords: Iterable[str],
     *,
@@ -225,15 +240,21 @@ def keyword_tokens(
 
     ``["support group", "Caroline's", "LGBTQ"]`` -> ``["support", "group",
     "caroline", "lgbtq"]``. Order follows the input (best first); stopwords are
-    dropped. Use this before :func:`hash_keywords` / :func:`pack_keywords`, which
-    treat each entry as ONE word (a phrase would be squashed into one token).
+    dropped, and the stopwords of the phrases' language when they are written in another
+    (``["la plage", "cours de piano"]`` -> ``["plage", "cours", "piano"]``: the scanner's rule,
+    :func:`language_of`, over the list's words). Use this before :func:`hash_keywords` /
+    :func:`pack_keywords`, which treat each entry as ONE word (a phrase would be squashed into
+    one token).
     """
+    words = [_norm_tokens(p) if isinstance(p, str) else [] for p in keywords]
+    foreign = language_of([w for ws in words for w in ws])
     out: list[str] = []
     seen: set[str] = set()
-    for phrase in keywords:
-        if not isinstance(phrase, str):
-            continue
-        for tok in tokenize(phrase, fold_plurals=fold_plurals):
+    for ws in words:
+        for norm in ws:
+            if norm in STOPWORDS or norm in foreign:
+                continue
+            tok = _fold_plural(norm) if fold_plurals else norm
             if tok not in seen:
                 seen.add(tok)
                 out.append(tok)
