@@ -26,7 +26,9 @@ from functools import cache, lru_cache
 import numpy as np
 
 from memoryos_gpu.ops.retrieval import MAX_QUERY_TERMS, QueryTerms
+from memoryos_gpu.text.date_names import language_dates
 from memoryos_gpu.text.keywords import STOPWORDS
+from memoryos_gpu.text.stopword_lists import language_stopwords
 from memoryos_gpu.text.words import normalise
 
 
@@ -88,7 +90,11 @@ class PageTerms:
 def _splitter() -> object:
     from memoryos_gpu import _C
 
-    return _C.TermSplitter(sorted(STOPWORDS))
+    return _C.TermSplitter(
+        sorted(STOPWORDS),
+        [sorted(words) for words in language_stopwords().values()],
+        language_dates(),
+    )
 
 
 def _normalised(texts: Sequence[str]) -> str:

@@ -53,9 +53,10 @@ def test_an_upgraded_store_splits_its_non_ascii_pages_again(
 def test_an_upgraded_store_splits_its_pages_with_an_apostrophe_again(
     backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Schema 12: an elided article is a word of its own (``l'été``: ``l``, ``été``), so the
-    rows of pages whose text holds an apostrophe (either kind, in either text or the speaker
-    names) are computed again; the others keep theirs."""
+    """Schema 12: an elided article is a word of its own (``l'été``: ``l``, ``été``) and a page
+    in another language has its date in that language's words too, so the rows of pages whose
+    text holds an apostrophe (either kind, in either text or the speaker names) or anything
+    outside ASCII are computed again; the others keep theirs."""
     import memoryos_gpu.store.sqlite_schema as sq
 
     spec = backend.spec("v11")
@@ -65,6 +66,8 @@ def test_an_upgraded_store_splits_its_pages_with_an_apostrophe_again(
         {"user_id": "u", "user_input": "no apostrophe here"},
         {"user_id": "u", "user_input": "x", "agent_response": "C\u2019est l\u2019hôtel."},
         {"user_id": "u", "user_input": "y", "meta": {"user_name": "D'Artagnan"}},
+        # no apostrophe, but not ASCII: it gets its language's date words now
+        {"user_id": "u", "user_input": "Wir waren mit dem Hund am Strand, es war schön."},
     ]
     with _engine(spec) as engine:
         ids = [r.page_id for r in engine.add_many(pages)]
@@ -79,7 +82,7 @@ def test_an_upgraded_store_splits_its_pages_with_an_apostrophe_again(
         rows = engine.store.page_terms(ids)
         assert engine.store.schema_version == sq.SCHEMA_VERSION
         assert rows[ids[1]] == OLD_ROW  # no apostrophe: not rewritten
-        for i in (0, 2, 3):
+        for i in (0, 2, 3, 4):
             page = engine.get_page(ids[i])
             now = page_terms_of(
                 [(page["user_input"], page["agent_response"], page["timestamp"], page["extra"])]

@@ -509,7 +509,11 @@ void register_retrieval(py::module_& m) {
   py::class_<TermSplitter>(m, "TermSplitter",
                            "Splits U+0000-joined, NFKC-normalised, case-folded texts into "
                            "hashed terms (memoryos/terms.h has the rules).")
-      .def(py::init<const std::vector<std::string>&>(), py::arg("stopwords"))
+      .def(py::init<const std::vector<std::string>&, const std::vector<std::vector<std::string>>&,
+                    const std::vector<std::vector<std::string>>&>(),
+           py::arg("stopwords"),
+           py::arg("language_stopwords") = std::vector<std::vector<std::string>>{},
+           py::arg("language_dates") = std::vector<std::vector<std::string>>{})
       .def("split", &split_terms, py::arg("text"), py::arg("n_docs"),
            py::arg("timestamps") = py::none(), py::arg("max_terms") = 1 << 30,
            py::arg("sorted") = true,

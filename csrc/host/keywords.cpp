@@ -2,12 +2,12 @@
 #include "memoryos/keywords.h"
 
 #include <algorithm>
-#include <array>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
 #include "codepoints.h"
+#include "memoryos/languages.h"
 #include "memoryos/terms.h"
 
 namespace memoryos {
@@ -117,10 +117,6 @@ void classify(const Ch* surface, size_t n, bool* acronym, bool* capitalised) {
   *capitalised = n > 0 && cp::is_upper(static_cast<uint32_t>(surface[0]));
 }
 
-/// The stopword bit of the scanner's own list (English by default); bits 0..30 are the
-/// other languages' lists.
-constexpr uint32_t kOwnStopwords = uint32_t{1} << 31;
-
 /// One document's candidates while it is scanned.
 struct DocCandidates {
   WordIndex index;  // word -> position in the lists below
@@ -130,27 +126,11 @@ struct DocCandidates {
   std::vector<int32_t> tf;
   std::vector<uint8_t> flags;
   std::vector<uint32_t> lists;  // the stopword lists (bits) each word's surfaces are in
-  std::array<int32_t, 32> hits{};  // the document's words in each list, by bit
-
-  /// Counts one word's occurrence in the lists of `mask`.
-  void count(uint32_t mask) {
-    for (; mask != 0; mask &= mask - 1) ++hits[static_cast<size_t>(__builtin_ctz(mask))];
-  }
-
-  /// The bit of the language whose stopwords this document is written in, or 0: the
-  /// language list with the most words of the document, if it has at least two and more
-  /// than the scanner's own list (ties: the lower bit).
-  uint32_t language() const {
-    size_t best = 0;
-    for (size_t b = 1; b < 31; ++b) {
-      if (hits[b] > hits[best]) best = b;
-    }
-    const int32_t n = hits[best];
-    return n >= 2 && n > hits[31] ? uint32_t{1} << best : 0;
-  }
+  LanguageVotes votes;  // the document's words, by list (memoryos/languages.h)
 
   void flush(bool with_ids, KeywordBatch* out) {
-    const uint32_t drop = language();
+    const int language = votes.language();
+    const uint32_t drop = language < 0 ? 0 : uint32_t{1} << language;
     for (size_t i = 0; i < words.size(); ++i) {
       if ((lists[i] & drop) != 0) continue;  // a stopword of the document's language
       const std::string& w = words[i];
@@ -163,24 +143,9 @@ struct DocCandidates {
     }
     out->offsets.push_back(static_cast<int64_t>(out->ids.size()));
     index.clear(), words.clear(), hashes.clear(), ascii.clear(), tf.clear(), flags.clear();
-    lists.clear(), hits.fill(0);
+    lists.clear(), votes.clear();
   }
 };
-
-}  // namespace
-
-namespace {
-
-/// The stopword lists as WordMasks bits: the languages' lists at bits 0..30, the scanner's
-/// own at bit 31.
-WordMasks stopword_masks(const std::vector<std::string>& stopwords,
-                         const std::vector<std::vector<std::string>>& languages) {
-  if (languages.size() > 31) throw std::invalid_argument("at most 31 language stopword lists");
-  std::vector<std::vector<std::string>> lists(32);
-  std::copy(languages.begin(), languages.end(), lists.begin());
-  lists[31] = stopwords;
-  return WordMasks(lists);
-}
 
 }  // namespace
 
@@ -218,7 +183,7 @@ void add_word(const ScanContext& ctx, const Ch* surface, size_t n, bool initial,
   to_utf8(*norm, utf8);
   uint64_t hash = word_hash(*utf8);  // one hash for every lookup below
   const uint32_t lists = ctx.stop.mask(*utf8, hash);
-  doc->count(lists);
+  doc->votes.count(lists);
   if ((lists & kOwnStopwords) != 0) return;
   if (static_cast<int32_t>(norm->size()) < ctx.opt.min_len && !all_digits(*norm)) return;
   if (ctx.opt.fold_plurals) {

@@ -2,6 +2,7 @@
 #include "memoryos/terms.h"
 
 #include "codepoints.h"
+#include "memoryos/languages.h"
 
 #include <algorithm>
 #include <array>
@@ -151,23 +152,44 @@ int32_t term_id(const uint8_t* utf8, size_t n) {
   return static_cast<int32_t>(h[0] & 0x7FFFFFFFULL);
 }
 
-std::vector<std::string> date_words(double timestamp) {
-  if (!std::isfinite(timestamp)) return {};
+namespace {
+
+/// The UTC date of an epoch timestamp as datetime.fromtimestamp reads it: false when out of
+/// its range (years 1..9999). `wd`: Monday = 0.
+bool utc_date(double timestamp, int64_t* y, int* m, int* d, int* wd) {
+  if (!std::isfinite(timestamp)) return false;
   // datetime.fromtimestamp rounds to the microsecond (half to even), then takes the UTC day
   const double us = std::nearbyint(timestamp * 1e6);
   const double day = std::floor(us / 86400e6);
-  if (!(day > -719163.0 - 1 && day < 2932897.0)) return {};  // years 1..9999
-  int64_t y;
-  int m, d;
+  if (!(day > -719163.0 - 1 && day < 2932897.0)) return false;
   const auto days = static_cast<int64_t>(day);
-  civil_from_days(days, &y, &m, &d);
-  if (y < 1 || y > 9999) return {};
-  const int64_t wd = ((days % 7) + 7 + 3) % 7;  // 1970-01-01 was a Thursday (Monday = 0)
+  civil_from_days(days, y, m, d);
+  *wd = static_cast<int>(((days % 7) + 7 + 3) % 7);  // 1970-01-01 was a Thursday
+  return *y >= 1 && *y <= 9999;
+}
+
+}  // namespace
+
+std::vector<std::string> date_words(double timestamp) {
+  int64_t y;
+  int m, d, wd;
+  if (!utc_date(timestamp, &y, &m, &d, &wd)) return {};
   return {kWeekdays[wd], std::to_string(d), kMonths[m - 1], std::to_string(y)};
 }
 
-TermSplitter::TermSplitter(const std::vector<std::string>& stopwords)
-    : stopwords_(stopwords.begin(), stopwords.end()) {}
+TermSplitter::TermSplitter(const std::vector<std::string>& stopwords,
+                           const std::vector<std::vector<std::string>>& language_stopwords,
+                           const std::vector<std::vector<std::string>>& language_dates)
+    : stopwords_(stopword_masks(stopwords, language_stopwords)), dates_(language_dates) {
+  if (dates_.size() > language_stopwords.size()) {
+    throw std::invalid_argument("date names for more languages than stopword lists");
+  }
+  for (const auto& names : dates_) {
+    if (!names.empty() && names.size() != 19) {
+      throw std::invalid_argument("a language's date names are 12 months and 7 weekdays");
+    }
+  }
+}
 
 namespace {
 
@@ -208,23 +230,53 @@ int32_t cached_term_id(std::string_view w, uint64_t hash) {
 
 namespace {
 
+/// The word lists a split reads.
+struct SplitLists {
+  const WordMasks& stop;  // bit 31: stopwords; bits 0..30: the languages' lists
+  const std::vector<std::vector<std::string>>& dates;  // by language bit
+};
+
+/// A document's date words (terms.h): English, then its language's weekday and month.
+std::vector<std::string> doc_date_words(double timestamp, int language, const SplitLists& lists) {
+  std::vector<std::string> out = date_words(timestamp);
+  const auto b = static_cast<size_t>(language);
+  if (out.empty() || language < 0 || b >= lists.dates.size() || lists.dates[b].empty()) {
+    return out;
+  }
+  int64_t y;
+  int m, d, wd;
+  utc_date(timestamp, &y, &m, &d, &wd);
+  out.push_back(lists.dates[b][static_cast<size_t>(12 + wd)]);
+  out.push_back(lists.dates[b][static_cast<size_t>(m - 1)]);
+  return out;
+}
+
 template <typename Ch>
 void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
-                const TermOptions& opt, const WordSet& stop,
-                TermBatch* out) {
+                const TermOptions& opt, const SplitLists& lists, TermBatch* out) {
   DocTerms doc;
+  LanguageVotes votes;  // pages only (dated): the language of their date words
   std::string word;
   std::vector<size_t> units;  // where each letter of an unspaced run starts, then its end
   int64_t docs_done = 0;
   auto emit = [&](const std::string& w) {
     if (w.empty()) return;
     const uint64_t hash = word_hash(w);  // one hash for the stopwords and the id cache
-    if (stop.contains(w, hash)) return;
+    const uint32_t in_lists = lists.stop.mask(w, hash);
+    if (timestamps != nullptr) votes.count(in_lists);
+    if ((in_lists & kOwnStopwords) != 0) return;
     doc.tokens.push_back(cached_term_id(w, hash));
   };
   auto end_doc = [&]() {
     if (timestamps != nullptr && docs_done < n_docs) {
-      for (const auto& w : date_words(timestamps[docs_done])) emit(w);
+      const int language = votes.language();
+      votes.clear();
+      for (const auto& w : doc_date_words(timestamps[docs_done], language, lists)) {
+        const uint64_t hash = word_hash(w);
+        if ((lists.stop.mask(w, hash) & kOwnStopwords) == 0) {
+          doc.tokens.push_back(cached_term_id(w, hash));
+        }
+      }
     }
     doc.flush(opt, out);
     ++docs_done;
@@ -288,10 +340,11 @@ TermBatch TermSplitter::split(const void* text, size_t length, int kind, int64_t
   out.offsets.push_back(0);
   out.length.reserve(static_cast<size_t>(n_docs));
   if (n_docs == 0) return out;
+  const SplitLists lists{stopwords_, dates_};
   switch (kind) {
-    case 1: split_text(static_cast<const uint8_t*>(text), length, n_docs, timestamps, options, stopwords_, &out); break;
-    case 2: split_text(static_cast<const uint16_t*>(text), length, n_docs, timestamps, options, stopwords_, &out); break;
-    case 4: split_text(static_cast<const uint32_t*>(text), length, n_docs, timestamps, options, stopwords_, &out); break;
+    case 1: split_text(static_cast<const uint8_t*>(text), length, n_docs, timestamps, options, lists, &out); break;
+    case 2: split_text(static_cast<const uint16_t*>(text), length, n_docs, timestamps, options, lists, &out); break;
+    case 4: split_text(static_cast<const uint32_t*>(text), length, n_docs, timestamps, options, lists, &out); break;
     default: throw std::invalid_argument("unknown string kind " + std::to_string(kind));
   }
   return out;

@@ -196,6 +196,8 @@ UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
   SELECT page_id FROM pages WHERE tier <> 'evicted' AND (
     strpos(user_input, '''') > 0 OR strpos(user_input, '’') > 0
     OR strpos(agent_response, '''') > 0 OR strpos(agent_response, '’') > 0
-    OR strpos(extra, '''') > 0 OR strpos(extra, '’') > 0))
-""",  # sqlite_schema.MIGRATIONS[11]: term rows of pages with an apostrophe split again
+    OR strpos(extra, '''') > 0 OR strpos(extra, '’') > 0
+    OR octet_length(user_input) <> char_length(user_input)
+    OR octet_length(agent_response) <> char_length(agent_response)))
+""",  # sqlite_schema.MIGRATIONS[11]: term rows of pages with an apostrophe or non-ASCII split again
 }

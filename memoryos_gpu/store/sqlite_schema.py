@@ -281,15 +281,19 @@ UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
     # that bulk ingestion writes (one a page) add nothing to the index.
     10: "CREATE INDEX audit_knowledge ON audit(item_id) WHERE item_kind = 'knowledge'",
     # 11 -> 12: an elided French, Italian or Catalan article or pronoun is a word of its own
-    # (``l'été`` is ``l`` and ``été``: memoryos_gpu/text/words.py). The term rows of pages whose
-    # text holds an apostrophe were split the old way (one word ``lété``): their rows go, and
-    # the open computes them again from the text, as for 9 -> 10.
+    # (``l'été`` is ``l`` and ``été``: memoryos_gpu/text/words.py), and a page in another
+    # language gets its date in that language's words too (text/date_names.py). The term rows
+    # of pages whose text holds an apostrophe or anything outside ASCII were split the old way
+    # (one word ``lété``, English date words only): their rows go, and the open computes them
+    # again from the text, as for 9 -> 10.
     11: """
 UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
   SELECT page_id FROM pages WHERE tier != 'evicted' AND (
     instr(user_input, '''') > 0 OR instr(user_input, '’') > 0
     OR instr(agent_response, '''') > 0 OR instr(agent_response, '’') > 0
-    OR instr(extra, '''') > 0 OR instr(extra, '’') > 0))
+    OR instr(extra, '''') > 0 OR instr(extra, '’') > 0
+    OR length(CAST(user_input AS BLOB)) != length(user_input)
+    OR length(CAST(agent_response AS BLOB)) != length(agent_response)))
 """,
 }
 

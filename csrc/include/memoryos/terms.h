@@ -14,6 +14,10 @@
 //     word of its own (l'été: l, été; codepoints.h elides, words.py ELIDED);
 //   - a trailing possessive "'s" is dropped, then every apostrophe ("don't" -> "dont");
 //   - stopwords are dropped;
+//   - a page's date words (given its timestamp): its UTC weekday, day, month and year in
+//     English, and its weekday and month in the page's language when that is another one with
+//     date names (found by memoryos/languages.h from the language lists), so a question in
+//     French finds a page of May by "mai";
 //   - the id is BLAKE2b with an 8-byte digest of the word's UTF-8, read little-endian and masked
 //     to 31 bits (memoryos_gpu.text.keywords.hash_keyword), so ids are >= 0 and -1 pads.
 #pragma once
@@ -54,10 +58,15 @@ struct TermOptions {
   bool sorted = true;
 };
 
-/// Splits and hashes documents. Holds the stopword list; thread-safe once built.
+/// Splits and hashes documents. Holds the word lists; thread-safe once built.
 class TermSplitter {
  public:
-  explicit TermSplitter(const std::vector<std::string>& stopwords);
+  /// `language_stopwords`: other languages' lists (at most 31), which find a page's language;
+  /// `language_dates[b]`: list b's language's month names (12, January first) then weekday
+  /// names (7, Monday first), case-folded, or empty (no date words of its own).
+  explicit TermSplitter(const std::vector<std::string>& stopwords,
+                        const std::vector<std::vector<std::string>>& language_stopwords = {},
+                        const std::vector<std::vector<std::string>>& language_dates = {});
 
   /// `text` is `n_docs` documents joined by U+0000, as code units of one width (1, 2 or 4 bytes:
   /// CPython's string kinds). `timestamps` (n_docs values, or null) appends each document's
@@ -66,7 +75,8 @@ class TermSplitter {
                   const double* timestamps, const TermOptions& options) const;
 
  private:
-  WordSet stopwords_;
+  WordMasks stopwords_;  // bit 31: `stopwords`; bits 0..30: `language_stopwords`
+  std::vector<std::vector<std::string>> dates_;  // by language bit
 };
 
 /// The UTC date words of an epoch timestamp, as memoryos_gpu.lexical.date_words writes them

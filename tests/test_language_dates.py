@@ -1,0 +1,58 @@
+"""A page in another language gets its date in that language's words too
+(``text/date_names.py``; the term splitter finds the page's language as the keyword scanner
+does). Before, a page's BM25 row held its date in English words only, so a question in
+French ("en mai") matched only the numbers of a date."""
+
+from __future__ import annotations
+
+import pytest
+
+from memoryos_gpu.lexical import date_words, page_terms, query_terms
+from memoryos_gpu.text.date_names import DATE_NAMES, language_dates
+from memoryos_gpu.text.keywords import hash_keyword
+from memoryos_gpu.text.stopword_lists import LANGUAGES
+
+MONDAY_8_MAY_2023 = 1683561360.0
+
+PAGES = {
+    "fr": ("Je suis allé à la plage avec ma sœur et le chien.", "lundi", "mai"),
+    "de": ("Ich war mit meiner Schwester und dem Hund am Strand.", "montag", "mai"),
+    "es": ("Fui a la playa con mi hermana y el perro.", "lunes", "mayo"),
+    "it": ("Sono andato al mare con mia sorella e il cane.", "lunedì", "maggio"),
+    "nl": ("Ik ben met mijn zus en de hond naar het strand gegaan.", "maandag", "mei"),
+}
+
+
+def _row(text: str, ts: float = MONDAY_8_MAY_2023) -> set[int]:
+    return set(page_terms([text], [ts]).row(0)[0].tolist())
+
+
+@pytest.mark.parametrize("lang", sorted(PAGES))
+def test_a_page_has_its_date_in_its_language_and_in_english(lang: str) -> None:
+    text, weekday, month = PAGES[lang]
+    row = _row(text)
+    for word in (weekday, month, *date_words(MONDAY_8_MAY_2023).lower().split()):
+        assert hash_keyword(word) in row, word
+
+
+def test_an_english_page_has_english_date_words_only() -> None:
+    row = _row("I went to the beach with my sister and the dog.")
+    assert {hash_keyword(w) for w in ("monday", "may", "8", "2023")} <= row
+    others = {hash_keyword(w) for _, weekday, month in PAGES.values() for w in (weekday, month)}
+    assert not row & others
+
+
+def test_a_question_in_the_pages_language_finds_it_by_month() -> None:
+    text, _, _ = PAGES["fr"]
+    terms = query_terms(["Qu'est-ce que j'ai fait en mai ?"]).ids.tolist()
+    assert hash_keyword("mai") in terms and hash_keyword("mai") in _row(text)
+    assert hash_keyword("mai") not in _row(text, MONDAY_8_MAY_2023 + 40 * 86400)  # June
+
+
+def test_every_table_names_twelve_months_and_seven_days_of_a_listed_language() -> None:
+    assert set(DATE_NAMES) <= set(LANGUAGES)
+    for lang, names in DATE_NAMES.items():
+        assert len(set(names.split())) == len(names.split()) == 19, lang
+    table = language_dates()
+    assert len(table) == len(LANGUAGES)
+    assert table[LANGUAGES.index("de")][2] == "märz"  # as the splitter reads words
