@@ -21,33 +21,45 @@ def _engine(spec: str) -> MemoryEngine:
     return MemoryEngine(EngineConfig(store=spec, embedder="hashing", device="cpu"))
 
 
-def test_an_upgraded_store_splits_its_non_ascii_pages_again(
-    backend: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _reopened(
+    backend: Any, monkeypatch: pytest.MonkeyPatch, version: int, pages: list[dict]
+) -> tuple[list[int], dict[int, bytes], list[dict]]:
+    """``pages`` added to a store at schema ``version`` whose term rows are ``OLD_ROW`` (what the
+    old split stored), then the store opened by this code: the pages' ids, their term rows
+    now and their store rows."""
     import memoryos_gpu.store.sqlite_schema as sq
 
-    spec = backend.spec("v9")
-    monkeypatch.setattr(sq, "SCHEMA_VERSION", 9)
-    texts = ["去年春天我领养了一只叫麻糬的猫。", "I adopted a cat named Mochi.", "मैं मैराथन दौड़ता हूँ"]
+    spec = backend.spec(f"v{version}")
+    monkeypatch.setattr(sq, "SCHEMA_VERSION", version)
     with _engine(spec) as engine:
-        ids = [
-            r.page_id for r in engine.add_many([{"user_id": "u", "user_input": t} for t in texts])
-        ]
+        ids = [r.page_id for r in engine.add_many(pages)]
     st = backend.open(spec)
-    with st.transaction() as db:  # the rows a version-9 engine wrote
+    with st.transaction() as db:
         db.executemany(
             "UPDATE page_vectors SET terms = ? WHERE page_id = ?", [(OLD_ROW, i) for i in ids]
         )
     st.close()
     monkeypatch.undo()
     with _engine(spec) as engine:
-        rows = engine.store.page_terms(ids)
         assert engine.store.schema_version == sq.SCHEMA_VERSION
-        assert rows[ids[1]] == OLD_ROW  # ASCII: split as before, not rewritten
-        for i in (0, 2):
-            page = engine.get_page(ids[i])
-            now = page_terms_of([(texts[i], "", page["timestamp"], page.get("extra") or {})])
-            assert rows[ids[i]] == terms_to_blobs(now)[0] != OLD_ROW
+        return ids, engine.store.page_terms(ids), [engine.get_page(i) for i in ids]
+
+
+def _split_now(page: dict) -> bytes:
+    """The term row this code makes of a stored page."""
+    row = (page["user_input"], page["agent_response"], page["timestamp"], page["extra"] or {})
+    return terms_to_blobs(page_terms_of([row]))[0]
+
+
+def test_an_upgraded_store_splits_its_non_ascii_pages_again(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    texts = ["去年春天我领养了一只叫麻糬的猫。", "I adopted a cat named Mochi.", "मैं मैराथन दौड़ता हूँ"]
+    pages = [{"user_id": "u", "user_input": t} for t in texts]
+    ids, rows, stored = _reopened(backend, monkeypatch, 9, pages)
+    assert rows[ids[1]] == OLD_ROW  # ASCII: split as before, not rewritten
+    for i in (0, 2):
+        assert rows[ids[i]] == _split_now(stored[i]) != OLD_ROW
 
 
 def test_an_upgraded_store_splits_its_pages_with_an_apostrophe_again(
@@ -57,10 +69,6 @@ def test_an_upgraded_store_splits_its_pages_with_an_apostrophe_again(
     in another language has its date in that language's words too, so the rows of pages whose
     text holds an apostrophe (either kind, in either text or the speaker names) or anything
     outside ASCII are computed again; the others keep theirs."""
-    import memoryos_gpu.store.sqlite_schema as sq
-
-    spec = backend.spec("v11")
-    monkeypatch.setattr(sq, "SCHEMA_VERSION", 11)
     pages = [
         {"user_id": "u", "user_input": "J'adore l'été à la plage."},
         {"user_id": "u", "user_input": "no apostrophe here"},
@@ -69,22 +77,7 @@ def test_an_upgraded_store_splits_its_pages_with_an_apostrophe_again(
         # no apostrophe, but not ASCII: it gets its language's date words now
         {"user_id": "u", "user_input": "Wir waren mit dem Hund am Strand, es war schön."},
     ]
-    with _engine(spec) as engine:
-        ids = [r.page_id for r in engine.add_many(pages)]
-    st = backend.open(spec)
-    with st.transaction() as db:  # the rows a version-11 engine wrote
-        db.executemany(
-            "UPDATE page_vectors SET terms = ? WHERE page_id = ?", [(OLD_ROW, i) for i in ids]
-        )
-    st.close()
-    monkeypatch.undo()
-    with _engine(spec) as engine:
-        rows = engine.store.page_terms(ids)
-        assert engine.store.schema_version == sq.SCHEMA_VERSION
-        assert rows[ids[1]] == OLD_ROW  # no apostrophe: not rewritten
-        for i in (0, 2, 3, 4):
-            page = engine.get_page(ids[i])
-            now = page_terms_of(
-                [(page["user_input"], page["agent_response"], page["timestamp"], page["extra"])]
-            )
-            assert rows[ids[i]] == terms_to_blobs(now)[0] != OLD_ROW
+    ids, rows, stored = _reopened(backend, monkeypatch, 11, pages)
+    assert rows[ids[1]] == OLD_ROW  # neither: not rewritten
+    for i in (0, 2, 3, 4):
+        assert rows[ids[i]] == _split_now(stored[i]) != OLD_ROW
