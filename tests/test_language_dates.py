@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from memoryos_gpu.lexical import date_words, page_terms, query_terms
+from memoryos_gpu import EngineConfig, MemoryEngine
+from memoryos_gpu.lexical import date_words, page_terms, query_terms, terms_from_blobs
 from memoryos_gpu.text.date_names import DATE_NAMES, language_dates
 from memoryos_gpu.text.keywords import hash_keyword
 from memoryos_gpu.text.stopword_lists import LANGUAGES
@@ -56,3 +57,15 @@ def test_every_table_names_twelve_months_and_seven_days_of_a_listed_language() -
     table = language_dates()
     assert len(table) == len(LANGUAGES)
     assert table[LANGUAGES.index("de")][2] == "märz"  # as the splitter reads words
+
+
+def test_the_engine_indexes_a_page_with_its_languages_date_words() -> None:
+    """Wiring: a page the engine accepts is indexed by the splitter above (its stored term
+    row), in the page's language and in English."""
+    text, weekday, month = PAGES["fr"]
+    cfg = EngineConfig(store=":memory:", embedder="hashing", device="cpu")
+    with MemoryEngine(cfg) as engine:
+        r = engine.add("u", text, timestamp=MONDAY_8_MAY_2023)
+        blob = engine.store.page_terms([r.page_id])[r.page_id]
+    row = set(terms_from_blobs([blob]).row(0)[0].tolist())
+    assert {hash_keyword(w) for w in (weekday, month, "monday", "may")} <= row
