@@ -20,15 +20,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gates import GATE_TIMEOUT, Background, GatedScript
 
 from memoryos_gpu.config import EngineConfig, LLMConfig, preset
 from memoryos_gpu.distributed.layout import ShardMap
 from memoryos_gpu.distributed.sharding import ShardedEngine
 from memoryos_gpu.embed.hashing import HashingEmbedder
-from memoryos_gpu.llm.base import ChatRequest
 from memoryos_gpu.llm.scripted import ScriptedBackend
 
-HOLD_S = 10.0  # how long a blocked call waits for the test (never reached when it passes)
 FAST_S = 1.0  # what a call beside a blocked one must take at most (idle: milliseconds)
 SHORT_S = 0.3  # how long something that must wait is watched waiting
 
@@ -58,49 +57,15 @@ class GatedEmbedder:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         if not self.release.is_set() and any(MARK in t for t in texts):
             self.entered.set()
-            self.release.wait(HOLD_S)
+            self.release.wait(GATE_TIMEOUT)
         return self._inner.encode(texts)
 
 
-class GatedResponses:
-    """``script``'s answers; a ``response`` request blocks while armed."""
-
-    def __init__(self, script: Callable[[ChatRequest], Any]) -> None:
-        self.script = script
-        self.entered, self.release = threading.Event(), threading.Event()
-        self.release.set()
-
-    def arm(self) -> None:
-        self.entered.clear()
-        self.release.clear()
-
-    def __call__(self, req: ChatRequest) -> Any:
-        if req.stage == "response" and not self.release.is_set():
-            self.entered.set()
-            self.release.wait(HOLD_S)
-        return self.script(req)
-
-
-class Background(threading.Thread):
-    """``fn`` on a thread of its own, its result or exception kept."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.fn, self.result, self.error = fn, None, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except BaseException as exc:  # handed to the test
-            self.error = exc
-
-    def done(self, timeout: float = HOLD_S) -> Any:
-        self.join(timeout)
-        assert not self.is_alive(), "the background call did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
+def started(fn: Callable[[], Any]) -> Background:
+    """``fn`` running on a thread of its own."""
+    worker = Background(fn)
+    worker.start()
+    return worker
 
 
 def users_on_both_shards() -> tuple[str, str]:
@@ -113,7 +78,10 @@ def users_on_both_shards() -> tuple[str, str]:
 @pytest.fixture
 def sharded(tmp_path: Path, kit: Any) -> Any:
     """Two shards in LLM mode (scripted answers), a user on each."""
-    embedder, script = GatedEmbedder(), GatedResponses(kit.Script(response="a scripted reply"))
+    embedder, script = (
+        GatedEmbedder(),
+        GatedScript(kit.Script(response="a scripted reply"), "response"),
+    )
     cfg = EngineConfig(
         memory=preset("paper"),
         llm=LLMConfig(mode="llm", backend="scripted"),
@@ -145,17 +113,17 @@ def test_retrievals_go_on_while_an_add_embeds(sharded: Any) -> None:
     and its pages are there once it finishes."""
     eng, embedder, _, (a, b) = sharded
     embedder.arm()
-    add = Background(
+    add = started(
         lambda: eng.add_many(
             [{"user_id": a, "user_input": f"a {MARK} today", "agent_response": ""}]
         )
     )
-    assert embedder.entered.wait(HOLD_S)
+    assert embedder.entered.wait(GATE_TIMEOUT)
     for user in (a, b):
         assert timed(lambda u=user: eng.retrieve_many([(u, "hiking")])) < FAST_S
     assert add.is_alive()  # still embedding: the retrievals did not wait for it
     embedder.release.set()
-    assert not add.done()[0].duplicate
+    assert not add.finish()[0].duplicate
     pages = eng.retrieve(a, MARK, top_pages=20).stm
     assert any(MARK in p.user_input for p in pages)
 
@@ -164,24 +132,24 @@ def test_a_write_goes_on_while_another_embeds(sharded: Any) -> None:
     """Two writers to different shards: the second does not wait for the first's embedding."""
     eng, embedder, _, (a, b) = sharded
     embedder.arm()
-    slow = Background(
+    slow = started(
         lambda: eng.add_many([{"user_id": a, "user_input": f"{MARK} here", "agent_response": ""}])
     )
-    assert embedder.entered.wait(HOLD_S)
+    assert embedder.entered.wait(GATE_TIMEOUT)
     page = {"user_id": b, "user_input": "the second writer", "agent_response": ""}
     assert timed(lambda: eng.add_many([page])) < FAST_S
     embedder.release.set()
-    slow.done()
+    slow.finish()
 
 
 def test_retrievals_go_on_while_a_response_waits_for_the_llm(sharded: Any) -> None:
     eng, _, script, (a, b) = sharded
     script.arm()
-    respond = Background(lambda: eng.respond(a, "what do I like?"))
-    assert script.entered.wait(HOLD_S)
+    respond = started(lambda: eng.respond(a, "what do I like?"))
+    assert script.entered.wait(GATE_TIMEOUT)
     assert timed(lambda: eng.retrieve_many([(a, "hiking"), (b, "hiking")])) < FAST_S
     script.release.set()
-    assert respond.done().text == "a scripted reply"
+    assert respond.finish().text == "a scripted reply"
 
 
 def test_a_deletion_waits_for_the_calls_in_flight_and_goes_alone(sharded: Any) -> None:
@@ -190,19 +158,19 @@ def test_a_deletion_waits_for_the_calls_in_flight_and_goes_alone(sharded: Any) -
     is gone on every shard and the other user answers as before."""
     eng, embedder, _, (a, b) = sharded
     embedder.arm()
-    add = Background(
+    add = started(
         lambda: eng.add_many([{"user_id": a, "user_input": f"{MARK} again", "agent_response": ""}])
     )
-    assert embedder.entered.wait(HOLD_S)
-    delete = Background(lambda: eng.delete_user(a))
+    assert embedder.entered.wait(GATE_TIMEOUT)
+    delete = started(lambda: eng.delete_user(a))
     time.sleep(SHORT_S)
     assert delete.is_alive()  # waits for the add
-    later = Background(lambda: eng.retrieve_many([(b, "hiking")]))
+    later = started(lambda: eng.retrieve_many([(b, "hiking")]))
     time.sleep(SHORT_S)
     assert later.is_alive()  # a waiting deletion goes first
     embedder.release.set()
-    add.done()
-    assert delete.done() is True
-    assert later.done()[0].user_id == b
+    add.finish()
+    assert delete.finish() is True
+    assert later.finish()[0].user_id == b
     assert a not in eng.users()
     assert b in eng.users()

@@ -168,13 +168,18 @@ bool utc_date(double timestamp, int64_t* y, int* m, int* d, int* wd) {
   return *y >= 1 && *y <= 9999;
 }
 
+/// The English date words of a UTC date (weekday, day, month, year).
+std::vector<std::string> english_date_words(int64_t y, int m, int d, int wd) {
+  return {kWeekdays[wd], std::to_string(d), kMonths[m - 1], std::to_string(y)};
+}
+
 }  // namespace
 
 std::vector<std::string> date_words(double timestamp) {
   int64_t y;
   int m, d, wd;
   if (!utc_date(timestamp, &y, &m, &d, &wd)) return {};
-  return {kWeekdays[wd], std::to_string(d), kMonths[m - 1], std::to_string(y)};
+  return english_date_words(y, m, d, wd);
 }
 
 TermSplitter::TermSplitter(const std::vector<std::string>& stopwords,
@@ -238,16 +243,15 @@ struct SplitLists {
 
 /// A document's date words (terms.h): English, then its language's weekday and month.
 std::vector<std::string> doc_date_words(double timestamp, int language, const SplitLists& lists) {
-  std::vector<std::string> out = date_words(timestamp);
-  const auto b = static_cast<size_t>(language);
-  if (out.empty() || language < 0 || b >= lists.dates.size() || lists.dates[b].empty()) {
-    return out;
-  }
   int64_t y;
   int m, d, wd;
-  utc_date(timestamp, &y, &m, &d, &wd);
-  out.push_back(lists.dates[b][static_cast<size_t>(12 + wd)]);
-  out.push_back(lists.dates[b][static_cast<size_t>(m - 1)]);
+  if (!utc_date(timestamp, &y, &m, &d, &wd)) return {};
+  std::vector<std::string> out = english_date_words(y, m, d, wd);
+  const auto b = static_cast<size_t>(language);
+  if (language >= 0 && b < lists.dates.size() && !lists.dates[b].empty()) {
+    out.push_back(lists.dates[b][static_cast<size_t>(12 + wd)]);
+    out.push_back(lists.dates[b][static_cast<size_t>(m - 1)]);
+  }
   return out;
 }
 
@@ -269,14 +273,10 @@ void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
   };
   auto end_doc = [&]() {
     if (timestamps != nullptr && docs_done < n_docs) {
-      const int language = votes.language();
-      votes.clear();
-      for (const auto& w : doc_date_words(timestamps[docs_done], language, lists)) {
-        const uint64_t hash = word_hash(w);
-        if ((lists.stop.mask(w, hash) & kOwnStopwords) == 0) {
-          doc.tokens.push_back(cached_term_id(w, hash));
-        }
+      for (const auto& w : doc_date_words(timestamps[docs_done], votes.language(), lists)) {
+        emit(w);
       }
+      votes.clear();  // after: the date words' own votes do not reach the next document
     }
     doc.flush(opt, out);
     ++docs_done;

@@ -10,7 +10,7 @@ this, German and French function words (``und``, ``der``, ``le``, ``la``) became
 and linked unrelated pages (keyword overlap 0.11-0.14 between unrelated topics).
 
 The lists come from the ``stop-words`` package (BSD-3; 30+ languages, kept up to date)
-rather than lists of our own. An entry is normalised as the scanner normalises a word (NFKC,
+rather than lists of our own. An entry is normalised as every word is (NFKC,
 :func:`~memoryos_gpu.text.words.casefold`, apostrophes dropped); one that is not a single
 word (a phrase, a hyphenated pair) is left out, since the scanner tests one word at a time.
 Chinese and Japanese are not here: their text is indexed as letter pairs, which no list
@@ -20,10 +20,7 @@ names.
 from __future__ import annotations
 
 import functools
-import unicodedata
 from collections.abc import Iterable
-
-from memoryos_gpu.text.words import casefold, word_spans
 
 #: The languages whose stopwords a page of theirs loses (ISO 639-1, as ``stop-words`` names
 #: them), in the order of the scanner's bits: a tie between two lists goes to the earlier.
@@ -34,19 +31,11 @@ LANGUAGES: tuple[str, ...] = (
 
 
 def normalised_words(entries: Iterable[str]) -> frozenset[str]:
-    """The entries that are one word, as the keyword scanner normalises a word."""
-    from memoryos_gpu.text.keywords import _strip_apostrophes  # it imports this module
+    """The entries that are one word, normalised as every word is (``keywords._norm_tokens``:
+    the tokenizer of the BM25 index and of LLM keyword phrases)."""
+    from memoryos_gpu.text.keywords import _norm_tokens  # it imports this module
 
-    out: set[str] = set()
-    for entry in entries:
-        text = unicodedata.normalize("NFKC", entry.strip())
-        spans = word_spans(text)
-        if len(spans) == 1:
-            start, end = spans[0]
-            word = _strip_apostrophes(casefold(text[start:end]))
-            if word:
-                out.add(word)
-    return frozenset(out)
+    return frozenset(w[0] for w in map(_norm_tokens, entries) if len(w) == 1)
 
 
 @functools.cache
