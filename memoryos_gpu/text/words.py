@@ -55,10 +55,20 @@ _MARK = class_body(MARK_RANGES)
 _UNSPACED = class_body(UNSPACED_RANGES)
 _START = rf"[^\W_{_UNSPACED}]"  # a letter or digit of a spaced script
 _WORD = rf"{_START}(?:{_START}|[{_MARK}])*"
-_TOKEN_RE = re.compile(rf"(?P<run>(?:[{_UNSPACED}][{_MARK}]*)+)|{_WORD}(?:['\u2019]{_WORD})*")
+# An elided article or pronoun, tried first at a word's start: a word of its own when an
+# apostrophe and a letter of ELISION_NEXT follow (the word after is then the next match)
+_HEAD = "|".join(
+    "".join(f"[{c}{c.upper()}]" for c in w) for w in sorted(ELIDED, key=len, reverse=True)
+)
+_NEXT = "".join(sorted(ELISION_NEXT))
+_ELIDED_RE = rf"(?=[a-zA-Z]{{1,7}}['\u2019])(?:{_HEAD})(?=['\u2019][{_NEXT}])"
+_TOKEN_RE = re.compile(
+    rf"(?P<run>(?:[{_UNSPACED}][{_MARK}]*)+)|{_ELIDED_RE}|{_WORD}(?:['\u2019]{_WORD})*"
+)
 _UNIT_RE = re.compile(rf"[{_UNSPACED}][{_MARK}]*")
 # ASCII text has no marks and no unspaced letters: the same words, found by a simpler pattern
 _ASCII_WORD_RE = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
+_ASCII_ELIDED_RE = re.compile(rf"{_ELIDED_RE}|{_ASCII_WORD_RE.pattern}")
 _DOTTED_I = re.compile("i\u0307+")
 # Arabic harakat and Hebrew niqqud (the marks of these blocks): most text leaves them out
 _OPTIONAL_BLOCKS = ((0x591, 0x5C8), (0x610, 0x61B), (0x64B, 0x660), (0x670, 0x671), (0x6D6, 0x6EE))
@@ -77,12 +87,12 @@ _OPTIONAL_MARKS = re.compile(
 def word_spans(text: str) -> list[tuple[int, int]]:
     """``(start, end)`` of each word of ``text`` in order (a run's pairs overlap)."""
     if text.isascii():
-        spans = [m.span() for m in _ASCII_WORD_RE.finditer(text)]
-        return _split_elisions(text, spans) if "'" in text else spans
+        found = _ASCII_ELIDED_RE if "'" in text else _ASCII_WORD_RE
+        return [m.span() for m in found.finditer(text)]
     out: list[tuple[int, int]] = []
     for m in _TOKEN_RE.finditer(text):
         if m.lastgroup != "run":
-            out.extend(_split_elisions(text, [m.span()]))
+            out.append(m.span())
             continue
         starts = [u.start() for u in _UNIT_RE.finditer(text, m.start(), m.end())]
         if len(starts) == 1:
@@ -95,28 +105,9 @@ def word_spans(text: str) -> list[tuple[int, int]]:
 
 def words(text: str) -> list[str]:
     """The words of ``text`` in order (:func:`word_spans`, as strings)."""
-    if text.isascii() and "'" not in text:
-        return _ASCII_WORD_RE.findall(text)
+    if text.isascii():
+        return (_ASCII_ELIDED_RE if "'" in text else _ASCII_WORD_RE).findall(text)
     return [text[a:b] for a, b in word_spans(text)]
-
-
-def _split_elisions(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``spans`` with each elided article or pronoun made a word of its own (module doc)."""
-    out: list[tuple[int, int]] = []
-    for a, b in spans:
-        while True:
-            k = next((j for j in range(a + 1, b) if text[j] in "'\u2019"), -1)
-            head = text[a:k]
-            if (
-                k < 0
-                or not (head.isascii() and head.lower() in ELIDED)
-                or (text[k + 1] not in ELISION_NEXT)
-            ):
-                break
-            out.append((a, k))
-            a = k + 1
-        out.append((a, b))
-    return out
 
 
 def casefold(text: str) -> str:
