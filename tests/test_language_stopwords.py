@@ -1,5 +1,6 @@
-"""A page in another language loses that language's stopwords from its keywords
-(``text/stopword_lists.py``, the scanner's rule in ``csrc/include/memoryos/keywords.h``).
+"""A page in another language loses that language's stopwords from its keywords and its BM25
+terms, and a question from its terms (``text/stopword_lists.py``, the rule in
+``csrc/include/memoryos/languages.h`` that the keyword scanner and the term splitter share).
 
 Before, the stopwords were English only: German and French function words (``und``, ``der``,
 ``le``, ``la``) became keywords and linked unrelated pages. The rule's details (word by word,
@@ -15,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memoryos_gpu.text.keywords import KeywordExtractor, jaccard, keyword_tokens
+from memoryos_gpu.lexical import page_terms, query_terms
+from memoryos_gpu.text.keywords import KeywordExtractor, hash_keyword, jaccard, keyword_tokens
 from memoryos_gpu.text.stopword_lists import LANGUAGES, language_stopwords, normalised_words
 
 # three unrelated topics, two pages each, per language
@@ -143,3 +145,27 @@ def test_phrases_and_the_scanner_find_the_same_language(phrases: list[str]) -> N
     kept = set(keyword_tokens(phrases))
     c = KeywordExtractor(min_len=1).candidates(["\n".join(phrases)])
     assert kept == set(c.words)
+
+
+def _ids(words: list[str]) -> set[int]:
+    return {hash_keyword(w) for w in words}
+
+
+def test_bm25_terms_drop_the_texts_languages_stopwords() -> None:
+    """A German question's terms are its content words, so it matches a German page by
+    ``klavier``, not by ``wann``, ``habe``, ``ich``, ``mit``, ``dem`` (before: every function
+    word of another language was a term, and a page made of them scored above the page the
+    question was about); the page's row and its length lose them too. An English page keeps
+    the words other languages list."""
+    question = query_terms(["Wann habe ich mit dem Klavier gespielt?"])
+    assert set(question.ids.tolist()) == _ids(["klavier", "gespielt"])
+    rows = page_terms(
+        [
+            "Ich habe mit meiner Schwester Klavier gespielt.",
+            "I will die hard on this hill, come what may, said my son",
+        ],
+        None,
+    )
+    german, english = (set(rows.row(i)[0].tolist()) for i in range(2))
+    assert german == _ids(["schwester", "klavier", "gespielt"]) and rows.length[0] == 3
+    assert _ids(["die", "come", "son", "hill"]) <= english

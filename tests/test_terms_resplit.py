@@ -1,7 +1,8 @@
-"""Schema 10: the BM25 term rows of pages with text outside ASCII, split before scripts without
-spaces were split into letter pairs (a Chinese clause was one term), are computed again from
-their text when the store is opened, in both dialects, so an upgraded store's old pages match
-new queries; ASCII pages keep their rows untouched."""
+"""The schema versions whose term rows are split again on open, in both dialects, so an
+upgraded store's old pages match new queries. Schema 10: the rows of pages with text outside
+ASCII (scripts without spaces were split into letter pairs: a Chinese clause was one term);
+ASCII pages keep their rows untouched. Schema 12: those of pages with an apostrophe too.
+Schema 13: every row (a page in another language loses its language's stopwords)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ def _reopened(
     backend: Any, monkeypatch: pytest.MonkeyPatch, version: int, pages: list[dict]
 ) -> tuple[list[int], dict[int, bytes], list[dict]]:
     """``pages`` added to a store at schema ``version`` whose term rows are ``OLD_ROW`` (what the
-    old split stored), then the store opened by this code: the pages' ids, their term rows
-    now and their store rows."""
+    old split stored), then the store opened by this code at schema ``version + 1`` (that one
+    migration): the pages' ids, their term rows now and their store rows."""
     import memoryos_gpu.store.sqlite_schema as sq
 
     spec = backend.spec(f"v{version}")
@@ -39,9 +40,9 @@ def _reopened(
             "UPDATE page_vectors SET terms = ? WHERE page_id = ?", [(OLD_ROW, i) for i in ids]
         )
     st.close()
-    monkeypatch.undo()
+    monkeypatch.setattr(sq, "SCHEMA_VERSION", version + 1)
     with _engine(spec) as engine:
-        assert engine.store.schema_version == sq.SCHEMA_VERSION
+        assert engine.store.schema_version == version + 1
         return ids, engine.store.page_terms(ids), [engine.get_page(i) for i in ids]
 
 
@@ -80,4 +81,22 @@ def test_an_upgraded_store_splits_its_pages_with_an_apostrophe_again(
     ids, rows, stored = _reopened(backend, monkeypatch, 11, pages)
     assert rows[ids[1]] == OLD_ROW  # neither: not rewritten
     for i in (0, 2, 3, 4):
+        assert rows[ids[i]] == _split_now(stored[i]) != OLD_ROW
+
+
+def test_an_upgraded_store_splits_every_page_again(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Schema 13: a page in another language loses that language's stopwords from its BM25
+    row, and any page may be in one (this Spanish one is ASCII without an apostrophe), so
+    every row is computed again."""
+    pages = [
+        {"user_id": "u", "user_input": "Mañana vamos con los niños a la playa."},
+        {"user_id": "u", "user_input": "Manana vamos con los ninos a la playa de Malaga."},
+        {"user_id": "u", "user_input": "We went to the beach with the kids."},
+    ]
+    import memoryos_gpu.store.sqlite_schema as sq
+
+    ids, rows, stored = _reopened(backend, monkeypatch, sq.SCHEMA_VERSION - 1, pages)
+    for i in range(3):
         assert rows[ids[i]] == _split_now(stored[i]) != OLD_ROW

@@ -78,7 +78,27 @@ void compress(uint64_t* h, const uint8_t* block, uint64_t counter, bool last) {
 /// One document's terms: its token ids in text order, turned into (id, tf) rows at the end.
 struct DocTerms {
   std::vector<int32_t> tokens;
+  std::vector<uint32_t> lists;  // each token's language lists (WordMasks bits 0..30)
   std::vector<std::pair<int32_t, int32_t>> scratch;  // (id, first position)
+
+  void push(int32_t id, uint32_t in_lists) {
+    tokens.push_back(id);
+    lists.push_back(in_lists);
+  }
+
+  /// Drops the tokens in language list `language` (a bit; -1: none), keeping their order.
+  void drop_language(int language) {
+    if (language < 0) return;
+    const uint32_t bit = uint32_t{1} << language;
+    size_t kept = 0;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if ((lists[i] & bit) != 0) continue;
+      tokens[kept] = tokens[i];
+      lists[kept++] = lists[i];
+    }
+    tokens.resize(kept);
+    lists.resize(kept);
+  }
 
   void flush(const TermOptions& opt, TermBatch* out) {
     scratch.clear();
@@ -108,6 +128,7 @@ struct DocTerms {
     out->offsets.push_back(static_cast<int64_t>(out->ids.size()));
     out->length.push_back(static_cast<int32_t>(tokens.size()));
     tokens.clear();
+    lists.clear();
   }
 
  private:
@@ -259,7 +280,7 @@ template <typename Ch>
 void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
                 const TermOptions& opt, const SplitLists& lists, TermBatch* out) {
   DocTerms doc;
-  LanguageVotes votes;  // pages only (dated): the language of their date words
+  LanguageVotes votes;  // the document's language: its stopwords go, its date words come
   std::string word;
   std::vector<size_t> units;  // where each letter of an unspaced run starts, then its end
   int64_t docs_done = 0;
@@ -267,17 +288,17 @@ void split_text(const Ch* s, size_t n, int64_t n_docs, const double* timestamps,
     if (w.empty()) return;
     const uint64_t hash = word_hash(w);  // one hash for the stopwords and the id cache
     const uint32_t in_lists = lists.stop.mask(w, hash);
-    if (timestamps != nullptr) votes.count(in_lists);
+    votes.count(in_lists);
     if ((in_lists & kOwnStopwords) != 0) return;
-    doc.tokens.push_back(cached_term_id(w, hash));
+    doc.push(cached_term_id(w, hash), in_lists & ~kOwnStopwords);
   };
   auto end_doc = [&]() {
+    const int language = votes.language();
+    doc.drop_language(language);  // before the date words: a page keeps its date in words
     if (timestamps != nullptr && docs_done < n_docs) {
-      for (const auto& w : doc_date_words(timestamps[docs_done], votes.language(), lists)) {
-        emit(w);
-      }
-      votes.clear();  // after: the date words' own votes do not reach the next document
+      for (const auto& w : doc_date_words(timestamps[docs_done], language, lists)) emit(w);
     }
+    votes.clear();  // after: the date words' own votes do not reach the next document
     doc.flush(opt, out);
     ++docs_done;
   };

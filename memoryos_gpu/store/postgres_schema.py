@@ -200,4 +200,7 @@ UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
     OR octet_length(user_input) <> char_length(user_input)
     OR octet_length(agent_response) <> char_length(agent_response)))
 """,  # sqlite_schema.MIGRATIONS[11]: term rows of pages with an apostrophe or non-ASCII split again
+    12: "UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN ("
+    "SELECT page_id FROM pages WHERE tier <> 'evicted')",
+    # sqlite_schema.MIGRATIONS[12]: every term row split again (a text's language's stopwords)
 }

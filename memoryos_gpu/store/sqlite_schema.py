@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Callable
 
 #: The version this code writes: a store at an older one is migrated up (:data:`MIGRATIONS`).
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 SCHEMA_V1 = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -295,6 +295,13 @@ UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
     OR length(CAST(user_input AS BLOB)) != length(user_input)
     OR length(CAST(agent_response AS BLOB)) != length(agent_response)))
 """,
+    # 12 -> 13: a page or question written in another language than English loses that
+    # language's stopwords from its BM25 terms too, as from its keywords (the language found
+    # per text from the stopword lists, text/stopword_lists.py). Any page may be found to be
+    # in another language, ASCII ones too (Spanish without accents), and no SQL can tell which:
+    # every row goes, and the open computes them again from the text (~20 us a page, once).
+    12: "UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN ("
+    "SELECT page_id FROM pages WHERE tier != 'evicted')",
 }
 
 

@@ -13,11 +13,11 @@
 //     [^\W_]+(?:['\u2019][^\W_]+)*), except that an elided article before a vowel or h is a
 //     word of its own (l'été: l, été; codepoints.h elides, words.py ELIDED);
 //   - a trailing possessive "'s" is dropped, then every apostrophe ("don't" -> "dont");
-//   - stopwords are dropped;
+//   - stopwords are dropped, and those of the document's language when it is written in another
+//     (found by memoryos/languages.h from the language lists, as the keyword scanner finds it);
 //   - a page's date words (given its timestamp): its UTC weekday, day, month and year in
 //     English, and its weekday and month in the page's language when that is another one with
-//     date names (found by memoryos/languages.h from the language lists), so a question in
-//     French finds a page of May by "mai";
+//     date names, so a question in French finds a page of May by "mai";
 //   - the id is BLAKE2b with an 8-byte digest of the word's UTF-8, read little-endian and masked
 //     to 31 bits (memoryos_gpu.text.keywords.hash_keyword), so ids are >= 0 and -1 pads.
 #pragma once
