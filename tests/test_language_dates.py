@@ -50,13 +50,74 @@ def test_a_question_in_the_pages_language_finds_it_by_month() -> None:
     assert hash_keyword("mai") not in _row(text, MONDAY_8_MAY_2023 + 40 * 86400)  # June
 
 
+# pages of languages that inflect month and day names, and questions that write May or Monday
+# in a form other than the nominative (the genitive of a date, the locative of "in May", ...)
+INFLECTED = {
+    "ru": (
+        "Я ходил на пляж с сестрой и собакой.",
+        ("Что я делал 8 мая?", "мая"),
+        ("Куда я ходил в мае?", "мае"),
+    ),
+    "uk": (
+        "Я ходив на пляж із сестрою, і це було чудово, бо ми там відпочивали.",
+        ("Що я робив 8 травня?", "травня"),
+        ("Куди я ходив у травні?", "травні"),
+    ),
+    "pl": (
+        "Byłem na plaży z siostrą i psem.",
+        ("Co robiłem 8 maja?", "maja"),
+        ("Gdzie byłem w maju?", "maju"),
+    ),
+    "cs": (
+        "Byl jsem na pláži se sestrou a psem.",
+        ("Co jsem dělal 8. května?", "května"),
+        ("Kde jsem byl v květnu?", "květnu"),
+    ),
+    "sk": (
+        "Bol som na pláži so sestrou a psom.",
+        ("Čo som robil 8. mája?", "mája"),
+        ("Kde som bol v máji?", "máji"),
+    ),
+    "fi": (
+        "Kävin rannalla siskoni ja koiran kanssa.",
+        ("Missä kävin toukokuussa?", "toukokuussa"),
+        ("Mitä tein maanantaina?", "maanantaina"),
+    ),
+    "hu": (
+        "A húgommal és a kutyával voltam a strandon.",
+        ("Hol voltam májusban?", "májusban"),
+        ("Mit csináltam hétfőn?", "hétfőn"),
+    ),
+    "tr": (
+        "Bu hafta sonu kız kardeşim ve köpekle birlikte plaja gittim, çok güzel bir gündü.",
+        ("Mayıs'ta nereye gittim?", "mayısta"),
+    ),
+}
+
+
+@pytest.mark.parametrize("lang", sorted(INFLECTED))
+def test_a_question_finds_a_page_by_an_inflected_month_or_day(lang: str) -> None:
+    """Before, only the nominative (``maj``, ``май``) was a date word, and a question's
+    ``w maju``, ``8 мая`` or ``toukokuussa`` matched a page of May by a number or not at all."""
+    text, *questions = INFLECTED[lang]
+    a_month_later = MONDAY_8_MAY_2023 + 41 * 86400  # Sunday 18 June
+    may_monday = _row(text) - _row(text, a_month_later)  # the page's date words of 8 May
+    for question, form in questions:
+        assert hash_keyword(form) in set(query_terms([question]).ids.tolist()) & may_monday, (
+            lang,
+            question,
+        )
+
+
 def test_every_table_names_twelve_months_and_seven_days_of_a_listed_language() -> None:
     assert set(DATE_NAMES) <= set(LANGUAGES)
     for lang, names in DATE_NAMES.items():
-        assert len(set(names.split())) == len(names.split()) == 19, lang
+        forms = [f for name in names.split() for f in name.split("/")]
+        assert len(names.split()) == 19 and len(set(forms)) == len(forms), lang
     table = language_dates()
     assert len(table) == len(LANGUAGES)
     assert table[LANGUAGES.index("de")][2] == "märz"  # as the splitter reads words
+    assert table[LANGUAGES.index("pl")][4] == "maj maja maju"  # every form, one word each
 
 
 def test_the_engine_indexes_a_page_with_its_languages_date_words() -> None:

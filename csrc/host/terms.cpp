@@ -262,7 +262,18 @@ struct SplitLists {
   const std::vector<std::vector<std::string>>& dates;  // by language bit
 };
 
-/// A document's date words (terms.h): English, then its language's weekday and month.
+/// The words of `names` (a date name's forms, separated by spaces) appended to `out`.
+void append_forms(const std::string& names, std::vector<std::string>* out) {
+  size_t at = 0;
+  while (at < names.size()) {
+    const size_t end = std::min(names.find(' ', at), names.size());
+    if (end > at) out->emplace_back(names, at, end - at);
+    at = end + 1;
+  }
+}
+
+/// A document's date words (terms.h): English, then its language's weekday and month (every
+/// form the table gives each).
 std::vector<std::string> doc_date_words(double timestamp, int language, const SplitLists& lists) {
   int64_t y;
   int m, d, wd;
@@ -270,8 +281,8 @@ std::vector<std::string> doc_date_words(double timestamp, int language, const Sp
   std::vector<std::string> out = english_date_words(y, m, d, wd);
   const auto b = static_cast<size_t>(language);
   if (language >= 0 && b < lists.dates.size() && !lists.dates[b].empty()) {
-    out.push_back(lists.dates[b][static_cast<size_t>(12 + wd)]);
-    out.push_back(lists.dates[b][static_cast<size_t>(m - 1)]);
+    append_forms(lists.dates[b][static_cast<size_t>(12 + wd)], &out);
+    append_forms(lists.dates[b][static_cast<size_t>(m - 1)], &out);
   }
   return out;
 }

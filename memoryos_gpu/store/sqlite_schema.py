@@ -297,7 +297,8 @@ UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
 """,
     # 12 -> 13: a page or question written in another language than English loses that
     # language's stopwords from its BM25 terms too, as from its keywords (the language found
-    # per text from the stopword lists, text/stopword_lists.py). Any page may be found to be
+    # per text from the stopword lists, text/stopword_lists.py), and a page gets its date in
+    # more languages' words, inflected forms too (text/date_names.py). Any page may be found to be
     # in another language, ASCII ones too (Spanish without accents), and no SQL can tell which:
     # every row goes, and the open computes them again from the text (~20 us a page, once).
     12: "UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN ("

@@ -17,7 +17,8 @@
 //     (found by memoryos/languages.h from the language lists, as the keyword scanner finds it);
 //   - a page's date words (given its timestamp): its UTC weekday, day, month and year in
 //     English, and its weekday and month in the page's language when that is another one with
-//     date names, so a question in French finds a page of May by "mai";
+//     date names (every form of an inflected name), so a question in French finds a page of
+//     May by "mai", one in Russian by "мая" or "мае";
 //   - the id is BLAKE2b with an 8-byte digest of the word's UTF-8, read little-endian and masked
 //     to 31 bits (memoryos_gpu.text.keywords.hash_keyword), so ids are >= 0 and -1 pads.
 #pragma once
@@ -63,7 +64,8 @@ class TermSplitter {
  public:
   /// `language_stopwords`: other languages' lists (at most 31), which find a page's language;
   /// `language_dates[b]`: list b's language's month names (12, January first) then weekday
-  /// names (7, Monday first), case-folded, or empty (no date words of its own).
+  /// names (7, Monday first), case-folded, each its forms separated by spaces (every form is a
+  /// date word), or empty (no date words of its own).
   explicit TermSplitter(const std::vector<std::string>& stopwords,
                         const std::vector<std::vector<std::string>>& language_stopwords = {},
                         const std::vector<std::vector<std::string>>& language_dates = {});
