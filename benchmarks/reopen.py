@@ -238,7 +238,7 @@ def build_store(
                     for j in range(stm_pages)
                 ],
             )
-            db.executemany(  # STM pages' term rows are made on open (pages_without_terms)
+            db.executemany(  # STM pages' term rows are made on open (iter_pages_without_terms)
                 "INSERT INTO page_vectors(page_id, embedding) VALUES (?, ?)",
                 zip(ids, blobs, strict=True),
             )

@@ -100,3 +100,31 @@ def test_an_upgraded_store_splits_every_page_again(
     ids, rows, stored = _reopened(backend, monkeypatch, sq.SCHEMA_VERSION - 1, pages)
     for i in range(3):
         assert rows[ids[i]] == _split_now(stored[i]) != OLD_ROW
+
+
+def test_pages_to_split_again_are_read_a_chunk_at_a_time(backend: Any) -> None:
+    """The open splits the pages without a term row chunk by chunk, writing each chunk's rows
+    before reading the next (schema 13 splits every page: one list held every page's text at
+    once): each page comes once, in page-id order, however the writes go."""
+    spec = backend.spec("chunks")
+    with _engine(spec) as engine:
+        ids = [
+            r.page_id
+            for r in engine.add_many(
+                [{"user_id": "u", "user_input": f"page {i}"} for i in range(7)]
+            )
+        ]
+    st = backend.open(spec)
+    try:
+        with st.transaction() as db:
+            db.execute("UPDATE page_vectors SET terms = NULL")
+        seen: list[list[int]] = []
+        for chunk in st.iter_pages_without_terms(chunk=3):
+            seen.append([r[0] for r in chunk])
+            st.set_page_terms([(r[0], OLD_ROW) for r in chunk[:2]])  # one row of each left
+        assert [len(c) for c in seen] == [3, 3, 1]
+        assert [i for c in seen for i in c] == sorted(ids)
+        left = [r[0] for chunk in st.iter_pages_without_terms(chunk=3) for r in chunk]
+        assert left == [seen[0][2], seen[1][2]]  # the rows not written: read again
+    finally:
+        st.close()

@@ -323,8 +323,9 @@ class OwnedStore:
         for chunk in self._store.iter_page_views():
             yield [row for row in chunk if self.owns(row[1])]
 
-    def pages_without_terms(self) -> list[tuple]:
-        return [row for row in self._store.pages_without_terms() if self.owns(row[1])]
+    def iter_pages_without_terms(self) -> Iterator[list[tuple]]:
+        for chunk in self._store.iter_pages_without_terms():
+            yield [row for row in chunk if self.owns(row[1])]
 
     def pending(self, kind: str) -> list[tuple[int, str, int]]:
         return [w for w in self._store.pending(kind) if self.owns(w[1])]

@@ -191,12 +191,11 @@ class Rebuild:
             s.map_pages(slots, c["page_id"])
 
     def _backfill_terms(self) -> None:
-        """Give pages stored before term rows were (schema 1) their rows, from their text, in
-        the store, once: every later open loads them like the embeddings."""
+        """Give pages without a term row (stored before term rows were, schema 1, or set to be
+        split again by a migration: schemas 10, 12, 13) their rows, from their text, in the
+        store, once, a chunk at a time: every later open loads them like the embeddings."""
         s = self._s
-        rows = s.store.pages_without_terms()
-        for i in range(0, len(rows), LOAD_CHUNK):
-            chunk = rows[i : i + LOAD_CHUNK]
+        for chunk in s.store.iter_pages_without_terms():
             terms = page_terms_of([(r[2], r[3], r[4], r[5]) for r in chunk])
             s.store.set_page_terms(
                 list(zip([r[0] for r in chunk], terms_to_blobs(terms), strict=True))

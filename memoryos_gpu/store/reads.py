@@ -400,19 +400,26 @@ class StoreReads:
                     out.append((r[0], r[1], PageView(r[2], r[3], r[4], r[5], r[6], extra)))
                 yield out
 
-    def pages_without_terms(self) -> list[tuple[int, str, str, str, float, dict[str, Any]]]:
-        """Pages not yet evicted and written before term rows were stored (schema 1):
-        ``(page_id, user_id, user_input, agent_response, timestamp, extra)``. Their rows are
-        computed once from the text and written back
-        (:meth:`~memoryos_gpu.store.sqlite.SQLiteStore.set_page_terms`)."""
-        return [
-            (r[0], r[1], r[2], r[3], r[4], json_dict(r[5]))
-            for r in self.query(
-                "SELECT p.page_id, p.user_id, p.user_input, p.agent_response, p.timestamp, "
-                "p.extra FROM pages p JOIN page_vectors v ON v.page_id = p.page_id "
-                "WHERE p.tier != 'evicted' AND v.terms IS NULL ORDER BY p.page_id"
-            )
-        ]
+    def iter_pages_without_terms(
+        self, chunk: int = LOAD_CHUNK
+    ) -> Iterator[list[tuple[int, str, str, str, float, dict[str, Any]]]]:
+        """Pages not yet evicted whose term row is missing (written before term rows were
+        stored, or set to be split again by a migration): ``(page_id, user_id, user_input,
+        agent_response, timestamp, extra)``, in page-id order, ``chunk`` at a time, each read
+        when asked for (a fresh query above the last id), so the caller may write the chunk's
+        rows back (:meth:`~memoryos_gpu.store.sqlite.SQLiteStore.set_page_terms`) before the
+        next. Why chunks: schema 13 splits every page again, and one list held every page's
+        text at once."""
+        last = 0
+        while rows := self.query(
+            "SELECT p.page_id, p.user_id, p.user_input, p.agent_response, p.timestamp, "
+            "p.extra FROM pages p JOIN page_vectors v ON v.page_id = p.page_id "
+            "WHERE p.tier != 'evicted' AND v.terms IS NULL AND p.page_id > ? "
+            "ORDER BY p.page_id LIMIT ?",
+            (last, chunk),
+        ):
+            last = rows[-1][0]
+            yield [(r[0], r[1], r[2], r[3], r[4], json_dict(r[5])) for r in rows]
 
     def page_terms(self, page_ids: Sequence[int]) -> dict[int, bytes | None]:
         """Term-row blobs of pages by id (None for a page stored without one)."""
