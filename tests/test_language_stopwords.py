@@ -190,3 +190,14 @@ def test_a_german_question_ranks_the_page_it_is_about_first_by_bm25() -> None:
         [rows.row(i) for i in range(len(pages))], terms, params.bm25_k1, params.bm25_b
     )
     assert scores[0] > 0 and scores[0] == max(scores) and scores.count(max(scores)) == 1
+
+
+def test_single_letters_of_an_english_text_keep_it_english() -> None:
+    """The package's Romanian list held the Latin alphabet (and Persian's its own and the
+    digits): ``Vitamin B and C`` voted Romanian by ``b`` and ``c`` and lost both from its
+    keywords and BM25 terms (``stopword_lists.NOT_WORDS``)."""
+    text = "Vitamin B and C daily"
+    row = set(page_terms([text], None).row(0)[0].tolist())
+    assert _ids(["vitamin", "b", "c", "daily"]) <= row
+    assert {"b", "c"} <= set(KeywordExtractor(min_len=1).extract(text, top_n=8))
+    assert {"a", "i", "o"} <= language_stopwords()["ro"]  # its words stay

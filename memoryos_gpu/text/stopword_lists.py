@@ -30,6 +30,18 @@ LANGUAGES: tuple[str, ...] = (
 )  # fmt: skip
 
 
+#: Entries of the package's lists that are not words of their language, left out: Romanian's
+#: list holds the Latin alphabet (its words are ``a``, ``i``, ``o``, ``s``), Persian's the
+#: alphabet and the digits (its word is ``و``), Gujarati's a Latin ``s``. With them, an English
+#: text's single letters voted Romanian (``Vitamin B and C``: ``b``, ``c``, two hits to
+#: English's one) and lost ``b`` and ``c`` from its keywords and BM25 terms.
+NOT_WORDS: dict[str, frozenset[str]] = {
+    "ro": frozenset("bcdfhjklmnprtuv"),
+    "fa": frozenset("ابتثجحخدذرزسشصضطظعغفقلمنهپچژکگی۰۱۲۳۴۵۶۷۸۹"),
+    "gu": frozenset("s"),
+}
+
+
 def normalised_words(entries: Iterable[str]) -> frozenset[str]:
     """The entries that are one word, normalised as every word is (``keywords._norm_tokens``:
     the tokenizer of the BM25 index and of LLM keyword phrases)."""
@@ -40,7 +52,11 @@ def normalised_words(entries: Iterable[str]) -> frozenset[str]:
 
 @functools.cache
 def language_stopwords() -> dict[str, frozenset[str]]:
-    """Each of :data:`LANGUAGES`' stopwords, normalised (loaded once)."""
+    """Each of :data:`LANGUAGES`' stopwords, normalised, less :data:`NOT_WORDS` (loaded
+    once)."""
     from stop_words import get_stop_words
 
-    return {lang: normalised_words(get_stop_words(lang)) for lang in LANGUAGES}
+    return {
+        lang: normalised_words(get_stop_words(lang)) - NOT_WORDS.get(lang, frozenset())
+        for lang in LANGUAGES
+    }
