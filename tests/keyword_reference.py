@@ -1,5 +1,6 @@
 """The keyword extractor's rules in plain Python, one word at a time with ``re`` and ``str``:
-the reference the native scanner (``csrc/host/keywords.cpp``) is checked against."""
+the reference the native scanner (``csrc/host/keywords.cpp``) is checked against; and the words
+the native term splitter (``csrc/host/terms.cpp``) keeps of a text (:func:`term_words`)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,23 @@ from memoryos_gpu.text.keywords import (
     _WEEKDAYS,
     STOPWORDS,
     _fold_plural,
+    _norm_tokens,
     _strip_apostrophes,
+    language_of,
+    tokenize,
 )
 from memoryos_gpu.text.stopword_lists import language_stopwords
 from memoryos_gpu.text.words import ELIDED, ELISION_NEXT, casefold, word_spans
 
 SENT_END_RE = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
+
+
+def term_words(text: str) -> list[str]:
+    """The words of ``text`` a BM25 row or a question's terms hold, in order (duplicates kept):
+    its words less the English stopwords and, when it is written in another language, that
+    language's (``keywords.language_of``, the splitter's rule)."""
+    foreign = language_of(_norm_tokens(text))
+    return [w for w in tokenize(text) if w not in foreign]
 
 
 def raw_tokens(text: str) -> list[tuple[str, str, bool]]:

@@ -203,17 +203,35 @@ std::vector<std::string> date_words(double timestamp) {
   return english_date_words(y, m, d, wd);
 }
 
+namespace {
+
+/// The forms of a date name: the words of `names`, separated by spaces.
+std::vector<std::string> forms_of(const std::string& names) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at < names.size()) {
+    const size_t end = std::min(names.find(' ', at), names.size());
+    if (end > at) out.emplace_back(names, at, end - at);
+    at = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
 TermSplitter::TermSplitter(const std::vector<std::string>& stopwords,
                            const std::vector<std::vector<std::string>>& language_stopwords,
                            const std::vector<std::vector<std::string>>& language_dates)
-    : stopwords_(stopword_masks(stopwords, language_stopwords)), dates_(language_dates) {
-  if (dates_.size() > language_stopwords.size()) {
+    : stopwords_(stopword_masks(stopwords, language_stopwords)) {
+  if (language_dates.size() > language_stopwords.size()) {
     throw std::invalid_argument("date names for more languages than stopword lists");
   }
-  for (const auto& names : dates_) {
+  for (const auto& names : language_dates) {
     if (!names.empty() && names.size() != 19) {
       throw std::invalid_argument("a language's date names are 12 months and 7 weekdays");
     }
+    dates_.emplace_back();  // split into forms once, not at every page
+    for (const auto& name : names) dates_.back().push_back(forms_of(name));
   }
 }
 
@@ -259,18 +277,8 @@ namespace {
 /// The word lists a split reads.
 struct SplitLists {
   const WordMasks& stop;  // bit 31: stopwords; bits 0..30: the languages' lists
-  const std::vector<std::vector<std::string>>& dates;  // by language bit
+  const std::vector<std::vector<std::vector<std::string>>>& dates;  // by language bit, name
 };
-
-/// The words of `names` (a date name's forms, separated by spaces) appended to `out`.
-void append_forms(const std::string& names, std::vector<std::string>* out) {
-  size_t at = 0;
-  while (at < names.size()) {
-    const size_t end = std::min(names.find(' ', at), names.size());
-    if (end > at) out->emplace_back(names, at, end - at);
-    at = end + 1;
-  }
-}
 
 /// A document's date words (terms.h): English, then its language's weekday and month (every
 /// form the table gives each).
@@ -281,8 +289,10 @@ std::vector<std::string> doc_date_words(double timestamp, int language, const Sp
   std::vector<std::string> out = english_date_words(y, m, d, wd);
   const auto b = static_cast<size_t>(language);
   if (language >= 0 && b < lists.dates.size() && !lists.dates[b].empty()) {
-    append_forms(lists.dates[b][static_cast<size_t>(12 + wd)], &out);
-    append_forms(lists.dates[b][static_cast<size_t>(m - 1)], &out);
+    for (const size_t name : {static_cast<size_t>(12 + wd), static_cast<size_t>(m - 1)}) {
+      const auto& forms = lists.dates[b][name];
+      out.insert(out.end(), forms.begin(), forms.end());
+    }
   }
   return out;
 }

@@ -61,7 +61,8 @@ _HEAD = "|".join(
     "".join(f"[{c}{c.upper()}]" for c in w) for w in sorted(ELIDED, key=len, reverse=True)
 )
 _NEXT = "".join(sorted(ELISION_NEXT))
-_ELIDED_RE = rf"(?=[a-zA-Z]{{1,7}}['\u2019])(?:{_HEAD})(?=['\u2019][{_NEXT}])"
+_LONGEST = max(map(len, ELIDED))  # the cheap test first: letters, then an apostrophe
+_ELIDED_RE = rf"(?=[a-zA-Z]{{1,{_LONGEST}}}['\u2019])(?:{_HEAD})(?=['\u2019][{_NEXT}])"
 _TOKEN_RE = re.compile(
     rf"(?P<run>(?:[{_UNSPACED}][{_MARK}]*)+)|{_ELIDED_RE}|{_WORD}(?:['\u2019]{_WORD})*"
 )
@@ -84,11 +85,15 @@ _OPTIONAL_MARKS = re.compile(
 )
 
 
+def _ascii_words(text: str) -> re.Pattern[str]:
+    """The pattern of an ASCII text's words: without an apostrophe, nothing is elided."""
+    return _ASCII_ELIDED_RE if "'" in text else _ASCII_WORD_RE
+
+
 def word_spans(text: str) -> list[tuple[int, int]]:
     """``(start, end)`` of each word of ``text`` in order (a run's pairs overlap)."""
     if text.isascii():
-        found = _ASCII_ELIDED_RE if "'" in text else _ASCII_WORD_RE
-        return [m.span() for m in found.finditer(text)]
+        return [m.span() for m in _ascii_words(text).finditer(text)]
     out: list[tuple[int, int]] = []
     for m in _TOKEN_RE.finditer(text):
         if m.lastgroup != "run":
@@ -106,7 +111,7 @@ def word_spans(text: str) -> list[tuple[int, int]]:
 def words(text: str) -> list[str]:
     """The words of ``text`` in order (:func:`word_spans`, as strings)."""
     if text.isascii():
-        return (_ASCII_ELIDED_RE if "'" in text else _ASCII_WORD_RE).findall(text)
+        return _ascii_words(text).findall(text)
     return [text[a:b] for a, b in word_spans(text)]
 
 

@@ -78,7 +78,7 @@ class TermSplitter {
 
  private:
   WordMasks stopwords_;  // bit 31: `stopwords`; bits 0..30: `language_stopwords`
-  std::vector<std::vector<std::string>> dates_;  // by language bit
+  std::vector<std::vector<std::vector<std::string>>> dates_;  // by language bit, name: forms
 };
 
 /// The UTC date words of an epoch timestamp, as memoryos_gpu.lexical.date_words writes them
