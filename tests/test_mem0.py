@@ -274,6 +274,18 @@ def test_update_delete_and_history(memory: Memory) -> None:
     assert memory.history("nonsense") == []
 
 
+def test_deleting_the_user_erases_its_history_a_run_keeps_it(memory: Memory) -> None:
+    """As docs/migrating-from-mem0.md says: ``delete_all`` of one run deletes its memories one
+    by one (each keeps its events), ``delete_all`` of the user erases the user, history too."""
+    memory.add("first session talk", user_id="di", run_id="s1")
+    memory.add("second session talk", user_id="di", run_id="s2")
+    first, second = (r["id"] for r in memory.get_all(user_id="di")["results"])
+    memory.delete_all(user_id="di", run_id="s1")
+    assert [h["event"] for h in memory.history(first)] == ["ADD", "DELETE"]
+    memory.delete_all(user_id="di")
+    assert memory.history(first) == [] and memory.history(second) == []
+
+
 def test_knowledge_update_and_delete(memory: Memory) -> None:
     _chat(memory, "di", 4)
     memory.engine.flush()
@@ -514,3 +526,13 @@ def test_memory_on_each_store(backend: Any, make_engine: Any, kit: Any) -> None:
     m.delete(ids[1])
     assert [h["event"] for h in m.history(ids[1])] == ["ADD", "UPDATE", "DELETE"]
     assert eng.list_pages("hal", 0, 10)[1] == 2
+
+
+def test_a_blank_side_is_left_out_of_the_memory_whatever_its_whitespace(memory: Memory) -> None:
+    """Pages the engine keeps with blank sides (the MemoryOS drop-in stores them, as the
+    reference does) read alike: a side of spaces was labelled (``User:    ``), an empty one not."""
+    from memoryos_gpu.types import PageInput
+
+    memory.engine.add_many([PageInput("eve", "", ""), PageInput("eve", "   ", " tea? ")])
+    got = [r["memory"] for r in memory.get_all(user_id="eve")["results"]]
+    assert sorted(got) == ["", "Assistant:  tea? "]

@@ -193,6 +193,14 @@ def test_a_query_with_a_lone_surrogate_is_read_as_add_reads_text(memory: Memory)
     assert [r["id"] for r in got] == ["page-1"]
 
 
+def test_add_answers_with_the_text_it_stored(memory: Memory) -> None:
+    """``add``'s answer echoed the text given, lone surrogate and all, while the page (and a
+    ``get`` of the id it named) held U+FFFD: the answer and the memory disagreed."""
+    (added,) = memory.add("I like \ud800 things.", user_id="ivy")["results"]
+    assert added["memory"] == memory.get(added["id"])["memory"]
+    assert "\ufffd" in added["memory"] and "\ud800" not in added["memory"]
+
+
 # ---------------------------------------------------------------------- HTTP
 def _msgs(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}]

@@ -282,7 +282,11 @@ class Memory:
 
 
 def add_results(pages: list[Any], results: list[Any]) -> list[dict[str, Any]]:
-    """mem0's ``add`` answer: one ``ADD`` per stored page (``NONE`` for a duplicate source)."""
+    """mem0's ``add`` answer: one ``ADD`` per stored page (``NONE`` for a duplicate source),
+    with the text as stored (the engine's normal form of ``pages``: a lone surrogate is U+FFFD,
+    say), so the answer agrees with a ``get`` of the same id."""
+    from memoryos_gpu.engine.validation import validate_pages
+
     from .shapes import page_text
 
     return [
@@ -291,7 +295,7 @@ def add_results(pages: list[Any], results: list[Any]) -> list[dict[str, Any]]:
             "memory": page_text(p.user_input, p.agent_response),
             "event": "NONE" if r.duplicate else "ADD",
         }
-        for p, r in zip(pages, results, strict=True)
+        for p, r in zip(validate_pages(pages), results, strict=True)
     ]
 
 

@@ -175,8 +175,10 @@ def iso(ts: float | None) -> str | None:
 
 
 def page_text(user_input: str, agent_response: str) -> str:
-    parts = [f"User: {user_input}"] if user_input else []
-    if agent_response:
+    """A page as one mem0 memory: each side that has words, labelled; a blank side (empty or
+    only whitespace: the engine keeps such pages, as MemoryOS does) is left out alike."""
+    parts = [f"User: {user_input}"] if user_input.strip() else []
+    if agent_response.strip():
         parts.append(f"Assistant: {agent_response}")
     return "\n".join(parts)
 
