@@ -985,11 +985,7 @@ class _Progress:
         columns: list[Any] = [
             SpinnerColumn(),
             BarColumn(bar_width=12),
-            TextColumn(
-                "{task.fields[accepted]:,} pages ({task.fields[skipped]:,} present, "
-                "{task.fields[rejected]:,} rejected) {task.fields[users]:,} users "
-                "{task.fields[rate]:,.0f}/s {task.fields[llm]:,} LLM"
-            ),
+            TextColumn("{task.fields[counts]}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
         ]
@@ -997,14 +993,7 @@ class _Progress:
             *columns, console=Console(stderr=True), transient=False, refresh_per_second=4
         )
         self._task = self._progress.add_task(
-            "ingest",
-            total=None,
-            accepted=0,
-            skipped=0,
-            rejected=0,
-            users=0,
-            rate=0.0,
-            llm=0,
+            "ingest", total=None, counts=_progress_counts(IngestReport())
         )
         self._progress.start()
         threading.Thread(target=self._count, name="ingest-count", daemon=True).start()
@@ -1016,12 +1005,7 @@ class _Progress:
             self._progress.update(
                 self._task,
                 completed=r.records + r.rejected,
-                accepted=r.accepted,
-                skipped=r.skipped,
-                rejected=r.rejected,
-                users=r.users,
-                rate=r.pages_per_s,
-                llm=r.llm_calls,
+                counts=_progress_counts(r),
             )
 
     def log(self, stream: IO[str], message: str) -> None:
@@ -1035,3 +1019,15 @@ class _Progress:
             if self._progress is not None:
                 self._progress.stop()
                 self._progress = None
+
+
+def _progress_counts(r: IngestReport) -> str:
+    """The progress line's counts, the ones still 0 (pages present, rejected, LLM calls: most
+    runs have none) left out: with all of them the line was wider than an 80-column terminal,
+    and rich cut its elapsed time and ETA to ``0:00:…``."""
+    counts = [(r.accepted, "pages"), (r.skipped, "present"), (r.rejected, "rejected")]
+    parts = [f"{n:,} {what}" for n, what in counts if n or what == "pages"]
+    parts += [f"{r.users:,} users", f"{r.pages_per_s:,.0f}/s"]
+    if r.llm_calls:
+        parts.append(f"{r.llm_calls:,} LLM")
+    return " ".join(parts)

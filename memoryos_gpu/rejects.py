@@ -377,7 +377,8 @@ def reason_kind(reason: str) -> str:
     there are values. A timestamp refusal is named by its rule (:func:`refusal_kind`); another
     reason loses what differs from record to record - quoted values (a quoted record field's
     name stays), numbers standing alone, item indices, parenthesised details - and is
-    shortened at a word boundary, never inside a word."""
+    shortened to its first clause (up to a ``;``: the rule broken, before what to do about it)
+    or else at a word boundary, never inside a word."""
     kind = refusal_kind(reason)
     if kind is not None:
         return kind
@@ -387,6 +388,9 @@ def reason_kind(reason: str) -> str:
     text = " ".join(text.split()).strip(" :;,")
     if len(text) <= _KIND_CHARS:
         return text
+    clause = text.split("; ", 1)[0]
+    if len(clause) < len(text) and len(clause) <= _KIND_CHARS:
+        return clause
     return text[: _KIND_CHARS - 1].rsplit(" ", 1)[0].rstrip(" :;,") + "\u2026"
 
 

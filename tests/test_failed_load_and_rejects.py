@@ -283,6 +283,22 @@ def test_sharded_encrypted_ingest_keeps_content_out_of_the_store_folders(tmp_pat
         assert "4111" not in part.read_text(), part
 
 
+def test_sharded_plain_ingest_writes_the_rejects_where_asked_only(tmp_path: Path) -> None:
+    """``--workers`` with ``--rejects FILE`` into a plain store: each shard wrote its own copy
+    of its rejects (raw records) into STORE/shard-i/rejects.jsonl and left it there, where the
+    user had asked for one file elsewhere (docs/cli.md: the parts go beside FILE and are
+    removed once merged)."""
+    src = _input(tmp_path)
+    store, mine = tmp_path / "plain-shards", tmp_path / "elsewhere" / "mine.jsonl"
+    mine.parent.mkdir()
+    p = _cli(src, "--store", store, "--workers", "2", "--rejects", mine, key=None)
+    assert p.returncode == 3, p.stderr
+    assert sorted(r["line"] for r in _rows(mine)) == [2, 3, 4]
+    _assert_raw(mine)
+    assert sorted(f.name for f in mine.parent.iterdir()) == ["mine.jsonl"]
+    assert not list(store.rglob("*.jsonl"))
+
+
 def test_a_plain_store_keeps_the_content_in_its_default_rejects_file(tmp_path: Path) -> None:
     src = _input(tmp_path)
     store = tmp_path / "plain"

@@ -293,3 +293,15 @@ def test_a_file_with_a_very_long_name_ingests_and_reruns(tmp_path):
     assert (first.accepted, first.rejected) == (5, 0)
     again = ingest(path, cfg, progress=False)
     assert (again.accepted, again.skipped, again.rejected) == (0, 5, 0)
+
+
+def test_the_progress_line_leaves_out_the_counts_still_0() -> None:
+    """With every count shown the line was wider than an 80-column terminal and rich cut its
+    elapsed time and ETA to ``0:00:…``: the counts most runs never see (pages present,
+    rejected, LLM calls) show once they are not 0."""
+    from memoryos_gpu.ingest import IngestReport, _progress_counts
+
+    plain = IngestReport(accepted=1234, users=5, pages_per_s=99.6)
+    assert _progress_counts(plain) == "1,234 pages 5 users 100/s"
+    busy = IngestReport(accepted=9, skipped=1, rejected=2, users=3, pages_per_s=4, llm_calls=7)
+    assert _progress_counts(busy) == "9 pages 1 present 2 rejected 3 users 4/s 7 LLM"

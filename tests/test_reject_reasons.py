@@ -74,6 +74,12 @@ def test_typical_rejects_are_counted_by_their_rule(tmp_path: Path) -> None:
             "line longer than 26214400 bytes (30000000 bytes); skipped",
             "line longer than N bytes; skipped",
         ),
+        # too long: its first clause (the rule), not a cut with an ellipsis
+        (
+            "source 'm1' of a page of user 'f' belongs to another user's page; a source is "
+            "unique across users (this record was not stored)",
+            "source of a page of user belongs to another user's page",
+        ),
     ],
 )
 def test_kind_of_a_reason(reason: str, kind: str) -> None:

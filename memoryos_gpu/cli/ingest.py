@@ -243,7 +243,6 @@ def ingest(
             rejects_path=rejects_path,
             process=process,
             progress=progress,
-            encrypted=cfg.encryption_key is not None,
         )
     else:
         rejects = rejects_path or default_rejects_path(cfg.store)
@@ -554,13 +553,13 @@ def _ingest_workers(
     rejects_path: str | None,
     process: str,
     progress: bool,
-    encrypted: bool = False,
 ) -> dict[str, Any]:
     """N processes, process i ingesting shard i/N into STORE/shard-i; their reports merged.
 
-    ``encrypted`` with a ``rejects_path``: each process writes its rejects (content included,
-    as asked) beside that file, not into its encrypted shard's folder, and they are removed
-    once merged; without one, each leaves the content out itself (:func:`_raw_rejects`)."""
+    With a ``rejects_path`` each process writes its rejects beside that file (content
+    included, as asked), not into its shard's folder, and they are removed once merged;
+    without one, each writes its shard's default file (an encrypted shard's leaves the
+    content out itself: :func:`_raw_rejects`)."""
     from memoryos_gpu import ops
     from memoryos_gpu.store import SHARDS_FILE, STORE_FILE_SUFFIXES
 
@@ -587,7 +586,10 @@ def _ingest_workers(
                 f"re-run with --workers {count} (or use a new --store)"
             )
     base.mkdir(parents=True, exist_ok=True)
-    part_base = rejects_path if encrypted else None  # where the shards' raw rejects go
+    # --rejects FILE: the shards write parts beside it, merged into it and removed (a plain
+    # store's shards kept their own copies in the store's folder, which the user never asked
+    # for); without it each shard's default file stays, the run's merged file beside them
+    part_base = rejects_path
     manifest.write_text(json.dumps({"count": workers, "hash": "blake2b-64(user_id) mod count"}))
 
     env = dict(os.environ)

@@ -188,7 +188,11 @@ def print_retrieval(r: Any, *, extractive: bool = False) -> None:
         c.print(f"[bold]profile[/] {escape(NO_PROFILE_EXTRACTIVE)}")
     for title, pages in (
         ("mid-term pages (best first; score: cosine and BM25 standardised, summed)", r.pages),
-        ("short-term memory (the latest pages, in the order they were added)", r.stm),
+        (
+            "short-term memory (the latest pages, in the order they were added; pages still "
+            "waiting for derived work, if any, first)",
+            r.stm,
+        ),
     ):
         c.print(f"[bold]{title}[/] ({len(pages)})")
         for p in pages:
