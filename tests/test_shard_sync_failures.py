@@ -6,9 +6,11 @@ shard then forgets) and adds it on every other shard. When the call adding it on
 failed, that shard never counted those pages: its IDF stayed short of them for good, while
 the shards that were up counted them. The router now keeps what a shard is owed and sends it
 with the next sync (:meth:`RouterService._add_owed`). Assistant facts taken from a shard's
-outbox were lost the same way when their owner's commit or a replica's copy failed: they now
-stay owed too (:meth:`RouterService._route_facts`), and a change across shards delivers them
-before it forgets what a user's pages taught.
+outbox were lost the same way when their owner's commit or a replica's copy failed: a fact
+now stays in its shard's outbox, in the store, until its owner committed it (a router or a
+shard that stops loses none), the owner lands a fact sent twice once, and a replica's entries
+stay owed (:meth:`RouterService._route_facts`); a change across shards delivers those before it
+forgets what a user's pages taught.
 
 The Serve router runs over the shard replicas' classes called in process (as
 tests/test_shard_catch_up_serve.py does), with one replica's call failing on purpose.
@@ -22,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 from test_distributed import conversation, engine_config, store_for
 from test_shard_layout_marks import keyword_state, one_engine_state, pages
@@ -142,7 +145,6 @@ class _Facts:
 def _with_a_fact(tmp_path: Any, scenario: Callable[[_Facts], Awaitable[None]]) -> None:
     """Run ``scenario`` on a :class:`_Facts` set up in ``tmp_path``; the shards finish after."""
     from memoryos_gpu.distributed.ray_serve import RouterService
-    from memoryos_gpu.engine.state import Fact
 
     store = store_for("sqlite", tmp_path)
     replicas = _replicas(store)
@@ -152,27 +154,34 @@ def _with_a_fact(tmp_path: Any, scenario: Callable[[_Facts], Awaitable[None]]) -
         router = RouterService(handles, engine_config(store), sync_interval_s=None)
         await router.start(wait=True)
         try:
-            rows = conversation(users=6, per_user=4)
-            await router.add_pages(pages(rows))
-            owner = router.shard_map.assistant_owner("asst-0")
-            user = next(
-                r["user_id"]
-                for r in rows
-                if r["assistant_id"] == "asst-0" and router.shard_map.shard(r["user_id"]) != owner
-            )
-            engine = replicas[router.shard_map.shard(user)].service.engine
-            page = engine.export_user(user)["pages"][0]
-            text = f"the assistant helped {user} with hiking"
-            engine._outbox.append(
-                Fact(
-                    "assistant", "asst-0", text, "llm", (page["page_id"],), user, page["timestamp"]
-                )
-            )
+            owner, user, text = await _a_fact_in_an_outbox(router, replicas)
             await scenario(_Facts(router, replicas, handles, owner, text, user))
         finally:
             await router.finish_shards()
 
     asyncio.run(go())
+
+
+async def _a_fact_in_an_outbox(router: Any, replicas: list[Any]) -> tuple[int, str, str]:
+    """A conversation through ``router``, then one fact for ``asst-0`` in the outbox of a
+    user whose shard does not own it, as a promotion puts it there: (owner, user, text)."""
+    from memoryos_gpu.engine.state import Fact
+
+    rows = conversation(users=6, per_user=4)
+    await router.add_pages(pages(rows))
+    owner = router.shard_map.assistant_owner("asst-0")
+    user = next(
+        r["user_id"]
+        for r in rows
+        if r["assistant_id"] == "asst-0" and router.shard_map.shard(r["user_id"]) != owner
+    )
+    engine = replicas[router.shard_map.shard(user)].service.engine
+    page = engine.export_user(user)["pages"][0]
+    text = f"the assistant helped {user} with hiking"
+    fact = Fact("assistant", "asst-0", text, "llm", (page["page_id"],), user, page["timestamp"])
+    with engine._state.locked(), engine._state.write_transaction("commit") as db:
+        engine._push_knowledge(db, [fact], np.zeros((1, engine.embedder.dim)))
+    return owner, user, text
 
 
 @pytest.mark.parametrize("failing", ["append_assistant_facts", "replicate_assistant_entries"])
@@ -223,3 +232,80 @@ def test_deleting_a_user_whose_fact_is_owed_leaves_no_trace_of_it(tmp_path):
             assert not [e for e in _entries(r) if e[2] == f.text and e[3]]
 
     _with_a_fact(tmp_path, scenario)
+
+
+def test_a_commit_whose_reply_was_lost_lands_once_and_reaches_the_replica(tmp_path):
+    """The owner committed the fact but the router never heard so: the next sync sends it
+    again, and the owner commits it once (it had two rows: the router kept the fact owed and
+    the owner numbered it again), answering its ring so the replica gets the entry."""
+
+    async def scenario(f: _Facts) -> None:
+        f.handles[f.owner].fail_after.add("append_assistant_facts")
+        with pytest.raises(ConnectionError, match="reply lost"):
+            await f.router.sync()
+        await f.router.sync()
+        await f.router.sync()
+        for r in f.replicas:
+            assert [e[2:] for e in _entries(r)] == [(f.text, 1)]
+
+    _with_a_fact(tmp_path, scenario)
+
+
+def test_a_fact_stays_in_the_outbox_until_its_sender_hears_it_landed(tmp_path):
+    """The acknowledgement to the fact's shard failing: the fact stays in its outbox (the
+    store), is sent again with the next sync, lands once, and only then leaves the outbox."""
+
+    async def scenario(f: _Facts) -> None:
+        sender = f.router.shard_map.shard(f.user)
+        f.handles[sender].fail.add("ack_assistant_facts")
+        with pytest.raises(ConnectionError, match="shard down"):
+            await f.router.sync()
+        engine = f.replicas[sender].service.engine
+        assert [x.fact.text for x in engine.take_assistant_facts()] == [f.text]
+        await f.router.sync()
+        assert engine.take_assistant_facts() == []
+        for r in f.replicas:
+            assert [e[2:] for e in _entries(r)] == [(f.text, 1)]
+
+    _with_a_fact(tmp_path, scenario)
+
+
+def test_a_fact_outlives_the_shards_and_the_router_that_never_synced(tmp_path):
+    """The fact's shard and the router stop before any sync (the fact was in the process's
+    memory: lost for good, its pages marked analysed); shards opened again on the store and a
+    new router deliver it, once, to both shards."""
+    from memoryos_gpu.distributed.ray_serve import RouterService
+
+    store = store_for("sqlite", tmp_path)
+    text = _put_a_fact(store)
+    replicas = _replicas(store)
+
+    async def go() -> None:
+        router = RouterService([_Handle(r) for r in replicas], engine_config(store), None)
+        await router.start(wait=True)
+        try:
+            await router.sync()
+            for r in replicas:
+                assert [e[2:] for e in _entries(r) if e[2] == text] == [(text, 1)]
+        finally:
+            await router.finish_shards()
+
+    asyncio.run(go())
+
+
+def _put_a_fact(store: str) -> str:
+    """:func:`_a_fact_in_an_outbox` on shards over ``store``, which then close without any
+    sync (no finish, no last exchange); returns the text of the fact."""
+    from memoryos_gpu.distributed.ray_serve import RouterService
+
+    replicas = _replicas(store)
+
+    async def go() -> str:
+        router = RouterService([_Handle(r) for r in replicas], engine_config(store), None)
+        await router.start(wait=True)
+        _, _, text = await _a_fact_in_an_outbox(router, replicas)
+        for r in replicas:
+            await r.close()
+        return text
+
+    return asyncio.run(go())

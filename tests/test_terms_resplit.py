@@ -95,9 +95,7 @@ def test_an_upgraded_store_splits_every_page_again(
         {"user_id": "u", "user_input": "Manana vamos con los ninos a la playa de Malaga."},
         {"user_id": "u", "user_input": "We went to the beach with the kids."},
     ]
-    import memoryos_gpu.store.sqlite_schema as sq
-
-    ids, rows, stored = _reopened(backend, monkeypatch, sq.SCHEMA_VERSION - 1, pages)
+    ids, rows, stored = _reopened(backend, monkeypatch, 12, pages)  # 12 -> 13: every page
     for i in range(3):
         assert rows[ids[i]] == _split_now(stored[i]) != OLD_ROW
 

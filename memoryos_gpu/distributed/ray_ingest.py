@@ -242,6 +242,9 @@ class ShardIngestActor:
     def append_assistant_facts(self, facts: list[Any]) -> list[AssistantEntry]:
         return self.engine.append_assistant_facts(facts)
 
+    def ack_assistant_facts(self, upto: int) -> int:
+        return self.engine.ack_assistant_facts(upto)
+
     def replicate_assistant_entries(self, entries: list[AssistantEntry]) -> None:
         self.engine.replicate_assistant_entries(entries)
 
@@ -743,6 +746,7 @@ def _derive(
         ShardMap(shards),
         lambda s, f: ray.get(actors[s].append_assistant_facts.remote(f)),
         lambda s, e: ray.get(actors[s].replicate_assistant_entries.remote(e)),
+        lambda s, upto: ray.get(actors[s].ack_assistant_facts.remote(upto)),
     )
     return {"keyword_docs_exchanged": docs, **done, "assistant_facts": written}
 

@@ -28,7 +28,9 @@ from memoryos_gpu.distributed.ray_routing import (
     _ShardEngineProxy,
     add_by_shard,
 )
+from memoryos_gpu.distributed.replicas import OutboxFact, outbox_upto
 from memoryos_gpu.distributed.sharded_forget import check_edit, forget_everywhere_async
+from memoryos_gpu.engine.state import Fact
 from memoryos_gpu.errors import UnknownItemError
 from memoryos_gpu.server.remote_service import StatusPart
 from memoryos_gpu.server.scope import RetrievalBodies, done_writing
@@ -84,12 +86,6 @@ class RouterService(RetrievalBodies):
         # keyword deltas taken from shards that a shard has not added yet, by that shard: a
         # sync whose call to a shard fails (an engine restarting) keeps them for the next one
         self._owed: dict[int, list[dict[str, Any]]] = {}
-        # assistant facts taken from the outboxes that their owner shard has not committed, by
-        # owner, and entries an owner committed that a replica has not copied, by replica: a
-        # sync whose call to a shard fails keeps them for the next exchange (lost only if the
-        # router itself stops: the facts are derived data, see replicas.py)
-        self._facts_owed: dict[int, list[Any]] = {}
-        self._entries_owed: dict[int, list[Any]] = {}
 
     def _exchange_lock(self) -> Any:
         """Held by a sync and by a change across shards (an async context manager)."""
@@ -218,9 +214,10 @@ class RouterService(RetrievalBodies):
 
     async def _sync(self) -> dict[str, int]:
         """One exchange: each shard's keyword delta to every other shard, the assistant facts
-        to their owners and the entries they number to the replicas. What a shard's engine
-        gave up (a delta, facts, entries) stays owed to each shard that has not taken it (its
-        call failed: the engine restarting), and goes with the next sync, so no shard loses
+        to their owners and the entries they number to the replicas. A keyword delta a shard
+        gave up stays owed to each shard that has not taken it (its call failed: the engine
+        restarting), and goes with the next sync; assistant facts stay in their senders'
+        outboxes until committed and copied everywhere (:meth:`_route_facts`). So no shard loses
         another's pages or facts; the sync then raises (logged, retried by the loop)."""
         await self._catch_up()
         parts = await asyncio.gather(  # what each gathered since (a failed shard keeps its own)
@@ -252,53 +249,49 @@ class RouterService(RetrievalBodies):
             self._owed[shard] = owed + self._owed.get(shard, [])
             raise
 
-    async def _route_facts(self, facts: list[Any]) -> tuple[int, Exception | None]:
-        """The owner numbers and commits an assistant's facts (``Fact``s, with their
-        provenance), then every other shard copies the numbered entries (the rule of
-        :mod:`~memoryos_gpu.distributed.replicas`); ``facts`` join those still owed, in order.
-        A call that fails leaves its facts or entries owed for the next exchange. Returns the
-        entries written and the first failure (None: nothing is owed any more)."""
-        for f in facts:
-            self._facts_owed.setdefault(self.shard_map.assistant_owner(f[1]), []).append(f)
-        written, failed = 0, None
-        for owner in sorted(self._facts_owed):
-            owned = self._facts_owed.pop(owner)
+    async def _route_facts(self, sent: list[Any]) -> tuple[int, Exception | None]:
+        """The owner numbers and commits an assistant's facts (``OutboxFact``s taken from the
+        shards' outboxes, with their provenance), every other shard copies the numbered entries
+        (the rule of :mod:`~memoryos_gpu.distributed.replicas`), and each sender whose facts
+        were committed and copied everywhere drops them from its outbox. A failed commit or
+        copy leaves its senders' facts in their outboxes, in the store, for the next exchange,
+        whose owner skips what it committed and answers those assistants' rings whole (a
+        replica skips what it holds): the router keeps nothing owed in its memory, which a
+        router that stopped lost. Returns the entries written and the first failure (None:
+        none)."""
+        sent = [OutboxFact(int(i), int(n), Fact(*f)) for i, n, f in sent]  # as the reply gave
+        by_owner: dict[int, list[OutboxFact]] = {}
+        for f in sent:
+            by_owner.setdefault(self.shard_map.assistant_owner(f.fact.owner_id), []).append(f)
+        written, failures, kept = 0, [], set()
+        for owner, owned in sorted(by_owner.items()):
             try:
-                entries = await self.ask(owner, "call", "append_assistant_facts", (owned,), {})
-            except BaseException as exc:
-                self._facts_owed[owner] = owned + self._facts_owed.get(owner, [])
-                if not isinstance(exc, Exception):
-                    raise
-                failed = failed or exc
-                continue
-            written += len(entries)
-            for j in self._shards:
-                if j != owner and entries:
-                    self._entries_owed.setdefault(j, []).extend(entries)
-        copied = await asyncio.gather(
-            *(self._replicate_owed(j) for j in self._shards), return_exceptions=True
-        )
-        return written, failed or next((x for x in copied if isinstance(x, Exception)), None)
+                written += await self._commit_and_copy(owner, owned)
+            except Exception as exc:
+                failures.append(exc)
+                kept.update(f.sender for f in owned)  # their senders keep them
+        acks = [self._ack(i, upto) for i, upto in outbox_upto(sent).items() if i not in kept]
+        failures += [x for x in await asyncio.gather(*acks, return_exceptions=True) if x]
+        return written, next(iter(failures), None)
 
-    async def _replicate_owed(self, shard: int) -> None:
-        """The entries owed to replica ``shard``, copied in one call, in the order their
-        owners numbered them (kept owed if it fails; a replica skips those it holds)."""
-        owed = self._entries_owed.pop(shard, [])
-        if not owed:
-            return
-        try:
-            await self.ask(shard, "call", "replicate_assistant_entries", (owed,), {})
-        except BaseException:
-            self._entries_owed[shard] = owed + self._entries_owed.get(shard, [])
-            raise
+    async def _commit_and_copy(self, owner: int, owned: list[OutboxFact]) -> int:
+        """The owner commits ``owned`` and every other shard copies the entries; raises the
+        first failure (after every copy was tried). Returns the entries written."""
+        entries = await self.ask(owner, "call", "append_assistant_facts", (owned,), {})
+        copies = [
+            self.ask(j, "call", "replicate_assistant_entries", (entries,), {})
+            for j in self._shards
+            if j != owner and entries
+        ]
+        for x in await asyncio.gather(*copies, return_exceptions=True):
+            if x is not None:
+                raise x
+        return len(entries)
 
-    async def _deliver_owed(self) -> None:
-        """Every fact and entry still owed, delivered before a change across shards forgets
-        what pages taught: one delivered later would bring a forgotten fact back. Raises the
-        first failure (the change then fails too, as it would with that shard down)."""
-        _, failed = await self._route_facts([])
-        if failed is not None:
-            raise failed
+    async def _ack(self, sender: int, upto: int) -> None:
+        """Shard ``sender``'s outbox drops its facts up to ``upto``: their owners committed
+        them (a failure leaves them there: sent again, skipped by their owners)."""
+        await self.ask(sender, "call", "ack_assistant_facts", (upto,), {})
 
     def _mark(self, user_ids: Iterable[str], known: bool) -> None:
         for u in user_ids:
@@ -479,7 +472,6 @@ class RouterService(RetrievalBodies):
         (``sharded_forget.py``), under the exchange lock: no sync has facts in flight."""
         async with self._exchange_lock():
             await self._catch_up()  # what is forgotten is then what every shard counts
-            await self._deliver_owed()
             return await forget_everywhere_async(
                 self._on_shard, change, self.shard_map, user_id, pages
             )

@@ -13,24 +13,32 @@ other shard, which holds a read replica in its arena
 (:meth:`AssistantReplicas.replicate_assistant_entries`; per-shard SQLite: rows with the same
 ``seq`` in its own file; a shared PostgreSQL store: re-read from the owner's rows).
 
+**The outbox is durable.** It is a table of the shard's store (``outbox``), written in the
+transaction of the promotion that found the facts (which marks its pages analysed, so they are
+never found again): facts held in the process's memory were lost for good when the shard or
+the router stopped before the owner committed them. A router acknowledges a sender's facts
+(:meth:`AssistantReplicas.ack_assistant_facts`: they leave the outbox) only once their owner
+committed them and every replica copied the entries; a call that fails leaves them there, and
+the next exchange sends them again. So a router keeps nothing owed in its memory, and an owner
+may be sent a fact twice (its reply lost, a replica's copy failed): it keeps, per sender, the
+newest fact id it committed (``outbox_marks``, in the same transaction), skips what it has,
+and answers those facts' assistants' rings whole, so a replica that missed the entries gets
+them (it skips those it holds).
+
 Retrievals and responses therefore read assistant knowledge locally, with no cross-shard call
-on the request path, and every shard sees the same entries once the router has synced. A
-router whose call to an owner or a replica fails keeps the facts or entries owed and sends
-them with its next exchange (a replica skips entries it holds already); a change across shards
-delivers what is owed first. Facts still in an outbox when a shard dies, or owed by a router
-that stops, are lost: they are derived data (the pages they came from are committed and are
-re-promoted only if they were never marked analysed). A fact travels
-with its provenance (source user, page ids), so deleting a user, or deleting or editing one of
-its pages, reaches what those pages taught the assistants on every shard
+on the request path, and every shard sees the same entries once the router has synced. A fact
+travels with its provenance (source user, page ids), so deleting a user, or deleting or editing
+one of its pages, reaches what those pages taught the assistants on every shard
 (:mod:`~memoryos_gpu.distributed.sharded_forget`).
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,7 +48,40 @@ from memoryos_gpu.engine.state import Fact
 from . import sharded_forget
 from .layout import ShardMap
 
-__all__ = ["AssistantEntry", "AssistantReplicas", "route_assistant_facts"]
+__all__ = [
+    "AssistantEntry",
+    "AssistantReplicas",
+    "OutboxFact",
+    "outbox_upto",
+    "route_assistant_facts",
+]
+
+
+class OutboxFact(NamedTuple):
+    """An assistant fact from a shard's outbox: the shard it waits in (``sender``), its id
+    there (increasing: what the owner's mark and the sender's acknowledgement count) and the
+    fact (with its provenance)."""
+
+    sender: int
+    fact_id: int
+    fact: Fact
+
+
+def outbox_upto(sent: Iterable[OutboxFact]) -> dict[int, int]:
+    """The newest fact id of each sender among ``sent``: what acknowledges them."""
+    upto: dict[int, int] = {}
+    for s in sent:
+        upto[s.sender] = max(upto.get(s.sender, 0), s.fact_id)
+    return upto
+
+
+def _fact_json(f: Fact) -> str:
+    return json.dumps([f.kind, f.owner_id, f.text, f.mode, list(f.pages), *f[5:7]])
+
+
+def _fact_of(text: str) -> Fact:
+    kind, owner, said, mode, pages, source_user, valid_from = json.loads(text)
+    return Fact(kind, owner, said, mode, tuple(int(p) for p in pages), source_user, valid_from)
 
 
 @dataclass(frozen=True)
@@ -65,64 +106,129 @@ class AssistantReplicas:
     the replica of every other owner's entries. Uses the engine's store, lock, arena and ring
     maps, and the shard engine's ``shared_store``."""
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        self._outbox: list[Fact] = []  # assistant facts for their owner shard
-        super().__init__(*args, **kw)  # the engine (its promotions on open fill the outbox)
-
     # ------------------------------------------------------------------ outbox
     def _push_knowledge(self, db: Any, facts: list[Fact], emb: np.ndarray) -> None:
         """User facts go to the ring as usual; assistant facts wait in the outbox for the
         owner shard (module doc: one writer per assistant), with their provenance (source
-        user, page ids, time). An LLM decision names an entry of this shard's replica, not
-        the owner's: the owner's rule decides instead."""
+        user, page ids, time), written in the promotion's transaction ``db``. An LLM decision
+        names an entry of this shard's replica, not the owner's: the owner's rule decides
+        instead."""
         keep = [i for i, f in enumerate(facts) if f.kind == "user"]
-        self._outbox.extend(Fact(*f[:7]) for f in facts if f.kind != "user")
+        sent = [f for f in facts if f.kind != "user"]
+        if sent:
+            ids = self.store.new_ids(db, "outbox", len(sent))
+            db.executemany(
+                "INSERT INTO outbox(fact_id, sender, source_user, fact) VALUES (?, ?, ?, ?)",
+                [
+                    (i, self.shard_index, f.source_user, _fact_json(f))
+                    for i, f in zip(ids, sent, strict=True)
+                ],
+            )
         if keep:
             super()._push_knowledge(db, [facts[i] for i in keep], emb[keep])
 
-    def take_assistant_facts(self) -> list[Fact]:
-        """The assistant facts found since the last call (``Fact``: owner id = assistant)."""
-        with self._lock:
-            out, self._outbox = self._outbox, []
-        return out
+    def take_assistant_facts(self) -> list[OutboxFact]:
+        """The assistant facts waiting in this shard's outbox, oldest first. They stay there
+        until :meth:`ack_assistant_facts` says their owners committed them: each sync takes
+        them again until then."""
+        rows = self.store.query(
+            "SELECT fact_id, fact FROM outbox WHERE sender = ? ORDER BY fact_id",
+            (self.shard_index,),
+        )
+        return [OutboxFact(self.shard_index, int(i), _fact_of(t)) for i, t in rows]
+
+    def ack_assistant_facts(self, upto: int) -> int:
+        """The outbox's facts up to id ``upto`` go: their owners committed them (a router's
+        acknowledgement). Returns how many went."""
+        # touches the store: the rewrite gate first (engine/state.py)
+        with self._state.locked(), self._state.write_transaction("commit") as db:
+            cur = db.execute(
+                "DELETE FROM outbox WHERE sender = ? AND fact_id <= ?",
+                (self.shard_index, int(upto)),
+            )
+            return max(int(cur.rowcount), 0)
 
     def _drop_outbox_of(self, page_id: int) -> None:
         """Outbox facts derived from the page (not routed to their owner yet) go, as the
-        owner's entries would; the other pages they came from are re-analysed."""
+        owner's entries would; the other pages they came from are re-analysed. Called under
+        the engine lock (``_state.locked()``)."""
         row = self.get_page(page_id)
         if row is None:
             return
         uid = row["user_id"]
-        hit = [f for f in self._outbox if f.source_user == uid and int(page_id) in f.pages]
+        rows = self.store.query(
+            "SELECT fact_id, fact FROM outbox WHERE sender = ? AND source_user = ?",
+            (self.shard_index, uid),
+        )
+        hit = [(int(i), f) for i, f in ((i, _fact_of(t)) for i, t in rows) if page_id in f.pages]
         if not hit:
             return
-        self._outbox = [f for f in self._outbox if f not in hit]
-        again = {(int(p), uid) for f in hit for p in f.pages if int(p) != int(page_id)}
+        with self._state.write_transaction("commit") as db:
+            db.executemany("DELETE FROM outbox WHERE fact_id = ?", [(i,) for i, _ in hit])
+        again = {(int(p), uid) for _, f in hit for p in f.pages if int(p) != int(page_id)}
         sharded_forget.reanalyse_pages(self, sorted(again))
 
     # ------------------------------------------------------------------ owner
-    def append_assistant_facts(self, facts: Sequence[Fact]) -> list[AssistantEntry]:
+    def append_assistant_facts(self, sent: Sequence[OutboxFact]) -> list[AssistantEntry]:
         """Owner side: commit facts of assistants this shard owns (provenance recorded as in
         one engine; the conflict rule may merge or supersede), and answer what changed in the
-        rings for the replicas: the entries added, and those superseded (``live`` False)."""
-        facts = [Fact(*f) for f in facts]  # over Ray: plain tuples are accepted too
-        if not facts:
+        rings for the replicas: the entries added, and those superseded (``live`` False).
+
+        A fact committed before (per sender, ids up to the mark ``outbox_marks`` keeps) is
+        skipped: it comes again when the reply to its first sending was lost, or its sender
+        was down when the router acknowledged it. The rings of such facts' assistants are
+        then answered whole, since the replicas may never have had their entries (a replica
+        skips the entries it holds)."""
+        sent = [OutboxFact(int(s), int(i), Fact(*f)) for s, i, f in sent]  # plain tuples too
+        if not sent:
             return []
         with self._state.locked():  # touches the store: the rewrite gate first (engine/state.py)
-            emb = encode_checked(self.embedder, [f.text for f in facts])
+            fresh = self._unseen(sent)
+            again = {s.fact.owner_id for s in set(sent).difference(fresh)}
+            facts = [s.fact for s in fresh]
+            emb = encode_checked(self.embedder, [f.text for f in facts]) if facts else None
             # the rings change as the transaction goes (reloaded from the store if it fails);
             # committed under the lock this method holds (it answers what the rings hold)
             with self._state.write_transaction("commit") as db:
-                self.store.ensure_assistants(db, (f.owner_id for f in facts), time.time())
                 mark = db.execute("SELECT COALESCE(MAX(entry_id), 0) FROM knowledge").fetchone()
-                # the engine's own ring write, not this class's outbox: this shard is the owner
-                super()._push_knowledge(db, facts, emb)
-                return self._ring_changes(db, int(mark[0]), {f.owner_id for f in facts})
+                if facts:
+                    self.store.ensure_assistants(db, (f.owner_id for f in facts), time.time())
+                    # the engine's own ring write, not this class's outbox: this is the owner
+                    super()._push_knowledge(db, facts, emb)
+                    self._raise_marks(db, fresh)
+                new = {f.owner_id for f in facts} - again
+                return self._ring_changes(db, int(mark[0]), new) + self._ring_changes(db, 0, again)
+
+    def _unseen(self, sent: Sequence[OutboxFact]) -> list[OutboxFact]:
+        """The facts of ``sent`` this owner has not committed (above its sender's mark), each
+        once."""
+        senders = sorted({s.sender for s in sent})
+        rows = self.store.query(
+            f"SELECT sender, upto FROM outbox_marks WHERE owner = ? AND sender IN "
+            f"({','.join('?' * len(senders))})",
+            (self.shard_index, *senders),
+        )
+        marks = {int(r[0]): int(r[1]) for r in rows}
+        out: dict[tuple[int, int], OutboxFact] = {}
+        for s in sent:
+            if s.fact_id > marks.get(s.sender, 0):
+                out.setdefault((s.sender, s.fact_id), s)
+        return sorted(out.values(), key=lambda s: (s.sender, s.fact_id))
+
+    def _raise_marks(self, db: Any, fresh: Sequence[OutboxFact]) -> None:
+        """The owner's mark of each sender of ``fresh``: the newest fact id it committed."""
+        db.executemany(
+            "INSERT INTO outbox_marks(owner, sender, upto) VALUES (?, ?, ?) "
+            "ON CONFLICT(owner, sender) DO UPDATE SET upto = excluded.upto",
+            [(self.shard_index, sender, upto) for sender, upto in outbox_upto(fresh).items()],
+        )
 
     def _ring_changes(self, db: Any, mark: int, assistants: set[str]) -> list[AssistantEntry]:
         """The assistants' ring entries added after entry ``mark`` and those they superseded."""
         from memoryos_gpu.store.rows import blob_matrix
 
+        if not assistants:
+            return []
         ids = sorted(assistants)
         rows = db.execute(
             "SELECT owner_id, seq, text, mode, embedding, source_user, live FROM knowledge "
@@ -251,17 +357,21 @@ def _emb_blob(vec: np.ndarray) -> bytes:
 
 # ============================================================================ the router's side
 def route_assistant_facts(
-    facts: Sequence[Fact],
+    sent: Sequence[OutboxFact],
     shard_map: ShardMap,
-    append: Callable[[int, list[Fact]], list[AssistantEntry]],
+    append: Callable[[int, list[OutboxFact]], list[AssistantEntry]],
     replicate: Callable[[int, list[AssistantEntry]], None],
+    ack: Callable[[int, int], Any],
 ) -> int:
-    """Send facts to their assistant's owner shard, then its numbered entries to every other
-    shard (the module doc's rule). ``append(shard, facts)`` / ``replicate(shard, entries)`` do
-    the calls (in process, or on Ray actors). Returns the entries written."""
-    by_owner: dict[int, list[Fact]] = {}
-    for f in facts:
-        by_owner.setdefault(shard_map.assistant_owner(f[1]), []).append(f)
+    """Send outbox facts to their assistant's owner shard, then its numbered entries to every
+    other shard (the module doc's rule), then acknowledge them to their senders, which drop
+    them from their outboxes. ``append(shard, facts)`` / ``replicate(shard, entries)`` /
+    ``ack(sender, upto)`` do the calls (in process, or on Ray actors); a call that raises
+    stops the routing before any acknowledgement, so the facts stay in their outboxes for the
+    next exchange (an owner skips what it committed). Returns the entries written."""
+    by_owner: dict[int, list[OutboxFact]] = {}
+    for s in sent:
+        by_owner.setdefault(shard_map.assistant_owner(s.fact.owner_id), []).append(s)
     written = 0
     for owner, owned in sorted(by_owner.items()):
         entries = append(owner, owned)
@@ -269,4 +379,6 @@ def route_assistant_facts(
         for j in range(shard_map.count):
             if j != owner:
                 replicate(j, entries)
+    for sender, upto in sorted(outbox_upto(sent).items()):
+        ack(sender, upto)
     return written

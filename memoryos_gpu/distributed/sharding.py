@@ -122,13 +122,6 @@ class ShardEngine(KeywordExchange, AssistantReplicas, MemoryEngine):
         return {"delta": self.take_keyword_delta(), "facts": self.take_assistant_facts()}
 
     # ------------------------------------------------------------------ forgetting
-    def delete_user(self, user_id: str) -> bool:
-        """The engine's delete, and the user's facts still in the outbox go too (they were
-        not routed to their owner yet)."""
-        with self._state.locked():  # touches the store: the rewrite gate first (engine/state.py)
-            self._outbox = [f for f in self._outbox if f.source_user != user_id]
-            return super().delete_user(user_id)
-
     def delete_page(self, page_id: int) -> bool:
         """The engine's delete; the page's facts still in the outbox go too (their other
         pages are re-analysed)."""
@@ -324,14 +317,15 @@ class ShardedEngine:
         )
 
     def _route_facts(self) -> int:
-        facts = [f for e in self.engines for f in e.take_assistant_facts()]
-        if not facts:
+        sent = [f for e in self.engines for f in e.take_assistant_facts()]
+        if not sent:
             return 0
         return route_assistant_facts(
-            facts,
+            sent,
             self.shard_map,
             lambda s, f: self.engines[s].append_assistant_facts(f),
             lambda s, entries: self.engines[s].replicate_assistant_entries(entries),
+            lambda s, upto: self.engines[s].ack_assistant_facts(upto),
         )
 
     # ------------------------------------------------------------------ reads

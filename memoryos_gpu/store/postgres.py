@@ -534,7 +534,7 @@ class PostgresStore(SQLiteStore):
         """A light check: PostgreSQL enforces the constraints itself, so what is left to find is
         a missing table, a constraint left NOT VALID, or an invalid index (a failed
         ``CREATE INDEX CONCURRENTLY``)."""
-        missing = sqlite_schema.REQUIRED_TABLES - self._table_names()
+        missing = sqlite_schema.required_tables(self.schema_version) - self._table_names()
         out = [f"missing table {t}" for t in sorted(missing)]
         out += [
             f"constraint {r[0]} on {r[1]} is not validated"

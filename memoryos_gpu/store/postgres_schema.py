@@ -203,4 +203,19 @@ UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
     12: "UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN ("
     "SELECT page_id FROM pages WHERE tier <> 'evicted')",
     # sqlite_schema.MIGRATIONS[12]: every term row split again (a text's language's stopwords)
+    13: """
+CREATE TABLE outbox(
+  fact_id BIGSERIAL PRIMARY KEY,
+  sender INTEGER NOT NULL,
+  source_user TEXT COLLATE "C",
+  fact TEXT NOT NULL
+);
+CREATE INDEX outbox_sender ON outbox(sender, fact_id);
+CREATE TABLE outbox_marks(
+  owner INTEGER NOT NULL,
+  sender INTEGER NOT NULL,
+  upto BIGINT NOT NULL,
+  PRIMARY KEY (owner, sender)
+)
+""",  # sqlite_schema.MIGRATIONS[13]: a shard's assistant facts wait in the store
 }

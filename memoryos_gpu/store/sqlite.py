@@ -76,6 +76,7 @@ ID_COLUMNS = {
     "segments": "segment_id",
     "knowledge": "entry_id",
     "audit": "event_id",
+    "outbox": "fact_id",
 }
 
 #: SQLite's page cache of a file store's connection, MiB (``PRAGMA cache_size``; SQLite's own
@@ -270,7 +271,8 @@ class SQLiteStore(StoreReads, SQLiteErasure):
                 self._create_schema(db)
                 db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
         # the current version and tables: read at open (module attributes: tests patch them)
-        latest, required = sqlite_schema.SCHEMA_VERSION, sqlite_schema.REQUIRED_TABLES
+        latest = sqlite_schema.SCHEMA_VERSION
+        required = sqlite_schema.required_tables(latest)
         raw = self.get_meta("schema_version", "0")
         try:
             version = int(raw)
@@ -605,12 +607,12 @@ class SQLiteStore(StoreReads, SQLiteErasure):
 
     # ------------------------------------------------------------------ delete
     def delete_user(self, user_id: str) -> Forgotten | None:
-        """Remove every row held about the user (pages, segments, knowledge, pending, audit),
-        everything derived from the user's pages elsewhere (assistant knowledge: see
-        :func:`~memoryos_gpu.store.derivations.forget_pages`) and the saved keyword statistics
-        (they count the user's words; the next open refits them from the pages left). One
-        audit event records the deletion, without content. Returns what was forgotten beyond
-        the user's own rows (None: there was no such user).
+        """Remove every row held about the user (pages, segments, knowledge, pending, audit, a
+        shard's outbox), everything derived from the user's pages elsewhere (assistant
+        knowledge: see :func:`~memoryos_gpu.store.derivations.forget_pages`) and the saved
+        keyword statistics (they count the user's words; the next open refits them from the
+        pages left). One audit event records the deletion, without content. Returns what was
+        forgotten beyond the user's own rows (None: there was no such user).
 
         The deleted content then leaves the database file and its log (:meth:`checkpoint`,
         :mod:`memoryos_gpu.store.erasure`).
@@ -644,6 +646,8 @@ class SQLiteStore(StoreReads, SQLiteErasure):
         forgotten.owners += [(int(e), audit_owner("assistant", str(a))) for e, a in learned]
         forgotten.entries = sorted({*forgotten.entries, *(int(e) for e, _ in learned)})
         db.execute("DELETE FROM pending WHERE user_id = ?", (user_id,))
+        # a shard's assistant facts from the user's pages not yet sent to their owner
+        db.execute("DELETE FROM outbox WHERE source_user = ?", (user_id,))
         db.execute("DELETE FROM pages WHERE user_id = ?", (user_id,))
         db.execute("DELETE FROM chains WHERE user_id = ?", (user_id,))
         db.execute("DELETE FROM segments WHERE user_id = ?", (user_id,))

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Callable
 
 #: The version this code writes: a store at an older one is migrated up (:data:`MIGRATIONS`).
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 SCHEMA_V1 = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -109,8 +109,12 @@ CREATE TABLE audit(
 CREATE INDEX audit_user ON audit(user_id, event_id);
 """
 
+#: The tables a version added, from the outbox's on (a store opened at an older version, as
+#: the tests of a migration do, lacks them: :func:`required_tables`).
+TABLES_SINCE: dict[int, frozenset[str]] = {14: frozenset({"outbox", "outbox_marks"})}
+
 # The tables every store at the current version has (checked on open).
-REQUIRED_TABLES = frozenset(
+REQUIRED_TABLES = frozenset().union(*TABLES_SINCE.values()) | frozenset(
     {
         "meta",
         "assistants",
@@ -126,6 +130,13 @@ REQUIRED_TABLES = frozenset(
         "claims",
     }
 )
+
+
+def required_tables(version: int) -> frozenset[str]:
+    """The tables a store at ``version`` has (read at the call: tests patch the module's)."""
+    later = (tables for since, tables in TABLES_SINCE.items() if since > version)
+    return REQUIRED_TABLES.difference(*later)
+
 
 # Forward migrations: MIGRATIONS[v] upgrades a store at version v to v + 1. A value is either
 # SQL text (statements separated by ";", no ";" inside literals) or a callable taking the open
@@ -303,6 +314,27 @@ UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN (
     # every row goes, and the open computes them again from the text (~20 us a page, once).
     12: "UPDATE page_vectors SET terms = NULL WHERE terms IS NOT NULL AND page_id IN ("
     "SELECT page_id FROM pages WHERE tier != 'evicted')",
+    # 13 -> 14: a shard engine's assistant facts wait for their owner shard in the store
+    # (``outbox``, written in the promotion's transaction, deleted once the owner committed
+    # them), not in the process's memory, where a shard or router that stopped lost them for
+    # good (their pages were marked analysed); the owner keeps, per sender, the newest fact it
+    # committed (``outbox_marks``), so a fact sent again (a lost reply) lands once
+    # (memoryos_gpu/distributed/replicas.py). A single engine writes neither.
+    13: """
+CREATE TABLE outbox(
+  fact_id INTEGER PRIMARY KEY,
+  sender INTEGER NOT NULL,
+  source_user TEXT,
+  fact TEXT NOT NULL
+);
+CREATE INDEX outbox_sender ON outbox(sender, fact_id);
+CREATE TABLE outbox_marks(
+  owner INTEGER NOT NULL,
+  sender INTEGER NOT NULL,
+  upto INTEGER NOT NULL,
+  PRIMARY KEY (owner, sender)
+)
+""",
 }
 
 
