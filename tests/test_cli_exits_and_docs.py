@@ -57,7 +57,7 @@ def test_serve_warns_that_it_creates_a_new_store(
     res = run_cli("serve", "--store", typo, "--workers", "0")
     assert res.exit_code == 0, res.output
     assert served["store"] == str(typo)
-    assert f"warning: creating a new empty store at {typo}" in res.stderr
+    assert f"warning: no store at {typo} yet: the server will create a new, empty one" in res.stderr
 
 
 def test_serve_on_an_existing_store_does_not_warn(
@@ -68,7 +68,7 @@ def test_serve_on_an_existing_store_does_not_warn(
     monkeypatch.setattr(server_app, "run", lambda **kwargs: None)
     res = run_cli("serve", "--store", store, "--workers", "0")
     assert res.exit_code == 0, res.output
-    assert "creating a new empty store" not in res.stderr
+    assert "will create a new, empty one" not in res.stderr
 
 
 # ------------------------------------------------------------------ #17: docs and help

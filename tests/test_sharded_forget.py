@@ -487,3 +487,30 @@ def test_cli_delete_keeps_the_exchange_marks_of_the_statistics_it_rewrites(
     with sqlite3.connect(other) as db:  # rewritten without the victim's texts, marks kept
         state = json.loads(db.execute(saved).fetchone()[0])
     assert "zqmarks" not in json.dumps(state) and state[EXCHANGE_MARKS] == marks
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_assistant_entry_names_only_pages_its_store_holds(backend, tmp_path: Path) -> None:
+    """Page ids are per shard on per-shard stores: the owner shard's provenance of a fact
+    learned from a user on another shard names that shard's page ids, which the owner shard
+    served as its own (another user's pages: the sweep's ``/v1/users/carol/pages/1`` was
+    carol's). An entry's sources are the pages its reader's store holds; a shared
+    PostgreSQL store numbers pages once and holds them all."""
+    victim, _, home = users()
+    e = sharded(store_for(backend, tmp_path))
+    try:
+        talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
+        talk(e, victim, [f"I keep a zqawaynote {i} note." for i in range(4)], 1.8e9)
+        e.flush()
+        owner = e.engines[e.shard_map.assistant_owner(ASSISTANT)]
+        entries = e.knowledge(home)["assistant"]
+        for k in entries:
+            held = owner.store.query(
+                "SELECT page_id FROM pages WHERE user_id = ?", (k["source_user"],)
+            )
+            assert set(k["sources"]) <= {r[0] for r in held}, k
+        [away] = [k for k in entries if "zqawaynote" in k["text"]]
+        assert (away["sources"] == []) if backend == "sqlite" else away["sources"]
+        assert next(k["sources"] for k in entries if k["source_user"] == home)
+    finally:
+        e.close()

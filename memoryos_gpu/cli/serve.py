@@ -198,7 +198,10 @@ def _warn_if_new(store: str) -> None:
         return
     if store_file(store).exists() or shard_dirs(store):
         return
-    click.echo(f"warning: creating a new empty store at {store} (none there yet)", err=True)
+    # said before the start, which may still fail (the port taken): "will", not "creating"
+    click.echo(
+        f"warning: no store at {store} yet: the server will create a new, empty one", err=True
+    )
 
 
 def _layout_shards(store: str, engines: int | None) -> int:

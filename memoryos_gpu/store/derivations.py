@@ -78,12 +78,17 @@ def record(db: Any, kind: str, rows: Iterable[tuple[int, str, Sequence[int], str
 
 
 def sources(store: Any, kind: str, item_ids: Sequence[int]) -> dict[int, list[int]]:
-    """Source page ids of items by id, ascending (items without provenance are left out)."""
+    """Source page ids of items by id, ascending (items without provenance are left out): the
+    pages this store holds. Why not every provenance row: under sharding on per-shard stores
+    an assistant's owner shard records the pages of users on other shards too, by those
+    shards' page ids, which name other pages here (another user's, found serving
+    ``--engines 2``); a shared PostgreSQL store, like one engine's, holds them all."""
     out: dict[int, list[int]] = {}
     for chunk in _chunks(item_ids):
         for item, page in store.query(
-            "SELECT item_id, page_id FROM provenance WHERE item_kind = ? AND item_id IN "
-            f"({_marks(chunk)}) ORDER BY item_id, page_id",
+            "SELECT v.item_id, v.page_id FROM provenance v JOIN pages p ON "
+            "p.page_id = v.page_id AND p.user_id = v.user_id WHERE v.item_kind = ? AND "
+            f"v.item_id IN ({_marks(chunk)}) ORDER BY v.item_id, v.page_id",
             [kind, *chunk],
         ):
             out.setdefault(int(item), []).append(int(page))
