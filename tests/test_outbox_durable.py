@@ -11,29 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_sharded_forget import ASSISTANT, assistant_texts, sharded, talk, users
+from test_sharded_forget import ASSISTANT, assistant_texts, fact_waiting, sharded, talk, users
 
 from memoryos_gpu.store import StoreError
-
-
-def _victim_with_a_fact(e: Any, victim: str, word: str) -> Any:
-    """Pages of ``victim`` (whose shard does not own the assistant), promoted by its shard's
-    own round: the facts wait in that shard's outbox, not synced. Returns the shard."""
-    e.add_many(
-        [
-            {
-                "user_id": victim,
-                "user_input": f"I keep a {word} note {i}.",
-                "timestamp": 1.8e9 + 60 * i,
-                "assistant_id": ASSISTANT,
-            }
-            for i in range(4)
-        ]
-    )
-    shard = e.engine_for(victim)
-    shard.process_pending()
-    assert shard.promote(victim) >= 1
-    return shard
 
 
 def test_an_owner_that_fails_leaves_the_facts_for_the_next_sync(
@@ -57,7 +37,7 @@ def test_an_owner_that_fails_leaves_the_facts_for_the_next_sync(
             return real(sent)
 
         monkeypatch.setattr(owner, "append_assistant_facts", fails_once)
-        shard = _victim_with_a_fact(e, victim, "zqoutboxkeep")
+        shard = fact_waiting(e, victim, "zqoutboxkeep")
         waiting = shard.take_assistant_facts()
         assert any("zqoutboxkeep" in f.fact.text for f in waiting)
         with pytest.raises(StoreError, match="owner's store failed"):
@@ -83,7 +63,7 @@ def test_facts_in_the_outbox_outlive_the_engine(tmp_path: Path) -> None:
     e = sharded(store)
     try:
         talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
-        path = _victim_with_a_fact(e, victim, "zqoutboxlives").store.path
+        path = fact_waiting(e, victim, "zqoutboxlives").store.path
     finally:
         for shard in e.engines:  # the shards alone: the sharded engine's close would sync
             shard.close()
@@ -106,7 +86,7 @@ def test_deleting_the_user_deletes_its_waiting_facts(tmp_path: Path) -> None:
     e = sharded(str(tmp_path / "store"))
     try:
         talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
-        shard = _victim_with_a_fact(e, victim, "zqoutboxgone")
+        shard = fact_waiting(e, victim, "zqoutboxgone")
         assert shard.store.query("SELECT COUNT(*) FROM outbox WHERE source_user = ?", (victim,))[0][
             0
         ]

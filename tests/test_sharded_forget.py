@@ -82,6 +82,27 @@ def talk(e: ShardedEngine, user: str, lines: list[str], t0: float) -> list[int]:
     return ids
 
 
+def fact_waiting(e: ShardedEngine, user: str, word: str) -> Any:
+    """Pages of ``user`` naming ``word``, promoted by its shard's own round: the assistant
+    fact they teach waits in that shard's outbox, not synced. Returns the shard."""
+    shard = e.engine_for(user)
+    shard.add_many(
+        [
+            {
+                "user_id": user,
+                "user_input": f"I keep a {word} {i} note.",
+                "timestamp": 1.8e9 + 60 * i,
+                "assistant_id": ASSISTANT,
+            }
+            for i in range(4)
+        ]
+    )
+    shard.process_pending()
+    assert shard.promote(user) >= 1
+    shard.process_pending()
+    return shard
+
+
 def served(e: ShardedEngine, user: str) -> str:
     r = e.retrieve_many([(user, "what did the assistant hear")], update_heat=False)[0]
     return json.dumps([e.knowledge(user, history=True), [k.text for k in r.assistant_knowledge]])
@@ -414,21 +435,7 @@ def test_a_deletion_waits_for_the_facts_a_sync_has_in_flight(tmp_path: Path) -> 
     e = sharded(str(tmp_path / "store"))
     try:
         talk(e, home, ["I knit.", "I sail.", "I fish.", "I sing."], 1.7e9)
-        shard = e.engines[e.shard_map.shard(victim)]
-        shard.add_many(
-            [
-                {
-                    "user_id": victim,
-                    "user_input": f"I keep a zqflightsecret {i} note.",
-                    "timestamp": 1.8e9 + 60 * i,
-                    "assistant_id": ASSISTANT,
-                }
-                for i in range(4)
-            ]
-        )
-        shard.process_pending()
-        shard.promote(victim)
-        shard.process_pending()  # the fact waits in the shard's outbox, not synced
+        fact_waiting(e, victim, "zqflightsecret")
 
         async def scenario() -> None:
             gate = asyncio.Event()

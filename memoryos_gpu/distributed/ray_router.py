@@ -290,7 +290,8 @@ class RouterService(RetrievalBodies):
 
     async def _ack(self, sender: int, upto: int) -> None:
         """Shard ``sender``'s outbox drops its facts up to ``upto``: their owners committed
-        them (a failure leaves them there: sent again, skipped by their owners)."""
+        them and the replicas copied the entries (a failure leaves them there: sent again,
+        skipped by their owners)."""
         await self.ask(sender, "call", "ack_assistant_facts", (upto,), {})
 
     def _mark(self, user_ids: Iterable[str], known: bool) -> None:

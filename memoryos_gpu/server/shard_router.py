@@ -107,8 +107,9 @@ class _EngineRouter(RouterService):
         return await part.client.request(method, *args)
 
     async def sync(self) -> dict[str, int]:
-        """A sync only while every engine is up: facts taken from one shard's outbox while
-        another (re)starts could not reach that one's replica, and would be lost."""
+        """A sync only while every engine is up: one while an engine (re)starts would fail
+        its calls to it (the facts would wait in their outboxes meanwhile, and the keyword
+        deltas in the router), logging an error every interval for a restart."""
         for p in self.parts:
             p.check_ready()
         return await super().sync()
