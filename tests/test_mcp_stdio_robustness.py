@@ -227,3 +227,41 @@ def test_add_wait_s_must_be_a_finite_number_of_seconds(
 @pytest.mark.parametrize(("value", "seconds"), [("0", 0.0), ("2.5", 2.5), ("3600", 3600.0)])
 def test_add_wait_s_takes_0_to_an_hour(value: str, seconds: float) -> None:
     assert _parser().parse_args(["--add-wait-s", value]).add_wait_s == seconds
+
+
+def test_the_calls_read_before_stdin_closed_are_answered(server: Server) -> None:
+    """A client that writes its calls and closes its end of stdin (a pipe) got ``Connection
+    closed`` for the calls in flight, while a write among them was committed all the same (a
+    retry stored it twice): the calls are now answered, then the server ends."""
+    server.initialize()
+    for i in range(3):
+        server.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 10 + i,
+                "method": "tools/call",
+                "params": {
+                    "name": "add_memory",
+                    "arguments": {"user_input": f"piped page {i}", "agent_response": "ok"},
+                },
+            }
+        )
+    server.proc.stdin.close()  # type: ignore[union-attr]
+    replies = {r["id"]: r for r in (server.recv() for _ in range(3))}
+    assert sorted(replies) == [10, 11, 12]
+    for r in replies.values():
+        assert "error" not in r and r["result"]["structuredContent"]["status"] == "success", r
+    assert server.wait() == 0
+
+
+def test_a_user_input_of_control_characters_only_is_blank(server: Server) -> None:
+    """``"\\u0007"`` passed the not-blank check and was stored as an empty page (the engine
+    drops control characters), one the HTTP API refuses."""
+    server.initialize()
+    for rid, text in ((1, "\u0007"), (2, "\u0000\u0000 ")):
+        result = server.call(rid, "add_memory", user_input=text, agent_response="x")["result"]
+        assert result.get("isError"), result
+        assert "user_input" in result["content"][0]["text"], result
+    assert not server.call(3, "add_memory", user_input="\u0007hi", agent_response="x")[
+        "result"
+    ].get("isError")

@@ -74,7 +74,7 @@ from memoryos_gpu.reference import (
 )
 from memoryos_gpu.server.header_timeout import header_timeout_protocol
 from memoryos_gpu.server.memory_routes import check_meta
-from memoryos_gpu.server.scope import ApiError, user_id_problem
+from memoryos_gpu.server.scope import ApiError, is_blank, user_id_problem
 from memoryos_gpu.server.service import MemoryService, Overloaded, Unavailable
 from memoryos_gpu.server.settings import ServerSettings
 from memoryos_gpu.server.workers import (
@@ -265,9 +265,10 @@ def _checked_user(user_id: str) -> str:
 
 
 def _not_blank(text: str) -> str:
-    """``text`` unless it is only blanks (an argument's validator: the SDK's schema error
-    names the argument)."""
-    if not text.strip():
+    """``text`` unless it is blank as the engine stores it (empty or only whitespace once
+    control characters are dropped: ``"\u0007"`` was taken and stored as ``""``, a page the
+    HTTP API refuses); an argument's validator: the SDK's schema error names the argument."""
+    if is_blank(text):
         raise ValueError("must not be blank")
     return text
 

@@ -1,4 +1,4 @@
-"""The MCP server's stdio transport: the SDK's ``stdio_server`` with three differences.
+"""The MCP server's stdio transport: the SDK's ``stdio_server`` with four differences.
 
 * A line that is not a JSON-RPC message gets a JSON-RPC error reply (``id`` null), as the
   streamable HTTP transport answers one, and the next lines are served: ``-32700`` ("Parse
@@ -10,6 +10,9 @@
   the end of the session, not an ``ExceptionGroup`` traceback and exit status 1.
 * stdin is read by a daemon thread, so that the session can end while it waits for a line
   (a signal's stop), where the SDK's worker thread held the process until stdin closed.
+* At the end of stdin the requests read are answered before the session ends: a client that
+  writes its calls and closes its end (a pipe) got ``Connection closed`` for the calls in
+  flight, a write among them committed all the same (a retry stored it twice).
 
 Like the SDK's, it serves fd 0 and 1 from private duplicates while fd 0 reads the null
 device and fd 1 writes to stderr (a stray print cannot corrupt the wire), where the SDK's
@@ -36,7 +39,10 @@ from mcp.shared.message import SessionMessage
 
 log = logging.getLogger(__name__)
 
-__all__ = ["error_reply", "stdio_transport"]
+__all__ = ["EOF_ANSWER_S", "error_reply", "stdio_transport"]
+
+#: How long the session waits, once stdin closed, for the answers to the requests it read.
+EOF_ANSWER_S = 30.0
 
 
 def error_reply(line: bytes | str) -> tuple[SessionMessage | None, dict[str, Any] | None]:
@@ -102,8 +108,9 @@ async def stdio_transport(
     on_gone: Callable[[], None] | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """``(read_stream, write_stream)`` for ``Server.run`` over the process's stdin and stdout
-    (or the byte streams given). The read stream ends at EOF; ``on_gone()`` is called once
-    when stdout is found closed (the client went away), after which replies are dropped."""
+    (or the byte streams given). The read stream ends at EOF, once the requests read are
+    answered (at most :data:`EOF_ANSWER_S`); ``on_gone()`` is called once when stdout is
+    found closed (the client went away), after which replies are dropped."""
     restore: Callable[[], None] = lambda: None  # noqa: E731
     if stdin is None or stdout is None:
         std_in, std_out, restore = _std_streams()
@@ -115,6 +122,7 @@ async def stdio_transport(
         lines_send, lines_recv = anyio.create_memory_object_stream[bytes](0)
         out_lock = anyio.Lock()
         gone = False
+        pending: set[int | str] = set()  # the ids of the client's requests not answered yet
 
         async def emit(text: str) -> None:
             nonlocal gone
@@ -154,9 +162,16 @@ async def stdio_transport(
                         continue
                     message, error = error_reply(line)
                     if message is not None:
+                        if isinstance(message.message, types.JSONRPCRequest):
+                            pending.add(message.message.id)
                         await read_writer.send(message)
                     elif error is not None:
                         await emit(json.dumps(error, separators=(",", ":"), ensure_ascii=False))
+                # stdin closed: the requests read are answered first (the session would end
+                # them with "Connection closed", a write among them committed all the same)
+                with anyio.move_on_after(EOF_ANSWER_S):
+                    while pending and not gone:
+                        await anyio.sleep(0.01)
 
         written = anyio.Event()
 
@@ -166,6 +181,8 @@ async def stdio_transport(
                     async for session_message in write_reader:
                         message = session_message.message
                         await emit(message.model_dump_json(by_alias=True, exclude_unset=True))
+                        if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
+                            pending.discard(message.id)
             finally:
                 written.set()
 
