@@ -265,3 +265,34 @@ def test_a_user_input_of_control_characters_only_is_blank(server: Server) -> Non
     assert not server.call(3, "add_memory", user_input="\u0007hi", agent_response="x")[
         "result"
     ].get("isError")
+
+
+def test_a_call_the_client_cancelled_is_not_waited_for_at_the_end_of_stdin(
+    server: Server,
+) -> None:
+    """The server answers no request the client cancelled: the end of stdin does not wait
+    for one (its 30 s bound), it ends as soon as the other calls are answered."""
+    server.initialize()
+    server.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "tools/call",
+            "params": {
+                "name": "add_memory",
+                "arguments": {"user_input": "cancel me", "agent_response": "ok"},
+            },
+        }
+    )
+    server.send(
+        {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": 7, "reason": "the user gave up"},
+        }
+    )
+    server.send({"jsonrpc": "2.0", "id": 8, "method": "ping"})
+    t0 = time.monotonic()
+    server.proc.stdin.close()  # type: ignore[union-attr]
+    assert server.wait(timeout=25) == 0
+    assert time.monotonic() - t0 < 20

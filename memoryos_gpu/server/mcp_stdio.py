@@ -64,6 +64,18 @@ def error_reply(line: bytes | str) -> tuple[SessionMessage | None, dict[str, Any
         return None, _error(rid, types.INVALID_REQUEST, f"Invalid Request: {what}")
 
 
+def _note_request(message: Any, pending: set[int | str]) -> None:
+    """Keep ``pending`` (the ids of the client's requests not answered yet) current with a
+    message from the client: a request joins it, a cancellation takes its request out (the
+    server sends no answer to a request the client cancelled)."""
+    if isinstance(message, types.JSONRPCRequest):
+        pending.add(message.id)
+    elif isinstance(message, types.JSONRPCNotification) and message.method == (
+        "notifications/cancelled"
+    ):
+        pending.discard((message.params or {}).get("requestId"))
+
+
 def _first(exc: pydantic_core.ValidationError) -> str:
     """One line from a union's validation error (the first of its errors, with its place)."""
     errors = exc.errors(include_url=False)
@@ -162,8 +174,7 @@ async def stdio_transport(
                         continue
                     message, error = error_reply(line)
                     if message is not None:
-                        if isinstance(message.message, types.JSONRPCRequest):
-                            pending.add(message.message.id)
+                        _note_request(message.message, pending)
                         await read_writer.send(message)
                     elif error is not None:
                         await emit(json.dumps(error, separators=(",", ":"), ensure_ascii=False))
