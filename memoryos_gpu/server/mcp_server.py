@@ -266,7 +266,7 @@ def _checked_user(user_id: str) -> str:
 
 def _not_blank(text: str) -> str:
     """``text`` unless it is blank as the engine stores it (empty or only whitespace once
-    control characters are dropped: ``"\u0007"`` was taken and stored as ``""``, a page the
+    control characters are dropped: ``"\\u0007"`` was taken and stored as ``""``, a page the
     HTTP API refuses); an argument's validator: the SDK's schema error names the argument."""
     if is_blank(text):
         raise ValueError("must not be blank")
