@@ -318,3 +318,29 @@ def test_the_library_writes_where_and_why_only_when_asked(tmp_path: Path) -> Non
             _assert_raw(out)
         else:
             _assert_where_and_why_only(out, src)
+
+
+def test_the_shards_rejects_merge_in_input_order(tmp_path: Path) -> None:
+    """The shards' parts were written one after the other: a read-stage reject goes to the
+    shard its path hashes to, so the merged file's order changed from run to run. Merged by
+    (file, line) now; a row cut short (a killed shard) goes last."""
+    from memoryos_gpu.cli.ingest import _merge_rejects
+
+    def row(file: str, line: int) -> str:
+        return json.dumps({"file": file, "line": line, "reason": "r"}) + "\n"
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(row("x.jsonl", 3) + row("y.jsonl", 1) + '{"file": "x.jsonl", "li')
+    b.write_text(row("x.jsonl", 1) + row("x.jsonl", 7) + row("y.jsonl", 2))
+    out = tmp_path / "merged.jsonl"
+    with out.open("w") as f:
+        _merge_rejects([a, b], ["x.jsonl", "y.jsonl"], f)
+    lines = out.read_text().splitlines()
+    assert [(r["file"], r["line"]) for r in map(json.loads, lines[:-1])] == [
+        ("x.jsonl", 1),
+        ("x.jsonl", 3),
+        ("x.jsonl", 7),
+        ("y.jsonl", 1),
+        ("y.jsonl", 2),
+    ]
+    assert lines[-1] == '{"file": "x.jsonl", "li'

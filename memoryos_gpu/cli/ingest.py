@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import click
 
@@ -586,10 +586,6 @@ def _ingest_workers(
                 f"re-run with --workers {count} (or use a new --store)"
             )
     base.mkdir(parents=True, exist_ok=True)
-    # --rejects FILE: the shards write parts beside it, merged into it and removed (a plain
-    # store's shards kept their own copies in the store's folder, which the user never asked
-    # for); without it each shard's default file stays, the run's merged file beside them
-    part_base = rejects_path
     manifest.write_text(json.dumps({"count": workers, "hash": "blake2b-64(user_id) mod count"}))
 
     env = dict(os.environ)
@@ -606,9 +602,27 @@ def _ingest_workers(
     t0 = time.perf_counter()
     with _supervisor_stop(procs) as stopper:
         run_args = ["--format", fmt, "--batch-size", str(batch_size), "--timezone", timezone]
-        _spawn(procs, stopper, files, o, base, workers, env, gpus, run_args, process, part_base)
+        _spawn(procs, stopper, files, o, base, workers, env, gpus, run_args, process, rejects_path)
         outputs = _collect(procs, workers, progress, t0)
-    return _merge(procs, outputs, stopper, files, base, workers, rejects_path, part_base, t0)
+    return _merge(procs, outputs, stopper, files, base, workers, rejects_path, t0)
+
+
+def _merge_rejects(parts: list[Path], files: list[str], out: IO[str]) -> None:
+    """The shards' rejects rows into ``out`` in input order (file, then line; a row cut short
+    by a killed shard last). Why sorted: a read-stage reject goes to the shard its path and
+    line hash to, so the parts written one after the other ordered the file differently from
+    run to run (and a part holds its rows in the order they were rejected)."""
+    rank = {f: i for i, f in enumerate(files)}
+
+    def key(line: str) -> tuple[int, int]:
+        try:
+            row = json.loads(line)
+            return rank.get(row["file"], len(files)), int(row["line"])
+        except (ValueError, TypeError, KeyError):
+            return len(files) + 1, 0
+
+    lines = [line for p in parts for line in p.read_text(encoding="utf-8").splitlines()]
+    out.writelines(line + "\n" for line in sorted(lines, key=key))
 
 
 def _supervisor_stop(procs: list[subprocess.Popen]) -> StopSignals:
@@ -655,10 +669,12 @@ def _spawn(
     gpus: int,
     run_args: list[str],
     process: str,
-    part_base: str | None,
+    rejects_path: str | None,
 ) -> None:
     """Start shard process i of ``workers`` (into ``base/shard-i``) for every i; ``run_args``:
-    the options each passes on as given (format, batch size, time zone)."""
+    the options each passes on as given (format, batch size, time zone). With a
+    ``rejects_path`` each writes its rejects beside that file, not into its shard's folder (a
+    plain store's shards kept their own copies there, which the user never asked for)."""
     for i in range(workers):
         cmd = [
             sys.executable,
@@ -677,7 +693,7 @@ def _spawn(
             "--no-progress",
             "--no-summary",
             *o.argv(),
-            *_shard_rejects_args(part_base, i),
+            *_shard_rejects_args(rejects_path, i),
         ]
         child_env = dict(env)
         if o.llm_api_key:
@@ -749,7 +765,6 @@ def _merge(
     base: Path,
     workers: int,
     rejects_path: str | None,
-    part_base: str | None,
     t0: float,
 ) -> dict[str, Any]:
     """The merged report of the shard processes; their rejects concatenated into one file."""
@@ -764,13 +779,13 @@ def _merge(
 
     merged_rejects = Path(rejects_path) if rejects_path else base / REJECTS_FILE
     merged_rejects.parent.mkdir(parents=True, exist_ok=True)
+    named = (rep.get("rejects_path") for rep in shards)
+    parts = [Path(p) for p in named if p and Path(p).is_file()]
     with open(merged_rejects, "w", encoding="utf-8") as out_f:
-        for rep in shards:
-            path = rep.get("rejects_path")
-            if path and Path(path).is_file():
-                out_f.write(Path(path).read_text(encoding="utf-8"))
-                if part_base:
-                    Path(path).unlink()  # a part of the user's file, not the shard's own
+        _merge_rejects(parts, files, out_f)
+    if rejects_path:  # parts of the user's file, not the shards' own
+        for part in parts:
+            part.unlink()
     keys = (
         "accepted",
         "rejected",

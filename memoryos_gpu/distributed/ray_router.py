@@ -28,9 +28,8 @@ from memoryos_gpu.distributed.ray_routing import (
     _ShardEngineProxy,
     add_by_shard,
 )
-from memoryos_gpu.distributed.replicas import OutboxFact, outbox_upto
+from memoryos_gpu.distributed.replicas import OutboxFact, by_owner, outbox_facts, outbox_upto
 from memoryos_gpu.distributed.sharded_forget import check_edit, forget_everywhere_async
-from memoryos_gpu.engine.state import Fact
 from memoryos_gpu.errors import UnknownItemError
 from memoryos_gpu.server.remote_service import StatusPart
 from memoryos_gpu.server.scope import RetrievalBodies, done_writing
@@ -259,12 +258,9 @@ class RouterService(RetrievalBodies):
         replica skips what it holds): the router keeps nothing owed in its memory, which a
         router that stopped lost. Returns the entries written and the first failure (None:
         none)."""
-        sent = [OutboxFact(int(i), int(n), Fact(*f)) for i, n, f in sent]  # as the reply gave
-        by_owner: dict[int, list[OutboxFact]] = {}
-        for f in sent:
-            by_owner.setdefault(self.shard_map.assistant_owner(f.fact.owner_id), []).append(f)
+        sent = outbox_facts(sent)
         written, failures, kept = 0, [], set()
-        for owner, owned in sorted(by_owner.items()):
+        for owner, owned in sorted(by_owner(sent, self.shard_map).items()):
             try:
                 written += await self._commit_and_copy(owner, owned)
             except Exception as exc:

@@ -52,6 +52,8 @@ __all__ = [
     "AssistantEntry",
     "AssistantReplicas",
     "OutboxFact",
+    "by_owner",
+    "outbox_facts",
     "outbox_upto",
     "route_assistant_facts",
 ]
@@ -67,6 +69,20 @@ class OutboxFact(NamedTuple):
     fact: Fact
 
 
+def outbox_facts(sent: Iterable[Sequence[Any]]) -> list[OutboxFact]:
+    """``sent`` as :class:`OutboxFact`s (over Ray or the engines' pipe they may come as plain
+    tuples)."""
+    return [OutboxFact(int(s), int(i), Fact(*f)) for s, i, f in sent]
+
+
+def by_owner(sent: Iterable[OutboxFact], shard_map: ShardMap) -> dict[int, list[OutboxFact]]:
+    """The facts of ``sent`` by their assistant's owner shard, in the order sent."""
+    out: dict[int, list[OutboxFact]] = {}
+    for s in sent:
+        out.setdefault(shard_map.assistant_owner(s.fact.owner_id), []).append(s)
+    return out
+
+
 def outbox_upto(sent: Iterable[OutboxFact]) -> dict[int, int]:
     """The newest fact id of each sender among ``sent``: what acknowledges them."""
     upto: dict[int, int] = {}
@@ -76,11 +92,12 @@ def outbox_upto(sent: Iterable[OutboxFact]) -> dict[int, int]:
 
 
 def _fact_json(f: Fact) -> str:
-    return json.dumps([f.kind, f.owner_id, f.text, f.mode, list(f.pages), *f[5:7]])
+    """A fact as an outbox row's ``fact`` (its source user is the row's own column)."""
+    return json.dumps([f.kind, f.owner_id, f.text, f.mode, list(f.pages), f.valid_from])
 
 
-def _fact_of(text: str) -> Fact:
-    kind, owner, said, mode, pages, source_user, valid_from = json.loads(text)
+def _fact_of(source_user: str | None, text: str) -> Fact:
+    kind, owner, said, mode, pages, valid_from = json.loads(text)
     return Fact(kind, owner, said, mode, tuple(int(p) for p in pages), source_user, valid_from)
 
 
@@ -132,10 +149,10 @@ class AssistantReplicas:
         until :meth:`ack_assistant_facts` says their owners committed them: each sync takes
         them again until then."""
         rows = self.store.query(
-            "SELECT fact_id, fact FROM outbox WHERE sender = ? ORDER BY fact_id",
+            "SELECT fact_id, source_user, fact FROM outbox WHERE sender = ? ORDER BY fact_id",
             (self.shard_index,),
         )
-        return [OutboxFact(self.shard_index, int(i), _fact_of(t)) for i, t in rows]
+        return [OutboxFact(self.shard_index, int(i), _fact_of(u, t)) for i, u, t in rows]
 
     def ack_assistant_facts(self, upto: int) -> int:
         """The outbox's facts up to id ``upto`` go: their owners committed them (a router's
@@ -160,7 +177,8 @@ class AssistantReplicas:
             "SELECT fact_id, fact FROM outbox WHERE sender = ? AND source_user = ?",
             (self.shard_index, uid),
         )
-        hit = [(int(i), f) for i, f in ((i, _fact_of(t)) for i, t in rows) if page_id in f.pages]
+        facts = [(int(i), _fact_of(uid, t)) for i, t in rows]
+        hit = [(i, f) for i, f in facts if page_id in f.pages]
         if not hit:
             return
         with self._state.write_transaction("commit") as db:
@@ -179,7 +197,7 @@ class AssistantReplicas:
         was down when the router acknowledged it. The rings of such facts' assistants are
         then answered whole, since the replicas may never have had their entries (a replica
         skips the entries it holds)."""
-        sent = [OutboxFact(int(s), int(i), Fact(*f)) for s, i, f in sent]  # plain tuples too
+        sent = outbox_facts(sent)
         if not sent:
             return []
         with self._state.locked():  # touches the store: the rewrite gate first (engine/state.py)
@@ -369,11 +387,8 @@ def route_assistant_facts(
     ``ack(sender, upto)`` do the calls (in process, or on Ray actors); a call that raises
     stops the routing before any acknowledgement, so the facts stay in their outboxes for the
     next exchange (an owner skips what it committed). Returns the entries written."""
-    by_owner: dict[int, list[OutboxFact]] = {}
-    for s in sent:
-        by_owner.setdefault(shard_map.assistant_owner(s.fact.owner_id), []).append(s)
     written = 0
-    for owner, owned in sorted(by_owner.items()):
+    for owner, owned in sorted(by_owner(sent, shard_map).items()):
         entries = append(owner, owned)
         written += len(entries)
         for j in range(shard_map.count):

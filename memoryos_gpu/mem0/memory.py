@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memoryos_gpu.config import EngineConfig
+from memoryos_gpu.engine.validation import validate_pages
 from memoryos_gpu.errors import UnknownUserError
 
 from .filters import compile_filter, entity_id, split_scope
@@ -109,7 +110,7 @@ class Memory:
         refuse_mem0_extraction(prompt=prompt, memory_type=memory_type)
         refuse_expiration(expiration_date)
         uid = _need_user(user_id)
-        pages = messages_to_pages(
+        made = messages_to_pages(
             messages,
             user_id=uid,
             assistant_id=entity_id(agent_id, "agent_id"),
@@ -117,6 +118,7 @@ class Memory:
             run_id=entity_id(run_id, "run_id"),
             timestamp=timestamp,
         )
+        pages = validate_pages(made)  # as stored: what the answer shows
         results = self.engine.add_many(pages)
         return {"results": add_results(pages, results)}
 
@@ -282,11 +284,9 @@ class Memory:
 
 
 def add_results(pages: list[Any], results: list[Any]) -> list[dict[str, Any]]:
-    """mem0's ``add`` answer: one ``ADD`` per stored page (``NONE`` for a duplicate source),
-    with the text as stored (the engine's normal form of ``pages``: a lone surrogate is U+FFFD,
-    say), so the answer agrees with a ``get`` of the same id."""
-    from memoryos_gpu.engine.validation import validate_pages
-
+    """mem0's ``add`` answer: one ``ADD`` per stored page (``NONE`` for a duplicate source).
+    ``pages`` as the engine stores them (``validate_pages``: a lone surrogate is U+FFFD, say),
+    so the answer agrees with a ``get`` of the same id."""
     from .shapes import page_text
 
     return [
@@ -295,7 +295,7 @@ def add_results(pages: list[Any], results: list[Any]) -> list[dict[str, Any]]:
             "memory": page_text(p.user_input, p.agent_response),
             "event": "NONE" if r.duplicate else "ADD",
         }
-        for p, r in zip(validate_pages(pages), results, strict=True)
+        for p, r in zip(pages, results, strict=True)
     ]
 
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 
+from memoryos_gpu.engine.validation import validate_pages
 from memoryos_gpu.mem0.filters import Predicate, compile_filter
 from memoryos_gpu.mem0.memory import (
     SEARCH_DEFAULT,
@@ -121,6 +122,7 @@ def add_mem0_routes(
         for p in pages:
             check_text(settings, user_input=p.user_input, agent_response=p.agent_response)
             check_meta(p.meta, settings.max_text_chars)  # `metadata` as the pages routes' meta
+        pages = validate_pages(pages)  # as stored: what the answer shows (refusals: 422)
         charge_pages(scope, len(pages))
         results = await service.add_pages(pages)
         return out(scope, {"results": add_results(pages, results)})
