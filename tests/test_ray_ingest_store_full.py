@@ -128,7 +128,7 @@ def test_ingest_workers_keeps_a_shards_store_full_in_its_merged_report(tmp_path:
     ]
     procs: list[Any] = [types.SimpleNamespace(returncode=r["exit_code"]) for r in reports]
     outputs = [json.dumps(r).encode() + b"\n" for r in reports]
-    merged = _merge(procs, outputs, StopSignals(), [], tmp_path, 2, None, None, 0.0)
+    merged = _merge(procs, outputs, StopSignals(), [], tmp_path, 2, None, 0.0)
     assert merged["store_full"] == full and merged["exit_code"] == 1
     line = _store_full_line(merged)
     assert line is not None and "7 page(s) accepted" in line
